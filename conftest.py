@@ -1,0 +1,17 @@
+"""Project-wide pytest policy: a skipped test is a failure (install the thing instead)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter is not None else []
+    if skipped and exitstatus == 0:
+        reporter.write_line(
+            f"FAILED: {len(skipped)} test(s) skipped; a skip means something is missing, "
+            "and CI treats it as a failure.",
+            red=True,
+        )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

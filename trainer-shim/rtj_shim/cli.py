@@ -1,0 +1,238 @@
+"""``rtj-shim``: publish, resolve, verify, list and garbage-collect checkpoints.
+
+Exit codes: 0 success (``resolve`` included when there is no checkpoint); 1 the named step
+is invalid or the request was refused; 2 usage error; 3 the store cannot be read or written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from rtj_shim.errors import Refused, ShimError, StoreError
+from rtj_shim.layout import MAX_STEP, validate_attempt
+from rtj_shim.manifest import Framework
+from rtj_shim.protocol import CommitProtocol, StepMetadata
+from rtj_shim.resolver import describe_steps, resolve
+from rtj_shim.retention import RetentionPolicy, plan_retention
+from rtj_shim.storage import open_store
+from rtj_shim.verification import Depth
+from rtj_shim.verifier import verify_step
+
+EXIT_OK, EXIT_INVALID, EXIT_STORE = 0, 1, 3  # argparse exits 2 on usage errors
+
+
+def _step(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a step number, got {text!r}") from None
+    if not 0 <= value <= MAX_STEP:
+        raise argparse.ArgumentTypeError(f"expected a step in [0, {MAX_STEP}], got {value}")
+    return value
+
+
+def _attempt(text: str) -> str:
+    try:
+        return validate_attempt(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rtj-shim", description="Verified checkpoints: commit protocol, resume, retention."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    root_help = "checkpoint root: a path, file://PATH or s3://BUCKET/PREFIX"
+
+    commit = sub.add_parser("commit", help="publish the files under DIR as step N")
+    commit.add_argument("--root", required=True, help=root_help)
+    commit.add_argument("--step", required=True, type=_step)
+    commit.add_argument("--from", dest="source", required=True, type=Path, metavar="DIR")
+    commit.add_argument(
+        "--run-id",
+        default=None,
+        help="run owning the root (default: RTJ_RUN_ID or the root's existing run)",
+    )
+    commit.add_argument("--world-size", type=_positive, default=1)
+    commit.add_argument(
+        "--attempt",
+        type=_attempt,
+        default=os.environ.get("RTJ_ATTEMPT", "0"),
+        help="writer attempt (default: RTJ_ATTEMPT or 0)",
+    )
+    commit.add_argument("--framework", default="external", help="framework name for the manifest")
+
+    res = sub.add_parser("resolve", help="the newest step that verifies")
+    res.add_argument("--root", required=True, help=root_help)
+    res.add_argument("--step", type=_step, default=None, help="check only this step")
+    res.add_argument("--deep", action="store_true", help="also check every file's sha256")
+    res.add_argument(
+        "--write",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="also write the result to FILE atomically",
+    )
+    res.add_argument("--workers", type=_positive, default=None, help="hashing threads")
+
+    ver = sub.add_parser("verify", help="verify one step")
+    ver.add_argument("--root", required=True, help=root_help)
+    ver.add_argument("--step", required=True, type=_step)
+    ver.add_argument("--deep", action="store_true")
+    ver.add_argument("--workers", type=_positive, default=None)
+
+    ls = sub.add_parser("ls", help="every step with its state and age")
+    ls.add_argument("--root", required=True, help=root_help)
+    ls.add_argument("--json", action="store_true")
+
+    gc = sub.add_parser("gc", help="delete steps outside the retention policy")
+    gc.add_argument("--root", required=True, help=root_help)
+    gc.add_argument("--keep-last", required=True, type=_positive)
+    gc.add_argument("--keep-every", type=_positive, default=None)
+    gc.add_argument("--protect", type=_step, nargs="*", default=[], metavar="STEP")
+    gc.add_argument("--dry-run", action="store_true")
+    return parser
+
+
+def _print(data: object) -> None:
+    sys.stdout.write(json.dumps(data, sort_keys=False) + "\n")
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write ``path`` so a reader sees the old content or the new, never a torn file."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tmp.open("wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    tmp.replace(path)
+
+
+def _commit(args: argparse.Namespace) -> int:
+    protocol = CommitProtocol(open_store(args.root), run_id=args.run_id, attempt=args.attempt)
+    metadata = StepMetadata.from_env(
+        world_size=args.world_size, framework=Framework(name=args.framework)
+    )
+    result = protocol.publish_directory(args.step, args.source, metadata)
+    _print(result.to_json())
+    return EXIT_OK
+
+
+def _resolve(args: argparse.Namespace) -> int:
+    depth = Depth.DEEP if args.deep else Depth.SHALLOW
+    resolution = resolve(open_store(args.root), depth, step=args.step, workers=args.workers)
+    if resolution.hint_problem:
+        print(f"rtj-shim: note: {resolution.hint_problem}", file=sys.stderr)
+    for skipped in resolution.skipped:
+        print(f"rtj-shim: skipped step {skipped.step}: {skipped.reason}", file=sys.stderr)
+    body = resolution.to_json()
+    if args.write is not None:
+        write_atomically(args.write, (json.dumps(body, indent=2) + "\n").encode())
+    _print(body)
+    if args.step is not None and resolution.step is None:
+        return EXIT_INVALID
+    return EXIT_OK
+
+
+def _verify(args: argparse.Namespace) -> int:
+    depth = Depth.DEEP if args.deep else Depth.SHALLOW
+    store = open_store(args.root)
+    if not store.root_exists():
+        _print({"step": args.step, "valid": False, "reason": f"{store.uri} does not exist"})
+        return EXIT_INVALID
+    published = {d.name.step for d in store.list_step_dirs() if not d.name.in_progress}
+    if args.step not in published:
+        reason = f"step {args.step} is not published under {store.uri}"
+        _print({"step": args.step, "valid": False, "reason": reason})
+        return EXIT_INVALID
+    verdict = verify_step(store, args.step, depth, args.workers)
+    _print({"step": verdict.step, "valid": verdict.valid, "reason": verdict.reason})
+    return EXIT_OK if verdict.valid else EXIT_INVALID
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+def _ls(args: argparse.Namespace) -> int:
+    now = time.time()
+    rows = []
+    for listing in describe_steps(open_store(args.root)):
+        modified = listing.entry.modified
+        rows.append(
+            {
+                "step": listing.entry.name.step,
+                "dir": str(listing.entry.name),
+                "state": listing.label,
+                "age_seconds": None if modified is None else round(max(0.0, now - modified), 3),
+                "reason": listing.state.reason,
+            }
+        )
+    if args.json:
+        _print(rows)
+        return EXIT_OK
+    print(f"{'STEP':>12}  {'STATE':<12} {'AGE':>5}  DIR")
+    for row in rows:
+        age = row["age_seconds"]
+        shown = _age(age if isinstance(age, float) else None)
+        line = f"{row['step']:>12}  {row['state']:<12} {shown:>5}  {row['dir']}"
+        if row["state"] == "broken":
+            line += f"  ({row['reason']})"
+        print(line)
+    return EXIT_OK
+
+
+def _gc(args: argparse.Namespace) -> int:
+    store = open_store(args.root)
+    policy = RetentionPolicy(args.keep_last, args.keep_every, frozenset(args.protect))
+    plan = plan_retention((listing.state for listing in describe_steps(store)), policy)
+    if not args.dry_run:
+        for decision in plan.delete:
+            store.delete_step_dir(decision.name)
+    _print({"dry_run": args.dry_run, **plan.to_json()})
+    return EXIT_OK
+
+
+_COMMANDS = {"commit": _commit, "resolve": _resolve, "verify": _verify, "ls": _ls, "gc": _gc}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _COMMANDS[args.command](args)
+    except StoreError as exc:
+        print(f"rtj-shim: store error: {exc}", file=sys.stderr)
+        return EXIT_STORE
+    except Refused as exc:
+        print(f"rtj-shim: refused: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    except ShimError as exc:
+        print(f"rtj-shim: error: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,252 @@
+"""The commit protocol: the order in which a step becomes durable and then visible.
+
+1. claim run ownership (``run.json``): one run per root, and a stale attempt of the run
+   (a zombie rank of a world the operator already replaced) may not publish;
+2. write every shard into the in-progress area, hashing while writing;
+3. write ``manifest.json``, then ``COMMITTED`` holding the manifest's sha256, and make the
+   step visible atomically (rename on a filesystem; the COMMITTED object on S3);
+4. advance ``latest.json`` with a conditional write; it never moves backwards.
+
+A crash anywhere before 3 completes leaves nothing a resolver accepts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rtj_shim.errors import Refused, RunOwnershipConflict, StoreError
+from rtj_shim.layout import LATEST_FILE, RESERVED_FILES, RUN_FILE, step_key, validate_attempt
+from rtj_shim.manifest import (
+    FileEntry,
+    Framework,
+    Manifest,
+    committed_marker,
+    confine_path,
+    encode_manifest,
+    utc_now,
+)
+from rtj_shim.selection import parse_latest_hint
+from rtj_shim.storage.base import CheckpointStore, StepWriter
+
+_CAS_RETRIES = 8
+
+
+@dataclass(frozen=True)
+class StepMetadata:
+    """What a manifest records besides its files."""
+
+    world_size: int = 1
+    parallelism: dict[str, int] = field(default_factory=dict)
+    framework: Framework = field(default_factory=Framework)
+    code_commit: str | None = None
+    image_digest: str | None = None
+    dataset_snapshot: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, world_size: int = 1, **overrides: Any) -> StepMetadata:
+        """Provenance the operator injects into pods (RTJ_CODE_COMMIT, ...)."""
+        env = os.environ
+        values: dict[str, Any] = {
+            "world_size": world_size,
+            "code_commit": env.get("RTJ_CODE_COMMIT") or None,
+            "image_digest": env.get("RTJ_IMAGE_DIGEST") or None,
+            "dataset_snapshot": env.get("RTJ_DATASET_SNAPSHOT") or None,
+        }
+        values.update(overrides)
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    step: int
+    uri: str
+    files: int
+    bytes: int
+    manifest: Manifest
+
+    def to_json(self) -> dict[str, object]:
+        return {"step": self.step, "uri": self.uri, "files": self.files, "bytes": self.bytes}
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    run_id: str
+    writer_attempt: str
+
+    def encode(self) -> bytes:
+        now = utc_now().isoformat()
+        body = {"run_id": self.run_id, "writer_attempt": self.writer_attempt, "updated_at": now}
+        return (json.dumps(body, sort_keys=True) + "\n").encode()
+
+    @classmethod
+    def decode(cls, raw: bytes, source: str) -> RunRecord:
+        try:
+            data = json.loads(raw)
+            run_id, attempt = data["run_id"], str(data["writer_attempt"])
+        except (ValueError, TypeError, KeyError) as exc:
+            raise Refused(
+                f"{source}: expected JSON with 'run_id' and 'writer_attempt' ({exc})"
+            ) from exc
+        if not isinstance(run_id, str) or not run_id:
+            raise Refused(f"{source}: field 'run_id' must be a non-empty string")
+        return cls(run_id, attempt)
+
+
+def check_ownership(record: RunRecord, run_id: str, attempt: str, source: str) -> bool:
+    """Pure: may ``run_id``/``attempt`` write here? Returns True when run.json must move on."""
+    if record.run_id != run_id:
+        raise RunOwnershipConflict(
+            f"{source} belongs to run {record.run_id!r}, not {run_id!r}: "
+            "each run needs its own checkpoint root"
+        )
+    if record.writer_attempt == attempt:
+        return False
+    stale = attempt.isdigit() and record.writer_attempt.isdigit()
+    if stale and int(attempt) < int(record.writer_attempt):
+        raise RunOwnershipConflict(
+            f"{source}: attempt {attempt} is stale; attempt {record.writer_attempt} of run "
+            f"{run_id!r} owns this root now (an old world must not keep writing)"
+        )
+    return True
+
+
+def new_run_id() -> str:
+    return f"run-{utc_now():%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
+
+
+class CommitProtocol:
+    def __init__(
+        self, store: CheckpointStore, run_id: str | None = None, attempt: str = "0"
+    ) -> None:
+        self.store = store
+        self._run_id = run_id or os.environ.get("RTJ_RUN_ID") or None
+        self.attempt = validate_attempt(attempt)
+
+    @property
+    def run_id(self) -> str:
+        if self._run_id is None:
+            self.claim_run()
+        assert self._run_id is not None
+        return self._run_id
+
+    def claim_run(self) -> RunRecord:
+        """Create run.json, or confirm this run owns it (advancing the writer attempt)."""
+        source = self.store.key_uri(RUN_FILE)
+        for _ in range(_CAS_RETRIES):
+            raw, version = self.store.read_versioned(RUN_FILE)
+            if raw is None:
+                record = RunRecord(self._run_id or new_run_id(), self.attempt)
+                if self.store.put_if(RUN_FILE, record.encode(), None):
+                    self._run_id = record.run_id
+                    return record
+                continue
+            current = RunRecord.decode(raw, source)
+            run_id = self._run_id or current.run_id
+            if not check_ownership(current, run_id, self.attempt, source):
+                self._run_id = run_id
+                return current
+            record = RunRecord(run_id, self.attempt)
+            if self.store.put_if(RUN_FILE, record.encode(), version):
+                self._run_id = run_id
+                return record
+        raise StoreError(f"{source} kept changing during {_CAS_RETRIES} conditional writes")
+
+    def begin(self, step: int) -> StepWriter:
+        """Claim the run and open a fresh in-progress area for ``step`` (refused if published)."""
+        self.claim_run()
+        return self.store.begin_step(step, self.attempt, fresh=True)
+
+    def join(self, step: int) -> StepWriter:
+        """Another rank joins the in-progress area the coordinator opened with ``begin``."""
+        return self.store.begin_step(step, self.attempt, fresh=False)
+
+    def publish(
+        self, writer: StepWriter, files: Sequence[FileEntry], metadata: StepMetadata
+    ) -> PublishResult:
+        """Write manifest and COMMITTED, make the step visible, then advance the hint."""
+        manifest = Manifest(
+            run_id=self.run_id,
+            step=writer.step,
+            world_size=metadata.world_size,
+            parallelism=metadata.parallelism,
+            framework=metadata.framework,
+            code_commit=metadata.code_commit,
+            image_digest=metadata.image_digest,
+            dataset_snapshot=metadata.dataset_snapshot,
+            created_at=utc_now(),
+            files=tuple(sorted(files, key=lambda f: f.path)),
+            extra=metadata.extra,
+        )
+        raw = encode_manifest(manifest)
+        writer.commit(raw, committed_marker(raw))
+        self.advance_hint(writer.step)
+        return PublishResult(
+            writer.step,
+            self.store.key_uri(step_key(writer.step)),
+            len(manifest.files),
+            manifest.total_bytes,
+            manifest,
+        )
+
+    def advance_hint(self, step: int) -> bool:
+        """Point latest.json at ``step`` unless it already names a newer one."""
+        body = {"step": step, "path": step_key(step), "run_id": self.run_id}
+        for _ in range(_CAS_RETRIES):
+            raw, version = self.store.read_versioned(LATEST_FILE)
+            current = parse_latest_hint(raw)
+            if current.step is not None and current.step >= step:
+                return False
+            body["updated_at"] = utc_now().isoformat()
+            data = (json.dumps(body, sort_keys=True) + "\n").encode()
+            if self.store.put_if(LATEST_FILE, data, version):
+                return True
+        raise StoreError(f"{LATEST_FILE} kept changing during {_CAS_RETRIES} conditional writes")
+
+    def publish_directory(
+        self, step: int, source: Path, metadata: StepMetadata | None = None
+    ) -> PublishResult:
+        """Publish the files under ``source`` (left untouched) as ``step``."""
+        files = collect_directory(source)
+        writer = self.begin(step)
+        try:
+            entries = [writer.copy_file(rel, path) for rel, path in files]
+            return self.publish(writer, entries, metadata or StepMetadata.from_env())
+        except BaseException:
+            writer.abort()
+            raise
+
+
+def collect_directory(source: Path) -> list[tuple[str, Path]]:
+    """Every regular file under ``source``; symlinks, special files and reserved names refused."""
+    try:
+        mode = source.lstat().st_mode
+    except OSError as exc:
+        raise Refused(f"--from {source}: {exc.strerror}") from exc
+    if not stat.S_ISDIR(mode):
+        raise Refused(f"--from {source}: expected a directory")
+    found: list[tuple[str, Path]] = []
+    for dirpath, dirnames, filenames in os.walk(source):
+        for entry in sorted(dirnames + filenames):
+            path = Path(dirpath) / entry
+            rel = path.relative_to(source).as_posix()
+            mode = path.lstat().st_mode
+            if stat.S_ISLNK(mode):
+                raise Refused(f"{path}: symlinks are refused (a step must be self-contained)")
+            if stat.S_ISDIR(mode):
+                continue
+            if not stat.S_ISREG(mode):
+                raise Refused(f"{path}: not a regular file (special files are refused)")
+            if rel in RESERVED_FILES:
+                raise Refused(f"{path}: the name {rel!r} is reserved by the checkpoint protocol")
+            found.append((confine_path(rel), path))
+    if not found:
+        raise Refused(f"--from {source}: the directory has no files to publish")
+    return found

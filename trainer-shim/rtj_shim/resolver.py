@@ -1,0 +1,86 @@
+"""Resolve the resume step and describe a root's steps, reading through a store."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rtj_shim.layout import LATEST_FILE, StepDirName, step_key
+from rtj_shim.retention import StepState
+from rtj_shim.selection import (
+    Resolution,
+    Skipped,
+    in_progress_skips,
+    parse_latest_hint,
+    resume_candidates,
+    select_resume_step,
+)
+from rtj_shim.storage.base import CheckpointStore, StepDirEntry
+from rtj_shim.verification import Depth
+from rtj_shim.verifier import verify_step
+
+
+def resolve(
+    store: CheckpointStore,
+    depth: Depth = Depth.SHALLOW,
+    *,
+    step: int | None = None,
+    workers: int | None = None,
+) -> Resolution:
+    """Newest step that verifies (or only ``step``). A missing root is "no checkpoint"."""
+    if not store.root_exists():
+        return Resolution(None, None, None, ())
+    dirs = store.list_step_dirs()
+    published = [d.name.step for d in dirs if not d.name.in_progress]
+    hint = parse_latest_hint(store.read(LATEST_FILE))
+    hint_problem = hint.problem
+    if hint.step is not None and hint.step not in published:
+        hint_problem = f"{LATEST_FILE} points to step {hint.step}, which is not published"
+    if step is not None:
+        if step not in published:
+            missing = Skipped(step, f"step {step} is not published under {store.uri}")
+            return Resolution(None, None, None, (missing,), hint_problem)
+        candidates = [step]
+    else:
+        candidates = resume_candidates(hint.step, published)
+
+    verdict, skipped = select_resume_step(
+        candidates, lambda s: verify_step(store, s, depth, workers)
+    )
+    chosen = verdict.step if verdict else None
+    if step is None:
+        skipped = in_progress_skips((d.name for d in dirs), chosen) + skipped
+        skipped.sort(key=lambda s: s.step, reverse=True)
+    if verdict is None:
+        return Resolution(None, None, None, tuple(skipped), hint_problem)
+    return Resolution(
+        verdict.step, store.key_uri(step_key(verdict.step)), depth, tuple(skipped), hint_problem
+    )
+
+
+@dataclass(frozen=True)
+class StepListing:
+    entry: StepDirEntry
+    state: StepState
+
+    @property
+    def label(self) -> str:
+        if self.entry.name.in_progress:
+            return "in progress"
+        return "published" if self.state.verified else "broken"
+
+
+def describe_steps(store: CheckpointStore, depth: Depth = Depth.SHALLOW) -> list[StepListing]:
+    """Every step directory with its verification state, newest first."""
+    if not store.root_exists():
+        return []
+    listings = []
+    for entry in store.list_step_dirs():
+        name: StepDirName = entry.name
+        if name.in_progress:
+            state = StepState(name, verified=False, reason="in progress")
+        else:
+            verdict = verify_step(store, name.step, depth)
+            state = StepState(name, verified=verdict.valid, reason=verdict.reason)
+        listings.append(StepListing(entry, state))
+    listings.sort(key=lambda s: (s.entry.name.step, s.entry.name.attempt or ""), reverse=True)
+    return listings

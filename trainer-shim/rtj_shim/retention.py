@@ -1,0 +1,98 @@
+"""Which steps to keep and which to delete. Pure: a plan over a listing of step states.
+
+Kept: the newest ``keep_last`` verified steps, the verified step before the newest (the
+fallback if the newest later fails deep verification), every ``keep_every``-th step as a
+milestone, and every protected step (the one a running attempt resumed from). The newest
+verified step is never deleted. Unverified directories newer than the newest verified step
+may still be in progress and are kept; older ones are abandoned and deleted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from rtj_shim.layout import StepDirName
+
+
+@dataclass(frozen=True)
+class StepState:
+    name: StepDirName
+    verified: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    keep_last: int
+    keep_every: int | None = None
+    protect: frozenset[int] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        if self.keep_last < 1:
+            raise ValueError(f"keep_last must be >= 1, got {self.keep_last}")
+        if self.keep_every is not None and self.keep_every < 1:
+            raise ValueError(f"keep_every must be >= 1, got {self.keep_every}")
+
+
+@dataclass(frozen=True)
+class Decision:
+    name: StepDirName
+    reason: str
+
+
+@dataclass(frozen=True)
+class RetentionPlan:
+    keep: tuple[Decision, ...]
+    delete: tuple[Decision, ...]
+
+    def to_json(self) -> dict[str, object]:
+        def rows(ds: tuple[Decision, ...]) -> list[dict[str, object]]:
+            return [{"step": d.name.step, "dir": str(d.name), "reason": d.reason} for d in ds]
+
+        return {"keep": rows(self.keep), "delete": rows(self.delete)}
+
+
+def _keep_reason(step: int, rank: int, newest: int, policy: RetentionPolicy) -> str | None:
+    if step == newest:
+        return "newest verified step"
+    if step in policy.protect:
+        return "protected"
+    if rank < policy.keep_last:
+        return f"among the newest {policy.keep_last} verified steps"
+    if rank == 1:
+        return "previous verified step (fallback for the newest)"
+    if policy.keep_every is not None and step % policy.keep_every == 0:
+        return f"milestone (every {policy.keep_every} steps)"
+    return None
+
+
+def plan_retention(states: Iterable[StepState], policy: RetentionPolicy) -> RetentionPlan:
+    states = sorted(states, key=lambda s: (s.name.step, s.name.attempt or ""), reverse=True)
+    verified = [s for s in states if s.verified and not s.name.in_progress]
+    newest = verified[0].name.step if verified else None
+    rank_of = {s.name.step: i for i, s in enumerate(verified)}
+    keep: list[Decision] = []
+    delete: list[Decision] = []
+    for state in states:
+        step = state.name.step
+        if state in verified:
+            assert newest is not None
+            reason = _keep_reason(step, rank_of[step], newest, policy)
+            if reason is None:
+                delete.append(Decision(state.name, "verified, beyond the retention policy"))
+            else:
+                keep.append(Decision(state.name, reason))
+        elif step in policy.protect:
+            keep.append(Decision(state.name, "protected"))
+        elif newest is None or step > newest:
+            keep.append(
+                Decision(
+                    state.name,
+                    "not verified but newer than every verified step; may still be in progress",
+                )
+            )
+        else:
+            what = "in progress" if state.name.in_progress else f"not verified ({state.reason})"
+            delete.append(Decision(state.name, f"{what}, older than newest verified step {newest}"))
+    return RetentionPlan(tuple(keep), tuple(delete))

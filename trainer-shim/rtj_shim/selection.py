@@ -1,0 +1,88 @@
+"""Which step to resume from. Pure over listings; verification is passed in as a function.
+
+``latest.json`` is only a hint: it is tried first, then every published step newest-first.
+The first step that verifies wins, and every step passed over is reported with its reason.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from rtj_shim.layout import LATEST_FILE, StepDirName
+from rtj_shim.verification import Depth, Verdict
+
+
+@dataclass(frozen=True)
+class Skipped:
+    step: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Resolution:
+    step: int | None
+    uri: str | None
+    verification: Depth | None
+    skipped: tuple[Skipped, ...]
+    hint_problem: str | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "step": self.step,
+            "uri": self.uri,
+            "verification": self.verification.value if self.verification else None,
+            "skipped": [{"step": s.step, "reason": s.reason} for s in self.skipped],
+        }
+
+
+@dataclass(frozen=True)
+class Hint:
+    step: int | None
+    problem: str | None
+
+
+def parse_latest_hint(raw: bytes | None) -> Hint:
+    """Read ``latest.json``; a missing or garbage hint is reported, never trusted."""
+    if raw is None:
+        return Hint(None, None)
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return Hint(None, f"{LATEST_FILE} is not valid JSON; scanning all steps")
+    step = data.get("step") if isinstance(data, dict) else None
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        return Hint(None, f"{LATEST_FILE}: field 'step' must be a non-negative integer")
+    return Hint(step, None)
+
+
+def resume_candidates(hint: int | None, published: Iterable[int]) -> list[int]:
+    """The hinted step first (when it is published), then every published step newest-first."""
+    ordered = sorted(set(published), reverse=True)
+    if hint is not None and hint in ordered:
+        ordered.remove(hint)
+        ordered.insert(0, hint)
+    return ordered
+
+
+def in_progress_skips(dirs: Iterable[StepDirName], newer_than: int | None) -> list[Skipped]:
+    """In-progress directories newer than the chosen step, reported so users see why."""
+    return [
+        Skipped(d.step, f"in progress ({d}); a step without COMMITTED is never resumed")
+        for d in sorted(dirs, key=lambda d: d.step, reverse=True)
+        if d.in_progress and (newer_than is None or d.step > newer_than)
+    ]
+
+
+def select_resume_step(
+    candidates: Sequence[int], verify: Callable[[int], Verdict]
+) -> tuple[Verdict | None, list[Skipped]]:
+    """Verify candidates in order; return the first valid verdict and what was skipped."""
+    skipped: list[Skipped] = []
+    for step in candidates:
+        verdict = verify(step)
+        if verdict.valid:
+            return verdict, skipped
+        skipped.append(Skipped(step, verdict.reason))
+    return None, skipped

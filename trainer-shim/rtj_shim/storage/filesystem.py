@@ -1,0 +1,316 @@
+"""Checkpoint store on a POSIX filesystem (local disk or a shared RWX volume).
+
+Shards go into ``steps/step-N.tmp-<attempt>/``; publishing writes manifest.json and then
+COMMITTED (each fsynced), fsyncs the directories, and renames the tmp directory to its
+final name without replacing anything, then fsyncs ``steps/``. Hashing runs in a helper
+thread beside each write, so a shard is read from memory once and the hash costs no
+second pass over the data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import hashlib
+import os
+import secrets
+import shutil
+import stat
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from rtj_shim.errors import Refused, StepAlreadyPublished, StoreError
+from rtj_shim.layout import (
+    COMMITTED_FILE,
+    MANIFEST_FILE,
+    STEPS_DIR,
+    StepDirName,
+    parse_step_dir,
+    step_dir_name,
+    tmp_dir_name,
+)
+from rtj_shim.manifest import FileEntry, confine_path
+from rtj_shim.storage.base import CHUNK_BYTES, StepDirEntry, Version, iter_file
+
+_RENAME_NOREPLACE = 1
+_AT_FDCWD = -100
+
+
+@contextlib.contextmanager
+def store_errors(what: str) -> Iterator[None]:
+    """Translate OS errors into StoreError naming what was being done to which path."""
+    try:
+        yield
+    except OSError as exc:
+        where = exc.filename or what
+        raise StoreError(f"{what}: {where}: {exc.strerror or exc}") from exc
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _rename_noreplace(src: Path, dst: Path) -> None:
+    """Atomic rename that fails with FileExistsError instead of replacing ``dst``."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        renameat2 = None
+    if renameat2 is not None:
+        rc = renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE)
+        if rc == 0:
+            return
+        err = ctypes.get_errno()
+        if err == errno.EEXIST:
+            raise FileExistsError(err, os.strerror(err), str(dst))
+        if err not in (errno.EINVAL, errno.ENOSYS):
+            raise OSError(err, os.strerror(err), str(src))
+    # Filesystems without RENAME_NOREPLACE: check first; writers of one root are fenced
+    # by run.json, so the window between check and rename has no competitor.
+    if dst.exists():
+        raise FileExistsError(errno.EEXIST, "File exists", str(dst))
+    os.rename(src, dst)
+
+
+def write_hashed(fd: int, chunks: Iterable[bytes], pool: ThreadPoolExecutor) -> tuple[str, int]:
+    """Write chunks to ``fd`` while a helper thread hashes them; both release the GIL."""
+    digest = hashlib.sha256()
+    size = 0
+    for chunk in chunks:
+        pending = pool.submit(digest.update, chunk)
+        _write_all(fd, chunk)
+        pending.result()
+        size += len(chunk)
+    return digest.hexdigest(), size
+
+
+class FilesystemStepWriter:
+    def __init__(self, store: FilesystemStore, step: int, tmp: Path) -> None:
+        self._store = store
+        self._step = step
+        self._tmp = tmp
+        self._dirs: set[Path] = {tmp}
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="rtj-hash")
+
+    @property
+    def step(self) -> int:
+        return self._step
+
+    @property
+    def local_dir(self) -> Path:
+        """The in-progress directory, for writers (such as DCP) that need a real path."""
+        return self._tmp
+
+    def _target(self, path: str) -> Path:
+        confine_path(path)
+        target = self._tmp / path
+        parent = target.parent
+        if parent != self._tmp:
+            parent.mkdir(parents=True, exist_ok=True)
+            while parent != self._tmp:
+                self._dirs.add(parent)
+                parent = parent.parent
+        return target
+
+    def write_file(self, path: str, chunks: Iterable[bytes]) -> FileEntry:
+        sha, size = self._write(path, chunks)
+        return FileEntry(path=path, bytes=size, sha256=sha)
+
+    def _write(self, path: str, chunks: Iterable[bytes]) -> tuple[str, int]:
+        with store_errors(f"writing {path!r}"):
+            target = self._target(path)
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            try:
+                result = write_hashed(fd, chunks, self._pool)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        return result
+
+    def copy_file(self, path: str, source: Path) -> FileEntry:
+        with store_errors(f"reading {source}"):
+            mode = source.lstat().st_mode
+        if not stat.S_ISREG(mode):
+            raise Refused(f"{source}: not a regular file (symlinks and special files are refused)")
+        return self.write_file(path, iter_file(source, CHUNK_BYTES))
+
+    def commit(self, manifest: bytes, committed: bytes) -> None:
+        final = self._tmp.parent / step_dir_name(self._step)
+        with store_errors(f"publishing step {self._step}"):
+            self._write(MANIFEST_FILE, [manifest])
+            for directory in sorted(self._dirs, key=lambda p: len(p.parts), reverse=True):
+                fsync_dir(directory)
+            self._write(COMMITTED_FILE, [committed])
+            fsync_dir(self._tmp)
+            try:
+                _rename_noreplace(self._tmp, final)
+            except FileExistsError as exc:
+                raise StepAlreadyPublished(
+                    f"step {self._step} is already published at {final}; "
+                    "published steps are immutable"
+                ) from exc
+            fsync_dir(final.parent)
+        self._pool.shutdown()
+
+    def abort(self) -> None:
+        self._pool.shutdown()
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+class FilesystemStore:
+    def __init__(self, root: Path) -> None:
+        self._root = Path(os.path.abspath(root))
+
+    @property
+    def uri(self) -> str:
+        return f"file://{self._root}"
+
+    @property
+    def root(self) -> Path:
+        return self._root
+
+    def key_uri(self, key: str) -> str:
+        return f"{self.uri}/{key}" if key else self.uri
+
+    def _path(self, key: str) -> Path:
+        return self._root / confine_path(key)
+
+    def root_exists(self) -> bool:
+        with store_errors("opening checkpoint root"):
+            try:
+                st = self._root.stat()
+            except FileNotFoundError:
+                return False
+            if not stat.S_ISDIR(st.st_mode):
+                raise StoreError(f"checkpoint root {self._root} is not a directory")
+            os.listdir(self._root)  # PermissionError -> StoreError, never "no checkpoint"
+            return True
+
+    def read(self, key: str) -> bytes | None:
+        return self.read_versioned(key)[0]
+
+    def read_versioned(self, key: str) -> tuple[bytes | None, Version | None]:
+        path = self._path(key)
+        with store_errors(f"reading {key}"):
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            except FileNotFoundError:
+                return None, None
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    raise StoreError(f"{path} is not a regular file")
+                with os.fdopen(fd, "rb", closefd=False) as fh:
+                    data = fh.read()
+            finally:
+                os.close(fd)
+        return data, f"{st.st_ino}:{st.st_mtime_ns}:{st.st_size}"
+
+    def put_if(self, key: str, data: bytes, expected: Version | None) -> bool:
+        path = self._path(key)
+        with store_errors(f"writing {key}"):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            try:
+                _write_all(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                if expected is None:
+                    try:
+                        os.link(tmp, path)  # atomic create-if-absent
+                    except FileExistsError:
+                        return False
+                else:
+                    if self.read_versioned(key)[1] != expected:
+                        return False
+                    os.replace(tmp, path)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    tmp.unlink()
+            fsync_dir(path.parent)
+        return True
+
+    def list_step_dirs(self) -> list[StepDirEntry]:
+        steps = self._root / STEPS_DIR
+        entries: list[StepDirEntry] = []
+        with store_errors("listing steps"):
+            try:
+                scan = list(os.scandir(steps))
+            except FileNotFoundError:
+                return []
+            for item in scan:
+                name = parse_step_dir(item.name)
+                if name is None or not item.is_dir(follow_symlinks=False):
+                    continue
+                entries.append(StepDirEntry(name, item.stat(follow_symlinks=False).st_mtime))
+        return entries
+
+    def _dir(self, name: StepDirName) -> Path:
+        return self._root / STEPS_DIR / str(name)
+
+    def list_files(self, name: StepDirName) -> dict[str, int]:
+        base = self._dir(name)
+        sizes: dict[str, int] = {}
+        with store_errors(f"listing {STEPS_DIR}/{name}"):
+            for dirpath, _dirs, files in os.walk(base, onerror=_raise):
+                for fname in files:
+                    full = Path(dirpath) / fname
+                    st = full.lstat()
+                    if stat.S_ISREG(st.st_mode):  # symlinks never count as shards
+                        sizes[full.relative_to(base).as_posix()] = st.st_size
+        return sizes
+
+    def sha256(self, name: StepDirName, path: str) -> str:
+        target = self._dir(name) / confine_path(path)
+        digest = hashlib.sha256()
+        with store_errors(f"hashing {STEPS_DIR}/{name}/{path}"):
+            fd = os.open(target, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            with os.fdopen(fd, "rb") as fh:
+                while chunk := fh.read(CHUNK_BYTES):
+                    digest.update(chunk)
+        return digest.hexdigest()
+
+    def begin_step(self, step: int, attempt: str, *, fresh: bool = True) -> FilesystemStepWriter:
+        steps = self._root / STEPS_DIR
+        tmp = steps / tmp_dir_name(step, attempt)
+        with store_errors(f"starting step {step}"):
+            if (steps / step_dir_name(step)).exists():
+                raise StepAlreadyPublished(f"step {step} is already published under {steps}")
+            if fresh:
+                shutil.rmtree(tmp, ignore_errors=True)
+                steps.mkdir(parents=True, exist_ok=True)
+                tmp.mkdir()
+                fsync_dir(steps)
+                fsync_dir(self._root)
+            elif not tmp.is_dir():
+                raise StoreError(f"in-progress directory {tmp} does not exist")
+        return FilesystemStepWriter(self, step, tmp)
+
+    def delete_step_dir(self, name: StepDirName) -> None:
+        steps = self._root / STEPS_DIR
+        trash = steps / f".trash-{name}-{secrets.token_hex(4)}"
+        with store_errors(f"deleting {STEPS_DIR}/{name}"):
+            os.rename(self._dir(name), trash)  # the mark: the step is gone from every listing
+            fsync_dir(steps)
+            shutil.rmtree(trash)
+
+
+def _raise(exc: OSError) -> None:
+    raise exc

@@ -1,0 +1,46 @@
+"""Gather what a step's verification needs from a store and apply the pure rules.
+
+Deep verification hashes files in parallel: hashlib releases the GIL on large buffers,
+so threads give real parallelism without extra processes.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+from rtj_shim.errors import ManifestError
+from rtj_shim.layout import COMMITTED_FILE, MANIFEST_FILE, StepDirName, step_key
+from rtj_shim.storage.base import CheckpointStore
+from rtj_shim.verification import Depth, Verdict, check_commit, check_digests, check_sizes
+
+
+def default_workers() -> int:
+    return max(2, min(8, os.cpu_count() or 2))
+
+
+def verify_step(
+    store: CheckpointStore, step: int, depth: Depth, workers: int | None = None
+) -> Verdict:
+    """Verify one published step. StoreError propagates: unreadable is not invalid."""
+    name = StepDirName(step)
+    try:
+        manifest = check_commit(
+            step,
+            store.read(step_key(step, MANIFEST_FILE)),
+            store.read(step_key(step, COMMITTED_FILE)),
+        )
+    except ManifestError as exc:
+        return Verdict(step, False, str(exc), depth)
+    problem = check_sizes(manifest, store.list_files(name))
+    if problem is None and depth is Depth.DEEP:
+        paths = [entry.path for entry in manifest.files]
+        threads = workers or default_workers()
+        with ThreadPoolExecutor(threads, thread_name_prefix="rtj-verify") as pool:
+            digests = dict(
+                zip(paths, pool.map(lambda p: store.sha256(name, p), paths), strict=True)
+            )
+        problem = check_digests(manifest, digests)
+    if problem is not None:
+        return Verdict(step, False, problem, depth, manifest)
+    return Verdict(step, True, f"{depth.value} verification passed", depth, manifest)
