@@ -9,6 +9,7 @@ from rtj_shim.retention import StepState
 from rtj_shim.selection import (
     Resolution,
     Skipped,
+    hint_problem,
     in_progress_skips,
     parse_latest_hint,
     resume_candidates,
@@ -31,17 +32,14 @@ def resolve(
         return Resolution(None, None, None, ())
     dirs = store.list_step_dirs()
     published = [d.name.step for d in dirs if not d.name.in_progress]
-    hint = parse_latest_hint(store.read(LATEST_FILE))
-    hint_problem = hint.problem
-    if hint.step is not None and hint.step not in published:
-        hint_problem = f"{LATEST_FILE} points to step {hint.step}, which is not published"
+    problem = hint_problem(parse_latest_hint(store.read(LATEST_FILE)), published)
     if step is not None:
         if step not in published:
             missing = Skipped(step, f"step {step} is not published under {store.uri}")
-            return Resolution(None, None, None, (missing,), hint_problem)
+            return Resolution(None, None, None, (missing,), problem)
         candidates = [step]
     else:
-        candidates = resume_candidates(hint.step, published)
+        candidates = resume_candidates(published)
 
     verdict, skipped = select_resume_step(
         candidates, lambda s: verify_step(store, s, depth, workers)
@@ -51,9 +49,9 @@ def resolve(
         skipped = in_progress_skips((d.name for d in dirs), chosen) + skipped
         skipped.sort(key=lambda s: s.step, reverse=True)
     if verdict is None:
-        return Resolution(None, None, None, tuple(skipped), hint_problem)
+        return Resolution(None, None, None, tuple(skipped), problem)
     return Resolution(
-        verdict.step, store.key_uri(step_key(verdict.step)), depth, tuple(skipped), hint_problem
+        verdict.step, store.key_uri(step_key(verdict.step)), depth, tuple(skipped), problem
     )
 
 

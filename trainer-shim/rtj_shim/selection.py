@@ -1,7 +1,10 @@
 """Which step to resume from. Pure over listings; verification is passed in as a function.
 
-``latest.json`` is only a hint: it is tried first, then every published step newest-first.
-The first step that verifies wins, and every step passed over is reported with its reason.
+``latest.json`` is only a hint, never the source of truth: a stale hint (a crash between
+publish and hint update, or a hint written by a slower writer) must not hide a newer
+published step, so candidates are always every published step newest-first and the hint
+only decides what is reported about it. The first step that verifies wins, and every step
+passed over is reported with its reason.
 """
 
 from __future__ import annotations
@@ -57,13 +60,22 @@ def parse_latest_hint(raw: bytes | None) -> Hint:
     return Hint(step, None)
 
 
-def resume_candidates(hint: int | None, published: Iterable[int]) -> list[int]:
-    """The hinted step first (when it is published), then every published step newest-first."""
-    ordered = sorted(set(published), reverse=True)
-    if hint is not None and hint in ordered:
-        ordered.remove(hint)
-        ordered.insert(0, hint)
-    return ordered
+def resume_candidates(published: Iterable[int]) -> list[int]:
+    """Every published step, newest first."""
+    return sorted(set(published), reverse=True)
+
+
+def hint_problem(hint: Hint, published: Iterable[int]) -> str | None:
+    """What is wrong with the hint, if anything; resolution never depends on it."""
+    if hint.problem is not None or hint.step is None:
+        return hint.problem
+    steps = set(published)
+    if hint.step not in steps:
+        return f"{LATEST_FILE} points to step {hint.step}, which is not published"
+    newest = max(steps)
+    if hint.step < newest:
+        return f"{LATEST_FILE} points to step {hint.step}, but step {newest} is newer (stale hint)"
+    return None
 
 
 def in_progress_skips(dirs: Iterable[StepDirName], newer_than: int | None) -> list[Skipped]:
