@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from rtj_shim.errors import Refused, ShimError, StoreError
+from rtj_shim.errors import Refused, ShimError, StoreError, UsageError
 from rtj_shim.layout import MAX_STEP, validate_attempt
 from rtj_shim.manifest import Framework
 from rtj_shim.protocol import CommitProtocol, StepMetadata
@@ -24,7 +24,7 @@ from rtj_shim.storage import open_store
 from rtj_shim.verification import Depth
 from rtj_shim.verifier import verify_step
 
-EXIT_OK, EXIT_INVALID, EXIT_STORE = 0, 1, 3  # argparse exits 2 on usage errors
+EXIT_OK, EXIT_INVALID, EXIT_USAGE, EXIT_STORE = 0, 1, 2, 3  # argparse also exits 2
 
 
 def _step(text: str) -> int:
@@ -226,6 +226,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StoreError as exc:
         print(f"rtj-shim: store error: {exc}", file=sys.stderr)
         return EXIT_STORE
+    except UsageError as exc:
+        print(f"rtj-shim: usage error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except Refused as exc:
         print(f"rtj-shim: refused: {exc}", file=sys.stderr)
         return EXIT_INVALID

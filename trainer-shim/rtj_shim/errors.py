@@ -29,3 +29,7 @@ class RunOwnershipConflict(Refused):
 
 class ManifestError(ShimError):
     """manifest.json (or COMMITTED) does not describe a valid step."""
+
+
+class UsageError(ShimError):
+    """The caller named something that cannot be used (an unsupported ROOT, say)."""

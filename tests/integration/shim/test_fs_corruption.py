@@ -127,8 +127,11 @@ def test_deep_resolution_returns_newest_intact_step(
         intact = [s for s, how in zip(steps, damage, strict=True) if how == "intact"]
         deep = resolve(store, Depth.DEEP)
         assert deep.step == (max(intact) if intact else None)
-        newer_damaged = {s for s, how in zip(steps, damage, strict=True)
-                         if how != "intact" and (deep.step is None or s > deep.step)}
+        newer_damaged = {
+            s
+            for s, how in zip(steps, damage, strict=True)
+            if how != "intact" and (deep.step is None or s > deep.step)
+        }
         skipped = {s.step for s in deep.skipped}
         assert newer_damaged <= skipped
         assert all(s.reason for s in deep.skipped)
@@ -137,6 +140,7 @@ def test_deep_resolution_returns_newest_intact_step(
         if deep.step is not None:
             assert deep.uri == store.key_uri(f"steps/{step_dir_name(deep.step)}")
 
-        shallow_ok = [s for s, how in zip(steps, damage, strict=True)
-                      if how == "intact" or how in DEEP_ONLY]
+        shallow_ok = [
+            s for s, how in zip(steps, damage, strict=True) if how == "intact" or how in DEEP_ONLY
+        ]
         assert resolve(store, Depth.SHALLOW).step == (max(shallow_ok) if shallow_ok else None)

@@ -20,7 +20,10 @@ def test_step_dir_name_is_twelve_digits() -> None:
     assert step_key(7, "manifest.json") == "steps/step-000000000007/manifest.json"
 
 
-@given(st.integers(0, MAX_STEP), st.one_of(st.none(), st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,20}", fullmatch=True)))
+@given(
+    st.integers(0, MAX_STEP),
+    st.one_of(st.none(), st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,20}", fullmatch=True)),
+)
 def test_names_round_trip(step: int, attempt: str | None) -> None:
     name = StepDirName(step, attempt)
     assert parse_step_dir(str(name)) == name
@@ -28,8 +31,15 @@ def test_names_round_trip(step: int, attempt: str | None) -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["step-12", "step-0000000000001", "step-000000000001.tmp-", "step-000000000001.tmp-a/b",
-     ".trash-step-000000000001-ab", "latest.json", "step-00000000000x"],
+    [
+        "step-12",
+        "step-0000000000001",
+        "step-000000000001.tmp-",
+        "step-000000000001.tmp-a/b",
+        ".trash-step-000000000001-ab",
+        "latest.json",
+        "step-00000000000x",
+    ],
 )
 def test_foreign_names_are_ignored(name: str) -> None:
     assert parse_step_dir(name) is None

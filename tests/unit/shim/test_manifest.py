@@ -97,7 +97,7 @@ def test_duplicate_and_file_dir_clash_rejected() -> None:
 
 
 def test_garbage_is_a_manifest_error_naming_the_file() -> None:
-    with pytest.raises(ManifestError, match="^steps/s/manifest.json: not valid JSON"):
+    with pytest.raises(ManifestError, match=r"^steps/s/manifest\.json: not valid JSON"):
         decode_manifest(b"\xff{", "steps/s/manifest.json")
 
 
@@ -106,7 +106,9 @@ def test_committed_marker_round_trip(manifest_bytes: bytes) -> None:
     assert parse_committed(committed_marker(manifest_bytes)) == sha256_hex(manifest_bytes)
 
 
-@pytest.mark.parametrize("raw", [b"", b"sha256:", b"md5:" + b"a" * 64, b"sha256:" + b"g" * 64, b"\xff"])
+@pytest.mark.parametrize(
+    "raw", [b"", b"sha256:", b"md5:" + b"a" * 64, b"sha256:" + b"g" * 64, b"\xff"]
+)
 def test_malformed_committed_is_rejected(raw: bytes) -> None:
     with pytest.raises(ManifestError, match="COMMITTED: expected 'sha256:<64 hex digits>'"):
         parse_committed(raw)

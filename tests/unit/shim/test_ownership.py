@@ -26,7 +26,7 @@ def test_stale_attempt_is_refused() -> None:
 
 @pytest.mark.parametrize("raw", [b"junk", b"{}", b'{"run_id": "", "writer_attempt": 1}'])
 def test_malformed_run_record_is_refused_with_its_name(raw: bytes) -> None:
-    with pytest.raises(Refused, match="^s3://b/p/run.json: "):
+    with pytest.raises(Refused, match=r"^s3://b/p/run\.json: "):
         RunRecord.decode(raw, "s3://b/p/run.json")
 
 

@@ -64,7 +64,10 @@ def test_policy_validation(bad: dict[str, int]) -> None:
     protect=st.frozensets(st.integers(0, 5000), max_size=3),
 )
 def test_retention_invariants(
-    verified: set[int], broken: set[int], keep_last: int, keep_every: int | None,
+    verified: set[int],
+    broken: set[int],
+    keep_last: int,
+    keep_every: int | None,
     protect: frozenset[int],
 ) -> None:
     broken -= verified
