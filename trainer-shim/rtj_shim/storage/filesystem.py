@@ -150,6 +150,12 @@ class FilesystemStepWriter:
 
     def commit(self, manifest: bytes, committed: bytes) -> None:
         final = self._tmp.parent / step_dir_name(self._step)
+        try:
+            self._publish(final, manifest, committed)
+        finally:
+            self._pool.shutdown()
+
+    def _publish(self, final: Path, manifest: bytes, committed: bytes) -> None:
         with store_errors(f"publishing step {self._step}"):
             self._write(MANIFEST_FILE, [manifest])
             for directory in sorted(self._dirs, key=lambda p: len(p.parts), reverse=True):
@@ -164,7 +170,6 @@ class FilesystemStepWriter:
                     "published steps are immutable"
                 ) from exc
             fsync_dir(final.parent)
-        self._pool.shutdown()
 
     def abort(self) -> None:
         self._pool.shutdown()
@@ -188,6 +193,16 @@ class FilesystemStore:
 
     def _path(self, key: str) -> Path:
         return self._root / confine_path(key)
+
+    def _ensure_dir(self, directory: Path) -> None:
+        """Create ``directory`` and make each new entry durable in its parent."""
+        missing = []
+        while not directory.exists():
+            missing.append(directory)
+            directory = directory.parent
+        for new in reversed(missing):
+            new.mkdir(exist_ok=True)
+            fsync_dir(new.parent)
 
     def root_exists(self) -> bool:
         with store_errors("opening checkpoint root"):
@@ -223,7 +238,7 @@ class FilesystemStore:
     def put_if(self, key: str, data: bytes, expected: Version | None) -> bool:
         path = self._path(key)
         with store_errors(f"writing {key}"):
-            path.parent.mkdir(parents=True, exist_ok=True)
+            self._ensure_dir(path.parent)
             tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             try:
@@ -295,10 +310,9 @@ class FilesystemStore:
                 raise StepAlreadyPublished(f"step {step} is already published under {steps}")
             if fresh:
                 shutil.rmtree(tmp, ignore_errors=True)
-                steps.mkdir(parents=True, exist_ok=True)
+                self._ensure_dir(steps)
                 tmp.mkdir()
                 fsync_dir(steps)
-                fsync_dir(self._root)
             elif not tmp.is_dir():
                 raise StoreError(f"in-progress directory {tmp} does not exist")
         return FilesystemStepWriter(self, step, tmp)
