@@ -32,11 +32,11 @@ def resolve(
         return Resolution(None, None, None, ())
     dirs = store.list_step_dirs()
     published = [d.name.step for d in dirs if not d.name.in_progress]
-    problem = hint_problem(parse_latest_hint(store.read(LATEST_FILE)), published)
+    hint = parse_latest_hint(store.read(LATEST_FILE))
     if step is not None:
         if step not in published:
             missing = Skipped(step, f"step {step} is not published under {store.uri}")
-            return Resolution(None, None, None, (missing,), problem)
+            return Resolution(None, None, None, (missing,))
         candidates = [step]
     else:
         candidates = resume_candidates(published)
@@ -45,6 +45,7 @@ def resolve(
         candidates, lambda s: verify_step(store, s, depth, workers)
     )
     chosen = verdict.step if verdict else None
+    problem = hint_problem(hint, published, chosen) if step is None else None
     if step is None:
         skipped = in_progress_skips((d.name for d in dirs), chosen) + skipped
         skipped.sort(key=lambda s: s.step, reverse=True)

@@ -65,16 +65,16 @@ def resume_candidates(published: Iterable[int]) -> list[int]:
     return sorted(set(published), reverse=True)
 
 
-def hint_problem(hint: Hint, published: Iterable[int]) -> str | None:
+def hint_problem(hint: Hint, published: Iterable[int], chosen: int | None) -> str | None:
     """What is wrong with the hint, if anything; resolution never depends on it."""
     if hint.problem is not None or hint.step is None:
         return hint.problem
-    steps = set(published)
-    if hint.step not in steps:
+    if hint.step not in set(published):
         return f"{LATEST_FILE} points to step {hint.step}, which is not published"
-    newest = max(steps)
-    if hint.step < newest:
-        return f"{LATEST_FILE} points to step {hint.step}, but step {newest} is newer (stale hint)"
+    if chosen is not None and hint.step < chosen:
+        return f"{LATEST_FILE} points to step {hint.step}, but step {chosen} is newer (stale hint)"
+    if hint.step != chosen:
+        return f"{LATEST_FILE} points to step {hint.step}, which does not verify"
     return None
 
 

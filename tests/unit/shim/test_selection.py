@@ -38,17 +38,18 @@ def test_candidates_are_newest_first_whatever_the_hint_says() -> None:
 
 
 @pytest.mark.parametrize(
-    ("raw", "problem"),
+    ("raw", "chosen", "problem"),
     [
-        (b'{"step": 300}', None),
-        (None, None),
-        (b'{"step": 200}', "stale hint"),
-        (b'{"step": 999}', "not published"),
-        (b"garbage", "not valid JSON"),
+        (b'{"step": 300}', 300, None),
+        (None, 300, None),
+        (b'{"step": 300}', 400, "stale hint"),  # 400 published after the hint was written
+        (b'{"step": 999}', 300, "not published"),
+        (b'{"step": 400}', 300, "does not verify"),
+        (b"garbage", 300, "not valid JSON"),
     ],
 )
-def test_hint_problems_are_reported(raw: bytes | None, problem: str | None) -> None:
-    found = hint_problem(parse_latest_hint(raw), [100, 200, 300])
+def test_hint_problems_are_reported(raw: bytes | None, chosen: int, problem: str | None) -> None:
+    found = hint_problem(parse_latest_hint(raw), [100, 200, 300, 400], chosen)
     assert (found is None) == (problem is None)
     if problem:
         assert problem in (found or "")

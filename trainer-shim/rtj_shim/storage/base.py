@@ -55,7 +55,8 @@ class StepWriter(Protocol):
         """Write manifest then COMMITTED and make the step visible atomically."""
 
     def abort(self) -> None:
-        """Drop the in-progress area; safe to call after a failure."""
+        """Drop what this writer wrote; safe after a failure, and a no-op after a successful
+        ``commit`` (a published step is never touched)."""
 
 
 class CheckpointStore(Protocol):
@@ -79,7 +80,11 @@ class CheckpointStore(Protocol):
 
     def sha256(self, name: StepDirName, path: str) -> str: ...
 
-    def begin_step(self, step: int, attempt: str, *, fresh: bool = True) -> StepWriter: ...
+    def begin_step(self, step: int, attempt: str, *, fresh: bool = True) -> StepWriter:
+        """Open the in-progress area of ``step``. ``fresh`` clears leftovers of a crashed
+        writer; ``fresh=False`` joins the area the coordinator opened. On a filesystem the
+        area is ``steps/step-N.tmp-<attempt>/``; S3 has no rename, so shards go straight
+        under the step's prefix and an uncommitted step simply lacks COMMITTED."""
 
     def delete_step_dir(self, name: StepDirName) -> None:
         """Make the step unresolvable first (mark), then delete its data."""
