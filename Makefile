@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help install lint fmt test test-unit test-integration bench demo clean
+.PHONY: help install lint fmt test test-unit test-integration bench crds demo clean
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[1m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -26,6 +26,7 @@ lint: install ## ruff (lint + format check), mypy --strict, import-linter layer 
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(BIN)/rtj crds --check
 
 fmt: install ## apply ruff formatting and safe fixes
 	$(BIN)/ruff format .
@@ -43,8 +44,11 @@ test-integration: install ## protocol tests with real files, crashes and the loo
 bench: install ## benchmarks, reported as ratios against a side-by-side baseline
 	$(BIN)/python -m bench.checkpoint_protocol
 
+crds: install ## regenerate crds/ from the pydantic models (never edit crds/ by hand)
+	$(BIN)/rtj crds --write
+
 demo: ## the whole story in one command (lands with the demo issue)
 	@echo "make demo: not yet — the end-to-end demo lands with the demo issue (see README)."
 
 clean: ## remove the virtualenv and caches
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis .import_linter_cache

@@ -1,0 +1,71 @@
+"""Names shared with the cluster: API identity, labels, annotations, env, container names.
+
+Every string another component reads (Kueue, JobSet, the Job controller, the shim, kubectl)
+lives here once, so a typo cannot split the contract between writer and reader.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- the ResilientTrainingJob API -------------------------------------------------------
+GROUP: Final = "training.resilient.dev"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "ResilientTrainingJob"
+LIST_KIND: Final = "ResilientTrainingJobList"
+PLURAL: Final = "resilienttrainingjobs"
+SINGULAR: Final = "resilienttrainingjob"
+SHORT_NAMES: Final = ("rtj",)
+CRD_NAME: Final = f"{PLURAL}.{GROUP}"
+
+# --- JobSet (sigs.k8s.io/jobset, API v1alpha2; fields checked against release v0.8) -----
+JOBSET_API_VERSION: Final = "jobset.x-k8s.io/v1alpha2"
+JOBSET_KIND: Final = "JobSet"
+WORKER_REPLICATED_JOB: Final = "worker"
+"""replicatedJobs[].name; pods are named <jobset>-worker-0-<index>-<suffix>."""
+
+# --- labels and annotations other controllers own ---------------------------------------
+KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
+JOB_COMPLETION_INDEX: Final = "batch.kubernetes.io/job-completion-index"
+JOBSET_NAME_LABEL: Final = "jobset.sigs.k8s.io/jobset-name"
+HOSTNAME_TOPOLOGY: Final = "kubernetes.io/hostname"
+
+# --- labels and annotations this operator owns ------------------------------------------
+JOB_LABEL: Final = f"{GROUP}/job"
+ATTEMPT_LABEL: Final = f"{GROUP}/attempt"
+RESUME_STEP_ANNOTATION: Final = f"{GROUP}/resume-step"
+DEFAULT_TAINT_KEY: Final = f"{GROUP}/unhealthy"
+
+# --- containers, volumes, paths ---------------------------------------------------------
+RESUME_INIT_CONTAINER: Final = "rtj-resume"
+RESUME_VOLUME: Final = "rtj-resume"
+RESUME_DIR: Final = "/var/run/rtj"
+DEFAULT_RESUME_FILE: Final = f"{RESUME_DIR}/resume.json"
+TERMINATION_LOG: Final = "/dev/termination-log"
+
+# --- environment the shim and the trainer read ------------------------------------------
+ENV_RUN_ID: Final = "RTJ_RUN_ID"
+ENV_ATTEMPT: Final = "RTJ_ATTEMPT"
+ENV_CODE_COMMIT: Final = "RTJ_CODE_COMMIT"
+ENV_IMAGE_DIGEST: Final = "RTJ_IMAGE_DIGEST"
+ENV_DATASET_SNAPSHOT: Final = "RTJ_DATASET_SNAPSHOT"
+ENV_RESUME_FILE: Final = "RTJ_RESUME_FILE"
+ENV_CHECKPOINT_URI: Final = "RTJ_CHECKPOINT_URI"
+ENV_RESUME_STEP: Final = "RTJ_RESUME_STEP"
+ENV_KEEP_LAST: Final = "RTJ_KEEP_LAST"
+ENV_KEEP_EVERY: Final = "RTJ_KEEP_EVERY"
+ENV_PROTECT_STEP: Final = "RTJ_PROTECT_STEP"
+ENV_EMERGENCY_SAVE_SECONDS: Final = "RTJ_EMERGENCY_SAVE_SECONDS"
+ENV_MASTER_ADDR: Final = "MASTER_ADDR"
+ENV_MASTER_PORT: Final = "MASTER_PORT"
+ENV_WORLD_SIZE: Final = "WORLD_SIZE"
+ENV_NNODES: Final = "NNODES"
+ENV_NODE_RANK: Final = "NODE_RANK"
+ENV_RANK: Final = "RANK"
+
+# --- limits derived from names ----------------------------------------------------------
+MAX_NAME_LENGTH: Final = 36
+"""<name>-a<attempt>-worker-0-<index>-<5 chars> must stay a 63-character DNS label
+for attempts up to 99999 and up to 9999 replicas (JobSet's webhook rejects longer)."""
+MAX_REPLICAS: Final = 9999

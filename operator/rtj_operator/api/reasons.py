@@ -1,0 +1,97 @@
+"""Failure classes, categories, phases and condition reasons: names users and alerts match on.
+
+These strings appear in `kubectl get/describe`, in Events, in metrics labels and in
+`rtj classify` output, so they are a contract: add names, never rename them.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class FailureClass(str, Enum):
+    """Why an attempt's first failed rank failed."""
+
+    NODE_LOST = "NodeLost"
+    GPU_FAULT = "GPUFault"
+    NETWORK_FAULT = "NetworkFault"
+    EVICTED = "Evicted"
+    PREEMPTED = "Preempted"
+    OUT_OF_MEMORY = "OutOfMemory"
+    USER_ERROR = "UserError"
+    CONFIG_ERROR = "ConfigError"
+    CHECKPOINT_CORRUPT = "CheckpointCorrupt"
+    UNKNOWN = "Unknown"
+
+    @property
+    def category(self) -> FailureCategory:
+        return _CATEGORY[self]
+
+
+class FailureCategory(str, Enum):
+    """Which budget a failure spends, and whether a node may be blamed for it."""
+
+    INFRASTRUCTURE = "infrastructure"
+    PREEMPTION = "preemption"
+    USER = "user"
+    CHECKPOINT = "checkpoint"
+    UNKNOWN = "unknown"
+
+    @property
+    def retryable(self) -> bool:
+        """User errors are deterministic: retrying them burns GPUs (unless budgeted)."""
+        return self is not FailureCategory.USER
+
+
+_CATEGORY = {
+    FailureClass.NODE_LOST: FailureCategory.INFRASTRUCTURE,
+    FailureClass.GPU_FAULT: FailureCategory.INFRASTRUCTURE,
+    FailureClass.NETWORK_FAULT: FailureCategory.INFRASTRUCTURE,
+    FailureClass.EVICTED: FailureCategory.INFRASTRUCTURE,
+    FailureClass.PREEMPTED: FailureCategory.PREEMPTION,
+    FailureClass.OUT_OF_MEMORY: FailureCategory.USER,
+    FailureClass.USER_ERROR: FailureCategory.USER,
+    FailureClass.CONFIG_ERROR: FailureCategory.USER,
+    FailureClass.CHECKPOINT_CORRUPT: FailureCategory.CHECKPOINT,
+    FailureClass.UNKNOWN: FailureCategory.UNKNOWN,
+}
+
+
+class Phase(str, Enum):
+    PENDING = "Pending"
+    ADMITTED = "Admitted"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (Phase.SUCCEEDED, Phase.FAILED)
+
+
+class ConditionType(str, Enum):
+    """status.conditions[].type (metav1.Condition style)."""
+
+    ADMITTED = "Admitted"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    NODES_QUARANTINED = "NodesQuarantined"
+    CHECKPOINT_STALE = "CheckpointStale"
+
+
+class Reason(str, Enum):
+    """Condition and Event reasons for the operator's decisions (beside FailureClass names)."""
+
+    ATTEMPT_STARTED = "AttemptStarted"
+    BACKOFF = "BackoffWaiting"
+    RESTART_SCHEDULED = "RestartScheduled"
+    NODES_QUARANTINED = "NodesQuarantined"
+    CHECKPOINT_MARKED_BAD = "CheckpointMarkedBad"
+    RESTART_BUDGET_EXHAUSTED = "RestartBudgetExhausted"
+    USER_ERROR_BUDGET_EXHAUSTED = "UserErrorBudgetExhausted"
+    UNKNOWN_FAILURE_FLAGGED = "UnknownFailureFlagged"
+    TERMINAL = "Terminal"
+    NO_FAILURE = "NoFailure"

@@ -1,0 +1,204 @@
+"""`spec` of a ResilientTrainingJob: the CRD's OpenAPI schema is generated from these models.
+
+Validation lives twice on purpose: CEL rules (`x-kubernetes-validations`) make the API
+server reject a bad object with a field-level message, and the matching pydantic validator
+keeps objects built in Python (tests, the CLI) to the same rules.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from rtj_operator.api.base import ApiModel, cel, validations
+from rtj_operator.api.keys import DEFAULT_TAINT_KEY, MAX_REPLICAS
+
+DEFAULT_XID_CODES = (48, 63, 64, 74, 79, 92, 94, 95)
+"""NVIDIA XIDs that mean the GPU or its memory needs service (DBE, row remap failure,
+NVLink, fallen off the bus, high SBE rate, contained/uncontained ECC)."""
+
+DEFAULT_XID_CONDITION_TYPES = ("SysLogsXIDError", "GpuXidError")
+"""Node condition types NVSentinel's syslog monitor sets (current and older name)."""
+
+SHIM_DEADLINE_SECONDS = 30
+"""The shim's default emergency-save deadline; pods get this plus a margin to stop."""
+
+URI_SCHEMES = ("s3://", "file://")
+
+
+class Retention(ApiModel):
+    """Which verified steps the trainer-side GC keeps (the operator never deletes data)."""
+
+    keep_last: int = Field(default=3, ge=1, le=1000, description="Newest verified steps kept.")
+    keep_every: int | None = Field(
+        default=None, ge=1, description="Also keep every step divisible by this (milestones)."
+    )
+
+
+class Checkpoint(ApiModel):
+    """Where checkpoints live and how often the trainer promises to write one."""
+
+    uri: str = Field(
+        min_length=1,
+        max_length=1024,
+        description="Checkpoint root: s3://bucket/prefix or file:///path on a shared volume.",
+        json_schema_extra=validations(
+            cel(
+                "self.startsWith('s3://') || self.startsWith('file://')",
+                "checkpoint.uri must start with s3:// or file://",
+            )
+        ),
+    )
+    planned_interval_seconds: int = Field(
+        default=600, ge=1, description="Planned seconds between checkpoints (age alert)."
+    )
+    retention: Retention = Field(default_factory=Retention, json_schema_extra={"default": {}})
+    credentials_secret: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        description="Secret whose keys become env of the trainer and the resume init "
+        "container (e.g. AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL_S3).",
+    )
+    emergency_save_seconds: int = Field(
+        default=SHIM_DEADLINE_SECONDS,
+        ge=0,
+        le=3600,
+        description="Seconds the trainer may spend on an emergency save after SIGTERM; "
+        "pods get this plus a margin as terminationGracePeriodSeconds.",
+    )
+    resolver_image: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Image for the resume init container (default: the trainer's image, "
+        "which must contain rtj-shim).",
+    )
+
+    @field_validator("uri")
+    @classmethod
+    def _scheme(cls, uri: str) -> str:
+        if not uri.startswith(URI_SCHEMES):
+            raise ValueError("checkpoint.uri must start with s3:// or file://")
+        return uri
+
+
+class Backoff(ApiModel):
+    """Exponential delay before a restart: initial * 2^(failures so far), capped at max."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": validations(
+            cel(
+                "!has(self.initialSeconds) || !has(self.maxSeconds) "
+                "|| self.initialSeconds <= self.maxSeconds",
+                "backoff.initialSeconds must be <= backoff.maxSeconds",
+            )
+        )
+    }
+
+    initial_seconds: int = Field(default=10, ge=0, le=86400)
+    max_seconds: int = Field(default=600, ge=0, le=86400)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Backoff:
+        if self.initial_seconds > self.max_seconds:
+            raise ValueError("backoff.initialSeconds must be <= backoff.maxSeconds")
+        return self
+
+
+class FailurePolicy(ApiModel):
+    """Restart budgets. The operator owns every restart; JobSet's own restarts stay off."""
+
+    max_restarts: int = Field(
+        default=5, ge=0, le=1000, description="Whole-group restarts for infrastructure failures."
+    )
+    backoff: Backoff = Field(default_factory=Backoff, json_schema_extra={"default": {}})
+    user_error_restarts: int = Field(
+        default=0, ge=0, le=100, description="Restarts allowed for user-category failures."
+    )
+    count_preemptions: bool = Field(
+        default=False, description="Whether preemptions spend maxRestarts."
+    )
+
+
+class NodeHealth(ApiModel):
+    """How GPU faults are recognized on nodes, and how a bad node is quarantined."""
+
+    taint_key: str = Field(default=DEFAULT_TAINT_KEY, min_length=1, max_length=316)
+    taint_effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
+    xid_codes: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=lambda: list(DEFAULT_XID_CODES),
+        max_length=256,
+        description="GPU XID codes that quarantine a node.",
+        json_schema_extra={"default": list(DEFAULT_XID_CODES)},
+    )
+    xid_label_keys: list[str] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Node label keys whose value lists XID codes (e.g. set by a GPU health agent).",
+    )
+    xid_condition_types: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_XID_CONDITION_TYPES),
+        max_length=32,
+        description="Node condition types whose message carries XID codes "
+        "(NVSentinel SysLogsXIDError, node-problem-detector custom conditions).",
+        json_schema_extra={"default": list(DEFAULT_XID_CONDITION_TYPES)},
+    )
+
+
+class Provenance(ApiModel):
+    """Identity of what is being trained, stamped into every checkpoint manifest."""
+
+    code_commit: str | None = Field(default=None, max_length=256)
+    image_digest: str | None = Field(default=None, max_length=256)
+    dataset_snapshot: str | None = Field(default=None, max_length=1024)
+
+
+class ResilientTrainingJobSpec(ApiModel):
+    """A synchronous multi-node training job kept alive through machine faults."""
+
+    replicas: int = Field(ge=1, le=MAX_REPLICAS, description="Worker pods, one per node.")
+    queue_name: str = Field(
+        min_length=1,
+        max_length=63,
+        description="Kueue LocalQueue: the whole group is admitted or none of it.",
+    )
+    template: dict[str, Any] = Field(
+        description="Worker PodTemplateSpec (the user's image and command).",
+        json_schema_extra={
+            "x-kubernetes-preserve-unknown-fields": True,
+            **validations(
+                cel(
+                    "has(self.spec) && has(self.spec.containers) && size(self.spec.containers) > 0",
+                    "template.spec.containers must list at least one container",
+                )
+            ),
+        },
+    )
+    trainer_container: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Container running the trainer (default: the first container).",
+    )
+    master_port: int = Field(default=29500, ge=1, le=65535)
+    run_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        description="Run id in the checkpoint root (default: <namespace>.<name>).",
+    )
+    checkpoint: Checkpoint
+    failure_policy: FailurePolicy = Field(
+        default_factory=FailurePolicy, json_schema_extra={"default": {}}
+    )
+    node_health: NodeHealth = Field(default_factory=NodeHealth, json_schema_extra={"default": {}})
+    provenance: Provenance = Field(default_factory=Provenance, json_schema_extra={"default": {}})
+
+    @field_validator("template")
+    @classmethod
+    def _has_containers(cls, template: dict[str, Any]) -> dict[str, Any]:
+        spec = template.get("spec")
+        containers = spec.get("containers") if isinstance(spec, dict) else None
+        if not isinstance(containers, list) or not containers:
+            raise ValueError("template.spec.containers must list at least one container")
+        return template

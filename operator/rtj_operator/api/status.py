@@ -1,0 +1,118 @@
+"""`status` of a ResilientTrainingJob: what happened, attempt by attempt, and why.
+
+Status is written only by the operator. Unknown fields are ignored when reading it back so
+that a field another tool adds (or a newer operator wrote) never makes the job unreadable.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import ConfigDict, Field
+
+from rtj_operator.api.base import ApiModel
+from rtj_operator.api.reasons import FailureCategory, FailureClass, Phase
+
+
+class StatusModel(ApiModel):
+    model_config = ApiModel.model_config | ConfigDict(extra="ignore")
+
+
+class Condition(StatusModel):
+    """A metav1.Condition: the latest observation of one aspect of the job."""
+
+    type: str = Field(min_length=1, max_length=316)
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(min_length=1, max_length=1024)
+    message: str = Field(default="", max_length=32768)
+    last_transition_time: datetime
+    observed_generation: int | None = Field(default=None, ge=0)
+
+
+class FirstFailed(StatusModel):
+    """The rank whose failure broke the world (earliest termination, not the timeouts after)."""
+
+    pod: str
+    rank: int | None = Field(default=None, ge=0, description="Global rank if the trainer named it.")
+    node_rank: int | None = Field(default=None, ge=0, description="Job completion index.")
+    node: str | None = None
+    container: str | None = None
+    exit_code: int | None = None
+    finished_at: datetime | None = None
+
+
+class AttemptRecord(StatusModel):
+    """One attempt (one JobSet): how it started, how it ended, what it cost."""
+
+    attempt: int = Field(ge=1)
+    job_set: str
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    failure_class: FailureClass | None = None
+    failure_category: FailureCategory | None = None
+    first_failed: FirstFailed | None = None
+    evidence: list[str] = Field(default_factory=list)
+    resumed_from_step: int | None = Field(default=None, ge=0)
+    lost_steps: int | None = Field(default=None, ge=0)
+    detection_seconds: float | None = Field(default=None, ge=0)
+    recovery_seconds: float | None = Field(default=None, ge=0)
+    quarantined_nodes: list[str] = Field(default_factory=list)
+
+
+class VerifiedCheckpoint(StatusModel):
+    """The newest step known to verify (COMMITTED + manifest + checksums)."""
+
+    step: int = Field(ge=0)
+    uri: str
+    committed_at: datetime = Field(description="When the step was published (its age).")
+    verified_at: datetime
+
+
+class QuarantinedNode(StatusModel):
+    """A node this job tainted, and the evidence that condemned it."""
+
+    node: str
+    failure_class: FailureClass
+    attempt: int = Field(ge=1)
+    since: datetime
+    evidence: str = ""
+
+
+class RestartCounts(StatusModel):
+    """Restarts spent so far, per budget (explicit, so trimming `attempts` loses nothing)."""
+
+    infrastructure: int = Field(default=0, ge=0)
+    user: int = Field(default=0, ge=0)
+    preemption: int = Field(default=0, ge=0)
+    checkpoint: int = Field(default=0, ge=0)
+
+
+class ResilientTrainingJobStatus(StatusModel):
+    phase: Phase = Phase.PENDING
+    attempt: int = Field(default=0, ge=0, description="Current attempt (0: none started).")
+    attempts: list[AttemptRecord] = Field(default_factory=list)
+    last_verified_checkpoint: VerifiedCheckpoint | None = None
+    bad_steps: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=list,
+        description="Steps the resume init container rejected; never pinned again.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    quarantined_nodes: list[QuarantinedNode] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["node"]},
+    )
+    restarts: RestartCounts = Field(default_factory=RestartCounts)
+    next_attempt_at: datetime | None = Field(
+        default=None, description="Backoff: the next attempt starts no earlier than this."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    observed_generation: int | None = Field(default=None, ge=0)
+
+    @property
+    def current(self) -> AttemptRecord | None:
+        """The record of the attempt now running (or last run)."""
+        return self.attempts[-1] if self.attempts else None

@@ -1,0 +1,250 @@
+"""What the operator does next: a pure function of spec, status, classification and time.
+
+One call returns one action. The reconciler applies it, records it in status, and calls
+again; so a failure walks through `Quarantine` (if bad nodes are not yet tainted), then
+`Restart` (record the failure, tear the old world down, wait out the backoff) or `Fail`,
+and later `StartAttempt` once the backoff has elapsed. Budgets:
+
+- infrastructure and unknown failures spend `maxRestarts`;
+- user failures (OutOfMemory, UserError, ConfigError) spend `userErrorRestarts`;
+- preemptions spend nothing unless `countPreemptions` (the queue is their backoff);
+- a corrupt checkpoint marks the pinned step bad and restarts at once from an older step;
+  it spends nothing, since each one removes a step from the candidates (if it cannot, it
+  spends `maxRestarts` so that the loop still ends).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from rtj_operator.api.reasons import FailureCategory, FailureClass, Reason
+from rtj_operator.api.spec import FailurePolicy, ResilientTrainingJobSpec
+from rtj_operator.api.status import ResilientTrainingJobStatus, RestartCounts
+from rtj_operator.policy.classify import Classification
+
+_MAX_EXPONENT = 30
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Nothing to do now; look again at `until` (or on the next change)."""
+
+    until: datetime | None
+    reason: Reason
+    message: str
+
+
+@dataclass(frozen=True)
+class StartAttempt:
+    """Render and create attempt `attempt`, resuming from `resume_step` (None: newest valid)."""
+
+    attempt: int
+    resume_step: int | None
+    reason: Reason
+    message: str
+
+
+@dataclass(frozen=True)
+class Quarantine:
+    """Taint these nodes (key/effect from the spec, value the job's name) and record them."""
+
+    nodes: tuple[str, ...]
+    taint_key: str
+    taint_effect: str
+    failure_class: FailureClass
+    reason: Reason
+    message: str
+
+
+@dataclass(frozen=True)
+class Restart:
+    """End the failed attempt, tear down its JobSet, start the next one at `not_before`."""
+
+    failed_attempt: int
+    failure_class: FailureClass
+    not_before: datetime
+    backoff_seconds: float
+    restarts: RestartCounts
+    bad_steps: tuple[int, ...]
+    reason: Reason
+    message: str
+
+
+@dataclass(frozen=True)
+class Fail:
+    """Stop for good: the budget for this kind of failure is spent."""
+
+    failure_class: FailureClass
+    reason: Reason
+    message: str
+
+
+Action = Wait | StartAttempt | Quarantine | Restart | Fail
+
+
+def backoff_seconds(policy: FailurePolicy, failures_so_far: int) -> float:
+    """initial * 2^failures, capped at max: fast first retry, no hot loop after many."""
+    growth = 2 ** min(max(failures_so_far, 0), _MAX_EXPONENT)
+    return float(min(policy.backoff.max_seconds, policy.backoff.initial_seconds * growth))
+
+
+def resume_step(
+    status: ResilientTrainingJobStatus, verified_steps: Iterable[int] = ()
+) -> int | None:
+    """Newest verified step not marked bad; None lets the init container pick (and verify)."""
+    candidates = set(verified_steps)
+    if status.last_verified_checkpoint is not None:
+        candidates.add(status.last_verified_checkpoint.step)
+    return max(candidates - set(status.bad_steps), default=None)
+
+
+def decide(
+    spec: ResilientTrainingJobSpec,
+    status: ResilientTrainingJobStatus,
+    classification: Classification | None,
+    now: datetime,
+    *,
+    verified_steps: Iterable[int] = (),
+) -> Action:
+    """The next action. `verified_steps` are steps known to verify (newest wins)."""
+    if status.phase.terminal:
+        return Wait(None, Reason.TERMINAL, f"job is {status.phase.value}")
+    if status.attempt == 0:
+        return _start(status, 1, verified_steps, "first attempt")
+    if status.phase.value == "Restarting":
+        return _after_backoff(status, now, verified_steps)
+    if classification is None:
+        return Wait(None, Reason.NO_FAILURE, f"attempt {status.attempt} has no failed rank")
+    return _on_failure(spec, status, classification, now)
+
+
+def _start(
+    status: ResilientTrainingJobStatus, attempt: int, verified: Iterable[int], why: str
+) -> StartAttempt:
+    step = resume_step(status, verified)
+    where = f"step {step}" if step is not None else "the newest step that verifies (or scratch)"
+    return StartAttempt(
+        attempt, step, Reason.ATTEMPT_STARTED, f"{why}: attempt {attempt} from {where}"
+    )
+
+
+def _after_backoff(
+    status: ResilientTrainingJobStatus, now: datetime, verified: Iterable[int]
+) -> Action:
+    until = status.next_attempt_at
+    if until is not None and now < until:
+        wait = (until - now).total_seconds()
+        return Wait(until, Reason.BACKOFF, f"next attempt in {wait:.0f}s (backoff)")
+    return _start(status, status.attempt + 1, verified, "backoff elapsed")
+
+
+def _on_failure(
+    spec: ResilientTrainingJobSpec,
+    status: ResilientTrainingJobStatus,
+    found: Classification,
+    now: datetime,
+) -> Action:
+    category = found.category
+    if category is FailureCategory.INFRASTRUCTURE and (pending := _unquarantined(status, found)):
+        health, why = spec.node_health, f"{found.failure_class.value}: quarantining"
+        return Quarantine(
+            pending, health.taint_key, health.taint_effect, found.failure_class,
+            Reason.NODES_QUARANTINED, f"{why} {', '.join(pending)}",
+        )  # fmt: skip
+    if category is FailureCategory.USER:
+        return _user_failure(spec.failure_policy, status, found, now)
+    if category is FailureCategory.PREEMPTION and not spec.failure_policy.count_preemptions:
+        counts = status.restarts.model_copy(update={"preemption": status.restarts.preemption + 1})
+        return _restart(status, found, now, 0.0, counts, Reason.RESTART_SCHEDULED, "not counted")
+    if category is FailureCategory.CHECKPOINT and (bad := _newly_bad(status)) is not None:
+        counts = status.restarts.model_copy(update={"checkpoint": status.restarts.checkpoint + 1})
+        note = f"step {bad} marked bad; resuming from an older verified step"
+        return _restart(status, found, now, 0.0, counts, Reason.CHECKPOINT_MARKED_BAD, note, bad)
+    return _infrastructure_failure(spec.failure_policy, status, found, now)
+
+
+def _unquarantined(status: ResilientTrainingJobStatus, found: Classification) -> tuple[str, ...]:
+    done = {q.node for q in status.quarantined_nodes}
+    return tuple(n for n in found.nodes_to_quarantine if n not in done)
+
+
+def _newly_bad(status: ResilientTrainingJobStatus) -> int | None:
+    """The step the failed attempt pinned, if marking it bad is progress."""
+    current = status.current
+    step = current.resumed_from_step if current is not None else None
+    return step if step is not None and step not in status.bad_steps else None
+
+
+def _user_failure(
+    policy: FailurePolicy,
+    status: ResilientTrainingJobStatus,
+    found: Classification,
+    now: datetime,
+) -> Action:
+    used, budget = status.restarts.user, policy.user_error_restarts
+    if used >= budget:
+        why = f"{_what(found)}; user-error restarts spent ({used} of {budget})"
+        return Fail(found.failure_class, Reason.USER_ERROR_BUDGET_EXHAUSTED, why)
+    counts = status.restarts.model_copy(update={"user": used + 1})
+    delay = backoff_seconds(policy, _failures(status))
+    note = f"user-error restart {used + 1} of {budget}"
+    return _restart(status, found, now, delay, counts, Reason.RESTART_SCHEDULED, note)
+
+
+def _infrastructure_failure(
+    policy: FailurePolicy,
+    status: ResilientTrainingJobStatus,
+    found: Classification,
+    now: datetime,
+) -> Action:
+    used, budget = status.restarts.infrastructure, policy.max_restarts
+    if used >= budget:
+        why = f"{_what(found)}; restart budget spent ({used} of {budget})"
+        return Fail(found.failure_class, Reason.RESTART_BUDGET_EXHAUSTED, why)
+    update = {"infrastructure": used + 1}
+    if found.category is FailureCategory.PREEMPTION:
+        update["preemption"] = status.restarts.preemption + 1
+    counts = status.restarts.model_copy(update=update)
+    delay = backoff_seconds(policy, _failures(status))
+    unknown = found.failure_class is FailureClass.UNKNOWN
+    reason = Reason.UNKNOWN_FAILURE_FLAGGED if unknown else Reason.RESTART_SCHEDULED
+    note = f"restart {used + 1} of {budget}" + (" (unknown cause: investigate)" if unknown else "")
+    return _restart(status, found, now, delay, counts, reason, note)
+
+
+def _failures(status: ResilientTrainingJobStatus) -> int:
+    """Backoff exponent: counted restarts so far (preemptions and bad steps do not slow us)."""
+    return status.restarts.infrastructure + status.restarts.user
+
+
+def _restart(
+    status: ResilientTrainingJobStatus,
+    found: Classification,
+    now: datetime,
+    delay: float,
+    counts: RestartCounts,
+    reason: Reason,
+    note: str,
+    bad_step: int | None = None,
+) -> Restart:
+    bad = tuple(sorted({*status.bad_steps, *(() if bad_step is None else (bad_step,))}))
+    return Restart(
+        failed_attempt=status.attempt,
+        failure_class=found.failure_class,
+        not_before=now + timedelta(seconds=delay),
+        backoff_seconds=delay,
+        restarts=counts,
+        bad_steps=bad,
+        reason=reason,
+        message=f"{_what(found)}; {note}; next attempt in {delay:.0f}s",
+    )
+
+
+def _what(found: Classification) -> str:
+    first = found.first_failed
+    if first is None:
+        return found.failure_class.value
+    where = f"rank {first.rank}" if first.rank is not None else f"pod {first.pod}"
+    return f"{found.failure_class.value} on {where} (pod {first.pod}, node {first.node or '?'})"

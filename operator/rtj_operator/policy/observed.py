@@ -1,0 +1,261 @@
+"""Plain Kubernetes JSON (pods, nodes, events) read into small frozen views.
+
+The classifier reasons over these views, never over raw dicts, so every field it relies on
+is named once, here, with the path the API server writes it at. Missing or malformed fields
+read as "unknown" (None / empty), never as an exception: a half-written pod status must not
+crash the classifier.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from rtj_operator.api.keys import JOB_COMPLETION_INDEX
+
+Json = Mapping[str, Any]
+
+
+def parse_time(value: object) -> datetime | None:
+    """An RFC 3339 timestamp as the API server writes it, or None."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _get(obj: object, *path: str) -> Any:
+    for key in path:
+        if not isinstance(obj, Mapping):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def _str(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _list(value: object) -> list[Json]:
+    return [item for item in value if isinstance(item, Mapping)] if isinstance(value, list) else []
+
+
+@dataclass(frozen=True)
+class ConditionView:
+    type: str
+    status: str
+    reason: str
+    message: str
+    since: datetime | None
+
+    @classmethod
+    def read(cls, raw: Json) -> ConditionView:
+        return cls(
+            _str(raw.get("type")),
+            _str(raw.get("status")),
+            _str(raw.get("reason")),
+            _str(raw.get("message")),
+            parse_time(raw.get("lastTransitionTime")),
+        )
+
+
+@dataclass(frozen=True)
+class Termination:
+    """`state.terminated` of one container (the current state: pods never restart in place)."""
+
+    container: str
+    init: bool
+    exit_code: int | None
+    reason: str
+    message: str
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """`state.waiting` of one container: it never started, and says why."""
+
+    container: str
+    init: bool
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class UnhealthyDevice:
+    """An allocated device the kubelet reports Unhealthy (`allocatedResourcesStatus`)."""
+
+    container: str
+    resource: str
+    device: str
+    message: str
+
+
+@dataclass(frozen=True)
+class PodView:
+    name: str
+    node: str | None
+    node_rank: int | None
+    phase: str
+    reason: str
+    message: str
+    deletion_onset: datetime | None
+    scheduled_at: datetime | None
+    conditions: tuple[ConditionView, ...]
+    terminations: tuple[Termination, ...]
+    waiting: tuple[Waiting, ...]
+    unhealthy_devices: tuple[UnhealthyDevice, ...]
+
+    def condition(self, type_: str) -> ConditionView | None:
+        return next((c for c in self.conditions if c.type == type_ and c.status == "True"), None)
+
+
+def _node_rank(meta: Json) -> int | None:
+    for source in ("annotations", "labels"):
+        value = _get(meta, source, JOB_COMPLETION_INDEX)
+        if isinstance(value, str) and value.isdigit():
+            return int(value)
+    return None
+
+
+def _deletion_onset(meta: Json) -> datetime | None:
+    """When deletion was requested: deletionTimestamp is that moment plus the grace period."""
+    deadline = parse_time(meta.get("deletionTimestamp"))
+    grace = meta.get("deletionGracePeriodSeconds")
+    if deadline is None:
+        return None
+    return deadline - timedelta(seconds=grace if isinstance(grace, int) else 0)
+
+
+def _container_states(status: Json) -> Iterable[tuple[Json, bool]]:
+    for key, init in (("initContainerStatuses", True), ("containerStatuses", False)):
+        for raw in _list(status.get(key)):
+            yield raw, init
+
+
+def _termination(raw: Json, init: bool) -> Termination | None:
+    term = _get(raw, "state", "terminated")
+    if not isinstance(term, Mapping):
+        return None
+    code = term.get("exitCode")
+    return Termination(
+        _str(raw.get("name")),
+        init,
+        code if isinstance(code, int) else None,
+        _str(term.get("reason")),
+        _str(term.get("message")),
+        parse_time(term.get("finishedAt")),
+    )
+
+
+def _waiting(raw: Json, init: bool) -> Waiting | None:
+    wait = _get(raw, "state", "waiting")
+    if not isinstance(wait, Mapping):
+        return None
+    return Waiting(_str(raw.get("name")), init, _str(wait.get("reason")), _str(wait.get("message")))
+
+
+def _unhealthy(raw: Json) -> list[UnhealthyDevice]:
+    return [
+        UnhealthyDevice(
+            _str(raw.get("name")), _str(res.get("name")), _str(dev.get("resourceID")),
+            _str(dev.get("message")),
+        )
+        for res in _list(raw.get("allocatedResourcesStatus"))
+        for dev in _list(res.get("resources"))
+        if dev.get("health") == "Unhealthy"
+    ]  # fmt: skip
+
+
+def read_pod(raw: Json) -> PodView:
+    meta, spec, status = (raw.get(k) or {} for k in ("metadata", "spec", "status"))
+    conditions = tuple(ConditionView.read(c) for c in _list(status.get("conditions")))
+    scheduled = next((c.since for c in conditions if c.type == "PodScheduled"), None)
+    states = list(_container_states(status))
+    return PodView(
+        name=_str(meta.get("name")),
+        node=_str(spec.get("nodeName")) or None,
+        node_rank=_node_rank(meta),
+        phase=_str(status.get("phase")),
+        reason=_str(status.get("reason")),
+        message=_str(status.get("message")),
+        deletion_onset=_deletion_onset(meta),
+        scheduled_at=scheduled or parse_time(status.get("startTime")),
+        conditions=conditions,
+        terminations=tuple(t for raw_, init in states if (t := _termination(raw_, init))),
+        waiting=tuple(w for raw_, init in states if (w := _waiting(raw_, init))),
+        unhealthy_devices=tuple(d for raw_, init in states if not init for d in _unhealthy(raw_)),
+    )
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    ready: ConditionView | None
+    unreachable_since: datetime | None
+    conditions: tuple[ConditionView, ...]
+    labels: Mapping[str, str]
+
+    @property
+    def lost(self) -> bool:
+        """NotReady or unreachable: the kubelet is gone or the node is failing."""
+        not_ready = self.ready is not None and self.ready.status != "True"
+        return not_ready or self.unreachable_since is not None
+
+
+_UNREACHABLE_TAINTS = ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
+
+
+def read_node(raw: Json) -> NodeView:
+    meta, spec, status = (raw.get(k) or {} for k in ("metadata", "spec", "status"))
+    conditions = tuple(ConditionView.read(c) for c in _list(status.get("conditions")))
+    taints = [t for t in _list(spec.get("taints")) if t.get("key") in _UNREACHABLE_TAINTS]
+    raw_labels = meta.get("labels")
+    labels: Mapping[str, object] = raw_labels if isinstance(raw_labels, Mapping) else {}
+    return NodeView(
+        name=_str(meta.get("name")),
+        ready=next((c for c in conditions if c.type == "Ready"), None),
+        unreachable_since=min(
+            (t for x in taints if (t := parse_time(x.get("timeAdded")))), default=None
+        )
+        if taints
+        else None,
+        conditions=conditions,
+        labels={k: v for k, v in labels.items() if isinstance(v, str)},
+    )
+
+
+@dataclass(frozen=True)
+class EventView:
+    kind: str
+    name: str
+    reason: str
+    message: str
+    at: datetime | None
+
+
+def read_event(raw: Json) -> EventView:
+    """core/v1 Event (involvedObject) or events.k8s.io/v1 Event (regarding, note)."""
+    obj = raw.get("involvedObject") or raw.get("regarding") or {}
+    times = [raw.get("eventTime"), raw.get("firstTimestamp"), raw.get("lastTimestamp")]
+    at = next((t for t in map(parse_time, times) if t is not None), None)
+    return EventView(
+        _str(_get(obj, "kind")),
+        _str(_get(obj, "name")),
+        _str(raw.get("reason")),
+        _str(raw.get("message") or raw.get("note")),
+        at or parse_time(_get(raw, "metadata", "creationTimestamp")),
+    )
+
+
+def first_line(text: str, limit: int = 200) -> str:
+    """The most telling single line of a termination message, for evidence."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    picked = next((ln for ln in reversed(lines) if re.search(r"error|fail|xid", ln, re.I)), "")
+    line = picked or (lines[-1] if lines else "")
+    return line if len(line) <= limit else line[: limit - 1] + "…"

@@ -1,0 +1,296 @@
+"""Render attempt n of a ResilientTrainingJob as one JobSet (jobset.x-k8s.io/v1alpha2). Pure.
+
+The JobSet is created suspended with the Kueue queue label, so Kueue admits the whole group
+or none of it. JobSet's own restarts are off (`failurePolicy.maxRestarts: 0`, Job
+`backoffLimit: 0`, pod `restartPolicy: Never`): the first failed pod fails the attempt, and
+the operator decides what happens next. One replicated Job of `replicas` Indexed pods gives
+every worker a stable rank (its completion index) and a stable DNS name through JobSet's
+headless Service: `<jobset>-worker-0-<index>.<jobset>`.
+
+Nothing here mutates the job; the user's pod template is deep-copied, then completed.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from typing import Any
+
+from rtj_operator.api import keys
+from rtj_operator.api.resource import ResilientTrainingJob
+
+GRACE_MARGIN_SECONDS = 15
+"""Beyond the emergency-save deadline: the upload's last request and process exit."""
+
+RESOLVER_RESOURCES = {
+    "requests": {"cpu": "1", "memory": "512Mi"},
+    "limits": {"memory": "2Gi"},
+}
+_RESTRICTED_POD = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+_RESTRICTED_CONTAINER = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "runAsNonRoot": True,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+Obj = dict[str, Any]
+
+
+def jobset_name(job: str, attempt: int) -> str:
+    return f"{job}-a{attempt}"
+
+
+def master_addr(jobset: str) -> str:
+    """Rank 0's stable hostname: JobSet pod hostname + subdomain (the headless Service)."""
+    return f"{jobset}-{keys.WORKER_REPLICATED_JOB}-0-0.{jobset}"
+
+
+def quarantine_taint(rtj: ResilientTrainingJob) -> Obj:
+    """The taint a quarantined node gets: `<taintKey>=<job name>:<effect>`."""
+    health = rtj.spec.node_health
+    return {"key": health.taint_key, "value": rtj.metadata.name, "effect": health.taint_effect}
+
+
+def owner_reference(rtj: ResilientTrainingJob) -> Obj:
+    """Deleting the job deletes its JobSets (and so every pod of every attempt)."""
+    return {
+        "apiVersion": keys.API_VERSION,
+        "kind": keys.KIND,
+        "name": rtj.metadata.name,
+        "uid": rtj.metadata.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def attempt_labels(rtj: ResilientTrainingJob, attempt: int) -> dict[str, str]:
+    return {keys.JOB_LABEL: rtj.metadata.name, keys.ATTEMPT_LABEL: str(attempt)}
+
+
+def render_jobset(rtj: ResilientTrainingJob, attempt: int, resume: int | None) -> Obj:
+    """The JobSet for `attempt`, pinning checkpoint step `resume` (None: newest that verifies)."""
+    name = jobset_name(rtj.metadata.name, attempt)
+    labels = attempt_labels(rtj, attempt)
+    return {
+        "apiVersion": keys.JOBSET_API_VERSION,
+        "kind": keys.JOBSET_KIND,
+        "metadata": {
+            "name": name,
+            "namespace": rtj.metadata.namespace,
+            "labels": {keys.KUEUE_QUEUE_LABEL: rtj.spec.queue_name, **labels},
+            "annotations": _resume_annotation(resume),
+            "ownerReferences": [owner_reference(rtj)],
+        },
+        "spec": {
+            "suspend": True,
+            "failurePolicy": {"maxRestarts": 0},
+            "successPolicy": {"operator": "All"},
+            "network": {"enableDNSHostnames": True, "subdomain": name},
+            "replicatedJobs": [
+                {
+                    "name": keys.WORKER_REPLICATED_JOB,
+                    "replicas": 1,
+                    "template": _job_template(rtj, attempt, resume, name),
+                }
+            ],
+        },
+    }
+
+
+def _resume_annotation(resume: int | None) -> dict[str, str]:
+    return {} if resume is None else {keys.RESUME_STEP_ANNOTATION: str(resume)}
+
+
+def _job_template(rtj: ResilientTrainingJob, attempt: int, resume: int | None, js: str) -> Obj:
+    replicas = rtj.spec.replicas
+    return {
+        "metadata": {"labels": attempt_labels(rtj, attempt)},
+        "spec": {
+            "parallelism": replicas,
+            "completions": replicas,
+            "completionMode": "Indexed",
+            "backoffLimit": 0,
+            "template": pod_template(rtj, attempt, resume, js),
+        },
+    }
+
+
+def pod_template(rtj: ResilientTrainingJob, attempt: int, resume: int | None, js: str) -> Obj:
+    """The user's pod template, completed with rank env, resume and scheduling rules."""
+    template = copy.deepcopy(rtj.spec.template)
+    meta = template.setdefault("metadata", {})
+    meta["labels"] = {**meta.get("labels", {}), **attempt_labels(rtj, attempt)}
+    meta["annotations"] = {**meta.get("annotations", {}), **_resume_annotation(resume)}
+    spec = template["spec"]
+    env = worker_env(rtj, attempt, resume, js)
+    containers = [_worker_container(c, env) for c in spec["containers"]]
+    spec.update(
+        restartPolicy="Never",
+        automountServiceAccountToken=False,
+        terminationGracePeriodSeconds=_grace(rtj, spec.get("terminationGracePeriodSeconds")),
+        securityContext=_defaults(spec.get("securityContext"), _RESTRICTED_POD),
+        containers=containers,
+        initContainers=[
+            resolver_container(rtj, attempt, resume, _trainer(rtj, containers)),
+            *_without(spec.get("initContainers", []), keys.RESUME_INIT_CONTAINER),
+        ],
+        volumes=[
+            *_without(spec.get("volumes", []), keys.RESUME_VOLUME),
+            {"name": keys.RESUME_VOLUME, "emptyDir": {}},
+        ],
+        affinity=_affinity(spec.get("affinity"), _quarantined(rtj), js),
+        tolerations=[
+            t for t in spec.get("tolerations", []) if t.get("key") != rtj.spec.node_health.taint_key
+        ],
+    )  # fmt: skip
+    return template
+
+
+def _without(items: Iterable[Obj], name: str) -> list[Obj]:
+    """The user's entries minus one the operator owns (so a re-render never duplicates it)."""
+    return [item for item in items if item.get("name") != name]
+
+
+def _grace(rtj: ResilientTrainingJob, user: object) -> int:
+    """Long enough for the emergency save; a longer one the user chose is kept."""
+    needed = rtj.spec.checkpoint.emergency_save_seconds + GRACE_MARGIN_SECONDS
+    return max(needed, user) if isinstance(user, int) else needed
+
+
+def _defaults(current: object, defaults: Obj) -> Obj:
+    """Restricted settings fill what the user left unset; explicit user choices win."""
+    chosen = dict(current) if isinstance(current, dict) else {}
+    return {**copy.deepcopy(defaults), **chosen}
+
+
+def _trainer(rtj: ResilientTrainingJob, containers: list[Obj]) -> Obj:
+    wanted = rtj.spec.trainer_container
+    return next((c for c in containers if c.get("name") == wanted), containers[0])
+
+
+def _quarantined(rtj: ResilientTrainingJob) -> list[str]:
+    return sorted({q.node for q in rtj.status.quarantined_nodes})
+
+
+def _env_var(name: str, value: object) -> Obj:
+    return {"name": name, "value": str(value)}
+
+
+def _field_env(name: str, annotation: str) -> Obj:
+    path = f"metadata.annotations['{annotation}']"
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def shim_env(rtj: ResilientTrainingJob, attempt: int, resume: int | None) -> list[Obj]:
+    """What rtj-shim reads: run, attempt, provenance, resume file, retention, protected step."""
+    spec, prov = rtj.spec, rtj.spec.provenance
+    env = [
+        _env_var(keys.ENV_RUN_ID, rtj.run_id),
+        _env_var(keys.ENV_ATTEMPT, attempt),
+        _env_var(keys.ENV_CHECKPOINT_URI, spec.checkpoint.uri),
+        _env_var(keys.ENV_RESUME_FILE, keys.DEFAULT_RESUME_FILE),
+        _env_var(keys.ENV_KEEP_LAST, spec.checkpoint.retention.keep_last),
+        _env_var(keys.ENV_EMERGENCY_SAVE_SECONDS, spec.checkpoint.emergency_save_seconds),
+    ]
+    optional = {
+        keys.ENV_CODE_COMMIT: prov.code_commit,
+        keys.ENV_IMAGE_DIGEST: prov.image_digest,
+        keys.ENV_DATASET_SNAPSHOT: prov.dataset_snapshot,
+        keys.ENV_KEEP_EVERY: spec.checkpoint.retention.keep_every,
+        keys.ENV_RESUME_STEP: resume,
+        keys.ENV_PROTECT_STEP: resume,
+    }
+    return env + [_env_var(k, v) for k, v in optional.items() if v is not None]
+
+
+def worker_env(rtj: ResilientTrainingJob, attempt: int, resume: int | None, js: str) -> list[Obj]:
+    """Shim env plus torchrun-style rendezvous env (PET_* are torchrun's own defaults)."""
+    addr, port, nodes = master_addr(js), rtj.spec.master_port, rtj.spec.replicas
+    rank = keys.JOB_COMPLETION_INDEX
+    return [
+        *shim_env(rtj, attempt, resume),
+        _env_var(keys.ENV_MASTER_ADDR, addr),
+        _env_var(keys.ENV_MASTER_PORT, port),
+        _env_var(keys.ENV_WORLD_SIZE, nodes),
+        _env_var(keys.ENV_NNODES, nodes),
+        _field_env(keys.ENV_NODE_RANK, rank),
+        _field_env(keys.ENV_RANK, rank),
+        _env_var("PET_MASTER_ADDR", addr),
+        _env_var("PET_MASTER_PORT", port),
+        _env_var("PET_NNODES", nodes),
+        _field_env("PET_NODE_RANK", rank),
+    ]
+
+
+def _merge_env(user: Iterable[Obj], ours: list[Obj]) -> list[Obj]:
+    """The operator's variables win: a stale user RTJ_ATTEMPT would break the protocol."""
+    owned = {e["name"] for e in ours}
+    return [e for e in user if e.get("name") not in owned] + ours
+
+
+def _resume_mount(read_only: bool) -> Obj:
+    return {"name": keys.RESUME_VOLUME, "mountPath": keys.RESUME_DIR, "readOnly": read_only}
+
+
+def _worker_container(container: Obj, env: list[Obj]) -> Obj:
+    out = copy.deepcopy(container)
+    out["env"] = _merge_env(out.get("env", []), env)
+    mounts = _without(out.get("volumeMounts", []), keys.RESUME_VOLUME)
+    out["volumeMounts"] = [*mounts, _resume_mount(read_only=True)]
+    out.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
+    out["securityContext"] = _defaults(out.get("securityContext"), _RESTRICTED_CONTAINER)
+    return out
+
+
+def resolver_command(uri: str, resume: int | None) -> list[str]:
+    """`rtj-shim resolve`: re-verify the pinned step from inside the pod, report the result."""
+    pinned = [] if resume is None else ["--step", str(resume)]
+    return [
+        "rtj-shim", "resolve", "--root", uri, *pinned, "--deep",
+        "--write", keys.DEFAULT_RESUME_FILE, "--termination-log", keys.TERMINATION_LOG,
+    ]  # fmt: skip
+
+
+def resolver_container(
+    rtj: ResilientTrainingJob, attempt: int, resume: int | None, trainer: Obj
+) -> Obj:
+    """The init container: the trainer's image and mounts (file:// roots, credentials)."""
+    secret = rtj.spec.checkpoint.credentials_secret
+    mounts = _without(trainer.get("volumeMounts", []), keys.RESUME_VOLUME)
+    container: Obj = {
+        "name": keys.RESUME_INIT_CONTAINER,
+        "image": rtj.spec.checkpoint.resolver_image or trainer["image"],
+        "command": resolver_command(rtj.spec.checkpoint.uri, resume),
+        "env": shim_env(rtj, attempt, resume),
+        "volumeMounts": [*mounts, _resume_mount(read_only=False)],
+        "resources": copy.deepcopy(RESOLVER_RESOURCES),
+        "terminationMessagePath": keys.TERMINATION_LOG,
+        "terminationMessagePolicy": "File",
+        "securityContext": copy.deepcopy(_RESTRICTED_CONTAINER),
+    }
+    if secret is not None:
+        container["envFrom"] = [{"secretRef": {"name": secret}}]
+    return container
+
+
+def _affinity(current: object, avoid: list[str], js: str) -> Obj:
+    """Avoid quarantined nodes (in every OR-ed node term) and put one worker per node."""
+    affinity = copy.deepcopy(current) if isinstance(current, dict) else {}
+    if avoid:
+        node = affinity.setdefault("nodeAffinity", {})
+        required = node.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+        fields = {"key": "metadata.name", "operator": "NotIn", "values": avoid}
+        terms = required.get("nodeSelectorTerms") or [{}]
+        required["nodeSelectorTerms"] = [
+            {**t, "matchFields": [*t.get("matchFields", []), fields]} for t in terms
+        ]
+    spread = affinity.setdefault("podAntiAffinity", {})
+    rules = spread.setdefault("requiredDuringSchedulingIgnoredDuringExecution", [])
+    rules.append(
+        {
+            "labelSelector": {"matchLabels": {keys.JOBSET_NAME_LABEL: js}},
+            "topologyKey": keys.HOSTNAME_TOPOLOGY,
+        }
+    )
+    return affinity
