@@ -91,6 +91,14 @@ def _parser() -> argparse.ArgumentParser:
         help="also write the result to FILE atomically",
     )
     res.add_argument("--workers", type=_positive, default=None, help="hashing threads")
+    res.add_argument(
+        "--termination-log",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="also write a compact result (or the error) for the pod status, at most 4096 "
+        "bytes (Kubernetes' limit); init containers pass /dev/termination-log",
+    )
 
     ver = sub.add_parser("verify", help="verify one step")
     ver.add_argument("--root", required=True, help=root_help)
@@ -136,7 +144,44 @@ def _commit(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+TERMINATION_MESSAGE_LIMIT = 4096
+
+
+def termination_message(body: dict[str, object], limit: int = TERMINATION_MESSAGE_LIMIT) -> bytes:
+    """Compact JSON that fits the kubelet's limit; trims ``skipped`` before anything else."""
+    body = dict(body)
+    listed = body.get("skipped")
+    skipped = list(listed) if isinstance(listed, list) else []
+    while True:
+        raw = json.dumps(body, separators=(",", ":")).encode()
+        if len(raw) <= limit or not skipped:
+            break
+        skipped.pop()
+        body["skipped"] = skipped
+        body["skipped_truncated"] = True
+    if len(raw) > limit:
+        message = str(body.get("error", ""))[: limit // 2]
+        raw = json.dumps({"error": message, "truncated": True}, separators=(",", ":")).encode()
+    return raw
+
+
 def _resolve(args: argparse.Namespace) -> int:
+    try:
+        return _resolve_and_report(args)
+    except (StoreError, UsageError) as exc:
+        if args.termination_log is not None:
+            _write_termination_log(args.termination_log, {"error": str(exc)})
+        raise
+
+
+def _write_termination_log(path: Path, body: dict[str, object]) -> None:
+    try:
+        path.write_bytes(termination_message(body))
+    except OSError as exc:  # the resolution itself stands; only the report is lost
+        print(f"rtj-shim: note: cannot write {path}: {exc.strerror}", file=sys.stderr)
+
+
+def _resolve_and_report(args: argparse.Namespace) -> int:
     depth = Depth.DEEP if args.deep else Depth.SHALLOW
     resolution = resolve(open_store(args.root), depth, step=args.step, workers=args.workers)
     if resolution.hint_problem:
@@ -146,6 +191,8 @@ def _resolve(args: argparse.Namespace) -> int:
     body = resolution.to_json()
     if args.write is not None:
         write_atomically(args.write, (json.dumps(body, indent=2) + "\n").encode())
+    if args.termination_log is not None:
+        _write_termination_log(args.termination_log, body)
     _print(body)
     if args.step is not None and resolution.step is None:
         return EXIT_INVALID

@@ -214,3 +214,21 @@ def test_unreadable_store_exits_3(tmp_path: Path, src: Path) -> None:
 def test_unusable_root_is_a_usage_error(root: str, message: str) -> None:
     proc = run("resolve", "--root", root)
     assert proc.returncode == 2 and message in proc.stderr
+
+
+def test_resolve_termination_log_reports_result_and_errors(
+    src: Path, root: Path, tmp_path: Path
+) -> None:
+    ok_json("commit", "--root", root, "--step", "100", "--from", src)
+    log = tmp_path / "termination-log"
+    out = ok_json("resolve", "--root", root, "--step", "100", "--deep", "--termination-log", log)
+    assert json.loads(log.read_text()) == out
+    (root / "steps/step-000000000100/COMMITTED").unlink()
+    bad = run("resolve", "--root", root, "--step", "100", "--termination-log", log)
+    assert bad.returncode == 1
+    assert "COMMITTED is missing" in json.loads(log.read_text())["skipped"][0]["reason"]
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    broken = run("resolve", "--root", not_a_dir, "--termination-log", log)
+    assert broken.returncode == 3
+    assert "not a directory" in json.loads(log.read_text())["error"]
