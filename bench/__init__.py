@@ -1,0 +1,1 @@
+"""Benchmarks, each reported as a ratio against a side-by-side baseline (`make bench`)."""
