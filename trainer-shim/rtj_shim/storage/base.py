@@ -54,6 +54,10 @@ class StepWriter(Protocol):
     def commit(self, manifest: bytes, committed: bytes) -> None:
         """Write manifest then COMMITTED and make the step visible atomically."""
 
+    def close(self) -> None:
+        """Release this writer's resources and keep what it wrote (a rank that joined the
+        step and finished its files closes; the coordinator commits)."""
+
     def abort(self) -> None:
         """Drop what this writer wrote; safe after a failure, and a no-op after a successful
         ``commit`` (a published step is never touched)."""

@@ -20,6 +20,7 @@ import stat
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from rtj_shim.errors import Refused, StepAlreadyPublished, StoreError
 from rtj_shim.layout import (
@@ -36,6 +37,7 @@ from rtj_shim.storage.base import CHUNK_BYTES, StepDirEntry, Version, iter_file
 
 _RENAME_NOREPLACE = 1
 _AT_FDCWD = -100
+_WRITEBACK_MIN = 1024 * 1024
 
 
 @contextlib.contextmanager
@@ -86,6 +88,21 @@ def _rename_noreplace(src: Path, dst: Path) -> None:
     os.rename(src, dst)
 
 
+_SYNC_FILE_RANGE_WRITE = 2
+_sync_file_range: Any = None
+with contextlib.suppress(OSError, AttributeError):
+    _sync_file_range = ctypes.CDLL(None, use_errno=True).sync_file_range
+    _sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    _sync_file_range.restype = ctypes.c_int
+
+
+def start_writeback(fd: int, offset: int, nbytes: int) -> None:
+    """Let the disk start on a range now, so writeback overlaps hashing instead of waiting
+    for the final fsync. Only a hint: fsync still makes the file durable."""
+    if _sync_file_range is not None:
+        _sync_file_range(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)
+
+
 def write_hashed(fd: int, chunks: Iterable[bytes], pool: ThreadPoolExecutor) -> tuple[str, int]:
     """Write chunks to ``fd`` while a helper thread hashes them; both release the GIL."""
     digest = hashlib.sha256()
@@ -93,9 +110,20 @@ def write_hashed(fd: int, chunks: Iterable[bytes], pool: ThreadPoolExecutor) -> 
     for chunk in chunks:
         pending = pool.submit(digest.update, chunk)
         _write_all(fd, chunk)
+        if len(chunk) >= _WRITEBACK_MIN:
+            start_writeback(fd, size, len(chunk))
         pending.result()
         size += len(chunk)
     return digest.hexdigest(), size
+
+
+def prefetched(chunks: Iterable[bytes], pool: ThreadPoolExecutor) -> Iterator[bytes]:
+    """Yield ``chunks`` while the next one is being read in ``pool`` (one chunk ahead)."""
+    source = iter(chunks)
+    pending = pool.submit(next, source, None)
+    while (chunk := pending.result()) is not None:
+        pending = pool.submit(next, source, None)
+        yield chunk
 
 
 class FilesystemStepWriter:
@@ -103,8 +131,8 @@ class FilesystemStepWriter:
         self._store = store
         self._step = step
         self._tmp = tmp
-        self._dirs: set[Path] = {tmp}
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rtj-hash")
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="rtj-read")
 
     @property
     def step(self) -> int:
@@ -116,14 +144,9 @@ class FilesystemStepWriter:
         return self._tmp
 
     def _target(self, path: str) -> Path:
-        confine_path(path)
-        target = self._tmp / path
-        parent = target.parent
-        if parent != self._tmp:
-            parent.mkdir(parents=True, exist_ok=True)
-            while parent != self._tmp:
-                self._dirs.add(parent)
-                parent = parent.parent
+        target = self._tmp / confine_path(path)
+        if target.parent != self._tmp:
+            target.parent.mkdir(parents=True, exist_ok=True)
         return target
 
     def write_file(self, path: str, chunks: Iterable[bytes]) -> FileEntry:
@@ -146,19 +169,21 @@ class FilesystemStepWriter:
             mode = source.lstat().st_mode
         if not stat.S_ISREG(mode):
             raise Refused(f"{source}: not a regular file (symlinks and special files are refused)")
-        return self.write_file(path, iter_file(source, CHUNK_BYTES))
+        return self.write_file(path, prefetched(iter_file(source, CHUNK_BYTES), self._reader))
 
     def commit(self, manifest: bytes, committed: bytes) -> None:
         final = self._tmp.parent / step_dir_name(self._step)
         try:
             self._publish(final, manifest, committed)
         finally:
-            self._pool.shutdown()
+            self.close()
 
     def _publish(self, final: Path, manifest: bytes, committed: bytes) -> None:
         with store_errors(f"publishing step {self._step}"):
             self._write(MANIFEST_FILE, [manifest])
-            for directory in sorted(self._dirs, key=lambda p: len(p.parts), reverse=True):
+            # Every directory of the tree, including those other ranks' writers created.
+            subdirs = [Path(d) for d, _, _ in os.walk(self._tmp, onerror=_raise)]
+            for directory in sorted(subdirs, key=lambda p: len(p.parts), reverse=True):
                 fsync_dir(directory)
             self._write(COMMITTED_FILE, [committed])
             fsync_dir(self._tmp)
@@ -171,8 +196,12 @@ class FilesystemStepWriter:
                 ) from exc
             fsync_dir(final.parent)
 
-    def abort(self) -> None:
+    def close(self) -> None:
         self._pool.shutdown()
+        self._reader.shutdown()
+
+    def abort(self) -> None:
+        self.close()
         shutil.rmtree(self._tmp, ignore_errors=True)
 
 

@@ -214,6 +214,9 @@ class S3StepWriter:
         self._put_marker(COMMITTED_FILE, committed)
         self._committed = True
 
+    def close(self) -> None:
+        """Nothing to release: every upload has finished when write_file returns."""
+
     def abort(self) -> None:
         """Delete what this writer uploaded (best effort); a published step is left alone."""
         if self._committed or not self._uploaded:
