@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help install lint fmt test test-unit test-integration bench crds demo clean
+.PHONY: help install lint fmt test test-unit test-integration bench drill crds demo clean
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[1m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -43,6 +43,10 @@ test-integration: install ## protocol tests with real files, crashes and the loo
 
 bench: install ## benchmarks, reported as ratios against a side-by-side baseline
 	$(BIN)/python -m bench.checkpoint_protocol
+	$(BIN)/python -m bench.torch_state
+
+drill: install ## exact-resume drill: torchrun jobs (2 ranks, gloo, CPU) killed and resumed
+	$(BIN)/python drills/torch_drill.py $(DRILL_ARGS)
 
 crds: install ## regenerate crds/ from the pydantic models (never edit crds/ by hand)
 	$(BIN)/rtj crds --write

@@ -1,0 +1,292 @@
+"""A small data-parallel training job that resumes exactly where it stopped.
+
+An MLP with dropout and LayerNorm learns a deterministic synthetic regression task,
+shuffled by ``ResumableSampler``, with AdamW, a warm-up + cosine learning-rate schedule and
+gradient accumulation. Every rank appends one JSON line per step to
+``<log-dir>/rank-<r>.jsonl``: ``{step, loss, lr, samples, restart}``, with floats that
+round-trip exactly, so two runs can be compared bit for bit.
+
+    torchrun --nproc-per-node 2 examples/ddp_train.py --root /tmp/ckpt --log-dir /tmp/logs
+    python examples/ddp_train.py --root /tmp/ckpt --log-dir /tmp/logs        # one process
+
+``--fsdp`` shards the model with FSDP2 (``fully_shard``) instead of DDP. The ``--fault-*``
+options exist for the drill (``drills/torch_drill.py``): they kill a rank at a step, or
+inside the shard writes of a save.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from rtj_shim.storage import open_store
+from rtj_shim.torch import Checkpointer, ResumableSampler, init_process_group
+
+DIM = 16
+
+
+class Synthetic(Dataset[tuple[int, torch.Tensor, torch.Tensor]]):
+    """``n`` samples fixed by ``seed``: a noisy non-linear function of a random input."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(n, DIM, generator=gen)
+        w = torch.randn(DIM, 1, generator=gen)
+        self.y = torch.tanh(self.x @ w) + 0.1 * torch.randn(n, 1, generator=gen)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[int, torch.Tensor, torch.Tensor]:
+        return i, self.x[i], self.y[i]
+
+
+def make_model(hidden: int) -> nn.Module:
+    return nn.Sequential(
+        nn.Linear(DIM, hidden),
+        nn.GELU(),
+        nn.Dropout(0.1),
+        nn.LayerNorm(hidden),
+        nn.Linear(hidden, hidden),
+        nn.GELU(),
+        nn.Dropout(0.1),
+        nn.Linear(hidden, 1),
+    )
+
+
+def lr_lambda(total: int, warmup: int) -> Any:
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    return f
+
+
+# ---------------------------------------------------------------- fault injection (drill)
+
+
+class _KillingWriter:
+    """Delegates to a real StepWriter; SIGKILLs this process inside a shard write."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def write_file(self, path: str, chunks: Any) -> Any:
+        def killing() -> Any:
+            for i, chunk in enumerate(chunks):
+                if i == 0 and "shard" in path:
+                    half = chunk[: max(1, len(chunk) // 2)]
+                    yield half  # part of the shard reaches the file, then the process dies
+                    sys.stderr.write(f"fault: SIGKILL inside the write of {path}\n")
+                    sys.stderr.flush()
+                    os.kill(os.getpid(), signal.SIGKILL)
+                yield chunk
+
+        return self._inner.write_file(path, killing())
+
+
+class KillInSaveStore:
+    """A store whose writers for ``step`` kill the process in the middle of a shard."""
+
+    def __init__(self, inner: Any, step: int) -> None:
+        self._inner = inner
+        self._step = step
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def begin_step(self, step: int, attempt: str, *, fresh: bool = True) -> Any:
+        writer = self._inner.begin_step(step, attempt, fresh=fresh)
+        return _KillingWriter(writer) if step == self._step else writer
+
+
+# ---------------------------------------------------------------- training
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--root", required=True, help="checkpoint root (path, file:// or s3://)")
+    p.add_argument("--log-dir", required=True, type=Path)
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--save-every", type=int, default=50)
+    p.add_argument("--samples", type=int, default=512)
+    p.add_argument("--batch", type=int, default=8, help="micro-batch per rank")
+    p.add_argument("--accum", type=int, default=2, help="micro-batches per optimizer step")
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--fsdp", action="store_true", help="FSDP2 fully_shard instead of DDP")
+    p.add_argument("--async-save", action="store_true")
+    p.add_argument("--probe", action="store_true", help="validate restores with a probe")
+    p.add_argument("--shard-kib", type=int, help="target size of replicated-state shards")
+    p.add_argument("--emergency-deadline", type=float, default=30.0)
+    p.add_argument("--step-sleep", type=float, default=0.0, help="seconds per step (tests)")
+    p.add_argument("--hang-at-step", type=int, help="sleep 600s after this step (tests)")
+    p.add_argument("--dump-state", type=Path, help="rank 0 writes the full state here at exit")
+    p.add_argument("--plain-init", action="store_true", help="dist.init_process_group as is")
+    p.add_argument("--fault-kill-step", type=int, help="SIGKILL after this step (restart 0)")
+    p.add_argument("--fault-kill-rank", type=int, default=1)
+    p.add_argument("--fault-kill-in-save", type=int, help="SIGKILL inside this step's save")
+    return p.parse_args(argv)
+
+
+def full_state(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
+    """Unsharded model and optimizer state (collective under FSDP)."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return {
+        "model": get_model_state_dict(model, options=options),
+        "optim": get_optimizer_state_dict(model, opt, options=options),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
+    if world > 1:
+        if args.plain_init:
+            dist.init_process_group("gloo")
+        else:
+            init_process_group("gloo")
+    rank = dist.get_rank() if world > 1 else 0
+    args.log_dir.mkdir(parents=True, exist_ok=True)
+    log = (args.log_dir / f"rank-{rank}.jsonl").open("a", buffering=1)
+
+    def emit(record: dict[str, Any]) -> None:
+        log.write(json.dumps({**record, "rank": rank, "restart": restart}) + "\n")
+
+    torch.manual_seed(args.seed)  # same initial weights on every rank
+    model = make_model(args.hidden)
+    if args.fsdp and world > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (world,))
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        wrapped: nn.Module = model
+    elif world > 1:
+        wrapped = nn.parallel.DistributedDataParallel(model)
+    else:
+        wrapped = model
+    opt = torch.optim.AdamW(wrapped.parameters(), lr=args.lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(args.steps, warmup=10))
+    data = Synthetic(args.samples, seed=7)
+    sampler = ResumableSampler(data, shuffle=True, seed=args.seed, dataset_id="synthetic-v1")
+    # Creating a DataLoader iterator draws a seed from its generator; without one of its
+    # own that is the global torch RNG, and a resumed run (which creates its iterator at
+    # a different point) would see different dropout masks from then on.
+    loader = DataLoader(
+        data, batch_size=args.batch, sampler=sampler, num_workers=0, generator=torch.Generator()
+    )
+    torch.manual_seed(args.seed + 1000 + rank)  # dropout differs per rank
+
+    probe_x, probe_y = data.x[:32], data.y[:32]
+
+    def probe() -> torch.Tensor:
+        return nn.functional.mse_loss(wrapped(probe_x), probe_y)
+
+    root: Any = args.root
+    if args.fault_kill_in_save is not None and restart == 0 and rank == args.fault_kill_rank:
+        root = KillInSaveStore(open_store(args.root), args.fault_kill_in_save)
+    ckpt = Checkpointer(
+        root,
+        probe=probe if args.probe else None,
+        emergency_deadline_s=args.emergency_deadline,
+        **({"shard_bytes": args.shard_kib << 10} if args.shard_kib else {}),
+    )
+    objects = {"model": wrapped, "optimizer": opt, "scheduler": sched, "sampler": sampler}
+    t0 = time.perf_counter()
+    step = ckpt.restore(objects)
+    info = ckpt.last_restore
+    assert info is not None
+    emit(
+        {
+            "event": "restore",
+            "step": step,
+            "source": info.source,
+            "seconds": time.perf_counter() - t0,
+            "skipped": [{"step": s, "reason": r} for s, r in info.skipped],
+            "notes": list(info.notes),
+        }
+    )
+
+    def micro_batches() -> Any:
+        while True:
+            yield from loader
+            sampler.set_epoch(sampler.epoch + 1)
+
+    batches = micro_batches()
+    while step < args.steps:
+        wrapped.train()
+        total = 0.0
+        ids: list[int] = []
+        for _ in range(args.accum):
+            idx, x, y = next(batches)
+            loss = nn.functional.mse_loss(wrapped(x), y) / args.accum
+            loss.backward()
+            total += float(loss.detach())
+            ids.extend(int(i) for i in idx)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        lr = sched.get_last_lr()[0]
+        sched.step()
+        step += 1
+        emit({"step": step, "loss": total, "lr": lr, "samples": ids, "epoch": sampler.epoch})
+        if args.step_sleep:
+            time.sleep(args.step_sleep)
+        if args.hang_at_step == step:
+            time.sleep(600)
+        if args.fault_kill_step == step and restart == 0 and rank == args.fault_kill_rank:
+            sys.stderr.write(f"fault: SIGKILL rank {rank} after step {step}\n")
+            sys.stderr.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        ckpt.step_boundary(step, objects)
+        if step % args.save_every == 0 or step == args.steps:
+            ckpt.save(step, objects, blocking=not args.async_save, loss=total)
+            report = ckpt.last_save
+            if report is not None:
+                emit({"event": "save", "step": step, "seconds": report.seconds})
+    ckpt.wait()
+    if args.async_save and ckpt.last_save is not None:
+        emit({"event": "save", "step": ckpt.last_save.step, "seconds": ckpt.last_save.seconds})
+    if args.dump_state is not None:
+        state = full_state(wrapped, opt)
+        if rank == 0:
+            torch.save(state, args.dump_state)
+    ckpt.close()
+    if world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+"""The PyTorch state layer: the only part of rtj_shim that imports torch.
+
+``Checkpointer`` saves and restores the complete training state of a (distributed) job
+through the verified commit protocol; ``ResumableSampler`` is a ``DistributedSampler``
+whose position is part of that state; ``init_process_group`` creates the default group
+with a rendezvous namespace of its own per restart round (see its docstring).
+"""
+
+from __future__ import annotations
+
+from rtj_shim.torch.checkpointer import (
+    Checkpointer,
+    CheckpointError,
+    NonFiniteStateError,
+    RestoreReport,
+    SaveReport,
+)
+from rtj_shim.torch.rendezvous import init_process_group
+from rtj_shim.torch.sampler import ResumableSampler
+from rtj_shim.torch.serialization import UnsafeStateError
+from rtj_shim.torch.validation import RestoreValidationError
+
+__all__ = [
+    "CheckpointError",
+    "Checkpointer",
+    "NonFiniteStateError",
+    "RestoreReport",
+    "RestoreValidationError",
+    "ResumableSampler",
+    "SaveReport",
+    "UnsafeStateError",
+    "init_process_group",
+]

@@ -1,0 +1,244 @@
+"""Turning state into files and back: flatten, shard, stream into the store, load safely.
+
+* ``flatten`` replaces every tensor of a nested state (dicts, lists, tuples) by a reference
+  ``{"__rtj_tensor__": i}`` and checks that every other leaf is a plain value, so the
+  skeleton and the shards load with ``torch.load(weights_only=True)``. A leaf that would
+  need arbitrary unpickling is refused at *save* time, not discovered at resume time.
+* ``plan_shards`` splits the tensors into a few similarly sized shards, so several ranks
+  (replicated state) or threads write and hash them in parallel.
+* ``stream_to_store`` runs ``torch.save`` straight into ``StepWriter.write_file``: the
+  bytes go from torch's writer to the store through a one-slot rendezvous (zero copies for
+  tensor data, no second buffer of the whole state).
+* ``load`` is ``torch.load(weights_only=True)`` unless the caller opted into unsafe
+  unpickling (which warns).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import queue
+import threading
+import warnings
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import IO, Any, cast
+
+import torch
+
+from rtj_shim.manifest import FileEntry
+from rtj_shim.storage.base import StepWriter
+
+TENSOR_REF = "__rtj_tensor__"
+_PLAIN = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
+_COALESCE_BELOW = 1 << 20
+_COALESCE_TARGET = 8 << 20
+_STALL_POLL_S = 0.5
+
+
+class UnsafeStateError(TypeError):
+    """A state holds a value that ``torch.load(weights_only=True)`` would refuse."""
+
+
+class _WriterStopped(OSError):
+    """The store writer stopped reading; its own error is the one to report."""
+
+
+# --------------------------------------------------------------------- flatten / unflatten
+
+
+def flatten(state: Any, tensors: list[torch.Tensor], where: str, allow_unsafe: bool) -> Any:
+    """Skeleton of ``state`` with tensors moved to ``tensors`` (appended in walk order)."""
+    if isinstance(state, torch.Tensor):
+        tensors.append(state)
+        return {TENSOR_REF: len(tensors) - 1}
+    if isinstance(state, Mapping):
+        items = [(k, flatten(v, tensors, f"{where}.{k}", allow_unsafe)) for k, v in state.items()]
+        out: dict[Any, Any] = OrderedDict(items) if isinstance(state, OrderedDict) else dict(items)
+        metadata = getattr(state, "_metadata", None)
+        if metadata is not None:  # nn.Module version info used by _load_from_state_dict
+            out._metadata = metadata  # type: ignore[attr-defined]
+        return out
+    if isinstance(state, list):
+        return [flatten(v, tensors, f"{where}[{i}]", allow_unsafe) for i, v in enumerate(state)]
+    if isinstance(state, tuple) and not hasattr(state, "_fields"):
+        return tuple(
+            flatten(v, tensors, f"{where}[{i}]", allow_unsafe) for i, v in enumerate(state)
+        )
+    if isinstance(state, _PLAIN) or allow_unsafe:
+        return state
+    raise UnsafeStateError(
+        f"{where}: a {type(state).__module__}.{type(state).__qualname__} cannot be loaded with "
+        "weights_only=True; make state_dict() return tensors and plain containers, or pass "
+        "Checkpointer(..., allow_unsafe_pickle=True) to both save and restore"
+    )
+
+
+def unflatten(skeleton: Any, tensors: Mapping[int, torch.Tensor]) -> Any:
+    if isinstance(skeleton, Mapping):
+        if len(skeleton) == 1 and TENSOR_REF in skeleton:
+            return tensors[int(skeleton[TENSOR_REF])]
+        items = [(k, unflatten(v, tensors)) for k, v in skeleton.items()]
+        out: dict[Any, Any] = (
+            OrderedDict(items) if isinstance(skeleton, OrderedDict) else dict(items)
+        )
+        metadata = getattr(skeleton, "_metadata", None)
+        if metadata is not None:
+            out._metadata = metadata  # type: ignore[attr-defined]
+        return out
+    if isinstance(skeleton, list):
+        return [unflatten(v, tensors) for v in skeleton]
+    if isinstance(skeleton, tuple):
+        return tuple(unflatten(v, tensors) for v in skeleton)
+    return skeleton
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def plan_shards(tensors: list[torch.Tensor], target_bytes: int, max_shards: int) -> list[list[int]]:
+    """Indices of ``tensors`` per shard: greedy, largest first, onto the lightest shard."""
+    total = sum(tensor_bytes(t) for t in tensors)
+    count = max(1, min(max_shards, -(-total // max(1, target_bytes)), len(tensors)))
+    shards: list[list[int]] = [[] for _ in range(count)]
+    loads = [0] * count
+    for i in sorted(range(len(tensors)), key=lambda i: -tensor_bytes(tensors[i])):
+        lightest = loads.index(min(loads))
+        shards[lightest].append(i)
+        loads[lightest] += tensor_bytes(tensors[i])
+    for shard in shards:
+        shard.sort()
+    return shards
+
+
+# --------------------------------------------------------------------- streaming save
+
+
+class _Rendezvous(io.RawIOBase):
+    """File-like ``torch.save`` writes into; each large write is handed to the consumer
+    and the call returns only after the consumer is done with it (no copy, no lifetime
+    question about torch's buffer). Small writes are coalesced into 8 MiB chunks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._slot: queue.Queue[Any] = queue.Queue(maxsize=1)
+        self._ack = threading.Semaphore(0)
+        self._buffer = bytearray()
+        self._consumer_failed = threading.Event()
+        self._position = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        size = view.nbytes
+        self._position += size
+        if size < _COALESCE_BELOW:
+            self._buffer += view
+            if len(self._buffer) >= _COALESCE_TARGET:
+                self._flush_buffer()
+            return size
+        self._flush_buffer()
+        self._hand_over(view)
+        return size
+
+    def _flush_buffer(self) -> None:
+        if self._buffer:
+            chunk, self._buffer = bytes(self._buffer), bytearray()
+            self._hand_over(chunk)
+
+    def _hand_over(self, chunk: Any) -> None:
+        self._put(chunk)
+        while not self._ack.acquire(timeout=_STALL_POLL_S):
+            if self._consumer_failed.is_set():
+                raise _WriterStopped("the store writer stopped reading")
+
+    def _put(self, item: Any) -> None:
+        while True:
+            if self._consumer_failed.is_set():
+                raise _WriterStopped("the store writer stopped reading")
+            try:
+                self._slot.put(item, timeout=_STALL_POLL_S)
+                return
+            except queue.Full:
+                continue
+
+    def finish(self) -> None:
+        self._flush_buffer()
+        self._put(None)
+
+    def fail(self, exc: BaseException) -> None:
+        with contextlib.suppress(queue.Full):
+            self._slot.put_nowait(exc)
+
+    def chunks(self) -> Iterator[bytes]:
+        try:
+            while True:
+                item = self._slot.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise OSError(f"serialization failed: {item}") from item
+                yield item
+                self._ack.release()
+        finally:
+            self._consumer_failed.set()
+
+
+def stream_to_store(obj: Any, writer: StepWriter, path: str) -> FileEntry:
+    """``torch.save(obj)`` into ``path`` of the in-progress step, hashed while written."""
+    pipe = _Rendezvous()
+    result: dict[str, Any] = {}
+
+    def consume() -> None:
+        try:
+            result["entry"] = writer.write_file(path, pipe.chunks())
+        except BaseException as exc:
+            result["error"] = exc
+            pipe._consumer_failed.set()
+
+    thread = threading.Thread(target=consume, name=f"rtj-write-{path}", daemon=True)
+    thread.start()
+    try:
+        torch.save(obj, cast(IO[bytes], pipe))
+        pipe.finish()
+    except BaseException as exc:
+        pipe.fail(exc)  # the writer sees an error and never returns an entry
+        thread.join()
+        if isinstance(exc, _WriterStopped) and "error" in result:
+            raise result["error"] from None
+        raise
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    entry = result["entry"]
+    assert isinstance(entry, FileEntry)
+    return entry
+
+
+def iter_bytes(data: bytes, chunk: int = 8 << 20) -> Iterable[bytes]:
+    view = memoryview(data)
+    for start in range(0, len(view), chunk):
+        yield view[start : start + chunk].tobytes()
+
+
+# --------------------------------------------------------------------- loading
+
+
+def load(source: Path | bytes, allow_unsafe: bool, mmap: bool = True) -> Any:
+    """``torch.load`` with ``weights_only=True`` unless unsafe unpickling was opted into."""
+    if allow_unsafe:
+        warnings.warn(
+            "rtj_shim.torch: loading a checkpoint with weights_only=False (allow_unsafe_pickle="
+            "True): a checkpoint from an untrusted writer can run arbitrary code",
+            stacklevel=3,
+        )
+    if isinstance(source, bytes):
+        return torch.load(io.BytesIO(source), weights_only=not allow_unsafe, map_location="cpu")
+    return torch.load(source, weights_only=not allow_unsafe, map_location="cpu", mmap=mmap)
