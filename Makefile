@@ -7,8 +7,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+E2E := $(BIN)/python -m e2e.cluster
+NODES ?= 8
 
-.PHONY: help install lint fmt test test-unit test-integration bench drill crds demo clean
+.PHONY: help install lint fmt test test-unit test-integration bench drill crds demo clean \
+	cluster-build cluster-up cluster-down cluster-status e2e-kind
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[1m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -32,13 +35,13 @@ fmt: install ## apply ruff formatting and safe fixes
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-test: install ## every test level that exists (unit, property, crash, S3, CLI); skips fail
+test: install cluster-build ## every test level (unit, property, crash, S3, torch drill, cluster); skips fail
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 test-unit: install ## unit and property tests only
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
-test-integration: install ## protocol tests with real files, crashes and the loopback S3 server
+test-integration: install cluster-build ## real files, crashes, loopback S3, torchrun, the local cluster
 	$(BIN)/pytest tests/integration $(PYTEST_ARGS)
 
 bench: install ## benchmarks, reported as ratios against a side-by-side baseline
@@ -47,6 +50,21 @@ bench: install ## benchmarks, reported as ratios against a side-by-side baseline
 
 drill: install ## exact-resume drill: torchrun jobs (2 ranks, gloo, CPU) killed and resumed
 	$(BIN)/python drills/torch_drill.py $(DRILL_ARGS)
+
+cluster-build: install ## build the cluster's programs, kubectl, helm, promtool from Go modules (cached in ~/.cache/rtj/bin)
+	$(E2E) build --tools
+
+cluster-up: cluster-build ## start the local cluster (NODES simulated 8-GPU nodes); prints the kubeconfig path
+	$(E2E) up --nodes $(NODES)
+
+cluster-down: install ## stop it; fails if a process or a listening port is left behind
+	$(E2E) down
+
+cluster-status: install ## processes, ports and node readiness (exit 3 when not running)
+	$(E2E) status
+
+e2e-kind: install ## the cluster scenarios against kind (needs a running Docker daemon)
+	$(BIN)/python -m e2e.kind all
 
 crds: install ## regenerate crds/ from the pydantic models (never edit crds/ by hand)
 	$(BIN)/rtj crds --write

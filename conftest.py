@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+# The local cluster harness: session cluster, per-test namespace and queues (e2e/cluster).
+pytest_plugins = ["e2e.cluster.pytest_plugin"]
+
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")

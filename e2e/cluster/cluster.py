@@ -1,0 +1,738 @@
+"""Start and stop one local cluster: etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler, KWOK, JobSet and Kueue, each a process on loopback.
+
+State (certificates, kubeconfigs, logs, etcd data, ``state.json`` with PIDs and ports) lives in
+``<cache>/cluster/<name>/`` so ``down``/``status`` work from another process.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import ssl
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import build, kwok, manifests, processes
+from .kube import Kube, eventually
+from .kubeconfig import write_kubeconfig
+from .pki import CA, service_account_keys
+from .processes import LOOPBACK, Proc, StartupError
+from .versions import CLUSTER_PROGRAMS, load_versions
+
+DEFAULT_NAME = "rtj-e2e"
+KUEUE_NAMESPACE = "kueue-system"
+KUEUE_SERVICE = "kueue-webhook-service"
+KUEUE_SECRET = "kueue-webhook-server-cert"
+JOBSET_NAMESPACE = "jobset-system"
+RESOURCE_FLAVOR = "gpu-h100"
+SERVICE_CIDR = "10.96.0.0/16"
+
+# Node lifecycle timings: KWOK renews each node's Lease every LEASE/4 seconds; the node
+# lifecycle controller calls a node unreachable after GRACE seconds without a renewal.
+NODE_LEASE_SECONDS = 20
+NODE_MONITOR_GRACE = "20s"
+PODS_READY_TIMEOUT = "120s"
+
+
+def state_root() -> Path:
+    return build.cache_dir() / "cluster"
+
+
+@dataclass
+class ClusterState:
+    name: str
+    dir: Path
+    kubeconfig: Path
+    api_port: int = 0
+    procs: list[Proc] = field(default_factory=list)
+    nodes: int = 0
+    started_at: float = 0.0
+    startup_seconds: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def state_file(self) -> Path:
+        return self.dir / "state.json"
+
+    def save(self) -> None:
+        self.state_file.write_text(
+            json.dumps(
+                {
+                    "name": self.name,
+                    "kubeconfig": str(self.kubeconfig),
+                    "api_port": self.api_port,
+                    "procs": [p.to_dict() for p in self.procs],
+                    "nodes": self.nodes,
+                    "started_at": self.started_at,
+                    "startup_seconds": self.startup_seconds,
+                    "timings": self.timings,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+
+    @classmethod
+    def load(cls, name: str = DEFAULT_NAME) -> ClusterState | None:
+        d = state_root() / name
+        try:
+            raw = json.loads((d / "state.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return cls(
+            name=raw["name"],
+            dir=d,
+            kubeconfig=Path(raw["kubeconfig"]),
+            api_port=int(raw.get("api_port", 0)),
+            procs=[Proc.from_dict(p) for p in raw.get("procs", [])],
+            nodes=int(raw.get("nodes", 0)),
+            started_at=float(raw.get("started_at", 0)),
+            startup_seconds=float(raw.get("startup_seconds", 0)),
+            timings=dict(raw.get("timings", {})),
+        )
+
+
+class LocalCluster:
+    """One local cluster. ``up()`` returns the admin kubeconfig path; ``down()`` verifies
+    that no process and no listening port is left behind."""
+
+    def __init__(
+        self,
+        name: str = DEFAULT_NAME,
+        nodes: int = 8,
+        gpus_per_node: int = 8,
+        state_dir: Path | None = None,
+    ) -> None:
+        self.name = name
+        self.n_nodes = nodes
+        self.shape = kwok.NodeShape(gpus=gpus_per_node)
+        self.dir = state_dir or state_root() / name
+        self.versions = load_versions()
+        self.state = ClusterState(name=name, dir=self.dir, kubeconfig=self.dir / "kubeconfig")
+        self._bins: dict[str, Path] = {}
+
+    # --- public --------------------------------------------------------------------------
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state.kubeconfig
+
+    def up(self, *, build_missing: bool = True) -> Path:
+        existing = ClusterState.load(self.name)
+        if existing and any(p.alive() for p in existing.procs):
+            raise StartupError(
+                f"cluster {self.name!r} is already running (state {existing.state_file}); "
+                f"run `python -m e2e.cluster down --name {self.name}` first"
+            )
+        if existing:
+            processes.stop(existing.procs)
+        t0 = time.monotonic()
+        if build_missing:
+            build.build(CLUSTER_PROGRAMS)
+        else:
+            gone = build.missing(CLUSTER_PROGRAMS)
+            if gone:
+                raise StartupError(f"programs not built: {gone}; run `make cluster-build`")
+        self._bins = {n: build.binary_path(n, self.versions) for n in CLUSTER_PROGRAMS}
+        t_build = time.monotonic()
+        if self.dir.exists():
+            shutil.rmtree(self.dir)
+        (self.dir / "logs").mkdir(parents=True)
+        self.state.started_at = time.time()
+        try:
+            self._start_all()
+        except BaseException:
+            self._dump_failure()
+            self.down(check=False)
+            raise
+        self.state.timings["build_check"] = round(t_build - t0, 2)
+        self.state.startup_seconds = round(time.monotonic() - t_build, 2)
+        self.state.save()
+        return self.kubeconfig
+
+    def down(self, *, check: bool = True) -> list[str]:
+        """Stop every process group; returns (and with ``check`` raises on) leftovers."""
+        state = ClusterState.load(self.name) or self.state
+        procs = state.procs or self.state.procs
+        # controllers first (they would log errors while the API server goes away), etcd last
+        order = {
+            "kueue": 0,
+            "jobset": 0,
+            "kwok": 0,
+            "kube-scheduler": 1,
+            "kube-controller-manager": 1,
+            "kube-apiserver": 2,
+            "etcd": 3,
+        }
+        for rank in sorted(set(order.values())):
+            processes.stop([p for p in procs if order.get(p.name, 0) == rank])
+        problems = processes.leftovers(procs)
+        if not problems:
+            with_data = state.dir / "etcd-data"
+            shutil.rmtree(with_data, ignore_errors=True)
+            state_file = state.dir / "state.json"
+            if state_file.exists():
+                state_file.rename(state.dir / "state.down.json")
+        if problems and check:
+            raise RuntimeError("teardown left things behind: " + "; ".join(problems))
+        return problems
+
+    def status(self) -> dict[str, Any]:
+        state = ClusterState.load(self.name)
+        if state is None:
+            return {"name": self.name, "running": False}
+        procs = {
+            p.name: {"pid": p.pid, "alive": p.alive(), "ports": p.ports, "log": p.log}
+            for p in state.procs
+        }
+        out: dict[str, Any] = {
+            "name": self.name,
+            "running": all(v["alive"] for v in procs.values()),
+            "kubeconfig": str(state.kubeconfig),
+            "processes": procs,
+            "startup_seconds": state.startup_seconds,
+            "timings": state.timings,
+        }
+        if out["running"]:
+            try:
+                kube = Kube(state.kubeconfig)
+                nodes = kube.core.list_node().items
+                out["nodes"] = {
+                    n.metadata.name: next(
+                        (c.status for c in n.status.conditions or [] if c.type == "Ready"), "?"
+                    )
+                    for n in nodes
+                }
+                kube.close()
+            except Exception as exc:
+                out["api_error"] = repr(exc)
+        return out
+
+    # --- start-up ------------------------------------------------------------------------
+    def _start_all(self) -> None:
+        d = self.dir
+        logs = d / "logs"
+        timings = self.state.timings
+        t = time.monotonic()
+        pki = d / "pki"
+        ca = CA(pki)
+        sa = service_account_keys(pki)
+        ports = dict(
+            zip(
+                [
+                    "etcd",
+                    "etcd_peer",
+                    "api",
+                    "kcm",
+                    "sched",
+                    "jobset_wh",
+                    "jobset_metrics",
+                    "jobset_health",
+                    "kueue_wh",
+                    "kueue_metrics",
+                    "kueue_health",
+                ],
+                processes.free_ports(11),
+                strict=True,
+            )
+        )
+        api_cert = ca.issue(
+            "apiserver",
+            "kube-apiserver",
+            server=True,
+            dns=(
+                "localhost",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ),
+            ips=(LOOPBACK, "10.96.0.1"),
+        )
+        server = f"https://{LOOPBACK}:{ports['api']}"
+        self.state.api_port = ports["api"]
+
+        def client_kubeconfig(user: str, cn: str, org: str | None) -> Path:
+            pair = ca.issue(user, cn, org=org, client=True)
+            return write_kubeconfig(
+                d / f"{user}.kubeconfig",
+                server=server,
+                ca_file=ca.cert_path,
+                cert_file=pair.cert,
+                key_file=pair.key,
+                user=user,
+            )
+
+        admin_pair = ca.issue("admin", "rtj-e2e-admin", org="system:masters", client=True)
+        write_kubeconfig(
+            self.kubeconfig,
+            server=server,
+            ca_file=ca.cert_path,
+            cert_file=admin_pair.cert,
+            key_file=admin_pair.key,
+        )
+        kcm_kc = client_kubeconfig(
+            "kube-controller-manager", "system:kube-controller-manager", None
+        )
+        sched_kc = client_kubeconfig("kube-scheduler", "system:kube-scheduler", None)
+        kwok_kc = client_kubeconfig("kwok", "kwok-controller", "system:masters")
+        jobset_kc = client_kubeconfig("jobset", "jobset-controller", "system:masters")
+        kueue_kc = client_kubeconfig("kueue", "kueue-controller", "system:masters")
+        # webhook serving certificates (JobSet: our own; Kueue: a CA its cert rotator accepts)
+        jobset_certs = d / "jobset-certs"
+        ca.issue(
+            "jobset-webhook",
+            "jobset-webhook-service.jobset-system.svc",
+            server=True,
+            dns=("jobset-webhook-service.jobset-system.svc", "localhost"),
+            ips=(LOOPBACK,),
+            directory=jobset_certs,
+            cert_name="tls.crt",
+            key_name="tls.key",
+        )
+        kueue_ca = CA(
+            d / "kueue-ca", name="kueue-ca", org="kueue", rsa_key=True, dns_san=("kueue-ca",)
+        )
+        kueue_certs = d / "kueue-certs"
+        kueue_dns = f"{KUEUE_SERVICE}.{KUEUE_NAMESPACE}.svc"
+        kueue_pair = kueue_ca.issue(
+            "kueue-webhook",
+            kueue_dns,
+            server=True,
+            dns=(kueue_dns, "localhost"),
+            ips=(LOOPBACK,),
+            directory=kueue_certs,
+            cert_name="tls.crt",
+            key_name="tls.key",
+        )
+        timings["pki"] = round(time.monotonic() - t, 2)
+
+        # etcd
+        t = time.monotonic()
+        etcd = self._start(
+            "etcd",
+            [
+                str(self._bins["etcd"]),
+                "--name",
+                "e2e",
+                "--data-dir",
+                str(d / "etcd-data"),
+                "--listen-client-urls",
+                f"http://{LOOPBACK}:{ports['etcd']}",
+                "--advertise-client-urls",
+                f"http://{LOOPBACK}:{ports['etcd']}",
+                "--listen-peer-urls",
+                f"http://{LOOPBACK}:{ports['etcd_peer']}",
+                "--initial-advertise-peer-urls",
+                f"http://{LOOPBACK}:{ports['etcd_peer']}",
+                "--initial-cluster",
+                f"e2e=http://{LOOPBACK}:{ports['etcd_peer']}",
+                "--unsafe-no-fsync",
+                "--log-level",
+                "warn",
+                "--quota-backend-bytes",
+                str(4 << 30),
+            ],
+            [ports["etcd"], ports["etcd_peer"]],
+            logs,
+        )
+        processes.wait_for(
+            "etcd health",
+            lambda: _http_ok(f"http://{LOOPBACK}:{ports['etcd']}/health"),
+            30,
+            proc=etcd,
+        )
+        timings["etcd"] = round(time.monotonic() - t, 2)
+
+        # kube-apiserver
+        t = time.monotonic()
+        apiserver = self._start(
+            "kube-apiserver",
+            [
+                str(self._bins["kube-apiserver"]),
+                f"--etcd-servers=http://{LOOPBACK}:{ports['etcd']}",
+                f"--bind-address={LOOPBACK}",
+                f"--secure-port={ports['api']}",
+                f"--advertise-address={LOOPBACK}",
+                f"--tls-cert-file={api_cert.cert}",
+                f"--tls-private-key-file={api_cert.key}",
+                f"--client-ca-file={ca.cert_path}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={sa.cert}",
+                f"--service-account-signing-key-file={sa.key}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--authorization-mode=Node,RBAC",
+                "--allow-privileged=true",
+                "--endpoint-reconciler-type=none",
+                "--profiling=false",
+                "--event-ttl=1h",
+                f"--cert-dir={d / 'apiserver-certs'}",
+            ],
+            [ports["api"]],
+            logs,
+        )
+        ssl_ctx = ssl.create_default_context(cafile=str(ca.cert_path))
+        ssl_ctx.load_cert_chain(str(admin_pair.cert), str(admin_pair.key))
+        processes.wait_for(
+            "kube-apiserver /readyz",
+            lambda: _http_ok(f"{server}/readyz", ssl_ctx),
+            90,
+            proc=apiserver,
+        )
+        timings["kube-apiserver"] = round(time.monotonic() - t, 2)
+
+        # controller-manager, scheduler, KWOK: no ordering between them
+        t = time.monotonic()
+        kcm = self._start(
+            "kube-controller-manager",
+            [
+                str(self._bins["kube-controller-manager"]),
+                f"--kubeconfig={kcm_kc}",
+                f"--authentication-kubeconfig={kcm_kc}",
+                f"--authorization-kubeconfig={kcm_kc}",
+                f"--bind-address={LOOPBACK}",
+                f"--secure-port={ports['kcm']}",
+                f"--service-account-private-key-file={sa.key}",
+                f"--root-ca-file={ca.cert_path}",
+                "--use-service-account-credentials=true",
+                "--leader-elect=false",
+                f"--cluster-name={self.name}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--node-monitor-period=2s",
+                f"--node-monitor-grace-period={NODE_MONITOR_GRACE}",
+                "--profiling=false",
+            ],
+            [ports["kcm"]],
+            logs,
+        )
+        sched = self._start(
+            "kube-scheduler",
+            [
+                str(self._bins["kube-scheduler"]),
+                f"--kubeconfig={sched_kc}",
+                f"--authentication-kubeconfig={sched_kc}",
+                f"--authorization-kubeconfig={sched_kc}",
+                f"--bind-address={LOOPBACK}",
+                f"--secure-port={ports['sched']}",
+                "--leader-elect=false",
+                "--profiling=false",
+            ],
+            [ports["sched"]],
+            logs,
+        )
+        kwok_cfg = d / "kwok.yaml"
+        kwok_cfg.write_text(kwok.kwok_config_yaml())
+        kwok_proc = self._start(
+            "kwok",
+            [
+                str(self._bins["kwok"]),
+                f"--kubeconfig={kwok_kc}",
+                f"--config={kwok_cfg}",
+                f"--manage-nodes-with-label-selector={kwok.MANAGED_LABEL}={kwok.MANAGED_VALUE}",
+                f"--node-lease-duration-seconds={NODE_LEASE_SECONDS}",
+            ],
+            [],
+            logs,
+        )
+
+        kube = Kube(self.kubeconfig)
+        try:
+            # CRDs and webhook configurations from the modules' own manifests
+            jobset_dir = build.module_dir("sigs.k8s.io/jobset", self.versions["JOBSET"])
+            kueue_dir = build.module_dir("sigs.k8s.io/kueue", self.versions["KUEUE"])
+            for ns in (JOBSET_NAMESPACE, KUEUE_NAMESPACE):
+                kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+            converted = manifests.conversion_patched_crds(kueue_dir)
+            crd_names = []
+            for crd in manifests.crds(jobset_dir):
+                kube.apply(crd)
+                crd_names.append(crd["metadata"]["name"])
+            for crd in manifests.crds(kueue_dir):
+                if crd["metadata"]["name"] in converted:
+                    crd = manifests.conversion_to_loopback(
+                        crd, port=ports["kueue_wh"], ca_pem=kueue_ca.pem
+                    )
+                kube.apply(crd)
+                crd_names.append(crd["metadata"]["name"])
+            for obj in manifests.point_at_loopback(
+                manifests.webhook_configurations(jobset_dir),
+                port=ports["jobset_wh"],
+                ca_pem=ca.pem,
+                name_prefix="jobset",
+            ):
+                kube.apply(obj)
+            for obj in manifests.point_at_loopback(
+                manifests.webhook_configurations(kueue_dir),
+                port=ports["kueue_wh"],
+                ca_pem=kueue_ca.pem,
+                name_prefix="kueue",
+            ):
+                kube.apply(obj)
+            kube.apply(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Secret",
+                    "type": "Opaque",
+                    "metadata": {"name": KUEUE_SECRET, "namespace": KUEUE_NAMESPACE},
+                    "data": {
+                        "ca.crt": _b64(kueue_ca.pem),
+                        "ca.key": _b64(kueue_ca.key_pem),
+                        "tls.crt": _b64(kueue_pair.cert.read_bytes()),
+                        "tls.key": _b64(kueue_pair.key.read_bytes()),
+                    },
+                }
+            )
+            eventually(
+                "CRDs established", lambda: all(_crd_established(kube, n) for n in crd_names), 60
+            )
+            timings["crds"] = round(time.monotonic() - t, 2)
+
+            # JobSet and Kueue controllers
+            t = time.monotonic()
+            jobset_cfg = d / "jobset-config.yaml"
+            jobset_cfg.write_text(
+                yaml.safe_dump(
+                    {
+                        "apiVersion": "config.jobset.x-k8s.io/v1alpha1",
+                        "kind": "Configuration",
+                        "leaderElection": {"leaderElect": False},
+                        "internalCertManagement": {"enable": False},
+                        "webhook": {
+                            "port": ports["jobset_wh"],
+                            "host": LOOPBACK,
+                            "certDir": str(jobset_certs),
+                        },
+                        "metrics": {"bindAddress": f"{LOOPBACK}:{ports['jobset_metrics']}"},
+                        "health": {
+                            "healthProbeBindAddress": f"{LOOPBACK}:{ports['jobset_health']}"
+                        },
+                    }
+                )
+            )
+            jobset = self._start(
+                "jobset",
+                [
+                    str(self._bins["jobset"]),
+                    f"--config={jobset_cfg}",
+                    f"--kubeconfig={jobset_kc}",
+                    "--zap-log-level=info",
+                ],
+                [ports["jobset_wh"], ports["jobset_metrics"], ports["jobset_health"]],
+                logs,
+            )
+            kueue_cfg = d / "kueue-config.yaml"
+            kueue_cfg.write_text(yaml.safe_dump(self._kueue_config(ports, kueue_certs)))
+            kueue = self._start(
+                "kueue",
+                [
+                    str(self._bins["kueue"]),
+                    f"--config={kueue_cfg}",
+                    f"--kubeconfig={kueue_kc}",
+                    # the on-demand visibility API server writes its certificates to the
+                    # absolute path /visibility and needs an APIService; not used here
+                    "--feature-gates=VisibilityOnDemand=false",
+                    "--zap-log-level=info",
+                ],
+                [
+                    ports["kueue_wh"],
+                    ports["kueue_metrics"],
+                    ports["kueue_health"],
+                ],
+                logs,
+            )
+
+            # simulated GPU nodes
+            for i in range(self.n_nodes):
+                kube.apply(kwok.node_manifest(i, self.n_nodes, self.shape))
+            self.state.nodes = self.n_nodes
+            self.state.save()
+
+            def ready_nodes() -> bool:
+                nodes = kube.core.list_node(
+                    label_selector=f"{kwok.MANAGED_LABEL}={kwok.MANAGED_VALUE}"
+                ).items
+                return len(nodes) == self.n_nodes and all(_node_ready(n) for n in nodes)
+
+            processes.wait_for("all KWOK nodes Ready", ready_nodes, 60, proc=kwok_proc)
+            timings["nodes"] = round(time.monotonic() - t, 2)
+            for proc, port in ((kcm, ports["kcm"]), (sched, ports["sched"])):
+                processes.wait_for(
+                    f"{proc.name} /healthz",
+                    lambda port=port: _http_ok(f"https://{LOOPBACK}:{port}/healthz", _insecure()),
+                    60,
+                    proc=proc,
+                )
+            processes.wait_for(
+                "jobset /readyz",
+                lambda: _http_ok(f"http://{LOOPBACK}:{ports['jobset_health']}/readyz"),
+                90,
+                proc=jobset,
+            )
+            processes.wait_for(
+                "kueue /readyz",
+                lambda: _http_ok(f"http://{LOOPBACK}:{ports['kueue_health']}/readyz"),
+                90,
+                proc=kueue,
+            )
+            processes.wait_for(
+                "JobSet and Kueue webhooks answering",
+                lambda: (
+                    processes.port_open(ports["jobset_wh"])
+                    and processes.port_open(ports["kueue_wh"])
+                ),
+                60,
+                proc=kueue,
+            )
+            self._wait_webhooks_effective(kube)
+            self._create_resource_flavor(kube)
+            eventually(
+                "default ServiceAccount",
+                lambda: kube.core.read_namespaced_service_account("default", "default"),
+                60,
+            )
+            timings["controllers"] = round(time.monotonic() - t, 2)
+        finally:
+            kube.close()
+
+    def _kueue_config(self, ports: dict[str, int], cert_dir: Path) -> dict[str, Any]:
+        return {
+            "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+            "kind": "Configuration",
+            "namespace": KUEUE_NAMESPACE,
+            "health": {"healthProbeBindAddress": f"{LOOPBACK}:{ports['kueue_health']}"},
+            "metrics": {"bindAddress": f"{LOOPBACK}:{ports['kueue_metrics']}"},
+            "webhook": {"port": ports["kueue_wh"], "host": LOOPBACK, "certDir": str(cert_dir)},
+            "leaderElection": {"leaderElect": False},
+            # Kueue's rotator keeps the pre-created secret: its certificate is valid for the
+            # service name it checks and for 127.0.0.1, where the webhooks are served.
+            "internalCertManagement": {
+                "enable": True,
+                "webhookServiceName": KUEUE_SERVICE,
+                "webhookSecretName": KUEUE_SECRET,
+            },
+            # gang admission: a workload counts as running only when all its pods are Ready,
+            # and nothing else is admitted meanwhile
+            "waitForPodsReady": {
+                "timeout": PODS_READY_TIMEOUT,
+                "blockAdmission": True,
+                "requeuingStrategy": {
+                    "timestamp": "Eviction",
+                    "backoffBaseSeconds": 5,
+                    "backoffMaxSeconds": 60,
+                },
+            },
+            "manageJobsWithoutQueueName": False,
+            "integrations": {"frameworks": ["jobset.x-k8s.io/jobset", "batch/job"]},
+            "clientConnection": {"qps": 100, "burst": 200},
+        }
+
+    def _wait_webhooks_effective(self, kube: Kube) -> None:
+        """A server-side dry-run create of a queued JobSet must come back suspended: proves
+        Kueue's and JobSet's mutating webhooks are reached through the API server."""
+        probe = {
+            "apiVersion": "jobset.x-k8s.io/v1alpha2",
+            "kind": "JobSet",
+            "metadata": {
+                "name": "webhook-probe",
+                "namespace": "default",
+                "labels": {"kueue.x-k8s.io/queue-name": "probe"},
+            },
+            "spec": {
+                "replicatedJobs": [
+                    {
+                        "name": "w",
+                        "replicas": 1,
+                        "template": {
+                            "spec": {
+                                "template": {
+                                    "spec": {
+                                        "restartPolicy": "Never",
+                                        "containers": [{"name": "c", "image": "busybox"}],
+                                    }
+                                }
+                            }
+                        },
+                    }
+                ]
+            },
+        }
+
+        def suspended() -> bool:
+            out = kube.custom.create_namespaced_custom_object(
+                "jobset.x-k8s.io", "v1alpha2", "default", "jobsets", probe, dry_run="All"
+            )
+            return bool(out.get("spec", {}).get("suspend"))
+
+        eventually("Kueue's JobSet webhook suspends a queued JobSet (dry run)", suspended, 60)
+
+    def _create_resource_flavor(self, kube: Kube) -> None:
+        body = {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ResourceFlavor",
+            "metadata": {"name": RESOURCE_FLAVOR},
+            "spec": {"nodeLabels": {kwok.GPU_PRODUCT_LABEL: kwok.GPU_PRODUCT}},
+        }
+        eventually("ResourceFlavor created", lambda: kube.kueue_create("resourceflavors", body), 30)
+
+    def _start(
+        self,
+        name: str,
+        argv: list[str],
+        ports: list[int],
+        logs: Path,
+        env: dict[str, str] | None = None,
+    ) -> Proc:
+        proc = processes.start(name, argv, logs, ports, env=env, cwd=self.dir)
+        self.state.procs.append(proc)
+        self.state.save()
+        return proc
+
+    def _dump_failure(self) -> None:
+        for p in self.state.procs:
+            if not p.alive():
+                print(f"--- {p.name} exited; last log lines ({p.log}):\n{processes.tail(p.log)}")
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _insecure() -> ssl.SSLContext:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def _http_ok(url: str, ctx: ssl.SSLContext | None = None) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2, context=ctx) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+def _crd_established(kube: Kube, name: str) -> bool:
+    crd = kube.ext.read_custom_resource_definition(name)
+    return any(
+        c.type == "Established" and c.status == "True" for c in (crd.status.conditions or [])
+    )
+
+
+def _node_ready(node: Any) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))
+
+
+def env_kubeconfig() -> Path | None:
+    v = os.environ.get("RTJ_E2E_KUBECONFIG")
+    return Path(v) if v else None
+
+
+__all__ = ["DEFAULT_NAME", "ClusterState", "LocalCluster", "StartupError", "env_kubeconfig"]

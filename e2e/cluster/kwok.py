@@ -1,0 +1,329 @@
+"""KWOK: the stage configuration and the simulated GPU nodes.
+
+Nodes carry ``type=kwok`` (the label the KWOK controller manages), GPU capacity and zone/rack
+labels. Pods and nodes annotated ``e2e.resilient.dev/kwok: ignore`` are left alone by every
+stage except deletion, so a fault helper can write a status the way the kubelet would and
+KWOK will not overwrite it (a deleted pod is still finalized, like a kubelet would).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+MANAGED_LABEL = "type"
+MANAGED_VALUE = "kwok"
+IGNORE_ANNOTATION = "e2e.resilient.dev/kwok"
+IGNORE_VALUE = "ignore"
+RACK_LABEL = "e2e.resilient.dev/rack"
+ZONE_LABEL = "topology.kubernetes.io/zone"
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
+NODE_PREFIX = "gpu-node-"
+
+_NOT_IGNORED = {"key": f'.metadata.annotations["{IGNORE_ANNOTATION}"]', "operator": "DoesNotExist"}
+
+
+def _node_initialize() -> dict[str, Any]:
+    return {
+        "apiVersion": "kwok.x-k8s.io/v1alpha1",
+        "kind": "Stage",
+        "metadata": {"name": "node-initialize"},
+        "spec": {
+            "resourceRef": {"apiGroup": "v1", "kind": "Node"},
+            "selector": {
+                "matchExpressions": [
+                    _NOT_IGNORED,
+                    {
+                        "key": '.status.conditions.[] | select( .type == "Ready" ) | .status',
+                        "operator": "NotIn",
+                        "values": ["True"],
+                    },
+                ]
+            },
+            "next": {"statusTemplate": _NODE_STATUS_TEMPLATE},
+        },
+    }
+
+
+def _node_heartbeat() -> dict[str, Any]:
+    return {
+        "apiVersion": "kwok.x-k8s.io/v1alpha1",
+        "kind": "Stage",
+        "metadata": {"name": "node-heartbeat-with-lease"},
+        "spec": {
+            "resourceRef": {"apiGroup": "v1", "kind": "Node"},
+            "selector": {
+                "matchExpressions": [
+                    _NOT_IGNORED,
+                    {"key": ".status.phase", "operator": "In", "values": ["Running"]},
+                    {
+                        "key": '.status.conditions.[] | select( .type == "Ready" ) | .status',
+                        "operator": "In",
+                        "values": ["True"],
+                    },
+                ]
+            },
+            # the kubelet posts an unchanged status every 5 minutes when it also renews a lease
+            "delay": {"durationMilliseconds": 300000, "jitterDurationMilliseconds": 310000},
+            "next": {"statusTemplate": _NODE_HEARTBEAT_TEMPLATE},
+        },
+    }
+
+
+def _pod_ready() -> dict[str, Any]:
+    return {
+        "apiVersion": "kwok.x-k8s.io/v1alpha1",
+        "kind": "Stage",
+        "metadata": {"name": "pod-ready"},
+        "spec": {
+            "resourceRef": {"apiGroup": "v1", "kind": "Pod"},
+            "selector": {
+                "matchExpressions": [
+                    _NOT_IGNORED,
+                    {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"},
+                    {"key": ".status.phase", "operator": "In", "values": ["Pending"]},
+                    {
+                        "key": '.status.conditions.[] | select( .type == "Ready" ) | .status',
+                        "operator": "NotIn",
+                        "values": ["True"],
+                    },
+                ]
+            },
+            "next": {"statusTemplate": _POD_READY_TEMPLATE},
+        },
+    }
+
+
+def _pod_delete() -> dict[str, Any]:
+    # Applies to ignored pods too: a kubelet finalizes a deleted pod whatever its status.
+    return {
+        "apiVersion": "kwok.x-k8s.io/v1alpha1",
+        "kind": "Stage",
+        "metadata": {"name": "pod-delete"},
+        "spec": {
+            "resourceRef": {"apiGroup": "v1", "kind": "Pod"},
+            "selector": {
+                "matchExpressions": [
+                    {"key": ".metadata.deletionTimestamp", "operator": "Exists"},
+                ]
+            },
+            "next": {"delete": True},
+        },
+    }
+
+
+POD_CIDR = "10.0.0.1/16"
+NODE_IP = "10.255.0.1"
+
+
+def kwok_config_yaml() -> str:
+    """The Stage documents (the controller options are passed as flags: a partial
+    KwokConfiguration document would leave the other options at zero)."""
+    docs = [_node_initialize(), _node_heartbeat(), _pod_ready(), _pod_delete()]
+    return yaml.safe_dump_all(docs, sort_keys=False)
+
+
+@dataclass(frozen=True)
+class NodeShape:
+    gpus: int = 8
+    cpu: str = "96"
+    memory: str = "1Ti"
+    pods: str = "110"
+    zones: int = 2
+    racks_per_zone: int = 2
+
+
+def node_name(i: int) -> str:
+    return f"{NODE_PREFIX}{i:02d}"
+
+
+def node_manifest(i: int, n_nodes: int, shape: NodeShape = NodeShape()) -> dict[str, Any]:
+    """Node ``i`` of ``n_nodes``: zones and racks spread evenly, 8 GPUs by default."""
+    racks = max(1, shape.zones * shape.racks_per_zone)
+    per_rack = max(1, -(-n_nodes // racks))
+    rack = i // per_rack
+    zone = rack // shape.racks_per_zone
+    name = node_name(i)
+    resources = {
+        "cpu": shape.cpu,
+        "memory": shape.memory,
+        "pods": shape.pods,
+        "ephemeral-storage": "1Ti",
+        GPU_RESOURCE: str(shape.gpus),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                MANAGED_LABEL: MANAGED_VALUE,
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "node.kubernetes.io/instance-type": f"sim-{shape.gpus}x-h100",
+                "topology.kubernetes.io/region": "e2e",
+                ZONE_LABEL: f"e2e-zone-{chr(ord('a') + zone)}",
+                RACK_LABEL: f"rack-{rack}",
+                GPU_PRODUCT_LABEL: GPU_PRODUCT,
+                "nvidia.com/gpu.count": str(shape.gpus),
+            },
+            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+        },
+        "spec": {},
+        "status": {
+            "allocatable": resources,
+            "capacity": resources,
+        },
+    }
+
+
+# The two node templates are KWOK's own (kustomize/stage/node/fast and heartbeat-with-lease).
+_NODE_STATUS_TEMPLATE = """\
+{{ $now := Now }}
+{{ $lastTransitionTime := or .metadata.creationTimestamp $now }}
+conditions:
+{{ range NodeConditions }}
+- lastHeartbeatTime: {{ $now | Quote }}
+  lastTransitionTime: {{ $lastTransitionTime | Quote }}
+  message: {{ .message | Quote }}
+  reason: {{ .reason | Quote }}
+  status: {{ .status | Quote }}
+  type: {{ .type  | Quote}}
+{{ end }}
+addresses:
+{{ with NodeIP }}
+- address: {{ . | Quote }}
+  type: InternalIP
+{{ end }}
+{{ with NodeName }}
+- address: {{ . | Quote }}
+  type: Hostname
+{{ end }}
+{{ with NodePort }}
+daemonEndpoints:
+  kubeletEndpoint:
+    Port: {{ . }}
+{{ end }}
+allocatable:
+{{ with .status.allocatable }}
+{{ YAML . 1 }}
+{{ else }}
+  cpu: 1k
+  memory: 1Ti
+  pods: 1M
+{{ end }}
+capacity:
+{{ with .status.capacity }}
+{{ YAML . 1 }}
+{{ else }}
+  cpu: 1k
+  memory: 1Ti
+  pods: 1M
+{{ end }}
+{{ $nodeInfo := .status.nodeInfo }}
+{{ $kwokVersion := printf "kwok-%s" Version }}
+nodeInfo:
+  architecture: {{ or $nodeInfo.architecture "amd64" }}
+  bootID: {{ or $nodeInfo.bootID `""` }}
+  containerRuntimeVersion: {{ or $nodeInfo.containerRuntimeVersion $kwokVersion }}
+  kernelVersion: {{ or $nodeInfo.kernelVersion $kwokVersion }}
+  kubeProxyVersion: {{ or $nodeInfo.kubeProxyVersion $kwokVersion }}
+  kubeletVersion: {{ or $nodeInfo.kubeletVersion $kwokVersion }}
+  machineID: {{ or $nodeInfo.machineID `""` }}
+  operatingSystem: {{ or $nodeInfo.operatingSystem "linux" }}
+  osImage: {{ or $nodeInfo.osImage `""` }}
+  systemUUID: {{ or $nodeInfo.systemUUID `""` }}
+phase: Running
+"""
+
+_NODE_HEARTBEAT_TEMPLATE = """\
+{{ $now := Now }}
+{{ $lastTransitionTime := or .metadata.creationTimestamp $now }}
+conditions:
+{{ range NodeConditions }}
+- lastHeartbeatTime: {{ $now | Quote }}
+  lastTransitionTime: {{ $lastTransitionTime | Quote }}
+  message: {{ .message | Quote }}
+  reason: {{ .reason | Quote }}
+  status: {{ .status | Quote }}
+  type: {{ .type | Quote }}
+{{ end }}
+"""
+
+# KWOK's kustomize/stage/pod/fast/pod-ready.yaml
+_POD_READY_TEMPLATE = """\
+{{ $now := Now }}
+conditions:
+- lastTransitionTime: {{ $now | Quote }}
+  status: "True"
+  type: PodReadyToStartContainers
+- lastTransitionTime: {{ $now | Quote }}
+  status: "True"
+  type: Initialized
+- lastTransitionTime: {{ $now | Quote }}
+  status: "True"
+  type: Ready
+- lastTransitionTime: {{ $now | Quote }}
+  status: "True"
+  type: ContainersReady
+{{ range .spec.readinessGates }}
+- lastTransitionTime: {{ $now | Quote }}
+  status: "True"
+  type: {{ .conditionType | Quote }}
+{{ end }}
+containerStatuses:
+{{ range .spec.containers }}
+- image: {{ .image | Quote }}
+  name: {{ .name | Quote }}
+  ready: true
+  started: true
+  restartCount: 0
+  state:
+    running:
+      startedAt: {{ $now | Quote }}
+{{ end }}
+initContainerStatuses:
+{{ range .spec.initContainers }}
+- image: {{ .image | Quote }}
+  name: {{ .name | Quote }}
+  ready: true
+  restartCount: 0
+  {{ if eq .restartPolicy "Always" }}
+  started: true
+  state:
+    running:
+      startedAt: {{ $now | Quote }}
+  {{ else }}
+  state:
+    terminated:
+      exitCode: 0
+      finishedAt: {{ $now | Quote }}
+      reason: Completed
+      startedAt: {{ $now | Quote }}
+  {{ end }}
+{{ end }}
+{{ $hostIPs := NodeIPsWith .spec.nodeName }}
+{{ with $hostIPs }}
+hostIP: {{ index . 0 | Quote }}
+hostIPs:
+{{ range . }}
+- ip: {{ . | Quote }}
+{{ end }}
+{{ end }}
+{{ $podIPs := PodIPsWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" )
+  ( or .metadata.name "" ) ( or .metadata.namespace "" ) }}
+{{ with $podIPs }}
+podIP: {{ index . 0 | Quote }}
+podIPs:
+{{ range . }}
+- ip: {{ . | Quote }}
+{{ end }}
+{{ end }}
+phase: Running
+startTime: {{ $now | Quote }}
+"""

@@ -1,0 +1,87 @@
+"""pytest fixtures for the local cluster. Register from the root conftest.py with
+``pytest_plugins = ["e2e.cluster.pytest_plugin"]``.
+
+- ``rtj_cluster`` (session): builds what is missing, starts the cluster once (8 nodes of 8
+  GPUs unless ``RTJ_E2E_NODES``), tears it down at the end and fails if a process or a port is
+  left. With ``RTJ_E2E_KUBECONFIG`` set it attaches to a running cluster instead (e.g. one
+  from ``make cluster-up``) and leaves it running.
+- ``rtj_ns`` (function): a fresh namespace with LocalQueue ``team-a`` bound to its own
+  ClusterQueue (GPU quota: the whole cluster unless the test is marked
+  ``@pytest.mark.gpu_quota(n)``); deleted afterwards, and faulted nodes are recreated.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+from collections.abc import Iterator
+
+import pytest
+
+from .cluster import LocalCluster, state_root
+from .kube import Kube
+from .processes import pid_alive
+from .testenv import ClusterHandle, TestNamespace, create_test_namespace, delete_test_namespace
+
+PYTEST_CLUSTER_NAME = "rtj-pytest"
+_SEQ = itertools.count()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "cluster: needs the local Kubernetes cluster (e2e.cluster)")
+    config.addinivalue_line("markers", "gpu_quota(n): GPU quota of the test's ClusterQueue")
+    config.addinivalue_line(
+        "markers", "local_only: needs KWOK nodes (deselected by make e2e-kind, not skipped)"
+    )
+
+
+@pytest.fixture(scope="session")
+def rtj_cluster() -> Iterator[ClusterHandle]:
+    nodes = int(os.environ.get("RTJ_E2E_NODES", "8"))
+    attach = os.environ.get("RTJ_E2E_KUBECONFIG")
+    if attach:
+        kube = Kube(attach)
+        backend = os.environ.get("RTJ_E2E_BACKEND", "local")
+        yield ClusterHandle(
+            attach, kube, nodes=nodes, gpus_per_node=8, managed=False, backend=backend
+        )
+        kube.close()
+        return
+    _remove_stale_pytest_clusters()
+    # one cluster per pytest process (and per fixture definition, should a conftest re-export
+    # this fixture): concurrent sessions on one machine do not collide
+    cluster = LocalCluster(f"{PYTEST_CLUSTER_NAME}-{os.getpid()}-{next(_SEQ)}", nodes=nodes)
+    kubeconfig = cluster.up()
+    kube = Kube(kubeconfig)
+    try:
+        yield ClusterHandle(str(kubeconfig), kube, nodes=nodes, gpus_per_node=8)
+    finally:
+        kube.close()
+        cluster.down(check=True)
+        shutil.rmtree(cluster.dir, ignore_errors=True)
+
+
+def _remove_stale_pytest_clusters() -> None:
+    """Stop and remove clusters of pytest processes that no longer exist."""
+    root = state_root()
+    if not root.is_dir():
+        return
+    for d in root.glob(f"{PYTEST_CLUSTER_NAME}-*"):
+        pid = d.name.removeprefix(f"{PYTEST_CLUSTER_NAME}-").split("-")[0]
+        if pid.isdigit() and pid_alive(int(pid)):
+            continue
+        LocalCluster(d.name).down(check=False)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def rtj_ns(rtj_cluster: ClusterHandle, request: pytest.FixtureRequest) -> Iterator[TestNamespace]:
+    marker = request.node.get_closest_marker("gpu_quota")
+    quota = int(marker.args[0]) if marker else rtj_cluster.nodes * rtj_cluster.gpus_per_node
+    tn = create_test_namespace(rtj_cluster.kube, request.node.name, quota)
+    try:
+        yield tn
+    finally:
+        delete_test_namespace(tn)
+        rtj_cluster.reset_nodes()
