@@ -11,10 +11,10 @@ E2E := $(BIN)/python -m e2e.cluster
 NODES ?= 8
 
 .PHONY: help install lint fmt test test-unit test-integration bench drill crds demo clean \
-	cluster-build cluster-up cluster-down cluster-status e2e-kind
+	cluster-build cluster-up cluster-down cluster-status e2e-kind chart-crds chart-test
 
 help: ## list the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[1m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[1m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 $(STAMP): pyproject.toml trainer-shim/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,7 +38,7 @@ fmt: install ## apply ruff formatting and safe fixes
 test: install cluster-build ## every test level (unit, property, crash, S3, torch drill, cluster); skips fail
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-test-unit: install ## unit and property tests only
+test-unit: install cluster-build ## unit and property tests only (chart tests need helm/promtool)
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
 test-integration: install cluster-build ## real files, crashes, loopback S3, torchrun, the local cluster
@@ -47,6 +47,7 @@ test-integration: install cluster-build ## real files, crashes, loopback S3, tor
 bench: install ## benchmarks, reported as ratios against a side-by-side baseline
 	$(BIN)/python -m bench.checkpoint_protocol
 	$(BIN)/python -m bench.torch_state
+	$(BIN)/python -m bench.operator_control
 
 drill: install ## exact-resume drill: torchrun jobs (2 ranks, gloo, CPU) killed and resumed
 	$(BIN)/python drills/torch_drill.py $(DRILL_ARGS)
@@ -68,6 +69,13 @@ e2e-kind: install ## the cluster scenarios against kind (needs a running Docker 
 
 crds: install ## regenerate crds/ from the pydantic models (never edit crds/ by hand)
 	$(BIN)/rtj crds --write
+	$(MAKE) --no-print-directory chart-crds
+
+chart-crds: ## copy the generated CRD into the Helm chart (a test compares them byte for byte)
+	cp crds/resilienttrainingjobs.yaml charts/resilient-training-operator/crds/
+
+chart-test: install cluster-build ## helm lint/template, schema, promtool rules, install + RBAC in the harness
+	$(BIN)/pytest tests/unit/chart tests/integration/chart $(PYTEST_ARGS)
 
 demo: ## the whole story in one command (lands with the demo issue)
 	@echo "make demo: not yet — the end-to-end demo lands with the demo issue (see README)."

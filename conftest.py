@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-# The local cluster harness: session cluster, per-test namespace and queues (e2e/cluster).
-pytest_plugins = ["e2e.cluster.pytest_plugin"]
+# Shared test infrastructure: the local cluster harness (session cluster, per-test namespace
+# and queues) and the loopback S3 API server (session server, per-test bucket).
+pytest_plugins = ["e2e.cluster.pytest_plugin", "e2e.s3server"]
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -2,6 +2,7 @@
 
     rtj classify --pods PODS.json [--nodes NODES.json] [--events EVENTS.json] [--rtj RTJ.yaml]
     rtj crds --check | --write [--path crds/resilienttrainingjobs.yaml]
+    rtj run [OPTIONS]          run the operator (see `rtj run --help`)
 
 Exit codes: 0 success (`classify` included when nothing failed); 1 `crds --check` found the
 file stale; 2 usage error (unreadable or malformed input).
@@ -41,6 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     cls.add_argument("--events", type=Path, default=None, help="kubectl get events -o json")
     cls.add_argument("--rtj", type=Path, default=None, help="the job (its nodeHealth settings)")
     cls.add_argument("--now", default=None, help="RFC 3339 time to judge at (default: now)")
+
+    sub.add_parser("run", help="run the operator (rtj run --help)", add_help=False)
 
     crds = sub.add_parser("crds", help="check or write the generated CRD")
     mode = crds.add_mutually_exclusive_group(required=True)
@@ -123,6 +126,11 @@ _COMMANDS = {"classify": _classify, "crds": _crds}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["run"]:  # the operator itself: its own options, imported only when asked
+        from rtj_operator.main import main as run_operator
+
+        return run_operator(argv[1:])
     args = _parser().parse_args(argv)
     try:
         return _COMMANDS[args.command](args)

@@ -80,6 +80,7 @@ class ConditionType(str, Enum):
     FAILED = "Failed"
     NODES_QUARANTINED = "NodesQuarantined"
     CHECKPOINT_STALE = "CheckpointStale"
+    CHECKPOINT_UNREADABLE = "CheckpointUnreadable"
 
 
 class Reason(str, Enum):
@@ -95,3 +96,11 @@ class Reason(str, Enum):
     UNKNOWN_FAILURE_FLAGGED = "UnknownFailureFlagged"
     TERMINAL = "Terminal"
     NO_FAILURE = "NoFailure"
+    AWAITING_ADMISSION = "AwaitingAdmission"
+    ATTEMPT_ADMITTED = "AttemptAdmitted"
+    ATTEMPT_RUNNING = "AttemptRunning"
+    JOB_SUCCEEDED = "JobSucceeded"
+    WAITING_FOR_OLD_WORLD = "WaitingForOldWorld"
+    CHECKPOINT_STORE_UNREADABLE = "CheckpointStoreUnreadable"
+    CHECKPOINT_READABLE = "CheckpointStoreReadable"
+    QUARANTINE_LIFTED = "QuarantineLifted"

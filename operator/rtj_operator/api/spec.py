@@ -126,6 +126,13 @@ class NodeHealth(ApiModel):
 
     taint_key: str = Field(default=DEFAULT_TAINT_KEY, min_length=1, max_length=316)
     taint_effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
+    quarantine_ttl_seconds: int | None = Field(
+        default=None,
+        ge=60,
+        le=30 * 86400,
+        description="Opt-in: remove this job's taint from a quarantined node this many seconds "
+        "after it was set (unset: the node stays tainted until an administrator acts).",
+    )
     xid_codes: list[Annotated[int, Field(ge=0)]] = Field(
         default_factory=lambda: list(DEFAULT_XID_CODES),
         max_length=256,
@@ -167,6 +174,23 @@ class ResilientTrainingJobSpec(ApiModel):
         description="Worker PodTemplateSpec (the user's image and command).",
         json_schema_extra={
             "x-kubernetes-preserve-unknown-fields": True,
+            # CEL only sees declared fields: declare the path the rule reads (the rest of the
+            # PodTemplateSpec stays free-form, as the API server validates it in the JobSet)
+            "properties": {
+                "spec": {
+                    "type": "object",
+                    "x-kubernetes-preserve-unknown-fields": True,
+                    "properties": {
+                        "containers": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "x-kubernetes-preserve-unknown-fields": True,
+                            },
+                        }
+                    },
+                }
+            },
             **validations(
                 cel(
                     "has(self.spec) && has(self.spec.containers) && size(self.spec.containers) > 0",

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-import s3server
 from botocore.exceptions import ClientError
 
+from e2e import s3server
 from rtj_shim.errors import Refused, RunOwnershipConflict, StepAlreadyPublished, StoreError
 from rtj_shim.layout import COMMITTED_FILE, LATEST_FILE, MANIFEST_FILE, RUN_FILE, StepDirName
 from rtj_shim.manifest import committed_marker, decode_manifest

@@ -1,0 +1,618 @@
+"""The controller's runtime: watch caches in, a work queue, reconcile workers, periodic loops.
+
+kopf handlers (handlers.py) feed this object: every RTJ event stores the newest body and
+enqueues its key; pod, JobSet, node and event changes enqueue the jobs they concern, found
+through kopf indexes (no API call per event). Workers take keys from a `WorkQueue` (one
+reconcile per key at a time, coalesced, delayed requeues for backoffs and TTLs, rate-limited
+retries on errors), build a `Snapshot` from the caches, call `reconcile.plan` and apply the
+plan through `kube.Kube` in a thread pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from typing import Any, Protocol, TypeVar
+
+from pydantic import ValidationError
+
+from rtj_operator import reconcile as rc
+from rtj_operator import selection
+from rtj_operator.api import keys
+from rtj_operator.api.reasons import Phase
+from rtj_operator.api.resource import ResilientTrainingJob
+from rtj_operator.cache import WatchCache
+from rtj_operator.kube import AlreadyExists, Conflict, Kube, KubeError, NotFound
+from rtj_operator.metrics import Metrics
+
+log = logging.getLogger("rtj_operator.controller")
+
+Key = tuple[str, str]
+T = TypeVar("T")
+CONFLICT_RETRY_SECONDS = 0.2
+EXISTS_RETRY_SECONDS = 0.5
+ERROR_BACKOFF = (0.1, 30.0)
+STARTUP_RESYNC_SECONDS = 30.0
+"""A second LIST soon after startup drops objects deleted while the watches started."""
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _rv(body: Mapping[str, Any]) -> int | None:
+    value = (body.get("metadata") or {}).get("resourceVersion")
+    return int(value) if isinstance(value, str) and value.isdigit() else None
+
+
+def newer_or_same(candidate: Mapping[str, Any], current: Mapping[str, Any] | None) -> bool:
+    """Whether `candidate` is at least as new as `current` (resourceVersions as etcd revisions)."""
+    if current is None:
+        return True
+    a, b = _rv(candidate), _rv(current)
+    return a is None or b is None or a >= b
+
+
+def _pod_keys(body: Mapping[str, Any]) -> list[Any]:
+    key, node = job_key_of(body), (body.get("spec") or {}).get("nodeName")
+    return ([("job", key)] if key else []) + ([("node", node)] if node else [])
+
+
+def job_key_of(body: Mapping[str, Any]) -> Key | None:
+    meta = body.get("metadata") or {}
+    job = (meta.get("labels") or {}).get(keys.JOB_LABEL)
+    namespace = meta.get("namespace")
+    return (namespace, job) if job and namespace else None
+
+
+def workload_jobset(name: str) -> str | None:
+    """Kueue names a JobSet's Workload `jobset-<jobset>-<5 hex>`."""
+    if not name.startswith("jobset-"):
+        return None
+    body, _, suffix = name[len("jobset-") :].rpartition("-")
+    return body if body and len(suffix) == 5 else None
+
+
+def event_key(body: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """Index key of an event: (namespace, kind, name); Node events have namespace ''."""
+    obj = body.get("involvedObject") or body.get("regarding") or {}
+    kind, name = obj.get("kind"), obj.get("name")
+    if not kind or not name:
+        return None
+    if kind == "Node":
+        return ("", "Node", name)
+    namespace = obj.get("namespace") or (body.get("metadata") or {}).get("namespace") or ""
+    if kind == "Workload":
+        jobset = workload_jobset(name)
+        return (namespace, "Workload", jobset) if jobset else None
+    return (namespace, kind, name)
+
+
+RELEVANT_EVENT_REASONS = frozenset(
+    {
+        "Evicted", "Preempted", "TaintManagerEviction", "NodeNotReady", "RemovingNode",
+        "DeletingNode", "NodeShutdown", "EvictedDueToPreempted", "Killing",
+    }
+)  # fmt: skip
+
+
+def relevant_event(body: Mapping[str, Any]) -> bool:
+    """Events the classifier reads (see policy.classify): pod, node and Kueue evictions."""
+    reason = body.get("reason") or ""
+    message = body.get("message") or body.get("note") or ""
+    return reason in RELEVANT_EVENT_REASONS or "Preempted to accommodate" in message
+
+
+# --- the work queue ------------------------------------------------------------------------
+
+
+class WorkQueue:
+    """client-go's workqueue semantics on asyncio: a key is processed by one worker at a time;
+    adding a key that is queued is a no-op, adding one being processed re-queues it after."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[Key] = asyncio.Queue()
+        self._dirty: set[Key] = set()
+        self._processing: set[Key] = set()
+        self._timers: dict[Key, tuple[float, asyncio.TimerHandle]] = {}
+        self._failures: dict[Key, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._dirty)
+
+    def add(self, key: Key) -> None:
+        if key in self._dirty:
+            return
+        self._dirty.add(key)
+        if key not in self._processing:
+            self._queue.put_nowait(key)
+
+    def add_after(self, key: Key, delay: float) -> None:
+        if delay <= 0:
+            self.add(key)
+            return
+        loop = asyncio.get_running_loop()
+        due = loop.time() + delay
+        current = self._timers.get(key)
+        if current is not None:
+            if current[0] <= due:
+                return
+            current[1].cancel()
+        handle = loop.call_at(due, self._fire, key)
+        self._timers[key] = (due, handle)
+
+    def _fire(self, key: Key) -> None:
+        self._timers.pop(key, None)
+        self.add(key)
+
+    def add_rate_limited(self, key: Key) -> float:
+        failures = self._failures.get(key, 0)
+        self._failures[key] = failures + 1
+        delay = float(min(ERROR_BACKOFF[0] * 2.0 ** min(failures, 16), ERROR_BACKOFF[1]))
+        self.add_after(key, delay)
+        return delay
+
+    def forget_failures(self, key: Key) -> None:
+        self._failures.pop(key, None)
+
+    def forget(self, key: Key) -> None:
+        timer = self._timers.pop(key, None)
+        if timer is not None:
+            timer[1].cancel()
+        self._failures.pop(key, None)
+
+    async def get(self) -> Key:
+        key = await self._queue.get()
+        self._processing.add(key)
+        self._dirty.discard(key)
+        return key
+
+    def done(self, key: Key) -> None:
+        self._processing.discard(key)
+        if key in self._dirty:
+            self._queue.put_nowait(key)
+
+
+# --- the controller ------------------------------------------------------------------------
+
+
+class StoreReader(Protocol):
+    def __call__(
+        self, uri: str, bad_steps: Iterable[int], credentials: Mapping[str, str] | None
+    ) -> selection.Selection: ...
+
+
+@dataclass
+class Settings:
+    workers: int = 16
+    api_threads: int = 32
+    resync_seconds: float = 300.0
+    checkpoint_refresh_seconds: float = 60.0
+    store_readers: int = 4
+    identity: str = "rtj-operator"
+
+
+class Controller:
+    def __init__(
+        self,
+        kube: Kube,
+        metrics: Metrics,
+        settings: Settings | None = None,
+        *,
+        clock: Callable[[], datetime] = utcnow,
+        store_reader: StoreReader = selection.read_store,
+        namespaces: Iterable[str] | None = None,
+    ) -> None:
+        self.kube = kube
+        self.metrics = metrics
+        self.settings = settings or Settings()
+        self.clock = clock
+        self.store_reader = store_reader
+        self.namespaces = list(namespaces) if namespaces else None
+        self.rtjs: dict[Key, dict[str, Any]] = {}
+        self.pods = WatchCache(_pod_keys, rc.trim_pod)
+        self.jobsets = WatchCache(
+            lambda b: [job_key_of(b)] if job_key_of(b) else [], rc.trim_jobset
+        )
+        self.nodes = WatchCache(lambda b: [(b.get("metadata") or {}).get("name")], rc.trim_node)
+        self.gone: dict[Key, dict[str, dict[str, Any]]] = {}
+        self.synced = asyncio.Event()
+        self.store_readings: dict[Key, rc.StoreReading] = {}
+        self.queue = WorkQueue()
+        self.executor = ThreadPoolExecutor(self.settings.api_threads, thread_name_prefix="rtj-api")
+        self._store_sem: asyncio.Semaphore | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._posting: set[asyncio.Task[None]] = set()
+        self._event_sem = asyncio.Semaphore(8)
+        self.reconciles = 0
+
+    # --- inputs from the watches -----------------------------------------------------------
+
+    def on_rtj(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        meta = body.get("metadata") or {}
+        key: Key = (meta.get("namespace", ""), meta.get("name", ""))
+        if event_type == "DELETED":
+            self.rtjs.pop(key, None)
+            self.gone.pop(key, None)
+            self.store_readings.pop(key, None)
+            self.queue.forget(key)
+            self.metrics.forget_job(*key)
+            return
+        plain = rc.plain(body)
+        if newer_or_same(plain, self.rtjs.get(key)):
+            self.rtjs[key] = plain
+        self.queue.add(key)
+
+    def on_pod(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        key = job_key_of(body)
+        if key is None:
+            return
+        self.pods.apply(event_type, body)
+        if event_type == "DELETED":
+            name = (body.get("metadata") or {}).get("name", "")
+            self.gone.setdefault(key, {})[name] = rc.trim_pod(body)
+        self.queue.add(key)
+
+    def on_jobset(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        key = job_key_of(body)
+        if key is not None:
+            self.jobsets.apply(event_type, body)
+            self.queue.add(key)
+
+    def on_node(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        self.nodes.apply(event_type, body)
+        self._touch_node((body.get("metadata") or {}).get("name", ""))
+
+    def _touch_node(self, name: str) -> None:
+        for pod in self.pods.get(("node", name)):
+            key = job_key_of(pod)
+            if key is not None:
+                self.queue.add(key)
+
+    def _jobs_with_pod(self, namespace: str, pod: str) -> Iterable[Key]:
+        # Pod names are <name>-a<n>-worker-0-<index>-<suffix>: the job is before "-a<n>".
+        head, sep, _ = pod.partition("-worker-")
+        job, sep2, attempt = head.rpartition("-a")
+        if sep and sep2 and attempt.isdigit():
+            yield (namespace, job)
+
+    # --- observe ---------------------------------------------------------------------------
+
+    def snapshot(self, key: Key) -> rc.Snapshot | None:
+        raw = self.rtjs.get(key)
+        if raw is None:
+            return None
+        try:
+            rtj = ResilientTrainingJob.from_object(raw)
+        except ValidationError as exc:
+            log.warning("%s/%s: cannot read the job: %s", *key, exc)
+            return None
+        self.metrics.observe_job(rtj)
+        pods = tuple(self.pods.get(("job", key)))
+        gone = self.gone.get(key, {})
+        current = rtj.status.attempt
+        for name in [n for n, p in gone.items() if (rc.attempt_of(p) or 0) < current]:
+            del gone[name]
+        gone_pods = tuple(gone.values())
+        node_names = {
+            n for p in (*pods, *gone_pods) if (n := (p.get("spec") or {}).get("nodeName"))
+        }
+        nodes = {}
+        for name in node_names:
+            found = self.nodes.get(name)
+            if found:
+                nodes[name] = found[0]
+        jobsets = tuple(self.jobsets.get(key))
+        return rc.Snapshot(
+            rtj=rtj,
+            resource_version=str((raw.get("metadata") or {}).get("resourceVersion", "")),
+            jobsets=jobsets,
+            pods=pods,
+            gone_pods=gone_pods,
+            nodes=nodes,
+            events=None,
+            now=self.clock(),
+            store=self.store_readings.get(key),
+            stored_status=raw.get("status") or {},
+        )
+
+    # --- reconcile -------------------------------------------------------------------------
+
+    async def _io(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    async def read_store(self, rtj: ResilientTrainingJob) -> rc.StoreReading:
+        ckpt = rtj.spec.checkpoint
+        credentials: Mapping[str, str] | None = None
+        if self._store_sem is None:
+            self._store_sem = asyncio.Semaphore(self.settings.store_readers)
+        async with self._store_sem:
+            try:
+                if ckpt.credentials_secret:
+                    credentials = await self._io(
+                        self.kube.secret_data, rtj.metadata.namespace, ckpt.credentials_secret
+                    )
+                picked = await self._io(
+                    self.store_reader, ckpt.uri, tuple(rtj.status.bad_steps), credentials
+                )
+            except selection.CheckpointUnreadable as exc:
+                return rc.StoreReading(self.clock(), error=str(exc))
+            except KubeError as exc:
+                return rc.StoreReading(self.clock(), error=f"credentials secret: {exc}")
+        return rc.StoreReading(self.clock(), selection=picked)
+
+    async def reconcile(self, key: Key) -> float | None:
+        """One reconcile; returns seconds until the key should be looked at again."""
+        started = time.monotonic()
+        result = "ok"
+        try:
+            snap = self.snapshot(key)
+            if snap is None:
+                return None
+            plan = rc.plan(snap)
+            for _ in range(2):  # at most one store reading and one events read
+                if plan.needs_events:
+                    snap = replace(snap, events=tuple(await self._io(self.read_events, snap)))
+                elif plan.needs_store:
+                    reading = await self.read_store(snap.rtj)
+                    self.store_readings[key] = reading
+                    snap = rc.with_store(snap, reading)
+                else:
+                    break
+                plan = rc.plan(snap)
+            if plan.summary:
+                log.info("%s/%s: %s", *key, plan.summary)
+            try:
+                await self.apply(key, snap, plan)
+            except Conflict:
+                result = "conflict"
+                return CONFLICT_RETRY_SECONDS
+            except AlreadyExists:
+                result = "conflict"
+                return EXISTS_RETRY_SECONDS
+            return plan.requeue_after
+        except Exception:
+            result = "error"
+            raise
+        finally:
+            self.reconciles += 1
+            self.metrics.record_reconcile(result, time.monotonic() - started)
+
+    def _involved(self, snap: rc.Snapshot) -> dict[str, Any]:
+        meta = snap.rtj.metadata
+        return {
+            "apiVersion": keys.API_VERSION,
+            "kind": keys.KIND,
+            "name": meta.name,
+            "namespace": meta.namespace,
+            "uid": meta.uid,
+        }
+
+    async def apply(self, key: Key, snap: rc.Snapshot, plan: rc.Plan) -> None:
+        namespace, name = key
+        kube = self.kube
+        for action in plan.actions:
+            if isinstance(action, rc.CreateJobSet):
+                await self._io(kube.create_jobset, namespace, action.body)
+            elif isinstance(action, rc.DeleteJobSet):
+                await self._io(kube.delete_jobset, namespace, action.name)
+            elif isinstance(action, rc.DeletePod):
+                await self._io(kube.delete_pod, namespace, action.name)
+            elif isinstance(action, rc.TaintNode):
+                taint = action.taint
+                await self._io(kube.edit_taints, action.node, lambda t, x=taint: rc.add_taint(t, x))
+            elif isinstance(action, rc.UntaintNode):
+                taint = action.taint
+                await self._io(
+                    kube.edit_taints, action.node, lambda t, x=taint: rc.remove_taint(t, x)
+                )
+            elif isinstance(action, rc.PatchStatus):
+                try:
+                    new = await self._io(
+                        kube.patch_rtj_status,
+                        namespace,
+                        name,
+                        action.patch,
+                        action.resource_version,
+                    )
+                except NotFound:
+                    return
+                self._remember(key, new)
+            elif isinstance(action, rc.PostEvent):
+                self._post_later(key, self._involved(snap), action)
+        self._record(key, plan.metrics)
+
+    def _post_later(self, key: Key, involved: dict[str, Any], event: rc.PostEvent) -> None:
+        """Events go out in the background: a decision never waits for its Event."""
+
+        async def post() -> None:
+            async with self._event_sem:
+                try:
+                    await self._io(
+                        lambda: self.kube.post_event(
+                            involved, event.type, event.reason, event.message,
+                            instance=self.settings.identity,
+                        )
+                    )  # fmt: skip
+                except KubeError as exc:
+                    log.warning("%s/%s: event %s not posted: %s", *key, event.reason, exc)
+
+        task = asyncio.get_running_loop().create_task(post())
+        self._posting.add(task)
+        task.add_done_callback(self._posting.discard)
+
+    def _remember(self, key: Key, body: Mapping[str, Any]) -> None:
+        if body and newer_or_same(body, self.rtjs.get(key)):
+            self.rtjs[key] = dict(body)
+            with contextlib.suppress(ValidationError):
+                self.metrics.observe_job(ResilientTrainingJob.from_object(dict(body)))
+
+    def _record(self, key: Key, records: Iterable[rc.MetricRecord]) -> None:
+        m = self.metrics
+        for r in records:
+            cls = r.failure_class
+            if r.kind == "failure" and cls is not None:
+                m.record_failure(*key, cls)
+            elif r.kind == "restart" and cls is not None:
+                m.record_restart(*key, cls)
+            elif r.kind == "detection" and cls is not None:
+                m.record_detection(cls, r.value)
+            elif r.kind == "recovery" and cls is not None:
+                m.record_recovery(cls, r.value)
+            elif r.kind == "lost_steps":
+                m.record_lost_steps(*key, int(r.value))
+
+    def read_events(self, snap: rc.Snapshot) -> list[dict[str, Any]]:
+        """Events about the failed attempt (blocking): read once a failure is seen, so the
+        operator never watches every Event in the cluster. Pods and Kueue Workloads in the
+        job's namespace, nodes cluster-wide; only the reasons the classifier reads."""
+        namespace = snap.rtj.metadata.namespace
+        pods = {p["metadata"]["name"] for p in (*snap.pods, *snap.gone_pods)}
+        nodes = set(snap.nodes) | {
+            n for p in (*snap.pods, *snap.gone_pods) if (n := (p.get("spec") or {}).get("nodeName"))
+        }
+        jobsets = {js["metadata"]["name"] for js in snap.jobsets}
+        wanted: list[dict[str, Any]] = []
+        for scope, kind in ((namespace, "Pod"), (namespace, "Workload"), (None, "Node")):
+            try:
+                found = self.kube.list_events(scope, f"involvedObject.kind={kind}")
+            except KubeError as exc:
+                log.warning("%s/%s: events about %ss not read: %s", namespace,
+                            snap.rtj.metadata.name, kind, exc)  # fmt: skip
+                continue
+            for event in found:
+                ek = event_key(event)
+                if ek is None or not relevant_event(event):
+                    continue
+                name = ek[2]
+                if (
+                    (kind == "Pod" and name in pods)
+                    or (kind == "Node" and name in nodes)
+                    or (kind == "Workload" and name in jobsets)
+                ):
+                    wanted.append(rc.trim_event(event))
+        return wanted
+
+    # --- list, then watch --------------------------------------------------------------------
+
+    def _list(self, kind: str) -> tuple[list[dict[str, Any]], int | None]:
+        """Every object of `kind` the operator watches, and the oldest list resourceVersion."""
+        items: list[dict[str, Any]] = []
+        versions: list[int] = []
+        scopes: list[str | None] = list(self.namespaces) if self.namespaces else [None]
+        trim = {"pods": rc.trim_pod, "jobsets": rc.trim_jobset, "nodes": rc.trim_node}.get(kind)
+        for namespace in scopes:
+            found, rv = self.kube.list_kind(kind, namespace, trim)
+            items += found
+            if rv is not None:
+                versions.append(rv)
+        return items, min(versions) if versions else None
+
+    async def sync(self) -> None:
+        """LIST pods, JobSets, nodes and jobs into the caches (startup and resync)."""
+        results = await asyncio.gather(
+            *(self._io(self._list, kind) for kind in ("pods", "jobsets", "nodes", "rtjs"))
+        )
+        (pods, pods_rv), (jobsets, js_rv), (nodes, nodes_rv), (rtjs, _) = results
+        for pod in self.pods.replace(pods, pods_rv):
+            key = job_key_of(pod)
+            if key is not None:
+                self.queue.add(key)
+        for js in self.jobsets.replace(jobsets, js_rv):
+            key = job_key_of(js)
+            if key is not None:
+                self.queue.add(key)
+        self.nodes.replace(nodes, nodes_rv)
+        listed = set()
+        for body in rtjs:
+            meta = body.get("metadata") or {}
+            listed.add((meta.get("namespace", ""), meta.get("name", "")))
+            self.on_rtj(None, body)
+        for key in [k for k in self.rtjs if k not in listed]:
+            self.on_rtj("DELETED", self.rtjs[key])
+        self.synced.set()
+
+    # --- loops -----------------------------------------------------------------------------
+
+    async def _worker(self) -> None:
+        await self.synced.wait()
+        while True:
+            key = await self.queue.get()
+            try:
+                again = await self.reconcile(key)
+                self.queue.forget_failures(key)
+                if again is not None:
+                    self.queue.add_after(key, again)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                delay = self.queue.add_rate_limited(key)
+                log.exception("%s/%s: reconcile failed; retrying in %.1fs", *key, delay)
+            finally:
+                self.queue.done(key)
+
+    async def _resync(self) -> None:
+        """List everything again: heals missed watch events; first soon after startup."""
+        while not self.synced.is_set():
+            try:
+                await self.sync()
+            except KubeError as exc:
+                log.warning("initial listing failed (%s); retrying", exc)
+                await asyncio.sleep(2.0)
+        delay = min(self.settings.resync_seconds, STARTUP_RESYNC_SECONDS)
+        while True:
+            await asyncio.sleep(delay)
+            delay = self.settings.resync_seconds
+            try:
+                await self.sync()
+            except KubeError as exc:
+                log.warning("resync listing failed: %s", exc)
+            for key in list(self.rtjs):
+                self.queue.add(key)
+
+    async def _refresh_checkpoints(self) -> None:
+        """Periodically read s3:// stores of running jobs: checkpoint age and metrics."""
+        while True:
+            await asyncio.sleep(self.settings.checkpoint_refresh_seconds)
+            jobs = []
+            for key, raw in list(self.rtjs.items()):
+                try:
+                    rtj = ResilientTrainingJob.from_object(raw)
+                except ValidationError:
+                    continue
+                active = rtj.status.phase in (Phase.RUNNING, Phase.ADMITTED)
+                if active and selection.operator_reads_store(rtj.spec.checkpoint.uri):
+                    jobs.append((key, rtj))
+
+            async def refresh(key: Key, rtj: ResilientTrainingJob) -> None:
+                self.store_readings[key] = await self.read_store(rtj)
+                self.queue.add(key)
+
+            await asyncio.gather(*(refresh(k, r) for k, r in jobs), return_exceptions=True)
+
+    def start(self) -> None:
+        """Start the workers and loops on the running event loop."""
+        if self._tasks:
+            return
+        for i in range(self.settings.workers):
+            self._tasks.append(asyncio.create_task(self._worker(), name=f"rtj-worker-{i}"))
+        self._tasks.append(asyncio.create_task(self._resync(), name="rtj-resync"))
+        if self.settings.checkpoint_refresh_seconds > 0:
+            self._tasks.append(
+                asyncio.create_task(self._refresh_checkpoints(), name="rtj-checkpoints")
+            )
+
+    async def stop(self) -> None:
+        if self._posting:  # let decided Events go out
+            await asyncio.wait(list(self._posting), timeout=5)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        self.executor.shutdown(wait=False, cancel_futures=True)

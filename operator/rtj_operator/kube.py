@@ -1,0 +1,457 @@
+"""The Kubernetes adapter: the only module that calls the API server. Typed errors.
+
+Every call is blocking (the official client); the controller runs them in worker threads.
+Errors come out as `KubeError` subclasses (`NotFound`, `Conflict`, `AlreadyExists`,
+`Invalid`, `Forbidden`, `Unavailable`) so callers branch on meaning, not on status codes.
+Responses are read as plain JSON (`_preload_content=False`), never as generated models.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Any
+from urllib.parse import quote
+
+from rtj_operator.api import keys
+
+FIELD_MANAGER = "rtj-operator"
+COMPONENT = "rtj-operator"
+MERGE_PATCH = "application/merge-patch+json"
+_JOBSET_GROUP, _JOBSET_VERSION = keys.JOBSET_API_VERSION.split("/")
+_JOBSET_PLURAL = "jobsets"
+_RETRIES = 5
+
+
+class KubeError(Exception):
+    """An API call failed; `status` is the HTTP status (None: no answer)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class NotFound(KubeError):
+    pass
+
+
+class Conflict(KubeError):
+    """A precondition (resourceVersion) failed: re-read and decide again."""
+
+
+class AlreadyExists(KubeError):
+    pass
+
+
+class Invalid(KubeError):
+    """422: the object was rejected (validation, CEL rules, webhooks)."""
+
+
+class Forbidden(KubeError):
+    pass
+
+
+class Unavailable(KubeError):
+    """No answer, a timeout or a 5xx/429: retry later."""
+
+
+def _translate(exc: object, what: str) -> KubeError:
+    status = getattr(exc, "status", None)
+    body = getattr(exc, "body", None)
+    reason = ""
+    message = str(exc)
+    if isinstance(body, (str, bytes)) and body:
+        try:
+            parsed = json.loads(body)
+            message = parsed.get("message", message)
+            reason = parsed.get("reason", "")
+        except ValueError:
+            pass
+    text = f"{what}: {message}"
+    if status == 404:
+        return NotFound(text, status)
+    if status == 409:
+        return AlreadyExists(text, status) if reason == "AlreadyExists" else Conflict(text, status)
+    if status == 422:
+        return Invalid(text, status)
+    if status in (401, 403):
+        return Forbidden(text, status)
+    if not status or status == 429 or status >= 500:
+        return Unavailable(text, status)
+    return KubeError(text, status)
+
+
+def _json(response: Any) -> dict[str, Any]:
+    data = response.data if hasattr(response, "data") else response
+    if isinstance(data, (bytes, str)):
+        parsed = json.loads(data) if data else {}
+        return parsed if isinstance(parsed, dict) else {}
+    return data if isinstance(data, dict) else {}
+
+
+def now_rfc3339() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def load_config(kubeconfig: str | None = None, context: str | None = None) -> None:
+    """In-cluster service account, else the kubeconfig (KUBECONFIG or the given path)."""
+    from kubernetes import config
+
+    if kubeconfig is None:
+        try:
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
+            return
+        except config.ConfigException:
+            pass
+    config.load_kube_config(config_file=kubeconfig, context=context)  # type: ignore[no-untyped-call]
+
+
+def _path(*parts: str) -> str:
+    return "/" + "/".join(quote(p, safe="") for p in parts)
+
+
+_RTJ = ("apis", keys.GROUP, keys.VERSION)
+_JOBSETS = ("apis", _JOBSET_GROUP, _JOBSET_VERSION)
+_LEASES = ("apis", "coordination.k8s.io", "v1")
+
+
+class Kube:
+    """Typed calls the operator makes. Thread-safe (urllib3 pools); one per process.
+
+    Requests go through the official client's transport (authentication, TLS, pools) but
+    bodies are plain JSON both ways: no generated models, no per-call model validation.
+    """
+
+    def __init__(
+        self, api_client: Any = None, *, pool_size: int = 32, timeout: float = 30.0
+    ) -> None:
+        from kubernetes import client
+
+        if api_client is None:
+            configuration = client.Configuration.get_default_copy()
+            configuration.connection_pool_maxsize = pool_size
+            api_client = client.ApiClient(configuration)
+        self.api_client = api_client
+        self.timeout = timeout
+
+    def request(
+        self,
+        what: str,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        query: Mapping[str, Any] | None = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        """One API call; the answer as a dict. Raises a KubeError subclass on failure."""
+        from urllib3.exceptions import HTTPError
+
+        params = [(k, v) for k, v in (query or {}).items() if v is not None]
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        try:
+            method_, url, headers_, body_, post = self.api_client.param_serialize(
+                method=method,
+                resource_path=path,
+                query_params=params or None,
+                header_params=headers,
+                body=body,
+                auth_settings=["BearerToken"],
+            )
+            response = self.api_client.call_api(
+                method_,
+                url,
+                header_params=headers_,
+                body=body_,
+                post_params=post,
+                _request_timeout=self.timeout,
+            )
+            data = response.read()
+        except (HTTPError, OSError) as exc:
+            raise Unavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
+        except Exception as exc:
+            if getattr(exc, "status", None) is not None:
+                raise _translate(exc, what) from exc
+            raise
+        if not 200 <= response.status <= 299:
+            fake = _Answer(response.status, data)
+            raise _translate(fake, what)
+        return _json(data)
+
+    # --- lists for the watch caches --------------------------------------------------------
+
+    def list_kind(
+        self,
+        kind: str,
+        namespace: str | None,
+        trim: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        page: int = 250,
+    ) -> tuple[list[dict[str, Any]], int | None]:
+        """One paged LIST of what the operator caches: `pods` and `jobsets` labelled for a
+        job, all `nodes`, all `rtjs`. Items are trimmed page by page (bounded memory);
+        returns them and the list's resourceVersion."""
+        scope = ("namespaces", namespace) if namespace else ()
+        selector: str | None = keys.JOB_LABEL
+        if kind == "pods":
+            path = _path("api", "v1", *scope, "pods")
+        elif kind == "jobsets":
+            path = _path(*_JOBSETS, *scope, _JOBSET_PLURAL)
+        elif kind == "nodes":
+            path, selector = _path("api", "v1", "nodes"), None
+        elif kind == "rtjs":
+            path, selector = _path(*_RTJ, *scope, keys.PLURAL), None
+        else:
+            raise ValueError(f"unknown kind {kind!r}")
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        rv: str | None = None
+        while True:
+            query = {"labelSelector": selector, "limit": page, "continue": token}
+            answer = self.request(f"list {kind}", "GET", path, query=query)
+            meta = answer.get("metadata") or {}
+            rv = rv or meta.get("resourceVersion")
+            found = answer.get("items") or []
+            items += [trim(item) for item in found] if trim is not None else found
+            token = meta.get("continue")
+            if not token:
+                break
+        return items, int(rv) if isinstance(rv, str) and rv.isdigit() else None
+
+    # --- ResilientTrainingJobs -------------------------------------------------------------
+
+    def get_rtj(self, namespace: str, name: str) -> dict[str, Any]:
+        path = _path(*_RTJ, "namespaces", namespace, keys.PLURAL, name)
+        return self.request(f"get rtj {namespace}/{name}", "GET", path)
+
+    def list_rtjs(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        scope = ("namespaces", namespace) if namespace else ()
+        path = _path(*_RTJ, *scope, keys.PLURAL)
+        return list(self.request("list rtjs", "GET", path).get("items", []))
+
+    def create_rtj(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        path = _path(*_RTJ, "namespaces", namespace, keys.PLURAL)
+        return self.request(f"create rtj in {namespace}", "POST", path, dict(body))
+
+    def delete_rtj(self, namespace: str, name: str) -> None:
+        path = _path(*_RTJ, "namespaces", namespace, keys.PLURAL, name)
+        self.request(f"delete rtj {namespace}/{name}", "DELETE", path)
+
+    def patch_rtj_status(
+        self, namespace: str, name: str, status: Mapping[str, Any], resource_version: str | None
+    ) -> dict[str, Any]:
+        """Write `status` through the status subresource (merge patch).
+
+        With `resource_version` the patch is conditional: a stale decision gets `Conflict`.
+        """
+        body: dict[str, Any] = {"status": dict(status)}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        path = _path(*_RTJ, "namespaces", namespace, keys.PLURAL, name, "status")
+        return self.request(
+            f"patch status of rtj {namespace}/{name}",
+            "PATCH",
+            path,
+            body,
+            query={"fieldManager": FIELD_MANAGER},
+            content_type=MERGE_PATCH,
+        )
+
+    # --- JobSets ---------------------------------------------------------------------------
+
+    def create_jobset(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        name = body.get("metadata", {}).get("name", "?")
+        path = _path(*_JOBSETS, "namespaces", namespace, _JOBSET_PLURAL)
+        return self.request(
+            f"create jobset {namespace}/{name}",
+            "POST",
+            path,
+            dict(body),
+            query={"fieldManager": FIELD_MANAGER},
+        )
+
+    def delete_jobset(self, namespace: str, name: str) -> bool:
+        """Foreground deletion: the JobSet goes only after its Jobs and pods. False: absent."""
+        path = _path(*_JOBSETS, "namespaces", namespace, _JOBSET_PLURAL, name)
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Foreground"}
+        try:
+            self.request(f"delete jobset {namespace}/{name}", "DELETE", path, body)
+        except NotFound:
+            return False
+        return True
+
+    def list_jobsets(self, namespace: str, selector: str | None = None) -> list[dict[str, Any]]:
+        path = _path(*_JOBSETS, "namespaces", namespace, _JOBSET_PLURAL)
+        answer = self.request(
+            f"list jobsets in {namespace}", "GET", path, query={"labelSelector": selector}
+        )
+        return list(answer.get("items", []))
+
+    # --- pods ------------------------------------------------------------------------------
+
+    def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> bool:
+        path = _path("api", "v1", "namespaces", namespace, "pods", name)
+        try:
+            self.request(
+                f"delete pod {namespace}/{name}",
+                "DELETE",
+                path,
+                query={"gracePeriodSeconds": grace_seconds},
+            )
+        except NotFound:
+            return False
+        return True
+
+    def list_pods(self, namespace: str, selector: str | None = None) -> list[dict[str, Any]]:
+        path = _path("api", "v1", "namespaces", namespace, "pods")
+        answer = self.request(
+            f"list pods in {namespace}", "GET", path, query={"labelSelector": selector}
+        )
+        return list(answer.get("items", []))
+
+    def patch_pod_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        """Write a pod's status as the kubelet would (tests and benchmarks)."""
+        path = _path("api", "v1", "namespaces", namespace, "pods", name, "status")
+        self.request(
+            f"patch status of pod {namespace}/{name}",
+            "PATCH",
+            path,
+            {"status": dict(status)},
+            content_type=MERGE_PATCH,
+        )
+
+    # --- nodes -----------------------------------------------------------------------------
+
+    def get_node(self, name: str) -> dict[str, Any]:
+        return self.request(f"get node {name}", "GET", _path("api", "v1", "nodes", name))
+
+    def edit_taints(
+        self, node: str, edit: Callable[[Sequence[Mapping[str, Any]]], list[dict[str, Any]] | None]
+    ) -> bool:
+        """Read-modify-write the node's taints under its resourceVersion; False: no change.
+
+        `edit` returns the new list or None when nothing needs to change. A node that does
+        not exist is left alone (False): there is nothing to quarantine.
+        """
+        for _ in range(_RETRIES):
+            try:
+                current = self.get_node(node)
+            except NotFound:
+                return False
+            taints = (current.get("spec") or {}).get("taints") or []
+            new = edit(taints)
+            if new is None:
+                return False
+            body = {
+                "metadata": {"resourceVersion": current["metadata"]["resourceVersion"]},
+                "spec": {"taints": new},
+            }
+            try:
+                self.request(
+                    f"patch taints of node {node}",
+                    "PATCH",
+                    _path("api", "v1", "nodes", node),
+                    body,
+                    query={"fieldManager": FIELD_MANAGER},
+                    content_type=MERGE_PATCH,
+                )
+                return True
+            except Conflict:
+                continue
+            except NotFound:
+                return False
+        raise Conflict(f"node {node} kept changing during {_RETRIES} taint updates", 409)
+
+    # --- secrets ---------------------------------------------------------------------------
+
+    def secret_data(self, namespace: str, name: str) -> dict[str, str]:
+        raw = self.request(
+            f"get secret {namespace}/{name}",
+            "GET",
+            _path("api", "v1", "namespaces", namespace, "secrets", name),
+        )
+        data = raw.get("data") or {}
+        return {k: base64.b64decode(v).decode("utf-8", "replace") for k, v in data.items()}
+
+    # --- events ----------------------------------------------------------------------------
+
+    def post_event(
+        self,
+        involved: Mapping[str, Any],
+        type_: str,
+        reason: str,
+        message: str,
+        *,
+        instance: str = "",
+    ) -> None:
+        """A core/v1 Event about `involved` (apiVersion, kind, name, namespace, uid)."""
+        namespace = involved.get("namespace") or "default"
+        stamp = now_rfc3339()
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{involved.get('name', 'rtj')}.", "namespace": namespace},
+            "involvedObject": dict(involved),
+            "type": type_,
+            "reason": reason,
+            "message": message,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": instance or COMPONENT,
+        }
+        path = _path("api", "v1", "namespaces", namespace, "events")
+        self.request(f"post event {reason} on {involved.get('name')}", "POST", path, body)
+
+    def list_events(
+        self, namespace: str | None, field_selector: str | None = None
+    ) -> list[dict[str, Any]]:
+        scope = ("namespaces", namespace) if namespace else ()
+        path = _path("api", "v1", *scope, "events")
+        answer = self.request(
+            f"list events in {namespace}", "GET", path, query={"fieldSelector": field_selector}
+        )
+        return list(answer.get("items", []))
+
+    # --- leases (leader election) ----------------------------------------------------------
+
+    def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self.request(
+                f"get lease {namespace}/{name}",
+                "GET",
+                _path(*_LEASES, "namespaces", namespace, "leases", name),
+            )
+        except NotFound:
+            return None
+
+    def create_lease(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        return self.request(
+            f"create lease in {namespace}",
+            "POST",
+            _path(*_LEASES, "namespaces", namespace, "leases"),
+            dict(body),
+        )
+
+    def replace_lease(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Conditional on body.metadata.resourceVersion (Conflict when someone else wrote)."""
+        return self.request(
+            f"update lease {namespace}/{name}",
+            "PUT",
+            _path(*_LEASES, "namespaces", namespace, "leases", name),
+            dict(body),
+        )
+
+
+class _Answer:
+    """A non-2xx answer shaped like ApiException for `_translate`."""
+
+    def __init__(self, status: int, body: bytes | str | None) -> None:
+        self.status = status
+        self.body = body
+
+    def __str__(self) -> str:
+        return f"HTTP {self.status}"

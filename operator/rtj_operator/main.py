@@ -1,0 +1,162 @@
+"""`rtj run` / `python -m rtj_operator`: run the operator.
+
+    rtj run [--kubeconfig PATH] [--namespace NS ...] [--metrics-port 8080]
+            [--leader-elect/--no-leader-elect] [--lease-namespace NS] [--lease-name NAME]
+
+Order: load credentials, serve /metrics, wait to lead (a standby replica waits here),
+then run kopf with the controller. Losing the Lease stops the process (exit 1) so the
+Deployment restarts it as a standby: a deposed leader never keeps writing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Sequence
+
+EXIT_OK, EXIT_LOST_LEASE, EXIT_USAGE = 0, 1, 2
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rtj run", description="Run the Resilient Training Operator.")
+    p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG") or None)
+    p.add_argument("--context", default=None)
+    p.add_argument(
+        "--namespace", "-n", action="append", default=[], help="watch only these (default: all)"
+    )
+    p.add_argument("--metrics-port", type=int, default=8080, help="0 disables /metrics")
+    p.add_argument("--metrics-addr", default="0.0.0.0")  # noqa: S104
+    p.add_argument(
+        "--liveness", default=None, help="kopf liveness URL, e.g. http://0.0.0.0:8081/healthz"
+    )
+    p.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", "default"))
+    p.add_argument("--lease-name", default="rtj-operator")
+    p.add_argument("--lease-duration", type=float, default=15.0)
+    p.add_argument("--renew-deadline", type=float, default=10.0)
+    p.add_argument("--retry-period", type=float, default=2.0)
+    p.add_argument(
+        "--identity", default=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+    )
+    p.add_argument("--workers", type=int, default=16)
+    p.add_argument("--api-threads", type=int, default=32)
+    p.add_argument("--resync-seconds", type=float, default=300.0)
+    p.add_argument("--checkpoint-refresh-seconds", type=float, default=60.0)
+    p.add_argument("--watch-server-timeout", type=int, default=300)
+    p.add_argument("--watch-client-timeout", type=float, default=330.0)
+    p.add_argument("--watch-inactivity-timeout", type=float, default=70.0)
+    p.add_argument("--log-level", default=os.environ.get("RTJ_LOG_LEVEL", "INFO"))
+    return p
+
+
+async def run(args: argparse.Namespace) -> int:
+    import kopf
+
+    from rtj_operator import handlers
+    from rtj_operator.controller import Controller, Settings
+    from rtj_operator.kube import Kube, load_config
+    from rtj_operator.leader import LeaderElector
+    from rtj_operator.metrics import Metrics
+
+    log = logging.getLogger("rtj_operator")
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's login reads the same file
+    load_config(args.kubeconfig, args.context)
+    kube = Kube(pool_size=max(args.api_threads * 2, 10))
+    metrics = Metrics()
+    if args.metrics_port:
+        metrics.serve(args.metrics_port, args.metrics_addr)
+        log.info("serving /metrics on %s:%d", args.metrics_addr, args.metrics_port)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+    elector: LeaderElector | None = None
+    if args.leader_elect:
+        elector = LeaderElector(
+            kube, args.lease_namespace, args.lease_name, args.identity,
+            duration=args.lease_duration, renew_deadline=args.renew_deadline,
+            retry=args.retry_period,
+        )  # fmt: skip
+        log.info("waiting to lead (lease %s/%s) as %s", args.lease_namespace, args.lease_name,
+                 args.identity)  # fmt: skip
+        if not await elector.acquire(stop):
+            return EXIT_OK
+
+    controller = Controller(
+        kube,
+        metrics,
+        Settings(
+            workers=args.workers,
+            api_threads=args.api_threads,
+            resync_seconds=args.resync_seconds,
+            checkpoint_refresh_seconds=args.checkpoint_refresh_seconds,
+            identity=args.identity,
+        ),
+        namespaces=args.namespace or None,
+    )
+    settings = handlers.make_settings(
+        handlers.WatchOptions(
+            server_timeout=args.watch_server_timeout,
+            client_timeout=args.watch_client_timeout,
+            inactivity_timeout=args.watch_inactivity_timeout,
+        )
+    )
+    handlers.quiet_kopf_loggers()
+
+    lost = asyncio.Event()
+    holder: asyncio.Task[bool] | None = None
+    if elector is not None:
+
+        async def keep_lease() -> bool:
+            held = await elector.hold(stop)
+            if not held:
+                lost.set()
+                stop.set()
+            return held
+
+        holder = asyncio.create_task(keep_lease(), name="rtj-lease")
+    try:
+        await kopf.operator(
+            registry=handlers.registry,
+            settings=settings,
+            standalone=True,
+            clusterwide=not args.namespace,
+            namespaces=args.namespace,
+            memo=kopf.Memo(controller=controller),
+            stop_flag=stop,
+            liveness_endpoint=args.liveness,
+        )
+    finally:
+        stop.set()
+        await controller.stop()
+        if holder is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await holder
+        if elector is not None and not lost.is_set():
+            await asyncio.to_thread(elector.release)
+    return EXIT_LOST_LEASE if lost.is_set() else EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["run"]:  # `python -m rtj_operator run ...` reads like `rtj run ...`
+        argv = argv[1:]
+    args = parser().parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    return asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,237 @@
+"""Prometheus metrics: definitions, `record_*` helpers, and per-job gauges read from status.
+
+Per-job gauges (checkpoint age, planned interval, last verified step, quarantined nodes)
+and `rtj_jobs{phase}` are not set imperatively: a collector renders them at scrape time
+from the latest status of every job the operator knows, so a deleted job's series vanish
+with it and nothing is ever stale. Counters and histograms are recorded when a decision
+has been applied (after its status patch succeeded), so a conflict or a crash before the
+patch never counts a restart twice in one process.
+
+The registry is injectable: tests build `Metrics(CollectorRegistry())` and read samples.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from rtj_operator.api.reasons import FailureClass, Phase
+from rtj_operator.api.resource import ResilientTrainingJob
+
+JOB_LABELS = ("namespace", "name")
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """What the per-job gauges show, read from one job's spec and status."""
+
+    phase: Phase
+    planned_interval_seconds: float
+    last_success_timestamp: float | None
+    last_verified_step: int | None
+    quarantined_nodes: int
+    max_restarts: int
+    infrastructure_restarts: int
+
+
+def job_facts(rtj: ResilientTrainingJob) -> JobFacts:
+    status = rtj.status
+    ckpt = status.last_verified_checkpoint
+    return JobFacts(
+        phase=status.phase,
+        planned_interval_seconds=float(rtj.spec.checkpoint.planned_interval_seconds),
+        last_success_timestamp=ckpt.committed_at.timestamp() if ckpt is not None else None,
+        last_verified_step=ckpt.step if ckpt is not None else None,
+        quarantined_nodes=len(status.quarantined_nodes),
+        max_restarts=rtj.spec.failure_policy.max_restarts,
+        infrastructure_restarts=status.restarts.infrastructure,
+    )
+
+
+class _JobsCollector(Collector):
+    def __init__(self, facts: dict[tuple[str, str], JobFacts], lock: threading.Lock) -> None:
+        self._facts = facts
+        self._lock = lock
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            items = sorted(self._facts.items())
+        last = GaugeMetricFamily(
+            "rtj_checkpoint_last_success_timestamp_seconds",
+            "When the newest verified checkpoint was published (Unix time).",
+            labels=JOB_LABELS,
+        )
+        planned = GaugeMetricFamily(
+            "rtj_checkpoint_planned_interval_seconds",
+            "Planned seconds between checkpoints (spec.checkpoint.plannedIntervalSeconds).",
+            labels=JOB_LABELS,
+        )
+        step = GaugeMetricFamily(
+            "rtj_checkpoint_last_verified_step",
+            "Step of the newest verified checkpoint.",
+            labels=JOB_LABELS,
+        )
+        quarantined = GaugeMetricFamily(
+            "rtj_quarantined_nodes", "Nodes this job has quarantined (tainted).", labels=JOB_LABELS
+        )
+        jobs = GaugeMetricFamily("rtj_jobs", "ResilientTrainingJobs by phase.", labels=("phase",))
+        job_phase = GaugeMetricFamily(
+            "rtj_job_phase",
+            "1 for the job's current phase, 0 for the others (kube-state-metrics style).",
+            labels=(*JOB_LABELS, "phase"),
+        )
+        budget_max = GaugeMetricFamily(
+            "rtj_restart_budget_max",
+            "Whole-group restarts allowed for infrastructure failures (maxRestarts).",
+            labels=JOB_LABELS,
+        )
+        budget_left = GaugeMetricFamily(
+            "rtj_restart_budget_remaining",
+            "Infrastructure restarts left before the job fails.",
+            labels=JOB_LABELS,
+        )
+        by_phase = {phase: 0 for phase in Phase}
+        for (namespace, name), facts in items:
+            labels = [namespace, name]
+            by_phase[facts.phase] += 1
+            for phase in Phase:
+                job_phase.add_metric([*labels, phase.value], float(phase is facts.phase))
+            budget_max.add_metric(labels, facts.max_restarts)
+            budget_left.add_metric(
+                labels, max(0, facts.max_restarts - facts.infrastructure_restarts)
+            )
+            planned.add_metric(labels, facts.planned_interval_seconds)
+            quarantined.add_metric(labels, facts.quarantined_nodes)
+            if facts.last_success_timestamp is not None:
+                last.add_metric(labels, facts.last_success_timestamp)
+            if facts.last_verified_step is not None:
+                step.add_metric(labels, facts.last_verified_step)
+        for phase, count in by_phase.items():
+            jobs.add_metric([phase.value], count)
+        yield from (last, planned, step, quarantined, jobs, job_phase, budget_max, budget_left)
+
+
+class Metrics:
+    """Every metric the operator exports, on one registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._facts: dict[tuple[str, str], JobFacts] = {}
+        self._lock = threading.Lock()
+        self._classes: dict[tuple[str, str], set[str]] = {}
+        r = self.registry
+        self.restarts = Counter(
+            "rtj_restarts",
+            "Whole-group restarts, by failure class.",
+            [*JOB_LABELS, "class"],
+            registry=r,
+        )
+        self.failures = Counter(
+            "rtj_failures",
+            "Classified attempt failures, by failure class.",
+            [*JOB_LABELS, "class"],
+            registry=r,
+        )
+        self.lost_steps = Counter(
+            "rtj_lost_steps",
+            "Published steps passed over when resuming (newest verified step known at the "
+            "failure minus the step resumed from).",
+            JOB_LABELS,
+            registry=r,
+        )
+        self.detection = Histogram(
+            "rtj_detection_seconds",
+            "From the first failed rank's termination to the classified attempt record.",
+            ("class",),
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.recovery = Histogram(
+            "rtj_recovery_seconds",
+            "From the first failed rank's termination to the next attempt's JobSet created.",
+            ("class",),
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.reconciles = Counter(
+            "rtj_reconciles",
+            "Reconciles by result (ok, conflict, error).",
+            ("result",),
+            registry=r,
+        )
+        self.reconcile_seconds = Histogram(
+            "rtj_reconcile_seconds",
+            "Duration of one reconcile (observe, plan, apply).",
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
+        r.register(_JobsCollector(self._facts, self._lock))
+
+    # --- per-job gauges ------------------------------------------------------------------
+
+    def observe_job(self, rtj: ResilientTrainingJob) -> None:
+        with self._lock:
+            self._facts[(rtj.metadata.namespace, rtj.metadata.name)] = job_facts(rtj)
+
+    def forget_job(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._facts.pop((namespace, name), None)
+            classes = self._classes.pop((namespace, name), set())
+        for cls in classes:
+            for counter in (self.restarts, self.failures):
+                with contextlib.suppress(KeyError):
+                    counter.remove(namespace, name, cls)
+        with contextlib.suppress(KeyError):
+            self.lost_steps.remove(namespace, name)
+
+    # --- decisions -----------------------------------------------------------------------
+
+    def _seen(self, namespace: str, name: str, cls: FailureClass) -> None:
+        with self._lock:
+            self._classes.setdefault((namespace, name), set()).add(cls.value)
+
+    def record_failure(self, namespace: str, name: str, cls: FailureClass) -> None:
+        self._seen(namespace, name, cls)
+        self.failures.labels(namespace, name, cls.value).inc()
+
+    def record_restart(self, namespace: str, name: str, cls: FailureClass) -> None:
+        self._seen(namespace, name, cls)
+        self.restarts.labels(namespace, name, cls.value).inc()
+
+    def record_detection(self, cls: FailureClass, seconds: float) -> None:
+        self.detection.labels(cls.value).observe(max(seconds, 0.0))
+
+    def record_recovery(self, cls: FailureClass, seconds: float) -> None:
+        self.recovery.labels(cls.value).observe(max(seconds, 0.0))
+
+    def record_lost_steps(self, namespace: str, name: str, steps: int) -> None:
+        if steps > 0:
+            self.lost_steps.labels(namespace, name).inc(steps)
+
+    def record_reconcile(self, result: str, seconds: float) -> None:
+        self.reconciles.labels(result).inc()
+        self.reconcile_seconds.observe(seconds)
+
+    # --- serving -------------------------------------------------------------------------
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> Any:  # noqa: S104 (a pod's metrics port)
+        """Serve `/metrics` from a background thread; returns (server, thread)."""
+        return start_http_server(port, addr=addr, registry=self.registry)
+
+
+def sample(registry: CollectorRegistry, name: str, labels: dict[str, str] | None = None) -> float:
+    """One sample's value (0.0 when absent): a helper for tests and benchmarks."""
+    value = registry.get_sample_value(name, labels or {})
+    return float(value) if value is not None else 0.0
+
+
+def names(registry: CollectorRegistry) -> Iterable[str]:
+    return [m.name for m in registry.collect()]

@@ -1,0 +1,194 @@
+"""Which checkpoint step the next attempt resumes from: a pure choice and a thin reader.
+
+Two roads, by the checkpoint root's scheme:
+
+- ``s3://``: the operator reads the store itself with ``rtj_shim`` (shallow verification:
+  COMMITTED matches the manifest, every file present with its size) and pins the newest
+  verified step that is not marked bad. The init container re-verifies it deeply.
+- ``file://``: the root lives on a volume only the pods mount, so the operator pins
+  nothing; the init container picks the newest step that verifies, and the operator reads
+  its answer back from the init container's termination message (`parse_init_result`).
+
+A store that cannot be read is :class:`CheckpointUnreadable`, never "no checkpoint": the
+caller blocks the restart rather than start from scratch.
+
+The pure part (`plan_candidates`, `choose`, `parse_init_result`, `pin_for`) works over
+plain listings and verdicts; `read_store` is the only function here that does I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+S3_SCHEME = "s3://"
+FILE_SCHEME = "file://"
+
+
+class CheckpointUnreadable(Exception):
+    """The checkpoint store could not be read (credentials, network, permissions)."""
+
+
+@dataclass(frozen=True)
+class StepVerdict:
+    """One published step as shallow verification judged it."""
+
+    step: int
+    valid: bool
+    reason: str
+    committed_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The newest usable step (None: the store holds none) and every step passed over."""
+
+    step: int | None
+    uri: str | None
+    committed_at: datetime | None
+    skipped: tuple[tuple[int, str], ...] = ()
+
+    def summary(self) -> str:
+        chosen = f"step {self.step}" if self.step is not None else "no verified step"
+        if not self.skipped:
+            return chosen
+        passed = "; ".join(f"{step}: {why}" for step, why in self.skipped[:5])
+        more = f" (+{len(self.skipped) - 5} more)" if len(self.skipped) > 5 else ""
+        return f"{chosen}; skipped {passed}{more}"
+
+
+def operator_reads_store(uri: str) -> bool:
+    """Only object stores are read by the operator; file:// roots live inside the cluster."""
+    return uri.startswith(S3_SCHEME)
+
+
+def plan_candidates(published: Iterable[int], bad_steps: Iterable[int]) -> list[int]:
+    """Published steps newest first, without those an init container already rejected."""
+    return sorted(set(published) - set(bad_steps), reverse=True)
+
+
+def choose(
+    candidates: Iterable[int],
+    verify: Callable[[int], StepVerdict],
+    bad_steps: Iterable[int] = (),
+    step_uri: Callable[[int], str] = str,
+) -> Selection:
+    """Verify candidates newest first; the first that verifies wins (lazy: stops there)."""
+    skipped = [(step, "marked bad by an earlier attempt's init container") for step in bad_steps]
+    for step in candidates:
+        verdict = verify(step)
+        if verdict.valid:
+            skipped.sort(reverse=True)
+            newer = tuple(s for s in skipped if s[0] > step)
+            return Selection(step, step_uri(step), verdict.committed_at, newer)
+        skipped.append((step, verdict.reason))
+    skipped.sort(reverse=True)
+    return Selection(None, None, None, tuple(skipped))
+
+
+def pin_for(uri: str, selection: Selection | None, decided: int | None) -> int | None:
+    """The step to pin into the next attempt's JobSet.
+
+    For s3:// the fresh reading wins over what `decide` proposed from status (a step seen
+    earlier may have been rejected since); file:// roots are never pinned by the operator,
+    so their init container always takes the newest step that verifies deeply.
+    """
+    if not operator_reads_store(uri):
+        return None
+    return selection.step if selection is not None else decided
+
+
+@dataclass(frozen=True)
+class InitResult:
+    """What the resume init container (`rtj-shim resolve --termination-log`) reported."""
+
+    step: int | None
+    uri: str | None
+    error: str | None = None
+
+
+def parse_init_result(message: str) -> InitResult | None:
+    """The init container's termination message; None when it is not rtj-shim's JSON."""
+    try:
+        body = json.loads(message)
+    except (ValueError, TypeError):
+        return None
+    if not isinstance(body, dict):
+        return None
+    if "error" in body:
+        return InitResult(None, None, str(body["error"]))
+    step = body.get("step")
+    uri = body.get("uri")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+        return None
+    return InitResult(step, uri if isinstance(uri, str) else None)
+
+
+# --- the only I/O in this module -------------------------------------------------------------
+
+
+def read_store(
+    uri: str, bad_steps: Iterable[int] = (), credentials: Mapping[str, str] | None = None
+) -> Selection:
+    """Read the checkpoint root and choose (shallow verification). Blocking: run in a thread.
+
+    `credentials` are the keys of the job's `checkpoint.credentialsSecret` (the same
+    AWS_* variables the pods get); without them the operator's own environment is used.
+    Raises CheckpointUnreadable when the store cannot be read; a root that does not exist
+    yet is an ordinary "no checkpoint" (a fresh run).
+    """
+    from rtj_shim.errors import ShimError, StoreError
+    from rtj_shim.layout import step_key
+    from rtj_shim.verification import Depth
+    from rtj_shim.verifier import verify_step
+
+    bad = sorted(set(bad_steps), reverse=True)
+    try:
+        try:
+            store = _open(uri, credentials)
+        except (ShimError, StoreError):
+            raise
+        except Exception as exc:  # botocore rejecting the endpoint or the region
+            raise CheckpointUnreadable(f"cannot open {uri}: {type(exc).__name__}: {exc}") from exc
+        if not store.root_exists():
+            return Selection(None, None, None)
+        published = [d.name.step for d in store.list_step_dirs() if not d.name.in_progress]
+
+        def verify(step: int) -> StepVerdict:
+            verdict = verify_step(store, step, Depth.SHALLOW)
+            created = verdict.manifest.created_at if verdict.manifest is not None else None
+            if created is not None and created.tzinfo is None:
+                created = created.replace(tzinfo=timezone.utc)
+            return StepVerdict(step, verdict.valid, verdict.reason, created)
+
+        listed = [s for s in bad if s in set(published)]
+        return choose(
+            plan_candidates(published, bad), verify, listed, lambda s: store.key_uri(step_key(s))
+        )
+    except StoreError as exc:
+        raise CheckpointUnreadable(str(exc)) from exc
+    except ShimError as exc:  # a usage error (malformed URI) is just as blocking
+        raise CheckpointUnreadable(str(exc)) from exc
+
+
+def _open(uri: str, credentials: Mapping[str, str] | None) -> Any:
+    from rtj_shim.storage import open_store
+
+    if not credentials or not operator_reads_store(uri):
+        return open_store(uri)
+    import boto3
+
+    from rtj_shim.storage.s3 import S3Store, client_config
+
+    session = boto3.session.Session(
+        aws_access_key_id=credentials.get("AWS_ACCESS_KEY_ID"),
+        aws_secret_access_key=credentials.get("AWS_SECRET_ACCESS_KEY"),
+        aws_session_token=credentials.get("AWS_SESSION_TOKEN"),
+        region_name=credentials.get("AWS_REGION") or credentials.get("AWS_DEFAULT_REGION"),
+    )
+    endpoint = credentials.get("AWS_ENDPOINT_URL_S3") or credentials.get("AWS_ENDPOINT_URL")
+    client = session.client("s3", endpoint_url=endpoint or None, config=client_config())
+    return S3Store.from_uri(uri, client=client)

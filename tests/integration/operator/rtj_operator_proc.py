@@ -1,0 +1,248 @@
+"""The operator as a real process against the harness's API server, and helpers the
+operator tests share (a uniquely named module: tests/ has no packages)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from rtj_operator.api import keys
+from rtj_operator.kube import Kube, NotFound
+
+REPO = Path(__file__).resolve().parents[3]
+CRD = REPO / "crds" / "resilienttrainingjobs.yaml"
+T = TypeVar("T")
+Obj = dict[str, Any]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 60.0, every: float = 0.1) -> T:
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = fn()
+            if value:
+                return value
+        except NotFound as exc:
+            last = exc
+        time.sleep(every)
+    raise TimeoutError(
+        f"timed out after {timeout:.0f}s waiting for {what}" + (f" ({last})" if last else "")
+    )
+
+
+def client(kubeconfig: str) -> Kube:
+    from kubernetes import config
+
+    return Kube(config.new_client_from_config(config_file=kubeconfig))
+
+
+def install_crd(kube: Kube) -> None:
+    """Create or replace the generated CRD and wait until it is Established."""
+    body = yaml.safe_load(CRD.read_text(encoding="utf-8"))
+    path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    try:
+        kube.request("create crd", "POST", path, body)
+    except Exception:
+        current = kube.request("get crd", "GET", f"{path}/{keys.CRD_NAME}")
+        body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+        kube.request("replace crd", "PUT", f"{path}/{keys.CRD_NAME}", body)
+
+    def established() -> bool:
+        crd = kube.request("get crd", "GET", f"{path}/{keys.CRD_NAME}")
+        conds = (crd.get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conds)
+
+    wait_for("the CRD to be Established", established, 30)
+    time.sleep(0.5)  # discovery picks the new resource up
+
+
+def rtj_body(name: str, namespace: str, uri: str, *, replicas: int = 2, **spec: Any) -> Obj:
+    body: Obj = {
+        "apiVersion": keys.API_VERSION,
+        "kind": keys.KIND,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "replicas": replicas,
+            "queueName": "team-a",
+            "template": {
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "trainer",
+                            "image": "registry.example/trainer:dev",
+                            "command": ["torchrun", "train.py"],
+                            "resources": {
+                                "requests": {"nvidia.com/gpu": "8", "cpu": "1", "memory": "1Gi"},
+                                "limits": {"nvidia.com/gpu": "8"},
+                            },
+                        }
+                    ]
+                }
+            },
+            "checkpoint": {"uri": uri, "emergencySaveSeconds": 0},
+            "failurePolicy": {"backoff": {"initialSeconds": 1, "maxSeconds": 5}},
+        },
+    }
+    body["spec"].update(spec)
+    return body
+
+
+class OperatorProcess:
+    """`python -m rtj_operator run` on the harness's kubeconfig, logging to a file."""
+
+    def __init__(
+        self,
+        kubeconfig: str,
+        namespace: str,
+        log_dir: Path,
+        *,
+        lease_name: str,
+        extra: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.kubeconfig = kubeconfig
+        self.namespace = namespace
+        self.log_dir = log_dir
+        self.lease_name = lease_name
+        self.extra = extra
+        self.env = env
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+        self.log_path = log_dir / "operator-0.log"
+
+    def start(self, wait_leading: bool = True) -> OperatorProcess:
+        self.port = free_port()
+        self.starts += 1
+        self.log_path = self.log_dir / f"operator-{self.lease_name}-{self.starts}.log"
+        args = [
+            sys.executable, "-m", "rtj_operator", "run",
+            "--kubeconfig", self.kubeconfig,
+            "--namespace", self.namespace,
+            "--metrics-port", str(self.port), "--metrics-addr", "127.0.0.1",
+            "--lease-namespace", self.namespace, "--lease-name", self.lease_name,
+            "--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "1",
+            "--identity", f"{self.lease_name}-{id(self) % 100000}-{self.starts}",
+            "--checkpoint-refresh-seconds", "2",
+            *self.extra,
+        ]  # fmt: skip
+        env = {**os.environ, **(self.env or {}), "PYTHONUNBUFFERED": "1"}
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO
+            )
+        wait_for("the operator's /metrics", self._metrics_up, 30)
+        if wait_leading:
+            wait_for("the operator to lead", lambda: "leading as" in self.log(), 30)
+        return self
+
+    def _metrics_up(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RuntimeError(f"operator exited {self.proc.returncode}:\n{self.log()[-3000:]}")
+        try:
+            self.metrics()
+            return True
+        except OSError:
+            return False
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
+            return str(r.read().decode())
+
+    def metric(self, metric_name: str, /, **labels: str) -> float:
+        want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        for line in self.metrics().splitlines():
+            if line.startswith("#"):
+                continue
+            head, _, value = line.rpartition(" ")
+            metric, _, rest = head.partition("{")
+            got = ",".join(sorted(rest.rstrip("}").split(","))) if rest else ""
+            if metric == metric_name and got == want:
+                return float(value)
+        return 0.0
+
+    def log(self) -> str:
+        return (
+            self.log_path.read_text(encoding="utf-8", errors="replace")
+            if self.log_path.exists()
+            else ""
+        )
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no lease release (a crash)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        return self.proc.returncode
+
+
+# --- reading the cluster ---------------------------------------------------------------------
+
+
+def rtj_status(kube: Kube, namespace: str, name: str) -> Obj:
+    return kube.get_rtj(namespace, name).get("status") or {}
+
+
+def jobsets_of(kube: Kube, namespace: str, name: str) -> list[Obj]:
+    return kube.list_jobsets(namespace, f"{keys.JOB_LABEL}={name}")
+
+
+def pods_of(kube: Kube, namespace: str, name: str) -> list[Obj]:
+    return kube.list_pods(namespace, f"{keys.JOB_LABEL}={name}")
+
+
+def events_of(kube: Kube, namespace: str, name: str) -> list[Obj]:
+    selector = f"involvedObject.kind={keys.KIND},involvedObject.name={name}"
+    return kube.list_events(namespace, selector)
+
+
+def running_pods(
+    kube: Kube, namespace: str, name: str, attempt: int, replicas: int
+) -> list[Obj] | None:
+    pods = [
+        p for p in pods_of(kube, namespace, name)
+        if p["metadata"]["labels"].get(keys.ATTEMPT_LABEL) == str(attempt)
+        and (p.get("status") or {}).get("phase") == "Running"
+        and not p["metadata"].get("deletionTimestamp")
+    ]  # fmt: skip
+    return pods if len(pods) == replicas else None
+
+
+def publish_steps(uri: str, steps: list[int], tmp: Path, run_id: str) -> None:
+    """Publish real checkpoint steps through the shim's protocol (the trainer's side)."""
+    from rtj_shim.protocol import CommitProtocol
+    from rtj_shim.storage import open_store
+
+    for step in steps:
+        src = tmp / f"ckpt-src-{step}"
+        src.mkdir(parents=True, exist_ok=True)
+        (src / "model.pt").write_bytes(os.urandom(1024) + step.to_bytes(8, "big"))
+        CommitProtocol(open_store(uri), run_id=run_id, attempt="1").publish_directory(step, src)

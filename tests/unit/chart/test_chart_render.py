@@ -1,0 +1,305 @@
+"""The Helm chart without a cluster: lint, template with default and representative values,
+the values schema's refusals, restricted pod security, least-privilege RBAC, the CRD copy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from rtj_chart import (
+    CHART,
+    CHART_CRD,
+    CRD_SOURCE,
+    KUBE_VERSION,
+    MONITORING,
+    helm,
+    one,
+    render,
+    set_args,
+    template_args,
+)
+
+pytestmark = pytest.mark.timeout(300)
+
+REPRESENTATIVE: dict[str, Any] = {
+    "image": {"repository": "registry.example/ml/rtj-operator", "tag": "1.2.3",
+              "digest": "sha256:" + "a" * 64, "pullPolicy": "Always"},
+    "imagePullSecrets": [{"name": "regcred"}],
+    "replicaCount": 3,
+    "leaderElection": {"enabled": True, "leaseName": "rtj-leader", "leaseDurationSeconds": 30,
+                       "renewDeadlineSeconds": 20, "retryPeriodSeconds": 4},
+    "operator": {"logLevel": "DEBUG", "workers": 32, "watchNamespaces": ["team-a", "team-b"],
+                 "extraArgs": ["--watch-server-timeout=120"],
+                 "extraEnv": [{"name": "AWS_REGION", "value": "eu-west-1"}]},
+    "serviceAccount": {"create": True, "name": "rtj", "annotations": {"iam.example/role": "x"}},
+    "rbac": {"create": True, "readCheckpointSecrets": False,
+             "watchCustomResourceDefinitions": False},
+    "metrics": {"port": 9090, "service": {"enabled": True, "type": "ClusterIP", "port": 9090}},
+    "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "kps"}},
+    "prometheusRule": {"labels": {"release": "kps"}, "additionalAlertLabels": {"team": "ml"},
+                       "disabledAlerts": ["RTJRecoverySlow"],
+                       "checkpointStale": {"factor": 3, "for": "10m", "severity": "critical"}},
+    "dashboard": {"enabled": True, "namespace": "monitoring"},
+    "podDisruptionBudget": {"enabled": True, "maxUnavailable": 1},
+    "resources": {"requests": {"cpu": "250m", "memory": "512Mi"},
+                  "limits": {"cpu": 2, "memory": "2Gi"}},
+    "nodeSelector": {"node-role.kubernetes.io/control-plane": ""},
+    "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"}],
+    "priorityClassName": "system-cluster-critical",
+}  # fmt: skip
+
+
+def _values_file(tmp_path: Path, values: dict[str, Any]) -> str:
+    args = set_args(values, tmp_path)
+    return args[1]
+
+
+# --- lint and template ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values", [None, REPRESENTATIVE], ids=["default", "representative"])
+def test_helm_lint_is_clean(values: dict[str, Any] | None, tmp_path: Path) -> None:
+    args = ["lint", str(CHART), "--strict", "--kube-version", KUBE_VERSION]
+    if values:
+        args += ["-f", _values_file(tmp_path, values)]
+    out = helm(*args)
+    assert "0 chart(s) failed" in out.stdout
+    assert "[WARNING]" not in out.stdout and "[ERROR]" not in out.stdout, out.stdout
+
+
+def test_default_render_has_every_piece_and_nothing_for_missing_apis() -> None:
+    objs = render()
+    kinds = sorted(o["kind"] for o in objs)
+    assert kinds == sorted([
+        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+        "Deployment", "Service", "PodDisruptionBudget",
+    ])  # fmt: skip
+    # ServiceMonitor and PrometheusRule only where the cluster serves their kinds
+    with_monitoring = {o["kind"] for o in render(api_versions=MONITORING)}
+    assert {"ServiceMonitor", "PrometheusRule"} <= with_monitoring
+    only_rules = {o["kind"] for o in render(api_versions=(MONITORING[1],))}
+    assert "PrometheusRule" in only_rules and "ServiceMonitor" not in only_rules
+
+
+def test_every_object_has_the_standard_labels(tmp_path: Path) -> None:
+    for obj in render(REPRESENTATIVE, tmp_path, api_versions=MONITORING):
+        labels = obj["metadata"]["labels"]
+        for key in ("app.kubernetes.io/name", "app.kubernetes.io/instance",
+                    "app.kubernetes.io/version", "app.kubernetes.io/managed-by",
+                    "app.kubernetes.io/part-of", "helm.sh/chart"):  # fmt: skip
+            assert labels.get(key), f"{obj['kind']} {obj['metadata']['name']} lacks {key}"
+        assert labels["app.kubernetes.io/version"] == "1.2.3"
+
+
+def test_deployment_runs_restricted_with_requests_and_limits() -> None:
+    dep = one(render(), "Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    psc = pod["securityContext"]
+    assert psc["runAsNonRoot"] is True and psc["runAsUser"] != 0
+    assert psc["seccompProfile"] == {"type": "RuntimeDefault"}
+    (c,) = pod["containers"]
+    sc = c["securityContext"]
+    assert sc["runAsNonRoot"] is True
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["privileged"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert set(c["resources"]) == {"requests", "limits"}
+    assert {"cpu", "memory"} <= set(c["resources"]["requests"])
+    assert {"cpu", "memory"} <= set(c["resources"]["limits"])
+    assert pod["serviceAccountName"] == "rtj-resilient-training-operator"
+    assert c["image"] == "ghcr.io/resilient-training/rtj-operator:0.1.0"
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+
+
+def test_two_replicas_share_one_lease_that_the_role_names() -> None:
+    objs = render()
+    dep = one(objs, "Deployment")
+    assert dep["spec"]["replicas"] == 2
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    args = c["args"]
+    assert args[0] == "run" and c["command"] == ["rtj"]
+    assert "--leader-elect" in args
+    assert "--lease-name=rtj-resilient-training-operator" in args
+    assert "--lease-namespace=$(POD_NAMESPACE)" in args and "--identity=$(POD_NAME)" in args
+    env = {e["name"]: e for e in c["env"]}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    role = one(objs, "Role")
+    named = [r for r in role["rules"] if r.get("resourceNames")]
+    assert named == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                      "resourceNames": ["rtj-resilient-training-operator"],
+                      "verbs": ["get", "update"]}]  # fmt: skip
+    pdb = one(objs, "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+
+
+def test_representative_values_reach_the_objects(tmp_path: Path) -> None:
+    objs = render(REPRESENTATIVE, tmp_path, api_versions=MONITORING)
+    dep = one(objs, "Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert dep["spec"]["replicas"] == 3
+    assert c["image"] == "registry.example/ml/rtj-operator:1.2.3@sha256:" + "a" * 64
+    assert c["imagePullPolicy"] == "Always"
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert pod["serviceAccountName"] == "rtj"
+    assert pod["priorityClassName"] == "system-cluster-critical"
+    args = c["args"]
+    for want in ("--namespace=team-a", "--namespace=team-b", "--lease-name=rtj-leader",
+                 "--lease-duration=30", "--metrics-port=9090", "--log-level=DEBUG",
+                 "--watch-server-timeout=120"):  # fmt: skip
+        assert want in args
+    assert {"name": "AWS_REGION", "value": "eu-west-1"} in c["env"]
+    rules = one(objs, "ClusterRole")["rules"]
+    assert {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]} in rules
+    assert not any("secrets" in r["resources"] for r in rules)
+    assert not any("customresourcedefinitions" in r["resources"] for r in rules)
+    svc = one(objs, "Service")
+    assert svc["spec"]["ports"][0]["port"] == 9090
+    sm = one(objs, "ServiceMonitor")
+    assert sm["metadata"]["labels"]["release"] == "kps"
+    assert sm["spec"]["endpoints"][0]["honorLabels"] is True
+    assert sm["spec"]["endpoints"][0]["interval"] == "15s"
+    pr = one(objs, "PrometheusRule")
+    alerts = {r["alert"]: r for r in pr["spec"]["groups"][0]["rules"]}
+    assert "RTJRecoverySlow" not in alerts and len(alerts) == 4
+    assert alerts["RTJCheckpointStale"]["labels"] == {"severity": "critical", "team": "ml"}
+    assert "> 3 * max by" in alerts["RTJCheckpointStale"]["expr"]
+    cm = one(objs, "ConfigMap")
+    assert cm["metadata"]["namespace"] == "monitoring"
+
+
+# --- least privilege ----------------------------------------------------------------------------
+
+# The contract with operator/rtj_operator/kube.py and kopf's watches; a change here is a
+# change of the operator's privileges and must be deliberate.
+EXPECTED_CLUSTER_RULES = {
+    ("training.resilient.dev", "resilienttrainingjobs"): {"get", "list", "watch"},
+    ("training.resilient.dev", "resilienttrainingjobs/status"): {"get", "patch", "update"},
+    ("training.resilient.dev", "resilienttrainingjobs/finalizers"): {"update"},
+    ("jobset.x-k8s.io", "jobsets"): {"get", "list", "watch", "create", "update", "patch",
+                                     "delete"},
+    ("", "pods"): {"get", "list", "watch", "delete"},
+    ("", "nodes"): {"get", "list", "watch", "patch"},
+    ("", "events"): {"list", "create"},
+    ("", "secrets"): {"get"},
+    ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+}  # fmt: skip
+
+
+def _grants(rules: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
+    out: dict[tuple[str, str], set[str]] = {}
+    for rule in rules:
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"]
+        assert "*" not in rule.get("apiGroups", []), rule
+        assert not rule.get("nonResourceURLs"), rule
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                out.setdefault((group, resource), set()).update(rule["verbs"])
+    return out
+
+
+def test_cluster_role_is_exactly_the_least_privilege_contract() -> None:
+    objs = render()
+    assert _grants(one(objs, "ClusterRole")["rules"]) == EXPECTED_CLUSTER_RULES
+    role = one(objs, "Role")
+    assert _grants(role["rules"]) == {
+        ("coordination.k8s.io", "leases"): {"create", "get", "update"}
+    }
+    assert role["metadata"]["namespace"] == "rtj-system"
+    for kind in ("ClusterRoleBinding", "RoleBinding"):
+        (subject,) = one(objs, kind)["subjects"]
+        assert subject == {"kind": "ServiceAccount", "name": "rtj-resilient-training-operator",
+                           "namespace": "rtj-system"}  # fmt: skip
+
+
+def test_no_kopf_peering_rights_and_no_escalation_verbs() -> None:
+    text = json.dumps([o for o in render() if o["kind"] in ("ClusterRole", "Role")])
+    for word in ("kopfpeerings", "clusterkopfpeerings", "escalate", "bind", "impersonate",
+                 "serviceaccounts/token", "deletecollection"):  # fmt: skip
+        assert word not in text
+
+
+def test_rbac_can_be_left_to_the_platform_team(tmp_path: Path) -> None:
+    objs = render(
+        {"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "existing"}},
+        tmp_path,
+    )
+    assert not {o["kind"] for o in objs} & {"ClusterRole", "ClusterRoleBinding", "Role",
+                                           "RoleBinding", "ServiceAccount"}  # fmt: skip
+    pod = one(objs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "existing"
+
+
+# --- the values schema ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"replicaCount": 2, "leaderElection": {"enabled": False}},
+         "at '/leaderElection/enabled': value must be true"),
+        ({"replicaCount": -1}, "at '/replicaCount': minimum: got -1, want 0"),
+        ({"replicaCount": "two"}, "at '/replicaCount': got string, want integer"),
+        ({"image": {"pullPolicy": "Sometimes"}}, "at '/image/pullPolicy': value must be one of"),
+        ({"image": {"digest": "latest"}}, "at '/image/digest': 'latest' does not match pattern"),
+        ({"securityContext": {"allowPrivilegeEscalation": True}},
+         "at '/securityContext/allowPrivilegeEscalation': value must be false"),
+        ({"securityContext": {"privileged": True}}, "at '/securityContext/privileged'"),
+        ({"podSecurityContext": {"runAsNonRoot": False}},
+         "at '/podSecurityContext/runAsNonRoot': value must be true"),
+        ({"podSecurityContext": {"runAsUser": 0}},
+         "at '/podSecurityContext/runAsUser': minimum: got 0, want 1"),
+        ({"resources": {"limits": None}}, "at '/resources': missing property 'limits'"),
+        ({"resources": {"requests": {"cpu": "lots"}}}, "at '/resources/requests/cpu'"),
+        ({"metrics": {"port": 80}}, "at '/metrics/port': minimum: got 80, want 1,024"),
+        ({"prometheusRule": {"checkpointStale": {"factor": 1}}},
+         "at '/prometheusRule/checkpointStale/factor': exclusiveMinimum: got 1, want 1"),
+        ({"prometheusRule": {"checkpointStale": {"for": "5 minutes"}}},
+         "at '/prometheusRule/checkpointStale/for': '5 minutes' does not match pattern"),
+        ({"prometheusRule": {"disabledAlerts": ["RTJTypo"]}},
+         "at '/prometheusRule/disabledAlerts/0': value must be one of"),
+        ({"prometheusRule": {"runbookBaseUrl": "docs/operations.md"}},
+         "at '/prometheusRule/runbookBaseUrl'"),
+        ({"operator": {"watchNamespaces": ["Team_A"]}}, "at '/operator/watchNamespaces/0'"),
+        ({"podDisruptionBudget": {"maxUnavailable": 0}},
+         "at '/podDisruptionBudget/maxUnavailable'"),
+        ({"replicas": 2}, "additional properties 'replicas' not allowed"),
+    ],
+)  # fmt: skip
+def test_the_schema_refuses_bad_values_with_a_clear_message(
+    values: dict[str, Any], message: str, tmp_path: Path
+) -> None:
+    out = helm(*template_args(values, tmp_path), check=False)
+    assert out.returncode != 0, f"accepted {values}"
+    assert "values don't meet the specifications of the schema" in out.stderr
+    assert message in out.stderr, out.stderr
+
+
+def test_the_schema_is_valid_json_schema_and_covers_every_default() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text(encoding="utf-8"))
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))
+    assert schema["additionalProperties"] is False
+    assert set(defaults) <= set(schema["properties"])
+
+
+# --- the CRD ----------------------------------------------------------------------------------
+
+
+def test_the_charts_crd_is_byte_for_byte_the_generated_one() -> None:
+    assert CHART_CRD.read_bytes() == CRD_SOURCE.read_bytes(), (
+        f"{CHART_CRD.relative_to(CHART.parent.parent)} is stale: run `make chart-crds`"
+    )
+
+
+def test_the_crd_ships_with_the_chart_and_is_not_templated(tmp_path: Path) -> None:
+    crds = [o for o in render(include_crds=True) if o["kind"] == "CustomResourceDefinition"]
+    assert [c["metadata"]["name"] for c in crds] == ["resilienttrainingjobs.training.resilient.dev"]
+    assert crds[0] == yaml.safe_load(CRD_SOURCE.read_text(encoding="utf-8"))
+    assert not list((CHART / "templates").glob("*crd*"))

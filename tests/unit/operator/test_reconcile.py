@@ -1,0 +1,434 @@
+"""reconcile.plan: the operator's loop as a pure function of a snapshot."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+from rtj_test_support import NOW
+from rtj_world import (
+    apply_patch,
+    iso,
+    jobset,
+    node,
+    pod,
+    reading,
+    rtj_raw,
+    snapshot,
+    with_status,
+)
+
+from rtj_operator import reconcile as rc
+from rtj_operator.api import keys
+
+FILE_URI = {"checkpoint": {"uri": "file:///mnt/ckpt/llm"}}
+
+
+def kinds(plan: rc.Plan) -> list[str]:
+    return [type(a).__name__ for a in plan.actions]
+
+
+def of(plan: rc.Plan, kind: type) -> list[Any]:
+    return [a for a in plan.actions if isinstance(a, kind)]
+
+
+def status_of(plan: rc.Plan, raw: dict[str, Any]) -> dict[str, Any]:
+    return with_status(raw, plan)["status"]
+
+
+def condition(status: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    return next((c for c in status.get("conditions", []) if c["type"] == type_), None)
+
+
+def running(attempt: int = 1, **extra: Any) -> dict[str, Any]:
+    record = {
+        "attempt": attempt,
+        "jobSet": f"llm-a{attempt}",
+        "startedAt": iso(NOW - timedelta(hours=2)),
+        "resumedFromStep": 100,
+    }
+    return {"phase": "Running", "attempt": attempt, "attempts": [record], **extra}
+
+
+# --- starting ---------------------------------------------------------------------------------
+
+
+def test_first_attempt_reads_the_store_then_pins_its_newest_verified_step() -> None:
+    raw = rtj_raw()
+    first = rc.plan(snapshot(raw))
+    assert first.needs_store and not first.actions
+
+    plan = rc.plan(snapshot(raw, store=reading(1200)))
+    assert kinds(plan) == ["CreateJobSet", "PatchStatus", "PostEvent"]
+    body = of(plan, rc.CreateJobSet)[0].body
+    assert body["metadata"]["name"] == "llm-a1"
+    assert body["metadata"]["annotations"][keys.RESUME_STEP_ANNOTATION] == "1200"
+    status = status_of(plan, raw)
+    assert status["attempt"] == 1 and status["phase"] == "Pending"
+    assert status["attempts"][0]["resumedFromStep"] == 1200
+    assert status["lastVerifiedCheckpoint"]["step"] == 1200
+    assert of(plan, rc.PostEvent)[0].reason == "AttemptStarted"
+
+
+def test_a_stale_store_reading_is_read_again_before_starting() -> None:
+    old = reading(1200, at=NOW - timedelta(minutes=5))
+    assert rc.plan(snapshot(rtj_raw(), store=old)).needs_store
+
+
+def test_file_roots_are_never_pinned_by_the_operator() -> None:
+    plan = rc.plan(snapshot(rtj_raw(**FILE_URI)))
+    assert not plan.needs_store
+    body = of(plan, rc.CreateJobSet)[0].body
+    assert keys.RESUME_STEP_ANNOTATION not in body["metadata"]["annotations"]
+    init = body["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"][
+        "initContainers"
+    ][0]
+    assert "--step" not in init["command"]
+
+
+def test_an_unreadable_store_blocks_the_attempt_with_a_condition_not_a_fresh_start() -> None:
+    raw = rtj_raw()
+    plan = rc.plan(snapshot(raw, store=reading(None, error="access denied (403)")))
+    assert not of(plan, rc.CreateJobSet)
+    status = status_of(plan, raw)
+    cond = condition(status, "CheckpointUnreadable")
+    assert cond is not None and cond["status"] == "True" and "access denied" in cond["message"]
+    assert [e.reason for e in of(plan, rc.PostEvent)] == ["CheckpointStoreUnreadable"]
+    assert plan.requeue_after == rc.STORE_RETRY_SECONDS
+
+    again = rc.plan(
+        snapshot(with_status(raw, plan), store=reading(None, error="access denied (403)"))
+    )
+    assert not again.actions, "no second event, no status churn while it stays unreadable"
+
+    healed = rc.plan(snapshot(with_status(raw, plan), store=reading(1200)))
+    assert "CreateJobSet" in kinds(healed)
+    assert (
+        condition(status_of(healed, with_status(raw, plan)), "CheckpointUnreadable")["status"]
+        == "False"
+    )
+
+
+def test_a_jobset_created_before_a_crash_is_adopted_not_created_twice() -> None:
+    raw = rtj_raw()
+    plan = rc.plan(snapshot(raw, jobsets=[jobset(1, suspended=True, resume=1200)]))
+    assert "CreateJobSet" not in kinds(plan)
+    status = status_of(plan, raw)
+    assert status["attempt"] == 1 and status["attempts"][0]["resumedFromStep"] == 1200
+
+
+# --- watching an attempt ------------------------------------------------------------------------
+
+
+def test_admission_then_running_are_recorded_once() -> None:
+    raw = rtj_raw({"phase": "Pending", "attempt": 1, "attempts": running()["attempts"]})
+    pods = [pod(1, i) for i in range(4)]
+    plan = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=pods))
+    status = status_of(plan, raw)
+    assert status["phase"] == "Running"
+    assert condition(status, "Admitted")["status"] == "True"
+    assert condition(status, "Running")["status"] == "True"
+    again = rc.plan(snapshot(with_status(raw, plan), jobsets=[jobset(1)], pods=pods))
+    assert not again.status_patch
+
+
+def test_suspended_jobset_keeps_the_job_pending() -> None:
+    raw = rtj_raw({"phase": "Pending", "attempt": 1, "attempts": running()["attempts"]})
+    plan = rc.plan(snapshot(raw, jobsets=[jobset(1, suspended=True)]))
+    assert not plan.status_patch
+
+
+def test_gpu_fault_quarantines_then_restarts_converging_before_the_next_attempt() -> None:
+    raw = rtj_raw(running())
+    pods = [pod(1, i) for i in range(4)]
+    xid = "RuntimeError: CUDA error\nNVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus"
+    pods[2] = pod(1, 2, exit_code=1, message=xid)
+    snap = dict(jobsets=[jobset(1)], pods=pods)
+
+    quarantine = rc.plan(snapshot(raw, **snap))
+    assert kinds(quarantine)[:2] == ["TaintNode", "PatchStatus"], "taint before recording it"
+    taint = of(quarantine, rc.TaintNode)[0]
+    assert taint.node == "gpu-node-002"
+    assert dict(taint.taint) == {
+        "key": keys.DEFAULT_TAINT_KEY,
+        "value": "llm",
+        "effect": "NoSchedule",
+    }
+    assert quarantine.requeue_after == 0
+    raw = with_status(raw, quarantine)
+    assert [q["node"] for q in raw["status"]["quarantinedNodes"]] == ["gpu-node-002"]
+
+    restart = rc.plan(snapshot(raw, now=NOW + timedelta(seconds=1), **snap))
+    assert kinds(restart)[:2] == ["PatchStatus", "DeleteJobSet"], (
+        "record the failure, then tear down"
+    )
+    assert of(restart, rc.DeleteJobSet)[0].name == "llm-a1"
+    status = status_of(restart, raw)
+    assert status["phase"] == "Restarting"
+    assert status["restarts"]["infrastructure"] == 1
+    record = status["attempts"][0]
+    assert record["failureClass"] == "GPUFault" and record["failureCategory"] == "infrastructure"
+    assert record["firstFailed"]["pod"].startswith("llm-a1-worker-0-2")
+    assert record["detectionSeconds"] == 1.0
+    assert record["evidence"] and record["quarantinedNodes"] == ["gpu-node-002"]
+    event = next(e for e in of(restart, rc.PostEvent) if e.type == "Warning")
+    assert "GPUFault" in event.message and "evidence" in event.message
+    assert {m.kind for m in restart.metrics} == {"failure", "restart", "detection"}
+    raw = with_status(raw, restart)
+
+    # the old world is still there (being deleted): nothing new starts
+    later = NOW + timedelta(seconds=30)
+    deleting = [jobset(1, deleting=True)]
+    waiting = rc.plan(
+        snapshot(raw, jobsets=deleting, pods=pods, now=later, store=reading(1200, at=later))
+    )
+    assert "CreateJobSet" not in kinds(waiting) and "DeleteJobSet" not in kinds(waiting)
+    assert waiting.requeue_after == rc.CONVERGE_POLL_SECONDS
+    raw = with_status(raw, waiting) if waiting.status_patch else raw
+
+    # the world is gone and the backoff (10 s) elapsed: attempt 2, avoiding the bad node
+    start = rc.plan(snapshot(raw, now=later, store=reading(1200, at=later)))
+    assert kinds(start)[:2] == ["CreateJobSet", "PatchStatus"]
+    body = of(start, rc.CreateJobSet)[0].body
+    assert body["metadata"]["name"] == "llm-a2"
+    pod_spec = body["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    terms = pod_spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"][0]["matchFields"][0]["values"] == ["gpu-node-002"]
+    status = status_of(start, raw)
+    assert status["attempt"] == 2 and status["phase"] == "Pending"
+    assert status["attempts"][0]["recoverySeconds"] == 30.0
+    assert status["attempts"][1]["resumedFromStep"] == 1200
+    assert "recovery" in {m.kind for m in start.metrics}
+
+
+def test_backoff_is_waited_out_with_a_requeue_not_a_sleep() -> None:
+    until = NOW + timedelta(seconds=40)
+    raw = rtj_raw({**running(), "phase": "Restarting", "nextAttemptAt": iso(until)})
+    plan = rc.plan(snapshot(raw, store=reading(1200)))
+    assert "CreateJobSet" not in kinds(plan)
+    assert plan.requeue_after == 40.0
+    assert condition(status_of(plan, raw), "Restarting")["reason"] == "BackoffWaiting"
+
+
+def test_old_jobsets_and_orphan_pods_are_deleted_before_the_next_attempt() -> None:
+    raw = rtj_raw({**running(), "phase": "Restarting"})
+    orphan = pod(1, 3)
+    orphan["metadata"]["labels"][keys.JOBSET_NAME_LABEL] = "llm-a0"  # its JobSet is gone
+    plan = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=[pod(1, 0), orphan], store=reading(1)))
+    assert [a.name for a in of(plan, rc.DeleteJobSet)] == ["llm-a1"]
+    assert [a.name for a in of(plan, rc.DeletePod)] == [orphan["metadata"]["name"]]
+    assert "CreateJobSet" not in kinds(plan)
+
+
+def test_a_restart_is_counted_once_however_often_the_same_world_is_seen() -> None:
+    raw = rtj_raw(running())
+    pods = [pod(1, 0, exit_code=1, message="NCCL error: unhandled system error"), pod(1, 1)]
+    restart = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=pods))
+    patch = restart.status_patch
+    assert patch is not None and patch.resource_version == "10", "conditional on what was read"
+    raw = with_status(raw, restart)
+    for seconds in (1, 2, 3):
+        again = rc.plan(snapshot(raw, jobsets=[jobset(1, deleting=True)], pods=pods,
+                                 now=NOW + timedelta(seconds=seconds)))  # fmt: skip
+        status = status_of(again, raw) if again.status_patch else raw["status"]
+        assert status["restarts"]["infrastructure"] == 1
+        assert not [m for m in again.metrics if m.kind == "restart"]
+
+
+def test_user_errors_fail_fast_and_never_taint() -> None:
+    raw = rtj_raw(running())
+    pods = [
+        pod(1, 0, exit_code=1, message="Traceback (most recent call last):\nValueError: bad config")
+    ]
+    plan = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=pods))
+    assert not of(plan, rc.TaintNode) and not of(plan, rc.DeleteJobSet)
+    status = status_of(plan, raw)
+    assert status["phase"] == "Failed"
+    assert status["attempts"][0]["failureClass"] == "UserError"
+    assert condition(status, "Failed")["reason"] == "UserErrorBudgetExhausted"
+    assert not rc.plan(snapshot(with_status(raw, plan), jobsets=[jobset(1)], pods=pods)).actions
+
+
+def test_node_lost_quarantines_the_lost_node() -> None:
+    raw = rtj_raw(running())
+    pods = [pod(1, 0), pod(1, 1, exit_code=1, message="NCCL timeout")]
+    nodes = {
+        "gpu-node-000": node("gpu-node-000", ready=False),
+        "gpu-node-001": node("gpu-node-001"),
+    }
+    plan = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=pods, nodes=nodes))
+    assert [a.node for a in of(plan, rc.TaintNode)] == ["gpu-node-000"]
+
+
+def test_corrupt_pinned_step_is_marked_bad_and_restarts_at_once() -> None:
+    raw = rtj_raw(running())
+    init = {"exitCode": 1, "reason": "Error", "message": json.dumps({"step": None}),
+            "finishedAt": iso(NOW)}  # fmt: skip
+    failed = pod(1, 0, phase="Failed", init=init)
+    failed["status"]["containerStatuses"] = []
+    plan = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=[failed]))
+    status = status_of(plan, raw)
+    assert status["attempts"][0]["failureClass"] == "CheckpointCorrupt"
+    assert status["badSteps"] == [100]
+    assert status["nextAttemptAt"] == status["attempts"][0]["endedAt"]
+
+
+def test_file_root_init_container_reports_the_resumed_step() -> None:
+    raw = rtj_raw({**running(), "attempts": [{"attempt": 1, "jobSet": "llm-a1"}]}, **FILE_URI)
+    result = json.dumps({"step": 700, "uri": "file:///mnt/ckpt/llm/steps/step-000000000700",
+                         "verification": "deep", "skipped": []})  # fmt: skip
+    init = {"exitCode": 0, "reason": "Completed", "message": result, "finishedAt": iso(NOW)}
+    plan = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=[pod(1, 0, init=init)]))
+    status = status_of(plan, raw)
+    assert status["attempts"][0]["resumedFromStep"] == 700
+    assert status["lastVerifiedCheckpoint"]["step"] == 700
+
+
+def test_jobset_completion_succeeds_the_job() -> None:
+    raw = rtj_raw(running())
+    pods = [pod(1, i, exit_code=0, reason="Completed") for i in range(2)]
+    status = status_of(rc.plan(snapshot(raw, jobsets=[jobset(1, completed=True)], pods=pods)), raw)
+    assert status["phase"] == "Succeeded"
+    assert condition(status, "Succeeded")["status"] == "True"
+
+
+def test_a_jobset_deleted_behind_the_operators_back_is_a_failure_after_a_grace() -> None:
+    raw = rtj_raw(running())
+    plan = rc.plan(snapshot(raw))
+    status = status_of(plan, raw)
+    assert status["phase"] == "Restarting"
+    assert "no longer exists" in status["attempts"][0]["evidence"][0]
+    fresh = rtj_raw(
+        {**running(), "attempts": [{"attempt": 1, "jobSet": "llm-a1", "startedAt": iso(NOW)}]}
+    )
+    assert rc.plan(snapshot(fresh)).requeue_after == 1.0
+
+
+def test_stray_jobsets_of_earlier_attempts_are_deleted() -> None:
+    raw = rtj_raw(running(attempt=2))
+    plan = rc.plan(snapshot(raw, jobsets=[jobset(1), jobset(2)], pods=[pod(2, 0)]))
+    assert [a.name for a in of(plan, rc.DeleteJobSet)] == ["llm-a1"]
+
+
+# --- quarantine TTL ---------------------------------------------------------------------------
+
+
+def test_quarantine_ttl_lifts_the_taint_and_the_record() -> None:
+    q = {"node": "gpu-node-002", "failureClass": "GPUFault", "attempt": 1,
+         "since": iso(NOW - timedelta(hours=2))}  # fmt: skip
+    fresh = {**q, "node": "gpu-node-003", "since": iso(NOW - timedelta(minutes=30))}
+    raw = rtj_raw(
+        {**running(), "quarantinedNodes": [q, fresh]}, nodeHealth={"quarantineTtlSeconds": 3600}
+    )
+    plan = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=[pod(1, i) for i in range(4)]))
+    assert [a.node for a in of(plan, rc.UntaintNode)] == ["gpu-node-002"]
+    assert [q["node"] for q in status_of(plan, raw)["quarantinedNodes"]] == ["gpu-node-003"]
+    assert plan.requeue_after is not None and plan.requeue_after <= 1800
+    assert "QuarantineLifted" in [e.reason for e in of(plan, rc.PostEvent)]
+
+
+def test_without_a_ttl_quarantine_stays() -> None:
+    q = {"node": "gpu-node-002", "failureClass": "GPUFault", "attempt": 1,
+         "since": iso(NOW - timedelta(days=30))}  # fmt: skip
+    raw = rtj_raw({**running(), "quarantinedNodes": [q]})
+    plan = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=[pod(1, i) for i in range(4)]))
+    assert not of(plan, rc.UntaintNode)
+
+
+# --- checkpoint age -----------------------------------------------------------------------------
+
+
+def test_checkpoint_stale_condition_follows_the_newest_verified_step() -> None:
+    since = NOW - timedelta(hours=3)
+    conditions = [{"type": "Running", "status": "True", "reason": "AttemptRunning",
+                   "lastTransitionTime": iso(since)}]  # fmt: skip
+    old = {"step": 5, "uri": "s3://x", "committedAt": iso(NOW - timedelta(hours=2)),
+           "verifiedAt": iso(NOW)}  # fmt: skip
+    raw = rtj_raw({**running(), "conditions": conditions, "lastVerifiedCheckpoint": old})
+    pods = [pod(1, i) for i in range(4)]
+    plan = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=pods))
+    assert condition(status_of(plan, raw), "CheckpointStale")["status"] == "True"
+    # a newer verified step arrives through the periodic store reading
+    newer = rc.plan(
+        snapshot(with_status(raw, plan), jobsets=[jobset(1)], pods=pods, store=reading(9))
+    )
+    status = status_of(newer, with_status(raw, plan))
+    assert status["lastVerifiedCheckpoint"]["step"] == 9
+    assert condition(status, "CheckpointStale")["status"] == "False"
+
+
+# --- small pure pieces ------------------------------------------------------------------------
+
+
+def test_merge_patch_nulls_what_disappeared() -> None:
+    old = {"a": 1, "b": {"c": 2, "d": 3}, "e": [1]}
+    new = {"a": 1, "b": {"c": 2}, "e": [1, 2], "f": "x"}
+    patch = rc.merge_patch(old, new)
+    assert patch == {"b": {"d": None}, "e": [1, 2], "f": "x"}
+    assert apply_patch(old, patch) == new
+
+
+def test_taints_are_idempotent_and_only_ours_are_removed() -> None:
+    ours = {"key": keys.DEFAULT_TAINT_KEY, "value": "llm", "effect": "NoSchedule"}
+    other = {**ours, "value": "other-job"}
+    assert rc.add_taint([], ours) == [ours]
+    assert rc.add_taint([ours], ours) is None
+    assert rc.add_taint([other], ours) is None, "already quarantined by another job"
+    assert rc.remove_taint([other], ours) is None
+    assert rc.remove_taint([ours, {"key": "x", "effect": "NoExecute"}], ours) == [
+        {"key": "x", "effect": "NoExecute"}
+    ]
+
+
+def test_trimmed_bodies_keep_what_the_planner_reads() -> None:
+    body = pod(1, 0, exit_code=1, message="boom")
+    body["metadata"]["managedFields"] = [{"big": "x" * 1000}]
+    body["spec"]["containers"] = [{"name": "trainer"}]
+    trimmed = rc.trim_pod(body)
+    assert "managedFields" not in trimmed["metadata"] and "containers" not in trimmed["spec"]
+    assert trimmed["status"] == body["status"]
+    assert apply_patch({}, {}) == {}
+
+
+def test_lost_steps_count_verified_steps_passed_over_on_resume() -> None:
+    known = {"step": 1200, "uri": "s3://x", "committedAt": iso(NOW), "verifiedAt": iso(NOW)}
+    raw = rtj_raw({**running(), "phase": "Restarting", "badSteps": [1200],
+                   "lastVerifiedCheckpoint": known})  # fmt: skip
+    plan = rc.plan(snapshot(raw, store=reading(1000)))
+    status = status_of(plan, raw)
+    assert status["attempts"][-1]["resumedFromStep"] == 1000
+    assert status["attempts"][-1]["lostSteps"] == 200
+    assert [m.value for m in plan.metrics if m.kind == "lost_steps"] == [200.0]
+
+
+def test_the_store_is_read_again_after_a_failure_so_a_just_published_step_counts() -> None:
+    ended = NOW - timedelta(seconds=2)
+    record = {
+        "attempt": 1,
+        "jobSet": "llm-a1",
+        "endedAt": iso(ended),
+        "failureClass": "NetworkFault",
+    }
+    raw = rtj_raw({"phase": "Restarting", "attempt": 1, "attempts": [record]})
+    before = reading(100, at=ended - timedelta(seconds=1))
+    assert rc.plan(snapshot(raw, store=before)).needs_store
+    assert not rc.plan(snapshot(raw, store=reading(300, at=NOW))).needs_store
+
+
+def test_events_are_read_only_once_a_failure_is_seen() -> None:
+    raw = rtj_raw(running())
+    healthy = [pod(1, i) for i in range(4)]
+    snap = snapshot(raw, jobsets=[jobset(1)], pods=healthy)
+    assert not rc.plan(rc.replace(snap, events=None)).needs_events
+    failed = [pod(1, 0, exit_code=137, reason="Error"), *healthy[1:]]
+    snap = snapshot(raw, jobsets=[jobset(1)], pods=failed)
+    assert rc.plan(rc.replace(snap, events=None)).needs_events
+    evicted = {
+        "involvedObject": {"kind": "Pod", "name": failed[0]["metadata"]["name"]},
+        "reason": "Evicted",
+        "message": "low on memory",
+        "lastTimestamp": iso(NOW),
+    }
+    plan = rc.plan(rc.replace(snap, events=(evicted,)))
+    assert status_of(plan, raw)["attempts"][0]["failureClass"] == "Evicted"

@@ -1,0 +1,285 @@
+"""The controller's runtime pieces without a cluster: metrics, work queue, leases, wiring."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from rtj_test_support import NOW, make_job
+from rtj_world import jobset, pod, rtj_raw
+
+from rtj_operator import controller as ctl
+from rtj_operator.api import FailureClass, ResilientTrainingJob
+from rtj_operator.cache import WatchCache
+from rtj_operator.kube import Conflict
+from rtj_operator.leader import LeaseRecord, Move, lease_decision
+from rtj_operator.metrics import Metrics, sample
+from rtj_operator.selection import Selection
+
+# --- metrics -----------------------------------------------------------------------------------
+
+
+def test_metrics_have_the_documented_names_and_labels() -> None:
+    reg = CollectorRegistry()
+    m = Metrics(reg)
+    job = ResilientTrainingJob.from_object(
+        rtj_raw({"phase": "Running", "attempt": 1, "lastVerifiedCheckpoint": {
+            "step": 1200, "uri": "s3://x", "committedAt": "2025-03-14T11:00:00Z",
+            "verifiedAt": "2025-03-14T12:00:00Z"}})
+    )  # fmt: skip
+    m.observe_job(job)
+    m.record_failure("team-a", "llm", FailureClass.GPU_FAULT)
+    m.record_restart("team-a", "llm", FailureClass.GPU_FAULT)
+    m.record_detection(FailureClass.GPU_FAULT, 0.4)
+    m.record_recovery(FailureClass.GPU_FAULT, 12.0)
+    m.record_lost_steps("team-a", "llm", 500)
+    per_job = {"namespace": "team-a", "name": "llm"}
+    assert sample(reg, "rtj_checkpoint_last_verified_step", per_job) == 1200
+    assert (
+        sample(reg, "rtj_checkpoint_last_success_timestamp_seconds", per_job)
+        == (NOW - timedelta(hours=1)).timestamp()
+    )
+    assert sample(reg, "rtj_checkpoint_planned_interval_seconds", per_job) == 600
+    assert sample(reg, "rtj_quarantined_nodes", per_job) == 0
+    assert sample(reg, "rtj_jobs", {"phase": "Running"}) == 1
+    assert sample(reg, "rtj_jobs", {"phase": "Failed"}) == 0
+    assert sample(reg, "rtj_restarts_total", {**per_job, "class": "GPUFault"}) == 1
+    assert sample(reg, "rtj_failures_total", {**per_job, "class": "GPUFault"}) == 1
+    assert sample(reg, "rtj_lost_steps_total", per_job) == 500
+    assert sample(reg, "rtj_detection_seconds_count", {"class": "GPUFault"}) == 1
+    assert sample(reg, "rtj_recovery_seconds_sum", {"class": "GPUFault"}) == 12.0
+    text = generate_latest(reg).decode()
+    for name in ("rtj_detection_seconds_bucket", "rtj_recovery_seconds_bucket", "rtj_jobs{"):
+        assert name in text
+
+    m.forget_job("team-a", "llm")
+    assert sample(reg, "rtj_checkpoint_last_verified_step", per_job) == 0
+    assert sample(reg, "rtj_restarts_total", {**per_job, "class": "GPUFault"}) == 0
+    assert sample(reg, "rtj_jobs", {"phase": "Running"}) == 0
+
+
+# --- work queue --------------------------------------------------------------------------------
+
+
+def test_work_queue_coalesces_and_never_hands_out_a_key_twice_at_once() -> None:
+    async def scenario() -> None:
+        q = ctl.WorkQueue()
+        q.add(("a", "x"))
+        q.add(("a", "x"))
+        q.add(("a", "y"))
+        assert len(q) == 2
+        key = await q.get()
+        assert key == ("a", "x")
+        q.add(("a", "x"))  # while processing: re-queued only after done()
+        assert await q.get() == ("a", "y")
+        q.done(("a", "y"))
+        q.done(key)
+        assert await asyncio.wait_for(q.get(), 1) == ("a", "x")
+
+    asyncio.run(scenario())
+
+
+def test_work_queue_delays_keep_the_earliest_deadline() -> None:
+    async def scenario() -> None:
+        q = ctl.WorkQueue()
+        q.add_after(("a", "x"), 5.0)
+        q.add_after(("a", "x"), 0.05)
+        assert await asyncio.wait_for(q.get(), 1) == ("a", "x")
+        assert q.add_rate_limited(("a", "y")) == 0.1
+        assert q.add_rate_limited(("a", "y")) == 0.2
+        q.forget_failures(("a", "y"))
+        assert q.add_rate_limited(("a", "y")) == 0.1
+
+    asyncio.run(scenario())
+
+
+# --- leases ------------------------------------------------------------------------------------
+
+
+def test_lease_decision_trusts_only_the_local_clock() -> None:
+    other = LeaseRecord("b", 15, 0, "2020-01-01T00:00:00.000000Z", "7")
+    assert lease_decision(None, 0, 0, "a", 15) is Move.CREATE
+    assert lease_decision(LeaseRecord("a", 15, 0, "", "7"), 0, 100, "a", 15) is Move.RENEW
+    assert lease_decision(LeaseRecord("", 1, 0, "", "7"), 0, 0, "a", 15) is Move.TAKE
+    # an old renewTime means nothing: only how long *we* saw the record unchanged
+    assert lease_decision(other, observed_at=100, now=110, me="a", duration=15) is Move.FOLLOW
+    assert lease_decision(other, observed_at=100, now=116, me="a", duration=15) is Move.TAKE
+
+
+# --- helpers that route watch events -----------------------------------------------------------
+
+
+def test_routing_keys() -> None:
+    assert ctl.workload_jobset("jobset-llm-a3-1f2e3") == "llm-a3"
+    assert ctl.workload_jobset("job-x-1f2e3") is None
+    event = {
+        "involvedObject": {"kind": "Workload", "name": "jobset-llm-a3-1f2e3", "namespace": "ns"}
+    }
+    assert ctl.event_key(event) == ("ns", "Workload", "llm-a3")
+    assert ctl.event_key({"involvedObject": {"kind": "Node", "name": "n1"}}) == ("", "Node", "n1")
+    assert ctl.relevant_event({"reason": "Evicted"})
+    assert ctl.relevant_event({"reason": "X", "message": "Preempted to accommodate a workload"})
+    assert not ctl.relevant_event({"reason": "Pulled"})
+    assert ctl.newer_or_same(
+        {"metadata": {"resourceVersion": "10"}}, {"metadata": {"resourceVersion": "9"}}
+    )
+    assert not ctl.newer_or_same(
+        {"metadata": {"resourceVersion": "9"}}, {"metadata": {"resourceVersion": "10"}}
+    )
+
+
+# --- the controller against a fake API -----------------------------------------------------------
+
+
+class FakeKube:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.conflict = False
+
+    def create_jobset(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append(("create_jobset", body["metadata"]["name"]))
+        return body
+
+    def delete_jobset(self, namespace: str, name: str) -> bool:
+        self.calls.append(("delete_jobset", name))
+        return True
+
+    def delete_pod(self, namespace: str, name: str) -> bool:
+        self.calls.append(("delete_pod", name))
+        return True
+
+    def edit_taints(self, node: str, edit: Any) -> bool:
+        self.calls.append(("taint", node, edit([])))
+        return True
+
+    def patch_rtj_status(
+        self, namespace: str, name: str, patch: dict[str, Any], rv: str
+    ) -> dict[str, Any]:
+        self.calls.append(("patch_status", rv))
+        if self.conflict:
+            raise Conflict("stale", 409)
+        body = rtj_raw(rv=int(rv) + 1)
+        body["status"] = patch
+        return body
+
+    def post_event(
+        self, involved: dict[str, Any], type_: str, reason: str, message: str, **_: Any
+    ) -> None:
+        self.calls.append(("event", reason))
+
+    def list_events(self, namespace: str | None, selector: str) -> list[dict[str, Any]]:
+        self.calls.append(("list_events", selector))
+        if selector.endswith("=Pod"):
+            return [{"involvedObject": {"kind": "Pod", "name": "llm-a1-worker-0-0-abcde",
+                                        "namespace": "team-a"}, "reason": "Evicted",
+                     "message": "The node was low on resource: memory."}]  # fmt: skip
+        return []
+
+    def secret_data(self, namespace: str, name: str) -> dict[str, str]:
+        return {"AWS_ACCESS_KEY_ID": "x"}
+
+
+def _controller(kube: FakeKube, registry: CollectorRegistry) -> ctl.Controller:
+    def reader(uri: str, bad: Any, credentials: Any) -> Selection:
+        return Selection(1200, f"{uri}/steps/step-000000001200", NOW)
+
+    c = ctl.Controller(kube, Metrics(registry), ctl.Settings(workers=1), clock=lambda: NOW,  # type: ignore[arg-type]
+                       store_reader=reader)  # fmt: skip
+    return c
+
+
+def test_controller_starts_an_attempt_and_remembers_its_own_status_write() -> None:
+    async def scenario() -> None:
+        kube, reg = FakeKube(), CollectorRegistry()
+        c = _controller(kube, reg)
+        c.on_rtj(None, rtj_raw())
+        again = await c.reconcile(("team-a", "llm"))
+        assert again is None
+        await asyncio.gather(*c._posting)  # Events go out in the background
+        assert [x[0] for x in kube.calls] == ["create_jobset", "patch_status", "event"]
+        assert c.rtjs[("team-a", "llm")]["metadata"]["resourceVersion"] == "11"
+        assert c.store_readings[("team-a", "llm")].selection.step == 1200  # type: ignore[union-attr]
+        c.on_rtj(None, rtj_raw(rv=10))  # an older event arriving late changes nothing
+        assert c.rtjs[("team-a", "llm")]["metadata"]["resourceVersion"] == "11"
+        assert sample(reg, "rtj_reconciles_total", {"result": "ok"}) == 1
+        c.executor.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_controller_retries_quickly_on_a_stale_decision() -> None:
+    async def scenario() -> None:
+        kube, reg = FakeKube(), CollectorRegistry()
+        kube.conflict = True
+        c = _controller(kube, reg)
+        status = {
+            "phase": "Running",
+            "attempt": 1,
+            "attempts": [{"attempt": 1, "jobSet": "llm-a1"}],
+        }
+        c.on_rtj(None, rtj_raw(status))
+        c.on_jobset(None, jobset(1))
+        c.on_pod(None, pod(1, 0, exit_code=1, message="NCCL timeout"))
+        assert await c.reconcile(("team-a", "llm")) == ctl.CONFLICT_RETRY_SECONDS
+        calls = [x[0] for x in kube.calls]
+        assert calls == ["list_events"] * 3 + ["patch_status"], "nothing deleted after a refusal"
+        assert sample(reg, "rtj_restarts_total", {"namespace": "team-a", "name": "llm",
+                                                  "class": "NetworkFault"}) == 0  # fmt: skip
+        c.executor.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_deleted_pods_are_remembered_for_classification() -> None:
+    kube, reg = FakeKube(), CollectorRegistry()
+    c = _controller(kube, reg)
+    c.on_rtj(None, rtj_raw({"phase": "Running", "attempt": 1}))
+    c.on_pod("DELETED", pod(1, 0, deleting=True))
+    snap = c.snapshot(("team-a", "llm"))
+    assert snap is not None and len(snap.gone_pods) == 1
+    assert make_job().metadata.name == "llm"
+    c.executor.shutdown()
+
+
+# --- watch caches --------------------------------------------------------------------------------
+
+
+def _obj(uid: str, rv: int, **labels: str) -> dict[str, Any]:
+    return {"metadata": {"uid": uid, "name": uid, "resourceVersion": str(rv), "labels": labels}}
+
+
+def test_watch_cache_moves_only_forward_and_remembers_deletions() -> None:
+    cache = WatchCache(lambda b: [b["metadata"]["labels"].get("job")])
+    assert cache.upsert(_obj("a", 5, job="x"))
+    assert not cache.upsert(_obj("a", 4, job="y")), "an older event is ignored"
+    assert [o["metadata"]["resourceVersion"] for o in cache.get("x")] == ["5"]
+    cache.upsert(_obj("a", 6, job="y"))
+    assert cache.get("x") == [] and len(cache.get("y")) == 1, "secondary keys follow the object"
+    cache.apply("DELETED", _obj("a", 7, job="y"))
+    assert not cache.get("y")
+    assert not cache.upsert(_obj("a", 6, job="y")), "a late LIST cannot resurrect it"
+
+
+def test_watch_cache_list_drops_what_the_watch_missed_but_keeps_newer_objects() -> None:
+    cache = WatchCache(lambda b: ["all"])
+    cache.upsert(_obj("gone", 3))
+    cache.upsert(_obj("fresh", 12))
+    cache.upsert(_obj("kept", 4))
+    removed = cache.replace([_obj("kept", 4), _obj("new", 9)], list_rv=10)
+    assert [o["metadata"]["uid"] for o in removed] == ["gone"]
+    assert sorted(o["metadata"]["uid"] for o in cache.get("all")) == ["fresh", "kept", "new"]
+
+
+def test_node_changes_enqueue_the_jobs_with_pods_there() -> None:
+    async def scenario() -> None:
+        c = _controller(FakeKube(), CollectorRegistry())
+        c.on_pod(None, pod(1, 0, node="n1"))
+        await c.queue.get()
+        c.queue.done(("team-a", "llm"))
+        c.on_node("MODIFIED", {"metadata": {"name": "n1", "resourceVersion": "3"}})
+        assert await asyncio.wait_for(c.queue.get(), 1) == ("team-a", "llm")
+        c.executor.shutdown()
+
+    asyncio.run(scenario())
