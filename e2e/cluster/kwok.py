@@ -27,93 +27,78 @@ NODE_PREFIX = "gpu-node-"
 _NOT_IGNORED = {"key": f'.metadata.annotations["{IGNORE_ANNOTATION}"]', "operator": "DoesNotExist"}
 
 
-def _node_initialize() -> dict[str, Any]:
+_READY = '.status.conditions.[] | select( .type == "Ready" ) | .status'
+
+
+def _stage(
+    name: str,
+    kind: str,
+    match: list[dict[str, Any]],
+    next_: dict[str, Any],
+    delay: dict[str, int] | None = None,
+) -> dict[str, Any]:
+    """One KWOK Stage: what it selects (``match``) and what it does next."""
+    spec: dict[str, Any] = {
+        "resourceRef": {"apiGroup": "v1", "kind": kind},
+        "selector": {"matchExpressions": match},
+    }
+    if delay is not None:
+        spec["delay"] = delay
+    spec["next"] = next_
     return {
         "apiVersion": "kwok.x-k8s.io/v1alpha1",
         "kind": "Stage",
-        "metadata": {"name": "node-initialize"},
-        "spec": {
-            "resourceRef": {"apiGroup": "v1", "kind": "Node"},
-            "selector": {
-                "matchExpressions": [
-                    _NOT_IGNORED,
-                    {
-                        "key": '.status.conditions.[] | select( .type == "Ready" ) | .status',
-                        "operator": "NotIn",
-                        "values": ["True"],
-                    },
-                ]
-            },
-            "next": {"statusTemplate": _NODE_STATUS_TEMPLATE},
-        },
+        "metadata": {"name": name},
+        "spec": spec,
     }
+
+
+def _node_initialize() -> dict[str, Any]:
+    return _stage(
+        "node-initialize",
+        "Node",
+        [_NOT_IGNORED, {"key": _READY, "operator": "NotIn", "values": ["True"]}],
+        {"statusTemplate": _NODE_STATUS_TEMPLATE},
+    )
 
 
 def _node_heartbeat() -> dict[str, Any]:
-    return {
-        "apiVersion": "kwok.x-k8s.io/v1alpha1",
-        "kind": "Stage",
-        "metadata": {"name": "node-heartbeat-with-lease"},
-        "spec": {
-            "resourceRef": {"apiGroup": "v1", "kind": "Node"},
-            "selector": {
-                "matchExpressions": [
-                    _NOT_IGNORED,
-                    {"key": ".status.phase", "operator": "In", "values": ["Running"]},
-                    {
-                        "key": '.status.conditions.[] | select( .type == "Ready" ) | .status',
-                        "operator": "In",
-                        "values": ["True"],
-                    },
-                ]
-            },
-            # the kubelet posts an unchanged status every 5 minutes when it also renews a lease
-            "delay": {"durationMilliseconds": 300000, "jitterDurationMilliseconds": 310000},
-            "next": {"statusTemplate": _NODE_HEARTBEAT_TEMPLATE},
-        },
-    }
+    return _stage(
+        "node-heartbeat-with-lease",
+        "Node",
+        [
+            _NOT_IGNORED,
+            {"key": ".status.phase", "operator": "In", "values": ["Running"]},
+            {"key": _READY, "operator": "In", "values": ["True"]},
+        ],
+        {"statusTemplate": _NODE_HEARTBEAT_TEMPLATE},
+        # the kubelet posts an unchanged status every 5 minutes when it also renews a lease
+        delay={"durationMilliseconds": 300000, "jitterDurationMilliseconds": 310000},
+    )
 
 
 def _pod_ready() -> dict[str, Any]:
-    return {
-        "apiVersion": "kwok.x-k8s.io/v1alpha1",
-        "kind": "Stage",
-        "metadata": {"name": "pod-ready"},
-        "spec": {
-            "resourceRef": {"apiGroup": "v1", "kind": "Pod"},
-            "selector": {
-                "matchExpressions": [
-                    _NOT_IGNORED,
-                    {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"},
-                    {"key": ".status.phase", "operator": "In", "values": ["Pending"]},
-                    {
-                        "key": '.status.conditions.[] | select( .type == "Ready" ) | .status',
-                        "operator": "NotIn",
-                        "values": ["True"],
-                    },
-                ]
-            },
-            "next": {"statusTemplate": _POD_READY_TEMPLATE},
-        },
-    }
+    return _stage(
+        "pod-ready",
+        "Pod",
+        [
+            _NOT_IGNORED,
+            {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"},
+            {"key": ".status.phase", "operator": "In", "values": ["Pending"]},
+            {"key": _READY, "operator": "NotIn", "values": ["True"]},
+        ],
+        {"statusTemplate": _POD_READY_TEMPLATE},
+    )
 
 
 def _pod_delete() -> dict[str, Any]:
     # Applies to ignored pods too: a kubelet finalizes a deleted pod whatever its status.
-    return {
-        "apiVersion": "kwok.x-k8s.io/v1alpha1",
-        "kind": "Stage",
-        "metadata": {"name": "pod-delete"},
-        "spec": {
-            "resourceRef": {"apiGroup": "v1", "kind": "Pod"},
-            "selector": {
-                "matchExpressions": [
-                    {"key": ".metadata.deletionTimestamp", "operator": "Exists"},
-                ]
-            },
-            "next": {"delete": True},
-        },
-    }
+    return _stage(
+        "pod-delete",
+        "Pod",
+        [{"key": ".metadata.deletionTimestamp", "operator": "Exists"}],
+        {"delete": True},
+    )
 
 
 POD_CIDR = "10.0.0.1/16"

@@ -236,14 +236,7 @@ class S3StepWriter:
         key = self._key(name)
         with s3_errors("publishing", store._uri_of(key), store.bucket):
             try:
-                store.client.put_object(
-                    Bucket=store.bucket,
-                    Key=key,
-                    Body=data,
-                    ChecksumAlgorithm="SHA256",
-                    ChecksumSHA256=_b64(hashlib.sha256(data).digest()),
-                    IfNoneMatch="*",
-                )
+                store.put_object_checked(key, data, if_none_match=True)
             except ClientError as exc:
                 if error_code(exc) not in _CONDITION_FAILED:
                     raise
@@ -302,23 +295,9 @@ class S3StepWriter:
         created = True
         with s3_errors("uploading", store._uri_of(key), store.bucket):
             try:
-                if exclusive:
-                    store.client.put_object(
-                        Bucket=store.bucket,
-                        Key=key,
-                        Body=data,
-                        ChecksumAlgorithm="SHA256",
-                        ChecksumSHA256=expected.checksum,
-                        IfNoneMatch="*",
-                    )
-                else:
-                    store.client.put_object(
-                        Bucket=store.bucket,
-                        Key=key,
-                        Body=data,
-                        ChecksumAlgorithm="SHA256",
-                        ChecksumSHA256=expected.checksum,
-                    )
+                store.put_object_checked(
+                    key, data, checksum=expected.checksum, if_none_match=exclusive
+                )
             except ClientError as exc:
                 # The key exists already: fine only if it holds exactly these bytes (our own
                 # retried request); _verify decides, and says whose object it is otherwise.
@@ -557,29 +536,38 @@ class S3Store:
                 body.close()
         return data, got["ETag"]
 
+    def put_object_checked(
+        self,
+        object_key: str,
+        data: bytes,
+        *,
+        checksum: str | None = None,
+        if_none_match: bool = False,
+        if_match: str | None = None,
+    ) -> None:
+        """One PUT with a SHA-256 the server checks, optionally conditional (raises
+        ClientError; callers translate it)."""
+        conditions: dict[str, str] = {}
+        if if_none_match:
+            conditions["IfNoneMatch"] = "*"
+        if if_match is not None:
+            conditions["IfMatch"] = if_match
+        self.client.put_object(
+            Bucket=self.bucket,
+            Key=object_key,
+            Body=data,
+            ChecksumAlgorithm="SHA256",
+            ChecksumSHA256=checksum or _b64(hashlib.sha256(data).digest()),
+            **conditions,  # type: ignore[arg-type]
+        )
+
     def put_if(self, key: str, data: bytes, expected: Version | None) -> bool:
         object_key = self._object_key(confine_path(key))
-        checksum = _b64(hashlib.sha256(data).digest())
         with s3_errors("writing", self._uri_of(object_key), self.bucket):
             try:
-                if expected is None:
-                    self.client.put_object(
-                        Bucket=self.bucket,
-                        Key=object_key,
-                        Body=data,
-                        ChecksumAlgorithm="SHA256",
-                        ChecksumSHA256=checksum,
-                        IfNoneMatch="*",
-                    )
-                else:
-                    self.client.put_object(
-                        Bucket=self.bucket,
-                        Key=object_key,
-                        Body=data,
-                        ChecksumAlgorithm="SHA256",
-                        ChecksumSHA256=checksum,
-                        IfMatch=expected,
-                    )
+                self.put_object_checked(
+                    object_key, data, if_none_match=expected is None, if_match=expected
+                )
             except ClientError as exc:
                 code = error_code(exc)
                 if code in _CONDITION_FAILED:
