@@ -6,7 +6,7 @@ import pytest
 
 # Shared test infrastructure: the local cluster harness (session cluster, per-test namespace
 # and queues) and the loopback S3 API server (session server, per-test bucket).
-pytest_plugins = ["e2e.cluster.pytest_plugin", "e2e.s3server"]
+pytest_plugins = ["e2e.cluster.pytest_plugin", "e2e.s3server", "e2e.operator_plugin"]
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -34,10 +34,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests" / "integration" / "operator"))
-
-from rtj_operator_proc import (  # noqa: E402
+from e2e.cluster import faults, testenv
+from e2e.cluster.cluster import LocalCluster
+from e2e.cluster.kube import Kube as HarnessKube
+from e2e.operator_proc import (
     OperatorProcess,
     client,
     install_crd,
@@ -47,12 +47,9 @@ from rtj_operator_proc import (  # noqa: E402
     running_pods,
     wait_for,
 )
+from rtj_operator.api import keys
 
-from e2e.cluster import faults, testenv  # noqa: E402
-from e2e.cluster.cluster import LocalCluster  # noqa: E402
-from e2e.cluster.kube import Kube as HarnessKube  # noqa: E402
-from rtj_operator.api import keys  # noqa: E402
-
+REPO = Path(__file__).resolve().parent.parent
 BACKOFF_SECONDS = 1
 
 

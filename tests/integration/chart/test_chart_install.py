@@ -15,7 +15,9 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 from rtj_chart import CHART, helm
-from rtj_operator_proc import (
+
+from e2e.cluster import faults
+from e2e.operator_proc import (
     OperatorProcess,
     client,
     jobsets_of,
@@ -25,8 +27,6 @@ from rtj_operator_proc import (
     running_pods,
     wait_for,
 )
-
-from e2e.cluster import faults
 from rtj_operator.api import keys
 from rtj_operator.kube import Forbidden, Kube
 

@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rtj_operator_proc import (
+
+from e2e.cluster import faults
+from e2e.operator_proc import (
     events_of,
     jobsets_of,
     pods_of,
@@ -22,8 +24,6 @@ from rtj_operator_proc import (
     running_pods,
     wait_for,
 )
-
-from e2e.cluster import faults
 from rtj_operator.api import keys
 from rtj_operator.kube import Invalid, Kube
 

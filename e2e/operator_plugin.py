@@ -1,7 +1,11 @@
-"""Operator tests against the real API server of the local cluster harness (e2e.cluster).
+"""pytest fixtures for tests that run the operator against the local cluster. Registered
+from the root conftest.py, like e2e.cluster.pytest_plugin and e2e.s3server.
 
-The harness's fixtures (`rtj_cluster`, `rtj_ns`) come from e2e.cluster.pytest_plugin, which
-the root conftest registers, like the S3 server fixtures of e2e.s3server.
+- ``rtj_api`` (session): the operator's own API adapter on the harness's kubeconfig, with
+  the generated CRD installed.
+- ``run_operator`` (function): ``run_operator(*extra_args, wait_leading=True, **env)`` starts
+  ``python -m rtj_operator run`` watching the test's namespace; every process started is
+  stopped at the end and its log printed (pytest shows it on failure).
 """
 
 from __future__ import annotations
@@ -13,14 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rtj_operator_proc import OperatorProcess, client, install_crd
 
+from e2e.operator_proc import OperatorProcess, client, install_crd
 from rtj_operator.kube import Kube
 
 
 @pytest.fixture(scope="session")
 def rtj_api(rtj_cluster: Any) -> Iterator[Kube]:
-    """The operator's own API adapter on the harness's kubeconfig, with the CRD installed."""
     kube = client(rtj_cluster.kubeconfig)
     install_crd(kube)
     yield kube
@@ -28,8 +31,6 @@ def rtj_api(rtj_cluster: Any) -> Iterator[Kube]:
 
 @pytest.fixture
 def run_operator(rtj_cluster: Any, rtj_api: Kube, rtj_ns: Any, tmp_path: Path) -> Iterator[Any]:
-    """Start operators (`run_operator()`), watching only the test's namespace; all are
-    stopped at the end and their logs printed on failure."""
     started: list[OperatorProcess] = []
     lease = f"rtj-{uuid.uuid4().hex[:6]}"
 

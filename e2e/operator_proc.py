@@ -1,5 +1,5 @@
 """The operator as a real process against the harness's API server, and helpers the
-operator tests share (a uniquely named module: tests/ has no packages)."""
+operator tests, end-to-end scenarios and benchmarks share."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import yaml
 from rtj_operator.api import keys
 from rtj_operator.kube import Kube, NotFound
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[1]
 CRD = REPO / "crds" / "resilienttrainingjobs.yaml"
 T = TypeVar("T")
 Obj = dict[str, Any]
