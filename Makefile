@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 E2E := $(BIN)/python -m e2e.cluster
 NODES ?= 8
 
-.PHONY: help install lint fmt test test-unit test-integration bench drill crds demo clean \
+.PHONY: help install lint fmt test test-unit test-integration bench drill crds demo demo-down clean \
 	cluster-build cluster-up cluster-down cluster-status e2e-kind chart-crds chart-test
 
 help: ## list the targets
@@ -77,8 +77,11 @@ chart-crds: ## copy the generated CRD into the Helm chart (a test compares them 
 chart-test: install cluster-build ## helm lint/template, schema, promtool rules, install + RBAC in the harness
 	$(BIN)/pytest tests/unit/chart tests/integration/chart $(PYTEST_ARGS)
 
-demo: ## the whole story in one command (lands with the demo issue)
-	@echo "make demo: not yet — the end-to-end demo lands with the demo issue (see README)."
+demo: install ## the whole story: local cluster, S3, pod runner, operator, a 2-worker job, a GPU fault, recovery, summary + demo-output/loss.svg
+	$(BIN)/python -m e2e.demo up
+
+demo-down: install ## stop everything `make demo` left running (fails if a process is left)
+	$(BIN)/python -m e2e.demo down
 
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis .import_linter_cache

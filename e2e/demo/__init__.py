@@ -1,0 +1,1 @@
+"""``make demo``: the whole story in one command, with real training (see docs/demo.md)."""
