@@ -126,6 +126,17 @@ def node_name(i: int) -> str:
     return f"{NODE_PREFIX}{i:02d}"
 
 
+def gpu_node_labels(name: str, gpus: int) -> dict[str, str]:
+    """What every simulated GPU node carries (the Kueue flavor selects the product label)."""
+    return {
+        "kubernetes.io/hostname": name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        GPU_PRODUCT_LABEL: GPU_PRODUCT,
+        "nvidia.com/gpu.count": str(gpus),
+    }
+
+
 def node_manifest(i: int, n_nodes: int, shape: NodeShape = NodeShape()) -> dict[str, Any]:
     """Node ``i`` of ``n_nodes``: zones and racks spread evenly, 8 GPUs by default."""
     racks = max(1, shape.zones * shape.racks_per_zone)
@@ -147,15 +158,11 @@ def node_manifest(i: int, n_nodes: int, shape: NodeShape = NodeShape()) -> dict[
             "name": name,
             "labels": {
                 MANAGED_LABEL: MANAGED_VALUE,
-                "kubernetes.io/hostname": name,
-                "kubernetes.io/os": "linux",
-                "kubernetes.io/arch": "amd64",
+                **gpu_node_labels(name, shape.gpus),
                 "node.kubernetes.io/instance-type": f"sim-{shape.gpus}x-h100",
                 "topology.kubernetes.io/region": "e2e",
                 ZONE_LABEL: f"e2e-zone-{chr(ord('a') + zone)}",
                 RACK_LABEL: f"rack-{rack}",
-                GPU_PRODUCT_LABEL: GPU_PRODUCT,
-                "nvidia.com/gpu.count": str(shape.gpus),
             },
             "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
         },

@@ -56,14 +56,7 @@ def node_manifest(name: str, gpus: int, taints: list[Obj] | None = None) -> Obj:
         "kind": "Node",
         "metadata": {
             "name": name,
-            "labels": {
-                NODE_LABEL: NODE_LABEL_VALUE,
-                "kubernetes.io/hostname": name,
-                "kubernetes.io/os": "linux",
-                "kubernetes.io/arch": "amd64",
-                kwok.GPU_PRODUCT_LABEL: kwok.GPU_PRODUCT,
-                "nvidia.com/gpu.count": str(gpus),
-            },
+            "labels": {NODE_LABEL: NODE_LABEL_VALUE, **kwok.gpu_node_labels(name, gpus)},
         },
         "spec": {"taints": taints} if taints else {},
         "status": {"capacity": resources, "allocatable": resources},
