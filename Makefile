@@ -48,6 +48,7 @@ bench: install ## benchmarks, reported as ratios against a side-by-side baseline
 	$(BIN)/python -m bench.checkpoint_protocol
 	$(BIN)/python -m bench.torch_state
 	$(BIN)/python -m bench.operator_control
+	$(BIN)/python -m bench.operator_scale
 
 drill: install ## exact-resume drill: torchrun jobs (2 ranks, gloo, CPU) killed and resumed
 	$(BIN)/python drills/torch_drill.py $(DRILL_ARGS)

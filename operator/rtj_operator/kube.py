@@ -4,6 +4,9 @@ Every call is blocking (the official client); the controller runs them in worker
 Errors come out as `KubeError` subclasses (`NotFound`, `Conflict`, `AlreadyExists`,
 `Invalid`, `Forbidden`, `Unavailable`) so callers branch on meaning, not on status codes.
 Responses are read as plain JSON (`_preload_content=False`), never as generated models.
+Every request is reported to an optional `on_request(verb, resource)` callback injected at
+construction (the operator counts them in `rtj_api_requests_total`); this module imports no
+metrics library.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 from rtj_operator.api import keys
 
@@ -23,6 +26,9 @@ MERGE_PATCH = "application/merge-patch+json"
 _JOBSET_GROUP, _JOBSET_VERSION = keys.JOBSET_API_VERSION.split("/")
 _JOBSET_PLURAL = "jobsets"
 _RETRIES = 5
+
+RequestHook = Callable[[str, str], None]
+"""Told of every request: (verb, resource), e.g. ("patch", "resilienttrainingjobs/status")."""
 
 
 class KubeError(Exception):
@@ -112,6 +118,34 @@ def _path(*parts: str) -> str:
     return "/" + "/".join(quote(p, safe="") for p in parts)
 
 
+def request_kind(method: str, path: str, query: Mapping[str, Any] | None = None) -> tuple[str, str]:
+    """The Kubernetes verb and resource of one request, as the API server names them.
+
+    `GET` of a collection is `list` (`watch` with `watch=true`), of one object `get`; `POST`
+    is `create`, `PUT` `update`, `PATCH` `patch`, `DELETE` `delete` (`deletecollection`
+    without a name). The resource is the plural, with the subresource after a slash
+    (`pods/status`); paths outside /api and /apis are reported as they are (`/metrics`).
+    """
+    parts = [unquote(p) for p in path.split("?", 1)[0].strip("/").split("/") if p]
+    if parts[:1] == ["api"] and len(parts) >= 2:
+        rest = parts[2:]
+    elif parts[:1] == ["apis"] and len(parts) >= 3:
+        rest = parts[3:]
+    else:
+        return method.lower(), "/" + "/".join(parts)
+    if rest[:1] == ["namespaces"] and len(rest) >= 3:
+        rest = rest[2:]  # a namespaced resource (a namespace itself has at most 2 parts)
+    resource = "/".join(rest[:1] + rest[2:3]) or "?"
+    named = len(rest) >= 2
+    verb = {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method.upper())
+    if verb is None and method.upper() == "GET":
+        watch = str((query or {}).get("watch", "")).lower() in ("true", "1")
+        verb = "get" if named else ("watch" if watch else "list")
+    elif verb is None and method.upper() == "DELETE":
+        verb = "delete" if named else "deletecollection"
+    return verb or method.lower(), resource
+
+
 _RTJ = ("apis", keys.GROUP, keys.VERSION)
 _JOBSETS = ("apis", _JOBSET_GROUP, _JOBSET_VERSION)
 _LEASES = ("apis", "coordination.k8s.io", "v1")
@@ -125,7 +159,12 @@ class Kube:
     """
 
     def __init__(
-        self, api_client: Any = None, *, pool_size: int = 32, timeout: float = 30.0
+        self,
+        api_client: Any = None,
+        *,
+        pool_size: int = 32,
+        timeout: float = 30.0,
+        on_request: RequestHook | None = None,
     ) -> None:
         from kubernetes import client
 
@@ -135,6 +174,7 @@ class Kube:
             api_client = client.ApiClient(configuration)
         self.api_client = api_client
         self.timeout = timeout
+        self.on_request = on_request
 
     def request(
         self,
@@ -150,6 +190,8 @@ class Kube:
         from urllib3.exceptions import HTTPError
 
         params = [(k, v) for k, v in (query or {}).items() if v is not None]
+        if self.on_request is not None:
+            self.on_request(*request_kind(method, path, query))
         headers = {"Accept": "application/json", "Content-Type": content_type}
         try:
             method_, url, headers_, body_, post = self.api_client.param_serialize(

@@ -68,8 +68,8 @@ async def run(args: argparse.Namespace) -> int:
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's login reads the same file
     load_config(args.kubeconfig, args.context)
-    kube = Kube(pool_size=max(args.api_threads * 2, 10))
     metrics = Metrics()
+    kube = Kube(pool_size=max(args.api_threads * 2, 10), on_request=metrics.record_api_request)
     if args.metrics_port:
         metrics.serve(args.metrics_port, args.metrics_addr)
         log.info("serving /metrics on %s:%d", args.metrics_addr, args.metrics_port)

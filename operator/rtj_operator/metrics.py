@@ -173,6 +173,13 @@ class Metrics:
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=r,
         )
+        self.api_requests = Counter(
+            "rtj_api_requests",
+            "Requests the operator sent to the API server (its own calls; kopf's watch "
+            "streams are not counted), by Kubernetes verb and resource[/subresource].",
+            ("verb", "resource"),
+            registry=r,
+        )
         r.register(_JobsCollector(self._facts, self._lock))
 
     # --- per-job gauges ------------------------------------------------------------------
@@ -219,6 +226,10 @@ class Metrics:
     def record_reconcile(self, result: str, seconds: float) -> None:
         self.reconciles.labels(result).inc()
         self.reconcile_seconds.observe(seconds)
+
+    def record_api_request(self, verb: str, resource: str) -> None:
+        """The `on_request` callback of `Kube`: one request sent."""
+        self.api_requests.labels(verb, resource).inc()
 
     # --- serving -------------------------------------------------------------------------
 

@@ -1,0 +1,828 @@
+"""Scale and latency of whole-group recovery (issue 6): the operator against JobSet's own
+`RestartJobSet` failure policy, on the same simulated GPU cluster.
+
+Workload: `--jobs` groups of `--workers` pods (1 GPU each by default, one worker of a group
+per node: the operator's required pod anti-affinity) on `--nodes` KWOK nodes of 8 GPUs.
+`--faults` of the groups get one rank's container ended with exit code 1 and an NCCL error
+in its termination message, written as the kubelet reports it (faults.terminate_container);
+the operator classifies that as NetworkFault (infrastructure) and restarts the group. The
+faults are staggered `--stagger` seconds apart (0: all at once, from parallel threads).
+
+Phase 1, the operator: RTJs (backoff initialSeconds 1), the operator as its own process.
+Phase 2, the baseline: the same groups as plain JobSets (the JobSet the operator renders for
+attempt 1, renamed, without owner) with Kueue's queue label and `failurePolicy: {maxRestarts:
+3, restartStrategy: --baseline-strategy, rules: [{action: RestartJobSet}]}`; no operator.
+
+Measured from raw watches that timestamp every change on receipt (no polling):
+- detection: the victim's Failed status written (the status PATCH returned) -> the RTJ's
+  attempt record carries a failure class; for JobSet, -> `status.restarts` became 1 (its
+  restart decision). The operator's own `detectionSeconds` (from the container's
+  `finishedAt`, whole seconds as the kubelet writes it) is shown beside it.
+- recovery: the same Failed -> every pod of the next world (RTJ attempt 2 / JobSet
+  restart-attempt 1) seen Running. For RTJ also minus the 1 s backoff. The stages in between
+  are printed per fault: old pods all deleted, (RTJ) old JobSet gone, next JobSet created,
+  next JobSet unsuspended by Kueue (admitted), first new pod, all new pods Running.
+- API requests per recovery: `apiserver_request_total` (all clients; watches and connects
+  not counted) from just before the first fault until 5 s after the last recovery, less the
+  injector's own 3 requests per fault, less the background rate measured in a quiet window
+  just before (KWOK node leases, controllers' leader leases); and the operator's own
+  `rtj_api_requests_total` (its leader-election lease calls shown apart).
+- CPU (user+sys from /proc/<pid>/stat) of the operator and of the cluster's controllers in
+  the same window; operator RSS (steady: the quiet window; peak: sampled every 0.25 s).
+- correctness: every faulted RTJ on attempt 2 with exactly 2 records and one JobSet
+  (<job>-a2), every other one untouched; the operator's restart counter equals the faults.
+
+Each figure prints with its target and PASS/MISS; a miss never fails the run. The cluster
+is started here (name rtj-bench-scale-<pid>, torn down at the end) unless
+RTJ_E2E_KUBECONFIG points at a running one.
+
+    python -m bench.operator_scale [--jobs 50] [--workers 8] [--nodes 100] [--faults 10]
+        [--stagger 0.5] [--baseline-strategy BlockingRecreate] [--json F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.scale_probes import (
+    Observed,
+    RawWatch,
+    RssSampler,
+    apiserver_requests,
+    cpu_seconds,
+    delta,
+    operator_requests,
+    parse_counter,
+    percentile,
+    rss_mib,
+)
+from e2e.cluster import faults, testenv
+from e2e.cluster.cluster import LocalCluster
+from e2e.cluster.kube import JOBSET_GROUP, JOBSET_VERSION
+from e2e.cluster.kube import Kube as HarnessKube
+from e2e.operator_proc import OperatorProcess, client, install_crd, rtj_body
+from rtj_operator.api import keys
+from rtj_operator.api.resource import ResilientTrainingJob
+from rtj_operator.kube import Kube, NotFound
+from rtj_operator.policy.render import jobset_name, render_jobset
+
+BACKOFF_SECONDS = 1
+MAX_RESTARTS = 3
+GPUS_PER_NODE = 8
+RESTARTS_LABEL = "jobset.sigs.k8s.io/restart-attempt"
+INDEX_LABEL = keys.JOB_COMPLETION_INDEX
+FAULT_MESSAGE = (
+    "RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1970, remote process exited or there "
+    "was a network error, NCCL version 2.21.5\nncclRemoteError: A call failed possibly due to "
+    "a network error or a remote process exiting prematurely."
+)
+INJECTOR_REQUESTS_PER_FAULT = 3  # ignore-in-KWOK patch, pod GET, pod status PATCH
+SETTLE_SECONDS = 5.0
+QUIET_SECONDS = 8.0
+COMPONENTS = ("jobset", "kueue", "kube-controller-manager", "kube-scheduler", "kwok",
+              "kube-apiserver", "etcd")  # fmt: skip
+
+
+@dataclass
+class Figure:
+    name: str
+    value: float
+    unit: str
+    target: str = ""
+    ok: bool | None = None
+    detail: str = ""
+
+    def line(self) -> str:
+        verdict = "info" if self.ok is None else ("PASS" if self.ok else "MISS")
+        head = f"{self.name:<52} {self.value:>9.3f} {self.unit:<5}"
+        return f"{head} target {self.target or '-':<9} {verdict:<4}  {self.detail}"
+
+
+@dataclass
+class FaultRecord:
+    job: str
+    pod: str
+    rank: int
+    node: str | None
+    scheduled: float = 0.0  # seconds after the first fault's slot
+    failed_at: float = 0.0  # time.time() when the Failed status was written
+    finished_at: str = ""
+    # stages, in seconds after failed_at, as the watches saw them
+    detected: float | None = None  # RTJ: classified record; JobSet: status.restarts = 1
+    old_pods_gone: float | None = None  # every pod of the first world deleted
+    old_jobset_gone: float | None = None  # RTJ: <job>-a1 deleted (foreground: after its pods)
+    next_created: float | None = None  # RTJ: <job>-a2 created
+    admitted: float | None = None  # RTJ: <job>-a2 unsuspended by Kueue
+    new_pod_seen: float | None = None  # the first pod of the next world created
+    recovered: float | None = None  # every pod of the next world Running
+    failure_class: str | None = None
+    operator_detection: float | None = None  # the record's detectionSeconds
+    operator_recovery: float | None = None  # the record's recoverySeconds (-> JobSet created)
+
+
+@dataclass
+class Phase:
+    label: str
+    kind: str  # "rtj" | "jobset"
+    startup_seconds: float = 0.0
+    faults: list[FaultRecord] = field(default_factory=list)
+    window_seconds: float = 0.0
+    quiet_rate: float = 0.0
+    cluster_requests: int = 0
+    cluster_top: list[tuple[str, int]] = field(default_factory=list)
+    operator_requests: int = 0
+    operator_lease_requests: int = 0
+    operator_top: list[tuple[str, int]] = field(default_factory=list)
+    operator_quiet_requests: int = 0
+    cpu_window: dict[str, float] = field(default_factory=dict)
+    cpu_quiet: dict[str, float] = field(default_factory=dict)
+    operator_cpu_total: float = 0.0
+    rss_steady: float = 0.0
+    rss_peak: float = 0.0
+    problems: list[str] = field(default_factory=list)
+    watch_errors: int = 0
+
+    @property
+    def detection(self) -> list[float]:
+        return [f.detected for f in self.faults if f.detected is not None]
+
+    @property
+    def recovery(self) -> list[float]:
+        return [f.recovered for f in self.faults if f.recovered is not None]
+
+    @property
+    def backoff(self) -> float:
+        return BACKOFF_SECONDS if self.kind == "rtj" else 0.0
+
+    def requests_per_recovery(self, corrected: bool = True) -> float:
+        n = max(len(self.faults), 1)
+        total = float(self.cluster_requests) - INJECTOR_REQUESTS_PER_FAULT * len(self.faults)
+        if corrected:
+            total -= self.quiet_rate * self.window_seconds
+        return total / n
+
+
+# --- workloads ----------------------------------------------------------------------------
+
+
+def worker_body(name: str, ns: str, workers: int, gpus: int) -> dict[str, Any]:
+    policy = {
+        "maxRestarts": MAX_RESTARTS,
+        "backoff": {"initialSeconds": BACKOFF_SECONDS, "maxSeconds": BACKOFF_SECONDS},
+    }
+    body = rtj_body(name, ns, f"file:///mnt/ckpt/{name}", replicas=workers, failurePolicy=policy)
+    container = body["spec"]["template"]["spec"]["containers"][0]
+    container["resources"] = {
+        "requests": {"nvidia.com/gpu": str(gpus), "cpu": "1", "memory": "1Gi"},
+        "limits": {"nvidia.com/gpu": str(gpus)},
+    }
+    return body
+
+
+def baseline_jobset(name: str, ns: str, workers: int, gpus: int, strategy: str) -> dict[str, Any]:
+    """The JobSet the operator would render for attempt 1 of the same job, as a user would
+    run it without the operator: renamed, no owner, JobSet's own restarts on."""
+    body = worker_body(name, ns, workers, gpus)
+    body["metadata"]["uid"] = str(uuid.uuid4())
+    rendered = render_jobset(ResilientTrainingJob.from_object(body), 1, None)
+    js: dict[str, Any] = json.loads(json.dumps(rendered).replace(jobset_name(name, 1), name))
+    js["metadata"] = {
+        "name": name,
+        "namespace": ns,
+        "labels": {keys.KUEUE_QUEUE_LABEL: testenv.LOCAL_QUEUE},
+    }
+    js["spec"]["failurePolicy"] = {
+        "maxRestarts": MAX_RESTARTS,
+        "restartStrategy": strategy,
+        "rules": [{"name": "restartOnAnyFailure", "action": "RestartJobSet"}],
+    }
+    for meta in (
+        js["spec"]["replicatedJobs"][0]["template"]["metadata"],
+        js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["metadata"],
+    ):
+        labels = meta.get("labels") or {}
+        for key in (keys.JOB_LABEL, keys.ATTEMPT_LABEL):
+            labels.pop(key, None)
+        meta["labels"] = labels
+    return js
+
+
+def rtj_generation(labels: dict[str, str]) -> tuple[str, int] | None:
+    job, attempt = labels.get(keys.JOB_LABEL), labels.get(keys.ATTEMPT_LABEL)
+    return (job, int(attempt)) if job and attempt and attempt.isdigit() else None
+
+
+def jobset_generation(labels: dict[str, str]) -> tuple[str, int] | None:
+    job, restarts = labels.get(keys.JOBSET_NAME_LABEL), labels.get(RESTARTS_LABEL)
+    return (job, int(restarts) + 1) if job and restarts and restarts.isdigit() else None
+
+
+# --- the run ------------------------------------------------------------------------------
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, kubeconfig: str, pids: dict[str, int]) -> None:
+        self.args = args
+        self.kubeconfig = kubeconfig
+        self.harness = HarnessKube(kubeconfig)
+        self.kube: Kube = client(kubeconfig)
+        self.pids = pids  # cluster components (when this run started the cluster)
+        self.logs = Path(tempfile.mkdtemp(prefix="rtj-bench-scale-"))
+
+    def _cpu(self, op: OperatorProcess | None) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name, pid in self.pids.items():
+            with contextlib.suppress(OSError):  # a component that exited
+                out[name] = cpu_seconds(pid)
+        if op is not None and op.proc is not None:
+            out["operator"] = cpu_seconds(op.proc.pid)
+        return out
+
+    def _victims(self, obs: Observed, prefix: str) -> list[FaultRecord]:
+        a = self.args
+        out = []
+        for k in range(a.faults):
+            job = f"{prefix}{(k * a.jobs) // a.faults:03d}"
+            rank = (k * 3) % a.workers
+            pods = [
+                (n, p)
+                for n, p in obs.live_pods(job, 1)
+                if p["index"] == str(rank) and p["phase"] == "Running"
+            ]
+            if not pods:
+                raise RuntimeError(f"no running rank {rank} of {job}")
+            name, pod = pods[0]
+            out.append(FaultRecord(job=job, pod=name, rank=rank, node=pod["node"],
+                                   scheduled=k * a.stagger))  # fmt: skip
+        return out
+
+    def _inject(self, ns: str, victims: list[FaultRecord]) -> None:
+        start = time.monotonic() + 0.2
+
+        def one(f: FaultRecord) -> None:
+            faults.sleep_until(start + f.scheduled)
+            status = faults.terminate_container(
+                self.harness, ns, f.pod, exit_code=1, message=FAULT_MESSAGE
+            )
+            f.failed_at = time.time()
+            for cs in status.get("containerStatuses") or []:
+                term = (cs.get("state") or {}).get("terminated") or {}
+                f.finished_at = term.get("finishedAt") or f.finished_at
+
+        with ThreadPoolExecutor(max(len(victims), 1)) as pool:
+            list(pool.map(one, victims))
+
+    def run_phase(self, kind: str) -> Phase:
+        a = self.args
+        rtj = kind == "rtj"
+        label = "RTJ operator" if rtj else f"JobSet RestartJobSet ({a.baseline_strategy})"
+        phase = Phase(label=label, kind=kind)
+        tn = testenv.create_test_namespace(
+            self.harness, f"bench-scale-{kind}", a.nodes * GPUS_PER_NODE
+        )
+        ns = tn.name
+        print(f"\n== {label}: namespace {ns}", flush=True)
+        obs = Observed(rtj_generation if rtj else jobset_generation)
+        api = self.harness.api
+        watches = [
+            RawWatch(api, f"/api/v1/namespaces/{ns}/pods", obs.on_pod,
+                     keys.JOB_LABEL if rtj else keys.JOBSET_NAME_LABEL),
+            RawWatch(api, f"/apis/{JOBSET_GROUP}/{JOBSET_VERSION}/namespaces/{ns}/jobsets",
+                     obs.on_jobset),
+        ]  # fmt: skip
+        if rtj:
+            path = f"/apis/{keys.GROUP}/{keys.VERSION}/namespaces/{ns}/{keys.PLURAL}"
+            watches.append(RawWatch(api, path, obs.on_rtj))
+        for w in watches:
+            w.start()
+        for w in watches:
+            w.synced.wait(30)
+        op: OperatorProcess | None = None
+        sampler: RssSampler | None = None
+        try:
+            if rtj:
+                op = OperatorProcess(
+                    self.kubeconfig, ns, self.logs, lease_name=f"scale-{uuid.uuid4().hex[:6]}"
+                )
+                op.start()
+                assert op.proc is not None
+                sampler = RssSampler(op.proc.pid)
+                sampler.start()
+            self._create_and_run(phase, ns, obs, op)
+            self._fault_and_recover(phase, ns, obs, op, sampler)
+            phase.problems = self._verify_rtj(ns, op) if rtj else self._verify_jobsets(ns)
+        finally:
+            if sampler is not None:
+                sampler.stop()
+            for w in watches:
+                phase.watch_errors += w.errors
+                if w.errors:
+                    print(f"   note: {w.name} re-listed {w.errors}x ({w.last_error})")
+                w.stop()
+            if op is not None:
+                op.stop()
+            self._clean_up(tn)
+        return phase
+
+    def _clean_up(self, tn: testenv.TestNamespace) -> None:
+        """Delete the groups and wait for their pods to go, then the namespace: the
+        harness's teardown would otherwise race hundreds of pods being deleted."""
+        t = time.monotonic()
+        ns = tn.name
+        try:
+            for obj in self.kube.list_rtjs(ns):
+                with contextlib.suppress(NotFound):
+                    self.kube.delete_rtj(ns, obj["metadata"]["name"])
+            for js in self.kube.list_jobsets(ns):
+                with contextlib.suppress(NotFound):
+                    self.kube.request(
+                        "delete jobset", "DELETE",
+                        f"/apis/{JOBSET_GROUP}/{JOBSET_VERSION}/namespaces/{ns}/jobsets/"
+                        f"{js['metadata']['name']}",
+                        {"propagationPolicy": "Background"},
+                    )  # fmt: skip
+            deadline = time.monotonic() + 240
+            while self.kube.list_pods(ns) and time.monotonic() < deadline:
+                time.sleep(1.0)
+        except Exception as exc:
+            print(f"note: deleting the groups of {ns}: {type(exc).__name__}: {exc}")
+        for attempt in (1, 2):
+            try:
+                testenv.delete_test_namespace(tn, timeout=300)
+                print(f"   cleaned up {ns} in {time.monotonic() - t:.1f}s", flush=True)
+                return
+            except Exception as exc:  # cleanup must not hide the figures
+                print(f"note: cleaning up {ns} (try {attempt}): {type(exc).__name__}: {exc}")
+
+    def _create_and_run(
+        self, phase: Phase, ns: str, obs: Observed, op: OperatorProcess | None
+    ) -> None:
+        a = self.args
+        rtj = phase.kind == "rtj"
+        prefix = "s" if rtj else "b"
+
+        def create(i: int) -> None:
+            name = f"{prefix}{i:03d}"
+            if rtj:
+                self.kube.create_rtj(ns, worker_body(name, ns, a.workers, a.gpus_per_worker))
+            else:
+                body = baseline_jobset(name, ns, a.workers, a.gpus_per_worker,
+                                       a.baseline_strategy)  # fmt: skip
+                self.harness.jobset_create(body, ns)
+
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(create, range(a.jobs)))
+        want = a.jobs * a.workers
+
+        def all_running() -> bool:
+            if obs.running_count() < want:
+                return False
+            if not rtj:
+                return True
+            with obs.lock:
+                phases = [(o.get("status") or {}).get("phase") for o in obs.rtjs.values()]
+            return len(phases) == a.jobs and all(p == "Running" for p in phases)
+
+        deadline = time.monotonic() + 60 + 8 * a.jobs
+        last = -1
+        while not all_running():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{obs.running_count()}/{want} pods running")
+            n = obs.running_count()
+            if n // 100 != last // 100 and n:
+                print(f"   {n}/{want} pods running after {time.monotonic() - t0:.0f}s", flush=True)
+                last = n
+            time.sleep(0.2)
+        phase.startup_seconds = time.monotonic() - t0
+        print(f"   all {want} pods of {a.jobs} groups running in {phase.startup_seconds:.1f}s",
+              flush=True)  # fmt: skip
+
+    def _fault_and_recover(
+        self,
+        phase: Phase,
+        ns: str,
+        obs: Observed,
+        op: OperatorProcess | None,
+        sampler: RssSampler | None,
+    ) -> None:
+        a = self.args
+        rtj = phase.kind == "rtj"
+        time.sleep(3.0)  # let the last status patches and Events land
+        # quiet window: the background request rate (node leases, controllers' leases)
+        q0, qo0, qc0, tq0 = self._snapshot(op)
+        time.sleep(QUIET_SECONDS)
+        q1, qo1, qc1, tq1 = self._snapshot(op)
+        phase.quiet_rate = sum(delta(q1, q0).values()) / (tq1 - tq0)
+        phase.operator_quiet_requests = sum(delta(qo1, qo0).values())
+        phase.cpu_quiet = {k: qc1[k] - qc0[k] for k in qc1 if k in qc0}
+        if sampler is not None:
+            quiet = [r for t, r in sampler.samples if tq0 <= t <= tq1]
+            phase.rss_steady = sum(quiet) / len(quiet) if quiet else 0.0
+        victims = self._victims(obs, "s" if rtj else "b")
+        phase.faults = victims
+        a0, o0, c0, t0 = q1, qo1, qc1, time.time()
+        print(f"   injecting {len(victims)} faults ({a.stagger:g}s apart) ...", flush=True)
+        self._inject(ns, victims)
+
+        def done(f: FaultRecord) -> bool:
+            def since(t: float | None) -> float | None:
+                return t - f.failed_at if t is not None else None
+
+            if rtj:
+                f.detected = since(obs.classified_at.get((f.job, 1)))
+                with obs.lock:
+                    f.old_jobset_gone = since(obs.jobset_deleted_at.get(jobset_name(f.job, 1)))
+                    f.next_created = since(obs.jobset_created_at.get(jobset_name(f.job, 2)))
+                    f.admitted = since(obs.jobset_unsuspended_at.get(jobset_name(f.job, 2)))
+            else:
+                f.detected = since(obs.restarted_at.get((f.job, 1)))
+            f.old_pods_gone = since(obs.all_gone_at(f.job, 1))
+            f.new_pod_seen = since(obs.first_seen_at(f.job, 2))
+            f.recovered = since(obs.all_running_at(f.job, 2, a.workers))
+            return f.detected is not None and f.recovered is not None
+
+        deadline = time.monotonic() + 120 + 15 * a.faults
+        while not all(done(f) for f in victims):
+            if time.monotonic() > deadline:
+                late = [f.job for f in victims if not done(f)]
+                phase.problems.append(f"not recovered within the deadline: {late}")
+                break
+            time.sleep(0.05)
+        time.sleep(SETTLE_SECONDS)
+        a1, o1, c1, t1 = self._snapshot(op)
+        phase.window_seconds = t1 - t0
+        cluster = delta(a1, a0)
+        phase.cluster_requests = sum(cluster.values())
+        phase.cluster_top = [(f"{v} {r}", n) for (v, r), n in cluster.most_common(10)]
+        mine = delta(o1, o0)
+        phase.operator_lease_requests = sum(n for (_, r), n in mine.items() if r == "leases")
+        phase.operator_requests = sum(mine.values()) - phase.operator_lease_requests
+        phase.operator_top = [(f"{v} {r}", n) for (v, r), n in mine.most_common(10)]
+        phase.cpu_window = {k: c1[k] - c0[k] for k in c1 if k in c0}
+        if op is not None and op.proc is not None:
+            phase.operator_cpu_total = cpu_seconds(op.proc.pid)
+            phase.rss_peak = max(sampler.peak if sampler else 0.0, rss_mib(op.proc.pid))
+        if rtj:
+            with obs.lock:
+                records = dict(obs.records)
+            for f in victims:
+                first = (records.get(f.job) or [{}])[0]
+                f.failure_class = first.get("failureClass")
+                f.operator_detection = first.get("detectionSeconds")
+                f.operator_recovery = first.get("recoverySeconds")
+
+    def _snapshot(
+        self, op: OperatorProcess | None
+    ) -> tuple[Counter[tuple[str, str]], Counter[tuple[str, str]], dict[str, float], float]:
+        """Cluster request counts, the operator's own, CPU seconds by process, and when."""
+        cluster = apiserver_requests(self.harness.api)
+        mine = operator_requests(op.metrics()) if op is not None else Counter()
+        return cluster, mine, self._cpu(op), time.time()
+
+    # --- correctness ------------------------------------------------------------------------
+    def _verify_rtj(self, ns: str, op: OperatorProcess | None) -> list[str]:
+        a = self.args
+        faulted = {f"s{(k * a.jobs) // a.faults:03d}" for k in range(a.faults)}
+        problems: list[str] = []
+        jobsets: dict[str, list[str]] = {}
+        for js in self.kube.list_jobsets(ns):
+            owner = (js["metadata"].get("labels") or {}).get(keys.JOB_LABEL, "?")
+            jobsets.setdefault(owner, []).append(js["metadata"]["name"])
+        pods: Counter[tuple[str, str]] = Counter()
+        for p in self.kube.list_pods(ns, keys.JOB_LABEL):
+            if p["metadata"].get("deletionTimestamp"):
+                continue
+            labels = p["metadata"]["labels"]
+            pods[(labels[keys.JOB_LABEL], labels.get(keys.ATTEMPT_LABEL, "?"))] += 1
+        rtjs = self.kube.list_rtjs(ns)
+        if len(rtjs) != a.jobs:
+            problems.append(f"{len(rtjs)} RTJs, expected {a.jobs}")
+        for obj in rtjs:
+            name = obj["metadata"]["name"]
+            status = obj.get("status") or {}
+            records = status.get("attempts") or []
+            n = 2 if name in faulted else 1
+            got = [r.get("attempt") for r in records]
+            if status.get("attempt") != n or got != list(range(1, n + 1)):
+                problems.append(f"{name}: attempt {status.get('attempt')}, records {got}")
+            classified = [r.get("attempt") for r in records if r.get("failureClass")]
+            if classified != list(range(1, n)):
+                problems.append(f"{name}: classified records {classified}")
+            if sorted(jobsets.get(name, [])) != [jobset_name(name, n)]:
+                problems.append(f"{name}: JobSets {sorted(jobsets.get(name, []))}")
+            if pods[(name, str(n))] != a.workers or (n == 2 and pods[(name, "1")]):
+                problems.append(
+                    f"{name}: {pods[(name, str(n))]} pods of attempt {n}, "
+                    f"{pods[(name, '1')] if n == 2 else 0} of attempt 1 left"
+                )
+            if status.get("phase") != "Running":
+                problems.append(f"{name}: phase {status.get('phase')}")
+        if op is not None:
+            text = op.metrics()
+            restarts = sum(v for _, v in parse_counter(text, "rtj_restarts_total"))
+            if restarts != a.faults:
+                problems.append(f"rtj_restarts_total = {restarts:.0f}, expected {a.faults}")
+        return problems
+
+    def _verify_jobsets(self, ns: str) -> list[str]:
+        a = self.args
+        faulted = {f"b{(k * a.jobs) // a.faults:03d}" for k in range(a.faults)}
+        problems: list[str] = []
+        pods: Counter[tuple[str, str]] = Counter()
+        for p in self.harness.core.list_namespaced_pod(ns).items:
+            if p.metadata.deletion_timestamp:
+                continue
+            labels = p.metadata.labels or {}
+            pods[(labels.get(keys.JOBSET_NAME_LABEL, "?"), labels.get(RESTARTS_LABEL, "?"))] += 1
+        items = self.harness.custom.list_namespaced_custom_object(
+            JOBSET_GROUP, JOBSET_VERSION, ns, "jobsets"
+        )["items"]
+        if len(items) != a.jobs:
+            problems.append(f"{len(items)} JobSets, expected {a.jobs}")
+        for js in items:
+            name = js["metadata"]["name"]
+            status = js.get("status") or {}
+            want = 1 if name in faulted else 0
+            if int(status.get("restarts") or 0) != want:
+                problems.append(f"{name}: restarts {status.get('restarts')}, expected {want}")
+            if pods[(name, str(want))] != a.workers or (want and pods[(name, "0")]):
+                problems.append(f"{name}: {pods[(name, str(want))]} pods of restart {want}")
+            terminal = [
+                c["type"] for c in status.get("conditions") or []
+                if c.get("type") in ("Failed", "Completed") and c.get("status") == "True"
+            ]  # fmt: skip
+            if terminal:
+                problems.append(f"{name}: {terminal}")
+        return problems
+
+
+# --- reporting ----------------------------------------------------------------------------
+
+
+STAGES = {
+    "rtj": (
+        ("detected", "detect"), ("old_pods_gone", "old pods"), ("old_jobset_gone", "old JS"),
+        ("next_created", "next JS"), ("admitted", "admitted"), ("new_pod_seen", "1st pod"),
+        ("recovered", "all run"),
+    ),
+    "jobset": (
+        ("detected", "restart"), ("old_pods_gone", "old pods"), ("new_pod_seen", "1st pod"),
+        ("recovered", "all run"),
+    ),
+}  # fmt: skip
+"""Per fault, seconds after the Failed status, in the order a recovery passes them."""
+
+
+def _s(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def fault_table(phase: Phase) -> list[str]:
+    """One line per fault: its stages (seconds after Failed), then the operator's own."""
+    rtj = phase.kind == "rtj"
+    stages = STAGES[phase.kind]
+    head = f"   {'job':<5} {'rank':>4} {'node':<12}" + "".join(f" {t:>8}" for _, t in stages)
+    if rtj:
+        head += f" {'op det':>7} {'op rec':>7} class"
+    lines = [head]
+    for f in sorted(phase.faults, key=lambda f: f.scheduled):
+        line = f"   {f.job:<5} {f.rank:>4} {f.node or '?':<12}"
+        line += "".join(f" {_s(getattr(f, key)):>8}" for key, _ in stages)
+        if rtj:
+            line += f" {_s(f.operator_detection):>7} {_s(f.operator_recovery):>7}"
+            line += f" {f.failure_class}"
+        lines.append(line)
+    for q, name in ((0.5, "p50"), (0.95, "p95")):
+        line = f"   {name:<23}"
+        for key, _ in stages:
+            values = [getattr(f, key) for f in phase.faults if getattr(f, key) is not None]
+            line += f" {_s(percentile(values, q) if values else None):>8}"
+        lines.append(line)
+    return lines
+
+
+def phase_figures(p: Phase, args: argparse.Namespace) -> list[Figure]:
+    rtj = p.kind == "rtj"
+    n = len(p.faults)
+    tag = "RTJ" if rtj else "JobSet"
+    det, rec = p.detection, p.recovery
+    net = [r - p.backoff for r in rec]
+    figures = [
+        Figure(f"{tag}: startup, {args.jobs} groups created -> all pods Running",
+               p.startup_seconds, "s", detail=f"{args.jobs * args.workers} pods"),
+        Figure(f"{tag}: detection p50", percentile(det, 0.5), "s", "< 2 s" if rtj else "",
+               percentile(det, 0.5) < 2 if rtj else None,
+               "Failed -> classified record" if rtj else "Failed -> JobSet status.restarts=1"),
+        Figure(f"{tag}: detection p95", percentile(det, 0.95), "s", "< 2 s" if rtj else "",
+               percentile(det, 0.95) < 2 if rtj else None, f"max {max(det, default=0):.3f}s, "
+               f"{len(det)}/{n} detected"),
+        Figure(f"{tag}: recovery p50 (Failed -> all new pods Running)", percentile(rec, 0.5),
+               "s", detail=f"includes backoff {p.backoff:.0f}s"),
+        Figure(f"{tag}: recovery p95", percentile(rec, 0.95), "s",
+               f"< {10 + p.backoff:.0f} s" if rtj else "",
+               percentile(rec, 0.95) < 10 + p.backoff if rtj else None,
+               f"max {max(rec, default=0):.3f}s, {len(rec)}/{n} recovered"),
+    ]  # fmt: skip
+    if rtj:
+        figures += [
+            Figure("RTJ: recovery - backoff p50", percentile(net, 0.5), "s"),
+            Figure("RTJ: recovery - backoff p95", percentile(net, 0.95), "s", "< 10 s",
+                   percentile(net, 0.95) < 10),
+        ]  # fmt: skip
+        nxt = [f.next_created for f in p.faults if f.next_created is not None]
+        opd = [f.operator_detection for f in p.faults if f.operator_detection is not None]
+        opr = [f.operator_recovery for f in p.faults if f.operator_recovery is not None]
+        figures += [
+            Figure("RTJ: Failed -> next JobSet created p50 / p95",
+                   percentile(nxt, 0.5), "s", detail=f"p95 {percentile(nxt, 0.95):.3f}s "
+                   f"(backoff {BACKOFF_SECONDS}s + converge included)"),
+            Figure("RTJ: operator's own detectionSeconds p50 / p95", percentile(opd, 0.5), "s",
+                   detail=f"p95 {percentile(opd, 0.95):.3f}s (from finishedAt, whole seconds: "
+                   "up to 1 s more)"),
+            Figure("RTJ: operator's own recoverySeconds p50 / p95", percentile(opr, 0.5), "s",
+                   detail=f"p95 {percentile(opr, 0.95):.3f}s (finishedAt -> next JobSet)"),
+        ]  # fmt: skip
+    figures += [
+        Figure(f"{tag}: API requests per recovery, all clients", p.requests_per_recovery(), "req",
+               detail=f"{p.cluster_requests} in {p.window_seconds:.1f}s less background "
+               f"{p.quiet_rate:.1f}/s and injector {INJECTOR_REQUESTS_PER_FAULT}/fault; raw "
+               f"{p.requests_per_recovery(corrected=False):.0f}/recovery"),
+    ]  # fmt: skip
+    op_cpu = p.cpu_window.get("operator", 0.0)
+    if rtj:
+        figures += [
+            Figure("RTJ: operator's own API requests per recovery",
+                   p.operator_requests / max(n, 1), "req",
+                   detail=f"{p.operator_requests} in the window, + {p.operator_lease_requests} "
+                   f"lease renewals; {p.operator_quiet_requests} in {QUIET_SECONDS:.0f}s quiet"),
+            Figure("RTJ: operator CPU in the fault window", op_cpu, "cpu-s",
+                   detail=f"{100 * op_cpu / max(p.window_seconds, 1e-9):.0f}% of a core over "
+                   f"{p.window_seconds:.1f}s; quiet "
+                   f"{100 * p.cpu_quiet.get('operator', 0.0) / QUIET_SECONDS:.1f}%"),
+            Figure("RTJ: operator CPU total (start -> end of window)", p.operator_cpu_total,
+                   "cpu-s", detail=f"includes starting {args.jobs} jobs"),
+            Figure("RTJ: operator RSS steady", p.rss_steady, "MiB",
+                   detail=f"{args.jobs} RTJs, {args.jobs * args.workers} pods"),
+            Figure("RTJ: operator RSS peak", p.rss_peak, "MiB"),
+            Figure("RTJ: lost or duplicate attempts (problems found)", len(p.problems), "",
+                   "= 0", not p.problems, "; ".join(p.problems[:3])),
+        ]  # fmt: skip
+    else:
+        figures.append(
+            Figure(
+                "JobSet: wrong restart counts or pods (problems found)",
+                len(p.problems),
+                "",
+                detail="; ".join(p.problems[:3]),
+            )
+        )
+    if p.cpu_window:
+        by_cpu = sorted(p.cpu_window.items(), key=lambda x: -x[1])
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in by_cpu)
+        figures.append(Figure(f"{tag}: CPU seconds in the window by process",
+                              sum(p.cpu_window.values()), "cpu-s", detail=parts))  # fmt: skip
+    return figures
+
+
+def comparison(rtj: Phase, js: Phase) -> list[tuple[str, float, float]]:
+    def q(values: list[float], x: float) -> float:
+        return percentile(values, x)
+
+    rows = [
+        ("detection p50 (s)", q(rtj.detection, 0.5), q(js.detection, 0.5)),
+        ("detection p95 (s)", q(rtj.detection, 0.95), q(js.detection, 0.95)),
+        ("recovery p50 (s)", q(rtj.recovery, 0.5), q(js.recovery, 0.5)),
+        ("recovery p95 (s)", q(rtj.recovery, 0.95), q(js.recovery, 0.95)),
+        ("recovery - backoff p50 (s)", q([r - rtj.backoff for r in rtj.recovery], 0.5),
+         q(js.recovery, 0.5)),
+        ("recovery - backoff p95 (s)", q([r - rtj.backoff for r in rtj.recovery], 0.95),
+         q(js.recovery, 0.95)),
+        ("API requests / recovery, all clients", rtj.requests_per_recovery(),
+         js.requests_per_recovery()),
+        ("  same, without background correction", rtj.requests_per_recovery(False),
+         js.requests_per_recovery(False)),
+        ("controller CPU-s in window (operator | jobset)", rtj.cpu_window.get("operator", 0.0)
+         + rtj.cpu_window.get("jobset", 0.0), js.cpu_window.get("jobset", 0.0)),
+        ("all-process CPU-s in window", sum(rtj.cpu_window.values()),
+         sum(js.cpu_window.values())),
+        ("window seconds", rtj.window_seconds, js.window_seconds),
+    ]  # fmt: skip
+    return rows
+
+
+def comparison_lines(rows: list[tuple[str, float, float]], js_label: str) -> list[str]:
+    out = [f"{'':<48} {'RTJ operator':>13} {js_label[:24]:>24} {'RTJ/JobSet':>10}"]
+    for name, a, b in rows:
+        ratio = f"{a / b:.2f}x" if b else "-"
+        out.append(f"{name:<48} {a:>13.3f} {b:>24.3f} {ratio:>10}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.operator_scale", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap.add_argument("--jobs", type=int, default=50)
+    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--nodes", type=int, default=100)
+    ap.add_argument("--faults", type=int, default=10)
+    ap.add_argument("--gpus-per-worker", type=int, default=1)
+    ap.add_argument("--stagger", type=float, default=0.5,
+                    help="seconds between faults (0: all at once)")  # fmt: skip
+    ap.add_argument("--baseline-strategy", default="BlockingRecreate",
+                    choices=("Recreate", "BlockingRecreate"))  # fmt: skip
+    ap.add_argument("--skip-baseline", action="store_true")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+    if not 0 < args.faults <= args.jobs:
+        ap.error("--faults must be between 1 and --jobs")
+    if args.workers > args.nodes:
+        ap.error("one worker of a group per node: --workers must not exceed --nodes")
+    gpus = args.jobs * args.workers * args.gpus_per_worker
+    if gpus > args.nodes * GPUS_PER_NODE or args.gpus_per_worker > GPUS_PER_NODE:
+        ap.error(f"{gpus} GPUs requested, the cluster has {args.nodes * GPUS_PER_NODE}")
+
+    print(f"operator scale bench: {args.jobs} groups x {args.workers} workers "
+          f"({args.gpus_per_worker} GPU each, {gpus}/{args.nodes * GPUS_PER_NODE} GPUs), "
+          f"{args.nodes} KWOK nodes, {args.faults} faults {args.stagger:g}s apart; "
+          f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f} ({platform.node()})")  # fmt: skip
+    print("note: this machine is small and shared; every figure is noisy (compare ratios).")
+    attach = os.environ.get("RTJ_E2E_KUBECONFIG")
+    cluster: LocalCluster | None = None
+    pids: dict[str, int] = {}
+    phases: list[Phase] = []
+    started = time.monotonic()
+    try:
+        if attach:
+            kubeconfig = attach
+        else:
+            cluster = LocalCluster(f"rtj-bench-scale-{os.getpid()}", nodes=args.nodes)
+            t = time.monotonic()
+            kubeconfig = str(cluster.up())
+            pids = {p.name: p.pid for p in cluster.state.procs if p.name in COMPONENTS}
+            print(f"cluster {cluster.name} up in {time.monotonic() - t:.1f}s", flush=True)
+        bench = Bench(args, kubeconfig, pids)
+        install_crd(bench.kube)
+        try:
+            for kind in ("rtj", "jobset")[: 1 if args.skip_baseline else 2]:
+                p = bench.run_phase(kind)
+                phases.append(p)
+                for line in fault_table(p):
+                    print(line)
+                for fig in phase_figures(p, args):
+                    print(fig.line(), flush=True)
+        finally:
+            bench.harness.close()
+            print(f"(operator logs in {bench.logs})")
+    finally:
+        if cluster is not None:
+            problems = cluster.down(check=False)
+            if problems:
+                print(f"note: teardown left: {problems} (state in {cluster.dir})")
+            else:
+                shutil.rmtree(cluster.dir, ignore_errors=True)  # a per-run name: no reuse
+    figures = [f for p in phases for f in phase_figures(p, args)]
+    print(f"\nsummary ({time.monotonic() - started:.0f}s in all):")
+    for f in figures:
+        print(f.line())
+    for p in phases:
+        print(f"\n{p.label}: stages per fault, seconds after the Failed status")
+        for line in fault_table(p):
+            print(line)
+    rows: list[tuple[str, float, float]] = []
+    if len(phases) == 2:
+        rows = comparison(phases[0], phases[1])
+        print("\nside by side (same cluster, same groups, same faults):")
+        for line in comparison_lines(rows, phases[1].label):
+            print(line)
+        print(f"\nrequests in the RTJ window by verb/resource: {phases[0].cluster_top}")
+        print(f"requests in the JobSet window by verb/resource: {phases[1].cluster_top}")
+    if phases:
+        print(f"operator's own requests in the window: {phases[0].operator_top}")
+    if args.json:
+        out = {
+            "config": vars(args) | {"json": str(args.json)},
+            "figures": [asdict(f) for f in figures],
+            "comparison": [{"name": n, "rtj": a, "jobset": b} for n, a, b in rows],
+            "phases": [asdict(p) for p in phases],
+        }
+        args.json.write_text(json.dumps(out, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
