@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, Protocol, TypeVar
+from urllib.parse import quote
 
 from pydantic import ValidationError
 
@@ -38,6 +39,8 @@ T = TypeVar("T")
 CONFLICT_RETRY_SECONDS = 0.2
 EXISTS_RETRY_SECONDS = 0.5
 ERROR_BACKOFF = (0.1, 30.0)
+KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta1"
+"""LocalQueue lookups: v1beta1 is served by every Kueue release to date (v0.17 converts)."""
 STARTUP_RESYNC_SECONDS = 30.0
 """A second LIST soon after startup drops objects deleted while the watches started."""
 
@@ -224,6 +227,7 @@ class Controller:
         self.gone: dict[Key, dict[str, dict[str, Any]]] = {}
         self.synced = asyncio.Event()
         self.store_readings: dict[Key, rc.StoreReading] = {}
+        self.queue_readings: dict[Key, rc.QueueReading] = {}
         self.queue = WorkQueue()
         self.executor = ThreadPoolExecutor(self.settings.api_threads, thread_name_prefix="rtj-api")
         self._store_sem: asyncio.Semaphore | None = None
@@ -241,6 +245,7 @@ class Controller:
             self.rtjs.pop(key, None)
             self.gone.pop(key, None)
             self.store_readings.pop(key, None)
+            self.queue_readings.pop(key, None)
             self.queue.forget(key)
             self.metrics.forget_job(*key)
             return
@@ -320,6 +325,7 @@ class Controller:
             now=self.clock(),
             store=self.store_readings.get(key),
             stored_status=raw.get("status") or {},
+            queue=self.queue_readings.get(key),
         )
 
     # --- reconcile -------------------------------------------------------------------------
@@ -347,6 +353,27 @@ class Controller:
                 return rc.StoreReading(self.clock(), error=f"credentials secret: {exc}")
         return rc.StoreReading(self.clock(), selection=picked)
 
+    def read_queue(self, rtj: ResilientTrainingJob) -> rc.QueueReading:
+        """Look the job's Kueue LocalQueue up by name (blocking). A missing LocalQueue is an
+        answer; any other failure (not permitted, Kueue's API not served) is "unknown"."""
+        namespace, name = rtj.metadata.namespace, rtj.spec.queue_name
+        path = "/" + "/".join(
+            quote(p, safe="")
+            for p in ("apis", KUEUE_GROUP, KUEUE_VERSION, "namespaces", namespace,
+                      "localqueues", name)
+        )  # fmt: skip
+        try:
+            self.kube.request(f"get localqueue {namespace}/{name}", "GET", path)
+        except NotFound as exc:
+            # a missing object names itself; an API Kueue does not serve is a bare 404
+            missing = f'"{name}" not found' in str(exc)
+            return rc.QueueReading(self.clock(), exists=False if missing else None, detail=str(exc))
+        except KubeError as exc:
+            log.debug("%s/%s: LocalQueue %s not looked up: %s", namespace, rtj.metadata.name,
+                      name, exc)  # fmt: skip
+            return rc.QueueReading(self.clock(), exists=None, detail=str(exc))
+        return rc.QueueReading(self.clock(), exists=True)
+
     async def reconcile(self, key: Key) -> float | None:
         """One reconcile; returns seconds until the key should be looked at again."""
         started = time.monotonic()
@@ -356,13 +383,17 @@ class Controller:
             if snap is None:
                 return None
             plan = rc.plan(snap)
-            for _ in range(2):  # at most one store reading and one events read
+            for _ in range(3):  # at most one store reading, one events read, one queue lookup
                 if plan.needs_events:
                     snap = replace(snap, events=tuple(await self._io(self.read_events, snap)))
                 elif plan.needs_store:
                     reading = await self.read_store(snap.rtj)
                     self.store_readings[key] = reading
                     snap = rc.with_store(snap, reading)
+                elif plan.needs_queue:
+                    looked_up = await self._io(self.read_queue, snap.rtj)
+                    self.queue_readings[key] = looked_up
+                    snap = rc.with_queue(snap, looked_up)
                 else:
                     break
                 plan = rc.plan(snap)
@@ -403,7 +434,7 @@ class Controller:
             elif isinstance(action, rc.DeleteJobSet):
                 await self._io(kube.delete_jobset, namespace, action.name)
             elif isinstance(action, rc.DeletePod):
-                await self._io(kube.delete_pod, namespace, action.name)
+                await self._io(kube.delete_pod, namespace, action.name, action.grace_seconds)
             elif isinstance(action, rc.TaintNode):
                 taint = action.taint
                 await self._io(kube.edit_taints, action.node, lambda t, x=taint: rc.add_taint(t, x))

@@ -1,10 +1,11 @@
 """One reconcile of one ResilientTrainingJob: observe -> plan (pure) -> apply (thin I/O).
 
 `plan` is a pure function of a `Snapshot` (the job, every JobSet and pod labelled for it,
-the nodes its pods ran on, the events about them, the latest checkpoint-store reading and
-`now`). It calls the policy functions (`classify_failure`, `decide`, `render_jobset`) and
-returns an ordered list of actions with at most one status patch. `apply` executes them
-through `kube.Kube`, the only module that talks to the API server.
+the nodes its pods ran on, the events about them, the latest checkpoint-store reading, the
+LocalQueue lookup while Kueue has not admitted the attempt, and `now`). It calls the policy
+functions (`classify_failure`, `decide`, `render_jobset`) and returns an ordered list of
+actions with at most one status patch. `apply` executes them through `kube.Kube`, the only
+module that talks to the API server.
 
 Why this converges after a crash at any moment (the operator is level-triggered):
 
@@ -69,8 +70,18 @@ CONVERGE_POLL_SECONDS = 5.0
 STORE_FRESH = timedelta(seconds=10)
 """A store reading older than this is re-read before an attempt is started."""
 STORE_RETRY_SECONDS = 30.0
+"""The longest wait before an unreadable store is read again."""
+STORE_RETRY_MIN_SECONDS = 2.0
+"""The first wait after a store turned unreadable. The wait then grows with the outage (it
+about doubles) up to STORE_RETRY_SECONDS: a blip delays a restart by seconds, a long outage
+costs one read per STORE_RETRY_SECONDS."""
 STALE_FACTOR = 2
 """CheckpointStale when the newest verified step is older than this many planned intervals."""
+QUEUE_RECHECK = timedelta(seconds=60)
+"""While a JobSet waits for admission, the job's LocalQueue is looked up this often."""
+LOCAL_QUEUE_NOT_FOUND = "LocalQueueNotFound"
+"""Admitted=False reason (and Event) when spec.queueName names no LocalQueue (a name for
+api.reasons.Reason, kept here until that module takes it)."""
 
 
 # --- the observed world -------------------------------------------------------------------
@@ -136,6 +147,16 @@ class StoreReading:
 
 
 @dataclass(frozen=True)
+class QueueReading:
+    """The job's Kueue LocalQueue as last looked up: whether it exists (None: unknown,
+    e.g. the lookup failed or is not permitted; `detail` says why)."""
+
+    read_at: datetime
+    exists: bool | None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """Everything one reconcile decides from; immutable, gathered without API calls."""
 
@@ -155,6 +176,7 @@ class Snapshot:
     store: StoreReading | None = None
     stored_status: Mapping[str, Any] = field(default_factory=dict)
     """`status` exactly as the API server returned it (the base of the merge patch)."""
+    queue: QueueReading | None = None
 
 
 def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
@@ -190,6 +212,8 @@ class DeleteJobSet:
 @dataclass(frozen=True)
 class DeletePod:
     name: str
+    grace_seconds: int | None = None
+    """None: the pod's own grace period; 0: force (its node no longer exists)."""
 
 
 @dataclass(frozen=True)
@@ -244,6 +268,7 @@ class Plan:
     metrics: tuple[MetricRecord, ...] = ()
     summary: str = ""
     needs_events: bool = False
+    needs_queue: bool = False
 
     @property
     def status_patch(self) -> PatchStatus | None:
@@ -364,6 +389,7 @@ class _Builder:
     requeue: float | None = None
     needs_store: bool = False
     needs_events: bool = False
+    needs_queue: bool = False
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -411,6 +437,8 @@ class _Builder:
             return Plan((), None, True, (), "reading the checkpoint store")
         if self.needs_events:  # incomplete: plan again with the events about the failure
             return Plan((), None, False, (), "reading events", needs_events=True)
+        if self.needs_queue:  # incomplete: plan again with the LocalQueue looked up
+            return Plan((), None, False, (), "looking up the LocalQueue", needs_queue=True)
         original = self.snap.rtj.status
         generation = self.rtj.metadata.generation or None
         if generation is not None and self.status.observed_generation != generation:
@@ -513,15 +541,12 @@ def _plan_next_attempt(b: _Builder) -> None:
     if operator_reads_store(uri):
         store = snap.store
         failed = status.current.ended_at if status.current is not None else None
-        if (
-            store is None
-            or store.read_at < b.now - STORE_FRESH
-            or (failed and store.read_at < failed)
-        ):
+        if store is None or _store_stale(b, store) or (failed and store.read_at < failed):
             b.needs_store = True  # read after the failure: a step published just before counts
             return
         if store.error is not None:
             _store_unreadable(b, store.error, blocking=f"attempt {n} is blocked")
+            b.requeue_in((_store_retry_at(b.status, store) - b.now).total_seconds())
             return
         selection = store.selection
         _store_readable(b)
@@ -541,6 +566,15 @@ def _plan_next_attempt(b: _Builder) -> None:
     _record_started(b, n, name, b.now, pin, adopted=False)
 
 
+def _on_deleted_nodes(snap: Snapshot) -> list[str]:
+    """Pods bound to a node that is not in the node cache any more (the Node was deleted)."""
+    return [
+        str(_get(p, "metadata", "name"))
+        for p in snap.pods
+        if (node := _get(p, "spec", "nodeName")) and node not in snap.nodes
+    ]
+
+
 def _delete_orphans(b: _Builder, pods: Iterable[Json], views: Sequence[JobSetView]) -> None:
     """Pods whose JobSet is gone (orphaned by a non-cascading delete) are deleted directly."""
     alive = {v.name for v in views}
@@ -552,11 +586,19 @@ def _delete_orphans(b: _Builder, pods: Iterable[Json], views: Sequence[JobSetVie
 
 
 def _converge(b: _Builder, views: Sequence[JobSetView]) -> bool:
-    """Before attempt n+1: delete every JobSet and pod of this job; True while any remains."""
+    """Before attempt n+1: delete every JobSet and pod of this job; True while any remains.
+
+    A pod bound to a node that no longer exists is force-deleted: no kubelet will ever
+    confirm its end, and the machine is gone (what the pod garbage collector does too, but
+    only after its 40 s quarantine and on its own period, which would hold the restart)."""
     for v in views:
         if not v.deleting:
             b.after.append(DeleteJobSet(v.name))
-    _delete_orphans(b, b.snap.pods, views)
+    gone_nodes = _on_deleted_nodes(b.snap)
+    for name in gone_nodes:
+        b.after.append(DeletePod(name, grace_seconds=0))
+    _delete_orphans(b, [p for p in b.snap.pods if _get(p, "metadata", "name") not in gone_nodes],
+                    views)  # fmt: skip
     if not views and not b.snap.pods:
         return False
     message = (
@@ -629,8 +671,9 @@ def _note_verified(
     b: _Builder, step: int, uri: str, committed_at: datetime, verified_at: datetime
 ) -> None:
     current = b.status.last_verified_checkpoint
-    if current is not None and current.step > step:
-        return
+    superseded = current is not None and current.step in b.status.bad_steps
+    if current is not None and current.step > step and not superseded:
+        return  # a newer verified step is known (a step marked bad is not verified)
     if current is not None and current.step == step and current.uri == uri:
         return
     b.update(
@@ -638,6 +681,31 @@ def _note_verified(
             step=step, uri=uri, committed_at=committed_at, verified_at=verified_at
         )
     )
+
+
+def _store_stale(b: _Builder, store: StoreReading) -> bool:
+    """Whether to read the store again before deciding: a good reading after STORE_FRESH,
+    an error when its retry is due."""
+    if store.error is not None:
+        return b.now >= _store_retry_at(b.status, store)
+    return store.read_at < b.now - STORE_FRESH
+
+
+def _store_retry_at(status: ResilientTrainingJobStatus, store: StoreReading) -> datetime:
+    """When an unreadable store is read again: after as long as it has been unreadable when
+    it was last read (STORE_RETRY_MIN_SECONDS at first, STORE_RETRY_SECONDS at most)."""
+    cond = next(
+        (
+            c
+            for c in status.conditions
+            if c.type == ConditionType.CHECKPOINT_UNREADABLE.value and c.status == "True"
+        ),
+        None,
+    )
+    since = min(cond.last_transition_time, store.read_at) if cond else store.read_at
+    outage = (store.read_at - since).total_seconds()
+    wait = min(max(outage, STORE_RETRY_MIN_SECONDS), STORE_RETRY_SECONDS)
+    return store.read_at + timedelta(seconds=wait)
 
 
 def _store_unreadable(b: _Builder, error: str, blocking: str) -> None:
@@ -803,6 +871,7 @@ def _checkpoint_age(b: _Builder) -> None:
 def _progress(b: _Builder, js: JobSetView, pods: Sequence[Json]) -> None:
     n = b.status.attempt
     if js.suspended:
+        _awaiting_admission(b, js)
         return
     if b.status.phase is Phase.PENDING:
         b.update(phase=Phase.ADMITTED)
@@ -824,6 +893,36 @@ def _progress(b: _Builder, js: JobSetView, pods: Sequence[Json]) -> None:
         message = f"attempt {n}: all {running} workers of JobSet {js.name} are running"
         b.condition(ConditionType.RUNNING, True, Reason.ATTEMPT_RUNNING, message)
         b.event(False, Reason.ATTEMPT_RUNNING, message)
+
+
+def _awaiting_admission(b: _Builder, js: JobSetView) -> None:
+    """Kueue has not admitted the group yet. If spec.queueName names no LocalQueue it never
+    will: say so in the Admitted condition (Kueue itself only tells its Workload)."""
+    queue = b.snap.queue
+    if queue is None or b.now - queue.read_at >= QUEUE_RECHECK:
+        b.needs_queue = True
+        return
+    b.requeue_in((queue.read_at + QUEUE_RECHECK - b.now).total_seconds())
+    admitted = next(
+        (c for c in b.status.conditions if c.type == ConditionType.ADMITTED.value), None
+    )
+    flagged = admitted is not None and admitted.reason == LOCAL_QUEUE_NOT_FOUND
+    name, namespace = b.rtj.spec.queue_name, b.rtj.metadata.namespace
+    if queue.exists is False and not flagged:
+        message = (
+            f"LocalQueue {name} does not exist in namespace {namespace}; Kueue admits "
+            f"JobSet {js.name} only once it does (spec.queueName)"
+        )
+        b.condition(ConditionType.ADMITTED, False, LOCAL_QUEUE_NOT_FOUND, message)
+        b.event(True, LOCAL_QUEUE_NOT_FOUND, f"attempt {b.status.attempt}: {message}")
+        b.notes.append(message)
+    elif queue.exists is True and flagged:
+        b.condition(
+            ConditionType.ADMITTED,
+            False,
+            Reason.AWAITING_ADMISSION,
+            f"JobSet {js.name} waits for Kueue to admit the whole group",
+        )
 
 
 def _succeed(b: _Builder, n: int, name: str) -> None:
@@ -1024,3 +1123,7 @@ def trim_event(body: Json) -> dict[str, Any]:
 
 def with_store(snap: Snapshot, reading: StoreReading) -> Snapshot:
     return replace(snap, store=reading)
+
+
+def with_queue(snap: Snapshot, reading: QueueReading) -> Snapshot:
+    return replace(snap, queue=reading)

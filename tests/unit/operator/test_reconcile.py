@@ -95,7 +95,7 @@ def test_an_unreadable_store_blocks_the_attempt_with_a_condition_not_a_fresh_sta
     cond = condition(status, "CheckpointUnreadable")
     assert cond is not None and cond["status"] == "True" and "access denied" in cond["message"]
     assert [e.reason for e in of(plan, rc.PostEvent)] == ["CheckpointStoreUnreadable"]
-    assert plan.requeue_after == rc.STORE_RETRY_SECONDS
+    assert plan.requeue_after == rc.STORE_RETRY_MIN_SECONDS
 
     again = rc.plan(
         snapshot(with_status(raw, plan), store=reading(None, error="access denied (403)"))
@@ -108,6 +108,24 @@ def test_an_unreadable_store_blocks_the_attempt_with_a_condition_not_a_fresh_sta
         condition(status_of(healed, with_status(raw, plan)), "CheckpointUnreadable")["status"]
         == "False"
     )
+
+
+def test_an_unreadable_store_is_read_again_soon_at_first_then_less_often() -> None:
+    raw = rtj_raw()
+    err = "Could not connect to the endpoint URL"
+    first = rc.plan(snapshot(raw, store=reading(None, error=err)))
+    assert first.requeue_after == rc.STORE_RETRY_MIN_SECONDS
+    raw = with_status(raw, first)
+    due = NOW + timedelta(seconds=rc.STORE_RETRY_MIN_SECONDS)
+    assert rc.plan(snapshot(raw, now=due, store=reading(None, at=NOW, error=err))).needs_store
+    later = NOW + timedelta(seconds=20)  # 20 s into the outage: the next read 20 s later
+    plan = rc.plan(snapshot(raw, now=later, store=reading(None, at=later, error=err)))
+    assert not plan.needs_store and plan.requeue_after == 20.0
+    assert not rc.plan(snapshot(raw, now=later + timedelta(seconds=19),
+                                store=reading(None, at=later, error=err))).needs_store  # fmt: skip
+    hour = NOW + timedelta(hours=1)
+    plan = rc.plan(snapshot(raw, now=hour, store=reading(None, at=hour, error=err)))
+    assert plan.requeue_after == rc.STORE_RETRY_SECONDS
 
 
 def test_a_jobset_created_before_a_crash_is_adopted_not_created_twice() -> None:
@@ -137,6 +155,36 @@ def test_suspended_jobset_keeps_the_job_pending() -> None:
     raw = rtj_raw({"phase": "Pending", "attempt": 1, "attempts": running()["attempts"]})
     plan = rc.plan(snapshot(raw, jobsets=[jobset(1, suspended=True)]))
     assert not plan.status_patch
+    assert plan.needs_queue, "waiting for admission: is there a LocalQueue at all?"
+    there = rc.QueueReading(NOW, exists=True)
+    plan = rc.plan(rc.with_queue(snapshot(raw, jobsets=[jobset(1, suspended=True)]), there))
+    assert not plan.status_patch and not plan.needs_queue
+    assert plan.requeue_after == rc.QUEUE_RECHECK.total_seconds()
+
+
+def test_a_queue_that_does_not_exist_is_reported_in_the_admitted_condition() -> None:
+    raw = rtj_raw({"phase": "Pending", "attempt": 1, "attempts": running()["attempts"]})
+    waiting = snapshot(raw, jobsets=[jobset(1, suspended=True)])
+    missing = rc.QueueReading(NOW, exists=False, detail='"team-a" not found')
+    plan = rc.plan(rc.with_queue(waiting, missing))
+    admitted = condition(status_of(plan, raw), "Admitted")
+    assert admitted["status"] == "False" and admitted["reason"] == "LocalQueueNotFound"
+    assert "LocalQueue team-a does not exist in namespace team-a" in admitted["message"]
+    assert [(e.type, e.reason) for e in of(plan, rc.PostEvent)] == [
+        ("Warning", "LocalQueueNotFound")
+    ]
+    raw = with_status(raw, plan)
+    again = rc.plan(rc.with_queue(snapshot(raw, jobsets=[jobset(1, suspended=True)]), missing))
+    assert not again.actions, "said once"
+    stale = snapshot(raw, jobsets=[jobset(1, suspended=True)], now=NOW + rc.QUEUE_RECHECK)
+    assert rc.plan(rc.with_queue(stale, missing)).needs_queue, "looked up again later"
+    created = rc.QueueReading(NOW, exists=True)
+    fixed = rc.plan(rc.with_queue(snapshot(raw, jobsets=[jobset(1, suspended=True)]), created))
+    assert condition(status_of(fixed, raw), "Admitted")["reason"] == "AwaitingAdmission"
+    unknown = rc.QueueReading(NOW, exists=None, detail="forbidden")
+    raw2 = rtj_raw({"phase": "Pending", "attempt": 1, "attempts": running()["attempts"]})
+    plan = rc.plan(rc.with_queue(snapshot(raw2, jobsets=[jobset(1, suspended=True)]), unknown))
+    assert not plan.actions, "a lookup that failed proves nothing"
 
 
 def test_gpu_fault_quarantines_then_restarts_converging_before_the_next_attempt() -> None:
@@ -219,6 +267,19 @@ def test_old_jobsets_and_orphan_pods_are_deleted_before_the_next_attempt() -> No
     assert [a.name for a in of(plan, rc.DeleteJobSet)] == ["llm-a1"]
     assert [a.name for a in of(plan, rc.DeletePod)] == [orphan["metadata"]["name"]]
     assert "CreateJobSet" not in kinds(plan)
+
+
+def test_pods_on_a_deleted_node_are_force_deleted_so_the_restart_is_not_held() -> None:
+    raw = rtj_raw({**running(), "phase": "Restarting"})
+    stuck = pod(1, 1, deleting=True)  # Terminating on a node whose Node object is gone
+    alive = pod(1, 0, deleting=True)
+    nodes = {"gpu-node-000": node("gpu-node-000")}  # gpu-node-001 no longer exists
+    snap = snapshot(raw, jobsets=[jobset(1, deleting=True)], pods=[alive, stuck], nodes=nodes,
+                    store=reading(1))  # fmt: skip
+    plan = rc.plan(snap)
+    deletes = of(plan, rc.DeletePod)
+    assert [(a.name, a.grace_seconds) for a in deletes] == [(stuck["metadata"]["name"], 0)]
+    assert "CreateJobSet" not in kinds(plan), "still converging until both pods are gone"
 
 
 def test_a_restart_is_counted_once_however_often_the_same_world_is_seen() -> None:
@@ -400,6 +461,18 @@ def test_lost_steps_count_verified_steps_passed_over_on_resume() -> None:
     assert status["attempts"][-1]["resumedFromStep"] == 1000
     assert status["attempts"][-1]["lostSteps"] == 200
     assert [m.value for m in plan.metrics if m.kind == "lost_steps"] == [200.0]
+
+
+def test_a_step_marked_bad_is_no_longer_the_last_verified_checkpoint() -> None:
+    known = {"step": 1200, "uri": "s3://x", "committedAt": iso(NOW), "verifiedAt": iso(NOW)}
+    raw = rtj_raw({**running(), "phase": "Restarting", "badSteps": [1200],
+                   "lastVerifiedCheckpoint": known})  # fmt: skip
+    status = status_of(rc.plan(snapshot(raw, store=reading(1000))), raw)
+    assert status["lastVerifiedCheckpoint"]["step"] == 1000, "kubectl and the age alert"
+    # while an older step than a good newest one never replaces it
+    good = rtj_raw({**running(), "phase": "Restarting", "lastVerifiedCheckpoint": known})
+    status = status_of(rc.plan(snapshot(good, store=reading(1000))), good)
+    assert status["lastVerifiedCheckpoint"]["step"] == 1200
 
 
 def test_the_store_is_read_again_after_a_failure_so_a_just_published_step_counts() -> None:

@@ -1,0 +1,146 @@
+"""Drills: getting in. The whole group is admitted by Kueue or none of it; malformed specs
+are refused by the API server with field messages (as `kubectl apply` shows them); a job
+whose queue does not exist says so in a condition instead of waiting silently."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from scenario_support import (
+    WAIT,
+    condition,
+    kubectl,
+    wait_running,
+    workload_condition,
+    workload_of,
+)
+
+from e2e.cluster.kube import KUEUE_GROUP, KUEUE_VERSION
+from e2e.operator_proc import events_of, jobsets_of, pods_of, rtj_body, rtj_status, wait_for
+from rtj_operator.kube import Kube
+
+pytestmark = [pytest.mark.cluster, pytest.mark.operator]
+
+JOB = "llm"
+URI = "file:///mnt/ckpt/llm"
+
+
+@pytest.mark.local_only
+@pytest.mark.gpu_quota(16)
+def test_a_gang_bigger_than_the_quota_creates_no_pod_until_all_of_it_fits(
+    rtj_api: Kube, hkube: Any, rtj_ns: Any, run_operator: Any, timeline: Any
+) -> None:
+    ns = rtj_ns.name
+    run_operator()
+    tl = timeline(JOB)
+    rtj_api.create_rtj(ns, rtj_body(JOB, ns, URI, replicas=4))  # 4 workers x 8 GPUs; quota 16
+
+    def refused() -> dict[str, Any] | None:
+        cond = workload_condition(workload_of(hkube, ns, f"{JOB}-a1"), "QuotaReserved")
+        return cond if cond and cond["status"] == "False" and "insufficient" in cond["message"] \
+            else None  # fmt: skip
+
+    why = wait_for("Kueue to refuse the gang for lack of quota", refused, WAIT)
+    assert "nvidia.com/gpu" in why["message"], why
+    (js,) = jobsets_of(rtj_api, ns, JOB)
+    assert js["spec"]["suspend"] is True
+    assert pods_of(rtj_api, ns, JOB) == [] and tl.events("Pod") == [], "not a single pod"
+    status = rtj_status(rtj_api, ns, JOB)
+    assert status["phase"] == "Pending" and status["attempt"] == 1
+    admitted = condition(status, "Admitted")
+    assert admitted is not None and admitted["status"] == "False"
+    assert admitted["reason"] == "AwaitingAdmission"
+
+    rtj_ns.set_gpu_quota(32)
+    pods = wait_running(rtj_api, ns, JOB, 1, 4)
+
+    # admitted as a whole: one unsuspension, then all four pods, none before it
+    unsuspended = next(s for s in tl.events("JobSet", "MODIFIED")
+                       if s.obj["spec"].get("suspend") is False)  # fmt: skip
+    created = tl.events("Pod", "ADDED")
+    assert {s.name for s in created} == {p["metadata"]["name"] for p in pods}
+    assert all(s.rv > unsuspended.rv for s in created)
+    assert max(s.at for s in created) - min(s.at for s in created) < 5.0
+    workload = workload_of(hkube, ns, f"{JOB}-a1")
+    assert workload is not None
+    (assignment,) = workload["status"]["admission"]["podSetAssignments"]
+    assert assignment["count"] == 4
+    assert condition(rtj_status(rtj_api, ns, JOB), "Admitted")["status"] == "True"  # type: ignore[index]
+    assert "AttemptAdmitted" in [e["reason"] for e in events_of(rtj_api, ns, JOB)]
+
+
+@pytest.mark.local_only
+def test_a_job_whose_queue_does_not_exist_says_so_in_a_condition(
+    rtj_api: Kube, hkube: Any, rtj_ns: Any, run_operator: Any
+) -> None:
+    ns = rtj_ns.name
+    run_operator()
+    rtj_api.create_rtj(ns, rtj_body(JOB, ns, URI, replicas=2, queueName="team-typo"))
+
+    def reported() -> dict[str, Any] | None:
+        cond = condition(rtj_status(rtj_api, ns, JOB), "Admitted")
+        return cond if cond and cond["reason"] == "LocalQueueNotFound" else None
+
+    cond = wait_for("the missing queue in a condition", reported, WAIT)
+    assert cond["status"] == "False"
+    assert f"LocalQueue team-typo does not exist in namespace {ns}" in cond["message"]
+    event = next(e for e in events_of(rtj_api, ns, JOB) if e["reason"] == "LocalQueueNotFound")
+    assert event["type"] == "Warning" and "team-typo" in event["message"]
+    assert pods_of(rtj_api, ns, JOB) == []
+    assert rtj_status(rtj_api, ns, JOB)["phase"] == "Pending"
+
+    # the platform team creates the queue: Kueue admits the group and it runs
+    hkube.kueue_create(
+        "localqueues",
+        {"apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}", "kind": "LocalQueue",
+         "metadata": {"name": "team-typo", "namespace": ns},
+         "spec": {"clusterQueue": rtj_ns.cluster_queue}},
+        namespace=ns,
+    )  # fmt: skip
+    wait_running(rtj_api, ns, JOB, 1, 2)
+    admitted = condition(rtj_status(rtj_api, ns, JOB), "Admitted")
+    assert admitted is not None and admitted["status"] == "True"
+
+
+@pytest.mark.parametrize(
+    ("name", "change", "messages"),
+    [
+        ("bad-uri", {"checkpoint": {"uri": "gs://bucket/x"}},
+         ["spec.checkpoint.uri", "checkpoint.uri must start with s3:// or file://"]),
+        ("bad-backoff", {"failurePolicy": {"backoff": {"initialSeconds": 60, "maxSeconds": 10}}},
+         ["spec.failurePolicy.backoff", "backoff.initialSeconds must be <= backoff.maxSeconds"]),
+        ("no-containers", {"template": {"spec": {"containers": []}}},
+         ["spec.template", "template.spec.containers must list at least one container"]),
+        ("zero-replicas", {"replicas": 0},
+         ["spec.replicas", "should be greater than or equal to 1"]),
+        ("typo", {"failurePolicy": {"maxRestart": 3}},
+         ['unknown field "spec.failurePolicy.maxRestart"']),
+        ("no-queue", {"queueName": None}, ["spec.queueName", "Required value"]),
+        ("a" * 40, {},
+         ["metadata.name must be a DNS-1035 label of at most 36 characters"]),
+    ],
+    ids=["bad-uri", "bad-backoff", "no-containers", "zero-replicas", "unknown-field",
+         "no-queue", "long-name"],
+)  # fmt: skip
+def test_kubectl_apply_of_a_malformed_spec_is_refused_with_its_field_message(
+    rtj_api: Kube, rtj_cluster: Any, rtj_ns: Any, tmp_path: Path,
+    name: str, change: dict[str, Any], messages: list[str],
+) -> None:  # fmt: skip
+    body = rtj_body(name, rtj_ns.name, "s3://bucket/prefix")
+    for key, value in change.items():
+        if value is None:
+            body["spec"].pop(key)
+        else:
+            body["spec"][key] = value
+    manifest = tmp_path / "job.yaml"
+    manifest.write_text(yaml.safe_dump(body), encoding="utf-8")
+
+    out = kubectl(rtj_cluster.kubeconfig, "apply", "-f", str(manifest))
+
+    assert out.returncode != 0, out.stdout
+    for message in messages:
+        assert message in out.stderr, out.stderr
+    assert rtj_api.list_rtjs(rtj_ns.name) == [], "nothing was stored"
