@@ -100,6 +100,11 @@ async def start_controller(memo: Any, **_: Any) -> None:
 
 @kopf.on.cleanup(registry=registry)
 async def stop_controller(memo: Any, **_: Any) -> None:
+    # kopf owns SIGTERM while it runs; our own tasks waiting on the stop flag (the lease
+    # holder) must hear of it now, or kopf waits out its 5 s grace for them first
+    stop = getattr(memo, "stop", None)
+    if stop is not None:
+        stop.set()
     await _controller(memo).stop()
 
 

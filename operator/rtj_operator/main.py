@@ -131,7 +131,7 @@ async def run(args: argparse.Namespace) -> int:
             standalone=True,
             clusterwide=not args.namespace,
             namespaces=args.namespace,
-            memo=kopf.Memo(controller=controller),
+            memo=kopf.Memo(controller=controller, stop=stop),
             stop_flag=stop,
             liveness_endpoint=args.liveness,
         )

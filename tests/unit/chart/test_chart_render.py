@@ -188,6 +188,7 @@ EXPECTED_CLUSTER_RULES = {
     ("", "pods"): {"get", "list", "watch", "delete"},
     ("", "nodes"): {"get", "list", "watch", "patch"},
     ("", "events"): {"list", "create"},
+    ("kueue.x-k8s.io", "localqueues"): {"get"},
     ("", "secrets"): {"get"},
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
 }  # fmt: skip
