@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 E2E := $(BIN)/python -m e2e.cluster
 NODES ?= 8
 
-.PHONY: help install lint fmt test test-unit test-integration bench drill crds demo demo-down clean \
+.PHONY: help install lint fmt test test-unit test-integration test-e2e bench drill crds demo demo-down clean \
 	cluster-build cluster-up cluster-down cluster-status e2e-kind chart-crds chart-test
 
 help: ## list the targets
@@ -43,6 +43,9 @@ test-unit: install cluster-build ## unit and property tests only (chart tests ne
 
 test-integration: install cluster-build ## real files, crashes, loopback S3, torchrun, the local cluster
 	$(BIN)/pytest tests/integration $(PYTEST_ARGS)
+
+test-e2e: install cluster-build ## the end-to-end fault drills (e2e/scenarios), the pod runner and the demo story
+	$(BIN)/pytest e2e tests/integration/cluster/test_pod_runner.py $(PYTEST_ARGS)
 
 bench: install ## benchmarks, reported as ratios against a side-by-side baseline
 	$(BIN)/python -m bench.checkpoint_protocol
@@ -78,7 +81,7 @@ chart-crds: ## copy the generated CRD into the Helm chart (a test compares them 
 chart-test: install cluster-build ## helm lint/template, schema, promtool rules, install + RBAC in the harness
 	$(BIN)/pytest tests/unit/chart tests/integration/chart $(PYTEST_ARGS)
 
-demo: install ## the whole story: local cluster, S3, pod runner, operator, a 2-worker job, a GPU fault, recovery, summary + demo-output/loss.svg
+demo: install ## the whole story with real training and a GPU fault; summary + demo-output/loss.svg (docs/demo.md)
 	$(BIN)/python -m e2e.demo up
 
 demo-down: install ## stop everything `make demo` left running (fails if a process is left)
