@@ -4,7 +4,7 @@
    attempt record in status; target median < 1 s.
 2. restart: the same Failed status -> the next attempt's JobSet created, minus the
    configured backoff (1 s here); target median < 2 s. This includes converging: the old
-   JobSet is deleted in the foreground and every old pod must be gone first.
+   JobSet and every old pod are deleted at once, and all must be gone first.
 3. throughput: 200 RTJs created at once; reconciles per second while the operator starts
    all 200 attempts (from its own `rtj_reconciles_total`); target >= 20/s. Also the time
    until every one of the 200 has its JobSet.

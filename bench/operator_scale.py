@@ -124,7 +124,7 @@ class FaultRecord:
     # stages, in seconds after failed_at, as the watches saw them
     detected: float | None = None  # RTJ: classified record; JobSet: status.restarts = 1
     old_pods_gone: float | None = None  # every pod of the first world deleted
-    old_jobset_gone: float | None = None  # RTJ: <job>-a1 deleted (foreground: after its pods)
+    old_jobset_gone: float | None = None  # RTJ: <job>-a1 deleted
     next_created: float | None = None  # RTJ: <job>-a2 created
     admitted: float | None = None  # RTJ: <job>-a2 unsuspended by Kueue
     new_pod_seen: float | None = None  # the first pod of the next world created

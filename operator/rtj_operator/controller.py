@@ -425,16 +425,33 @@ class Controller:
             "uid": meta.uid,
         }
 
+    async def _delete(self, namespace: str, action: rc.DeleteJobSet | rc.DeletePod) -> None:
+        if isinstance(action, rc.DeleteJobSet):
+            await self._io(self.kube.delete_jobset, namespace, action.name)
+        else:
+            await self._io(self.kube.delete_pod, namespace, action.name, action.grace_seconds)
+
     async def apply(self, key: Key, snap: rc.Snapshot, plan: rc.Plan) -> None:
+        """Apply the plan's actions in order; a run of consecutive deletes (the old world's
+        JobSet and pods) goes out concurrently, and the plan stops at the first error."""
         namespace, name = key
         kube = self.kube
-        for action in plan.actions:
-            if isinstance(action, rc.CreateJobSet):
+        actions = list(plan.actions)
+        i = 0
+        while i < len(actions):
+            action = actions[i]
+            i += 1
+            if isinstance(action, (rc.DeleteJobSet, rc.DeletePod)):
+                batch: list[rc.DeleteJobSet | rc.DeletePod] = [action]
+                while i < len(actions):
+                    following = actions[i]
+                    if not isinstance(following, (rc.DeleteJobSet, rc.DeletePod)):
+                        break
+                    batch.append(following)
+                    i += 1
+                await asyncio.gather(*(self._delete(namespace, a) for a in batch))
+            elif isinstance(action, rc.CreateJobSet):
                 await self._io(kube.create_jobset, namespace, action.body)
-            elif isinstance(action, rc.DeleteJobSet):
-                await self._io(kube.delete_jobset, namespace, action.name)
-            elif isinstance(action, rc.DeletePod):
-                await self._io(kube.delete_pod, namespace, action.name, action.grace_seconds)
             elif isinstance(action, rc.TaintNode):
                 taint = action.taint
                 await self._io(kube.edit_taints, action.node, lambda t, x=taint: rc.add_taint(t, x))

@@ -313,10 +313,12 @@ class Kube:
             query={"fieldManager": FIELD_MANAGER},
         )
 
-    def delete_jobset(self, namespace: str, name: str) -> bool:
-        """Foreground deletion: the JobSet goes only after its Jobs and pods. False: absent."""
+    def delete_jobset(self, namespace: str, name: str, propagation: str = "Background") -> bool:
+        """Delete a JobSet; False: absent. Background propagation by default: the JobSet goes
+        at once and the garbage collector deletes its Jobs and pods after it (the operator
+        deletes the pods itself in the same pass and waits until they are gone)."""
         path = _path(*_JOBSETS, "namespaces", namespace, _JOBSET_PLURAL, name)
-        body = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Foreground"}
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": propagation}
         try:
             self.request(f"delete jobset {namespace}/{name}", "DELETE", path, body)
         except NotFound:

@@ -15,7 +15,12 @@ Why this converges after a crash at any moment (the operator is level-triggered)
   JobSet is deleted; the patch carries `metadata.resourceVersion`, so a decision taken on
   a stale read is refused by the API server (409) instead of counting a restart twice.
 - In phase Restarting nothing new starts while any JobSet or pod of an earlier attempt
-  remains; the old JobSet is deleted with foreground propagation and stray pods directly.
+  remains. The plan that records the failure deletes the old JobSet (background
+  propagation) and every old pod directly, in the same pass, rather than waiting for the
+  garbage collector's cascade; later passes delete whatever is still not being deleted.
+  No old Job recreates a pod: a rendered Job has `backoffLimit: 0` and the default pod
+  replacement policy (a deleted pod counts as failed, so the Job fails), and a Job that
+  Kueue suspended creates none; a pod that shows up anyway is deleted and waited for.
 - Taints are idempotent (the same key/value/effect is a no-op), quarantine records keyed
   by node, so a repeated Quarantine decision re-applies nothing.
 
@@ -67,6 +72,10 @@ JOBSET_APPEAR_GRACE = timedelta(seconds=15)
 JOBSET_FAILED_GRACE = timedelta(seconds=5)
 """A failed JobSet whose failed pod has not been seen yet: wait this long for the pod."""
 CONVERGE_POLL_SECONDS = 5.0
+DELETE_RESEND = timedelta(seconds=5)
+"""The plan that records a failure deletes the attempt's JobSet and pods; for this long after
+it (the record's `endedAt`) they are not deleted again while the watch cache has not caught
+up. A delete that failed is sent again after it."""
 STORE_FRESH = timedelta(seconds=10)
 """A store reading older than this is re-read before an attempt is started."""
 STORE_RETRY_SECONDS = 30.0
@@ -79,9 +88,12 @@ STALE_FACTOR = 2
 """CheckpointStale when the newest verified step is older than this many planned intervals."""
 QUEUE_RECHECK = timedelta(seconds=60)
 """While a JobSet waits for admission, the job's LocalQueue is looked up this often."""
-LOCAL_QUEUE_NOT_FOUND = "LocalQueueNotFound"
-"""Admitted=False reason (and Event) when spec.queueName names no LocalQueue (a name for
-api.reasons.Reason, kept here until that module takes it)."""
+USER_FAILURE_SETTLE = timedelta(seconds=5)
+"""A failure whose root cause is user-category (UserError, OutOfMemory, ConfigError) is
+recorded only this long after the first failed rank's termination (its `finishedAt`): a
+GPU node agent may report the XID that explains a CUDA traceback a moment after the
+traceback reaches the operator, and a user-category record fails the job for good.
+Infrastructure, preemption and checkpoint classes are recorded at once."""
 
 
 # --- the observed world -------------------------------------------------------------------
@@ -566,48 +578,104 @@ def _plan_next_attempt(b: _Builder) -> None:
     _record_started(b, n, name, b.now, pin, adopted=False)
 
 
-def _on_deleted_nodes(snap: Snapshot) -> list[str]:
+def _pod_name(pod: Json) -> str:
+    return str(_get(pod, "metadata", "name"))
+
+
+def _on_deleted_nodes(snap: Snapshot) -> set[str]:
     """Pods bound to a node that is not in the node cache any more (the Node was deleted)."""
-    return [
-        str(_get(p, "metadata", "name"))
+    return {
+        _pod_name(p)
         for p in snap.pods
         if (node := _get(p, "spec", "nodeName")) and node not in snap.nodes
-    ]
+    }
+
+
+def _queued_pod_deletes(b: _Builder) -> set[str]:
+    return {a.name for a in (*b.before, *b.after) if isinstance(a, DeletePod)}
 
 
 def _delete_orphans(b: _Builder, pods: Iterable[Json], views: Sequence[JobSetView]) -> None:
     """Pods whose JobSet is gone (orphaned by a non-cascading delete) are deleted directly."""
     alive = {v.name for v in views}
+    queued = _queued_pod_deletes(b)
     for pod in pods:
         owner = _get(pod, "metadata", "labels", keys.JOBSET_NAME_LABEL)
         deleting = _get(pod, "metadata", "deletionTimestamp") is not None
-        if not deleting and owner not in alive:
-            b.after.append(DeletePod(str(_get(pod, "metadata", "name"))))
+        if not deleting and owner not in alive and _pod_name(pod) not in queued:
+            b.after.append(DeletePod(_pod_name(pod)))
+
+
+def _delete_pods(b: _Builder, pods: Iterable[Json], spare: Iterable[str] = ()) -> None:
+    """Delete these pods directly: those not being deleted yet with their own grace period,
+    those on a node that no longer exists by force (grace 0) unless already forced: no
+    kubelet will ever confirm their end, and the machine is gone (what the pod garbage
+    collector does too, but only after its 40 s quarantine and on its own period, which
+    would hold the restart). `spare`: pods not to delete again (a delete just sent)."""
+    on_gone_nodes = _on_deleted_nodes(b.snap)
+    skip = _queued_pod_deletes(b) | set(spare)
+    for pod in pods:
+        name = _pod_name(pod)
+        if name in skip:
+            continue
+        if name in on_gone_nodes:
+            if _get(pod, "metadata", "deletionGracePeriodSeconds") != 0:
+                b.after.append(DeletePod(name, grace_seconds=0))
+        elif _get(pod, "metadata", "deletionTimestamp") is None:
+            b.after.append(DeletePod(name))
+
+
+def _teardown_sent(b: _Builder) -> datetime | None:
+    """When the plan that recorded the current attempt's failure deleted its JobSet and
+    pods, if less than DELETE_RESEND ago (None otherwise): the watch cache may not show
+    those deletions yet, and sending them again would only cost requests."""
+    record = b.status.current
+    if record is None or record.failure_class is None or record.ended_at is None:
+        return None
+    if record.attempt != b.status.attempt or b.now - record.ended_at >= DELETE_RESEND:
+        return None
+    return record.ended_at
 
 
 def _converge(b: _Builder, views: Sequence[JobSetView]) -> bool:
     """Before attempt n+1: delete every JobSet and pod of this job; True while any remains.
 
-    A pod bound to a node that no longer exists is force-deleted: no kubelet will ever
-    confirm its end, and the machine is gone (what the pod garbage collector does too, but
-    only after its 40 s quarantine and on its own period, which would hold the restart)."""
+    The failure's own plan already deleted attempt n's JobSet (background propagation) and
+    its pods; for DELETE_RESEND after it those are not deleted again (a delete that got lost
+    is sent again then). Nothing starts while the cache shows any JobSet or pod of the job:
+    a pod that appears late (an old Job that had not failed yet) is deleted here too."""
+    n = b.status.attempt
+    sent = _teardown_sent(b)
+    spared = False
     for v in views:
-        if not v.deleting:
-            b.after.append(DeleteJobSet(v.name))
-    gone_nodes = _on_deleted_nodes(b.snap)
-    for name in gone_nodes:
-        b.after.append(DeletePod(name, grace_seconds=0))
-    _delete_orphans(b, [p for p in b.snap.pods if _get(p, "metadata", "name") not in gone_nodes],
-                    views)  # fmt: skip
+        if v.deleting:
+            continue
+        if sent is not None and v.attempt == n:
+            spared = True
+            continue
+        b.after.append(DeleteJobSet(v.name))
+    spare = []
+    if sent is not None:
+        for pod in b.snap.pods:
+            created = parse_time(_get(pod, "metadata", "creationTimestamp"))
+            if attempt_of(pod) == n and (created is None or created <= sent):
+                spare.append(_pod_name(pod))
+    spared = spared or bool(spare)
+    _delete_pods(b, b.snap.pods, spare)
     if not views and not b.snap.pods:
         return False
     message = (
-        f"converging before attempt {b.status.attempt + 1}: waiting for {len(views)} "
-        f"JobSet(s) and {len(b.snap.pods)} pod(s) of earlier attempts to go"
-    )
+        f"converging before attempt {n + 1}: waiting for the JobSets and pods of earlier "
+        "attempts to go"
+    )  # no counts: one status patch while converging, not one per pod gone
     b.condition(ConditionType.RESTARTING, True, Reason.WAITING_FOR_OLD_WORLD, message)
-    b.notes.append(message)
+    b.notes.append(
+        f"converging before attempt {n + 1}: {len(views)} JobSet(s) and {len(b.snap.pods)} "
+        "pod(s) of earlier attempts remain"
+    )
     b.requeue_in(CONVERGE_POLL_SECONDS)
+    if spared and sent is not None:
+        b.requeue_in((sent + DELETE_RESEND - b.now).total_seconds())
     return True
 
 
@@ -785,7 +853,28 @@ def _plan_current_attempt(b: _Builder) -> None:
         else:
             _progress(b, current, live)
             return
+    if _settling(b, found):
+        return
     _on_failure(b, found, current)
+
+
+def _settling(b: _Builder, found: Classification) -> bool:
+    """A user-category failure is final only USER_FAILURE_SETTLE after the first failed
+    rank's termination: until then nothing is recorded and the job is classified again at
+    the window's end (or on any change before it: a node label or condition, a pod), with
+    the events read afresh. Other categories are recorded at once."""
+    failed_at = found.failed_at
+    if found.category is not FailureCategory.USER or failed_at is None:
+        return False
+    settled = failed_at + USER_FAILURE_SETTLE
+    if b.now >= settled:
+        return False
+    b.requeue_in((settled - b.now).total_seconds())
+    b.notes.append(
+        f"attempt {b.status.attempt}: {found.failure_class.value} on the first failed rank; "
+        f"classifying again at {settled.isoformat()} (settle window, node agents may report late)"
+    )
+    return True
 
 
 def _read_init_results(b: _Builder, pods: Sequence[Json]) -> None:
@@ -906,15 +995,15 @@ def _awaiting_admission(b: _Builder, js: JobSetView) -> None:
     admitted = next(
         (c for c in b.status.conditions if c.type == ConditionType.ADMITTED.value), None
     )
-    flagged = admitted is not None and admitted.reason == LOCAL_QUEUE_NOT_FOUND
+    flagged = admitted is not None and admitted.reason == Reason.LOCAL_QUEUE_NOT_FOUND.value
     name, namespace = b.rtj.spec.queue_name, b.rtj.metadata.namespace
     if queue.exists is False and not flagged:
         message = (
             f"LocalQueue {name} does not exist in namespace {namespace}; Kueue admits "
             f"JobSet {js.name} only once it does (spec.queueName)"
         )
-        b.condition(ConditionType.ADMITTED, False, LOCAL_QUEUE_NOT_FOUND, message)
-        b.event(True, LOCAL_QUEUE_NOT_FOUND, f"attempt {b.status.attempt}: {message}")
+        b.condition(ConditionType.ADMITTED, False, Reason.LOCAL_QUEUE_NOT_FOUND, message)
+        b.event(True, Reason.LOCAL_QUEUE_NOT_FOUND, f"attempt {b.status.attempt}: {message}")
         b.notes.append(message)
     elif queue.exists is True and flagged:
         b.condition(
@@ -1010,6 +1099,7 @@ def _on_failure(b: _Builder, found: Classification, js: JobSetView | None) -> No
         b.condition(ConditionType.ADMITTED, False, action.reason, f"attempt {n} failed")
         if js is not None and not js.deleting:
             b.after.append(DeleteJobSet(name))
+        _delete_pods(b, b.snap.pods)  # now, not after the JobSet's cascade (see DELETE_RESEND)
         b.event(True, action.reason, f"attempt {n}: {action.message}; {_describe(found)}")
         b.metrics.append(MetricRecord("failure", found.failure_class))
         b.metrics.append(MetricRecord("restart", found.failure_class))

@@ -104,3 +104,5 @@ class Reason(str, Enum):
     CHECKPOINT_STORE_UNREADABLE = "CheckpointStoreUnreadable"
     CHECKPOINT_READABLE = "CheckpointStoreReadable"
     QUARANTINE_LIFTED = "QuarantineLifted"
+    LOCAL_QUEUE_NOT_FOUND = "LocalQueueNotFound"
+    """Admitted=False (and a Warning Event) while spec.queueName names no LocalQueue."""

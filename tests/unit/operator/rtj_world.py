@@ -202,8 +202,10 @@ class Stop(Exception):
 class FakeWorld:
     """An API server plus the controllers the operator relies on, in memory.
 
-    JobSets spawn `replicas` Running pods; a deleted JobSet's pods go away on `tick`
-    (garbage collector + kubelet), then the JobSet itself.
+    JobSets spawn `replicas` Running pods. A JobSet deleted (background propagation) goes at
+    once and its pods on the next `tick` (garbage collector + kubelet); a JobSet that shows a
+    deletionTimestamp (foreground, or set by a test) loses its pods on `tick`, then goes
+    itself. A pod deleted with its grace period goes on the next `tick`, by force at once.
     """
 
     raw: Obj
@@ -213,6 +215,8 @@ class FakeWorld:
     nodes: dict[str, Obj] = field(default_factory=dict)
     events: list[rc.PostEvent] = field(default_factory=list)
     created: list[str] = field(default_factory=list)
+    overlaps: list[str] = field(default_factory=list)
+    """Objects of an earlier attempt that existed when a JobSet was created (must stay empty)."""
     store_step: int | None = 100
 
     def snapshot(self) -> rc.Snapshot:
@@ -233,6 +237,7 @@ class FakeWorld:
             if name in self.jobsets:
                 raise Stop("AlreadyExists")
             attempt = int(body["metadata"]["labels"][keys.ATTEMPT_LABEL])
+            self.overlaps += [*self.jobsets, *self.pods]
             js = jobset(attempt, created=self.now)
             js["metadata"]["annotations"] = dict(body["metadata"].get("annotations") or {})
             self.jobsets[name] = js
@@ -242,11 +247,13 @@ class FakeWorld:
                 p = pod(attempt, i, finished=self.now)
                 self.pods[p["metadata"]["name"]] = p
         elif isinstance(action, rc.DeleteJobSet):
-            js = self.jobsets.get(action.name)
-            if js is not None:
-                js["metadata"]["deletionTimestamp"] = iso(self.now)
+            self.jobsets.pop(action.name, None)
         elif isinstance(action, rc.DeletePod):
-            self.pods.pop(action.name, None)
+            if action.grace_seconds == 0:
+                self.pods.pop(action.name, None)
+            elif action.name in self.pods:
+                meta = self.pods[action.name]["metadata"]
+                meta.setdefault("deletionTimestamp", iso(self.now))
         elif isinstance(action, rc.TaintNode):
             n = self.nodes.setdefault(action.node, node(action.node))
             new = rc.add_taint(n["spec"]["taints"], action.taint)
@@ -267,8 +274,13 @@ class FakeWorld:
             self.events.append(action)
 
     def tick(self, seconds: float = 1.0) -> None:
-        """Time passes; deleted JobSets lose their pods, then go."""
+        """Time passes; deleted pods and pods of a JobSet that is gone go; JobSets being
+        deleted lose their pods, then go."""
         self.now += timedelta(seconds=seconds)
+        for k, p in list(self.pods.items()):
+            owner = p["metadata"]["labels"][keys.JOBSET_NAME_LABEL]
+            if p["metadata"].get("deletionTimestamp") or owner not in self.jobsets:
+                del self.pods[k]
         for name, js in list(self.jobsets.items()):
             if js["metadata"].get("deletionTimestamp"):
                 mine = [

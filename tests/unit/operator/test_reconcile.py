@@ -259,14 +259,74 @@ def test_backoff_is_waited_out_with_a_requeue_not_a_sleep() -> None:
     assert condition(status_of(plan, raw), "Restarting")["reason"] == "BackoffWaiting"
 
 
-def test_old_jobsets_and_orphan_pods_are_deleted_before_the_next_attempt() -> None:
+def test_old_jobsets_and_every_old_pod_are_deleted_before_the_next_attempt() -> None:
     raw = rtj_raw({**running(), "phase": "Restarting"})
     orphan = pod(1, 3)
     orphan["metadata"]["labels"][keys.JOBSET_NAME_LABEL] = "llm-a0"  # its JobSet is gone
-    plan = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=[pod(1, 0), orphan], store=reading(1)))
+    going = pod(1, 1, deleting=True)
+    pods = [pod(1, 0), going, orphan]
+    plan = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=pods, store=reading(1)))
     assert [a.name for a in of(plan, rc.DeleteJobSet)] == ["llm-a1"]
-    assert [a.name for a in of(plan, rc.DeletePod)] == [orphan["metadata"]["name"]]
+    assert [(a.name, a.grace_seconds) for a in of(plan, rc.DeletePod)] == [
+        (pods[0]["metadata"]["name"], None),
+        (orphan["metadata"]["name"], None),
+    ], "every pod not being deleted yet, directly (not only after the JobSet's cascade)"
     assert "CreateJobSet" not in kinds(plan)
+
+
+def _failed_and_recorded() -> tuple[dict[str, Any], list[dict[str, Any]], rc.Plan]:
+    """A NetworkFault on rank 0 of 4, recorded at NOW: the job as stored after it."""
+    raw = rtj_raw(running())
+    pods = [pod(1, 0, exit_code=1, message="NCCL error: unhandled system error")]
+    pods += [pod(1, i) for i in range(1, 4)]
+    restart = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=pods))
+    return with_status(raw, restart), pods, restart
+
+
+def test_the_failure_plan_deletes_the_jobset_and_every_pod_in_the_same_pass() -> None:
+    _, pods, restart = _failed_and_recorded()
+    assert kinds(restart)[:6] == ["PatchStatus", "DeleteJobSet"] + ["DeletePod"] * 4, (
+        "record the failure first, then the whole old world at once"
+    )
+    assert sorted(a.name for a in of(restart, rc.DeletePod)) == sorted(
+        p["metadata"]["name"] for p in pods
+    )
+
+
+def test_deletes_just_sent_are_not_sent_again_until_the_resend_window_passes() -> None:
+    raw, pods, _ = _failed_and_recorded()
+    soon = NOW + timedelta(seconds=1)  # the watch cache has not seen the deletions yet
+    plan = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=pods, now=soon, store=reading(1, soon)))
+    assert not of(plan, rc.DeleteJobSet) and not of(plan, rc.DeletePod)
+    assert "CreateJobSet" not in kinds(plan)
+    assert plan.requeue_after == (rc.DELETE_RESEND - timedelta(seconds=1)).total_seconds()
+    late = pod(1, 9)  # created after the failure's pass: it was not deleted then
+    late["metadata"]["creationTimestamp"] = iso(soon)
+    plan = rc.plan(snapshot(raw, pods=[*pods, late], now=soon, store=reading(1, soon)))
+    assert [a.name for a in of(plan, rc.DeletePod)] == [late["metadata"]["name"]]
+    # a delete that got lost is sent again once the window has passed
+    after = NOW + rc.DELETE_RESEND
+    plan = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=pods, now=after,
+                            store=reading(1, after)))  # fmt: skip
+    assert [a.name for a in of(plan, rc.DeleteJobSet)] == ["llm-a1"]
+    assert len(of(plan, rc.DeletePod)) == 4
+
+
+def test_converging_patches_the_status_once_not_once_per_pod_gone() -> None:
+    raw, pods, _ = _failed_and_recorded()
+    patches = 0
+    for left in range(len(pods), 0, -1):  # the pods go one by one
+        at = NOW + timedelta(seconds=len(pods) - left + 1)
+        going = [pod(1, i, deleting=True) for i in range(left)]
+        plan = rc.plan(snapshot(raw, pods=going, now=at, store=reading(1, at)))
+        assert "CreateJobSet" not in kinds(plan) and not of(plan, rc.DeletePod)
+        if plan.status_patch:
+            patches += 1
+            raw = with_status(raw, plan)
+    assert patches == 1
+    cond = condition(raw["status"], "Restarting")
+    assert cond["reason"] == "WaitingForOldWorld"
+    assert not any(ch.isdigit() for ch in cond["message"].split(":", 1)[1]), cond["message"]
 
 
 def test_pods_on_a_deleted_node_are_force_deleted_so_the_restart_is_not_held() -> None:
@@ -302,13 +362,104 @@ def test_user_errors_fail_fast_and_never_taint() -> None:
     pods = [
         pod(1, 0, exit_code=1, message="Traceback (most recent call last):\nValueError: bad config")
     ]
-    plan = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=pods))
+    settled = NOW + rc.USER_FAILURE_SETTLE
+    plan = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=pods, now=settled))
     assert not of(plan, rc.TaintNode) and not of(plan, rc.DeleteJobSet)
     status = status_of(plan, raw)
     assert status["phase"] == "Failed"
     assert status["attempts"][0]["failureClass"] == "UserError"
     assert condition(status, "Failed")["reason"] == "UserErrorBudgetExhausted"
-    assert not rc.plan(snapshot(with_status(raw, plan), jobsets=[jobset(1)], pods=pods)).actions
+    again = snapshot(with_status(raw, plan), jobsets=[jobset(1)], pods=pods, now=settled)
+    assert not rc.plan(again).actions
+
+
+# --- the settle window before a user-category failure is final ----------------------------------
+
+CUDA_TRACEBACK = (
+    'Traceback (most recent call last):\n  File "train.py", line 212, in <module>\n'
+    "RuntimeError: CUDA error: unspecified launch failure"
+)
+
+
+def _xid_node(name: str, at: Any) -> dict[str, Any]:
+    """The node as the GPU health agent leaves it: an XID 79 condition since `at`."""
+    n = node(name)
+    n["status"]["conditions"].append(
+        {"type": "SysLogsXIDError", "status": "True", "reason": "XIDError",
+         "message": "ErrorCode:79 GPU has fallen off the bus", "lastTransitionTime": iso(at)}
+    )  # fmt: skip
+    return n
+
+
+def test_a_user_failure_is_not_recorded_within_the_settle_window() -> None:
+    raw = rtj_raw(running())
+    pods = [pod(1, 0, exit_code=1, message=CUDA_TRACEBACK), *(pod(1, i) for i in range(1, 4))]
+    for seconds in (0.0, 1.0, 4.5):
+        at = NOW + timedelta(seconds=seconds)
+        plan = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=pods, now=at))
+        assert not plan.actions, "nothing recorded, nothing deleted, nothing tainted"
+        assert plan.requeue_after == (rc.USER_FAILURE_SETTLE.total_seconds() - seconds)
+    events_unread = rc.replace(snapshot(raw, jobsets=[jobset(1)], pods=pods), events=None)
+    assert rc.plan(events_unread).needs_events, "each look reads the events afresh"
+
+
+def test_an_xid_reported_within_the_window_turns_the_record_into_a_gpu_fault() -> None:
+    raw = rtj_raw(running())
+    pods = [pod(1, 0, exit_code=1, message=CUDA_TRACEBACK), *(pod(1, i) for i in range(1, 4))]
+    at = NOW + timedelta(seconds=2)
+    first = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=pods, now=NOW + timedelta(seconds=1)))
+    assert not first.actions
+    nodes = {p["spec"]["nodeName"]: node(p["spec"]["nodeName"]) for p in pods}
+    nodes["gpu-node-000"] = _xid_node("gpu-node-000", at)  # the agent reports a moment late
+    quarantine = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=pods, nodes=nodes, now=at))
+    assert [a.node for a in of(quarantine, rc.TaintNode)] == ["gpu-node-000"]
+    raw = with_status(raw, quarantine)
+    restart = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=pods, nodes=nodes, now=at))
+    status = status_of(restart, raw)
+    record = status["attempts"][0]
+    assert record["failureClass"] == "GPUFault" and record["failureCategory"] == "infrastructure"
+    assert status["phase"] == "Restarting" and status["restarts"]["user"] == 0
+    assert record["detectionSeconds"] == 2.0
+    assert any("SysLogsXIDError" in line for line in record["evidence"])
+
+
+def test_after_the_window_a_user_error_is_recorded() -> None:
+    raw = rtj_raw(running())
+    pods = [pod(1, 0, exit_code=1, message=CUDA_TRACEBACK), *(pod(1, i) for i in range(1, 4))]
+    at = NOW + rc.USER_FAILURE_SETTLE
+    plan = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=pods, now=at))
+    status = status_of(plan, raw)
+    assert status["phase"] == "Failed"
+    record = status["attempts"][0]
+    assert record["failureClass"] == "UserError"
+    assert record["detectionSeconds"] == rc.USER_FAILURE_SETTLE.total_seconds()
+    assert not of(plan, rc.TaintNode)
+
+
+def test_an_oom_waits_out_the_window_too() -> None:
+    raw = rtj_raw(running(), failurePolicy={"userErrorRestarts": 1})
+    pods = [pod(1, 1, exit_code=137, reason="OOMKilled"), pod(1, 0)]
+    waiting = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=pods))
+    assert not waiting.actions and waiting.requeue_after == rc.USER_FAILURE_SETTLE.total_seconds()
+    at = NOW + rc.USER_FAILURE_SETTLE
+    status = status_of(rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=pods, now=at)), raw)
+    assert status["attempts"][0]["failureClass"] == "OutOfMemory"
+    assert status["restarts"]["user"] == 1
+
+
+def test_infrastructure_failures_are_recorded_at_once() -> None:
+    raw = rtj_raw(running())
+    nccl = [pod(1, 0, exit_code=1, message="NCCL error: unhandled system error"), pod(1, 1)]
+    status = status_of(rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=nccl)), raw)
+    assert status["attempts"][0]["failureClass"] == "NetworkFault"
+    assert status["attempts"][0]["detectionSeconds"] == 0.0
+    xid = "RuntimeError: CUDA error\nNVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus"
+    gpu = [pod(1, 0, exit_code=1, message=xid), pod(1, 1)]
+    plan = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=gpu))
+    assert [a.node for a in of(plan, rc.TaintNode)] == ["gpu-node-000"]
+    lost = {"gpu-node-000": node("gpu-node-000", ready=False), "gpu-node-001": node("gpu-node-001")}
+    plan = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=nccl, nodes=lost))
+    assert [a.node for a in of(plan, rc.TaintNode)] == ["gpu-node-000"]
 
 
 def test_node_lost_quarantines_the_lost_node() -> None:

@@ -3,8 +3,8 @@ from a stale read of the job, still converges to one JobSet for the current atte
 orphan pods and exactly one counted restart per failure.
 
 `FakeWorld` applies plans as the API server would (conditional status patches, 409 on a
-second create, foreground deletion finishing on a later tick). A crash is a plan cut short
-after any action; a restart is just the next plan, from what exists.
+second create, a deleted JobSet gone at once and its pods on a later tick). A crash is a
+plan cut short after any action; a restart is just the next plan, from what exists.
 """
 
 from __future__ import annotations
@@ -93,5 +93,6 @@ def test_crash_at_any_point_converges_and_counts_each_restart_once(
     assert list(world.jobsets) == [f"llm-a{n}"], "exactly one JobSet, the current attempt's"
     assert {p["metadata"]["labels"][keys.ATTEMPT_LABEL] for p in world.pods.values()} == {str(n)}
     assert world.created == [f"llm-a{i}" for i in range(1, n + 1)], "no attempt created twice"
+    assert world.overlaps == [], "every old JobSet and pod was gone before the next JobSet"
     quarantined = {q["node"] for q in status.get("quarantinedNodes", [])}
     assert quarantined == ({"gpu-node-000"} if any(faults) else set())

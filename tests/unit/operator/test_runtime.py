@@ -146,7 +146,7 @@ class FakeKube:
         self.calls.append(("delete_jobset", name))
         return True
 
-    def delete_pod(self, namespace: str, name: str) -> bool:
+    def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> bool:
         self.calls.append(("delete_pod", name))
         return True
 
@@ -227,6 +227,31 @@ def test_controller_retries_quickly_on_a_stale_decision() -> None:
         assert calls == ["list_events"] * 3 + ["patch_status"], "nothing deleted after a refusal"
         assert sample(reg, "rtj_restarts_total", {"namespace": "team-a", "name": "llm",
                                                   "class": "NetworkFault"}) == 0  # fmt: skip
+        c.executor.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_a_failure_is_recorded_then_the_whole_old_world_deleted_in_one_pass() -> None:
+    async def scenario() -> None:
+        kube, reg = FakeKube(), CollectorRegistry()
+        c = _controller(kube, reg)
+        status = {
+            "phase": "Running",
+            "attempt": 1,
+            "attempts": [{"attempt": 1, "jobSet": "llm-a1"}],
+        }
+        c.on_rtj(None, rtj_raw(status))
+        c.on_jobset(None, jobset(1))
+        c.on_pod(None, pod(1, 0, exit_code=1, message="NCCL error: unhandled system error"))
+        for i in (1, 2, 3):
+            c.on_pod(None, pod(1, i))
+        await c.reconcile(("team-a", "llm"))
+        await asyncio.gather(*c._posting)
+        calls = [x[0] for x in kube.calls if x[0] != "list_events"]
+        assert calls[0] == "patch_status", "the failure is recorded before anything is deleted"
+        assert sorted(calls[1:6]) == ["delete_jobset"] + ["delete_pod"] * 4
+        assert calls[6:] == ["event"]
         c.executor.shutdown()
 
     asyncio.run(scenario())
