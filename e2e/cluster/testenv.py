@@ -322,11 +322,11 @@ def delete_test_namespace(tn: TestNamespace, timeout: float = 60.0) -> None:
         # real cluster; clear them the way an administrator would: drop leftover test
         # finalizers and force-delete.
         for pod in kube.core.list_namespaced_pod(tn.name).items:
-            if pod.metadata.finalizers:
-                kube.core.patch_namespaced_pod(
-                    pod.metadata.name, tn.name, {"metadata": {"finalizers": None}}
-                )
-            try:
+            try:  # a pod may vanish meanwhile: 404 is what we want
+                if pod.metadata.finalizers:
+                    kube.core.patch_namespaced_pod(
+                        pod.metadata.name, tn.name, {"metadata": {"finalizers": None}}
+                    )
                 kube.core.delete_namespaced_pod(pod.metadata.name, tn.name, grace_period_seconds=0)
             except ApiException as exc:
                 if exc.status != 404:

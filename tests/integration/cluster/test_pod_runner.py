@@ -25,7 +25,9 @@ Obj = dict[str, Any]
 
 
 @pytest.fixture
-def runner(rtj_cluster: Any, tmp_path: Path) -> Iterator[PodRunner]:
+def runner(rtj_cluster: Any, rtj_ns: Any, tmp_path: Path) -> Iterator[PodRunner]:
+    """Set up after the test's namespace, so torn down after it is deleted: the runner is
+    the kubelet that finalizes the namespace's pods."""
     prefix = f"runner-{uuid.uuid4().hex[:4]}-"
     r = PodRunner(
         rtj_cluster.kubeconfig, tmp_path / "runner", nodes=1, prefix=prefix, taints=[TAINT]
