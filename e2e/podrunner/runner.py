@@ -384,7 +384,7 @@ class PodRunner:
         beats = 0
         while not stop.wait(HEARTBEAT_SECONDS):
             beats += 1
-            for name in self.node_names:
+            for name in list(self.node_names):
                 try:
                     self._renew_lease(name)
                     if beats % 3 == 0:
