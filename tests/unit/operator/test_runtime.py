@@ -209,18 +209,19 @@ def test_controller_starts_an_attempt_and_remembers_its_own_status_write() -> No
     asyncio.run(scenario())
 
 
+def _running_attempt_1(c: Any) -> None:
+    """The controller's caches hold job `llm` running attempt 1 (JobSet llm-a1)."""
+    status = {"phase": "Running", "attempt": 1, "attempts": [{"attempt": 1, "jobSet": "llm-a1"}]}
+    c.on_rtj(None, rtj_raw(status))
+    c.on_jobset(None, jobset(1))
+
+
 def test_controller_retries_quickly_on_a_stale_decision() -> None:
     async def scenario() -> None:
         kube, reg = FakeKube(), CollectorRegistry()
         kube.conflict = True
         c = _controller(kube, reg)
-        status = {
-            "phase": "Running",
-            "attempt": 1,
-            "attempts": [{"attempt": 1, "jobSet": "llm-a1"}],
-        }
-        c.on_rtj(None, rtj_raw(status))
-        c.on_jobset(None, jobset(1))
+        _running_attempt_1(c)
         c.on_pod(None, pod(1, 0, exit_code=1, message="NCCL timeout"))
         assert await c.reconcile(("team-a", "llm")) == ctl.CONFLICT_RETRY_SECONDS
         calls = [x[0] for x in kube.calls]
@@ -236,13 +237,7 @@ def test_a_failure_is_recorded_then_the_whole_old_world_deleted_in_one_pass() ->
     async def scenario() -> None:
         kube, reg = FakeKube(), CollectorRegistry()
         c = _controller(kube, reg)
-        status = {
-            "phase": "Running",
-            "attempt": 1,
-            "attempts": [{"attempt": 1, "jobSet": "llm-a1"}],
-        }
-        c.on_rtj(None, rtj_raw(status))
-        c.on_jobset(None, jobset(1))
+        _running_attempt_1(c)
         c.on_pod(None, pod(1, 0, exit_code=1, message="NCCL error: unhandled system error"))
         for i in (1, 2, 3):
             c.on_pod(None, pod(1, i))
