@@ -127,16 +127,19 @@ class PodWorker(threading.Thread):
             if self.stopping.is_set() or self._run_to_end(plan) != 0:
                 return
         mains = [p for p in plans if not p.init]
-        for plan in mains:
-            if not self.stopping.is_set():
-                self._start(plan)
+        running = [p for p in mains if not self.stopping.is_set() and self._start(p)]
         self._report()
-        for plan in mains:
-            self._wait(plan)
+        while running:  # report each exit as it happens (sidecars may outlive the trainer)
+            for plan in [p for p in running if self.procs[p.container].poll() is not None]:
+                running.remove(plan)
+                self._wait(plan)
+            time.sleep(0.05)
 
     def _run_to_end(self, plan: LocalProcess) -> int:
-        if self._start(plan) is None:
-            return 1
+        if self._start(plan) is None:  # could not start: its exit (127) is already recorded
+            self._report()
+            term = self.run_state.get(plan.container).terminated
+            return int(term["exitCode"]) if term else 1
         self._report()
         return self._wait(plan)
 

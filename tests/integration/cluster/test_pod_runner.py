@@ -184,3 +184,15 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return "Z"
+
+
+def test_a_command_that_does_not_exist_exits_127_like_a_runtime_reports_it(
+    rtj_cluster: Any, rtj_ns: Any, runner: PodRunner
+) -> None:
+    kube, ns = rtj_cluster.kube, rtj_ns.name
+    init = {"name": "init", "image": "local", "command": ["no-such-program-rtj"]}
+    main = _sh("main", "exit 0")
+    kube.core.create_namespaced_pod(ns, _pod("p", runner.node_names[0], [main], [init]))
+    status = _until("the pod to end", lambda: _terminal(kube, ns, "p"))
+    assert status["phase"] == "Failed"
+    assert status["initContainerStatuses"][0]["state"]["terminated"]["exitCode"] == 127
