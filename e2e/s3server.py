@@ -143,6 +143,11 @@ class S3Server:
         self.client().create_bucket(Bucket=bucket)
         return bucket
 
+    @property
+    def pid(self) -> int:
+        """The server process (0 when not running)."""
+        return self._proc.pid if self._proc is not None else 0
+
     def log(self) -> str:
         try:
             return self._log_path.read_text(errors="replace")[-4000:]

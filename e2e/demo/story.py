@@ -280,7 +280,6 @@ class Run:
     events_seen: set[str] = field(default_factory=set)
     progress: dict[int, int] = field(default_factory=dict)  # attempt -> last step shown
     fault_at: float | None = None
-    fault_wall: float | None = None
     fault_node: str | None = None
     fault_pod: str | None = None
     new_pods_running_at: float | None = None
@@ -304,26 +303,30 @@ def _rank_logs(opts: Options, pods: list[dict[str, Any]], attempt: int) -> dict[
     return out
 
 
-def collect_losses(opts: Options, attempts: int) -> tuple[report.Losses, dict[int, int | None]]:
-    """Rank 0's losses per attempt, and the step each attempt restored, from the runner's
-    per-pod directories (every attempt's pods, gone or not)."""
-    losses: report.Losses = {}
-    restored: dict[int, int | None] = {}
+def _attempt_lines(opts: Options, attempt: int) -> dict[int, list[str]]:
+    """Each rank's JSON lines for one attempt, from the runner's per-pod directories (the
+    pods of every attempt, gone or not)."""
     root = opts.state / "runner" / "pods" / NAMESPACE
-    for attempt in range(1, attempts + 1):
-        for f in sorted(root.glob(f"*-a{attempt}-*/volumes/train-logs/rank-0.jsonl")):
-            lines = f.read_text().splitlines()
-            losses[attempt] = report.parse_losses(lines)
-            restored[attempt] = report.restore_step(lines)
-    return losses, restored
+    return {
+        int(f.stem.split("-")[1]): f.read_text().splitlines()
+        for f in sorted(root.glob(f"*-a{attempt}-*/volumes/train-logs/rank-*.jsonl"))
+    }
 
 
 def all_rank_losses(opts: Options, attempt: int) -> dict[int, list[tuple[int, float]]]:
-    root = opts.state / "runner" / "pods" / NAMESPACE
-    out: dict[int, list[tuple[int, float]]] = {}
-    for f in sorted(root.glob(f"*-a{attempt}-*/volumes/train-logs/rank-*.jsonl")):
-        out[int(f.stem.split("-")[1])] = report.parse_losses(f.read_text().splitlines())
-    return out
+    return {r: report.parse_losses(lines) for r, lines in _attempt_lines(opts, attempt).items()}
+
+
+def collect_losses(opts: Options, attempts: int) -> tuple[report.Losses, dict[int, int | None]]:
+    """Rank 0's losses per attempt, and the step each attempt restored."""
+    losses: report.Losses = {}
+    restored: dict[int, int | None] = {}
+    for attempt in range(1, attempts + 1):
+        lines = _attempt_lines(opts, attempt).get(0)
+        if lines is not None:
+            losses[attempt] = report.parse_losses(lines)
+            restored[attempt] = report.restore_step(lines)
+    return losses, restored
 
 
 def up(opts: Options, display: Display | None = None) -> report.Summary:
@@ -355,7 +358,7 @@ def up(opts: Options, display: Display | None = None) -> report.Summary:
 
     d.phase("2/7 Checkpoint store: an S3 API server on loopback")
     s3 = S3Server(opts.state / "logs").start()
-    state["pids"]["s3"] = s3._proc.pid if s3._proc else 0
+    state["pids"]["s3"] = s3.pid
     _save_state(opts, state)
     s3.client().create_bucket(Bucket=BUCKET)
     _secret(kube, s3)
@@ -468,7 +471,7 @@ def _inject_fault(opts: Options, kube: HarnessKube, d: Display, run: Run) -> Non
     pid = int(pid_file.read_text())
     workers = descendants(pid)
     faults.gpu_xid(kube, node, XID)
-    run.fault_at, run.fault_wall = time.monotonic(), time.time()
+    run.fault_at = time.monotonic()
     for w in workers:  # the training process dies; torchrun (the entrypoint) reports it
         with contextlib.suppress(ProcessLookupError):
             os.kill(w, signal.SIGKILL)
