@@ -224,6 +224,7 @@ class Controller:
             lambda b: [job_key_of(b)] if job_key_of(b) else [], rc.trim_jobset
         )
         self.nodes = WatchCache(lambda b: [(b.get("metadata") or {}).get("name")], rc.trim_node)
+        self.deleted_nodes: set[str] = set()
         self.gone: dict[Key, dict[str, dict[str, Any]]] = {}
         self.synced = asyncio.Event()
         self.store_readings: dict[Key, rc.StoreReading] = {}
@@ -271,8 +272,14 @@ class Controller:
             self.queue.add(key)
 
     def on_node(self, event_type: str | None, body: Mapping[str, Any]) -> None:
-        self.nodes.apply(event_type, body)
-        self._touch_node((body.get("metadata") or {}).get("name", ""))
+        name = (body.get("metadata") or {}).get("name", "")
+        if self.nodes.apply(event_type, body):
+            # only a Node seen deleted proves the machine gone (not one the cache lacks)
+            if event_type == "DELETED":
+                self.deleted_nodes.add(name)
+            else:
+                self.deleted_nodes.discard(name)
+        self._touch_node(name)
 
     def _touch_node(self, name: str) -> None:
         for pod in self.pods.get(("node", name)):
@@ -321,6 +328,7 @@ class Controller:
             pods=pods,
             gone_pods=gone_pods,
             nodes=nodes,
+            deleted_nodes=frozenset(node_names & self.deleted_nodes),
             events=None,
             now=self.clock(),
             store=self.store_readings.get(key),
@@ -433,14 +441,20 @@ class Controller:
 
     async def apply(self, key: Key, snap: rc.Snapshot, plan: rc.Plan) -> None:
         """Apply the plan's actions in order; a run of consecutive deletes (the old world's
-        JobSet and pods) goes out concurrently, and the plan stops at the first error."""
+        JobSet and pods) goes out concurrently. The plan stops at the first error, except
+        that once its status patch is committed a failed delete still lets the decision's
+        Events and metrics out (the next reconcile re-sends deletes, never the decision)."""
         namespace, name = key
         kube = self.kube
         actions = list(plan.actions)
+        committed = not any(isinstance(a, rc.PatchStatus) for a in actions)
+        failed: BaseException | None = None
         i = 0
         while i < len(actions):
             action = actions[i]
             i += 1
+            if failed is not None and not isinstance(action, rc.PostEvent):
+                continue
             if isinstance(action, (rc.DeleteJobSet, rc.DeletePod)):
                 batch: list[rc.DeleteJobSet | rc.DeletePod] = [action]
                 while i < len(actions):
@@ -449,7 +463,13 @@ class Controller:
                         break
                     batch.append(following)
                     i += 1
-                await asyncio.gather(*(self._delete(namespace, a) for a in batch))
+                results = await asyncio.gather(
+                    *(self._delete(namespace, a) for a in batch), return_exceptions=True
+                )
+                errors = [r for r in results if isinstance(r, BaseException)]
+                if errors and not committed:
+                    raise errors[0]
+                failed = errors[0] if errors else None
             elif isinstance(action, rc.CreateJobSet):
                 await self._io(kube.create_jobset, namespace, action.body)
             elif isinstance(action, rc.TaintNode):
@@ -471,10 +491,13 @@ class Controller:
                     )
                 except NotFound:
                     return
+                committed = True
                 self._remember(key, new)
             elif isinstance(action, rc.PostEvent):
                 self._post_later(key, self._involved(snap), action)
         self._record(key, plan.metrics)
+        if failed is not None:
+            raise failed
 
     def _post_later(self, key: Key, involved: dict[str, Any], event: rc.PostEvent) -> None:
         """Events go out in the background: a decision never waits for its Event."""
@@ -576,7 +599,10 @@ class Controller:
             key = job_key_of(js)
             if key is not None:
                 self.queue.add(key)
-        self.nodes.replace(nodes, nodes_rv)
+        listed_nodes = {(n.get("metadata") or {}).get("name", "") for n in nodes}
+        for gone_node in self.nodes.replace(nodes, nodes_rv):
+            self.deleted_nodes.add((gone_node.get("metadata") or {}).get("name", ""))
+        self.deleted_nodes -= listed_nodes
         listed = set()
         for body in rtjs:
             meta = body.get("metadata") or {}

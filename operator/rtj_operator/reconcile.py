@@ -189,6 +189,9 @@ class Snapshot:
     stored_status: Mapping[str, Any] = field(default_factory=dict)
     """`status` exactly as the API server returned it (the base of the merge patch)."""
     queue: QueueReading | None = None
+    deleted_nodes: frozenset[str] = frozenset()
+    """Nodes of these pods seen deleted (a watch DELETED or absent from a LIST): positive
+    evidence the machine is gone, unlike a node the cache merely lacks."""
 
 
 def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
@@ -583,11 +586,13 @@ def _pod_name(pod: Json) -> str:
 
 
 def _on_deleted_nodes(snap: Snapshot) -> set[str]:
-    """Pods bound to a node that is not in the node cache any more (the Node was deleted)."""
+    """Pods bound to a node seen deleted (a node the cache merely lacks does not count:
+    force-deleting a pod a live kubelet still runs would free its GPUs too early)."""
     return {
         _pod_name(p)
         for p in snap.pods
-        if (node := _get(p, "spec", "nodeName")) and node not in snap.nodes
+        if (node := _get(p, "spec", "nodeName")) in snap.deleted_nodes
+        and node not in snap.nodes
     }
 
 
@@ -632,7 +637,8 @@ def _teardown_sent(b: _Builder) -> datetime | None:
     record = b.status.current
     if record is None or record.failure_class is None or record.ended_at is None:
         return None
-    if record.attempt != b.status.attempt or b.now - record.ended_at >= DELETE_RESEND:
+    since = b.now - record.ended_at  # negative: another replica's clock wrote ended_at
+    if record.attempt != b.status.attempt or not timedelta(0) <= since < DELETE_RESEND:
         return None
     return record.ended_at
 
@@ -867,8 +873,8 @@ def _settling(b: _Builder, found: Classification) -> bool:
     if found.category is not FailureCategory.USER or failed_at is None:
         return False
     settled = failed_at + USER_FAILURE_SETTLE
-    if b.now >= settled:
-        return False
+    if b.now >= settled or failed_at - b.now > USER_FAILURE_SETTLE:
+        return False  # settled, or a kubelet clock so far ahead that waiting means nothing
     b.requeue_in((settled - b.now).total_seconds())
     b.notes.append(
         f"attempt {b.status.attempt}: {found.failure_class.value} on the first failed rank; "

@@ -155,6 +155,7 @@ def snapshot(
     events: list[Obj] | None = None,
     now: datetime = NOW,
     store: rc.StoreReading | None = None,
+    deleted_nodes: frozenset[str] = frozenset(),
 ) -> rc.Snapshot:
     pods = pods or []
     return rc.Snapshot(
@@ -168,6 +169,7 @@ def snapshot(
         now=now,
         store=store,
         stored_status=raw.get("status") or {},
+        deleted_nodes=deleted_nodes,
     )
 
 

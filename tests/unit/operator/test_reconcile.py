@@ -312,6 +312,14 @@ def test_deletes_just_sent_are_not_sent_again_until_the_resend_window_passes() -
     assert len(of(plan, rc.DeletePod)) == 4
 
 
+def test_a_teardown_stamped_by_a_clock_ahead_of_ours_is_not_trusted_to_be_recent() -> None:
+    raw, pods, _ = _failed_and_recorded()
+    earlier = NOW - timedelta(minutes=10)  # a new leader whose clock is 10 minutes behind
+    plan = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=pods, now=earlier,
+                            store=reading(1, earlier)))  # fmt: skip
+    assert [a.name for a in of(plan, rc.DeleteJobSet)] == ["llm-a1"], "deletes are re-sent"
+
+
 def test_converging_patches_the_status_once_not_once_per_pod_gone() -> None:
     raw, pods, _ = _failed_and_recorded()
     patches = 0
@@ -335,11 +343,14 @@ def test_pods_on_a_deleted_node_are_force_deleted_so_the_restart_is_not_held() -
     alive = pod(1, 0, deleting=True)
     nodes = {"gpu-node-000": node("gpu-node-000")}  # gpu-node-001 no longer exists
     snap = snapshot(raw, jobsets=[jobset(1, deleting=True)], pods=[alive, stuck], nodes=nodes,
-                    store=reading(1))  # fmt: skip
+                    store=reading(1), deleted_nodes=frozenset({"gpu-node-001"}))  # fmt: skip
     plan = rc.plan(snap)
     deletes = of(plan, rc.DeletePod)
     assert [(a.name, a.grace_seconds) for a in deletes] == [(stuck["metadata"]["name"], 0)]
     assert "CreateJobSet" not in kinds(plan), "still converging until both pods are gone"
+    # a node the cache merely lacks (its watch event not in yet) is no proof: no force
+    unseen = rc.plan(rc.replace(snap, deleted_nodes=frozenset()))
+    assert not of(unseen, rc.DeletePod)
 
 
 def test_a_restart_is_counted_once_however_often_the_same_world_is_seen() -> None:
@@ -401,6 +412,15 @@ def test_a_user_failure_is_not_recorded_within_the_settle_window() -> None:
         assert plan.requeue_after == (rc.USER_FAILURE_SETTLE.total_seconds() - seconds)
     events_unread = rc.replace(snapshot(raw, jobsets=[jobset(1)], pods=pods), events=None)
     assert rc.plan(events_unread).needs_events, "each look reads the events afresh"
+
+
+def test_a_kubelet_clock_far_ahead_does_not_hold_a_user_failure_open() -> None:
+    raw = rtj_raw(running())
+    ahead = NOW + timedelta(minutes=10)
+    pods = [pod(1, 0, exit_code=1, message=CUDA_TRACEBACK, finished=ahead),
+            *(pod(1, i) for i in range(1, 4))]  # fmt: skip
+    plan = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=pods, now=NOW))
+    assert status_of(plan, raw)["attempts"][0]["failureClass"] == "UserError"
 
 
 def test_an_xid_reported_within_the_window_turns_the_record_into_a_gpu_fault() -> None:

@@ -6,14 +6,15 @@ import asyncio
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from rtj_test_support import NOW, make_job
-from rtj_world import jobset, pod, rtj_raw
+from rtj_world import jobset, node, pod, rtj_raw
 
 from rtj_operator import controller as ctl
 from rtj_operator.api import FailureClass, ResilientTrainingJob
 from rtj_operator.cache import WatchCache
-from rtj_operator.kube import Conflict
+from rtj_operator.kube import Conflict, Unavailable
 from rtj_operator.leader import LeaseRecord, Move, lease_decision
 from rtj_operator.metrics import Metrics, sample
 from rtj_operator.selection import Selection
@@ -250,6 +251,53 @@ def test_a_failure_is_recorded_then_the_whole_old_world_deleted_in_one_pass() ->
         c.executor.shutdown()
 
     asyncio.run(scenario())
+
+
+def test_a_failed_delete_still_lets_the_committed_decisions_event_and_metrics_out() -> None:
+    async def scenario() -> None:
+        kube, reg = FakeKube(), CollectorRegistry()
+        deletes = kube.delete_pod
+
+        def flaky(namespace: str, name: str, grace_seconds: int | None = None) -> bool:
+            if name.endswith("-2-abcde"):
+                raise Unavailable("delete pod: 503", 503)
+            return deletes(namespace, name, grace_seconds)
+
+        kube.delete_pod = flaky  # type: ignore[method-assign]
+        c = _controller(kube, reg)
+        _running_attempt_1(c)
+        c.on_pod(None, pod(1, 0, exit_code=1, message="NCCL error: unhandled system error"))
+        for i in (1, 2, 3):
+            c.on_pod(None, pod(1, i))
+        with pytest.raises(Unavailable):
+            await c.reconcile(("team-a", "llm"))
+        await asyncio.gather(*c._posting)
+        assert "event" in [x[0] for x in kube.calls], "the decision's Event went out"
+        record = c.rtjs[("team-a", "llm")]["status"]["attempts"][0]
+        labels = {"namespace": "team-a", "name": "llm", "class": record["failureClass"]}
+        assert sample(reg, "rtj_restarts_total", labels) == 1, "the committed restart counts"
+        c.executor.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_only_a_node_seen_deleted_counts_as_deleted() -> None:
+    kube, reg = FakeKube(), CollectorRegistry()
+    c = _controller(kube, reg)
+    _running_attempt_1(c)
+    p = pod(1, 0)
+    c.on_pod(None, p)
+    name = p["spec"]["nodeName"]
+    body = {**node(name), "metadata": {"name": name, "uid": "n1", "resourceVersion": "5"}}
+    snap = c.snapshot(("team-a", "llm"))
+    assert snap is not None and snap.deleted_nodes == frozenset(), "never seen: no proof"
+    c.on_node("DELETED", body)
+    snap = c.snapshot(("team-a", "llm"))
+    assert snap is not None and snap.deleted_nodes == {name}
+    c.on_node("ADDED", {**body, "metadata": {**body["metadata"], "uid": "n2"}})
+    snap = c.snapshot(("team-a", "llm"))
+    assert snap is not None and snap.deleted_nodes == frozenset(), "a node back is not gone"
+    c.executor.shutdown()
 
 
 def test_deleted_pods_are_remembered_for_classification() -> None:
