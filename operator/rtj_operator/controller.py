@@ -361,10 +361,9 @@ class Controller:
                 return rc.StoreReading(self.clock(), error=f"credentials secret: {exc}")
         return rc.StoreReading(self.clock(), selection=picked)
 
-    def read_queue(self, rtj: ResilientTrainingJob) -> rc.QueueReading:
+    def read_queue(self, namespace: str, name: str) -> rc.QueueReading:
         """Look the job's Kueue LocalQueue up by name (blocking). A missing LocalQueue is an
         answer; any other failure (not permitted, Kueue's API not served) is "unknown"."""
-        namespace, name = rtj.metadata.namespace, rtj.spec.queue_name
         path = "/" + "/".join(
             quote(p, safe="")
             for p in ("apis", KUEUE_GROUP, KUEUE_VERSION, "namespaces", namespace,
@@ -375,12 +374,13 @@ class Controller:
         except NotFound as exc:
             # a missing object names itself; an API Kueue does not serve is a bare 404
             missing = f'"{name}" not found' in str(exc)
-            return rc.QueueReading(self.clock(), exists=False if missing else None, detail=str(exc))
+            return rc.QueueReading(
+                self.clock(), exists=False if missing else None, detail=str(exc), name=name
+            )
         except KubeError as exc:
-            log.debug("%s/%s: LocalQueue %s not looked up: %s", namespace, rtj.metadata.name,
-                      name, exc)  # fmt: skip
-            return rc.QueueReading(self.clock(), exists=None, detail=str(exc))
-        return rc.QueueReading(self.clock(), exists=True)
+            log.debug("LocalQueue %s/%s not looked up: %s", namespace, name, exc)
+            return rc.QueueReading(self.clock(), exists=None, detail=str(exc), name=name)
+        return rc.QueueReading(self.clock(), exists=True, name=name)
 
     async def reconcile(self, key: Key) -> float | None:
         """One reconcile; returns seconds until the key should be looked at again."""
@@ -399,7 +399,9 @@ class Controller:
                     self.store_readings[key] = reading
                     snap = rc.with_store(snap, reading)
                 elif plan.needs_queue:
-                    looked_up = await self._io(self.read_queue, snap.rtj)
+                    looked_up = await self._io(
+                        self.read_queue, snap.rtj.metadata.namespace, plan.needs_queue
+                    )
                     self.queue_readings[key] = looked_up
                     snap = rc.with_queue(snap, looked_up)
                 else:

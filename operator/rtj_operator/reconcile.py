@@ -125,6 +125,7 @@ class JobSetView:
     failed: bool
     failed_at: datetime | None
     failure_message: str
+    queue_name: str | None = None
 
 
 def read_jobset(raw: Json) -> JobSetView:
@@ -146,6 +147,7 @@ def read_jobset(raw: Json) -> JobSetView:
         failed=failed is not None,
         failed_at=parse_time(failed.get("lastTransitionTime")) if failed else None,
         failure_message=str(failed.get("message", "")) if failed else "",
+        queue_name=_get(raw, "metadata", "labels", keys.KUEUE_QUEUE_LABEL),
     )
 
 
@@ -166,6 +168,8 @@ class QueueReading:
     read_at: datetime
     exists: bool | None
     detail: str = ""
+    name: str = ""
+    """The LocalQueue looked up; a reading of another name is no answer for this one."""
 
 
 @dataclass(frozen=True)
@@ -283,7 +287,8 @@ class Plan:
     metrics: tuple[MetricRecord, ...] = ()
     summary: str = ""
     needs_events: bool = False
-    needs_queue: bool = False
+    needs_queue: str | None = None
+    """The LocalQueue to look up (the one the waiting JobSet is labelled with)."""
 
     @property
     def status_patch(self) -> PatchStatus | None:
@@ -404,7 +409,8 @@ class _Builder:
     requeue: float | None = None
     needs_store: bool = False
     needs_events: bool = False
-    needs_queue: bool = False
+    needs_queue: str | None = None
+    """The LocalQueue to look up (the one the waiting JobSet is labelled with)."""
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -453,7 +459,9 @@ class _Builder:
         if self.needs_events:  # incomplete: plan again with the events about the failure
             return Plan((), None, False, (), "reading events", needs_events=True)
         if self.needs_queue:  # incomplete: plan again with the LocalQueue looked up
-            return Plan((), None, False, (), "looking up the LocalQueue", needs_queue=True)
+            return Plan(
+                (), None, False, (), "looking up the LocalQueue", needs_queue=self.needs_queue
+            )
         original = self.snap.rtj.status
         generation = self.rtj.metadata.generation or None
         if generation is not None and self.status.observed_generation != generation:
@@ -591,8 +599,7 @@ def _on_deleted_nodes(snap: Snapshot) -> set[str]:
     return {
         _pod_name(p)
         for p in snap.pods
-        if (node := _get(p, "spec", "nodeName")) in snap.deleted_nodes
-        and node not in snap.nodes
+        if (node := _get(p, "spec", "nodeName")) in snap.deleted_nodes and node not in snap.nodes
     }
 
 
@@ -994,15 +1001,16 @@ def _awaiting_admission(b: _Builder, js: JobSetView) -> None:
     """Kueue has not admitted the group yet. If spec.queueName names no LocalQueue it never
     will: say so in the Admitted condition (Kueue itself only tells its Workload)."""
     queue = b.snap.queue
-    if queue is None or b.now - queue.read_at >= QUEUE_RECHECK:
-        b.needs_queue = True
+    # the queue the JobSet was labelled with at creation (spec.queueName may change since)
+    name, namespace = js.queue_name or b.rtj.spec.queue_name, b.rtj.metadata.namespace
+    if queue is None or queue.name != name or b.now - queue.read_at >= QUEUE_RECHECK:
+        b.needs_queue = name
         return
     b.requeue_in((queue.read_at + QUEUE_RECHECK - b.now).total_seconds())
     admitted = next(
         (c for c in b.status.conditions if c.type == ConditionType.ADMITTED.value), None
     )
     flagged = admitted is not None and admitted.reason == Reason.LOCAL_QUEUE_NOT_FOUND.value
-    name, namespace = b.rtj.spec.queue_name, b.rtj.metadata.namespace
     if queue.exists is False and not flagged:
         message = (
             f"LocalQueue {name} does not exist in namespace {namespace}; Kueue admits "

@@ -155,8 +155,8 @@ def test_suspended_jobset_keeps_the_job_pending() -> None:
     raw = rtj_raw({"phase": "Pending", "attempt": 1, "attempts": running()["attempts"]})
     plan = rc.plan(snapshot(raw, jobsets=[jobset(1, suspended=True)]))
     assert not plan.status_patch
-    assert plan.needs_queue, "waiting for admission: is there a LocalQueue at all?"
-    there = rc.QueueReading(NOW, exists=True)
+    assert plan.needs_queue == "team-a", "waiting for admission: is there a LocalQueue at all?"
+    there = rc.QueueReading(NOW, exists=True, name="team-a")
     plan = rc.plan(rc.with_queue(snapshot(raw, jobsets=[jobset(1, suspended=True)]), there))
     assert not plan.status_patch and not plan.needs_queue
     assert plan.requeue_after == rc.QUEUE_RECHECK.total_seconds()
@@ -165,7 +165,7 @@ def test_suspended_jobset_keeps_the_job_pending() -> None:
 def test_a_queue_that_does_not_exist_is_reported_in_the_admitted_condition() -> None:
     raw = rtj_raw({"phase": "Pending", "attempt": 1, "attempts": running()["attempts"]})
     waiting = snapshot(raw, jobsets=[jobset(1, suspended=True)])
-    missing = rc.QueueReading(NOW, exists=False, detail='"team-a" not found')
+    missing = rc.QueueReading(NOW, exists=False, detail='"team-a" not found', name="team-a")
     plan = rc.plan(rc.with_queue(waiting, missing))
     admitted = condition(status_of(plan, raw), "Admitted")
     assert admitted["status"] == "False" and admitted["reason"] == "LocalQueueNotFound"
@@ -178,13 +178,27 @@ def test_a_queue_that_does_not_exist_is_reported_in_the_admitted_condition() -> 
     assert not again.actions, "said once"
     stale = snapshot(raw, jobsets=[jobset(1, suspended=True)], now=NOW + rc.QUEUE_RECHECK)
     assert rc.plan(rc.with_queue(stale, missing)).needs_queue, "looked up again later"
-    created = rc.QueueReading(NOW, exists=True)
+    created = rc.QueueReading(NOW, exists=True, name="team-a")
     fixed = rc.plan(rc.with_queue(snapshot(raw, jobsets=[jobset(1, suspended=True)]), created))
     assert condition(status_of(fixed, raw), "Admitted")["reason"] == "AwaitingAdmission"
-    unknown = rc.QueueReading(NOW, exists=None, detail="forbidden")
+    unknown = rc.QueueReading(NOW, exists=None, detail="forbidden", name="team-a")
     raw2 = rtj_raw({"phase": "Pending", "attempt": 1, "attempts": running()["attempts"]})
     plan = rc.plan(rc.with_queue(snapshot(raw2, jobsets=[jobset(1, suspended=True)]), unknown))
     assert not plan.actions, "a lookup that failed proves nothing"
+
+
+def test_the_queue_looked_up_is_the_one_the_waiting_jobset_carries() -> None:
+    raw = rtj_raw({"phase": "Pending", "attempt": 1, "attempts": running()["attempts"]})
+    js = jobset(1, suspended=True)
+    js["metadata"].setdefault("labels", {})["kueue.x-k8s.io/queue-name"] = "typo-queue"
+    plan = rc.plan(snapshot(raw, jobsets=[js]))  # spec.queueName was fixed since: team-a
+    assert plan.needs_queue == "typo-queue", "Kueue reads the label, not the spec"
+    other = rc.QueueReading(NOW, exists=True, name="team-a")
+    assert rc.plan(rc.with_queue(snapshot(raw, jobsets=[js]), other)).needs_queue == "typo-queue"
+    missing = rc.QueueReading(NOW, exists=False, name="typo-queue")
+    admitted = condition(status_of(rc.plan(rc.with_queue(snapshot(raw, jobsets=[js]), missing)),
+                                   raw), "Admitted")  # fmt: skip
+    assert "LocalQueue typo-queue does not exist" in admitted["message"]
 
 
 def test_gpu_fault_quarantines_then_restarts_converging_before_the_next_attempt() -> None:
