@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from e2e.cluster.cluster import LocalCluster
 from e2e.demo import report, story
 from e2e.operator_proc import REPO, client
 
@@ -67,6 +69,7 @@ def test_the_demo_recovers_a_gpu_fault_and_continues_the_no_fault_run_bit_for_bi
         node = kube.get_node(summary.first_failed_node or "")
     finally:
         left = story.down(opts, display)
+        shutil.rmtree(LocalCluster(opts.cluster_name).dir, ignore_errors=True)
         sys.stdout.write("\n".join(lines) + "\n")
     assert left == [], f"demo-down left {left}"
 
