@@ -153,6 +153,18 @@ def build(names: Iterable[str], *, quiet: bool = False) -> dict[str, float]:
     return times
 
 
+def kubectl(
+    kubeconfig: str | Path, *args: str, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The real kubectl of the cluster's release (built into the cache if missing)."""
+    if not binary_path("kubectl").exists():
+        build(["kubectl"], quiet=True)
+    return subprocess.run(
+        [str(binary_path("kubectl")), "--kubeconfig", str(kubeconfig), *args],
+        input=stdin, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
 def missing(names: Iterable[str]) -> list[str]:
     versions = load_versions()
     return [n for n in names if not binary_path(n, versions).is_file()]

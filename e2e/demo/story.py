@@ -196,12 +196,7 @@ def _kubectl() -> Path:
 
 
 def kubectl(kubeconfig: Path, *args: str, check: bool = True) -> str:
-    out = subprocess.run(
-        [str(_kubectl()), "--kubeconfig", str(kubeconfig), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = build.kubectl(kubeconfig, *args)
     if check and out.returncode != 0:
         raise DemoError(f"kubectl {' '.join(args)} failed: {out.stderr.strip()}")
     return out.stdout + out.stderr

@@ -24,7 +24,7 @@ from typing import Any
 from kubernetes import watch
 from kubernetes.client.rest import ApiException
 
-from e2e.cluster import build, faults
+from e2e.cluster import faults
 from e2e.cluster.kube import JOBSET_GROUP, JOBSET_VERSION, KUEUE_GROUP, KUEUE_VERSION
 from e2e.cluster.kube import Kube as HarnessKube
 from e2e.operator_proc import rtj_body, rtj_status, running_pods, wait_for
@@ -430,18 +430,6 @@ def enable_preemption(kube: HarnessKube, cluster_queue: str) -> None:
 
 
 # --- tools -------------------------------------------------------------------------------
-
-
-def kubectl(
-    kubeconfig: str, *args: str, stdin: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    """The real kubectl of the cluster's release (built into the cache if missing)."""
-    if not build.binary_path("kubectl").exists():
-        build.build(["kubectl"], quiet=True)
-    return subprocess.run(
-        [str(build.binary_path("kubectl")), "--kubeconfig", kubeconfig, *args],
-        input=stdin, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
 
 
 class TcpProxy:

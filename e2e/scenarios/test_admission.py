@@ -12,12 +12,12 @@ import yaml
 from scenario_support import (
     WAIT,
     condition,
-    kubectl,
     wait_running,
     workload_condition,
     workload_of,
 )
 
+from e2e.cluster.build import kubectl
 from e2e.cluster.kube import KUEUE_GROUP, KUEUE_VERSION
 from e2e.operator_proc import events_of, jobsets_of, pods_of, rtj_body, rtj_status, wait_for
 from rtj_operator.kube import Kube

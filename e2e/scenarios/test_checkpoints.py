@@ -28,7 +28,6 @@ from scenario_support import (
     condition,
     condition_true,
     failed_record,
-    kubectl,
     kubelet_reports_init_failure,
     pinned_step,
     shim_resolve,
@@ -37,6 +36,7 @@ from scenario_support import (
 )
 
 from e2e.cluster import faults
+from e2e.cluster.build import kubectl
 from e2e.operator_proc import events_of, jobsets_of, publish_steps, rtj_body, rtj_status, wait_for
 from rtj_operator.api import keys
 from rtj_operator.kube import Kube

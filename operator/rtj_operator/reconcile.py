@@ -1148,26 +1148,22 @@ def plain(obj: Any) -> Any:
     return obj
 
 
+_KEPT_METADATA = (
+    "name", "namespace", "uid", "labels", "annotations",
+    "deletionTimestamp", "creationTimestamp", "resourceVersion",
+)  # fmt: skip
+
+
+def _trim_meta(meta: Json, *extra: str) -> dict[str, Any]:
+    return {k: plain(meta[k]) for k in (*_KEPT_METADATA, *extra) if k in meta}
+
+
 def trim_pod(body: Json) -> dict[str, Any]:
     """The part of a pod the classifier and the planner read (indexes keep only this)."""
     meta = body.get("metadata") or {}
     spec = body.get("spec") or {}
     return {
-        "metadata": {
-            k: plain(meta[k])
-            for k in (
-                "name",
-                "namespace",
-                "uid",
-                "labels",
-                "annotations",
-                "deletionTimestamp",
-                "deletionGracePeriodSeconds",
-                "creationTimestamp",
-                "resourceVersion",
-            )
-            if k in meta
-        },
+        "metadata": _trim_meta(meta, "deletionGracePeriodSeconds"),
         "spec": {"nodeName": spec["nodeName"]} if "nodeName" in spec else {},
         "status": plain(body.get("status") or {}),
     }
@@ -1176,20 +1172,7 @@ def trim_pod(body: Json) -> dict[str, Any]:
 def trim_jobset(body: Json) -> dict[str, Any]:
     meta = body.get("metadata") or {}
     return {
-        "metadata": {
-            k: plain(meta[k])
-            for k in (
-                "name",
-                "namespace",
-                "labels",
-                "annotations",
-                "deletionTimestamp",
-                "creationTimestamp",
-                "uid",
-                "resourceVersion",
-            )
-            if k in meta
-        },
+        "metadata": _trim_meta(meta),
         "spec": {"suspend": _get(body, "spec", "suspend")},
         "status": {"conditions": plain(_get(body, "status", "conditions") or [])},
     }
