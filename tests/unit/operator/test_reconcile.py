@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -363,7 +364,7 @@ def test_pods_on_a_deleted_node_are_force_deleted_so_the_restart_is_not_held() -
     assert [(a.name, a.grace_seconds) for a in deletes] == [(stuck["metadata"]["name"], 0)]
     assert "CreateJobSet" not in kinds(plan), "still converging until both pods are gone"
     # a node the cache merely lacks (its watch event not in yet) is no proof: no force
-    unseen = rc.plan(rc.replace(snap, deleted_nodes=frozenset()))
+    unseen = rc.plan(replace(snap, deleted_nodes=frozenset()))
     assert not of(unseen, rc.DeletePod)
 
 
@@ -424,7 +425,7 @@ def test_a_user_failure_is_not_recorded_within_the_settle_window() -> None:
         plan = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=pods, now=at))
         assert not plan.actions, "nothing recorded, nothing deleted, nothing tainted"
         assert plan.requeue_after == (rc.USER_FAILURE_SETTLE.total_seconds() - seconds)
-    events_unread = rc.replace(snapshot(raw, jobsets=[jobset(1)], pods=pods), events=None)
+    events_unread = replace(snapshot(raw, jobsets=[jobset(1)], pods=pods), events=None)
     assert rc.plan(events_unread).needs_events, "each look reads the events afresh"
 
 
@@ -678,15 +679,15 @@ def test_events_are_read_only_once_a_failure_is_seen() -> None:
     raw = rtj_raw(running())
     healthy = [pod(1, i) for i in range(4)]
     snap = snapshot(raw, jobsets=[jobset(1)], pods=healthy)
-    assert not rc.plan(rc.replace(snap, events=None)).needs_events
+    assert not rc.plan(replace(snap, events=None)).needs_events
     failed = [pod(1, 0, exit_code=137, reason="Error"), *healthy[1:]]
     snap = snapshot(raw, jobsets=[jobset(1)], pods=failed)
-    assert rc.plan(rc.replace(snap, events=None)).needs_events
+    assert rc.plan(replace(snap, events=None)).needs_events
     evicted = {
         "involvedObject": {"kind": "Pod", "name": failed[0]["metadata"]["name"]},
         "reason": "Evicted",
         "message": "low on memory",
         "lastTimestamp": iso(NOW),
     }
-    plan = rc.plan(rc.replace(snap, events=(evicted,)))
+    plan = rc.plan(replace(snap, events=(evicted,)))
     assert status_of(plan, raw)["attempts"][0]["failureClass"] == "Evicted"

@@ -1,0 +1,103 @@
+"""One reconcile of one ResilientTrainingJob: observe -> plan (pure) -> apply (thin I/O).
+
+`plan` is a pure function of a `Snapshot` (the job, every JobSet and pod labelled for it,
+the nodes its pods ran on, the events about them, the latest checkpoint-store reading, the
+LocalQueue lookup while Kueue has not admitted the attempt, and `now`). It calls the policy
+functions (`classify_failure`, `decide`, `render_jobset`) and returns an ordered list of
+actions with at most one status patch. `apply` executes them through `kube.Kube`, the only
+module that talks to the API server.
+
+Why this converges after a crash at any moment (the operator is level-triggered):
+
+- Attempt n's JobSet is always named `<name>-a<n>`; creating it twice answers 409, and a
+  JobSet for attempt `status.attempt + 1` that status does not record yet is *adopted*.
+- A failure is recorded (status patch, phase Restarting, restart counts) *before* the old
+  JobSet is deleted; the patch carries `metadata.resourceVersion`, so a decision taken on
+  a stale read is refused by the API server (409) instead of counting a restart twice.
+- In phase Restarting nothing new starts while any JobSet or pod of an earlier attempt
+  remains. The plan that records the failure deletes the old JobSet (background
+  propagation) and every old pod directly, in the same pass, rather than waiting for the
+  garbage collector's cascade; later passes delete whatever is still not being deleted.
+  No old Job recreates a pod: a rendered Job has `backoffLimit: 0` and the default pod
+  replacement policy (a deleted pod counts as failed, so the Job fails), and a Job that
+  Kueue suspended creates none; a pod that shows up anyway is deleted and waited for.
+- Taints are idempotent (the same key/value/effect is a no-op), quarantine records keyed
+  by node, so a repeated Quarantine decision re-applies nothing.
+
+Attempt records: the failed attempt's record gets the class, first failed rank, evidence,
+`detectionSeconds` (first failed termination -> classified record) and, once the next
+attempt's JobSet exists, `recoverySeconds` (first failed termination -> next JobSet
+created). The new attempt's record gets `resumedFromStep` and `lostSteps` (published steps
+passed over: the newest verified step known before the restart minus the step resumed).
+
+The package, by phase: `world` (the snapshot), `trim` (what the caches keep), `actions` and
+`builder` (the plan), `admit` (the next attempt), `converge` (the old world's teardown),
+`detect` (the current attempt), `failure` (recording and acting on a failure), `progress`
+(admission, running, success), `checkpoints` (verified steps, store readings, checkpoint
+age) and `quarantine` (taints).
+"""
+
+from __future__ import annotations
+
+from rtj_operator.api.reasons import Phase
+from rtj_operator.reconcile.actions import (
+    Action,
+    CreateJobSet,
+    DeleteJobSet,
+    DeletePod,
+    KubeAction,
+    MetricRecord,
+    PatchStatus,
+    Plan,
+    PostEvent,
+    TaintNode,
+    UntaintNode,
+    merge_patch,
+)
+from rtj_operator.reconcile.admit import plan_next_attempt
+from rtj_operator.reconcile.builder import PlanBuilder, condition_true, set_condition
+from rtj_operator.reconcile.checkpoints import (
+    STALE_FACTOR,
+    STORE_FRESH,
+    STORE_RETRY_MIN_SECONDS,
+    STORE_RETRY_SECONDS,
+)
+from rtj_operator.reconcile.converge import CONVERGE_POLL_SECONDS, DELETE_RESEND
+from rtj_operator.reconcile.detect import USER_FAILURE_SETTLE, plan_current_attempt
+from rtj_operator.reconcile.progress import QUEUE_RECHECK
+from rtj_operator.reconcile.quarantine import add_taint, lift_expired_quarantines, remove_taint
+from rtj_operator.reconcile.trim import plain, trim_event, trim_jobset, trim_node, trim_pod
+from rtj_operator.reconcile.world import (
+    JobSetView,
+    QueueReading,
+    Snapshot,
+    StoreReading,
+    attempt_of,
+    read_jobset,
+    with_queue,
+    with_store,
+)
+
+__all__ = [
+    "CONVERGE_POLL_SECONDS", "DELETE_RESEND", "QUEUE_RECHECK", "STALE_FACTOR", "STORE_FRESH",
+    "STORE_RETRY_MIN_SECONDS", "STORE_RETRY_SECONDS", "USER_FAILURE_SETTLE",
+    "Action", "CreateJobSet", "DeleteJobSet", "DeletePod", "JobSetView", "KubeAction",
+    "MetricRecord", "PatchStatus", "Plan", "PostEvent", "QueueReading", "Snapshot",
+    "StoreReading", "TaintNode", "UntaintNode", "add_taint", "attempt_of", "condition_true",
+    "merge_patch", "plain", "plan", "read_jobset", "remove_taint", "set_condition",
+    "trim_event", "trim_jobset", "trim_node", "trim_pod", "with_queue", "with_store",
+]  # fmt: skip
+
+
+def plan(snap: Snapshot) -> Plan:
+    """What to do now for one job. Pure: the same snapshot always gives the same plan."""
+    b = PlanBuilder(snap, snap.rtj.status)
+    lift_expired_quarantines(b)
+    status = b.status
+    if status.phase.terminal:
+        b.notes.append(f"job is {status.phase.value}")
+    elif status.attempt == 0 or status.phase is Phase.RESTARTING:
+        plan_next_attempt(b)
+    else:
+        plan_current_attempt(b)
+    return b.build()

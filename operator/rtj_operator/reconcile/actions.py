@@ -1,0 +1,105 @@
+"""What a plan asks the thin I/O layer to do: the actions, in order, and the plan itself."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rtj_operator.api.reasons import FailureClass
+
+
+def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """RFC 7386 merge patch turning `old` into `new`: removed keys become null."""
+    patch: dict[str, Any] = {}
+    for key in old:
+        if key not in new:
+            patch[key] = None
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            inner = merge_patch(before, value)
+            if inner:
+                patch[key] = inner
+        elif before != value or key not in old:
+            patch[key] = value
+    return patch
+
+
+@dataclass(frozen=True)
+class CreateJobSet:
+    body: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class DeleteJobSet:
+    name: str
+
+
+@dataclass(frozen=True)
+class DeletePod:
+    name: str
+    grace_seconds: int | None = None
+    """None: the pod's own grace period; 0: force (its node no longer exists)."""
+
+
+@dataclass(frozen=True)
+class TaintNode:
+    node: str
+    taint: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class UntaintNode:
+    node: str
+    taint: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class PatchStatus:
+    status: Mapping[str, Any]
+    """The whole new status."""
+    patch: Mapping[str, Any]
+    """The JSON merge patch from the stored status to `status` (removed fields as null)."""
+    resource_version: str
+
+
+@dataclass(frozen=True)
+class PostEvent:
+    type: str
+    reason: str
+    message: str
+
+
+KubeAction = CreateJobSet | DeleteJobSet | DeletePod | TaintNode | UntaintNode | PatchStatus
+
+
+Action = KubeAction | PostEvent
+
+
+@dataclass(frozen=True)
+class MetricRecord:
+    """A metric to record once the plan has been applied: kind in failure, restart,
+    detection, recovery, lost_steps."""
+
+    kind: str
+    failure_class: FailureClass | None = None
+    value: float = 1.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    actions: tuple[Action, ...]
+    """In order: side effects before the status patch, the patch, side effects after it,
+    then events (posted only when everything before them succeeded)."""
+    requeue_after: float | None = None
+    needs_store: bool = False
+    metrics: tuple[MetricRecord, ...] = ()
+    summary: str = ""
+    needs_events: bool = False
+    needs_queue: str | None = None
+    """The LocalQueue to look up (the one the waiting JobSet is labelled with)."""
+
+    @property
+    def status_patch(self) -> PatchStatus | None:
+        return next((a for a in self.actions if isinstance(a, PatchStatus)), None)

@@ -1,0 +1,121 @@
+"""Tearing the old world down: every JobSet and pod of earlier attempts is deleted and
+waited for before the next attempt starts (no orphan rank may keep writing)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+
+from rtj_operator.api import keys
+from rtj_operator.api.reasons import ConditionType, Reason
+from rtj_operator.policy.observed import parse_time
+from rtj_operator.reconcile.actions import DeleteJobSet, DeletePod
+from rtj_operator.reconcile.builder import PlanBuilder
+from rtj_operator.reconcile.world import JobSetView, Json, Snapshot, attempt_of, get_in, pod_name
+
+CONVERGE_POLL_SECONDS = 5.0
+
+
+DELETE_RESEND = timedelta(seconds=5)
+"""The plan that records a failure deletes the attempt's JobSet and pods; for this long after
+it (the record's `endedAt`) they are not deleted again while the watch cache has not caught
+up. A delete that failed is sent again after it."""
+
+
+def _on_deleted_nodes(snap: Snapshot) -> set[str]:
+    """Pods bound to a node seen deleted (a node the cache merely lacks does not count:
+    force-deleting a pod a live kubelet still runs would free its GPUs too early)."""
+    return {
+        pod_name(p)
+        for p in snap.pods
+        if (node := get_in(p, "spec", "nodeName")) in snap.deleted_nodes and node not in snap.nodes
+    }
+
+
+def _queued_pod_deletes(b: PlanBuilder) -> set[str]:
+    return {a.name for a in (*b.before, *b.after) if isinstance(a, DeletePod)}
+
+
+def delete_orphans(b: PlanBuilder, pods: Iterable[Json], views: Sequence[JobSetView]) -> None:
+    """Pods whose JobSet is gone (orphaned by a non-cascading delete) are deleted directly."""
+    alive = {v.name for v in views}
+    queued = _queued_pod_deletes(b)
+    for pod in pods:
+        owner = get_in(pod, "metadata", "labels", keys.JOBSET_NAME_LABEL)
+        deleting = get_in(pod, "metadata", "deletionTimestamp") is not None
+        if not deleting and owner not in alive and pod_name(pod) not in queued:
+            b.after.append(DeletePod(pod_name(pod)))
+
+
+def delete_pods(b: PlanBuilder, pods: Iterable[Json], spare: Iterable[str] = ()) -> None:
+    """Delete these pods directly: those not being deleted yet with their own grace period,
+    those on a node that no longer exists by force (grace 0) unless already forced: no
+    kubelet will ever confirm their end, and the machine is gone (what the pod garbage
+    collector does too, but only after its 40 s quarantine and on its own period, which
+    would hold the restart). `spare`: pods not to delete again (a delete just sent)."""
+    on_gone_nodes = _on_deleted_nodes(b.snap)
+    skip = _queued_pod_deletes(b) | set(spare)
+    for pod in pods:
+        name = pod_name(pod)
+        if name in skip:
+            continue
+        if name in on_gone_nodes:
+            if get_in(pod, "metadata", "deletionGracePeriodSeconds") != 0:
+                b.after.append(DeletePod(name, grace_seconds=0))
+        elif get_in(pod, "metadata", "deletionTimestamp") is None:
+            b.after.append(DeletePod(name))
+
+
+def _teardown_sent(b: PlanBuilder) -> datetime | None:
+    """When the plan that recorded the current attempt's failure deleted its JobSet and
+    pods, if less than DELETE_RESEND ago (None otherwise): the watch cache may not show
+    those deletions yet, and sending them again would only cost requests."""
+    record = b.status.current
+    if record is None or record.failure_class is None or record.ended_at is None:
+        return None
+    since = b.now - record.ended_at  # negative: another replica's clock wrote ended_at
+    if record.attempt != b.status.attempt or not timedelta(0) <= since < DELETE_RESEND:
+        return None
+    return record.ended_at
+
+
+def converge(b: PlanBuilder, views: Sequence[JobSetView]) -> bool:
+    """Before attempt n+1: delete every JobSet and pod of this job; True while any remains.
+
+    The failure's own plan already deleted attempt n's JobSet (background propagation) and
+    its pods; for DELETE_RESEND after it those are not deleted again (a delete that got lost
+    is sent again then). Nothing starts while the cache shows any JobSet or pod of the job:
+    a pod that appears late (an old Job that had not failed yet) is deleted here too."""
+    n = b.status.attempt
+    sent = _teardown_sent(b)
+    spared = False
+    for v in views:
+        if v.deleting:
+            continue
+        if sent is not None and v.attempt == n:
+            spared = True
+            continue
+        b.after.append(DeleteJobSet(v.name))
+    spare = []
+    if sent is not None:
+        for pod in b.snap.pods:
+            created = parse_time(get_in(pod, "metadata", "creationTimestamp"))
+            if attempt_of(pod) == n and (created is None or created <= sent):
+                spare.append(pod_name(pod))
+    spared = spared or bool(spare)
+    delete_pods(b, b.snap.pods, spare)
+    if not views and not b.snap.pods:
+        return False
+    message = (
+        f"converging before attempt {n + 1}: waiting for the JobSets and pods of earlier "
+        "attempts to go"
+    )  # no counts: one status patch while converging, not one per pod gone
+    b.condition(ConditionType.RESTARTING, True, Reason.WAITING_FOR_OLD_WORLD, message)
+    b.notes.append(
+        f"converging before attempt {n + 1}: {len(views)} JobSet(s) and {len(b.snap.pods)} "
+        "pod(s) of earlier attempts remain"
+    )
+    b.requeue_in(CONVERGE_POLL_SECONDS)
+    if spared and sent is not None:
+        b.requeue_in((sent + DELETE_RESEND - b.now).total_seconds())
+    return True

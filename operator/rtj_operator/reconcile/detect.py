@@ -1,0 +1,113 @@
+"""Watching the current attempt: classify a failure from its pods, nodes and events, hold a
+user-category verdict for the settle window, or follow its progress."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from rtj_operator.api.reasons import FailureCategory, FailureClass
+from rtj_operator.policy.classify import Classification, classify_failure
+from rtj_operator.policy.render import jobset_name
+from rtj_operator.reconcile.actions import DeleteJobSet
+from rtj_operator.reconcile.builder import PlanBuilder
+from rtj_operator.reconcile.checkpoints import read_init_results, refresh_checkpoint
+from rtj_operator.reconcile.converge import delete_orphans
+from rtj_operator.reconcile.failure import on_failure
+from rtj_operator.reconcile.progress import progress, succeed
+from rtj_operator.reconcile.world import attempt_of, get_in, read_jobset
+
+JOBSET_APPEAR_GRACE = timedelta(seconds=15)
+"""A JobSet just created may not be in the watch cache yet: that is not a lost JobSet."""
+
+
+JOBSET_FAILED_GRACE = timedelta(seconds=5)
+"""A failed JobSet whose failed pod has not been seen yet: wait this long for the pod."""
+
+
+USER_FAILURE_SETTLE = timedelta(seconds=5)
+"""A failure whose root cause is user-category (UserError, OutOfMemory, ConfigError) is
+recorded only this long after the first failed rank's termination (its `finishedAt`): a
+GPU node agent may report the XID that explains a CUDA traceback a moment after the
+traceback reaches the operator, and a user-category record fails the job for good.
+Infrastructure, preemption and checkpoint classes are recorded at once."""
+
+
+def synthetic_failure(evidence: str) -> Classification:
+    """A failure seen on the JobSet rather than on a pod (gone, or failed with no pod)."""
+    return Classification(FailureClass.UNKNOWN, None, (), (evidence,))
+
+
+def plan_current_attempt(b: PlanBuilder) -> None:
+    snap, status = b.snap, b.status
+    n = status.attempt
+    name = jobset_name(b.rtj.metadata.name, n)
+    views = [read_jobset(js) for js in snap.jobsets]
+    current = next((v for v in views if v.name == name), None)
+    strays = [v for v in views if v.attempt is not None and v.attempt < n and v.name != name]
+    for v in strays:
+        if not v.deleting:
+            b.after.append(DeleteJobSet(v.name))
+    delete_orphans(b, [p for p in snap.pods if (attempt_of(p) or 0) < n], views)
+    live = [p for p in snap.pods if attempt_of(p) == n]
+    names = {get_in(p, "metadata", "name") for p in live}
+    gone = [
+        p
+        for p in snap.gone_pods
+        if attempt_of(p) == n and get_in(p, "metadata", "name") not in names
+    ]
+    read_init_results(b, live)
+    refresh_checkpoint(b)
+
+    found = classify_failure(
+        [*live, *gone],
+        list(snap.nodes.values()),
+        list(snap.events or ()),
+        b.now,
+        node_health=b.rtj.spec.node_health,
+    )
+    if found is not None and snap.events is None:
+        b.needs_events = True  # classify again with the events (eviction, preemption, node)
+        return
+    if found is None:
+        record = status.current
+        if current is None or current.deleting:
+            started = record.started_at if record is not None else None
+            if current is None and started is not None and b.now - started < JOBSET_APPEAR_GRACE:
+                b.requeue_in(1.0)
+                return
+            what = "no longer exists" if current is None else "is being deleted"
+            found = synthetic_failure(f"JobSet {name} of attempt {n} {what} (not by this operator)")
+        elif current.completed:
+            succeed(b, n, name)
+            return
+        elif current.failed:
+            failed_at = current.failed_at or b.now
+            if b.now - failed_at < JOBSET_FAILED_GRACE:
+                b.requeue_in((JOBSET_FAILED_GRACE - (b.now - failed_at)).total_seconds())
+                return
+            found = synthetic_failure(f"JobSet {name} failed: {current.failure_message}")
+        else:
+            progress(b, current, live)
+            return
+    if _settling(b, found):
+        return
+    on_failure(b, found, current)
+
+
+def _settling(b: PlanBuilder, found: Classification) -> bool:
+    """A user-category failure is final only USER_FAILURE_SETTLE after the first failed
+    rank's termination: until then nothing is recorded and the job is classified again at
+    the window's end (or on any change before it: a node label or condition, a pod), with
+    the events read afresh. Other categories are recorded at once."""
+    failed_at = found.failed_at
+    if found.category is not FailureCategory.USER or failed_at is None:
+        return False
+    settled = failed_at + USER_FAILURE_SETTLE
+    if b.now >= settled or failed_at - b.now > USER_FAILURE_SETTLE:
+        return False  # settled, or a kubelet clock so far ahead that waiting means nothing
+    b.requeue_in((settled - b.now).total_seconds())
+    b.notes.append(
+        f"attempt {b.status.attempt}: {found.failure_class.value} on the first failed rank; "
+        f"classifying again at {settled.isoformat()} (settle window, node agents may report late)"
+    )
+    return True

@@ -1,0 +1,133 @@
+"""Recording a classified failure and acting on the policy's decision: quarantine, restart
+with backoff, or fail for good."""
+
+from __future__ import annotations
+
+from rtj_operator.api.reasons import ConditionType, FailureCategory, Phase, Reason
+from rtj_operator.api.status import (
+    FirstFailed,
+    QuarantinedNode,
+)
+from rtj_operator.policy.classify import Classification
+from rtj_operator.policy.decide import Fail, Quarantine, Restart, decide
+from rtj_operator.policy.render import jobset_name, quarantine_taint
+from rtj_operator.reconcile.actions import DeleteJobSet, MetricRecord, TaintNode
+from rtj_operator.reconcile.builder import MAX_EVIDENCE_CHARS, PlanBuilder, trim_evidence
+from rtj_operator.reconcile.converge import delete_pods
+from rtj_operator.reconcile.world import JobSetView
+
+
+def _first_failed(found: Classification) -> FirstFailed | None:
+    first = found.first_failed
+    if first is None:
+        return None
+    return FirstFailed(
+        pod=first.pod,
+        rank=first.rank,
+        node_rank=first.node_rank,
+        node=first.node,
+        container=first.container,
+        exit_code=first.exit_code,
+        finished_at=first.finished_at,
+    )
+
+
+def describe(found: Classification, lines: int = 3) -> str:
+    evidence = " | ".join(found.evidence[:lines])
+    return f"class {found.failure_class.value} ({found.category.value}); evidence: {evidence}"
+
+
+def _end_record(b: PlanBuilder, found: Classification) -> float | None:
+    """Close the current attempt's record with the classification; detection seconds."""
+    record = b.status.current
+    if record is None:
+        return None
+    failed_at = found.failed_at
+    detection = (b.now - failed_at).total_seconds() if failed_at is not None else None
+    update = {
+        "ended_at": b.now,
+        "failure_class": found.failure_class,
+        "failure_category": found.category,
+        "first_failed": _first_failed(found),
+        "evidence": trim_evidence(found.evidence),
+        "detection_seconds": round(max(detection, 0.0), 3) if detection is not None else None,
+        "quarantined_nodes": sorted(
+            {q.node for q in b.status.quarantined_nodes if q.attempt == record.attempt}
+        ),
+    }
+    b.replace_current(record.model_copy(update=update))
+    return detection
+
+
+def on_failure(b: PlanBuilder, found: Classification, js: JobSetView | None) -> None:
+    spec, n = b.rtj.spec, b.status.attempt
+    action = decide(spec, b.status, found, b.now)
+    name = jobset_name(b.rtj.metadata.name, n)
+    if isinstance(action, Quarantine):
+        if found.category is FailureCategory.USER:  # never blame a node for the user's code
+            b.notes.append("refused to quarantine for a user-category failure")
+            return
+        taint = quarantine_taint(b.rtj)
+        records = list(b.status.quarantined_nodes)
+        for node in action.nodes:
+            b.before.append(TaintNode(node, taint))
+            records.append(
+                QuarantinedNode(
+                    node=node,
+                    failure_class=action.failure_class,
+                    attempt=n,
+                    since=b.now,
+                    evidence=(found.evidence[0] if found.evidence else "")[:MAX_EVIDENCE_CHARS],
+                )
+            )
+        b.update(quarantined_nodes=records)
+        nodes = ", ".join(action.nodes)
+        b.condition(
+            ConditionType.NODES_QUARANTINED,
+            True,
+            Reason.NODES_QUARANTINED,
+            f"tainted {action.taint_key}={b.rtj.metadata.name}:{action.taint_effect} on {nodes}",
+        )
+        b.event(
+            True,
+            Reason.NODES_QUARANTINED,
+            f"attempt {n}: tainted {nodes} "
+            f"({action.taint_key}={b.rtj.metadata.name}:{action.taint_effect}); {describe(found)}",
+        )
+        b.requeue_in(0.0)
+        b.notes.append(action.message)
+        return
+    if isinstance(action, Restart):
+        detection = _end_record(b, found)
+        b.update(
+            phase=Phase.RESTARTING,
+            restarts=action.restarts,
+            bad_steps=list(action.bad_steps),
+            next_attempt_at=action.not_before,
+        )
+        b.condition(ConditionType.RESTARTING, True, action.reason, action.message)
+        b.condition(ConditionType.RUNNING, False, action.reason, f"attempt {n} failed")
+        b.condition(ConditionType.ADMITTED, False, action.reason, f"attempt {n} failed")
+        if js is not None and not js.deleting:
+            b.after.append(DeleteJobSet(name))
+        delete_pods(b, b.snap.pods)  # now, not after the JobSet's cascade (see DELETE_RESEND)
+        b.event(True, action.reason, f"attempt {n}: {action.message}; {describe(found)}")
+        b.metrics.append(MetricRecord("failure", found.failure_class))
+        b.metrics.append(MetricRecord("restart", found.failure_class))
+        if detection is not None:
+            b.metrics.append(MetricRecord("detection", found.failure_class, detection))
+        b.requeue_in(action.backoff_seconds)
+        b.notes.append(action.message)
+        return
+    if isinstance(action, Fail):
+        detection = _end_record(b, found)
+        b.update(phase=Phase.FAILED, next_attempt_at=None)
+        b.condition(ConditionType.FAILED, True, action.reason, action.message)
+        b.condition(ConditionType.RUNNING, False, action.reason, f"attempt {n} failed")
+        b.event(True, action.reason, f"attempt {n}: {action.message}; {describe(found)}")
+        b.metrics.append(MetricRecord("failure", found.failure_class))
+        if detection is not None:
+            b.metrics.append(MetricRecord("detection", found.failure_class, detection))
+        b.notes.append(action.message)
+        return
+    b.notes.append(f"no action: {getattr(action, 'message', action)}")

@@ -1,0 +1,77 @@
+"""What the watch caches keep of each object: the part the classifier and the planner read."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rtj_operator.reconcile.world import Json, get_in
+
+
+def plain(obj: Any) -> Any:
+    """A deep copy as plain dicts and lists (watch bodies may be read-only mapping views)."""
+    if isinstance(obj, Mapping):
+        return {str(k): plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [plain(v) for v in obj]
+    return obj
+
+
+_KEPT_METADATA = (
+    "name", "namespace", "uid", "labels", "annotations",
+    "deletionTimestamp", "creationTimestamp", "resourceVersion",
+)  # fmt: skip
+
+
+def _trim_meta(meta: Json, *extra: str) -> dict[str, Any]:
+    return {k: plain(meta[k]) for k in (*_KEPT_METADATA, *extra) if k in meta}
+
+
+def trim_pod(body: Json) -> dict[str, Any]:
+    """The part of a pod the classifier and the planner read (indexes keep only this)."""
+    meta = body.get("metadata") or {}
+    spec = body.get("spec") or {}
+    return {
+        "metadata": _trim_meta(meta, "deletionGracePeriodSeconds"),
+        "spec": {"nodeName": spec["nodeName"]} if "nodeName" in spec else {},
+        "status": plain(body.get("status") or {}),
+    }
+
+
+def trim_jobset(body: Json) -> dict[str, Any]:
+    meta = body.get("metadata") or {}
+    return {
+        "metadata": _trim_meta(meta),
+        "spec": {"suspend": get_in(body, "spec", "suspend")},
+        "status": {"conditions": plain(get_in(body, "status", "conditions") or [])},
+    }
+
+
+def trim_node(body: Json) -> dict[str, Any]:
+    meta = body.get("metadata") or {}
+    return {
+        "metadata": {
+            k: plain(meta[k]) for k in ("name", "uid", "labels", "resourceVersion") if k in meta
+        },
+        "spec": {"taints": plain(get_in(body, "spec", "taints") or [])},
+        "status": {"conditions": plain(get_in(body, "status", "conditions") or [])},
+    }
+
+
+def trim_event(body: Json) -> dict[str, Any]:
+    keep = (
+        "involvedObject",
+        "regarding",
+        "reason",
+        "message",
+        "note",
+        "eventTime",
+        "firstTimestamp",
+        "lastTimestamp",
+        "type",
+    )
+    out = {k: plain(body[k]) for k in keep if k in body}
+    meta = body.get("metadata") or {}
+    keep_meta = ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+    out["metadata"] = {k: meta[k] for k in keep_meta if k in meta}
+    return out

@@ -1,0 +1,129 @@
+"""The observed world one reconcile decides from: the job's JobSets, pods, nodes and events
+as the watch caches hold them, and the latest checkpoint-store and LocalQueue readings."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from rtj_operator.api import keys
+from rtj_operator.api.resource import ResilientTrainingJob
+from rtj_operator.policy.observed import parse_time
+from rtj_operator.selection import (
+    Selection,
+)
+
+Json = Mapping[str, Any]
+
+
+def get_in(obj: Any, *path: str) -> Any:
+    for key in path:
+        if not isinstance(obj, Mapping):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def attempt_of(obj: Json) -> int | None:
+    """The attempt label of a JobSet or pod (None: not labelled)."""
+    value = get_in(obj, "metadata", "labels", keys.ATTEMPT_LABEL)
+    return int(value) if isinstance(value, str) and value.isdigit() else None
+
+
+def pod_name(pod: Json) -> str:
+    return str(get_in(pod, "metadata", "name"))
+
+
+@dataclass(frozen=True)
+class JobSetView:
+    name: str
+    attempt: int | None
+    deleting: bool
+    suspended: bool
+    created_at: datetime | None
+    resume_step: int | None
+    completed: bool
+    failed: bool
+    failed_at: datetime | None
+    failure_message: str
+    queue_name: str | None = None
+
+
+def read_jobset(raw: Json) -> JobSetView:
+    conditions = get_in(raw, "status", "conditions") or []
+    true = {
+        c.get("type"): c for c in conditions if isinstance(c, Mapping) and c.get("status") == "True"
+    }
+    failed = true.get("Failed")
+    step = get_in(raw, "metadata", "annotations", keys.RESUME_STEP_ANNOTATION)
+    name = get_in(raw, "metadata", "name") or ""
+    return JobSetView(
+        name=name,
+        attempt=attempt_of(raw),
+        deleting=get_in(raw, "metadata", "deletionTimestamp") is not None,
+        suspended=bool(get_in(raw, "spec", "suspend")),
+        created_at=parse_time(get_in(raw, "metadata", "creationTimestamp")),
+        resume_step=int(step) if isinstance(step, str) and step.isdigit() else None,
+        completed="Completed" in true,
+        failed=failed is not None,
+        failed_at=parse_time(failed.get("lastTransitionTime")) if failed else None,
+        failure_message=str(failed.get("message", "")) if failed else "",
+        queue_name=get_in(raw, "metadata", "labels", keys.KUEUE_QUEUE_LABEL),
+    )
+
+
+@dataclass(frozen=True)
+class StoreReading:
+    """The latest reading of an s3:// checkpoint store: a selection, or why it failed."""
+
+    read_at: datetime
+    selection: Selection | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class QueueReading:
+    """The job's Kueue LocalQueue as last looked up: whether it exists (None: unknown,
+    e.g. the lookup failed or is not permitted; `detail` says why)."""
+
+    read_at: datetime
+    exists: bool | None
+    detail: str = ""
+    name: str = ""
+    """The LocalQueue looked up; a reading of another name is no answer for this one."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything one reconcile decides from; immutable, gathered without API calls."""
+
+    rtj: ResilientTrainingJob
+    resource_version: str
+    jobsets: tuple[Json, ...]
+    pods: tuple[Json, ...]
+    """Live pods labelled for this job, every attempt."""
+    gone_pods: tuple[Json, ...]
+    """Pods of this job deleted while the operator watched (last state seen)."""
+    nodes: Mapping[str, Json]
+    """Nodes the pods ran on, those that exist."""
+    events: tuple[Json, ...] | None
+    """Events about the pods, their nodes and the Kueue Workload; None: not read yet (they
+    are read only once a failure is seen, so watching every Event is never needed)."""
+    now: datetime
+    store: StoreReading | None = None
+    stored_status: Mapping[str, Any] = field(default_factory=dict)
+    """`status` exactly as the API server returned it (the base of the merge patch)."""
+    queue: QueueReading | None = None
+    deleted_nodes: frozenset[str] = frozenset()
+    """Nodes of these pods seen deleted (a watch DELETED or absent from a LIST): positive
+    evidence the machine is gone, unlike a node the cache merely lacks."""
+
+
+def with_store(snap: Snapshot, reading: StoreReading) -> Snapshot:
+    return replace(snap, store=reading)
+
+
+def with_queue(snap: Snapshot, reading: QueueReading) -> Snapshot:
+    return replace(snap, queue=reading)
