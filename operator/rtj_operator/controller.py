@@ -342,24 +342,35 @@ class Controller:
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
     async def read_store(self, rtj: ResilientTrainingJob) -> rc.StoreReading:
+        """Read the job's store, excluding the bad steps `rtj` records. The reading carries
+        when it started and what it excluded: the plan refuses it once `badSteps` grew."""
         ckpt = rtj.spec.checkpoint
         credentials: Mapping[str, str] | None = None
+        excluded = frozenset(rtj.status.bad_steps)
         if self._store_sem is None:
             self._store_sem = asyncio.Semaphore(self.settings.store_readers)
         async with self._store_sem:
+            started = self.clock()
             try:
                 if ckpt.credentials_secret:
                     credentials = await self._io(
                         self.kube.secret_data, rtj.metadata.namespace, ckpt.credentials_secret
                     )
-                picked = await self._io(
-                    self.store_reader, ckpt.uri, tuple(rtj.status.bad_steps), credentials
-                )
+                picked = await self._io(self.store_reader, ckpt.uri, tuple(excluded), credentials)
             except selection.CheckpointUnreadable as exc:
-                return rc.StoreReading(self.clock(), error=str(exc))
+                return rc.StoreReading(started, error=str(exc), excluded=excluded)
             except KubeError as exc:
-                return rc.StoreReading(self.clock(), error=f"credentials secret: {exc}")
-        return rc.StoreReading(self.clock(), selection=picked)
+                return rc.StoreReading(
+                    started, error=f"credentials secret: {exc}", excluded=excluded
+                )
+        return rc.StoreReading(started, selection=picked, excluded=excluded)
+
+    def _keep_reading(self, key: Key, reading: rc.StoreReading) -> None:
+        """Keep the newest reading of a job's store (by when it started): a slow background
+        refresh finishing after a restart's own read never replaces it with older news."""
+        held = self.store_readings.get(key)
+        if held is None or reading.read_at >= held.read_at:
+            self.store_readings[key] = reading
 
     def read_queue(self, namespace: str, name: str) -> rc.QueueReading:
         """Look the job's Kueue LocalQueue up by name (blocking). A missing LocalQueue is an
@@ -396,7 +407,7 @@ class Controller:
                     snap = replace(snap, events=tuple(await self._io(self.read_events, snap)))
                 elif plan.needs_store:
                     reading = await self.read_store(snap.rtj)
-                    self.store_readings[key] = reading
+                    self._keep_reading(key, reading)
                     snap = rc.with_store(snap, reading)
                 elif plan.needs_queue:
                     looked_up = await self._io(
@@ -667,7 +678,7 @@ class Controller:
                     jobs.append((key, rtj))
 
             async def refresh(key: Key, rtj: ResilientTrainingJob) -> None:
-                self.store_readings[key] = await self.read_store(rtj)
+                self._keep_reading(key, await self.read_store(rtj))
                 self.queue.add(key)
 
             await asyncio.gather(*(refresh(k, r) for k, r in jobs), return_exceptions=True)

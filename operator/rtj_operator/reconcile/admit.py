@@ -65,8 +65,13 @@ def plan_next_attempt(b: PlanBuilder) -> None:
     if operator_reads_store(uri):
         store = snap.store
         failed = status.current.ended_at if status.current is not None else None
-        if store is None or store_stale(b, store) or (failed and store.read_at < failed):
-            b.needs_store = True  # read after the failure: a step published just before counts
+        if (
+            store is None
+            or store_stale(b, store)
+            or (failed and store.read_at < failed)  # a step published just before counts
+            or not store.covers(status.bad_steps)  # a step marked bad since is never pinned
+        ):
+            b.needs_store = True
             return
         if store.error is not None:
             store_unreadable(b, store.error, blocking=f"attempt {n} is blocked")

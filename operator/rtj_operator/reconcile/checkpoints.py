@@ -42,6 +42,8 @@ STALE_FACTOR = 2
 def note_verified(
     b: PlanBuilder, step: int, uri: str, committed_at: datetime, verified_at: datetime
 ) -> None:
+    if step in b.status.bad_steps:
+        return  # a step marked bad is never verified again, whatever a reading says
     current = b.status.last_verified_checkpoint
     superseded = current is not None and current.step in b.status.bad_steps
     if current is not None and current.step > step and not superseded:
@@ -143,7 +145,7 @@ def refresh_checkpoint(b: PlanBuilder) -> None:
             store_unreadable(b, store.error, blocking="restarts are blocked until it is")
         else:
             store_readable(b)
-            sel = store.selection
+            sel = store.selection if store.covers(b.status.bad_steps) else None
             if sel is not None and sel.step is not None and sel.committed_at is not None:
                 note_verified(b, sel.step, sel.uri or "", sel.committed_at, store.read_at)
     _checkpoint_age(b)

@@ -3,7 +3,7 @@ as the watch caches hold them, and the latest checkpoint-store and LocalQueue re
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -76,11 +76,25 @@ def read_jobset(raw: Json) -> JobSetView:
 
 @dataclass(frozen=True)
 class StoreReading:
-    """The latest reading of an s3:// checkpoint store: a selection, or why it failed."""
+    """The latest reading of an s3:// checkpoint store: a selection, or why it failed.
+
+    `read_at` is when the read *started* (anything published later may be missing from it)
+    and `excluded` the steps it was told were bad. A reading is only good for a job whose
+    `badSteps` it excluded: `badSteps` grows when a pinned step fails verification, and a
+    read that started before that (a background refresh racing the failure's status patch)
+    may still select the step just marked bad.
+    """
 
     read_at: datetime
     selection: Selection | None = None
     error: str | None = None
+    excluded: frozenset[int] = frozenset()
+
+    def covers(self, bad_steps: Iterable[int]) -> bool:
+        """Whether this reading excluded every step in `bad_steps` (and so selected none)."""
+        bad = set(bad_steps)
+        picked = self.selection.step if self.selection is not None else None
+        return bad <= self.excluded and picked not in bad
 
 
 @dataclass(frozen=True)

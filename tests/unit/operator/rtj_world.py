@@ -138,11 +138,18 @@ def nodes_for(pods: list[Obj]) -> dict[str, Obj]:
     return {p["spec"]["nodeName"]: node(p["spec"]["nodeName"]) for p in pods}
 
 
-def reading(step: int | None, at: datetime = NOW, error: str | None = None) -> rc.StoreReading:
+def reading(
+    step: int | None,
+    at: datetime = NOW,
+    error: str | None = None,
+    excluded: tuple[int, ...] = (),
+) -> rc.StoreReading:
+    """A store reading started at `at` that excluded the bad steps `excluded`."""
     if error is not None:
-        return rc.StoreReading(at, error=error)
+        return rc.StoreReading(at, error=error, excluded=frozenset(excluded))
     uri = f"s3://ckpt/team-a/llm/steps/step-{step:012d}" if step is not None else None
-    return rc.StoreReading(at, Selection(step, uri, NOW - timedelta(minutes=5) if step else None))
+    picked = Selection(step, uri, NOW - timedelta(minutes=5) if step else None)
+    return rc.StoreReading(at, picked, excluded=frozenset(excluded))
 
 
 def snapshot(

@@ -642,7 +642,7 @@ def test_lost_steps_count_verified_steps_passed_over_on_resume() -> None:
     known = {"step": 1200, "uri": "s3://x", "committedAt": iso(NOW), "verifiedAt": iso(NOW)}
     raw = rtj_raw({**running(), "phase": "Restarting", "badSteps": [1200],
                    "lastVerifiedCheckpoint": known})  # fmt: skip
-    plan = rc.plan(snapshot(raw, store=reading(1000)))
+    plan = rc.plan(snapshot(raw, store=reading(1000, excluded=(1200,))))
     status = status_of(plan, raw)
     assert status["attempts"][-1]["resumedFromStep"] == 1000
     assert status["attempts"][-1]["lostSteps"] == 200
@@ -653,12 +653,46 @@ def test_a_step_marked_bad_is_no_longer_the_last_verified_checkpoint() -> None:
     known = {"step": 1200, "uri": "s3://x", "committedAt": iso(NOW), "verifiedAt": iso(NOW)}
     raw = rtj_raw({**running(), "phase": "Restarting", "badSteps": [1200],
                    "lastVerifiedCheckpoint": known})  # fmt: skip
-    status = status_of(rc.plan(snapshot(raw, store=reading(1000))), raw)
+    status = status_of(rc.plan(snapshot(raw, store=reading(1000, excluded=(1200,)))), raw)
     assert status["lastVerifiedCheckpoint"]["step"] == 1000, "kubectl and the age alert"
     # while an older step than a good newest one never replaces it
     good = rtj_raw({**running(), "phase": "Restarting", "lastVerifiedCheckpoint": known})
     status = status_of(rc.plan(snapshot(good, store=reading(1000))), good)
     assert status["lastVerifiedCheckpoint"]["step"] == 1200
+
+
+def test_a_reading_that_did_not_exclude_every_bad_step_is_never_used_to_pin() -> None:
+    """Issue 20: a reading taken before `badSteps` grew (a background refresh racing the
+    failure's status patch) may select the step just marked bad; it is read again instead."""
+    ended = NOW - timedelta(seconds=2)
+    record = {"attempt": 1, "jobSet": "llm-a1", "endedAt": iso(ended),
+              "failureClass": "CheckpointCorrupt"}  # fmt: skip
+    raw = rtj_raw({"phase": "Restarting", "attempt": 1, "attempts": [record], "badSteps": [200]})
+    # started after the failure was recorded, but before its patch reached the cache
+    raced = reading(200, at=ended + timedelta(seconds=1), excluded=())
+    plan = rc.plan(snapshot(raw, store=raced))
+    assert plan.needs_store and not of(plan, rc.CreateJobSet)
+    # even a reading that claims to have excluded it is refused if it still picked it
+    liar = reading(200, at=ended + timedelta(seconds=1), excluded=(200,))
+    assert rc.plan(snapshot(raw, store=liar)).needs_store
+    # the reading taken with the bad step excluded pins the previous verified step
+    fresh = reading(100, at=ended + timedelta(seconds=1), excluded=(200,))
+    created = of(rc.plan(snapshot(raw, store=fresh)), rc.CreateJobSet)
+    assert [c.body["metadata"]["annotations"][keys.RESUME_STEP_ANNOTATION] for c in created] == [
+        "100"
+    ]
+
+
+def test_a_running_job_never_takes_a_bad_step_as_its_last_verified_checkpoint() -> None:
+    raw = rtj_raw({**running(), "badSteps": [200]})
+    snap = snapshot(raw, jobsets=[jobset(1)], store=reading(200))
+    patch = rc.plan(snap).status_patch
+    verified = (patch.status.get("lastVerifiedCheckpoint") or {}) if patch else {}
+    assert verified.get("step") != 200
+    # the same reading is taken when the step is not bad (the assertion above can fail)
+    good = rc.plan(snapshot(rtj_raw(running()), jobsets=[jobset(1)], store=reading(200)))
+    assert good.status_patch is not None
+    assert good.status_patch.status["lastVerifiedCheckpoint"]["step"] == 200
 
 
 def test_the_store_is_read_again_after_a_failure_so_a_just_published_step_counts() -> None:

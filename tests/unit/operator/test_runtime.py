@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from rtj_test_support import NOW, make_job
-from rtj_world import jobset, node, pod, rtj_raw
+from rtj_world import iso, jobset, node, pod, rtj_raw
 
 from rtj_operator import controller as ctl
-from rtj_operator.api import FailureClass, ResilientTrainingJob
+from rtj_operator.api import FailureClass, ResilientTrainingJob, keys
 from rtj_operator.cache import WatchCache
 from rtj_operator.kube import Conflict, Unavailable
 from rtj_operator.leader import LeaseRecord, Move, lease_decision
@@ -348,6 +349,56 @@ def test_node_changes_enqueue_the_jobs_with_pods_there() -> None:
         c.queue.done(("team-a", "llm"))
         c.on_node("MODIFIED", {"metadata": {"name": "n1", "resourceVersion": "3"}})
         assert await asyncio.wait_for(c.queue.get(), 1) == ("team-a", "llm")
+        c.executor.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_a_background_refresh_racing_a_corrupt_step_verdict_never_pins_that_step() -> None:
+    """Issue 20's interleaving, in the controller: a periodic refresh starts while the cache
+    still shows no bad steps (the failure's status patch not seen yet), and finishes after
+    the job recorded step 200 as bad. Its reading (step 200) must not pin attempt 2."""
+    clock = [NOW]
+    release = threading.Event()
+    started = threading.Event()
+
+    def reader(uri: str, bad: Any, credentials: Any) -> Selection:
+        step = 100 if 200 in set(bad) else 200
+        if not bad:  # the racing background refresh
+            started.set()
+            assert release.wait(5)
+        return Selection(step, f"{uri}/steps/step-{step:012d}", NOW - timedelta(minutes=1))
+
+    async def scenario() -> None:
+        kube, reg = FakeKube(), CollectorRegistry()
+        bodies: list[dict[str, Any]] = []
+        create = kube.create_jobset
+
+        def capture(namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+            bodies.append(body)
+            return create(namespace, body)
+
+        kube.create_jobset = capture  # type: ignore[method-assign]
+        c = ctl.Controller(kube, Metrics(reg), ctl.Settings(workers=1),  # type: ignore[arg-type]
+                           clock=lambda: clock[0], store_reader=reader)  # fmt: skip
+        key = ("team-a", "llm")
+        _running_attempt_1(c)
+        running = ResilientTrainingJob.from_object(c.rtjs[key])
+        refresh = asyncio.ensure_future(c.read_store(running))
+        await asyncio.get_running_loop().run_in_executor(None, started.wait, 5)
+        # the failure is recorded (step 200 bad) ... then the refresh finishes
+        ended = clock[0] - timedelta(seconds=1)
+        record = {"attempt": 1, "jobSet": "llm-a1", "endedAt": iso(ended),
+                  "failureClass": "CheckpointCorrupt"}  # fmt: skip
+        c.on_rtj(None, rtj_raw({"phase": "Restarting", "attempt": 1, "attempts": [record],
+                                "badSteps": [200]}, rv=12))  # fmt: skip
+        c.on_jobset("DELETED", jobset(1))  # the old world is gone
+        release.set()
+        c._keep_reading(key, await refresh)
+        clock[0] = NOW + timedelta(seconds=1)
+        await c.reconcile(key)
+        pins = [b["metadata"]["annotations"][keys.RESUME_STEP_ANNOTATION] for b in bodies]
+        assert pins == ["100"]
         c.executor.shutdown()
 
     asyncio.run(scenario())
