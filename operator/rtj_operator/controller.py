@@ -32,6 +32,8 @@ from rtj_operator.cache import WatchCache
 from rtj_operator.kube import AlreadyExists, Conflict, Kube, KubeError, NotFound
 from rtj_operator.metrics import Metrics
 
+MAX_RTJ_TOMBSTONES = 10_000
+"""Deleted jobs remembered (by uid) so a late LIST cannot bring one back."""
 log = logging.getLogger("rtj_operator.controller")
 
 Key = tuple[str, str]
@@ -226,6 +228,9 @@ class Controller:
         self.nodes = WatchCache(lambda b: [(b.get("metadata") or {}).get("name")], rc.trim_node)
         self.deleted_nodes: set[str] = set()
         self.gone: dict[Key, dict[str, dict[str, Any]]] = {}
+        self.gone_jobsets: dict[Key, dict[str, dict[str, Any]]] = {}
+        self._rtj_tombstones: dict[str, int | None] = {}
+        """uid -> resourceVersion of jobs seen deleted (bounded, oldest dropped first)."""
         self.synced = asyncio.Event()
         self.store_readings: dict[Key, rc.StoreReading] = {}
         self.queue_readings: dict[Key, rc.QueueReading] = {}
@@ -242,18 +247,38 @@ class Controller:
     def on_rtj(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         meta = body.get("metadata") or {}
         key: Key = (meta.get("namespace", ""), meta.get("name", ""))
+        uid = str(meta.get("uid") or "")
         if event_type == "DELETED":
-            self.rtjs.pop(key, None)
-            self.gone.pop(key, None)
-            self.store_readings.pop(key, None)
-            self.queue_readings.pop(key, None)
-            self.queue.forget(key)
-            self.metrics.forget_job(*key)
+            if uid:
+                self._rtj_tombstones[uid] = _rv(body)
+            while len(self._rtj_tombstones) > MAX_RTJ_TOMBSTONES:
+                self._rtj_tombstones.pop(next(iter(self._rtj_tombstones)))
+            held = self.rtjs.get(key)
+            if held is None or str((held.get("metadata") or {}).get("uid") or "") == uid:
+                self._forget_job(key)
             return
+        if uid and uid in self._rtj_tombstones:
+            return  # a late LIST or event of a job already deleted never brings it back
         plain = rc.plain(body)
-        if newer_or_same(plain, self.rtjs.get(key)):
+        held = self.rtjs.get(key)
+        if held is not None and str((held.get("metadata") or {}).get("uid") or "") != uid:
+            if not newer_or_same(plain, held):
+                return
+            self._forget_job(key)  # the same name, another job: it inherits nothing
+            held = None
+        if newer_or_same(plain, held):
             self.rtjs[key] = plain
         self.queue.add(key)
+
+    def _forget_job(self, key: Key) -> None:
+        """Drop everything remembered about a job (deleted, or replaced by a new uid)."""
+        self.rtjs.pop(key, None)
+        self.gone.pop(key, None)
+        self.gone_jobsets.pop(key, None)
+        self.store_readings.pop(key, None)
+        self.queue_readings.pop(key, None)
+        self.queue.forget(key)
+        self.metrics.forget_job(*key)
 
     def on_pod(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         key = job_key_of(body)
@@ -269,6 +294,9 @@ class Controller:
         key = job_key_of(body)
         if key is not None:
             self.jobsets.apply(event_type, body)
+            if event_type == "DELETED":
+                name = (body.get("metadata") or {}).get("name", "")
+                self.gone_jobsets.setdefault(key, {})[name] = rc.trim_jobset(body)
             self.queue.add(key)
 
     def on_node(self, event_type: str | None, body: Mapping[str, Any]) -> None:
@@ -312,6 +340,9 @@ class Controller:
         for name in [n for n, p in gone.items() if (rc.attempt_of(p) or 0) < current]:
             del gone[name]
         gone_pods = tuple(gone.values())
+        gone_sets = self.gone_jobsets.get(key, {})
+        for name in [n for n, js in gone_sets.items() if (rc.attempt_of(js) or 0) < current]:
+            del gone_sets[name]
         node_names = {
             n for p in (*pods, *gone_pods) if (n := (p.get("spec") or {}).get("nodeName"))
         }
@@ -327,6 +358,7 @@ class Controller:
             jobsets=jobsets,
             pods=pods,
             gone_pods=gone_pods,
+            gone_jobsets=tuple(gone_sets.values()),
             nodes=nodes,
             deleted_nodes=frozenset(node_names & self.deleted_nodes),
             events=None,
@@ -603,7 +635,7 @@ class Controller:
         results = await asyncio.gather(
             *(self._io(self._list, kind) for kind in ("pods", "jobsets", "nodes", "rtjs"))
         )
-        (pods, pods_rv), (jobsets, js_rv), (nodes, nodes_rv), (rtjs, _) = results
+        (pods, pods_rv), (jobsets, js_rv), (nodes, nodes_rv), (rtjs, rtjs_rv) = results
         for pod in self.pods.replace(pods, pods_rv):
             key = job_key_of(pod)
             if key is not None:
@@ -622,7 +654,10 @@ class Controller:
             listed.add((meta.get("namespace", ""), meta.get("name", "")))
             self.on_rtj(None, body)
         for key in [k for k in self.rtjs if k not in listed]:
-            self.on_rtj("DELETED", self.rtjs[key])
+            cached_rv = _rv(self.rtjs[key])
+            # a job created after the LIST's snapshot is not gone: its watch event was newer
+            if rtjs_rv is None or cached_rv is None or cached_rv <= rtjs_rv:
+                self.on_rtj("DELETED", self.rtjs[key])
         self.synced.set()
 
     # --- loops -----------------------------------------------------------------------------

@@ -29,6 +29,9 @@ WORKER_REPLICATED_JOB: Final = "worker"
 KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
 JOB_COMPLETION_INDEX: Final = "batch.kubernetes.io/job-completion-index"
 JOBSET_NAME_LABEL: Final = "jobset.sigs.k8s.io/jobset-name"
+JOBSET_UID_LABEL: Final = "jobset.sigs.k8s.io/jobset-uid"
+"""Set by the JobSet controller on its Jobs and their pods (labelAndAnnotateObject in
+sigs.k8s.io/jobset pkg/controllers/jobset_controller.go, v0.11.1)."""
 HOSTNAME_TOPOLOGY: Final = "kubernetes.io/hostname"
 
 # --- labels and annotations this operator owns ------------------------------------------

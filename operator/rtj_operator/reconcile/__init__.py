@@ -64,6 +64,7 @@ from rtj_operator.reconcile.checkpoints import (
 )
 from rtj_operator.reconcile.converge import CONVERGE_POLL_SECONDS, DELETE_RESEND
 from rtj_operator.reconcile.detect import USER_FAILURE_SETTLE, plan_current_attempt
+from rtj_operator.reconcile.failure import release_failed_job
 from rtj_operator.reconcile.progress import QUEUE_RECHECK
 from rtj_operator.reconcile.quarantine import add_taint, lift_expired_quarantines, remove_taint
 from rtj_operator.reconcile.trim import plain, trim_event, trim_jobset, trim_node, trim_pod
@@ -96,6 +97,8 @@ def plan(snap: Snapshot) -> Plan:
     status = b.status
     if status.phase.terminal:
         b.notes.append(f"job is {status.phase.value}")
+        if status.phase is Phase.FAILED:
+            release_failed_job(b)
     elif status.attempt == 0 or status.phase is Phase.RESTARTING:
         plan_next_attempt(b)
     else:

@@ -38,7 +38,10 @@ def plan_next_attempt(b: PlanBuilder) -> None:
     n = status.attempt + 1
     name = jobset_name(b.rtj.metadata.name, n)
     views = [read_jobset(js) for js in snap.jobsets]
-    mine = next((v for v in views if v.name == name and not v.deleting), None)
+    uid = b.rtj.metadata.uid
+    mine = next(
+        (v for v in views if v.name == name and not v.deleting and v.owner_uid == uid), None
+    )
     if mine is not None:  # created before a crash or a lost status patch: adopt it
         b.notes.append(f"adopt {name}")
         record_started(b, n, name, mine.created_at or b.now, mine.resume_step, adopted=True)

@@ -14,7 +14,13 @@ from rtj_operator.reconcile.checkpoints import read_init_results, refresh_checkp
 from rtj_operator.reconcile.converge import delete_orphans
 from rtj_operator.reconcile.failure import on_failure
 from rtj_operator.reconcile.progress import progress, succeed
-from rtj_operator.reconcile.world import attempt_of, get_in, read_jobset
+from rtj_operator.reconcile.world import (
+    attempt_of,
+    owned_jobset_uids,
+    pod_name,
+    read_jobset,
+    trusted_pod,
+)
 
 JOBSET_APPEAR_GRACE = timedelta(seconds=15)
 """A JobSet just created may not be in the watch cache yet: that is not a lost JobSet."""
@@ -42,18 +48,27 @@ def plan_current_attempt(b: PlanBuilder) -> None:
     n = status.attempt
     name = jobset_name(b.rtj.metadata.name, n)
     views = [read_jobset(js) for js in snap.jobsets]
-    current = next((v for v in views if v.name == name), None)
+    uid = b.rtj.metadata.uid
+    current = next((v for v in views if v.name == name and v.owner_uid == uid), None)
     strays = [v for v in views if v.attempt is not None and v.attempt < n and v.name != name]
     for v in strays:
         if not v.deleting:
             b.after.append(DeleteJobSet(v.name))
     delete_orphans(b, [p for p in snap.pods if (attempt_of(p) or 0) < n], views)
-    live = [p for p in snap.pods if attempt_of(p) == n]
-    names = {get_in(p, "metadata", "name") for p in live}
+    owned = owned_jobset_uids(snap)
+    labelled = [p for p in snap.pods if attempt_of(p) == n]
+    live = [p for p in labelled if trusted_pod(p, owned)]
+    if len(live) < len(labelled):
+        untrusted = sorted(pod_name(p) for p in labelled if not trusted_pod(p, owned))
+        b.notes.append(
+            f"ignored as evidence (not controlled by a Job of a JobSet this job owns): "
+            f"{', '.join(untrusted[:5])}"
+        )
+    names = {pod_name(p) for p in labelled}
     gone = [
         p
         for p in snap.gone_pods
-        if attempt_of(p) == n and get_in(p, "metadata", "name") not in names
+        if attempt_of(p) == n and pod_name(p) not in names and trusted_pod(p, owned)
     ]
     read_init_results(b, live)
     refresh_checkpoint(b)

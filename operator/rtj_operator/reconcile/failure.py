@@ -14,7 +14,7 @@ from rtj_operator.policy.render import jobset_name, quarantine_taint
 from rtj_operator.reconcile.actions import DeleteJobSet, MetricRecord, TaintNode
 from rtj_operator.reconcile.builder import MAX_EVIDENCE_CHARS, PlanBuilder, trim_evidence
 from rtj_operator.reconcile.converge import delete_pods
-from rtj_operator.reconcile.world import JobSetView
+from rtj_operator.reconcile.world import JobSetView, read_jobset
 
 
 def _first_failed(found: Classification) -> FirstFailed | None:
@@ -124,6 +124,8 @@ def on_failure(b: PlanBuilder, found: Classification, js: JobSetView | None) -> 
         b.update(phase=Phase.FAILED, next_attempt_at=None)
         b.condition(ConditionType.FAILED, True, action.reason, action.message)
         b.condition(ConditionType.RUNNING, False, action.reason, f"attempt {n} failed")
+        if js is not None and not js.deleting:  # after the patch: a failed job holds nothing
+            b.after.append(DeleteJobSet(name))
         b.event(True, action.reason, f"attempt {n}: {action.message}; {describe(found)}")
         b.metrics.append(MetricRecord("failure", found.failure_class))
         if detection is not None:
@@ -131,3 +133,14 @@ def on_failure(b: PlanBuilder, found: Classification, js: JobSetView | None) -> 
         b.notes.append(action.message)
         return
     b.notes.append(f"no action: {getattr(action, 'message', action)}")
+
+
+def release_failed_job(b: PlanBuilder) -> None:
+    """A Failed job keeps no JobSet: an admitted JobSet whose pods never fail (a config
+    error) would otherwise hold its Kueue quota and GPUs forever. The evidence stays in the
+    attempt records and Events; the JobSet's deletion takes its pods with it."""
+    uid = b.rtj.metadata.uid
+    for view in map(read_jobset, b.snap.jobsets):
+        if view.owner_uid == uid and not view.deleting:
+            b.after.append(DeleteJobSet(view.name))
+            b.notes.append(f"delete JobSet {view.name} of a failed job")

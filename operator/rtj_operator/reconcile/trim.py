@@ -24,7 +24,15 @@ _KEPT_METADATA = (
 
 
 def _trim_meta(meta: Json, *extra: str) -> dict[str, Any]:
-    return {k: plain(meta[k]) for k in (*_KEPT_METADATA, *extra) if k in meta}
+    kept = {k: plain(meta[k]) for k in (*_KEPT_METADATA, *extra) if k in meta}
+    controller = [
+        {k: ref.get(k) for k in ("apiVersion", "kind", "name", "uid", "controller")}
+        for ref in meta.get("ownerReferences") or []
+        if isinstance(ref, Mapping) and ref.get("controller") is True
+    ]
+    if controller:  # who controls it: the trust and identity checks read only this
+        kept["ownerReferences"] = controller
+    return kept
 
 
 def trim_pod(body: Json) -> dict[str, Any]:

@@ -3,7 +3,7 @@ as the watch caches hold them, and the latest checkpoint-store and LocalQueue re
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -49,6 +49,29 @@ class JobSetView:
     failed_at: datetime | None
     failure_message: str
     queue_name: str | None = None
+    uid: str = ""
+    owner_uid: str | None = None
+    """The uid of the ResilientTrainingJob that controls it (None: no such ownerReference)."""
+
+
+def controller_uid(obj: Json, api_version: str, kind: str) -> str | None:
+    """The uid in `obj`'s controller ownerReference if it is of this apiVersion and kind."""
+    for ref in get_in(obj, "metadata", "ownerReferences") or []:
+        if isinstance(ref, Mapping) and ref.get("controller") is True:
+            if ref.get("apiVersion") == api_version and ref.get("kind") == kind:
+                return str(ref.get("uid") or "") or None
+            return None
+    return None
+
+
+def trusted_pod(pod: Json, jobset_uids: Collection[str]) -> bool:
+    """Whether a pod is evidence about this job: a Job controls it, and the JobSet the JobSet
+    controller labelled it with (by uid) is one this job owns. A pod labelled for the job
+    by anyone else (a bare pod, a Job of the tenant's own) is not evidence; neither is a pod
+    of an earlier job of the same name (its JobSet had another owner uid)."""
+    if controller_uid(pod, "batch/v1", "Job") is None:
+        return False
+    return get_in(pod, "metadata", "labels", keys.JOBSET_UID_LABEL) in jobset_uids
 
 
 def read_jobset(raw: Json) -> JobSetView:
@@ -71,6 +94,8 @@ def read_jobset(raw: Json) -> JobSetView:
         failed_at=parse_time(failed.get("lastTransitionTime")) if failed else None,
         failure_message=str(failed.get("message", "")) if failed else "",
         queue_name=get_in(raw, "metadata", "labels", keys.KUEUE_QUEUE_LABEL),
+        uid=str(get_in(raw, "metadata", "uid") or ""),
+        owner_uid=controller_uid(raw, keys.API_VERSION, keys.KIND),
     )
 
 
@@ -130,6 +155,9 @@ class Snapshot:
     stored_status: Mapping[str, Any] = field(default_factory=dict)
     """`status` exactly as the API server returned it (the base of the merge patch)."""
     queue: QueueReading | None = None
+    gone_jobsets: tuple[Json, ...] = ()
+    """JobSets of this job deleted while the operator watched (their uids keep the pods of an
+    attempt whose JobSet is gone trusted as evidence)."""
     deleted_nodes: frozenset[str] = frozenset()
     """Nodes of these pods seen deleted (a watch DELETED or absent from a LIST): positive
     evidence the machine is gone, unlike a node the cache merely lacks."""
@@ -141,3 +169,13 @@ def with_store(snap: Snapshot, reading: StoreReading) -> Snapshot:
 
 def with_queue(snap: Snapshot, reading: QueueReading) -> Snapshot:
     return replace(snap, queue=reading)
+
+
+def owned_jobset_uids(snap: Snapshot) -> frozenset[str]:
+    """The uids of the JobSets, live or deleted, that this job (by uid) controls."""
+    uid = snap.rtj.metadata.uid
+    return frozenset(
+        v.uid
+        for v in map(read_jobset, (*snap.jobsets, *snap.gone_jobsets))
+        if uid and v.uid and v.owner_uid == uid
+    )

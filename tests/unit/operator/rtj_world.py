@@ -21,6 +21,15 @@ def iso(at: datetime) -> str:
     return at.isoformat().replace("+00:00", "Z")
 
 
+JOB_UID = "6f1c-uid"
+"""The uid of the job `llm` in rtj_test_support.job_body."""
+
+
+def jobset_uid(name: str, owner: str = JOB_UID) -> str:
+    """A JobSet's uid, distinct per owning job (a re-created job's JobSets get new uids)."""
+    return f"js-{owner}-{name}"
+
+
 def rtj_raw(status: Obj | None = None, rv: int = 10, **spec: Any) -> Obj:
     body = job_body(**spec)
     body["metadata"]["resourceVersion"] = str(rv)
@@ -38,6 +47,7 @@ def jobset(
     deleting: bool = False,
     created: datetime = NOW,
     resume: int | None = None,
+    owner: str = JOB_UID,
 ) -> Obj:
     conditions = []
     if completed:
@@ -52,10 +62,14 @@ def jobset(
     meta: Obj = {
         "name": f"{job}-a{attempt}",
         "namespace": "team-a",
+        "uid": jobset_uid(f"{job}-a{attempt}", owner),
         "labels": {keys.JOB_LABEL: job, keys.ATTEMPT_LABEL: str(attempt)},
         "annotations": {} if resume is None else {keys.RESUME_STEP_ANNOTATION: str(resume)},
         "creationTimestamp": iso(created),
-    }
+        # as render_jobset writes it: the job controls its JobSets
+        "ownerReferences": [{"apiVersion": keys.API_VERSION, "kind": keys.KIND, "name": job,
+                             "uid": owner, "controller": True, "blockOwnerDeletion": True}],
+    }  # fmt: skip
     if deleting:
         meta["deletionTimestamp"] = iso(created)
     return {"metadata": meta, "spec": {"suspend": suspended}, "status": {"conditions": conditions}}
@@ -74,6 +88,7 @@ def pod(
     finished: datetime = NOW,
     deleting: bool = False,
     init: Obj | None = None,
+    owner: str = JOB_UID,
 ) -> Obj:
     js = f"{job}-a{attempt}"
     meta: Obj = {
@@ -83,10 +98,15 @@ def pod(
             keys.JOB_LABEL: job,
             keys.ATTEMPT_LABEL: str(attempt),
             keys.JOBSET_NAME_LABEL: js,
+            keys.JOBSET_UID_LABEL: jobset_uid(js, owner),
             keys.JOB_COMPLETION_INDEX: str(index),
         },
         "annotations": {keys.JOB_COMPLETION_INDEX: str(index)},
-    }
+        # the Job controller creates the pod: its Job is the controller owner
+        "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": f"{js}-worker-0",
+                             "uid": f"job-uid-{js}-worker-0", "controller": True,
+                             "blockOwnerDeletion": True}],
+    }  # fmt: skip
     if deleting:
         meta["deletionTimestamp"] = iso(finished + timedelta(seconds=30))
         meta["deletionGracePeriodSeconds"] = 30
@@ -158,6 +178,7 @@ def snapshot(
     jobsets: list[Obj] | None = None,
     pods: list[Obj] | None = None,
     gone: list[Obj] | None = None,
+    gone_jobsets: list[Obj] | None = None,
     nodes: dict[str, Obj] | None = None,
     events: list[Obj] | None = None,
     now: datetime = NOW,
@@ -171,6 +192,7 @@ def snapshot(
         jobsets=tuple(jobsets or ()),
         pods=tuple(pods),
         gone_pods=tuple(gone or ()),
+        gone_jobsets=tuple(gone_jobsets or ()),
         nodes=nodes if nodes is not None else nodes_for(pods + (gone or [])),
         events=tuple(events or ()),
         now=now,

@@ -30,6 +30,10 @@ def kinds(plan: rc.Plan) -> list[str]:
     return [type(a).__name__ for a in plan.actions]
 
 
+def pod_name_of(obj: dict[str, Any]) -> str:
+    return str(obj["metadata"]["name"])
+
+
 def of(plan: rc.Plan, kind: type) -> list[Any]:
     return [a for a in plan.actions if isinstance(a, kind)]
 
@@ -137,7 +141,49 @@ def test_a_jobset_created_before_a_crash_is_adopted_not_created_twice() -> None:
     assert status["attempt"] == 1 and status["attempts"][0]["resumedFromStep"] == 1200
 
 
+def test_a_same_named_jobset_another_job_owns_is_never_adopted_but_deleted() -> None:
+    """A job deleted and re-created under the same name: the old job's JobSet (another owner
+    uid) is not this job's attempt 1; it goes before this job's attempt 1 is created."""
+    raw = rtj_raw()
+    old = jobset(1, suspended=True, resume=1200, owner="uid-of-a-deleted-job")
+    plan = rc.plan(snapshot(raw, jobsets=[old]))
+    assert "CreateJobSet" not in kinds(plan)
+    assert [a.name for a in of(plan, rc.DeleteJobSet)] == ["llm-a1"]
+    assert (plan.status_patch is None) or status_of(plan, raw).get("attempt", 0) == 0
+
+
 # --- watching an attempt ------------------------------------------------------------------------
+
+
+def test_a_pod_not_controlled_by_this_jobs_jobset_is_no_evidence() -> None:
+    """Issue 13: a bare pod in the tenant's namespace with the job's labels and another
+    team's node (or a pod of an earlier job of the same name) cannot fail the job, and so
+    cannot get that node quarantined."""
+    raw = rtj_raw(running())
+    healthy = [pod(1, i) for i in range(3)]
+    nccl = "NCCL error: unhandled system error"
+    bare = pod(1, 9, node="team-b-node", exit_code=1, message=nccl)
+    del bare["metadata"]["ownerReferences"]
+    earlier = pod(1, 8, node="team-b-node", exit_code=1, message=nccl, owner="old-uid")
+    for spoof in (bare, earlier):
+        snap = snapshot(raw, jobsets=[jobset(1)], pods=[*healthy, spoof])
+        plan = rc.plan(snap)
+        assert not of(plan, rc.TaintNode) and not of(plan, rc.DeleteJobSet), spoof
+        assert plan.status_patch is None or status_of(plan, raw)["phase"] == "Running"
+        assert "ignored as evidence" in plan.summary
+    # the same failure on a pod the JobSet's Job created is evidence (the check can fail)
+    real = pod(1, 3, node="team-b-node", exit_code=1, message=nccl)
+    plan = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=[*healthy, real]))
+    assert [a.name for a in of(plan, rc.DeleteJobSet)] == ["llm-a1"]
+    assert status_of(plan, raw)["phase"] == "Restarting"
+
+
+def test_a_pod_of_an_attempt_whose_jobset_is_gone_stays_evidence() -> None:
+    raw = rtj_raw(running())
+    failed = pod(1, 2, exit_code=1, message="NCCL error: unhandled system error")
+    gone_js = jobset(1, deleting=True)
+    plan = rc.plan(snapshot(raw, gone=[failed], gone_jobsets=[gone_js]))
+    assert status_of(plan, raw)["attempts"][-1]["firstFailed"]["pod"] == pod_name_of(failed)
 
 
 def test_admission_then_running_are_recorded_once() -> None:
@@ -390,13 +436,20 @@ def test_user_errors_fail_fast_and_never_taint() -> None:
     ]
     settled = NOW + rc.USER_FAILURE_SETTLE
     plan = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=pods, now=settled))
-    assert not of(plan, rc.TaintNode) and not of(plan, rc.DeleteJobSet)
+    assert not of(plan, rc.TaintNode)
     status = status_of(plan, raw)
     assert status["phase"] == "Failed"
     assert status["attempts"][0]["failureClass"] == "UserError"
     assert condition(status, "Failed")["reason"] == "UserErrorBudgetExhausted"
-    again = snapshot(with_status(raw, plan), jobsets=[jobset(1)], pods=pods, now=settled)
+    # a failed job holds no JobSet (so no quota, no GPUs): deleted after the status patch
+    assert kinds(plan)[:2] == ["PatchStatus", "DeleteJobSet"]
+    failed = with_status(raw, plan)
+    again = snapshot(failed, jobsets=[jobset(1, deleting=True)], pods=pods, now=settled)
     assert not rc.plan(again).actions
+    # a Failed job whose JobSet survived (a lost delete, an older operator) loses it now
+    kept = rc.plan(snapshot(failed, jobsets=[jobset(1)], pods=pods, now=settled))
+    assert [a.name for a in of(kept, rc.DeleteJobSet)] == ["llm-a1"]
+    assert kept.status_patch is None
 
 
 # --- the settle window before a user-category failure is final ----------------------------------

@@ -402,3 +402,51 @@ def test_a_background_refresh_racing_a_corrupt_step_verdict_never_pins_that_step
         c.executor.shutdown()
 
     asyncio.run(scenario())
+
+
+def test_a_job_recreated_under_the_same_name_inherits_nothing_of_the_old_one() -> None:
+    """Issue 13: the RTJJobFailed runbook tells users to delete and re-apply the job. The
+    new job (another uid) must not fail at once on the old job's failed pods, even when the
+    operator missed the old job's deletion (it was down)."""
+
+    async def scenario() -> None:
+        kube, reg = FakeKube(), CollectorRegistry()
+        c = _controller(kube, reg)
+        key = ("team-a", "llm")
+        old = rtj_raw({"phase": "Failed", "attempt": 1,
+                       "attempts": [{"attempt": 1, "jobSet": "llm-a1"}]}, rv=10)  # fmt: skip
+        c.on_rtj(None, old)
+        c.on_jobset(None, jobset(1))
+        failed = pod(1, 0, exit_code=1, message="Traceback: ZeroDivisionError")
+        c.on_pod(None, failed)
+        c.on_pod("DELETED", failed)
+        assert c.gone[key]
+        new = rtj_raw(rv=30)
+        new["metadata"]["uid"] = "a-new-uid"
+        c.on_rtj(None, new)  # no DELETED seen for the old uid
+        assert key not in c.gone and key not in c.store_readings
+        c.on_jobset("DELETED", jobset(1))
+        await c.reconcile(key)
+        created = [x for x in kube.calls if x[0] == "create_jobset"]
+        assert created == [("create_jobset", "llm-a1")], kube.calls
+        assert c.rtjs[key]["status"].get("phase") != "Failed"
+        c.executor.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_a_job_deleted_while_a_list_was_in_flight_does_not_come_back() -> None:
+    kube, reg = FakeKube(), CollectorRegistry()
+    c = _controller(kube, reg)
+    key = ("team-a", "llm")
+    c.on_rtj(None, rtj_raw(rv=10))
+    c.on_rtj("DELETED", rtj_raw(rv=20))
+    listed = rtj_raw(rv=15)  # the LIST's snapshot predates the deletion
+    c.on_rtj(None, listed)
+    assert key not in c.rtjs
+    # another job of the same name (new uid) is a new job, not the deleted one
+    again = rtj_raw(rv=25)
+    again["metadata"]["uid"] = "a-new-uid"
+    c.on_rtj(None, again)
+    assert c.rtjs[key]["metadata"]["uid"] == "a-new-uid"
+    c.executor.shutdown()
