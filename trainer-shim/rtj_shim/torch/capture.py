@@ -1,0 +1,222 @@
+"""State capture: what one save takes from the training objects, and the files it becomes.
+
+Files of one step (all listed, sized and hashed in its manifest)::
+
+    common/skeleton.pt              structure of the replicated state, tensors as references
+    common/shard-00000.pt ...       the replicated tensors; shard i is written by rank i % W
+    ranks/rank-00000.pt ...         per rank: every RNG and the rank-local Stateful objects
+    dcp/...                         sharded modules and optimizers (torch.distributed.checkpoint)
+
+:func:`capture` reads the state of every object (references, not copies: staging copies
+what must outlive the call), plans the shards and records in ``extra`` what a restore
+needs to find everything again (manifest ``extra.torch``), with the framework versions
+and the topology of the job that wrote it.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import rtj_shim
+from rtj_shim.manifest import Framework
+from rtj_shim.protocol import StepMetadata
+from rtj_shim.torch import _dist, fsdp, rng
+from rtj_shim.torch import serialization as ser
+from rtj_shim.torch.state import (
+    COMMON,
+    RANK,
+    SHARDED,
+    Entry,
+    optimizer_param_ptrs,
+    state_of,
+)
+
+FORMAT = 1
+SKELETON = "common/skeleton.pt"
+RANK_FILES = "ranks/rank-{rank:05d}.pt"
+
+
+def shard_path(index: int) -> str:
+    return f"common/shard-{index:05d}.pt"
+
+
+def rank_path(rank: int) -> str:
+    return RANK_FILES.format(rank=rank)
+
+
+@dataclass
+class SaveJob:
+    """Everything one save writes, captured on the training thread."""
+
+    step: int
+    blocking: bool
+    started: float
+    entries: list[Entry]
+    problem: str | None  # found before the job ran (loss)
+    skeleton: dict[str, Any]
+    tensors: list[torch.Tensor]  # every replicated tensor (references)
+    shards: list[list[int]]  # tensor indices per shard
+    mine: list[int]  # shard numbers this rank writes
+    fenced: set[int]  # tensor indices staged in the background (mutated only by step())
+    rank_state: dict[str, Any]
+    sharded: dict[str, Any]  # DCP state (references)
+    extra: dict[str, Any]
+    sharded_files: list[tuple[str, Path]] = field(default_factory=list)
+    stage_dir: Path | None = None
+    staged: threading.Event = field(default_factory=threading.Event)
+    stall: float = 0.0
+
+
+def capture(
+    step: int,
+    entries: list[Entry],
+    coord: _dist.Coordinator,
+    *,
+    blocking: bool,
+    started: float,
+    problem: str | None,
+    loss: float | torch.Tensor | None,
+    allow_unsafe_pickle: bool,
+    shard_bytes: int,
+    max_shards: int,
+) -> SaveJob:
+    """The state of ``entries`` at ``step`` as one rank's part of a save (no copies)."""
+    sharded = any(e.placement == SHARDED for e in entries)
+    tensors: list[torch.Tensor] = []
+    skeleton = {
+        e.name: ser.flatten(state_of(e), tensors, e.name, allow_unsafe_pickle)
+        for e in entries
+        if e.placement == COMMON
+    }
+    rank_objects = {e.name: state_of(e) for e in entries if e.placement == RANK}
+    rank_state: dict[str, Any] = {
+        "rank": coord.rank,
+        "world_size": coord.world,
+        "rng": rng.capture(),
+        "objects": rank_objects,
+    }
+    ser.flatten(rank_state, [], f"rank {coord.rank} state", allow_unsafe_pickle)
+    shards = ser.plan_shards(tensors, shard_bytes, max_shards) if tensors else []
+    mine = [i for i in range(len(shards)) if i % coord.world == coord.rank]
+    fenced: set[int] = set()
+    if not blocking:
+        ptrs = optimizer_param_ptrs(entries)
+        fenced = {i for s in mine for i in shards[s] if tensors[i].data_ptr() in ptrs}
+    objects_meta = {e.name: {"kind": e.kind, "placement": e.placement} for e in entries}
+    samplers = {e.name: e.obj.state_dict() for e in entries if e.kind == "sampler"}
+    extra: dict[str, Any] = {
+        "format": FORMAT,
+        "layout": "sharded" if sharded else "replicated",
+        "world_size": coord.world,
+        "objects": objects_meta,
+        "common": {"skeleton": SKELETON, "shards": [shard_path(i) for i in range(len(shards))]},
+        "rank_files": RANK_FILES,
+        "dcp": fsdp.DCP_DIR if sharded else None,
+        "loss": None if loss is None else as_float(loss),
+        "validation": None,
+        "samplers": samplers,
+        "rng": sorted(rank_state["rng"]),
+        "topology": topology(coord.world),
+    }
+    return SaveJob(
+        step=step,
+        blocking=blocking,
+        started=started,
+        entries=entries,
+        problem=problem,
+        skeleton=skeleton,
+        tensors=tensors,
+        shards=shards,
+        mine=mine,
+        fenced=fenced,
+        rank_state=rank_state,
+        sharded=fsdp.sharded_state(entries) if sharded else {},
+        extra=extra,
+    )
+
+
+def finite_candidates(job: SaveJob) -> list[tuple[str, torch.Tensor]]:
+    """The module tensors this rank writes, named, for the non-finite guard."""
+    modules = {e.name for e in job.entries if e.kind == "module"}
+    owner: dict[int, str] = {}
+    for name in modules:
+        if name in job.skeleton:
+            collect_tensor_refs(job.skeleton[name], name, owner)
+    return [(owner[i], job.tensors[i]) for s in job.mine for i in job.shards[s] if i in owner]
+
+
+def step_metadata(job: SaveJob, world_size: int) -> StepMetadata:
+    """What the manifest records besides the files: provenance, framework, ``extra.torch``."""
+    layout = "fsdp" if job.extra["layout"] == "sharded" else "data_parallel"
+    return StepMetadata.from_env(
+        world_size=world_size,
+        parallelism={layout: world_size},
+        framework=framework_info(),
+        extra={"torch": job.extra},
+    )
+
+
+def as_float(value: float | torch.Tensor) -> float:
+    return float(value.detach()) if isinstance(value, torch.Tensor) else float(value)
+
+
+def clone_tensors(value: Any) -> Any:
+    """A copy of a nested state whose tensors are cloned (containers rebuilt, leaves shared)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        out = type(value)((k, clone_tensors(v)) for k, v in value.items())
+        if hasattr(value, "_metadata"):
+            setattr(out, "_metadata", value._metadata)  # noqa: B010
+        return out
+    if isinstance(value, list):
+        return [clone_tensors(v) for v in value]
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(clone_tensors(v) for v in value)
+    return value
+
+
+def collect_tensor_refs(skeleton: Any, where: str, out: dict[int, str]) -> None:
+    """Map every tensor reference in ``skeleton`` to the dotted path where it sits."""
+    if isinstance(skeleton, Mapping):
+        if len(skeleton) == 1 and ser.TENSOR_REF in skeleton:
+            out[int(skeleton[ser.TENSOR_REF])] = where
+            return
+        for k, v in skeleton.items():
+            collect_tensor_refs(v, f"{where}.{k}", out)
+    elif isinstance(skeleton, list | tuple):
+        for i, v in enumerate(skeleton):
+            collect_tensor_refs(v, f"{where}[{i}]", out)
+
+
+def framework_info() -> Framework:
+    components = {
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "rtj_shim": getattr(rtj_shim, "__version__", "unknown"),
+    }
+    cuda = torch.version.cuda
+    if cuda:
+        components["cuda"] = str(cuda)
+    if _dist.is_distributed():
+        components["backend"] = str(torch.distributed.get_backend())
+    return Framework(name="pytorch", version=torch.__version__, components=components)
+
+
+def topology(world: int) -> dict[str, Any]:
+    env = os.environ
+    return {
+        "world_size": world,
+        "local_world_size": int(env.get("LOCAL_WORLD_SIZE") or 1),
+        "nnodes": max(1, world // max(1, int(env.get("LOCAL_WORLD_SIZE") or world or 1))),
+        "backend": str(torch.distributed.get_backend()) if _dist.is_distributed() else None,
+    }

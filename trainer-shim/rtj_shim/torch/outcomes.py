@@ -1,0 +1,48 @@
+"""What a save or a restore ends with: its report, or the error every rank raises.
+
+A save or restore is collective, so a failure is collective too: each rank contributes its
+own problem (or ``None``) and every rank raises the same :class:`CheckpointError` naming
+every rank that failed (:func:`raise_if_any`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rtj_shim.errors import ShimError
+from rtj_shim.torch import _dist
+
+
+class CheckpointError(ShimError):
+    """A save or restore failed on this rank or on another one."""
+
+
+class NonFiniteStateError(CheckpointError):
+    """The save was refused: the loss or a parameter is NaN or Inf."""
+
+
+@dataclass(frozen=True)
+class SaveReport:
+    step: int
+    blocking: bool
+    seconds: float  # save() call to published
+    stall_seconds: float  # time the training thread was held
+    bytes: int
+    files: int
+    uri: str | None
+
+
+@dataclass(frozen=True)
+class RestoreReport:
+    step: int  # 0: fresh start
+    source: str  # "resume-file", "resolved" or "fresh"
+    skipped: tuple[tuple[int, str], ...]
+    seconds: float
+    notes: tuple[str, ...] = ()
+
+
+def raise_if_any(coord: _dist.Coordinator, error: str | None, what: str) -> None:
+    """Collective: raise on every rank when any rank passed an error."""
+    errors = [e for e in coord.all_gather(error) if e]
+    if errors:
+        raise CheckpointError(f"{what}: " + "; ".join(errors))

@@ -1,0 +1,281 @@
+"""Restore: which step to resume, loading every rank's part of it, applying it.
+
+Rank 0 takes the resume decision (:func:`decide`: the init container's ``resume.json`` in
+the pod's first incarnation or, failing that, deep resolution of the newest verified
+step) and the Checkpointer broadcasts it with the manifest. Every rank then loads its part
+(:class:`StepLoader`) and reports; a rank that cannot load fails the restore on every
+rank, and state is applied only after every rank has loaded. With a probe,
+:func:`validate_restored` checks that the restored state reproduces its recorded loss,
+gradient norm and optimizer moments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rtj_shim.layout import COMMITTED_FILE, MANIFEST_FILE, step_key
+from rtj_shim.manifest import FileEntry, Manifest, sha256_hex
+from rtj_shim.resolver import resolve
+from rtj_shim.storage import CheckpointStore
+from rtj_shim.storage.filesystem import FilesystemStore
+from rtj_shim.torch import _dist, fsdp, rng
+from rtj_shim.torch import serialization as ser
+from rtj_shim.torch.capture import FORMAT, rank_path
+from rtj_shim.torch.outcomes import CheckpointError, raise_if_any
+from rtj_shim.torch.state import COMMON, RANK, SHARDED, Entry, apply_state
+from rtj_shim.torch.validation import (
+    Probe,
+    RestoreValidationError,
+    compare,
+    optimizer_moments,
+    run_probe,
+)
+from rtj_shim.verification import Depth
+
+log = logging.getLogger("rtj_shim.torch")
+
+
+# ====================================================================== the decision
+
+
+def decide(store: CheckpointStore, resume_file: Path, restored_once: bool) -> dict[str, Any]:
+    """Rank 0: which step to resume, and why the newer ones were skipped."""
+    try:
+        pinned = pinned_step(store, resume_file, restored_once)
+        if pinned is not None:
+            source, step, skipped = "resume-file", pinned[0], list(pinned[1])
+            if step is None:
+                return {"step": None, "skipped": skipped, "source": source}
+            resolution = resolve(store, Depth.DEEP, step=step)
+            if resolution.step is None:
+                why = "; ".join(s.reason for s in resolution.skipped) or "does not verify"
+                return {"error": f"{resume_file} pins step {step}, which does not verify: {why}"}
+        else:
+            source = "resolved"
+            resolution = resolve(store, Depth.DEEP)
+            skipped = [(s.step, s.reason) for s in resolution.skipped]
+            step = resolution.step
+            if resolution.hint_problem:
+                log.warning("restore: %s", resolution.hint_problem)
+        if step is None:
+            return {"step": None, "skipped": skipped, "source": source}
+        manifest = store.read(step_key(step, MANIFEST_FILE))
+        committed = store.read(step_key(step, COMMITTED_FILE))
+        return {
+            "step": step,
+            "skipped": skipped,
+            "source": source,
+            "manifest": manifest,
+            "committed": committed,
+        }
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def pinned_step(
+    store: CheckpointStore, resume_file: Path, restored_once: bool
+) -> tuple[int | None, list[tuple[int, str]]] | None:
+    """The init container's decision, valid for the pod's first incarnation only: after
+    an in-pod restart (torchrun), newer steps may exist, so resolve again."""
+    if restored_once or int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0) > 0:
+        return None
+    try:
+        raw = resume_file.read_bytes()
+    except FileNotFoundError:
+        return None
+    data = json.loads(raw)
+    uri = data.get("uri")
+    if uri is not None and not str(uri).startswith(store.uri):
+        raise CheckpointError(
+            f"{resume_file} names {uri}, which is not under this job's root {store.uri}"
+        )
+    skipped = [(int(s["step"]), str(s["reason"])) for s in data.get("skipped", [])]
+    step = data.get("step")
+    return (None if step is None else int(step)), skipped
+
+
+# ====================================================================== loading
+
+
+class StepLoader:
+    """Loads one rank's part of a verified step and applies it to the live objects."""
+
+    def __init__(
+        self,
+        store: CheckpointStore,
+        *,
+        allow_unsafe_pickle: bool,
+        io_workers: int,
+        staging_dir: str | os.PathLike[str] | None,
+    ) -> None:
+        self.store = store
+        self.allow_unsafe_pickle = allow_unsafe_pickle
+        self.io_workers = io_workers
+        self.staging_dir = staging_dir
+
+    def load_and_apply(
+        self, step: int, manifest: Manifest, entries: list[Entry], coord: _dist.Coordinator
+    ) -> list[str]:
+        """Collective: load, agree that every rank loaded, apply; return notes to report."""
+        extra = manifest.extra.get("torch")
+        notes: list[str] = []
+        loaded: dict[str, Any] = {}
+        rank_state: dict[str, Any] | None = None
+        error: str | None = None
+        try:
+            if not isinstance(extra, dict) or extra.get("format") != FORMAT:
+                raise CheckpointError(
+                    f"step {step} was not written by rtj_shim.torch format {FORMAT}"
+                )
+            entries[:] = self._placements_from(extra, entries)
+            old_world = int(extra["world_size"])
+            loaded = self._load_common(step, manifest, extra, entries)
+            if old_world == coord.world:
+                rank_state = self._load_file(step, manifest, rank_path(coord.rank))
+                if rank_state is None or rank_state.get("rank") != coord.rank:
+                    raise CheckpointError(f"{rank_path(coord.rank)} belongs to another rank")
+            elif any(e.placement == RANK for e in entries):
+                names = [e.name for e in entries if e.placement == RANK]
+                raise CheckpointError(
+                    f"step {step} was saved by {old_world} ranks; the rank-local state of "
+                    f"{names} cannot be mapped onto {coord.world} ranks"
+                )
+            else:
+                notes.append(
+                    f"world size changed from {old_world} to {coord.world}: per-rank RNG "
+                    "state is not restored"
+                )
+        except Exception as exc:
+            log.exception("rank %d could not load step %d", coord.rank, step)
+            error = f"rank {coord.rank}: {type(exc).__name__}: {exc}"
+        raise_if_any(coord, error, f"restore of step {step} failed")
+        try:
+            if any(e.placement == SHARDED for e in entries):
+                self._load_sharded(step, manifest, entries, coord)
+            for e in entries:
+                if e.placement == COMMON:
+                    apply_state(e, loaded[e.name])
+                elif e.placement == RANK and rank_state is not None:
+                    apply_state(e, rank_state["objects"][e.name])
+                if e.kind == "sampler" and e.obj.repartitioned:
+                    notes.append(e.obj.repartitioned)
+            if rank_state is not None:
+                rng.restore(rank_state["rng"])
+        except Exception as exc:
+            log.exception("rank %d could not apply step %d", coord.rank, step)
+            error = f"rank {coord.rank}: {type(exc).__name__}: {exc}"
+        raise_if_any(coord, error, f"restore of step {step} failed")
+        for note in notes:
+            log.warning("restore: %s", note)
+        return notes
+
+    def _local_path(self, step: int, rel: str) -> Path | None:
+        if isinstance(self.store, FilesystemStore):
+            return self.store.root / step_key(step, rel)
+        return None
+
+    def _read_verified(self, step: int, entry: FileEntry) -> bytes:
+        data = self.store.read(step_key(step, entry.path))
+        if data is None:
+            raise CheckpointError(f"{entry.path} of step {step} is missing")
+        if len(data) != entry.bytes or sha256_hex(data) != entry.sha256:
+            raise CheckpointError(f"{entry.path} of step {step} does not match its manifest")
+        return data
+
+    def _load_file(self, step: int, manifest: Manifest, rel: str) -> Any:
+        files = {f.path: f for f in manifest.files}
+        if rel not in files:
+            raise CheckpointError(f"step {step} has no {rel} in its manifest")
+        local = self._local_path(step, rel)
+        source: Path | bytes = local if local is not None else self._read_verified(step, files[rel])
+        return ser.load(source, self.allow_unsafe_pickle)
+
+    @staticmethod
+    def _placements_from(extra: dict[str, Any], entries: list[Entry]) -> list[Entry]:
+        saved: dict[str, Any] = extra.get("objects", {})
+        missing = [e.name for e in entries if e.name not in saved]
+        if missing:
+            raise CheckpointError(f"the checkpoint has no state for {missing}")
+        out = []
+        for e in entries:
+            placement = saved[e.name]["placement"]
+            if e.placement == SHARDED and placement != SHARDED:
+                raise CheckpointError(
+                    f"{e.name!r} is sharded now but was saved replicated; loading a "
+                    "replicated checkpoint into a sharded module is not supported"
+                )
+            out.append(dataclasses.replace(e, placement=placement))
+        return out
+
+    def _load_common(
+        self, step: int, manifest: Manifest, extra: dict[str, Any], entries: list[Entry]
+    ) -> dict[str, Any]:
+        names = [e.name for e in entries if e.placement == COMMON]
+        if not names:
+            return {}
+        skeleton = self._load_file(step, manifest, extra["common"]["skeleton"])["objects"]
+        shard_files: list[str] = extra["common"]["shards"]
+        tensors: dict[int, torch.Tensor] = {}
+        workers = max(1, min(self.io_workers, len(shard_files)))
+        with ThreadPoolExecutor(workers, thread_name_prefix="rtj-load") as pool:
+            for part in pool.map(lambda p: self._load_file(step, manifest, p), shard_files):
+                tensors.update(part)
+        return {name: ser.unflatten(skeleton[name], tensors) for name in names}
+
+    def _load_sharded(
+        self, step: int, manifest: Manifest, entries: list[Entry], coord: _dist.Coordinator
+    ) -> None:
+        local = self._local_path(step, fsdp.DCP_DIR)
+        if local is not None:
+            fsdp.load_into(entries, local, coord.group)
+            return
+        stage = Path(tempfile.mkdtemp(prefix=f"rtj-dcp-load-{step}-", dir=self.staging_dir))
+        try:
+            for entry in manifest.files:
+                if entry.path.startswith(f"{fsdp.DCP_DIR}/"):
+                    target = stage / entry.path
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(self._read_verified(step, entry))
+            fsdp.load_into(entries, stage / fsdp.DCP_DIR, coord.group)
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+
+
+# ====================================================================== validation
+
+
+def validate_restored(
+    probe: Probe | None,
+    manifest: Manifest,
+    entries: list[Entry],
+    coord: _dist.Coordinator,
+    *,
+    rtol: float,
+    atol: float,
+) -> None:
+    """Collective: run the probe again and compare with what the save recorded."""
+    extra = manifest.extra.get("torch") or {}
+    recorded = extra.get("validation")
+    if not recorded or probe is None:
+        log.warning("restore: the checkpoint has no validation record; probe skipped")
+        return
+    sharded = extra.get("layout") == "sharded"
+    observed: dict[str, Any] = dict(run_probe(probe, entries, coord, sharded))
+    observed["moments"] = optimizer_moments(entries, coord, sharded and coord.world > 1)
+    problems = compare(recorded, observed, rtol, atol)
+    if problems:
+        raise RestoreValidationError(
+            f"restored step {manifest.step} does not reproduce its recorded state: "
+            + "; ".join(problems)
+        )
+    log.info("restore: validation probe agrees (loss %.6g)", observed["loss"])

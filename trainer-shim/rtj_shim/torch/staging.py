@@ -1,0 +1,111 @@
+"""Staging: the copies a save writes from while training goes on.
+
+A background save must not write tensors the training thread is changing. Before
+``save()`` returns, :meth:`Staging.stage_unfenced` copies into reused CPU buffers every
+tensor this rank writes that does not belong to an optimizer, and clones the small
+rank-local state. Tensors an optimizer owns (parameters, moments) change only in
+``optimizer.step()``: the background thread stages them (:meth:`Staging.stage_fenced`)
+while the next forward and backward run, and an optimizer pre-step hook (the *fence*)
+holds the next ``step()`` until that is done. Sharded state is staged by DCP onto local
+disk (:meth:`Staging.stage_sharded`), for blocking and background saves alike.
+
+Host memory is bounded by one staging copy of this rank's share: buffers are reused from
+one save to the next and dropped when a tensor is no longer written by this rank.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rtj_shim.torch import _dist, fsdp
+from rtj_shim.torch.capture import SaveJob, clone_tensors
+from rtj_shim.torch.state import Entry
+from rtj_shim.torch.validation import nonfinite_problem
+
+
+class Staging:
+    """Reused CPU buffers, the optimizer fences, and local DCP staging of one Checkpointer."""
+
+    def __init__(self, staging_dir: str | os.PathLike[str] | None, *, check_finite: bool) -> None:
+        self.staging_dir = staging_dir
+        self.check_finite = check_finite
+        # The background save whose fenced tensors may not be staged yet (read by fences).
+        self.inflight: SaveJob | None = None
+        self._buffers: dict[int, torch.Tensor] = {}
+        self._hooked: dict[int, Any] = {}
+
+    def _buffer(self, index: int, tensor: torch.Tensor) -> torch.Tensor:
+        buf = self._buffers.get(index)
+        if buf is None or buf.shape != tensor.shape or buf.dtype != tensor.dtype:
+            buf = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu")
+            self._buffers[index] = buf
+        return buf
+
+    def stage_unfenced(self, job: SaveJob) -> None:
+        """Copy what the training thread may change before the next optimizer step."""
+        wanted = {i for s in job.mine for i in job.shards[s]}
+        keep = set(wanted)
+        for i in sorted(wanted - job.fenced):
+            job.tensors[i] = self._buffer(i, job.tensors[i]).copy_(job.tensors[i])
+        for stale in set(self._buffers) - keep:
+            del self._buffers[stale]
+        job.rank_state = clone_tensors(job.rank_state)
+
+    def stage_fenced(self, job: SaveJob) -> None:
+        """Background thread: copy the optimizer-owned tensors (the fence holds step())."""
+        for i in sorted(job.fenced):
+            job.tensors[i] = self._buffer(i, job.tensors[i]).copy_(job.tensors[i])
+
+    def install_fences(self, entries: list[Entry]) -> None:
+        fence = _make_fence(weakref.ref(self))
+        for entry in entries:
+            if entry.kind == "optimizer" and id(entry.obj) not in self._hooked:
+                self._hooked[id(entry.obj)] = entry.obj.register_step_pre_hook(fence)
+
+    def remove_fences(self) -> None:
+        for handle in self._hooked.values():
+            handle.remove()
+        self._hooked.clear()
+
+    def stage_sharded(self, job: SaveJob, coord: _dist.Coordinator) -> None:
+        """Collective, on the calling thread: DCP writes this rank's shards to local disk
+        (the staging copy of sharded state, for blocking and background saves alike)."""
+        if self.check_finite and job.problem is None:
+            job.problem = nonfinite_problem(
+                (f"{key}.{k}", v)
+                for key, value in job.sharded.items()
+                if key.startswith("model.")
+                for k, v in value.items()
+                if isinstance(v, torch.Tensor)
+            )
+        job.stage_dir = Path(tempfile.mkdtemp(prefix=f"rtj-dcp-{job.step}-", dir=self.staging_dir))
+        try:
+            files = fsdp.save_local(job.sharded, job.stage_dir, coord.group)
+        except BaseException:
+            shutil.rmtree(job.stage_dir, ignore_errors=True)
+            raise
+        # .metadata first: on rank 0 the committing writer then owns the dcp/ directory
+        job.sharded_files = sorted(files, key=lambda f: (not f[0].endswith(".metadata"), f[0]))
+        job.sharded = {}
+
+
+def _make_fence(ref: weakref.ReferenceType[Staging]) -> Any:
+    """Optimizer pre-step hook: wait until a background save has staged the parameters."""
+
+    def fence(_opt: Any, _args: Any, _kwargs: Any) -> None:
+        staging = ref()
+        job = None if staging is None else staging.inflight
+        if job is not None and not job.staged.is_set():
+            t0 = time.perf_counter()
+            job.staged.wait()
+            job.stall += time.perf_counter() - t0
+
+    return fence
