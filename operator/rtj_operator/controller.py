@@ -346,6 +346,7 @@ class Controller:
         node_names = {
             n for p in (*pods, *gone_pods) if (n := (p.get("spec") or {}).get("nodeName"))
         }
+        node_names |= {q.node for q in rtj.status.quarantined_nodes}  # claims to keep holding
         nodes = {}
         for name in node_names:
             found = self.nodes.get(name)
@@ -517,13 +518,19 @@ class Controller:
                 failed = errors[0] if errors else None
             elif isinstance(action, rc.CreateJobSet):
                 await self._io(kube.create_jobset, namespace, action.body)
-            elif isinstance(action, rc.TaintNode):
-                taint = action.taint
-                await self._io(kube.edit_taints, action.node, lambda t, x=taint: rc.add_taint(t, x))
-            elif isinstance(action, rc.UntaintNode):
-                taint = action.taint
+            elif isinstance(action, (rc.TaintNode, rc.UntaintNode)):
+                edit = rc.claim if isinstance(action, rc.TaintNode) else rc.release
+                who = rc.Claimant(action.job, action.uid)
                 await self._io(
-                    kube.edit_taints, action.node, lambda t, x=taint: rc.remove_taint(t, x)
+                    kube.edit_node,
+                    action.node,
+                    lambda t, a, x=action.taint, e=edit, w=who: e(t, a, x, w),
+                    keys.QUARANTINE_OWNERS_ANNOTATION,
+                )
+            elif isinstance(action, rc.SetFinalizer):
+                meta = snap.rtj.metadata
+                await self._io(
+                    kube.set_rtj_finalizer, namespace, name, meta.uid, action.name, action.present
                 )
             elif isinstance(action, rc.PatchStatus):
                 try:

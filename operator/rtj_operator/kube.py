@@ -15,7 +15,7 @@ import base64
 import json
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import quote, unquote
 
 from rtj_operator.api import keys
@@ -26,6 +26,17 @@ MERGE_PATCH = "application/merge-patch+json"
 _JOBSET_GROUP, _JOBSET_VERSION = keys.JOBSET_API_VERSION.split("/")
 _JOBSET_PLURAL = "jobsets"
 _RETRIES = 5
+
+
+class NodeChange(Protocol):
+    """A node edit's result: the new taints and the new value of one annotation."""
+
+    @property
+    def taints(self) -> Sequence[Mapping[str, Any]]: ...
+
+    @property
+    def annotation(self) -> str | None: ...
+
 
 RequestHook = Callable[[str, str], None]
 """Told of every request: (verb, resource), e.g. ("patch", "resilienttrainingjobs/status")."""
@@ -370,13 +381,18 @@ class Kube:
     def get_node(self, name: str) -> dict[str, Any]:
         return self.request(f"get node {name}", "GET", _path("api", "v1", "nodes", name))
 
-    def edit_taints(
-        self, node: str, edit: Callable[[Sequence[Mapping[str, Any]]], list[dict[str, Any]] | None]
+    def edit_node(
+        self,
+        node: str,
+        edit: Callable[[Sequence[Mapping[str, Any]], str | None], NodeChange | None],
+        annotation: str,
     ) -> bool:
-        """Read-modify-write the node's taints under its resourceVersion; False: no change.
+        """Read-modify-write the node's taints and one annotation under its resourceVersion;
+        False: no change.
 
-        `edit` returns the new list or None when nothing needs to change. A node that does
-        not exist is left alone (False): there is nothing to quarantine.
+        `edit` gets the taints and the annotation's value and returns the new taints and
+        value (None: remove the annotation), or None when nothing needs to change. A node
+        that does not exist is left alone (False): there is nothing to quarantine.
         """
         for _ in range(_RETRIES):
             try:
@@ -384,12 +400,16 @@ class Kube:
             except NotFound:
                 return False
             taints = (current.get("spec") or {}).get("taints") or []
-            new = edit(taints)
-            if new is None:
+            annotations = (current.get("metadata") or {}).get("annotations") or {}
+            change = edit(taints, annotations.get(annotation))
+            if change is None:
                 return False
             body = {
-                "metadata": {"resourceVersion": current["metadata"]["resourceVersion"]},
-                "spec": {"taints": new},
+                "metadata": {
+                    "resourceVersion": current["metadata"]["resourceVersion"],
+                    "annotations": {annotation: change.annotation},
+                },
+                "spec": {"taints": [dict(x) for x in change.taints]},
             }
             try:
                 self.request(
@@ -406,6 +426,45 @@ class Kube:
             except NotFound:
                 return False
         raise Conflict(f"node {node} kept changing during {_RETRIES} taint updates", 409)
+
+    def set_rtj_finalizer(
+        self, namespace: str, name: str, uid: str, finalizer: str, present: bool
+    ) -> bool:
+        """Add or remove one finalizer of the job `uid` (read-modify-write under its
+        resourceVersion); False: nothing to change, or the job is gone or another one."""
+        path = _path(*_RTJ, "namespaces", namespace, keys.PLURAL, name)
+        for _ in range(_RETRIES):
+            try:
+                current = self.request(f"get rtj {namespace}/{name}", "GET", path)
+            except NotFound:
+                return False
+            meta = current.get("metadata") or {}
+            if uid and meta.get("uid") != uid:
+                return False
+            finalizers = list(meta.get("finalizers") or [])
+            if (finalizer in finalizers) == present:
+                return False
+            finalizers = (
+                [*finalizers, finalizer] if present else [f for f in finalizers if f != finalizer]
+            )
+            body = {
+                "metadata": {"resourceVersion": meta["resourceVersion"], "finalizers": finalizers}
+            }
+            try:
+                self.request(
+                    f"{'add' if present else 'remove'} finalizer of rtj {namespace}/{name}",
+                    "PATCH",
+                    path,
+                    body,
+                    query={"fieldManager": FIELD_MANAGER},
+                    content_type=MERGE_PATCH,
+                )
+                return True
+            except Conflict:
+                continue
+            except NotFound:
+                return False
+        raise Conflict(f"rtj {namespace}/{name} kept changing during {_RETRIES} updates", 409)
 
     # --- secrets ---------------------------------------------------------------------------
 

@@ -39,6 +39,11 @@ JOB_LABEL: Final = f"{GROUP}/job"
 ATTEMPT_LABEL: Final = f"{GROUP}/attempt"
 RESUME_STEP_ANNOTATION: Final = f"{GROUP}/resume-step"
 DEFAULT_TAINT_KEY: Final = f"{GROUP}/unhealthy"
+QUARANTINE_OWNERS_ANNOTATION: Final = f"{GROUP}/quarantined-by"
+"""On a quarantined node: which jobs (by uid) hold each of our taints (JSON), so several jobs
+can quarantine one node and each lifts only its own claim."""
+RELEASE_FINALIZER: Final = f"{GROUP}/release-quarantines"
+"""On a job that holds quarantine claims: deleting it lifts them first."""
 
 # --- containers, volumes, paths ---------------------------------------------------------
 RESUME_INIT_CONTAINER: Final = "rtj-resume"

@@ -32,6 +32,8 @@ class ObjectMeta(BaseModel):
     uid: str = ""
     generation: int = 0
     labels: dict[str, str] = Field(default_factory=dict)
+    finalizers: list[str] = Field(default_factory=list)
+    deletion_timestamp: str | None = Field(default=None, alias="deletionTimestamp")
 
     @field_validator("name")
     @classmethod

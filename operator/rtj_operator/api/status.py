@@ -77,6 +77,11 @@ class QuarantinedNode(StatusModel):
     attempt: int = Field(ge=1)
     since: datetime
     evidence: str = ""
+    taint_key: str | None = Field(default=None, max_length=317)
+    """The taint placed (recorded so a later change of the taint settings never strands it;
+    None in records written before it was recorded: the job's current settings apply)."""
+    taint_value: str | None = Field(default=None, max_length=63)
+    taint_effect: str | None = Field(default=None, max_length=32)
 
 
 class RestartCounts(StatusModel):

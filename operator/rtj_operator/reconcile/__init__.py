@@ -50,6 +50,7 @@ from rtj_operator.reconcile.actions import (
     PatchStatus,
     Plan,
     PostEvent,
+    SetFinalizer,
     TaintNode,
     UntaintNode,
     merge_patch,
@@ -65,8 +66,16 @@ from rtj_operator.reconcile.checkpoints import (
 from rtj_operator.reconcile.converge import CONVERGE_POLL_SECONDS, DELETE_RESEND
 from rtj_operator.reconcile.detect import USER_FAILURE_SETTLE, plan_current_attempt
 from rtj_operator.reconcile.failure import release_failed_job
+from rtj_operator.reconcile.finalizer import release_deleted_job
 from rtj_operator.reconcile.progress import QUEUE_RECHECK
-from rtj_operator.reconcile.quarantine import add_taint, lift_expired_quarantines, remove_taint
+from rtj_operator.reconcile.quarantine import (
+    Claimant,
+    NodeEdit,
+    claim,
+    ensure_quarantines,
+    lift_expired_quarantines,
+    release,
+)
 from rtj_operator.reconcile.trim import plain, trim_event, trim_jobset, trim_node, trim_pod
 from rtj_operator.reconcile.world import (
     JobSetView,
@@ -80,13 +89,47 @@ from rtj_operator.reconcile.world import (
 )
 
 __all__ = [
-    "CONVERGE_POLL_SECONDS", "DELETE_RESEND", "QUEUE_RECHECK", "STALE_FACTOR", "STORE_FRESH",
-    "STORE_RETRY_MIN_SECONDS", "STORE_RETRY_SECONDS", "USER_FAILURE_SETTLE",
-    "Action", "CreateJobSet", "DeleteJobSet", "DeletePod", "JobSetView", "KubeAction",
-    "MetricRecord", "PatchStatus", "Plan", "PostEvent", "QueueReading", "Snapshot",
-    "StoreReading", "TaintNode", "UntaintNode", "add_taint", "attempt_of", "condition_true",
-    "merge_patch", "plain", "plan", "read_jobset", "remove_taint", "set_condition",
-    "trim_event", "trim_jobset", "trim_node", "trim_pod", "with_queue", "with_store",
+    "CONVERGE_POLL_SECONDS",
+    "DELETE_RESEND",
+    "QUEUE_RECHECK",
+    "STALE_FACTOR",
+    "STORE_FRESH",
+    "STORE_RETRY_MIN_SECONDS",
+    "STORE_RETRY_SECONDS",
+    "USER_FAILURE_SETTLE",
+    "Action",
+    "Claimant",
+    "CreateJobSet",
+    "DeleteJobSet",
+    "DeletePod",
+    "JobSetView",
+    "KubeAction",
+    "MetricRecord",
+    "NodeEdit",
+    "PatchStatus",
+    "Plan",
+    "PostEvent",
+    "QueueReading",
+    "SetFinalizer",
+    "Snapshot",
+    "StoreReading",
+    "TaintNode",
+    "UntaintNode",
+    "attempt_of",
+    "claim",
+    "condition_true",
+    "merge_patch",
+    "plain",
+    "plan",
+    "read_jobset",
+    "release",
+    "set_condition",
+    "trim_event",
+    "trim_jobset",
+    "trim_node",
+    "trim_pod",
+    "with_queue",
+    "with_store",
 ]  # fmt: skip
 
 
@@ -95,6 +138,9 @@ def plan(snap: Snapshot) -> Plan:
     b = PlanBuilder(snap, snap.rtj.status)
     lift_expired_quarantines(b)
     status = b.status
+    if snap.rtj.metadata.deletion_timestamp is not None:
+        release_deleted_job(b)  # nothing else: a job being deleted starts nothing
+        return b.build()
     if status.phase.terminal:
         b.notes.append(f"job is {status.phase.value}")
         if status.phase is Phase.FAILED:
@@ -103,4 +149,5 @@ def plan(snap: Snapshot) -> Plan:
         plan_next_attempt(b)
     else:
         plan_current_attempt(b)
+    ensure_quarantines(b)
     return b.build()

@@ -45,14 +45,31 @@ class DeletePod:
 
 @dataclass(frozen=True)
 class TaintNode:
+    """Claim `taint` on the node for the job (placing the taint if the node lacks it)."""
+
     node: str
     taint: Mapping[str, str]
+    job: str = ""
+    """namespace/name of the claiming job."""
+    uid: str = ""
 
 
 @dataclass(frozen=True)
 class UntaintNode:
+    """Release the job's claim on `taint` (the taint goes with the last claim)."""
+
     node: str
     taint: Mapping[str, str]
+    job: str = ""
+    uid: str = ""
+
+
+@dataclass(frozen=True)
+class SetFinalizer:
+    """Add (present) or remove a finalizer on the job itself."""
+
+    name: str
+    present: bool
 
 
 @dataclass(frozen=True)
@@ -71,7 +88,9 @@ class PostEvent:
     message: str
 
 
-KubeAction = CreateJobSet | DeleteJobSet | DeletePod | TaintNode | UntaintNode | PatchStatus
+KubeAction = (
+    CreateJobSet | DeleteJobSet | DeletePod | TaintNode | UntaintNode | SetFinalizer | PatchStatus
+)
 
 
 Action = KubeAction | PostEvent

@@ -11,7 +11,7 @@ from rtj_operator.api.status import (
 from rtj_operator.policy.classify import Classification
 from rtj_operator.policy.decide import Fail, Quarantine, Restart, decide
 from rtj_operator.policy.render import jobset_name, quarantine_taint
-from rtj_operator.reconcile.actions import DeleteJobSet, MetricRecord, TaintNode
+from rtj_operator.reconcile.actions import DeleteJobSet, MetricRecord
 from rtj_operator.reconcile.builder import MAX_EVIDENCE_CHARS, PlanBuilder, trim_evidence
 from rtj_operator.reconcile.converge import delete_pods
 from rtj_operator.reconcile.world import JobSetView, read_jobset
@@ -69,8 +69,7 @@ def on_failure(b: PlanBuilder, found: Classification, js: JobSetView | None) -> 
             return
         taint = quarantine_taint(b.rtj)
         records = list(b.status.quarantined_nodes)
-        for node in action.nodes:
-            b.before.append(TaintNode(node, taint))
+        for node in action.nodes:  # recorded first; ensure_quarantines taints after the patch
             records.append(
                 QuarantinedNode(
                     node=node,
@@ -78,6 +77,9 @@ def on_failure(b: PlanBuilder, found: Classification, js: JobSetView | None) -> 
                     attempt=n,
                     since=b.now,
                     evidence=(found.evidence[0] if found.evidence else "")[:MAX_EVIDENCE_CHARS],
+                    taint_key=taint["key"],
+                    taint_value=taint["value"],
+                    taint_effect=taint["effect"],
                 )
             )
         b.update(quarantined_nodes=records)

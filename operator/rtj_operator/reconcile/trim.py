@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from rtj_operator.api import keys
 from rtj_operator.reconcile.world import Json, get_in
 
 
@@ -57,10 +58,12 @@ def trim_jobset(body: Json) -> dict[str, Any]:
 
 def trim_node(body: Json) -> dict[str, Any]:
     meta = body.get("metadata") or {}
+    kept = {k: plain(meta[k]) for k in ("name", "uid", "labels", "resourceVersion") if k in meta}
+    claims = (meta.get("annotations") or {}).get(keys.QUARANTINE_OWNERS_ANNOTATION)
+    if claims is not None:  # who holds our taints (the only annotation read)
+        kept["annotations"] = {keys.QUARANTINE_OWNERS_ANNOTATION: claims}
     return {
-        "metadata": {
-            k: plain(meta[k]) for k in ("name", "uid", "labels", "resourceVersion") if k in meta
-        },
+        "metadata": kept,
         "spec": {"taints": plain(get_in(body, "spec", "taints") or [])},
         "status": {"conditions": plain(get_in(body, "status", "conditions") or [])},
     }

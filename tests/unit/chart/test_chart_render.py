@@ -180,7 +180,7 @@ def test_representative_values_reach_the_objects(tmp_path: Path) -> None:
 # The contract with operator/rtj_operator/kube.py and kopf's watches; a change here is a
 # change of the operator's privileges and must be deliberate.
 EXPECTED_CLUSTER_RULES = {
-    ("training.resilient.dev", "resilienttrainingjobs"): {"get", "list", "watch"},
+    ("training.resilient.dev", "resilienttrainingjobs"): {"get", "list", "watch", "patch"},
     ("training.resilient.dev", "resilienttrainingjobs/status"): {"get", "patch", "update"},
     ("training.resilient.dev", "resilienttrainingjobs/finalizers"): {"update"},
     ("jobset.x-k8s.io", "jobsets"): {"get", "list", "watch", "create", "update", "patch",

@@ -141,17 +141,32 @@ def pod(
     }
 
 
-def node(name: str, *, ready: bool = True, taints: list[Obj] | None = None, **labels: str) -> Obj:
+def node(
+    name: str,
+    *,
+    ready: bool = True,
+    taints: list[Obj] | None = None,
+    xid: int | None = None,
+    annotations: dict[str, str] | None = None,
+    **labels: str,
+) -> Obj:
+    conditions = [
+        {"type": "Ready", "status": "True" if ready else "False",
+         "lastTransitionTime": iso(NOW - timedelta(days=1))}
+    ]  # fmt: skip
+    if xid is not None:  # as NVSentinel's syslog health monitor sets it (see the corpus case
+        # tests/fixtures/classify/gpu_xid_condition_then_exit_1 for its source)
+        conditions.append(
+            {"type": "SysLogsXIDError", "status": "True", "reason": "SysLogsXIDErrorIsNotHealthy",
+             "message": f"ErrorCode:{xid} GPU:3 PCI:0000:9d:00 XID error occurred "
+                        "Recommended Action=RESTART_BM;",
+             "lastTransitionTime": iso(NOW - timedelta(seconds=3))}
+        )  # fmt: skip
     return {
-        "metadata": {"name": name, "labels": labels},
+        "metadata": {"name": name, "labels": labels, "annotations": annotations or {}},
         "spec": {"taints": taints or []},
-        "status": {
-            "conditions": [
-                {"type": "Ready", "status": "True" if ready else "False",
-                 "lastTransitionTime": iso(NOW - timedelta(days=1))}
-            ]
-        },
-    }  # fmt: skip
+        "status": {"conditions": conditions},
+    }
 
 
 def nodes_for(pods: list[Obj]) -> dict[str, Obj]:
@@ -256,7 +271,7 @@ class FakeWorld:
             self.raw,
             jobsets=list(self.jobsets.values()),
             pods=pods,
-            nodes={n: self.nodes.get(n, node(n)) for n in nodes_for(pods)},
+            nodes={n: self.nodes.get(n, node(n)) for n in [*nodes_for(pods), *self.quarantined()]},
             now=self.now,
             store=reading(self.store_step, self.now),
         )
@@ -285,16 +300,25 @@ class FakeWorld:
             elif action.name in self.pods:
                 meta = self.pods[action.name]["metadata"]
                 meta.setdefault("deletionTimestamp", iso(self.now))
-        elif isinstance(action, rc.TaintNode):
+        elif isinstance(action, (rc.TaintNode, rc.UntaintNode)):
             n = self.nodes.setdefault(action.node, node(action.node))
-            new = rc.add_taint(n["spec"]["taints"], action.taint)
-            if new is not None:
-                n["spec"]["taints"] = new
-        elif isinstance(action, rc.UntaintNode):
-            n = self.nodes.setdefault(action.node, node(action.node))
-            new = rc.remove_taint(n["spec"]["taints"], action.taint)
-            if new is not None:
-                n["spec"]["taints"] = new
+            edit = rc.claim if isinstance(action, rc.TaintNode) else rc.release
+            annotations = n["metadata"].setdefault("annotations", {})
+            held = annotations.get(keys.QUARANTINE_OWNERS_ANNOTATION)
+            change = edit(
+                n["spec"]["taints"], held, action.taint, rc.Claimant(action.job, action.uid)
+            )
+            if change is not None:
+                n["spec"]["taints"] = change.taints
+                if change.annotation is None:
+                    annotations.pop(keys.QUARANTINE_OWNERS_ANNOTATION, None)
+                else:
+                    annotations[keys.QUARANTINE_OWNERS_ANNOTATION] = change.annotation
+        elif isinstance(action, rc.SetFinalizer):
+            finalizers = [f for f in self.raw["metadata"].get("finalizers", []) if f != action.name]
+            self.raw["metadata"]["finalizers"] = finalizers + (
+                [action.name] if action.present else []
+            )
         elif isinstance(action, rc.PatchStatus):
             if action.resource_version != self.raw["metadata"]["resourceVersion"]:
                 raise Stop("Conflict")
@@ -324,17 +348,26 @@ class FakeWorld:
                 if not mine:
                     del self.jobsets[name]
 
+    def quarantined(self) -> list[str]:
+        return [q["node"] for q in (self.raw.get("status") or {}).get("quarantinedNodes", [])]
+
     def fail_pod(
         self,
         index: int = 0,
         message: str = "NCCL timeout: Watchdog caught collective operation timeout",
+        xid: int | None = None,
     ) -> str:
+        """Fail pod `index` of the current attempt with `message`; with `xid`, its node's
+        GPU health agent reports that XID first (node-level evidence)."""
         attempt = int(self.raw["status"]["attempt"])
         for k, p in self.pods.items():
             labels = p["metadata"]["labels"]
             if labels[keys.ATTEMPT_LABEL] == str(attempt) and labels[
                 keys.JOB_COMPLETION_INDEX
             ] == str(index):
+                if xid is not None:
+                    where = p["spec"]["nodeName"]
+                    self.nodes[where] = node(where, xid=xid)
                 self.pods[k] = pod(attempt, index, exit_code=1, message=message, finished=self.now,
                                    node=p["spec"]["nodeName"])  # fmt: skip
                 return k

@@ -9,10 +9,12 @@ from typing import Any
 
 from rtj_test_support import NOW
 from rtj_world import (
+    JOB_UID,
     apply_patch,
     iso,
     jobset,
     node,
+    nodes_for,
     pod,
     reading,
     rtj_raw,
@@ -251,14 +253,17 @@ def test_the_queue_looked_up_is_the_one_the_waiting_jobset_carries() -> None:
 def test_gpu_fault_quarantines_then_restarts_converging_before_the_next_attempt() -> None:
     raw = rtj_raw(running())
     pods = [pod(1, i) for i in range(4)]
-    xid = "RuntimeError: CUDA error\nNVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus"
+    xid = "RuntimeError: CUDA error: unspecified launch failure"
     pods[2] = pod(1, 2, exit_code=1, message=xid)
-    snap = dict(jobsets=[jobset(1)], pods=pods)
+    nodes = {**nodes_for(pods), "gpu-node-002": node("gpu-node-002", xid=79)}
+    snap = dict(jobsets=[jobset(1)], pods=pods, nodes=nodes)
 
     quarantine = rc.plan(snapshot(raw, **snap))
-    assert kinds(quarantine)[:2] == ["TaintNode", "PatchStatus"], "taint before recording it"
+    assert kinds(quarantine)[:3] == ["PatchStatus", "SetFinalizer", "TaintNode"], (
+        "the quarantine is recorded (the intent), then the finalizer, then the taint"
+    )
     taint = of(quarantine, rc.TaintNode)[0]
-    assert taint.node == "gpu-node-002"
+    assert (taint.node, taint.job, taint.uid) == ("gpu-node-002", "team-a/llm", JOB_UID)
     assert dict(taint.taint) == {
         "key": keys.DEFAULT_TAINT_KEY,
         "value": "llm",
@@ -266,7 +271,15 @@ def test_gpu_fault_quarantines_then_restarts_converging_before_the_next_attempt(
     }
     assert quarantine.requeue_after == 0
     raw = with_status(raw, quarantine)
-    assert [q["node"] for q in raw["status"]["quarantinedNodes"]] == ["gpu-node-002"]
+    raw["metadata"]["finalizers"] = [keys.RELEASE_FINALIZER]
+    record = raw["status"]["quarantinedNodes"][0]
+    assert (record["node"], record["taintKey"], record["taintEffect"]) == (
+        "gpu-node-002", keys.DEFAULT_TAINT_KEY, "NoSchedule")  # fmt: skip
+    # the node as the API server then shows it: tainted, the claim recorded
+    edit = rc.claim([], None, taint.taint, rc.Claimant(taint.job, taint.uid))
+    assert edit is not None
+    claimed = {keys.QUARANTINE_OWNERS_ANNOTATION: edit.annotation or ""}
+    nodes["gpu-node-002"] = node("gpu-node-002", xid=79, taints=edit.taints, annotations=claimed)
 
     restart = rc.plan(snapshot(raw, now=NOW + timedelta(seconds=1), **snap))
     assert kinds(restart)[:2] == ["PatchStatus", "DeleteJobSet"], (
@@ -541,9 +554,9 @@ def test_infrastructure_failures_are_recorded_at_once() -> None:
     status = status_of(rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=nccl)), raw)
     assert status["attempts"][0]["failureClass"] == "NetworkFault"
     assert status["attempts"][0]["detectionSeconds"] == 0.0
-    xid = "RuntimeError: CUDA error\nNVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus"
-    gpu = [pod(1, 0, exit_code=1, message=xid), pod(1, 1)]
-    plan = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=gpu))
+    gpu = [pod(1, 0, exit_code=1, message="RuntimeError: CUDA error"), pod(1, 1)]
+    agent = {"gpu-node-000": node("gpu-node-000", xid=79), "gpu-node-001": node("gpu-node-001")}
+    plan = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=gpu, nodes=agent))
     assert [a.node for a in of(plan, rc.TaintNode)] == ["gpu-node-000"]
     lost = {"gpu-node-000": node("gpu-node-000", ready=False), "gpu-node-001": node("gpu-node-001")}
     plan = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=nccl, nodes=lost))
@@ -669,16 +682,57 @@ def test_merge_patch_nulls_what_disappeared() -> None:
     assert apply_patch(old, patch) == new
 
 
-def test_taints_are_idempotent_and_only_ours_are_removed() -> None:
+def test_jobs_sharing_a_quarantined_node_keep_their_claims_apart() -> None:
+    """Issue 13: one taint per key and effect, several jobs' claims beside it; each job
+    releases only its own, and the taint goes with the last claim."""
     ours = {"key": keys.DEFAULT_TAINT_KEY, "value": "llm", "effect": "NoSchedule"}
-    other = {**ours, "value": "other-job"}
-    assert rc.add_taint([], ours) == [ours]
-    assert rc.add_taint([ours], ours) is None
-    assert rc.add_taint([other], ours) is None, "already quarantined by another job"
-    assert rc.remove_taint([other], ours) is None
-    assert rc.remove_taint([ours, {"key": "x", "effect": "NoExecute"}], ours) == [
-        {"key": "x", "effect": "NoExecute"}
-    ]
+    a, b = rc.Claimant("team-a/llm", "uid-a"), rc.Claimant("team-b/big", "uid-b")
+    first = rc.claim([], None, ours, a)
+    assert first is not None and first.taints == [ours]
+    assert rc.claim(first.taints, first.annotation, ours, a) is None, "idempotent"
+    theirs = {**ours, "value": "big"}
+    second = rc.claim(first.taints, first.annotation, theirs, b)
+    assert second is not None and second.taints == [ours], "one taint, two claims"
+    lifted_a = rc.release(second.taints, second.annotation, ours, a)
+    assert lifted_a is not None and lifted_a.taints == [ours], "b still holds it"
+    assert rc.release(lifted_a.taints, lifted_a.annotation, ours, a) is None, "idempotent"
+    lifted_b = rc.release(lifted_a.taints, lifted_a.annotation, theirs, b)
+    assert lifted_b is not None and lifted_b.taints == [] and lifted_b.annotation is None
+    # a taint an administrator placed with our key is claimed but never removed by us
+    admin = {**ours, "value": "by-hand"}
+    held = rc.claim([admin], None, ours, a)
+    assert held is not None and held.taints == [admin]
+    released = rc.release(held.taints, held.annotation, ours, a)
+    assert released is not None and released.taints == [admin]
+    # a claim whose taint an administrator removed is not placed again
+    assert rc.claim([], first.annotation, ours, a) is None
+    # a legacy taint (no claims recorded) naming this job is removed, another job's is not
+    other = {"key": "x", "effect": "NoExecute"}
+    legacy = rc.release([ours, other], None, ours, a)
+    assert legacy is not None and legacy.taints == [other]
+    assert rc.release([theirs], None, ours, a) is None
+    # an annotation that cannot be read: whose taint it is cannot be told, nothing changes
+    assert rc.release([ours], "{not json", ours, a) is None
+    assert rc.claim([ours], "{not json", ours, a) is None
+
+
+def test_a_deleted_job_releases_its_claims_then_its_finalizer_and_starts_nothing() -> None:
+    taint = {"key": keys.DEFAULT_TAINT_KEY, "value": "llm", "effect": "NoSchedule"}
+    record = {"node": "gpu-node-002", "failureClass": "GPUFault", "attempt": 1,
+              "since": iso(NOW), "taintKey": "old.example/key", "taintValue": "llm",
+              "taintEffect": "NoSchedule"}  # fmt: skip
+    raw = rtj_raw({"phase": "Restarting", "attempt": 1, "quarantinedNodes": [record]})
+    raw["metadata"]["deletionTimestamp"] = iso(NOW)
+    raw["metadata"]["finalizers"] = [keys.RELEASE_FINALIZER]
+    plan = rc.plan(snapshot(raw, store=reading(100)))
+    assert kinds(plan) == ["UntaintNode", "SetFinalizer"]
+    untaint = of(plan, rc.UntaintNode)[0]
+    # the taint recorded, not the job's current settings (a taintKey edited since)
+    assert dict(untaint.taint) == {**taint, "key": "old.example/key"}
+    assert (untaint.uid, of(plan, rc.SetFinalizer)[0].present) == (JOB_UID, False)
+    # without the finalizer (already released) nothing is left to do
+    raw["metadata"]["finalizers"] = []
+    assert not rc.plan(snapshot(raw, store=reading(100))).actions
 
 
 def test_trimmed_bodies_keep_what_the_planner_reads() -> None:

@@ -78,7 +78,10 @@ def test_crash_at_any_point_converges_and_counts_each_restart_once(
             and status.get("phase") == "Running"
             and _attempt_pods_running(world, attempt)
         ):
-            world.fail_pod(0, GPU_MESSAGE if faults[injected] else NCCL_MESSAGE)
+            if faults[injected]:
+                world.fail_pod(0, GPU_MESSAGE, xid=79)
+            else:
+                world.fail_pod(0, NCCL_MESSAGE)
             injected += 1
         done = injected == len(faults) and status.get("phase") == "Running"
         if done and not plan.actions and cut is None and old is None:
@@ -96,3 +99,11 @@ def test_crash_at_any_point_converges_and_counts_each_restart_once(
     assert world.overlaps == [], "every old JobSet and pod was gone before the next JobSet"
     quarantined = {q["node"] for q in status.get("quarantinedNodes", [])}
     assert quarantined == ({"gpu-node-000"} if any(faults) else set())
+    # every taint is recorded, every record holds its taint and this job's claim
+    tainted = {n for n, body in world.nodes.items() if body["spec"]["taints"]}
+    assert tainted == quarantined
+    for name in quarantined:
+        claims = world.nodes[name]["metadata"]["annotations"][keys.QUARANTINE_OWNERS_ANNOTATION]
+        assert "6f1c-uid" in claims
+    finalizers = world.raw["metadata"].get("finalizers", [])
+    assert finalizers == ([keys.RELEASE_FINALIZER] if quarantined else [])
