@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 from pydantic import ValidationError
@@ -31,6 +31,7 @@ from rtj_operator.api.resource import ResilientTrainingJob
 from rtj_operator.cache import WatchCache
 from rtj_operator.kube import AlreadyExists, Conflict, Kube, KubeError, NotFound
 from rtj_operator.metrics import Metrics
+from rtj_operator.store_reads import Lane, StoreReader, StoreReads, store_key
 
 MAX_RTJ_TOMBSTONES = 10_000
 """Deleted jobs remembered (by uid) so a late LIST cannot bring one back."""
@@ -187,19 +188,16 @@ class WorkQueue:
 # --- the controller ------------------------------------------------------------------------
 
 
-class StoreReader(Protocol):
-    def __call__(
-        self, uri: str, bad_steps: Iterable[int], credentials: Mapping[str, str] | None
-    ) -> selection.Selection: ...
-
-
 @dataclass
 class Settings:
     workers: int = 16
     api_threads: int = 32
     resync_seconds: float = 300.0
     checkpoint_refresh_seconds: float = 60.0
-    store_readers: int = 4
+    store_readers: int = 8
+    """Threads per store-read lane (restart reads and background refreshes)."""
+    store_readers_per_store: int = 2
+    store_read_timeout: float = 30.0
     identity: str = "rtj-operator"
 
 
@@ -236,7 +234,12 @@ class Controller:
         self.queue_readings: dict[Key, rc.QueueReading] = {}
         self.queue = WorkQueue()
         self.executor = ThreadPoolExecutor(self.settings.api_threads, thread_name_prefix="rtj-api")
-        self._store_sem: asyncio.Semaphore | None = None
+        self.store_reads = StoreReads(
+            store_reader,
+            timeout=self.settings.store_read_timeout,
+            per_store=self.settings.store_readers_per_store,
+            threads=self.settings.store_readers,
+        )
         self._tasks: list[asyncio.Task[None]] = []
         self._posting: set[asyncio.Task[None]] = set()
         self._event_sem = asyncio.Semaphore(8)
@@ -374,28 +377,33 @@ class Controller:
     async def _io(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
-    async def read_store(self, rtj: ResilientTrainingJob) -> rc.StoreReading:
+    async def read_store(
+        self, rtj: ResilientTrainingJob, lane: Lane = Lane.RESTART
+    ) -> rc.StoreReading:
         """Read the job's store, excluding the bad steps `rtj` records. The reading carries
-        when it started and what it excluded: the plan refuses it once `badSteps` grew."""
+        when it started and what it excluded: the plan refuses it once `badSteps` grew.
+        Reads are bounded per lane, per store and in time (see `store_reads`)."""
         ckpt = rtj.spec.checkpoint
         credentials: Mapping[str, str] | None = None
         excluded = frozenset(rtj.status.bad_steps)
-        if self._store_sem is None:
-            self._store_sem = asyncio.Semaphore(self.settings.store_readers)
-        async with self._store_sem:
-            started = self.clock()
-            try:
-                if ckpt.credentials_secret:
-                    credentials = await self._io(
-                        self.kube.secret_data, rtj.metadata.namespace, ckpt.credentials_secret
-                    )
-                picked = await self._io(self.store_reader, ckpt.uri, tuple(excluded), credentials)
-            except selection.CheckpointUnreadable as exc:
-                return rc.StoreReading(started, error=str(exc), excluded=excluded)
-            except KubeError as exc:
-                return rc.StoreReading(
-                    started, error=f"credentials secret: {exc}", excluded=excluded
+        secret = (
+            f"{rtj.metadata.namespace}/{ckpt.credentials_secret}"
+            if ckpt.credentials_secret
+            else None
+        )
+        started = self.clock()
+        try:
+            if ckpt.credentials_secret:
+                credentials = await self._io(
+                    self.kube.secret_data, rtj.metadata.namespace, ckpt.credentials_secret
                 )
+            picked = await self.store_reads.read(
+                lane, store_key(ckpt.uri, secret or None), ckpt.uri, excluded, credentials
+            )
+        except selection.CheckpointUnreadable as exc:
+            return rc.StoreReading(started, error=str(exc), excluded=excluded)
+        except KubeError as exc:
+            return rc.StoreReading(started, error=f"credentials secret: {exc}", excluded=excluded)
         return rc.StoreReading(started, selection=picked, excluded=excluded)
 
     def _keep_reading(self, key: Key, reading: rc.StoreReading) -> None:
@@ -720,7 +728,11 @@ class Controller:
                     jobs.append((key, rtj))
 
             async def refresh(key: Key, rtj: ResilientTrainingJob) -> None:
-                self._keep_reading(key, await self.read_store(rtj))
+                ckpt = rtj.spec.checkpoint
+                secret = ckpt.credentials_secret and f"{key[0]}/{ckpt.credentials_secret}"
+                if self.store_reads.resting(store_key(ckpt.uri, secret or None)):
+                    return  # failed recently: the restart lane still reads it when needed
+                self._keep_reading(key, await self.read_store(rtj, Lane.REFRESH))
                 self.queue.add(key)
 
             await asyncio.gather(*(refresh(k, r) for k, r in jobs), return_exceptions=True)
@@ -745,3 +757,4 @@ class Controller:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
         self.executor.shutdown(wait=False, cancel_futures=True)
+        self.store_reads.shutdown()
