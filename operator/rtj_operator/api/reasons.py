@@ -81,6 +81,9 @@ class ConditionType(str, Enum):
     NODES_QUARANTINED = "NodesQuarantined"
     CHECKPOINT_STALE = "CheckpointStale"
     CHECKPOINT_UNREADABLE = "CheckpointUnreadable"
+    STALLED = "Stalled"
+    """True while an admitted attempt does not get all its workers running (its reason
+    says why: PodsUnschedulable, PodsNotCreated, PodsStuckTerminating)."""
 
 
 class Reason(str, Enum):
@@ -106,3 +109,7 @@ class Reason(str, Enum):
     QUARANTINE_LIFTED = "QuarantineLifted"
     LOCAL_QUEUE_NOT_FOUND = "LocalQueueNotFound"
     """Admitted=False (and a Warning Event) while spec.queueName names no LocalQueue."""
+    PODS_UNSCHEDULABLE = "PodsUnschedulable"
+    PODS_NOT_CREATED = "PodsNotCreated"
+    PODS_STUCK_TERMINATING = "PodsStuckTerminating"
+    PROGRESSING = "Progressing"

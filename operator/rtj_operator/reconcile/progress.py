@@ -6,9 +6,12 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from rtj_operator.api.reasons import ConditionType, Phase, Reason
-from rtj_operator.reconcile.builder import PlanBuilder
-from rtj_operator.reconcile.world import JobSetView, Json, get_in
+from rtj_operator.reconcile.builder import PlanBuilder, condition_true
+from rtj_operator.reconcile.world import JobSetView, Json, get_in, pod_name
 
+STALL_AFTER = timedelta(seconds=45)
+"""How long after admission an attempt may take to get all its workers running before it
+is reported Stalled (scheduling, image pulls and init containers fit well within it)."""
 QUEUE_RECHECK = timedelta(seconds=60)
 """While a JobSet waits for admission, the job's LocalQueue is looked up this often."""
 
@@ -38,6 +41,75 @@ def progress(b: PlanBuilder, js: JobSetView, pods: Sequence[Json]) -> None:
         message = f"attempt {n}: all {running} workers of JobSet {js.name} are running"
         b.condition(ConditionType.RUNNING, True, Reason.ATTEMPT_RUNNING, message)
         b.event(False, Reason.ATTEMPT_RUNNING, message)
+    if running >= b.rtj.spec.replicas:
+        if condition_true(b.status, ConditionType.STALLED):
+            b.condition(ConditionType.STALLED, False, Reason.PROGRESSING, "all workers running")
+        return
+    _watch_for_stall(b, js, pods)
+
+
+def _unschedulable(pod: Json) -> str | None:
+    """The scheduler's message if the pod is Pending with PodScheduled=False Unschedulable."""
+    if get_in(pod, "status", "phase") not in (None, "Pending"):
+        return None
+    for c in get_in(pod, "status", "conditions") or []:
+        if (c.get("type"), c.get("status"), c.get("reason")) == (
+            "PodScheduled",
+            "False",
+            "Unschedulable",
+        ):
+            return str(c.get("message") or "Unschedulable")
+    return None
+
+
+def stall_of(b: PlanBuilder, pods: Sequence[Json]) -> tuple[Reason, str] | None:
+    """Why an admitted attempt's workers are not all running (None: no sign of a stall)."""
+    replicas = b.rtj.spec.replicas
+    stuck = [(pod_name(p), why) for p in pods if (why := _unschedulable(p)) is not None]
+    if stuck:
+        name, why = stuck[0]
+        return Reason.PODS_UNSCHEDULABLE, (
+            f"{len(stuck)} of {replicas} workers cannot be scheduled although Kueue admitted "
+            f"the group (quota is not capacity: quarantined or cordoned nodes, taints, "
+            f"node selectors); {name}: {why}"
+        )
+    alive = [p for p in pods if get_in(p, "metadata", "deletionTimestamp") is None]
+    if len(alive) < replicas:
+        return Reason.PODS_NOT_CREATED, (
+            f"{len(alive)} of {replicas} worker pods exist: the Job controller could not create "
+            "the rest (see the Jobs' FailedCreate events: PodSecurity admission, "
+            "ResourceQuota, LimitRange)"
+        )
+    return None
+
+
+def _watch_for_stall(b: PlanBuilder, js: JobSetView, pods: Sequence[Json]) -> None:
+    """An admitted attempt whose workers are not all running STALL_AFTER after admission
+    gets Stalled=True with the reason and an Event, and nothing more: Kueue's
+    waitForPodsReady (when the platform enables it) evicts and requeues such a workload,
+    which the job survives as PodsReadyTimeout without spending its budget."""
+    admitted = next(
+        (c for c in b.status.conditions
+         if c.type == ConditionType.ADMITTED.value and c.status == "True"),
+        None,
+    )  # fmt: skip
+    since = admitted.last_transition_time if admitted is not None else b.now
+    due = since + STALL_AFTER
+    if b.now < due:
+        b.requeue_in((due - b.now).total_seconds())
+        return
+    found = stall_of(b, pods)
+    if found is None:
+        b.requeue_in(STALL_AFTER.total_seconds())
+        return
+    reason, message = found
+    was = next((c for c in b.status.conditions if c.type == ConditionType.STALLED.value), None)
+    text = f"attempt {b.status.attempt}: JobSet {js.name}: {message}"
+    if was is None or was.status != "True" or was.reason != reason.value:
+        b.event(True, reason, text)
+        b.notes.append(text)
+    b.condition(ConditionType.STALLED, True, reason, text)
+    b.requeue_in(STALL_AFTER.total_seconds())
 
 
 def _awaiting_admission(b: PlanBuilder, js: JobSetView) -> None:

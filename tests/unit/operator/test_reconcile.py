@@ -735,6 +735,58 @@ def test_a_deleted_job_releases_its_claims_then_its_finalizer_and_starts_nothing
     assert not rc.plan(snapshot(raw, store=reading(100))).actions
 
 
+def _admitted(at: Any) -> dict[str, Any]:
+    status = {**running(), "phase": "Admitted"}
+    status["conditions"] = [{"type": "Admitted", "status": "True", "reason": "AttemptAdmitted",
+                             "message": "", "lastTransitionTime": iso(at)}]  # fmt: skip
+    return status
+
+
+def _pending(index: int, why: str | None) -> dict[str, Any]:
+    p = pod(1, index)
+    p["status"] = {"phase": "Pending", "conditions": []}
+    if why is not None:  # as kube-scheduler writes it (handleSchedulingFailure, v1.35.4)
+        p["status"]["conditions"] = [{"type": "PodScheduled", "status": "False",
+                                      "reason": "Unschedulable", "message": why}]  # fmt: skip
+    return p
+
+
+def test_an_admitted_attempt_whose_pods_stay_unschedulable_is_reported_stalled() -> None:
+    """Issue 13: Kueue admitted the quota but quarantines shrank the real capacity."""
+    # FitError.Error() in pkg/scheduler/framework/types.go and the TaintToleration plugin's
+    # "node(s) had untolerated taint(s)" (k8s.io/kubernetes v1.35.4), with the preemption
+    # PostFilter message appended
+    why = (
+        "0/4 nodes are available: 1 node(s) had untolerated taint(s), 3 Insufficient "
+        "nvidia.com/gpu. preemption: 0/4 nodes are available: 4 Preemption is not helpful "
+        "for scheduling."
+    )
+    raw = rtj_raw(_admitted(NOW - timedelta(seconds=50)))
+    pods = [pod(1, 0), pod(1, 1), _pending(2, why), _pending(3, why)]
+    early = rc.plan(snapshot(rtj_raw(_admitted(NOW - timedelta(seconds=10))), jobsets=[jobset(1)],
+                             pods=pods))  # fmt: skip
+    assert early.status_patch is None and early.requeue_after == 35.0
+    plan = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=pods))
+    stalled = condition(status_of(plan, raw), "Stalled")
+    assert stalled is not None and stalled["status"] == "True"
+    assert stalled["reason"] == "PodsUnschedulable" and "untolerated taint(s)" in stalled["message"]
+    assert [e.reason for e in of(plan, rc.PostEvent)] == ["PodsUnschedulable"]
+    again = rc.plan(snapshot(with_status(raw, plan), jobsets=[jobset(1)], pods=pods))
+    assert not of(again, rc.PostEvent), "one Event per stall, not one per look"
+    # the group runs at last: no longer stalled
+    ran = rc.plan(snapshot(with_status(raw, plan), jobsets=[jobset(1)],
+                           pods=[pod(1, i) for i in range(4)]))  # fmt: skip
+    assert condition(status_of(ran, raw), "Stalled")["status"] == "False"
+
+
+def test_an_admitted_attempt_whose_pods_are_never_created_is_reported_stalled() -> None:
+    raw = rtj_raw(_admitted(NOW - timedelta(seconds=50)))
+    plan = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=[pod(1, 0), pod(1, 1)]))
+    stalled = condition(status_of(plan, raw), "Stalled")
+    assert stalled is not None and stalled["reason"] == "PodsNotCreated"
+    assert "2 of 4 worker pods exist" in stalled["message"]
+
+
 def test_trimmed_bodies_keep_what_the_planner_reads() -> None:
     body = pod(1, 0, exit_code=1, message="boom")
     body["metadata"]["managedFields"] = [{"big": "x" * 1000}]
