@@ -3,6 +3,8 @@ with backoff, or fail for good."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from rtj_operator.api.reasons import ConditionType, FailureCategory, Phase, Reason
 from rtj_operator.api.status import (
     FirstFailed,
@@ -59,8 +61,38 @@ def _end_record(b: PlanBuilder, found: Classification) -> float | None:
     return detection
 
 
+MAX_QUARANTINED_NODES = 64
+"""Quarantine records one job may hold (each a node tainted for it)."""
+MAX_BAD_STEPS = 64
+"""Steps marked bad that status keeps (the newest: an older one a resolver reaches only when
+every newer step failed, and its init container rejects it again)."""
+
+
+def _within_quarantine_limit(b: PlanBuilder, found: Classification) -> Classification:
+    """`found` without the nodes past MAX_QUARANTINED_NODES for this job (a cluster-wide
+    incident must not make the job too large to write, nor let one job taint everything):
+    those are named in an Event and not tainted."""
+    done = {q.node for q in b.status.quarantined_nodes}
+    fresh = [n for n in found.nodes_to_quarantine if n not in done]
+    room = max(MAX_QUARANTINED_NODES - len(done), 0)
+    if len(fresh) <= room:
+        return found
+    kept, dropped = fresh[:room], fresh[room:]
+    b.event(
+        True,
+        Reason.NODES_QUARANTINED,
+        f"this job already quarantines {len(done)} nodes (the limit is "
+        f"{MAX_QUARANTINED_NODES}); not tainting {', '.join(dropped[:10])}"
+        + (f" and {len(dropped) - 10} more" if len(dropped) > 10 else ""),
+    )
+    return replace(
+        found, nodes_to_quarantine=(*(n for n in found.nodes_to_quarantine if n in done), *kept)
+    )
+
+
 def on_failure(b: PlanBuilder, found: Classification, js: JobSetView | None) -> None:
     spec, n = b.rtj.spec, b.status.attempt
+    found = _within_quarantine_limit(b, found)
     action = decide(spec, b.status, found, b.now)
     name = jobset_name(b.rtj.metadata.name, n)
     if isinstance(action, Quarantine):
@@ -104,7 +136,7 @@ def on_failure(b: PlanBuilder, found: Classification, js: JobSetView | None) -> 
         b.update(
             phase=Phase.RESTARTING,
             restarts=action.restarts,
-            bad_steps=list(action.bad_steps),
+            bad_steps=sorted(action.bad_steps)[-MAX_BAD_STEPS:],
             next_attempt_at=action.not_before,
         )
         b.condition(ConditionType.RESTARTING, True, action.reason, action.message)

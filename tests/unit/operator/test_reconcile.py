@@ -884,3 +884,31 @@ def test_events_are_read_only_once_a_failure_is_seen() -> None:
     }
     plan = rc.plan(replace(snap, events=(evicted,)))
     assert status_of(plan, raw)["attempts"][0]["failureClass"] == "Evicted"
+
+
+def test_status_lists_stay_bounded_in_a_cluster_wide_incident() -> None:
+    """Issue 13: quarantine records and bad steps are capped so the job stays writable."""
+    from rtj_operator.reconcile.failure import MAX_BAD_STEPS, MAX_QUARANTINED_NODES
+
+    records = [
+        {"node": f"old-{i}", "failureClass": "GPUFault", "attempt": 1, "since": iso(NOW)}
+        for i in range(MAX_QUARANTINED_NODES)
+    ]
+    raw = rtj_raw({**running(), "quarantinedNodes": records})
+    pods = [pod(1, 0, exit_code=1, message="RuntimeError: CUDA error"), pod(1, 1)]
+    nodes = {"gpu-node-000": node("gpu-node-000", xid=79), "gpu-node-001": node("gpu-node-001")}
+    plan = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=pods, nodes=nodes))
+    assert not any(a.node == "gpu-node-000" for a in of(plan, rc.TaintNode))
+    assert any("not tainting gpu-node-000" in e.message for e in of(plan, rc.PostEvent))
+    status = status_of(plan, raw)
+    assert len(status["quarantinedNodes"]) == MAX_QUARANTINED_NODES
+    assert status["phase"] == "Restarting", "the job still restarts, away from nothing new"
+    # bad steps: the newest are kept
+    many = list(range(100, 100 + 100 * (MAX_BAD_STEPS + 5), 100))
+    record = {**running()["attempts"][0], "resumedFromStep": 99_999}
+    bad = rtj_raw({**running(), "attempts": [record], "badSteps": many})
+    corrupt = {"exitCode": 1, "reason": "Error", "message": "", "finishedAt": iso(NOW)}
+    failing = pod(1, 0, exit_code=1, message="boom", init=corrupt)
+    after = status_of(rc.plan(snapshot(bad, jobsets=[jobset(1)], pods=[failing])), bad)
+    assert len(after["badSteps"]) <= MAX_BAD_STEPS
+    assert max(after["badSteps"]) >= max(many)
