@@ -41,6 +41,7 @@ Key = tuple[str, str]
 T = TypeVar("T")
 CONFLICT_RETRY_SECONDS = 0.2
 EXISTS_RETRY_SECONDS = 0.5
+CONFLICT_RETRY_MAX_SECONDS = 10.0
 ERROR_BACKOFF = (0.1, 30.0)
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta1"
 """LocalQueue lookups: v1beta1 is served by every Kueue release to date (v0.17 converts)."""
@@ -227,6 +228,7 @@ class Controller:
         self.deleted_nodes: set[str] = set()
         self.gone: dict[Key, dict[str, dict[str, Any]]] = {}
         self.gone_jobsets: dict[Key, dict[str, dict[str, Any]]] = {}
+        self._conflicts: dict[Key, int] = {}
         self._rtj_tombstones: dict[str, int | None] = {}
         """uid -> resourceVersion of jobs seen deleted (bounded, oldest dropped first)."""
         self.synced = asyncio.Event()
@@ -281,6 +283,7 @@ class Controller:
         self.store_readings.pop(key, None)
         self.queue_readings.pop(key, None)
         self.queue.forget(key)
+        self._conflicts.pop(key, None)
         self.metrics.forget_job(*key)
 
     def on_pod(self, event_type: str | None, body: Mapping[str, Any]) -> None:
@@ -463,12 +466,16 @@ class Controller:
                 log.info("%s/%s: %s", *key, plan.summary)
             try:
                 await self.apply(key, snap, plan)
-            except Conflict:
+            except (Conflict, AlreadyExists) as exc:
+                # decided from a stale read: the watch brings the newer object (and enqueues
+                # the job at once); this retry is the fallback, backing off per job
                 result = "conflict"
-                return CONFLICT_RETRY_SECONDS
-            except AlreadyExists:
-                result = "conflict"
-                return EXISTS_RETRY_SECONDS
+                first = (
+                    CONFLICT_RETRY_SECONDS if isinstance(exc, Conflict) else EXISTS_RETRY_SECONDS
+                )
+                return self._conflict_delay(key, first)
+            if plan.status_patch is not None:
+                self._conflicts.pop(key, None)  # a decision committed: progress
             return plan.requeue_after
         except Exception:
             result = "error"
@@ -476,6 +483,13 @@ class Controller:
         finally:
             self.reconciles += 1
             self.metrics.record_reconcile(result, time.monotonic() - started)
+
+    def _conflict_delay(self, key: Key, first: float) -> float:
+        """`first`, doubling with each conflict in a row for this job, up to
+        CONFLICT_RETRY_MAX_SECONDS; reset once one of its decisions is committed."""
+        n = self._conflicts.get(key, 0)
+        self._conflicts[key] = n + 1
+        return float(min(first * 2.0**n, CONFLICT_RETRY_MAX_SECONDS))
 
     def _involved(self, snap: rc.Snapshot) -> dict[str, Any]:
         meta = snap.rtj.metadata

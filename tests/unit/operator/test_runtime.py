@@ -226,6 +226,11 @@ def test_controller_retries_quickly_on_a_stale_decision() -> None:
         _running_attempt_1(c)
         c.on_pod(None, pod(1, 0, exit_code=1, message="NCCL timeout"))
         assert await c.reconcile(("team-a", "llm")) == ctl.CONFLICT_RETRY_SECONDS
+        # conflicts in a row back off (the watch brings the newer job sooner), up to a cap
+        delays = [await c.reconcile(("team-a", "llm")) for _ in range(8)]
+        assert delays[:3] == [0.4, 0.8, 1.6] and delays[-1] == ctl.CONFLICT_RETRY_MAX_SECONDS
+        kube.calls.clear()
+        await c.reconcile(("team-a", "llm"))
         calls = [x[0] for x in kube.calls]
         assert calls == ["list_events"] * 3 + ["patch_status"], "nothing deleted after a refusal"
         assert sample(reg, "rtj_restarts_total", {"namespace": "team-a", "name": "llm",
