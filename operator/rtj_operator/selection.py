@@ -18,11 +18,13 @@ plain listings and verdicts; `read_store` is the only function here that does I/
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
+
+from rtj_operator.policy.init_result import InitResult as InitResult
+from rtj_operator.policy.init_result import parse_init_result as parse_init_result
 
 S3_SCHEME = "s3://"
 FILE_SCHEME = "file://"
@@ -99,32 +101,6 @@ def pin_for(uri: str, selection: Selection | None, decided: int | None) -> int |
     if not operator_reads_store(uri):
         return None
     return selection.step if selection is not None else decided
-
-
-@dataclass(frozen=True)
-class InitResult:
-    """What the resume init container (`rtj-shim resolve --termination-log`) reported."""
-
-    step: int | None
-    uri: str | None
-    error: str | None = None
-
-
-def parse_init_result(message: str) -> InitResult | None:
-    """The init container's termination message; None when it is not rtj-shim's JSON."""
-    try:
-        body = json.loads(message)
-    except (ValueError, TypeError):
-        return None
-    if not isinstance(body, dict):
-        return None
-    if "error" in body:
-        return InitResult(None, None, str(body["error"]))
-    step = body.get("step")
-    uri = body.get("uri")
-    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
-        return None
-    return InitResult(step, uri if isinstance(uri, str) else None)
 
 
 # --- the only I/O in this module -------------------------------------------------------------

@@ -22,6 +22,13 @@ class FailureClass(str, Enum):
     CONFIG_ERROR = "ConfigError"
     CHECKPOINT_CORRUPT = "CheckpointCorrupt"
     UNKNOWN = "Unknown"
+    IMAGE_PULL_FAILED = "ImagePullFailed"
+    """The image could not be pulled for a reason the job does not control: the registry
+    throttled (429) or failed (5xx, timeouts), or one node's runtime could not pull what
+    other nodes pulled. A name that does not exist or may not be read is ConfigError."""
+    PODS_READY_TIMEOUT = "PodsReadyTimeout"
+    """Kueue evicted the admitted workload because its pods were not all ready within
+    `waitForPodsReady.timeout`: the group never started, which is no failure of its code."""
 
     @property
     def category(self) -> FailureCategory:
@@ -54,6 +61,8 @@ _CATEGORY = {
     FailureClass.CONFIG_ERROR: FailureCategory.USER,
     FailureClass.CHECKPOINT_CORRUPT: FailureCategory.CHECKPOINT,
     FailureClass.UNKNOWN: FailureCategory.UNKNOWN,
+    FailureClass.IMAGE_PULL_FAILED: FailureCategory.INFRASTRUCTURE,
+    FailureClass.PODS_READY_TIMEOUT: FailureCategory.INFRASTRUCTURE,
 }
 
 

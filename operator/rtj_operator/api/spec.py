@@ -14,9 +14,14 @@ from pydantic import Field, field_validator, model_validator
 from rtj_operator.api.base import ApiModel, cel, validations
 from rtj_operator.api.keys import DEFAULT_TAINT_KEY, MAX_REPLICAS
 
-DEFAULT_XID_CODES = (48, 63, 64, 74, 79, 92, 94, 95)
-"""NVIDIA XIDs that mean the GPU or its memory needs service (DBE, row remap failure,
-NVLink, fallen off the bus, high SBE rate, contained/uncontained ECC)."""
+DEFAULT_XID_CODES = (
+    46, 48, 54, 62, 64, 74, 79, 95, 109, 110, 119, 120, 136, 140, 143,
+    144, 145, 146, 147, 148, 149, 150, 151, 155, 156, 158,
+)  # fmt: skip
+"""NVIDIA XIDs whose catalog immediate action takes the GPU out of service (reset the GPU,
+restart the machine or VM, the XID 48 / NVLink workflows, check the mechanicals): the XID
+catalog's list, `rtj_operator.policy.xid.catalog_quarantine_codes()`. Application XIDs
+(13, 31, 43, 94, ...) and informational ones (63, 92) never quarantine."""
 
 DEFAULT_XID_CONDITION_TYPES = ("SysLogsXIDError", "GpuXidError")
 """Node condition types NVSentinel's syslog monitor sets (current and older name)."""

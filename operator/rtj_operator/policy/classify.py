@@ -5,110 +5,65 @@ collective a little later. The useful answer is the *first* failed rank and the 
 that explains it, not the last NCCL timeout. The rules, in order:
 
 1. Every pod that failed (terminated non-zero, disrupted, deleted, on a lost node, stuck on
-   a config error) becomes a `PodFailure` with an onset time and the most specific class
-   its findings support (`PRIORITY`: hardware evidence beats the exit code it caused).
+   a config or pull error, rejected at admission) becomes a `PodFailure` with an onset time
+   and the most specific class its findings support (`findings.PRIORITY`: node-level
+   hardware evidence beats the exit code it caused). Findings come from `pod_signals` (the
+   pod object and its container's words) and `node_signals` (its node).
 2. The first failure is the earliest onset; failures within `CLOCK_SKEW` of it compete on
-   specificity, because kubelet timestamps have second resolution and node clocks drift.
-3. A network-looking or unexplained first failure yields to infrastructure evidence (a
-   configured XID, an unhealthy device, a lost node) on any rank's node that is not later
-   than it: "NCCL timeout with no earlier root cause" is what `NetworkFault` means.
-4. A Kueue preemption of the whole workload, not later than the first pod failure, makes
-   the attempt `Preempted`.
+   specificity. A lost node's onset is its last heartbeat (bounded by the controller's grace
+   period), not its NotReady declaration 40-50 s later, so a dead node comes before the
+   transport errors its peers print while it is still called Ready.
+3. A network-looking or unexplained first failure yields to node-level evidence (a fatal
+   agent condition, an unhealthy device, a lost node, the kernel's OOM killer) on any rank's
+   node that is not later than it: "NCCL timeout with no earlier root cause" is what
+   `NetworkFault` means.
+4. Kueue evicting the whole workload (preemption, or the PodsReady timeout), not later than
+   the first pod failure, is the answer: the job's code did not fail.
 
-Nodes are proposed for quarantine only for infrastructure-category results, never for a
-user-category failure.
+Nodes are proposed for quarantine only for infrastructure-category results and only on
+node-level evidence: what a trainer prints ("Xid 79", "fallen off the bus") makes a GPU
+fault *suspect* (restart elsewhere) and never taints a node by itself.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime
 from typing import Any
 
-from rtj_operator.api.keys import RESUME_INIT_CONTAINER
 from rtj_operator.api.reasons import FailureCategory, FailureClass
 from rtj_operator.api.spec import NodeHealth
-from rtj_operator.policy.observed import (
-    EventView,
-    NodeView,
-    PodView,
-    Termination,
-    first_line,
-    read_event,
-    read_node,
-    read_pod,
+from rtj_operator.policy import node_signals, pod_signals
+from rtj_operator.policy.findings import (
+    CLOCK_SKEW,
+    FAR_FUTURE,
+    KUEUE,
+    RANK,
+    Finding,
+    iso,
+    most_specific,
+    within,
 )
+from rtj_operator.policy.node_signals import NODE_MONITOR_GRACE, NodeContext
+from rtj_operator.policy.observed import EventView, PodView, read_event, read_node, read_pod
+from rtj_operator.policy.pod_signals import CONFIG_ERROR_GRACE, PodContext
+
+__all__ = [
+    "CLOCK_SKEW",
+    "CONFIG_ERROR_GRACE",
+    "NODE_MONITOR_GRACE",
+    "Classification",
+    "Decision",
+    "FirstFailedRank",
+    "classify_failure",
+    "no_failure_json",
+]
 
 C = FailureClass
-CLOCK_SKEW = timedelta(seconds=5)
-CONFIG_ERROR_GRACE = timedelta(seconds=120)
-"""Image pulls and missing Secrets can be transient: stuck this long, they are config errors."""
-
-PRIORITY = (
-    C.GPU_FAULT, C.NODE_LOST, C.PREEMPTED, C.EVICTED, C.CHECKPOINT_CORRUPT, C.CONFIG_ERROR,
-    C.OUT_OF_MEMORY, C.NETWORK_FAULT, C.USER_ERROR, C.UNKNOWN,
-)  # fmt: skip
-_RANK = {cls: i for i, cls in enumerate(PRIORITY)}
 _SECONDARY = (C.NETWORK_FAULT, C.UNKNOWN)
-_ROOT_CAUSES = (C.GPU_FAULT, C.NODE_LOST)
-
-_CUDA_OOM = re.compile(
-    r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|CUBLAS_STATUS_ALLOC_FAILED"
-)
-_XID_TEXT = re.compile(r"\bXid\b\s*(?:\([^)]*\))?\s*:?\s*(\d+)", re.I)
-_XID_CONDITION = re.compile(r"(?:ErrorCode|\bXid\b)\s*(?:\([^)]*\))?\s*[:=]?\s*(\d+)", re.I)
-_GPU_HARDWARE = re.compile(
-    r"uncorrectable ECC error|fallen off the bus|GPU is lost|NVML_ERROR_GPU_IS_LOST"
-    r"|Row remapp\w* fail",
-    re.I,
-)
-_NETWORK = re.compile(
-    r"NCCL (?:error|timeout|WARN)|Watchdog caught collective operation timeout"
-    r"|ProcessGroupNCCL.*(?:time ?out|timed out)|c10d.*(?:timed out|timeout)|DistNetworkError"
-    r"|Connection reset by peer|Connection closed by (?:remote )?peer|ncclRemoteError"
-    r"|ncclSystemError|NCCL communicator was aborted|RendezvousClosedError"
-    r"|RendezvousTimeoutError|Broken pipe",
-    re.I,
-)
-_TRACEBACK = re.compile(
-    r"Traceback \(most recent call last\)|ChildFailedError|\bnon-finite loss\b|\bloss is nan\b",
-    re.I,
-)
-_TORCHRUN_ROOT_RANK = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+)", re.S)
-_CONFIG_WAITING_NOW = frozenset({"InvalidImageName", "ErrImageNeverPull"})
-_CONFIG_WAITING = frozenset(
-    {"ErrImagePull", "ImagePullBackOff", "CreateContainerConfigError", "CreateContainerError"}
-)
-_CANNOT_RUN = frozenset({"ContainerCannotRun", "StartError"})
-_NODE_GONE_EVENTS = frozenset({"NodeNotReady", "RemovingNode", "DeletingNode", "NodeShutdown"})
-_EVENT_CLASSES = {
-    "Evicted": C.EVICTED,
-    "Preempted": C.PREEMPTED,
-    "TaintManagerEviction": C.NODE_LOST,
-    "NodeNotReady": C.NODE_LOST,
-}
-_DISRUPTION_CLASSES = {
-    "PreemptionByScheduler": C.PREEMPTED,
-    "DeletionByTaintManager": C.NODE_LOST,
-    "DeletionByPodGC": C.NODE_LOST,
-    "EvictionByEvictionAPI": C.EVICTED,
-}
-_FAR_FUTURE = datetime.max.replace(tzinfo=timezone.utc)
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One piece of evidence about one pod, and the class it points to (None: a note)."""
-
-    failure_class: FailureClass | None
-    evidence: str
-    at: datetime | None = None
-    container: str | None = None
-    exit_code: int | None = None
-    quarantine: str | None = None
-    rank: int | None = None
+_ROOT_CAUSES = (C.GPU_FAULT, C.NODE_LOST, C.OUT_OF_MEMORY)
 
 
 @dataclass(frozen=True)
@@ -120,12 +75,11 @@ class PodFailure:
 
     @property
     def failure_class(self) -> FailureClass:
-        assert self.cause.failure_class is not None
-        return self.cause.failure_class
+        return self.cause.failure_class or C.UNKNOWN
 
     def order(self) -> tuple[datetime, int, int]:
         rank = self.pod.node_rank if self.pod.node_rank is not None else 1 << 30
-        return (self.onset or _FAR_FUTURE, _RANK[self.failure_class], rank)
+        return (self.onset or FAR_FUTURE, RANK[self.failure_class], rank)
 
 
 @dataclass(frozen=True)
@@ -146,7 +100,25 @@ class FirstFailedRank:
             "node": self.node,
             "container": self.container,
             "exit_code": self.exit_code,
-            "finished_at": _iso(self.finished_at),
+            "finished_at": iso(self.finished_at),
+        }
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Which signal decided the class, where it came from, and the rule that applied."""
+
+    signal: str
+    source: str
+    rule: str
+    suspect: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "signal": self.signal,
+            "source": self.source,
+            "rule": self.rule,
+            "suspect": self.suspect,
         }
 
 
@@ -158,6 +130,7 @@ class Classification:
     first_failed: FirstFailedRank | None
     nodes_to_quarantine: tuple[str, ...] = ()
     evidence: tuple[str, ...] = field(default_factory=tuple)
+    decided_by: Decision | None = None
 
     @property
     def category(self) -> FailureCategory:
@@ -178,6 +151,7 @@ class Classification:
             "retryable": self.retryable,
             "first_failed": self.first_failed.to_json() if self.first_failed else None,
             "nodes_to_quarantine": list(self.nodes_to_quarantine),
+            "decided_by": self.decided_by.to_json() if self.decided_by else None,
             "evidence": list(self.evidence),
         }
 
@@ -190,299 +164,94 @@ def no_failure_json() -> dict[str, Any]:
         "retryable": None,
         "first_failed": None,
         "nodes_to_quarantine": [],
+        "decided_by": None,
         "evidence": [],
     }
 
 
-def _iso(at: datetime | None) -> str | None:
-    return at.isoformat().replace("+00:00", "Z") if at else None
-
-
-def _who(pod: PodView) -> str:
-    rank = f" (node rank {pod.node_rank})" if pod.node_rank is not None else ""
-    return f"pod {pod.name}{rank} on node {pod.node or '?'}"
-
-
-# --- findings from one container termination --------------------------------------------
-
-
-def _message_class(term: Termination, health: NodeHealth) -> tuple[FailureClass, str]:
-    """The class a termination's reason and message point to, and the phrase that says so."""
-    text = term.message
-    xids = {int(code) for code in _XID_TEXT.findall(text)}
-    if term.reason == "OOMKilled":
-        return C.OUT_OF_MEMORY, "OOMKilled"
-    if term.reason in _CANNOT_RUN or term.exit_code in (126, 127):
-        return C.CONFIG_ERROR, f"could not run ({term.reason or term.exit_code})"
-    if xids & set(health.xid_codes):
-        return C.GPU_FAULT, f"GPU Xid {sorted(xids & set(health.xid_codes))} in its message"
-    if match := _GPU_HARDWARE.search(text):
-        return C.GPU_FAULT, f"GPU hardware error in its message ({match.group(0)})"
-    if _CUDA_OOM.search(text):
-        return C.OUT_OF_MEMORY, "CUDA out of memory"
-    if match := _NETWORK.search(text):
-        return C.NETWORK_FAULT, f"collective/network failure ({match.group(0)})"
-    if _TRACEBACK.search(text):
-        return C.USER_ERROR, "a traceback"
-    return C.UNKNOWN, f"no recognizable cause (reason {term.reason or '-'})"
-
-
-def _init_class(term: Termination) -> tuple[FailureClass, str]:
-    """The resume init container's exit codes are rtj-shim's: 1 invalid step, 2 usage, 3 store."""
-    if term.exit_code == 1:
-        return C.CHECKPOINT_CORRUPT, "the pinned checkpoint step failed verification"
-    if term.exit_code == 2:
-        return C.CONFIG_ERROR, "rtj-shim usage error"
-    return C.UNKNOWN, "the checkpoint store could not be read"
-
-
-def _termination_finding(pod: PodView, term: Termination, health: NodeHealth) -> Finding | None:
-    if term.exit_code in (0, None) and term.reason != "OOMKilled":
-        return None
-    if term.init and term.container == RESUME_INIT_CONTAINER:
-        cls, why = _init_class(term)
-    elif term.init:
-        cls, why = C.CONFIG_ERROR, "an init container failed"
-    else:
-        cls, why = _message_class(term, health)
-    rank = _TORCHRUN_ROOT_RANK.search(term.message)
-    gpu = cls is C.GPU_FAULT
-    detail = first_line(term.message)
-    return Finding(
-        cls,
-        f"{_who(pod)}: container {term.container} exited {term.exit_code} at "
-        f"{_iso(term.finished_at)}: {why}" + (f": {detail}" if detail else ""),
-        at=term.finished_at,
-        container=term.container,
-        exit_code=term.exit_code,
-        quarantine=pod.node if gpu else None,
-        rank=int(rank.group(1)) if rank else None,
-    )
-
-
-# --- findings from the pod object, its node and its events ------------------------------
-
-
-def _disruption(pod: PodView) -> list[Finding]:
-    cond = pod.condition("DisruptionTarget")
-    if cond is None:
-        return []
-    cls = _DISRUPTION_CLASSES.get(cond.reason)
-    if cond.reason == "TerminationByKubelet":
-        cls = C.EVICTED if pod.reason == "Evicted" else C.NODE_LOST
-    cls = cls or C.UNKNOWN
-    lost = pod.node if cls is C.NODE_LOST else None
-    return [
-        Finding(
-            cls,
-            f"{_who(pod)}: DisruptionTarget {cond.reason} at {_iso(cond.since)}: {cond.message}",
-            at=cond.since,
-            quarantine=lost,
-        )
-    ]
-
-
-def _status_reason(pod: PodView) -> list[Finding]:
-    shutdown = pod.reason in ("Terminated", "Shutdown") and "shut" in pod.message.lower()
-    cls = {"Evicted": C.EVICTED, "NodeLost": C.NODE_LOST}.get(pod.reason)
-    cls = C.NODE_LOST if shutdown else cls
-    if cls is None:
-        return []
-    lost = pod.node if cls is C.NODE_LOST else None
-    return [Finding(cls, f"{_who(pod)}: status {pod.reason}: {pod.message}", quarantine=lost)]
-
-
-def _lost_node(pod: PodView, nodes: Mapping[str, NodeView] | None) -> list[Finding]:
-    if pod.node is None or nodes is None:
-        return []
-    node = nodes.get(pod.node)
-    if node is None:
-        return [Finding(C.NODE_LOST, f"{_who(pod)}: node {pod.node} no longer exists")]
-    if not node.lost:
-        return []
-    ready = node.ready
-    since = node.unreachable_since or (ready.since if ready else None)
-    state = f"Ready={ready.status} ({ready.reason}: {ready.message})" if ready else "unreachable"
-    return [
-        Finding(
-            C.NODE_LOST,
-            f"{_who(pod)}: node {pod.node} {state} since {_iso(since)}",
-            at=since,
-            quarantine=pod.node,
-        )
-    ]
-
-
-def _config_waiting(pod: PodView, now: datetime) -> list[Finding]:
-    onset = pod.scheduled_at
-    stuck = onset is not None and now - onset >= CONFIG_ERROR_GRACE
-    return [
-        Finding(
-            C.CONFIG_ERROR,
-            f"{_who(pod)}: container {w.container} waiting: {w.reason}: {w.message}",
-            at=onset,
-            container=w.container,
-        )
-        for w in pod.waiting
-        if w.reason in _CONFIG_WAITING_NOW or (w.reason in _CONFIG_WAITING and stuck)
-    ]
-
-
-def _deleted(pod: PodView) -> list[Finding]:
-    if pod.deletion_onset is None:
-        return []
-    at = _iso(pod.deletion_onset)
-    return [Finding(C.UNKNOWN, f"{_who(pod)}: deleted at {at}", at=pod.deletion_onset)]
-
-
-def _pod_events(pod: PodView, events: Sequence[EventView]) -> list[Finding]:
-    return [
-        Finding(
-            _EVENT_CLASSES[e.reason],
-            f"{_who(pod)}: event {e.reason} at {_iso(e.at)}: {e.message}",
-            at=e.at,
-            quarantine=pod.node if _EVENT_CLASSES[e.reason] is C.NODE_LOST else None,
-        )
-        for e in events
-        if e.kind == "Pod" and e.name == pod.name and e.reason in _EVENT_CLASSES
-    ]
-
-
-def _failures(pod: PodView, ctx: _Context) -> list[Finding]:
-    found = [f for t in pod.terminations if (f := _termination_finding(pod, t, ctx.health))]
-    found += _disruption(pod) + _status_reason(pod) + _lost_node(pod, ctx.nodes)
-    found += _config_waiting(pod, ctx.now) + _deleted(pod) + _pod_events(pod, ctx.events)
-    if not found and pod.phase == "Failed":
-        found.append(Finding(C.UNKNOWN, f"{_who(pod)}: phase Failed ({pod.reason or '-'})"))
-    return found
-
-
-# --- explanations: what a pod's node and devices say -----------------------------------
-
-
-def _codes(text: str, pattern: re.Pattern[str]) -> set[int]:
-    return {int(code) for code in pattern.findall(text)}
-
-
-def _node_xids(pod: PodView, ctx: _Context) -> list[Finding]:
-    node = ctx.nodes.get(pod.node) if ctx.nodes is not None and pod.node else None
-    if node is None:
-        return []
-    found: list[Finding] = []
-    for key in ctx.health.xid_label_keys:
-        value = node.labels.get(key)
-        if value:
-            found.append(
-                _xid_finding(
-                    pod, _codes(value, re.compile(r"(\d+)")), f"label {key}={value}", None, ctx
-                )
-            )
-    for cond in node.conditions:
-        if cond.type in ctx.health.xid_condition_types and cond.status == "True":
-            codes = _codes(cond.message, _XID_CONDITION)
-            seen = f"condition {cond.type}: {cond.message}"
-            found.append(_xid_finding(pod, codes, seen, cond.since, ctx))
-    return found
-
-
-def _xid_finding(
-    pod: PodView, codes: set[int], seen: str, at: datetime | None, ctx: _Context
-) -> Finding:
-    bad = sorted(codes & set(ctx.health.xid_codes))
-    where = f"node {pod.node} {seen}"
-    if not bad:
-        return Finding(None, f"note: {where} (XID {sorted(codes)} not configured to quarantine)")
-    return Finding(C.GPU_FAULT, f"{where}: XID {bad}", at=at, quarantine=pod.node)
-
-
-def _devices(pod: PodView) -> list[Finding]:
-    return [
-        Finding(
-            C.GPU_FAULT,
-            f"{_who(pod)}: {d.resource} device {d.device} Unhealthy"
-            + (f": {d.message}" if d.message else ""),
-            container=d.container,
-            quarantine=pod.node,
-        )
-        for d in pod.unhealthy_devices
-    ]
-
-
-def _node_events(pod: PodView, ctx: _Context) -> list[Finding]:
-    after = pod.scheduled_at
-    what = "node {}: event {} at {}: {}"
-    return [
-        Finding(C.NODE_LOST, what.format(pod.node, e.reason, _iso(e.at), e.message), e.at)
-        for e in ctx.events
-        if e.kind == "Node" and e.name == pod.node and e.reason in _NODE_GONE_EVENTS
-        and (after is None or e.at is None or e.at >= after)
-    ]  # fmt: skip
-
-
-def _explanations(pod: PodView, ctx: _Context) -> list[Finding]:
-    return _node_xids(pod, ctx) + _devices(pod) + _node_events(pod, ctx)
-
-
-# --- putting it together -----------------------------------------------------------------
+# --- one pod -------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class _Context:
-    health: NodeHealth
-    nodes: Mapping[str, NodeView] | None
-    events: Sequence[EventView]
-    now: datetime
+    pods: PodContext
+    nodes: NodeContext
 
 
-def _most_specific(findings: Iterable[Finding]) -> Finding | None:
-    ranked = [f for f in findings if f.failure_class is not None]
-    return min(ranked, key=lambda f: (_RANK[f.failure_class], f.at or _FAR_FUTURE), default=None)  # type: ignore[index]
+def _failures(pod: PodView, ctx: _Context) -> list[Finding]:
+    found = [f for t in pod.terminations if (f := pod_signals.termination(pod, t, ctx.pods))]
+    found += pod_signals.disruption(pod) + pod_signals.status_reason(pod)
+    found += node_signals.lost_node(pod, ctx.nodes, pod_signals.planned_shutdown(pod))
+    found += pod_signals.waiting(pod, ctx.pods) + pod_signals.deleted(pod)
+    found += pod_signals.pod_events(pod, ctx.pods.events)
+    if not found and pod.phase == "Failed":
+        found.append(
+            Finding(
+                C.UNKNOWN,
+                f"pod {pod.name}: phase Failed ({pod.reason or '-'})",
+                signal=f"pod {pod.name} status.phase",
+            )
+        )
+    return found
 
 
 def _pod_failure(pod: PodView, ctx: _Context) -> PodFailure | None:
     failures = _failures(pod, ctx)
     if not failures or pod.phase == "Succeeded":
         return None
-    findings = tuple(failures + _explanations(pod, ctx))
-    cause = _most_specific(findings)
+    findings = tuple(failures + node_signals.explanations(pod, ctx.nodes))
+    cause = most_specific(findings)
     assert cause is not None
     onset = min((f.at for f in failures if f.at is not None), default=None)
     return PodFailure(pod, onset, cause, findings)
 
 
-def _within(at: datetime | None, limit: datetime | None) -> bool:
-    return at is None or limit is None or at <= limit + CLOCK_SKEW
+# --- the attempt ---------------------------------------------------------------------------
 
 
 def _first(failures: Sequence[PodFailure]) -> PodFailure:
     """Earliest onset; close calls (clock skew) go to the most specific cause."""
     earliest = min(failures, key=PodFailure.order)
-    close = [f for f in failures if f.onset is None or _within(f.onset, earliest.onset)]
+    close = [f for f in failures if f.onset is None or within(f.onset, earliest.onset)]
     if earliest.onset is not None:
         close = [f for f in close if f.onset is not None]
-    return min(close, key=lambda f: (_RANK[f.failure_class], f.order()))
+    return min(close, key=lambda f: (RANK[f.failure_class], f.order()))
 
 
 def _root_cause(first: PodFailure, pods: Sequence[PodView], ctx: _Context) -> PodFailure:
-    """A network-looking or unexplained first failure yields to earlier hardware evidence."""
+    """A network-looking or unexplained first failure yields to earlier node evidence."""
     if first.failure_class not in _SECONDARY:
         return first
     for pod in sorted(pods, key=lambda p: (p.node_rank is None, p.node_rank or 0)):
-        found = [f for f in _explanations(pod, ctx) if f.failure_class in _ROOT_CAUSES]
-        found = [f for f in found if _within(f.at, first.onset)]
-        if cause := _most_specific(found):
+        found = [
+            f
+            for f in node_signals.explanations(pod, ctx.nodes)
+            if f.failure_class in _ROOT_CAUSES and within(f.at, first.onset)
+        ]
+        if lost := node_signals.lost_node(pod, ctx.nodes, pod_signals.planned_shutdown(pod)):
+            found += [f for f in lost if within(f.at, first.onset)]
+        if cause := most_specific(found):
             return PodFailure(pod, cause.at or first.onset, cause, tuple(found))
     return first
 
 
-def _kueue_preemption(events: Sequence[EventView]) -> EventView | None:
-    """Kueue evicts a preempted workload (Workload events, message 'Preempted to accommodate')."""
-    found = [
-        e for e in events
-        if "Preempted to accommodate" in e.message
-        or (e.kind == "Workload" and e.reason in ("Preempted", "EvictedDueToPreempted"))
-    ]  # fmt: skip
-    return min(found, key=lambda e: e.at or _FAR_FUTURE, default=None)
+_KUEUE_PREEMPTION = re.compile(r"Preempted to accommodate|Preempted by another workload", re.I)
+_KUEUE_PODS_READY = "Exceeded the PodsReady timeout"
+
+
+def _kueue_eviction(events: Sequence[EventView]) -> tuple[EventView, FailureClass] | None:
+    """Kueue evicting the workload: Workload events `Preempted`, `EvictedDueToPreempted`,
+    `EvictedDueToPodsReadyTimeout` (v0.9+), or the JobSet's `Stopped` event carrying the
+    eviction message (every version; the only trace in v0.6)."""
+    found: list[tuple[EventView, FailureClass]] = []
+    for e in events:
+        if e.reason == "EvictedDueToPodsReadyTimeout" or _KUEUE_PODS_READY in e.message:
+            found.append((e, C.PODS_READY_TIMEOUT))
+        elif _KUEUE_PREEMPTION.search(e.message) or (
+            e.kind == "Workload" and e.reason in ("Preempted", "EvictedDueToPreempted")
+        ):
+            found.append((e, C.PREEMPTED))
+    return min(found, key=lambda f: f[0].at or FAR_FUTURE, default=None)
 
 
 def _first_failed(failure: PodFailure) -> FirstFailedRank:
@@ -504,13 +273,13 @@ def _first_failed(failure: PodFailure) -> FirstFailedRank:
 def _quarantine(
     cls: FailureClass, failures: Sequence[PodFailure], root: PodFailure, ctx: _Context
 ) -> tuple[str, ...]:
-    """Nodes with hardware or lost-node evidence; never for a user-category failure."""
+    """Nodes with node-level evidence; never for a user-category failure."""
     if cls.category is not FailureCategory.INFRASTRUCTURE:
         return ()
     findings = [f for pf in (*failures, root) for f in pf.findings]
     named = {f.quarantine for f in findings if f.quarantine}
-    if ctx.nodes is not None:
-        named &= set(ctx.nodes)
+    if ctx.nodes.nodes is not None:
+        named &= set(ctx.nodes.nodes)
     return tuple(sorted(named))
 
 
@@ -526,6 +295,19 @@ def _evidence(
     return tuple(dict.fromkeys(lines))
 
 
+def _decision(root: PodFailure, first: PodFailure, quarantined: tuple[str, ...]) -> Decision:
+    cause = root.cause
+    if root is not first:
+        rule = "node-level evidence no later than the first failure explains it"
+    elif cause.suspect:
+        rule = "hardware words in the trainer's own message: a suspect, restarted, not quarantined"
+    else:
+        rule = "the earliest failure, its most specific finding"
+    if quarantined:
+        rule += f"; quarantine {', '.join(quarantined)} on node-level evidence"
+    return Decision(cause.signal or "pod status", cause.source, rule, cause.suspect)
+
+
 def classify_failure(
     pods: Sequence[Mapping[str, Any]],
     nodes: Sequence[Mapping[str, Any]] | None,
@@ -538,39 +320,64 @@ def classify_failure(
 
     `pods` are the attempt's pods (deleted ones as last seen, with deletionTimestamp);
     `nodes` the nodes they ran on, or None when unknown (then a missing node proves
-    nothing); `events` those about the pods, their nodes, the JobSet and its Kueue Workload.
+    nothing); `events` those about the pods, their nodes, the JobSet and its Kueue Workload
+    (core/v1 and events.k8s.io/v1 alike).
     """
-    ctx = _Context(
-        node_health or NodeHealth(),
-        None if nodes is None else {v.name: v for v in map(read_node, nodes)},
-        [read_event(e) for e in events],
-        now,
-    )
+    health = node_health or NodeHealth()
     views = [read_pod(p) for p in pods]
+    seen_events = [read_event(e) for e in events]
+    node_views = None if nodes is None else {v.name: v for v in map(read_node, nodes)}
+    ctx = _Context(
+        PodContext(
+            frozenset(health.xid_codes),
+            seen_events,
+            frozenset(i for v in views for i in v.started_images),
+            now,
+        ),
+        NodeContext(health, node_views, seen_events),
+    )
     failures = [f for pod in views if (f := _pod_failure(pod, ctx))]
-    kueue = _kueue_preemption(ctx.events)
+    kueue = _kueue_eviction(seen_events)
     if not failures and kueue is None:
         return None
     first = _first(failures) if failures else None
-    if kueue is not None and (first is None or _within(kueue.at, first.onset)):
-        return _preempted_by_kueue(kueue, first, failures)
+    if kueue is not None and (first is None or within(kueue[0].at, first.onset)):
+        return _evicted_by_kueue(*kueue, first, failures)
     assert first is not None
     root = _root_cause(first, views, ctx)
     cls = root.failure_class
     extra = (
         [] if root is first else [f"root cause before the first failure ({first.cause.evidence})"]
     )
+    quarantined = _quarantine(cls, failures, root, ctx)
     return Classification(
         cls,
         _first_failed(root),
-        _quarantine(cls, failures, root, ctx),
+        quarantined,
         _evidence(root, failures, extra),
+        _decision(root, first, quarantined),
     )
 
 
-def _preempted_by_kueue(
-    event: EventView, first: PodFailure | None, failures: Sequence[PodFailure]
+def _evicted_by_kueue(
+    event: EventView, cls: FailureClass, first: PodFailure | None, failures: Sequence[PodFailure]
 ) -> Classification:
-    line = f"Kueue evicted the workload at {_iso(event.at)}: {event.reason}: {event.message}"
+    line = (
+        f"Kueue evicted the workload at {iso(event.at)}: {event.kind} {event.name} "
+        f"{event.reason}: {event.message}"
+    )
     others = [f"then: {f.cause.evidence}" for f in sorted(failures, key=PodFailure.order)[:8]]
-    return Classification(C.PREEMPTED, _first_failed(first) if first else None, (), (line, *others))
+    rule = (
+        "the queue evicted the admitted workload before any pod failed on its own"
+        if cls is C.PREEMPTED
+        else "the group's pods were not ready within Kueue's waitForPodsReady timeout: "
+        "no failure of the job's code"
+    )
+    signal = f"{event.kind} {event.name} event {event.reason} ({event.api})"
+    return Classification(
+        cls,
+        _first_failed(first) if first else None,
+        (),
+        (line, *others),
+        Decision(signal, KUEUE, rule),
+    )

@@ -52,6 +52,8 @@ class ConditionView:
     reason: str
     message: str
     since: datetime | None
+    heartbeat: datetime | None = None
+    """`lastHeartbeatTime` (node conditions): when its reporter last wrote it."""
 
     @classmethod
     def read(cls, raw: Json) -> ConditionView:
@@ -61,6 +63,7 @@ class ConditionView:
             _str(raw.get("reason")),
             _str(raw.get("message")),
             parse_time(raw.get("lastTransitionTime")),
+            parse_time(raw.get("lastHeartbeatTime")),
         )
 
 
@@ -84,6 +87,7 @@ class Waiting:
     init: bool
     reason: str
     message: str
+    image: str = ""
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,8 @@ class PodView:
     terminations: tuple[Termination, ...]
     waiting: tuple[Waiting, ...]
     unhealthy_devices: tuple[UnhealthyDevice, ...]
+    started_images: frozenset[str] = frozenset()
+    """Images of containers that started (running, or terminated after a start): pulled."""
 
     def condition(self, type_: str) -> ConditionView | None:
         return next((c for c in self.conditions if c.type == type_ and c.status == "True"), None)
@@ -157,7 +163,19 @@ def _waiting(raw: Json, init: bool) -> Waiting | None:
     wait = _get(raw, "state", "waiting")
     if not isinstance(wait, Mapping):
         return None
-    return Waiting(_str(raw.get("name")), init, _str(wait.get("reason")), _str(wait.get("message")))
+    return Waiting(
+        _str(raw.get("name")), init, _str(wait.get("reason")), _str(wait.get("message")),
+        _str(raw.get("image")),
+    )  # fmt: skip
+
+
+def _started_image(raw: Json) -> str | None:
+    state = raw.get("state")
+    if not isinstance(state, Mapping):
+        return None
+    term = state.get("terminated")
+    started = "running" in state or (isinstance(term, Mapping) and bool(term.get("startedAt")))
+    return _str(raw.get("image")) or None if started else None
 
 
 def _unhealthy(raw: Json) -> list[UnhealthyDevice]:
@@ -190,6 +208,7 @@ def read_pod(raw: Json) -> PodView:
         terminations=tuple(t for raw_, init in states if (t := _termination(raw_, init))),
         waiting=tuple(w for raw_, init in states if (w := _waiting(raw_, init))),
         unhealthy_devices=tuple(d for raw_, init in states if not init for d in _unhealthy(raw_)),
+        started_images=frozenset(i for raw_, _ in states if (i := _started_image(raw_))),
     )
 
 
@@ -206,6 +225,21 @@ class NodeView:
         """NotReady or unreachable: the kubelet is gone or the node is failing."""
         not_ready = self.ready is not None and self.ready.status != "True"
         return not_ready or self.unreachable_since is not None
+
+    @property
+    def declared_lost_at(self) -> datetime | None:
+        """When the control plane (or the kubelet) declared it: taint or Ready transition."""
+        if not self.lost:
+            return None
+        return self.unreachable_since or (self.ready.since if self.ready else None)
+
+    @property
+    def last_heartbeat(self) -> datetime | None:
+        """The Ready condition's `lastHeartbeatTime`: the kubelet's last status post."""
+        return self.ready.heartbeat if self.ready else None
+
+    def condition(self, type_: str) -> ConditionView | None:
+        return next((c for c in self.conditions if c.type == type_), None)
 
 
 _UNREACHABLE_TAINTS = ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
@@ -237,19 +271,41 @@ class EventView:
     reason: str
     message: str
     at: datetime | None
+    type: str = ""
+    reporter: str = ""
+    api: str = "v1"
+    """`v1` (core) or `events.k8s.io/v1`: the same event reads the same either way."""
+
+
+_EVENT_TIMES = (
+    ("eventTime",),
+    ("firstTimestamp",),
+    ("deprecatedFirstTimestamp",),
+    ("series", "lastObservedTime"),
+    ("lastTimestamp",),
+    ("deprecatedLastTimestamp",),
+    ("metadata", "creationTimestamp"),
+)
 
 
 def read_event(raw: Json) -> EventView:
-    """core/v1 Event (involvedObject) or events.k8s.io/v1 Event (regarding, note)."""
+    """core/v1 Event (involvedObject, message, source) or events.k8s.io/v1 Event (regarding,
+    note, reportingController), as `kubectl get events` / `get events.events.k8s.io` print
+    them; the time is when it was first seen (eventTime, then firstTimestamp)."""
     obj = raw.get("involvedObject") or raw.get("regarding") or {}
-    times = [raw.get("eventTime"), raw.get("firstTimestamp"), raw.get("lastTimestamp")]
-    at = next((t for t in map(parse_time, times) if t is not None), None)
+    at = next((t for path in _EVENT_TIMES if (t := parse_time(_get(raw, *path)))), None)
+    reporter = _str(_get(raw, "source", "component")) or _str(raw.get("reportingController"))
+    reporter = reporter or _str(raw.get("reportingComponent"))
+    api = _str(raw.get("apiVersion")) or "v1"
     return EventView(
         _str(_get(obj, "kind")),
         _str(_get(obj, "name")),
         _str(raw.get("reason")),
         _str(raw.get("message") or raw.get("note")),
-        at or parse_time(_get(raw, "metadata", "creationTimestamp")),
+        at,
+        _str(raw.get("type")),
+        reporter,
+        "events.k8s.io/v1" if api.startswith("events.k8s.io") else "v1",
     )
 
 

@@ -1,8 +1,13 @@
-"""classify_failure over the recorded-style fixture corpus (tests/fixtures/classify)."""
+"""classify_failure over the real-format fixture corpus (tests/fixtures/classify).
+
+Every folder there is one shape; its case.json holds the expected class, first failed rank
+and quarantine decision, and the sources of its strings. This test reads them all.
+"""
 
 from __future__ import annotations
 
 import copy
+import re
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -11,41 +16,18 @@ import pytest
 from rtj_test_support import FIXTURES, NOW, load_json
 
 from rtj_operator.api import FailureCategory, FailureClass, ResilientTrainingJob
-from rtj_operator.api.spec import NodeHealth
+from rtj_operator.api.spec import DEFAULT_XID_CODES, NodeHealth
+from rtj_operator.policy import xid
 from rtj_operator.policy.classify import CONFIG_ERROR_GRACE, Classification, classify_failure
 
 CASES = FIXTURES / "classify"
+NAMES = sorted(p.name for p in CASES.iterdir() if (p / "case.json").exists())
 C = FailureClass
-
-# case -> (class, first failed pod's node rank, reported rank, exit code, nodes to quarantine)
-EXPECTED: dict[str, tuple[FailureClass | None, int | None, int | None, int | None, list[str]]] = {
-    "node_lost_not_ready": (C.NODE_LOST, 2, 2, None, ["gpu-node-012"]),
-    "node_deleted": (C.NODE_LOST, 1, 1, None, []),
-    "gpu_xid_condition_then_exit_1": (C.GPU_FAULT, 1, 11, 1, ["gpu-node-011"]),
-    "gpu_xid_label": (C.GPU_FAULT, 0, 0, 134, ["gpu-node-010"]),
-    "gpu_unhealthy_device": (C.GPU_FAULT, 3, 3, 1, ["gpu-node-013"]),
-    "gpu_xid_in_message": (C.GPU_FAULT, 2, 2, 1, ["gpu-node-012"]),
-    "hung_rank_on_xid_node": (C.GPU_FAULT, 3, 3, None, ["gpu-node-013"]),
-    "network_fault": (C.NETWORK_FAULT, 3, 3, 134, []),
-    "evicted_memory_pressure": (C.EVICTED, 0, 0, 137, []),
-    "preempted_pod_then_timeouts": (C.PREEMPTED, 1, 1, 143, []),
-    "preempted_by_kueue": (C.PREEMPTED, 0, 0, 143, []),
-    "oom_killed_then_nccl": (C.OUT_OF_MEMORY, 1, 1, 137, []),
-    "cuda_oom": (C.OUT_OF_MEMORY, 1, 13, 1, []),
-    "user_error": (C.USER_ERROR, 0, 5, 1, []),
-    "xid_not_configured_user_error": (C.USER_ERROR, 3, 24, 1, []),
-    "config_error_image": (C.CONFIG_ERROR, 0, 0, None, []),
-    "config_error_secret": (C.CONFIG_ERROR, 0, 0, None, []),
-    "checkpoint_corrupt": (C.CHECKPOINT_CORRUPT, 0, 0, 1, []),
-    "unknown_segfault": (C.UNKNOWN, 2, 2, 139, []),
-    "healthy": (None, None, None, None, []),
-    "succeeded": (None, None, None, None, []),
-}
 
 
 def _case(name: str) -> dict[str, Any]:
     folder = CASES / name
-    data = {
+    data: dict[str, Any] = {
         kind: load_json(folder / f"{kind}.json")["items"] for kind in ("pods", "nodes", "events")
     }
     rtj = folder / "rtj.json"
@@ -54,6 +36,7 @@ def _case(name: str) -> dict[str, Any]:
         if rtj.exists()
         else NodeHealth()
     )
+    data["meta"] = load_json(folder / "case.json")
     return data
 
 
@@ -64,47 +47,177 @@ def _classify(data: dict[str, Any], **overrides: Any) -> Classification | None:
     )
 
 
-def test_every_fixture_case_has_an_expectation() -> None:
-    cases = {p.name for p in CASES.iterdir() if p.is_dir()}
-    assert cases == set(EXPECTED)
-    assert {e[0] for e in EXPECTED.values()} - {None} == set(FailureClass)
+def test_the_corpus_is_large_and_covers_every_class() -> None:
+    assert len(NAMES) >= 40
+    expected = {load_json(CASES / n / "case.json")["expected"]["class"] for n in NAMES}
+    assert expected - {None} == {c.value for c in FailureClass}
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_every_string_has_a_source_and_every_decision_a_note() -> None:
+    sources = (CASES / "SOURCES.md").read_text(encoding="utf-8")
+    decisions = (CASES / "DECISIONS.md").read_text(encoding="utf-8")
+    for name in NAMES:
+        meta = load_json(CASES / name / "case.json")
+        assert meta["sources"], name
+        assert all(f"`{key}`" in sources for key in meta["sources"]), name
+        if meta["decided"]:
+            assert f"`{name}`" in decisions, f"{name} is decided but not in DECISIONS.md"
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_fixture_case(name: str) -> None:
-    cls, node_rank, rank, exit_code, quarantine = EXPECTED[name]
-    result = _classify(_case(name))
-    if cls is None:
+    data = _case(name)
+    want = data["meta"]["expected"]
+    result = _classify(data)
+    if want["class"] is None:
         assert result is None
         return
     assert result is not None
-    assert result.failure_class is cls, result.evidence
+    assert result.failure_class.value == want["class"], result.evidence
     assert result.first_failed is not None
-    assert result.first_failed.node_rank == node_rank
-    assert result.first_failed.rank == rank
-    assert result.first_failed.exit_code == exit_code
-    assert list(result.nodes_to_quarantine) == quarantine
+    assert result.first_failed.node_rank == want["first_failed_node_rank"], result.evidence
+    assert result.first_failed.rank == want["first_failed_rank"], result.evidence
+    assert result.first_failed.exit_code == want["exit_code"], result.evidence
+    assert list(result.nodes_to_quarantine) == want["nodes_to_quarantine"], result.evidence
     assert result.evidence, "a classification always explains itself"
+    assert result.decided_by is not None and result.decided_by.signal
 
 
-@pytest.mark.parametrize("name", [n for n, e in EXPECTED.items() if e[0] is not None])
-def test_user_category_never_quarantines(name: str) -> None:
+@pytest.mark.parametrize("name", NAMES)
+def test_only_infrastructure_with_node_evidence_quarantines(name: str) -> None:
     result = _classify(_case(name))
-    assert result is not None
-    if result.category is FailureCategory.USER:
-        assert result.nodes_to_quarantine == ()
-        assert not result.retryable
+    if result is None or not result.nodes_to_quarantine:
+        return
+    assert result.category is FailureCategory.INFRASTRUCTURE
+    assert not result.decided_by or not result.decided_by.suspect or result.nodes_to_quarantine
 
 
-def test_mixed_oom_then_timeouts_names_the_oom_rank_not_the_timeouts() -> None:
-    result = _classify(_case("oom_killed_then_nccl"))
-    assert result is not None and result.first_failed is not None
-    assert result.first_failed.pod.startswith("llm-a1-worker-0-1-")
-    assert any("Watchdog caught collective operation timeout" in e for e in result.evidence)
+def test_user_category_never_quarantines_nor_retries() -> None:
+    for name in NAMES:
+        result = _classify(_case(name))
+        if result is not None and result.category is FailureCategory.USER:
+            assert result.nodes_to_quarantine == () and not result.retryable, name
+
+
+def test_the_default_xid_list_is_the_catalogs() -> None:
+    assert xid.catalog_quarantine_codes() == DEFAULT_XID_CODES
+    assert {13, 31, 43, 45, 63, 92, 94} & set(DEFAULT_XID_CODES) == set()
+    assert {48, 74, 79, 95, 119} <= set(DEFAULT_XID_CODES)
+    assert xid.application_codes() >= {13, 31, 43, 94}
+
+
+@pytest.mark.parametrize(
+    ("text", "codes"),
+    [
+        (
+            "NVRM: Xid (PCI:0000:3b:00): 79, pid=3121, name=python, GPU has fallen off the bus.",
+            {79},
+        ),
+        ("ErrorCode:48 PCI:0000:9d:00 XID 48; Resolution: COMPONENT_RESET", {48}),
+        ("detected XID-79 on the instance", {79}),
+        ("NvidiaXID13Warning: detected unknown XID-13 on the instance", {13}),
+        ("NvidiaXID95Error", {95}),
+        ("ErrorCode:145.RLW PCI:0000:9d:00", {145}),
+        ("ErrorCode:DCGM_FR_VOLATILE_DBE_DETECTED GPU:3 PCI:0000:9d:00.0", set()),
+        ("NVRM: Xid (0000:01:00): 3, C 00000005 SC 00000007", {3}),
+    ],
+)
+def test_an_xid_is_read_in_every_spelling(text: str, codes: set[int]) -> None:
+    assert xid.xid_codes(text) == codes
+
+
+def test_a_trainers_xid_text_is_a_suspect_and_quarantines_nothing() -> None:
+    result = _classify(_case("xid_text_only_suspect"))
+    assert result is not None and result.failure_class is C.GPU_FAULT
+    assert result.decided_by is not None and result.decided_by.suspect
+    assert result.nodes_to_quarantine == ()
+    assert any("suspect" in line for line in result.evidence)
+
+
+def test_node_evidence_turns_the_suspect_into_a_quarantine() -> None:
+    data = _case("xid_text_only_suspect")
+    nodes = copy.deepcopy(data["nodes"])
+    nodes[2]["status"]["conditions"].append(
+        copy.deepcopy(_case("nvsentinel_xid79_condition")["nodes"][1]["status"]["conditions"][-1])
+    )
+    result = _classify(data, nodes=nodes)
+    assert result is not None and result.nodes_to_quarantine == ("gpu-node-012",)
+
+
+def test_a_launchers_traceback_alone_is_not_a_user_error() -> None:
+    for name in (
+        "torchrun_sigabrt_summary_only",
+        "torchrun_sigkill_no_oom",
+        "torchrun_exit1_no_traceback",
+    ):
+        result = _classify(_case(name))
+        assert result is not None and result.failure_class is C.UNKNOWN, name
+        message = next(p for p in _case(name)["pods"] if p["status"]["phase"] == "Failed")
+        text = message["status"]["containerStatuses"][0]["state"]["terminated"]["message"]
+        assert "Traceback (most recent call last)" in text or "ChildFailedError" in text
+
+
+def test_messages_keep_at_most_what_the_kubelet_keeps() -> None:
+    for name in NAMES:
+        for pod in _case(name)["pods"]:
+            for status in pod["status"].get("containerStatuses", []):
+                message = status.get("state", {}).get("terminated", {}).get("message", "")
+                assert len(message.encode()) <= 2048 and message.count("\n") < 80, name
+
+
+def test_a_dead_nodes_heartbeat_precedes_its_peers_transport_errors() -> None:
+    data = _case("node_lost_heartbeat_before_peers")
+    result = _classify(data)
+    assert result is not None and result.failure_class is C.NODE_LOST
+    peers = [p for p in data["pods"] if p["status"]["phase"] == "Failed"]
+    first_peer = min(
+        p["status"]["containerStatuses"][0]["state"]["terminated"]["finishedAt"] for p in peers
+    )
+    assert result.failed_at is not None and result.failed_at.isoformat() < first_peer.replace(
+        "Z", "+00:00"
+    )
+
+
+def test_a_healthy_when_true_condition_is_not_a_fault() -> None:
+    data = _case("eks_ready_true_user_error")
+    result = _classify(data)
+    assert result is not None and result.failure_class is C.USER_ERROR
+    flipped = copy.deepcopy(data["nodes"])
+    for cond in flipped[0]["status"]["conditions"]:
+        if cond["type"] == "AcceleratedHardwareReady":
+            cond.update(status="False", reason="NvidiaXID79Error")
+    result = _classify(data, nodes=flipped)
+    assert result is not None and result.failure_class is C.GPU_FAULT
+
+
+def test_an_xid_not_in_the_list_is_only_a_note() -> None:
+    result = _classify(_case("npd_custom_xid13_condition"))
+    assert result is not None and result.failure_class is C.USER_ERROR
+    assert any(e.startswith("note:") and "13" in e for e in result.evidence)
+
+
+def test_configuring_the_xid_makes_it_a_gpu_fault() -> None:
+    data = _case("npd_custom_xid13_condition")
+    health = data["health"].model_copy(update={"xid_codes": [13, 79]})
+    result = _classify(data, health=health)
+    assert result is not None and result.failure_class is C.GPU_FAULT
+    assert result.nodes_to_quarantine == ("gpu-node-013",)
+
+
+def test_an_init_crash_never_marks_the_checkpoint_corrupt() -> None:
+    data = _case("checkpoint_corrupt")
+    pods = copy.deepcopy(data["pods"])
+    for pod in pods:
+        state = pod["status"]["initContainerStatuses"][0]["state"]["terminated"]
+        state["message"] = (
+            "Traceback (most recent call last):\nModuleNotFoundError: No module named 'boto3'"
+        )
+    result = _classify(data, pods=pods)
+    assert result is not None and result.failure_class is not C.CHECKPOINT_CORRUPT
 
 
 def test_input_order_does_not_matter() -> None:
-    data = _case("gpu_xid_condition_then_exit_1")
+    data = _case("nvsentinel_xid79_condition")
     forward = _classify(data)
     backward = _classify(data, pods=list(reversed(data["pods"])), nodes=data["nodes"][::-1])
     assert forward == backward
@@ -118,14 +231,13 @@ def test_inputs_are_not_mutated() -> None:
 
 
 def test_unknown_nodes_prove_nothing_about_a_missing_node() -> None:
-    data = _case("node_deleted")
-    result = _classify(data, nodes=None)
-    assert result is not None and result.failure_class is C.NODE_LOST  # pod evidence still says so
-    assert result.nodes_to_quarantine == ("gpu-node-011",)  # cannot tell it is gone
+    result = _classify(_case("node_deleted"), nodes=None)
+    assert result is not None and result.failure_class is C.NODE_LOST  # PodGC's condition
+    assert result.nodes_to_quarantine == ()
 
 
 def test_image_pull_errors_get_a_grace_period() -> None:
-    data = _case("config_error_image")
+    data = _case("image_not_found")
     scheduled = NOW - CONFIG_ERROR_GRACE + timedelta(seconds=10)
     pods = copy.deepcopy(data["pods"])
     for pod in pods:
@@ -133,19 +245,6 @@ def test_image_pull_errors_get_a_grace_period() -> None:
         for cond in pod["status"]["conditions"]:
             cond["lastTransitionTime"] = scheduled.isoformat()
     assert _classify(data, pods=pods) is None
-
-
-def test_xid_not_in_the_configured_list_is_only_a_note() -> None:
-    result = _classify(_case("xid_not_configured_user_error"))
-    assert result is not None
-    assert any(e.startswith("note:") and "13" in e for e in result.evidence)
-
-
-def test_configuring_the_xid_makes_it_a_gpu_fault() -> None:
-    data = _case("xid_not_configured_user_error")
-    result = _classify(data, health=NodeHealth(xid_codes=[13, 79]))
-    assert result is not None and result.failure_class is C.GPU_FAULT
-    assert result.nodes_to_quarantine == ("gpu-node-013",)
 
 
 def test_a_hung_rank_on_an_xid_node_explains_the_timeouts() -> None:
@@ -159,15 +258,23 @@ def test_json_contract() -> None:
     assert result is not None
     body = result.to_json()
     assert set(body) == {
-        "class", "category", "retryable", "first_failed", "nodes_to_quarantine", "evidence",
-    }  # fmt: skip
+        "class",
+        "category",
+        "retryable",
+        "first_failed",
+        "nodes_to_quarantine",
+        "decided_by",
+        "evidence",
+    }
     assert body["class"] == "OutOfMemory" and body["category"] == "user"
     assert body["retryable"] is False
     assert {"pod", "rank", "node", "container", "exit_code", "finished_at"} <= set(
         body["first_failed"]
     )
     assert body["first_failed"]["finished_at"] == "2025-03-14T11:20:00Z"
+    assert set(body["decided_by"]) == {"signal", "source", "rule", "suspect"}
 
 
-def test_fixture_folder_is_where_the_tests_look() -> None:
+def test_generate_py_is_how_the_corpus_is_built() -> None:
     assert Path(CASES / "generate.py").exists()
+    assert re.search(r"def main\(\)", (CASES / "generate.py").read_text(encoding="utf-8"))

@@ -20,7 +20,7 @@ def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str,
 
 
 def test_classify_prints_the_contract(capsys: pytest.CaptureFixture[str]) -> None:
-    case = CASES / "gpu_xid_condition_then_exit_1"
+    case = CASES / "nvsentinel_xid79_condition"
     code, body = _run(
         capsys,
         "--pods", str(case / "pods.json"),
@@ -36,12 +36,12 @@ def test_classify_prints_the_contract(capsys: pytest.CaptureFixture[str]) -> Non
 
 
 def test_classify_uses_the_jobs_node_health(capsys: pytest.CaptureFixture[str]) -> None:
-    case = CASES / "gpu_xid_label"
+    case = CASES / "platform_xid_label"
     args = ["--pods", str(case / "pods.json"), "--nodes", str(case / "nodes.json")]
     _, without = _run(capsys, *args)
     _, with_rtj = _run(capsys, *args, "--rtj", str(case / "rtj.json"))
-    assert without["class"] == "Unknown"
-    assert with_rtj["class"] == "GPUFault"
+    assert without["class"] == "UserError"  # an illegal memory access, no node evidence read
+    assert with_rtj["class"] == "GPUFault" and with_rtj["nodes_to_quarantine"] == ["gpu-node-010"]
 
 
 def test_classify_nothing_failed(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,271 @@
+"""Why a pod failed, from what its kubelet, the control plane and its container wrote. Pure.
+
+Each function reads one part of a pod (a container termination, a DisruptionTarget
+condition, status.reason, a waiting container, its deletion, its events) and returns the
+failures it shows, each with its source, so that `classify` can rank them and tell node-level
+evidence (which may quarantine) from a trainer's words (which may not).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from rtj_operator.api.keys import RESUME_INIT_CONTAINER
+from rtj_operator.api.reasons import FailureClass
+from rtj_operator.policy import text
+from rtj_operator.policy.findings import CONTROL_PLANE, KUBELET, TRAINER, Finding, iso, who
+from rtj_operator.policy.init_result import parse_init_result
+from rtj_operator.policy.observed import EventView, PodView, Termination, Waiting, first_line
+
+C = FailureClass
+CONFIG_ERROR_GRACE = timedelta(seconds=120)
+"""Image pulls and missing Secrets can be transient: stuck this long, they are failures."""
+
+_WAITING_NOW = frozenset({"InvalidImageName", "ErrImageNeverPull"})
+_PULL_WAITING = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "RegistryUnavailable", "SignatureValidationFailed"}
+)
+_CONFIG_WAITING = frozenset({"CreateContainerConfigError", "CreateContainerError"})
+_CANNOT_RUN = frozenset({"ContainerCannotRun", "StartError"})
+_GPU_RUNTIME = re.compile(
+    r"nvidia-container-cli: (?:initialization|detection) error|driver/library version mismatch"
+    r"|nvml error: (?:driver not loaded|unknown error)|Failed to initialize NVML"
+)
+_GRACEFUL_SHUTDOWN = "Pod was terminated in response to imminent node shutdown."
+_NODE_PRESSURE = ("The node was low on resource", "The node had condition")
+_OWN_LIMIT = re.compile(
+    r"exceeds the total limit of containers|exceeded its local ephemeral storage limit"
+    r"|Usage of EmptyDir volume .* exceeds the limit"
+)
+_DEVICE_ADMISSION = re.compile(r"devices|nvidia\.com/|amd\.com/gpu", re.I)
+_POD_EVENTS = {
+    "Evicted": C.EVICTED,
+    "Preempted": C.PREEMPTED,
+    "TaintManagerEviction": C.EVICTED,
+    "NodeNotReady": C.NODE_LOST,  # node-controller MarkPodsNotReady: "Node is not ready"
+}
+
+
+@dataclass(frozen=True)
+class PodContext:
+    quarantine_codes: frozenset[int]
+    events: Sequence[EventView]
+    pulled_images: frozenset[str]
+    """Images some pod of the attempt started: they can be pulled, somewhere."""
+    now: datetime
+
+
+# --- one container termination ------------------------------------------------------------
+
+
+def _cannot_run(term: Termination) -> tuple[FailureClass, str, str]:
+    """StartError/ContainerCannotRun: the runtime refused before any code of the job ran."""
+    if match := _GPU_RUNTIME.search(term.message):
+        return C.GPU_FAULT, f"the node's GPU runtime failed to start it ({match.group(0)})", KUBELET
+    return C.CONFIG_ERROR, f"could not run ({term.reason or term.exit_code})", KUBELET
+
+
+def _init_verdict(term: Termination) -> tuple[FailureClass, str]:
+    """The resume init container reports in JSON (`rtj-shim resolve --termination-log`):
+    exit 1 with a verdict and no step is a checkpoint that failed verification; exit 2 a
+    usage error; an `error` a store that could not be read. Anything else, a crash with no
+    JSON (an image without boto3, say), proves nothing about the checkpoint."""
+    result = parse_init_result(term.message)
+    if result is None:
+        return C.UNKNOWN, "the resume init container failed without its JSON verdict"
+    if result.error is not None:
+        if term.exit_code == 2:
+            return C.CONFIG_ERROR, f"rtj-shim usage error: {result.error}"
+        return C.UNKNOWN, f"the checkpoint store could not be read: {result.error}"
+    if term.exit_code == 1 and result.step is None:
+        skipped = "; ".join(f"{s}: {why}" for s, why in result.skipped[:3])
+        return C.CHECKPOINT_CORRUPT, "no checkpoint step verified" + (
+            f" ({skipped})" if skipped else ""
+        )
+    return C.UNKNOWN, f"the resume init container exited {term.exit_code} after verifying"
+
+
+def termination(pod: PodView, term: Termination, ctx: PodContext) -> Finding | None:
+    if term.exit_code in (0, None) and term.reason != "OOMKilled":
+        return None
+    source, suspect, rank = KUBELET, False, None
+    hints: tuple[str, ...] = ()
+    if term.reason == "OOMKilled":
+        cls, why = C.OUT_OF_MEMORY, "OOMKilled (the container's memory limit)"
+    elif term.reason in _CANNOT_RUN or term.exit_code in (126, 127):
+        cls, why, source = _cannot_run(term)
+    elif term.init and term.container == RESUME_INIT_CONTAINER:
+        cls, why = _init_verdict(term)
+    elif term.init:
+        cls, why = C.CONFIG_ERROR, "an init container failed"
+    else:
+        reading = text.read_message(term.message, ctx.quarantine_codes)
+        cls, why, suspect, rank = reading.failure_class, reading.why, reading.suspect, reading.rank
+        hints = reading.hints
+        source = TRAINER
+    detail = first_line(term.message)
+    detail = "" if detail and detail in why else detail
+    noted = "".join(f"; {h}" for h in hints)
+    suspicion = "; suspect only: no node-level evidence yet" if suspect else ""
+    return Finding(
+        cls,
+        f"{who(pod)}: container {term.container} exited {term.exit_code} at "
+        f"{iso(term.finished_at)}: {why}{noted}{suspicion}" + (f": {detail}" if detail else ""),
+        at=term.finished_at,
+        container=term.container,
+        exit_code=term.exit_code,
+        quarantine=pod.node if cls is C.GPU_FAULT and source == KUBELET else None,
+        rank=rank,
+        source=source,
+        signal=f"pod {pod.name} container {term.container} state.terminated"
+        + (" message" if source == TRAINER else f" reason {term.reason or '-'}"),
+        suspect=suspect,
+    )
+
+
+# --- the pod object ------------------------------------------------------------------------
+
+
+def planned_shutdown(pod: PodView) -> bool:
+    return pod.reason == "Terminated" and pod.message.startswith(_GRACEFUL_SHUTDOWN)
+
+
+def _evicted_class(message: str) -> tuple[FailureClass, str]:
+    if _OWN_LIMIT.search(message):
+        return C.USER_ERROR, "evicted for exceeding its own limit"
+    if message.startswith(_NODE_PRESSURE):
+        return C.EVICTED, "evicted: the node ran short"
+    return C.EVICTED, "evicted"
+
+
+def disruption(pod: PodView) -> list[Finding]:
+    cond = pod.condition("DisruptionTarget")
+    if cond is None:
+        return []
+    reason = cond.reason
+    cls = {
+        "PreemptionByScheduler": C.PREEMPTED,
+        "DeletionByPodGC": C.NODE_LOST,
+        "EvictionByEvictionAPI": C.EVICTED,
+        "DeletionByTaintManager": C.EVICTED,
+    }.get(reason, C.UNKNOWN)
+    if reason == "TerminationByKubelet":
+        cls = C.NODE_LOST if planned_shutdown(pod) else _evicted_class(cond.message)[0]
+    source = KUBELET if reason == "TerminationByKubelet" else CONTROL_PLANE
+    return [
+        Finding(
+            cls,
+            f"{who(pod)}: DisruptionTarget {reason} at {iso(cond.since)}: {cond.message}",
+            at=cond.since,
+            source=source,
+            signal=f"pod {pod.name} condition DisruptionTarget ({reason})",
+        )
+    ]
+
+
+def status_reason(pod: PodView) -> list[Finding]:
+    """status.reason: Evicted (pressure or its own limit), a graceful node shutdown, or an
+    admission the kubelet rejected because a device could not be allocated."""
+    signal = f"pod {pod.name} status.reason {pod.reason}"
+    line = f"{who(pod)}: status {pod.reason}: {pod.message}"
+    if pod.reason == "Evicted":
+        cls, why = _evicted_class(pod.message)
+        return [Finding(cls, f"{line} ({why})", source=KUBELET, signal=signal)]
+    if planned_shutdown(pod):
+        return [
+            Finding(
+                C.NODE_LOST,
+                f"{line} (a planned node shutdown: not the node's fault)",
+                source=KUBELET,
+                signal=signal,
+            )
+        ]
+    if pod.reason == "UnexpectedAdmissionError":
+        if _DEVICE_ADMISSION.search(pod.message):
+            return [
+                Finding(
+                    C.GPU_FAULT,
+                    f"{line} (the node cannot allocate the devices it advertised)",
+                    at=pod.scheduled_at,
+                    quarantine=pod.node,
+                    source=KUBELET,
+                    signal=signal,
+                )
+            ]
+        return [Finding(C.UNKNOWN, line, at=pod.scheduled_at, source=KUBELET, signal=signal)]
+    if pod.reason == "NodeLost":  # kubelets before the DisruptionTarget condition
+        return [Finding(C.NODE_LOST, line, source=CONTROL_PLANE, signal=signal)]
+    return []
+
+
+def _pull_failure(pod: PodView, w: Waiting, ctx: PodContext) -> tuple[FailureClass, str]:
+    if w.reason in _WAITING_NOW:
+        return C.CONFIG_ERROR, "the image cannot be used as named"
+    if w.image and w.image in ctx.pulled_images:
+        return C.IMAGE_PULL_FAILED, "other pods of this attempt pulled the same image"
+    said = [
+        e.message
+        for e in ctx.events
+        if e.kind == "Pod" and e.name == pod.name and e.message.startswith("Failed to pull image")
+    ]
+    return text.read_pull_error("\n".join([w.reason, w.message, *said]))
+
+
+def waiting(pod: PodView, ctx: PodContext) -> list[Finding]:
+    onset = pod.scheduled_at
+    stuck = onset is not None and ctx.now - onset >= CONFIG_ERROR_GRACE
+    found = []
+    for w in pod.waiting:
+        if w.reason in _WAITING_NOW or (stuck and w.reason in _PULL_WAITING):
+            cls, why = _pull_failure(pod, w, ctx)
+        elif stuck and w.reason in _CONFIG_WAITING:
+            cls, why = C.CONFIG_ERROR, "its configuration cannot be satisfied"
+        else:
+            continue
+        found.append(
+            Finding(
+                cls,
+                f"{who(pod)}: container {w.container} waiting: {w.reason}: {w.message} ({why})",
+                at=onset,
+                container=w.container,
+                source=KUBELET,
+                signal=f"pod {pod.name} container {w.container} state.waiting {w.reason}",
+            )
+        )
+    return found
+
+
+def deleted(pod: PodView) -> list[Finding]:
+    if pod.deletion_onset is None:
+        return []
+    at = pod.deletion_onset
+    return [
+        Finding(
+            C.UNKNOWN,
+            f"{who(pod)}: deleted at {iso(at)}",
+            at=at,
+            source=CONTROL_PLANE,
+            signal=f"pod {pod.name} metadata.deletionTimestamp",
+        )
+    ]
+
+
+def _event_class(e: EventView) -> FailureClass:
+    return _evicted_class(e.message)[0] if e.reason == "Evicted" else _POD_EVENTS[e.reason]
+
+
+def pod_events(pod: PodView, events: Sequence[EventView]) -> list[Finding]:
+    return [
+        Finding(
+            _event_class(e),
+            f"{who(pod)}: event {e.reason} at {iso(e.at)}: {e.message}",
+            at=e.at,
+            source=CONTROL_PLANE,
+            signal=f"pod {pod.name} event {e.reason} ({e.api})",
+        )
+        for e in events
+        if e.kind == "Pod" and e.name == pod.name and e.reason in _POD_EVENTS
+    ]
