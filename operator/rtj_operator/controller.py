@@ -763,12 +763,18 @@ class Controller:
                 asyncio.create_task(self._refresh_checkpoints(), name="rtj-checkpoints")
             )
 
-    async def stop(self) -> None:
-        if self._posting:  # let decided Events go out
-            await asyncio.wait(list(self._posting), timeout=5)
+    def halt(self) -> None:
+        """Stop acting at once (the lease is lost): cancel every worker and loop."""
         for task in self._tasks:
             task.cancel()
+
+    async def stop(self) -> None:
+        """Cancel the workers first (nothing new is decided or applied), then let Events of
+        decisions already committed go out (bounded), then close."""
+        self.halt()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        if self._posting:
+            await asyncio.wait(list(self._posting), timeout=5)
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.store_reads.shutdown()

@@ -166,7 +166,12 @@ class LeaderElector:
         return False
 
     async def hold(self, stop: asyncio.Event) -> bool:
-        """Renew until `stop` is set (True) or a renewal deadline passes (False: lost)."""
+        """Renew until `stop` is set (True) or a renewal deadline passes (False: lost).
+
+        The deadline counts from the start of the last renewal that succeeded (the
+        renewTime it wrote is no earlier), and bounds every renewal call too: one hung
+        request cannot keep a deposed leader acting past it. It is shorter than the lease
+        duration, so the leader stops before any standby may take the lease over."""
         last = self.monotonic()
         while not stop.is_set():
             try:
@@ -174,16 +179,22 @@ class LeaderElector:
                 break
             except asyncio.TimeoutError:
                 pass
+            started = self.monotonic()
+            remaining = self.renew_deadline - (started - last)
             try:
-                if await asyncio.to_thread(self.try_once):
-                    last = self.monotonic()
+                renewed = await asyncio.wait_for(asyncio.to_thread(self.try_once), remaining)
+                if renewed:
+                    last = started
                     continue
                 log.error("lease %s/%s is held by someone else", self.namespace, self.name)
                 self.leading = False
                 return False
+            except asyncio.TimeoutError:
+                log.warning("lease %s/%s: renewal did not answer within %.1fs",
+                            self.namespace, self.name, max(remaining, 0.0))  # fmt: skip
             except KubeError as exc:
                 log.warning("lease %s/%s: renewal failed: %s", self.namespace, self.name, exc)
-            if self.monotonic() - last > self.renew_deadline:
+            if self.monotonic() - last >= self.renew_deadline:
                 log.error("lease %s/%s: not renewed for %.0fs; stepping down",
                           self.namespace, self.name, self.renew_deadline)  # fmt: skip
                 self.leading = False

@@ -119,6 +119,7 @@ async def run(args: argparse.Namespace) -> int:
         async def keep_lease() -> bool:
             held = await elector.hold(stop)
             if not held:
+                controller.halt()  # before anything else: a deposed leader acts no more
                 lost.set()
                 stop.set()
             return held
