@@ -5,9 +5,14 @@ again; so a failure walks through `Quarantine` (if bad nodes are not yet tainted
 `Restart` (record the failure, tear the old world down, wait out the backoff) or `Fail`,
 and later `StartAttempt` once the backoff has elapsed. Budgets:
 
-- infrastructure and unknown failures spend `maxRestarts`;
+- infrastructure and unknown failures spend `maxRestarts`: NodeLost, GPUFault (a suspect
+  from a trainer's words too: restarted, only node-level evidence quarantines),
+  NetworkFault, Evicted, ImagePullFailed (a registry or one node's runtime failed the pull)
+  and PodsReadyTimeout (Kueue evicted a group that never became ready: not the job's code,
+  but not free either, or a job that can never start would loop forever);
 - user failures (OutOfMemory, UserError, ConfigError) spend `userErrorRestarts`;
-- preemptions spend nothing unless `countPreemptions` (the queue is their backoff);
+- preemptions spend nothing unless `countPreemptions`, but restart with a backoff that grows
+  with the preemptions so far, so a job preempted again and again does not churn;
 - a corrupt checkpoint marks the pinned step bad and restarts at once from an older step;
   it spends nothing, since each one removes a step from the candidates (if it cannot, it
   spends `maxRestarts` so that the loop still ends).
@@ -156,8 +161,11 @@ def _on_failure(
     if category is FailureCategory.USER:
         return _user_failure(spec.failure_policy, status, found, now)
     if category is FailureCategory.PREEMPTION and not spec.failure_policy.count_preemptions:
-        counts = status.restarts.model_copy(update={"preemption": status.restarts.preemption + 1})
-        return _restart(status, found, now, 0.0, counts, Reason.RESTART_SCHEDULED, "not counted")
+        seen = status.restarts.preemption
+        counts = status.restarts.model_copy(update={"preemption": seen + 1})
+        delay = backoff_seconds(spec.failure_policy, seen)
+        note = f"not counted (preemption {seen + 1})"
+        return _restart(status, found, now, delay, counts, Reason.RESTART_SCHEDULED, note)
     if category is FailureCategory.CHECKPOINT and (bad := _newly_bad(status)) is not None:
         counts = status.restarts.model_copy(update={"checkpoint": status.restarts.checkpoint + 1})
         note = f"step {bad} marked bad; resuming from an older verified step"

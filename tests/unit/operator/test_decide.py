@@ -123,6 +123,33 @@ def test_restart_after_quarantine_counts_and_backs_off() -> None:
     assert "GPUFault on rank 11" in action.message
 
 
+def test_a_preemption_is_free_but_backs_off_so_the_job_does_not_churn() -> None:
+    first = decide(_spec(maxRestarts=0), _running(), _found(C.PREEMPTED), NOW)
+    assert isinstance(first, Restart) and first.backoff_seconds == 10.0
+    assert (first.restarts.preemption, first.restarts.infrastructure) == (1, 0)
+    again = _running(restarts=RestartCounts(preemption=3))
+    third = decide(_spec(maxRestarts=0), again, _found(C.PREEMPTED), NOW)
+    assert isinstance(third, Restart) and third.backoff_seconds == 80.0  # 10 * 2^3
+    assert third.restarts.infrastructure == 0
+
+
+@pytest.mark.parametrize("cls", [C.IMAGE_PULL_FAILED, C.PODS_READY_TIMEOUT])
+def test_pull_failures_and_pods_ready_timeouts_spend_the_restart_budget(
+    cls: FailureClass,
+) -> None:
+    status = _running(restarts=RestartCounts(infrastructure=1))
+    action = decide(_spec(maxRestarts=3), status, _found(cls), NOW)
+    assert isinstance(action, Restart) and action.restarts.infrastructure == 2
+    assert action.restarts.user == 0 and action.backoff_seconds == 20.0
+    spent = _running(restarts=RestartCounts(infrastructure=3))
+    assert isinstance(decide(_spec(maxRestarts=3), spent, _found(cls), NOW), Fail)
+
+
+def test_a_suspect_gpu_fault_restarts_without_quarantine() -> None:
+    action = decide(_spec(), _running(), _found(C.GPU_FAULT, ()), NOW)
+    assert isinstance(action, Restart) and action.restarts.infrastructure == 1
+
+
 def test_corrupt_step_is_marked_bad_and_next_attempt_skips_it() -> None:
     status = _running(last_verified_checkpoint=_checkpoint(12000))
     action = decide(_spec(), status, _found(C.CHECKPOINT_CORRUPT), NOW)
