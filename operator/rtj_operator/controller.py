@@ -42,6 +42,9 @@ T = TypeVar("T")
 CONFLICT_RETRY_SECONDS = 0.2
 EXISTS_RETRY_SECONDS = 0.5
 CONFLICT_RETRY_MAX_SECONDS = 10.0
+NODE_EVENT_QUERIES = 16
+"""Up to this many nodes, their Events are read by name (one small answer each); beyond,
+one paged cluster-wide read of node Events."""
 ERROR_BACKOFF = (0.1, 30.0)
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta1"
 """LocalQueue lookups: v1beta1 is served by every Kueue release to date (v0.17 converts)."""
@@ -624,13 +627,20 @@ class Controller:
         }
         jobsets = {js["metadata"]["name"] for js in snap.jobsets}
         wanted: list[dict[str, Any]] = []
-        for scope, kind in ((namespace, "Pod"), (namespace, "Workload"), (None, "Node")):
-            try:
-                found = self.kube.list_events(scope, f"involvedObject.kind={kind}")
-            except KubeError as exc:
-                log.warning("%s/%s: events about %ss not read: %s", namespace,
-                            snap.rtj.metadata.name, kind, exc)  # fmt: skip
-                continue
+        queries: list[tuple[str | None, str, str]] = [
+            (namespace, "Pod", "involvedObject.kind=Pod"),
+            (namespace, "Workload", "involvedObject.kind=Workload"),
+        ]
+        if len(nodes) <= NODE_EVENT_QUERIES:  # a few nodes: ask for theirs by name
+            queries += [
+                (None, "Node", f"involvedObject.kind=Node,involvedObject.name={n}")
+                for n in sorted(nodes)
+            ]
+        else:
+            queries.append((None, "Node", "involvedObject.kind=Node"))
+        for scope, kind, selector in queries:
+            # a failed read raises: a classification is never final on partial evidence
+            found = self.kube.list_events(scope, selector)
             for event in found:
                 ek = event_key(event)
                 if ek is None or not relevant_event(event):

@@ -26,6 +26,8 @@ MERGE_PATCH = "application/merge-patch+json"
 _JOBSET_GROUP, _JOBSET_VERSION = keys.JOBSET_API_VERSION.split("/")
 _JOBSET_PLURAL = "jobsets"
 _RETRIES = 5
+EVENT_PAGE = 500
+MAX_EVENT_PAGES = 20
 
 
 class NodeChange(Protocol):
@@ -512,12 +514,20 @@ class Kube:
     def list_events(
         self, namespace: str | None, field_selector: str | None = None
     ) -> list[dict[str, Any]]:
+        """Events matching `field_selector`, read in pages of EVENT_PAGE (a busy cluster
+        holds far more Events than one answer should carry)."""
         scope = ("namespaces", namespace) if namespace else ()
         path = _path("api", "v1", *scope, "events")
-        answer = self.request(
-            f"list events in {namespace}", "GET", path, query={"fieldSelector": field_selector}
-        )
-        return list(answer.get("items", []))
+        items: list[dict[str, Any]] = []
+        query: dict[str, Any] = {"fieldSelector": field_selector, "limit": EVENT_PAGE}
+        for _ in range(MAX_EVENT_PAGES):
+            answer = self.request(f"list events in {namespace}", "GET", path, query=query)
+            items += answer.get("items", [])
+            more = (answer.get("metadata") or {}).get("continue")
+            if not more:
+                return items
+            query = {**query, "continue": more}
+        return items  # bounded: the newest pages a classification needs are long read
 
     # --- leases (leader election) ----------------------------------------------------------
 

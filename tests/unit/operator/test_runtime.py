@@ -491,3 +491,30 @@ def test_a_hung_renewal_cannot_keep_a_leader_past_its_renew_deadline() -> None:
             release.set()
 
     asyncio.run(scenario())
+
+
+def test_a_failed_events_read_never_yields_a_classification_from_partial_evidence() -> None:
+    async def scenario() -> None:
+        kube, reg = FakeKube(), CollectorRegistry()
+        listed = kube.list_events
+
+        asked: list[str] = []
+
+        def flaky(namespace: str | None, selector: str) -> list[dict[str, Any]]:
+            asked.append(selector)
+            if "kind=Node" in selector:
+                raise Unavailable("etcdserver: request timed out", 504)
+            return listed(namespace, selector)
+
+        kube.list_events = flaky  # type: ignore[method-assign]
+        c = _controller(kube, reg)
+        _running_attempt_1(c)
+        c.on_pod(None, pod(1, 0, exit_code=1, message="NCCL error: unhandled system error"))
+        with pytest.raises(Unavailable):
+            await c.reconcile(("team-a", "llm"))
+        assert "patch_status" not in [x[0] for x in kube.calls], "nothing decided"
+        # the Events of the job's few nodes are asked for by node name, not cluster-wide
+        assert "involvedObject.kind=Node,involvedObject.name=gpu-node-000" in asked
+        c.executor.shutdown()
+
+    asyncio.run(scenario())
