@@ -1,6 +1,7 @@
 """`rtj`: the operator's offline tools.
 
-    rtj classify --pods PODS.json [--nodes NODES.json] [--events EVENTS.json] [--rtj RTJ.yaml]
+    rtj classify --pods PODS.json [--nodes NODES.json] [--events EVENTS.json ...] [--rtj RTJ.yaml]
+                 [--output json|text]
     rtj crds --check | --write [--path crds/resilienttrainingjobs.yaml]
     rtj run [OPTIONS]          run the operator (see `rtj run --help`)
 
@@ -23,7 +24,7 @@ import yaml
 from rtj_operator import crdgen
 from rtj_operator.api.resource import ResilientTrainingJob
 from rtj_operator.api.spec import NodeHealth
-from rtj_operator.policy.classify import classify_failure, no_failure_json
+from rtj_operator.policy.classify import Classification, classify_failure, no_failure_json
 
 EXIT_OK, EXIT_STALE, EXIT_USAGE = 0, 1, 2
 
@@ -36,12 +37,45 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rtj", description="Resilient Training Operator tools.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    cls = sub.add_parser("classify", help="classify a failed attempt from kubectl JSON")
-    cls.add_argument("--pods", required=True, type=Path, help="kubectl get pods -o json")
-    cls.add_argument("--nodes", type=Path, default=None, help="kubectl get nodes -o json")
-    cls.add_argument("--events", type=Path, default=None, help="kubectl get events -o json")
+    cls = sub.add_parser(
+        "classify",
+        help="classify a failed attempt from kubectl JSON",
+        description="Every file is what `kubectl get ... -o json` (or -o yaml) prints: a List "
+        "or one object. Items are sorted by their kind, so `kubectl get pods,nodes -o json` and "
+        "core/v1 and events.k8s.io/v1 Events in one file are fine; an event seen through both "
+        "APIs counts once.",
+    )
+    cls.add_argument(
+        "--pods",
+        required=True,
+        type=Path,
+        action="append",
+        help="kubectl get pods -o json (repeatable)",
+    )
+    cls.add_argument(
+        "--nodes",
+        type=Path,
+        action="append",
+        default=None,
+        help="kubectl get nodes -o json (repeatable; without it a missing node proves nothing)",
+    )
+    cls.add_argument(
+        "--events",
+        type=Path,
+        action="append",
+        default=None,
+        help="kubectl get events -o json and/or kubectl get events.events.k8s.io "
+        "-o json (repeatable)",
+    )
     cls.add_argument("--rtj", type=Path, default=None, help="the job (its nodeHealth settings)")
     cls.add_argument("--now", default=None, help="RFC 3339 time to judge at (default: now)")
+    cls.add_argument(
+        "--output",
+        "-o",
+        choices=("json", "text"),
+        default="json",
+        help="json (the contract) or text (which signal decided, and why)",
+    )
 
     sub.add_parser("run", help="run the operator (rtj run --help)", add_help=False)
 
@@ -60,16 +94,40 @@ def _load(path: Path) -> Any:
         raise UsageError(f"cannot read {path}: {exc}") from None
 
 
-def _items(path: Path | None) -> list[dict[str, Any]] | None:
+def _items(path: Path) -> list[dict[str, Any]]:
     """The objects of a Kubernetes List (or a single object) as kubectl prints them."""
-    if path is None:
-        return None
     data = _load(path)
     if isinstance(data, dict) and isinstance(data.get("items"), list):
         return [item for item in data["items"] if isinstance(item, dict)]
     if isinstance(data, dict) and "metadata" in data:
         return [data]
     raise UsageError(f"{path}: expected a Kubernetes List (kubectl get ... -o json)")
+
+
+_KINDS = {"Pod": "pods", "Node": "nodes", "Event": "events"}
+
+
+def _inputs(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
+    """Every item of every file, by kind (an item without one counts as its flag's kind);
+    an Event listed through both core/v1 and events.k8s.io/v1 is kept once."""
+    found: dict[str, list[dict[str, Any]]] = {"pods": [], "nodes": [], "events": []}
+    for flag in found:
+        for path in getattr(args, flag) or []:
+            for item in _items(path):
+                found[_KINDS.get(str(item.get("kind")), flag)].append(item)
+    seen: set[tuple[str, str]] = set()
+    events = []
+    for event in found["events"]:
+        meta = event.get("metadata") or {}
+        key = (
+            str(meta.get("namespace", "")),
+            str(meta.get("uid") or meta.get("name") or id(event)),
+        )
+        if key not in seen:
+            seen.add(key)
+            events.append(event)
+    found["events"] = events
+    return found
 
 
 def _node_health(path: Path | None) -> NodeHealth:
@@ -91,17 +149,42 @@ def _now(text: str | None) -> datetime:
 
 
 def _classify(args: argparse.Namespace) -> int:
-    pods = _items(args.pods) or []
+    found = _inputs(args)
+    nodes = found["nodes"] if args.nodes is not None or found["nodes"] else None
     result = classify_failure(
-        pods,
-        _items(args.nodes),
-        _items(args.events) or [],
-        _now(args.now),
-        node_health=_node_health(args.rtj),
+        found["pods"], nodes, found["events"], _now(args.now), node_health=_node_health(args.rtj)
     )
+    if args.output == "text":
+        sys.stdout.write(_text(result, nodes is not None))
+        return EXIT_OK
     body = result.to_json() if result is not None else no_failure_json()
     sys.stdout.write(json.dumps(body, indent=2) + "\n")
     return EXIT_OK
+
+
+def _text(result: Classification | None, nodes_read: bool) -> str:
+    """What an SRE reads first: the class, the rank, the signal that decided, and why."""
+    if result is None:
+        return "no failed pod: nothing to classify\n"
+    first, decided = result.first_failed, result.decided_by
+    lines = [
+        f"class:      {result.failure_class.value} ({result.category.value}"
+        f"{', retried' if result.retryable else ', not retried'})"
+    ]
+    if first is not None:
+        lines.append(
+            f"first:      rank {first.rank} (node rank {first.node_rank}), pod "
+            f"{first.pod} on {first.node or '?'}, exit {first.exit_code}, "
+            f"at {first.finished_at.isoformat() if first.finished_at else '?'}"
+        )
+    if decided is not None:
+        lines.append(f"decided by: {decided.signal} [{decided.source}]")
+        lines.append(f"why:        {decided.rule}")
+    quarantine = ", ".join(result.nodes_to_quarantine) or "none"
+    lines.append(f"quarantine: {quarantine}" + ("" if nodes_read else " (no nodes given)"))
+    lines.append("evidence:")
+    lines += [f"  - {line}" for line in result.evidence]
+    return "\n".join(lines) + "\n"
 
 
 def _crds(args: argparse.Namespace) -> int:

@@ -312,6 +312,7 @@ def read_event(raw: Json) -> EventView:
 def first_line(text: str, limit: int = 200) -> str:
     """The most telling single line of a termination message, for evidence."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    picked = next((ln for ln in reversed(lines) if re.search(r"error|fail|xid", ln, re.I)), "")
+    telling = [ln for ln in lines if not ln.endswith(":")]  # "Last error:" heads its detail
+    picked = next((ln for ln in reversed(telling) if re.search(r"error|fail|xid", ln, re.I)), "")
     line = picked or (lines[-1] if lines else "")
     return line if len(line) <= limit else line[: limit - 1] + "…"
