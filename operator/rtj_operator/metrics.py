@@ -40,6 +40,17 @@ class JobFacts:
     quarantined_nodes: int
     max_restarts: int
     infrastructure_restarts: int
+    running_since: float | None = None
+
+
+def _running_since(rtj: ResilientTrainingJob) -> float | None:
+    """When the current attempt's workers all started running (None: not Running)."""
+    if rtj.status.phase is not Phase.RUNNING:
+        return None
+    running = next(
+        (c for c in rtj.status.conditions if c.type == "Running" and c.status == "True"), None
+    )
+    return running.last_transition_time.timestamp() if running is not None else None
 
 
 def job_facts(rtj: ResilientTrainingJob) -> JobFacts:
@@ -53,6 +64,7 @@ def job_facts(rtj: ResilientTrainingJob) -> JobFacts:
         quarantined_nodes=len(status.quarantined_nodes),
         max_restarts=rtj.spec.failure_policy.max_restarts,
         infrastructure_restarts=status.restarts.infrastructure,
+        running_since=_running_since(rtj),
     )
 
 
@@ -77,6 +89,13 @@ class _JobsCollector(Collector):
         step = GaugeMetricFamily(
             "rtj_checkpoint_last_verified_step",
             "Step of the newest verified checkpoint.",
+            labels=JOB_LABELS,
+        )
+        since = GaugeMetricFamily(
+            "rtj_job_running_since_timestamp_seconds",
+            "When the current attempt's workers were all running (Unix time; only while "
+            "Running). The checkpoint-age alert counts from it when no verified checkpoint is "
+            "newer, so a job that never checkpoints still alerts.",
             labels=JOB_LABELS,
         )
         quarantined = GaugeMetricFamily(
@@ -114,9 +133,12 @@ class _JobsCollector(Collector):
                 last.add_metric(labels, facts.last_success_timestamp)
             if facts.last_verified_step is not None:
                 step.add_metric(labels, facts.last_verified_step)
+            if facts.running_since is not None:
+                since.add_metric(labels, facts.running_since)
         for phase, count in by_phase.items():
             jobs.add_metric([phase.value], count)
-        yield from (last, planned, step, quarantined, jobs, job_phase, budget_max, budget_left)
+        yield from (last, planned, step, since, quarantined, jobs, job_phase, budget_max)
+        yield budget_left
 
 
 class Metrics:

@@ -56,6 +56,17 @@ def test_metrics_have_the_documented_names_and_labels() -> None:
     for name in ("rtj_detection_seconds_bucket", "rtj_recovery_seconds_bucket", "rtj_jobs{"):
         assert name in text
 
+    # a Running job that has no verified checkpoint still exports when it started running
+    fresh = ResilientTrainingJob.from_object(rtj_raw({"phase": "Running", "attempt": 1,
+        "conditions": [{"type": "Running", "status": "True", "reason": "AttemptRunning",
+                        "lastTransitionTime": "2025-03-14T11:30:00Z"}]}))  # fmt: skip
+    m.observe_job(fresh)
+    assert (
+        sample(reg, "rtj_job_running_since_timestamp_seconds", per_job)
+        == (NOW - timedelta(minutes=30)).timestamp()
+    )
+    assert reg.get_sample_value("rtj_checkpoint_last_success_timestamp_seconds", per_job) is None
+
     m.forget_job("team-a", "llm")
     assert sample(reg, "rtj_checkpoint_last_verified_step", per_job) == 0
     assert sample(reg, "rtj_restarts_total", {**per_job, "class": "GPUFault"}) == 0
