@@ -49,6 +49,7 @@ from rtj_operator.policy.findings import (
 from rtj_operator.policy.node_signals import NODE_MONITOR_GRACE, NodeContext
 from rtj_operator.policy.observed import EventView, PodView, read_event, read_node, read_pod
 from rtj_operator.policy.pod_signals import CONFIG_ERROR_GRACE, PodContext
+from rtj_operator.policy.xid import xid_codes
 
 __all__ = [
     "CLOCK_SKEW",
@@ -59,6 +60,7 @@ __all__ = [
     "FirstFailedRank",
     "classify_failure",
     "no_failure_json",
+    "reads_event",
 ]
 
 C = FailureClass
@@ -252,6 +254,22 @@ def _kueue_eviction(events: Sequence[EventView]) -> tuple[EventView, FailureClas
         ):
             found.append((e, C.PREEMPTED))
     return min(found, key=lambda f: f[0].at or FAR_FUTURE, default=None)
+
+
+def reads_event(body: Mapping[str, Any]) -> bool:
+    """Whether the classifier reads this Event (core/v1 or events.k8s.io/v1): the filter an
+    event reader should apply, so the two never disagree about what counts."""
+    event = read_event(body)
+    text = f"{event.reason} {event.message}"
+    return (
+        event.reason in pod_signals.READ_EVENT_REASONS
+        or event.reason in node_signals.READ_EVENT_REASONS
+        or (event.kind == "Workload" and event.reason.startswith(("Preempted", "EvictedDueTo")))
+        or bool(_KUEUE_PREEMPTION.search(event.message))
+        or _KUEUE_PODS_READY in event.message
+        or event.message.startswith("Failed to pull image")
+        or (event.kind == "Node" and bool(xid_codes(text)))
+    )
 
 
 def _first_failed(failure: PodFailure) -> FirstFailedRank:

@@ -60,9 +60,13 @@ class Finding:
 
 
 def most_specific(findings: Iterable[Finding]) -> Finding | None:
+    """The finding that decides: the most specific class; within a class, evidence over a
+    suspect (a node agent's report over the trainer's words), then the earliest."""
     ranked = [f for f in findings if f.failure_class is not None]
     return min(
-        ranked, key=lambda f: (RANK[f.failure_class or C.UNKNOWN], f.at or FAR_FUTURE), default=None
+        ranked,
+        key=lambda f: (RANK[f.failure_class or C.UNKNOWN], f.suspect, f.at or FAR_FUTURE),
+        default=None,
     )
 
 

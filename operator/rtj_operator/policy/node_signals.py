@@ -45,6 +45,7 @@ _NVSENTINEL_WATCH = re.compile(r"^Gpu\w+Watch$")
 _EKS_ACCELERATED = "AcceleratedHardwareReady"
 _EKS_XID_REASON = re.compile(r"^NvidiaXID\d+Error$")
 _NPD_OOM = "OOMKilling"
+READ_EVENT_REASONS = frozenset({*_LIFECYCLE_EVENTS, _NPD_OOM})
 
 
 @dataclass(frozen=True)

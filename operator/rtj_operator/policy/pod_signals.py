@@ -49,6 +49,9 @@ _POD_EVENTS = {
 }
 
 
+READ_EVENT_REASONS = frozenset({*_POD_EVENTS, "UnexpectedAdmissionError"})
+
+
 @dataclass(frozen=True)
 class PodContext:
     quarantine_codes: frozenset[int]

@@ -18,7 +18,12 @@ from rtj_test_support import FIXTURES, NOW, load_json
 from rtj_operator.api import FailureCategory, FailureClass, ResilientTrainingJob
 from rtj_operator.api.spec import DEFAULT_XID_CODES, NodeHealth
 from rtj_operator.policy import xid
-from rtj_operator.policy.classify import CONFIG_ERROR_GRACE, Classification, classify_failure
+from rtj_operator.policy.classify import (
+    CONFIG_ERROR_GRACE,
+    Classification,
+    classify_failure,
+    reads_event,
+)
 
 CASES = FIXTURES / "classify"
 NAMES = sorted(p.name for p in CASES.iterdir() if (p / "case.json").exists())
@@ -83,13 +88,20 @@ def test_fixture_case(name: str) -> None:
     assert result.decided_by is not None and result.decided_by.signal
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_only_infrastructure_with_node_evidence_quarantines(name: str) -> None:
-    result = _classify(_case(name))
-    if result is None or not result.nodes_to_quarantine:
-        return
-    assert result.category is FailureCategory.INFRASTRUCTURE
-    assert not result.decided_by or not result.decided_by.suspect or result.nodes_to_quarantine
+def test_quarantine_needs_infrastructure_and_node_evidence() -> None:
+    quarantined = suspects = 0
+    for name in NAMES:
+        result = _classify(_case(name))
+        if result is None or result.decided_by is None:
+            continue
+        if result.nodes_to_quarantine:
+            quarantined += 1
+            assert result.category is FailureCategory.INFRASTRUCTURE, name
+            assert result.decided_by.source != "trainer", name
+        if result.decided_by.suspect:
+            suspects += 1
+            assert result.nodes_to_quarantine == (), name
+    assert quarantined >= 10 and suspects >= 2
 
 
 def test_user_category_never_quarantines_nor_retries() -> None:
@@ -214,6 +226,22 @@ def test_an_init_crash_never_marks_the_checkpoint_corrupt() -> None:
         )
     result = _classify(data, pods=pods)
     assert result is not None and result.failure_class is not C.CHECKPOINT_CORRUPT
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_an_event_reader_filtering_with_reads_event_loses_nothing(name: str) -> None:
+    data = _case(name)
+    kept = [e for e in data["events"] if reads_event(e)]
+    assert _classify(data, events=kept) == _classify(data)
+
+
+def test_reads_event_ignores_the_noise() -> None:
+    noise = {"involvedObject": {"kind": "Pod", "name": "p"}, "reason": "Pulled",
+             "message": 'Successfully pulled image "x" in 1.2s'}  # fmt: skip
+    assert not reads_event(noise)
+    stopped = {"regarding": {"kind": "JobSet", "name": "llm-a1"}, "reason": "Stopped",
+               "note": "Exceeded the PodsReady timeout team-a/jobset-llm-a1-5c1e2"}  # fmt: skip
+    assert reads_event(stopped)
 
 
 def test_input_order_does_not_matter() -> None:
