@@ -141,6 +141,9 @@ class OperatorProcess:
             "--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "1",
             "--identity", f"{self.lease_name}-{id(self) % 100000}-{self.starts}",
             "--checkpoint-refresh-seconds", "2",
+            # the harness's loopback S3 buckets are the platform's: jobs without a
+            # credentialsSecret are read with the operator's own (test) identity
+            "--operator-identity-store", "s3://",
             *self.extra,
         ]  # fmt: skip
         env = {**os.environ, **(self.env or {}), "PYTHONUNBUFFERED": "1"}

@@ -31,7 +31,13 @@ from rtj_operator.api.resource import ResilientTrainingJob
 from rtj_operator.cache import WatchCache
 from rtj_operator.kube import AlreadyExists, Conflict, Kube, KubeError, NotFound
 from rtj_operator.metrics import Metrics
-from rtj_operator.store_reads import Lane, StoreReader, StoreReads, store_key
+from rtj_operator.store_reads import (
+    Lane,
+    StoreReader,
+    StoreReads,
+    operator_identity_refusal,
+    store_key,
+)
 
 MAX_RTJ_TOMBSTONES = 10_000
 """Deleted jobs remembered (by uid) so a late LIST cannot bring one back."""
@@ -202,6 +208,9 @@ class Settings:
     """Threads per store-read lane (restart reads and background refreshes)."""
     store_readers_per_store: int = 2
     store_read_timeout: float = 30.0
+    operator_identity_stores: tuple[str, ...] = ()
+    """URI prefixes the operator may read with its own identity (jobs without a
+    credentialsSecret); see store_reads.operator_identity_refusal."""
     identity: str = "rtj-operator"
 
 
@@ -398,6 +407,11 @@ class Controller:
             else None
         )
         started = self.clock()
+        refused = operator_identity_refusal(
+            ckpt.uri, secret or None, self.settings.operator_identity_stores
+        )
+        if refused is not None:
+            return rc.StoreReading(started, error=refused, excluded=excluded)
         try:
             if ckpt.credentials_secret:
                 credentials = await self._io(

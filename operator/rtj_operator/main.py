@@ -48,6 +48,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--api-threads", type=int, default=32)
     p.add_argument("--resync-seconds", type=float, default=300.0)
     p.add_argument("--checkpoint-refresh-seconds", type=float, default=60.0)
+    p.add_argument(
+        "--operator-identity-store",
+        action="append",
+        default=[],
+        metavar="URI_PREFIX",
+        help="a checkpoint URI prefix (e.g. s3://ckpt-bucket/) the operator may read with its "
+        "own credentials for jobs that name no credentialsSecret (default: none)",
+    )
+    p.add_argument("--store-read-timeout", type=float, default=30.0)
     p.add_argument("--watch-server-timeout", type=int, default=300)
     p.add_argument("--watch-client-timeout", type=float, default=330.0)
     p.add_argument("--watch-inactivity-timeout", type=float, default=70.0)
@@ -100,6 +109,8 @@ async def run(args: argparse.Namespace) -> int:
             resync_seconds=args.resync_seconds,
             checkpoint_refresh_seconds=args.checkpoint_refresh_seconds,
             identity=args.identity,
+            operator_identity_stores=tuple(args.operator_identity_store),
+            store_read_timeout=args.store_read_timeout,
         ),
         namespaces=args.namespace or None,
     )

@@ -50,6 +50,30 @@ def _release(limit: asyncio.Semaphore, done: asyncio.Future[selection.Selection]
         done.exception()  # retrieved: a read nobody waits for any more fails quietly
 
 
+def operator_identity_refusal(
+    uri: str, credentials_ref: str | None, allowed_prefixes: Iterable[str]
+) -> str | None:
+    """Why the operator must not read this store (None: it may).
+
+    A job that names no `checkpoint.credentialsSecret` would have the operator read its URI
+    with the operator's own cloud identity: any tenant could then make the operator read
+    (and report on) any bucket that identity reaches (a confused deputy). So that is allowed
+    only under the prefixes the platform team configured (`--operator-identity-store`,
+    chart value operator.checkpointStores.operatorIdentityPrefixes); otherwise the job must
+    bring its own credentials, which the operator then uses for that job alone."""
+    if credentials_ref:
+        return None
+    if any(uri == p.rstrip("/") or uri.startswith(p if p.endswith("/") else p + "/")
+           for p in allowed_prefixes):  # fmt: skip
+        return None
+    return (
+        f"the operator reads {uri} only with the job's own credentials "
+        "(spec.checkpoint.credentialsSecret): it is not under a prefix the platform team "
+        "lets the operator read with its own identity (operator.checkpointStores."
+        "operatorIdentityPrefixes)"
+    )
+
+
 def store_key(uri: str, credentials_ref: str | None) -> Hashable:
     """Which reads share a store: the bucket of the URI and the Secret that reaches it."""
     parts = urlsplit(uri)

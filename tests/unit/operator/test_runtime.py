@@ -194,11 +194,16 @@ class FakeKube:
         return {"AWS_ACCESS_KEY_ID": "x"}
 
 
+SHARED_BUCKET = ("s3://ckpt/",)
+"""The jobs here name no credentialsSecret: the platform lets the operator read this bucket."""
+
+
 def _controller(kube: FakeKube, registry: CollectorRegistry) -> ctl.Controller:
     def reader(uri: str, bad: Any, credentials: Any) -> Selection:
         return Selection(1200, f"{uri}/steps/step-000000001200", NOW)
 
-    c = ctl.Controller(kube, Metrics(registry), ctl.Settings(workers=1), clock=lambda: NOW,  # type: ignore[arg-type]
+    settings = ctl.Settings(workers=1, operator_identity_stores=SHARED_BUCKET)
+    c = ctl.Controller(kube, Metrics(registry), settings, clock=lambda: NOW,  # type: ignore[arg-type]
                        store_reader=reader)  # fmt: skip
     return c
 
@@ -395,7 +400,8 @@ def test_a_background_refresh_racing_a_corrupt_step_verdict_never_pins_that_step
             return create(namespace, body)
 
         kube.create_jobset = capture  # type: ignore[method-assign]
-        c = ctl.Controller(kube, Metrics(reg), ctl.Settings(workers=1),  # type: ignore[arg-type]
+        settings = ctl.Settings(workers=1, operator_identity_stores=SHARED_BUCKET)
+        c = ctl.Controller(kube, Metrics(reg), settings,  # type: ignore[arg-type]
                            clock=lambda: clock[0], store_reader=reader)  # fmt: skip
         key = ("team-a", "llm")
         _running_attempt_1(c)
@@ -526,6 +532,39 @@ def test_a_failed_events_read_never_yields_a_classification_from_partial_evidenc
         assert "patch_status" not in [x[0] for x in kube.calls], "nothing decided"
         # the Events of the job's few nodes are asked for by node name, not cluster-wide
         assert "involvedObject.kind=Node,involvedObject.name=gpu-node-000" in asked
+        c.executor.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_the_operator_reads_a_store_with_its_own_identity_only_where_allowed() -> None:
+    """Issue 13 (confused deputy): a job without a credentialsSecret does not get the
+    operator's cloud identity for an arbitrary s3:// URI."""
+
+    async def scenario() -> None:
+        kube, reg = FakeKube(), CollectorRegistry()
+        reads: list[str] = []
+
+        def reader(uri: str, bad: Any, credentials: Any) -> Selection:
+            reads.append(uri)
+            return Selection(1200, f"{uri}/steps/step-000000001200", NOW)
+
+        c = ctl.Controller(kube, Metrics(reg), ctl.Settings(  # type: ignore[arg-type]
+            workers=1, operator_identity_stores=("s3://platform-ckpt/",)),
+            clock=lambda: NOW, store_reader=reader)  # fmt: skip
+        other = ResilientTrainingJob.from_object(rtj_raw())  # s3://ckpt/team-a/llm
+        refused = await c.read_store(other)
+        assert refused.error is not None and "credentialsSecret" in refused.error
+        assert reads == [], "nothing was read with the operator's identity"
+        allowed = rtj_raw(checkpoint={"uri": "s3://platform-ckpt/team-a/llm"})
+        assert (await c.read_store(ResilientTrainingJob.from_object(allowed))).error is None
+        # near-miss prefixes are not the allowed bucket
+        lookalike = rtj_raw(checkpoint={"uri": "s3://platform-ckpt-evil/x"})
+        assert (await c.read_store(ResilientTrainingJob.from_object(lookalike))).error
+        # with its own credentials a job's store is read (with those credentials)
+        owned = rtj_raw(checkpoint={"uri": "s3://anything/x", "credentialsSecret": "mine"})
+        assert (await c.read_store(ResilientTrainingJob.from_object(owned))).error is None
+        assert reads == ["s3://platform-ckpt/team-a/llm", "s3://anything/x"]
         c.executor.shutdown()
 
     asyncio.run(scenario())
