@@ -247,6 +247,8 @@ def test_a_gpu_fault_is_survived_with_only_the_charts_permissions(
     publish_steps(uri, [300], tmp_path, run_id=f"{ns}.llm")
     victim = next(p for p in pods if p["metadata"]["labels"][keys.JOB_COMPLETION_INDEX] == "1")
     node = victim["spec"]["nodeName"]
+    # the node's GPU agent reports the XID: a trainer's own words never quarantine (issue 13)
+    faults.gpu_xid(rtj_cluster.kube, node, 79)
     faults.terminate_container(rtj_cluster.kube, ns, victim["metadata"]["name"], exit_code=1,
                                message=XID_MESSAGE)  # fmt: skip
 
