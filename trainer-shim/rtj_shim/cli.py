@@ -18,8 +18,9 @@ from rtj_shim.errors import Refused, ShimError, StoreError, UsageError
 from rtj_shim.layout import MAX_STEP, validate_attempt
 from rtj_shim.manifest import Framework
 from rtj_shim.protocol import CommitProtocol, StepMetadata
+from rtj_shim.pruning import prune
 from rtj_shim.resolver import describe_steps, resolve
-from rtj_shim.retention import RetentionPolicy, plan_retention
+from rtj_shim.retention import RetentionPolicy
 from rtj_shim.storage import open_store
 from rtj_shim.verification import Depth
 from rtj_shim.verifier import verify_step
@@ -253,13 +254,12 @@ def _ls(args: argparse.Namespace) -> int:
 
 
 def _gc(args: argparse.Namespace) -> int:
-    store = open_store(args.root)
     policy = RetentionPolicy(args.keep_last, args.keep_every, frozenset(args.protect))
-    plan = plan_retention((listing.state for listing in describe_steps(store)), policy)
-    if not args.dry_run:
-        for decision in plan.delete:
-            store.delete_step_dir(decision.name)
-    _print({"dry_run": args.dry_run, **plan.to_json()})
+    result = prune(open_store(args.root), policy, dry_run=args.dry_run)
+    if result.failed:
+        _name, why = result.failed[0]
+        raise StoreError(f"{why} ({len(result.failed)} step(s) not deleted)")
+    _print({"dry_run": args.dry_run, **result.plan.to_json()})
     return EXIT_OK
 
 

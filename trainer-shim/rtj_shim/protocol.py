@@ -5,21 +5,31 @@
 2. write every shard into the in-progress area, hashing while writing;
 3. write ``manifest.json``, then ``COMMITTED`` holding the manifest's sha256, and make the
    step visible atomically (rename on a filesystem; the COMMITTED object on S3);
-4. advance ``latest.json`` with a conditional write; it never moves backwards.
+4. advance ``latest.json`` with a conditional write; it never moves backwards;
+5. apply the retention policy (from the operator's environment by default; none: keep
+   everything), best effort: a step that cannot be deleted is logged, never a failed save.
 
 A crash anywhere before 3 completes leaves nothing a resolver accepts.
+
+Retention runs here, in ``publish``, because every publisher passes through it exactly once
+per step (``rtj-shim commit`` through ``publish_directory``; the torch Checkpointer on the
+rank that commits), right after the step and the hint are durable, so the newest step the
+plan sees is the one just published. The stores only move bytes and the retention plan is
+pure; the trainer-facing layers above would each need their own copy.
 """
 
 from __future__ import annotations
 
+import enum
 import json
+import logging
 import os
 import secrets
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from rtj_shim.errors import Refused, RunOwnershipConflict, StoreError
 from rtj_shim.layout import LATEST_FILE, RESERVED_FILES, RUN_FILE, step_key, validate_attempt
@@ -32,10 +42,21 @@ from rtj_shim.manifest import (
     encode_manifest,
     utc_now,
 )
+from rtj_shim.pruning import PruneResult, prune
+from rtj_shim.retention import RetentionPolicy, policy_from_env
 from rtj_shim.selection import parse_latest_hint
 from rtj_shim.storage.base import CheckpointStore, StepWriter
 
+log = logging.getLogger("rtj_shim")
+
 _CAS_RETRIES = 8
+
+
+class _FromEnv(enum.Enum):
+    ENVIRONMENT = "RTJ_KEEP_LAST, RTJ_KEEP_EVERY, RTJ_PROTECT_STEP"
+
+
+RETENTION_FROM_ENV: Final = _FromEnv.ENVIRONMENT
 
 
 @dataclass(frozen=True)
@@ -71,9 +92,18 @@ class PublishResult:
     files: int
     bytes: int
     manifest: Manifest
+    retention: PruneResult | None = None  # None: no policy, or the listing failed (logged)
 
     def to_json(self) -> dict[str, object]:
-        return {"step": self.step, "uri": self.uri, "files": self.files, "bytes": self.bytes}
+        body: dict[str, object] = {
+            "step": self.step,
+            "uri": self.uri,
+            "files": self.files,
+            "bytes": self.bytes,
+        }
+        if self.retention is not None:
+            body["retention"] = self.retention.to_json()
+        return body
 
 
 @dataclass(frozen=True)
@@ -122,13 +152,30 @@ def new_run_id() -> str:
     return f"run-{utc_now():%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
 
 
+def retention_from_env() -> RetentionPolicy | None:
+    """The operator's retention for this pod; a malformed value keeps everything (logged)."""
+    try:
+        return policy_from_env(os.environ)
+    except ValueError as exc:
+        log.warning("retention is off, every step is kept: %s", exc)
+        return None
+
+
 class CommitProtocol:
+    """``retention``: applied after every publish; by default read from the environment
+    (``RTJ_KEEP_LAST`` unset: keep everything); ``None`` keeps everything."""
+
     def __init__(
-        self, store: CheckpointStore, run_id: str | None = None, attempt: str = "0"
+        self,
+        store: CheckpointStore,
+        run_id: str | None = None,
+        attempt: str = "0",
+        retention: RetentionPolicy | _FromEnv | None = RETENTION_FROM_ENV,
     ) -> None:
         self.store = store
         self._run_id = run_id or os.environ.get("RTJ_RUN_ID") or None
         self.attempt = validate_attempt(attempt)
+        self.retention = retention_from_env() if retention is RETENTION_FROM_ENV else retention
 
     @property
     def run_id(self) -> str:
@@ -194,7 +241,24 @@ class CommitProtocol:
             len(manifest.files),
             manifest.total_bytes,
             manifest,
+            self.apply_retention(writer.step),
         )
+
+    def apply_retention(self, published: int) -> PruneResult | None:
+        """Best effort after publishing ``published``: never raises, logs what failed."""
+        if self.retention is None:
+            return None
+        try:
+            result = prune(self.store, self.retention)
+        except Exception as exc:
+            log.warning("retention after step %d skipped: %s", published, exc)
+            return None
+        for name, why in result.failed:
+            log.warning("retention: could not delete %s: %s", name, why)
+        if result.deleted:
+            steps = ", ".join(str(name.step) for name in result.deleted)
+            log.info("retention after step %d deleted step(s) %s", published, steps)
+        return result
 
     def advance_hint(self, step: int) -> bool:
         """Point latest.json at ``step`` unless it already names a newer one."""

@@ -5,14 +5,25 @@ fallback if the newest later fails deep verification), every ``keep_every``-th s
 milestone, and every protected step (the one a running attempt resumed from). The newest
 verified step is never deleted. Unverified directories newer than the newest verified step
 may still be in progress and are kept; older ones are abandoned and deleted.
+
+The operator passes the job's policy to the trainer as environment (:func:`policy_from_env`):
+``RTJ_KEEP_LAST`` (retention is on only when it is set), ``RTJ_KEEP_EVERY`` and
+``RTJ_PROTECT_STEP`` (the step the running attempt resumed from).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from rtj_shim.layout import StepDirName
+from rtj_shim.layout import MAX_STEP, StepDirName
+
+ENV_KEEP_LAST = "RTJ_KEEP_LAST"
+ENV_KEEP_EVERY = "RTJ_KEEP_EVERY"
+ENV_PROTECT_STEP = "RTJ_PROTECT_STEP"
+
+_NUMBER = re.compile(r"^[0-9]+$")
 
 
 @dataclass(frozen=True)
@@ -33,6 +44,37 @@ class RetentionPolicy:
             raise ValueError(f"keep_last must be >= 1, got {self.keep_last}")
         if self.keep_every is not None and self.keep_every < 1:
             raise ValueError(f"keep_every must be >= 1, got {self.keep_every}")
+
+
+def _number(name: str, text: str, minimum: int) -> int:
+    value = int(text) if _NUMBER.match(text) else -1
+    if value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {text!r}")
+    return value
+
+
+def policy_from_env(env: Mapping[str, str]) -> RetentionPolicy | None:
+    """The policy in ``env``; None (keep everything) when ``RTJ_KEEP_LAST`` is unset or empty.
+
+    ``RTJ_PROTECT_STEP`` holds one step, or several separated by commas. A value that is not
+    what the operator renders raises ValueError naming the variable.
+    """
+    keep_last = env.get(ENV_KEEP_LAST, "").strip()
+    if not keep_last:
+        return None
+    every = env.get(ENV_KEEP_EVERY, "").strip()
+    protect: set[int] = set()
+    for part in env.get(ENV_PROTECT_STEP, "").split(","):
+        if part.strip():
+            step = _number(ENV_PROTECT_STEP, part.strip(), 0)
+            if step > MAX_STEP:
+                raise ValueError(f"{ENV_PROTECT_STEP} must be a step <= {MAX_STEP}, got {step}")
+            protect.add(step)
+    return RetentionPolicy(
+        keep_last=_number(ENV_KEEP_LAST, keep_last, 1),
+        keep_every=_number(ENV_KEEP_EVERY, every, 1) if every else None,
+        protect=frozenset(protect),
+    )
 
 
 @dataclass(frozen=True)

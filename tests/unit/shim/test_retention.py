@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rtj_shim.layout import StepDirName
-from rtj_shim.retention import RetentionPolicy, StepState, plan_retention
+from rtj_shim.retention import RetentionPolicy, StepState, plan_retention, policy_from_env
 
 
 def states(verified: list[int], broken: list[int] = (), tmp: list[int] = ()) -> list[StepState]:  # type: ignore[assignment]
@@ -82,3 +82,39 @@ def test_retention_invariants(
     assert protect & (verified | broken) <= keep
     if keep_every:
         assert {s for s in verified if s % keep_every == 0} <= keep
+
+
+# -- the policy the operator passes as environment ------------------------------------------
+
+
+def test_no_keep_last_in_the_environment_keeps_everything() -> None:
+    assert policy_from_env({}) is None
+    assert policy_from_env({"RTJ_KEEP_LAST": ""}) is None
+    assert policy_from_env({"RTJ_KEEP_EVERY": "1000", "RTJ_PROTECT_STEP": "7"}) is None
+
+
+def test_policy_from_the_environment() -> None:
+    assert policy_from_env({"RTJ_KEEP_LAST": "3"}) == RetentionPolicy(3)
+    env = {"RTJ_KEEP_LAST": " 2 ", "RTJ_KEEP_EVERY": "1000", "RTJ_PROTECT_STEP": "12000"}
+    assert policy_from_env(env) == RetentionPolicy(2, 1000, frozenset({12000}))
+    several = {"RTJ_KEEP_LAST": "1", "RTJ_PROTECT_STEP": "0, 500,"}
+    assert policy_from_env(several) == RetentionPolicy(1, None, frozenset({0, 500}))
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"RTJ_KEEP_LAST": "0"}, "RTJ_KEEP_LAST"),
+        ({"RTJ_KEEP_LAST": "-1"}, "RTJ_KEEP_LAST"),
+        ({"RTJ_KEEP_LAST": "three"}, "RTJ_KEEP_LAST"),
+        ({"RTJ_KEEP_LAST": "2.5"}, "RTJ_KEEP_LAST"),
+        ({"RTJ_KEEP_LAST": "2", "RTJ_KEEP_EVERY": "0"}, "RTJ_KEEP_EVERY"),
+        ({"RTJ_KEEP_LAST": "2", "RTJ_PROTECT_STEP": "x"}, "RTJ_PROTECT_STEP"),
+        ({"RTJ_KEEP_LAST": "2", "RTJ_PROTECT_STEP": "1" + "0" * 12}, "RTJ_PROTECT_STEP"),
+    ],
+)
+def test_malformed_retention_environment_names_the_variable(
+    env: dict[str, str], named: str
+) -> None:
+    with pytest.raises(ValueError, match=named):
+        policy_from_env(env)

@@ -10,6 +10,8 @@ Call order of one publish (see :mod:`rtj_shim.protocol`):
 4. ``StepWriter.commit(manifest, committed)`` makes the step visible atomically: after it
    returns the step is published; if it fails or the process dies, it is not.
 5. ``put_if(LATEST_FILE, ...)`` moves the hint forward (conditional write).
+6. With a retention policy: ``list_step_dirs`` and shallow verification of each step, then
+   ``delete_step_dir`` for every step the plan drops.
 
 Backends only move bytes and report what is there; every decision lives in pure modules.
 Errors reading or writing the store raise :class:`rtj_shim.errors.StoreError`; a key that
@@ -91,7 +93,8 @@ class CheckpointStore(Protocol):
         under the step's prefix and an uncommitted step simply lacks COMMITTED."""
 
     def delete_step_dir(self, name: StepDirName) -> None:
-        """Make the step unresolvable first (mark), then delete its data."""
+        """Unpublish first (``COMMITTED`` goes, durably, before anything else), then delete
+        the rest, so an interrupted deletion never leaves a step that resolves."""
 
     def key_uri(self, key: str) -> str: ...
 

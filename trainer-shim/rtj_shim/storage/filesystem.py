@@ -4,7 +4,7 @@ Shards go into ``steps/step-N.tmp-<attempt>/``; publishing writes manifest.json 
 COMMITTED (each fsynced), fsyncs the directories, and renames the tmp directory to its
 final name without replacing anything, then fsyncs ``steps/``. Hashing runs in a helper
 thread beside each write, so a shard is read from memory once and the hash costs no
-second pass over the data.
+second pass over the data. Deleting a step removes its COMMITTED first, then the rest.
 """
 
 from __future__ import annotations
@@ -347,12 +347,15 @@ class FilesystemStore:
         return FilesystemStepWriter(self, step, tmp)
 
     def delete_step_dir(self, name: StepDirName) -> None:
-        steps = self._root / STEPS_DIR
-        trash = steps / f".trash-{name}-{secrets.token_hex(4)}"
+        """Unpublish, then delete: COMMITTED goes first and that is made durable, so a
+        deletion interrupted anywhere (even on a volume whose renames are not atomic) leaves
+        a directory no resolver accepts, which the next retention pass removes."""
+        directory = self._dir(name)
         with store_errors(f"deleting {STEPS_DIR}/{name}"):
-            os.rename(self._dir(name), trash)  # the mark: the step is gone from every listing
-            fsync_dir(steps)
-            shutil.rmtree(trash)
+            (directory / COMMITTED_FILE).unlink(missing_ok=True)
+            fsync_dir(directory)
+            shutil.rmtree(directory)
+            fsync_dir(directory.parent)
 
 
 def _raise(exc: OSError) -> None:
