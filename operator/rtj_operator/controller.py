@@ -31,6 +31,7 @@ from rtj_operator.api.resource import ResilientTrainingJob
 from rtj_operator.cache import WatchCache
 from rtj_operator.kube import AlreadyExists, Conflict, Kube, KubeError, NotFound
 from rtj_operator.metrics import Metrics
+from rtj_operator.policy.classify import reads_event
 from rtj_operator.store_reads import (
     Lane,
     StoreReader,
@@ -110,19 +111,10 @@ def event_key(body: Mapping[str, Any]) -> tuple[str, str, str] | None:
     return (namespace, kind, name)
 
 
-RELEVANT_EVENT_REASONS = frozenset(
-    {
-        "Evicted", "Preempted", "TaintManagerEviction", "NodeNotReady", "RemovingNode",
-        "DeletingNode", "NodeShutdown", "EvictedDueToPreempted", "Killing",
-    }
-)  # fmt: skip
-
-
 def relevant_event(body: Mapping[str, Any]) -> bool:
-    """Events the classifier reads (see policy.classify): pod, node and Kueue evictions."""
-    reason = body.get("reason") or ""
-    message = body.get("message") or body.get("note") or ""
-    return reason in RELEVANT_EVENT_REASONS or "Preempted to accommodate" in message
+    """Events worth keeping for a classification: exactly those the classifier reads
+    (`policy.classify.reads_event`), so the reader and the classifier never disagree."""
+    return reads_event(body)
 
 
 # --- the work queue ------------------------------------------------------------------------
@@ -644,6 +636,8 @@ class Controller:
         queries: list[tuple[str | None, str, str]] = [
             (namespace, "Pod", "involvedObject.kind=Pod"),
             (namespace, "Workload", "involvedObject.kind=Workload"),
+            # Kueue before v0.7 (and the JobSet controller) write about the JobSet itself
+            (namespace, "JobSet", "involvedObject.kind=JobSet"),
         ]
         if len(nodes) <= NODE_EVENT_QUERIES:  # a few nodes: ask for theirs by name
             queries += [
@@ -663,7 +657,7 @@ class Controller:
                 if (
                     (kind == "Pod" and name in pods)
                     or (kind == "Node" and name in nodes)
-                    or (kind == "Workload" and name in jobsets)
+                    or (kind in ("Workload", "JobSet") and name in jobsets)
                 ):
                     wanted.append(rc.trim_event(event))
         return wanted

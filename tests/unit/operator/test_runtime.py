@@ -132,9 +132,16 @@ def test_routing_keys() -> None:
     }
     assert ctl.event_key(event) == ("ns", "Workload", "llm-a3")
     assert ctl.event_key({"involvedObject": {"kind": "Node", "name": "n1"}}) == ("", "Node", "n1")
-    assert ctl.relevant_event({"reason": "Evicted"})
-    assert ctl.relevant_event({"reason": "X", "message": "Preempted to accommodate a workload"})
-    assert not ctl.relevant_event({"reason": "Pulled"})
+    pod_ref = {"kind": "Pod", "name": "llm-a1-worker-0-0-abcde", "namespace": "team-a"}
+    assert ctl.relevant_event({"involvedObject": pod_ref, "reason": "Evicted"})
+    assert not ctl.relevant_event({"involvedObject": pod_ref, "reason": "Pulled"})
+    # what the classifier reads, the reader keeps: Kueue v0.17's PodsReady eviction
+    # (pkg/workload/workload.go "Evicted" + "DueTo" + reason; workload_controller.go
+    # "Exceeded the PodsReady timeout %s")
+    workload = {"kind": "Workload", "name": "jobset-llm-a1-3f2a1", "namespace": "team-a"}
+    timeout = "Exceeded the PodsReady timeout team-a/jobset-llm-a1-3f2a1"
+    evicted = {"involvedObject": workload, "reason": "EvictedDueToPodsReadyTimeout"}
+    assert ctl.relevant_event({**evicted, "message": timeout})
     assert ctl.newer_or_same(
         {"metadata": {"resourceVersion": "10"}}, {"metadata": {"resourceVersion": "9"}}
     )
@@ -248,7 +255,7 @@ def test_controller_retries_quickly_on_a_stale_decision() -> None:
         kube.calls.clear()
         await c.reconcile(("team-a", "llm"))
         calls = [x[0] for x in kube.calls]
-        assert calls == ["list_events"] * 3 + ["patch_status"], "nothing deleted after a refusal"
+        assert calls == ["list_events"] * 4 + ["patch_status"], "nothing deleted after a refusal"
         assert sample(reg, "rtj_restarts_total", {"namespace": "team-a", "name": "llm",
                                                   "class": "NetworkFault"}) == 0  # fmt: skip
         c.executor.shutdown()
