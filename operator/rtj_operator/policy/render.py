@@ -266,7 +266,7 @@ def resolver_container(
         "volumeMounts": [*mounts, _resume_mount(read_only=False)],
         "resources": copy.deepcopy(RESOLVER_RESOURCES),
         "terminationMessagePath": keys.TERMINATION_LOG,
-        "terminationMessagePolicy": "File",
+        "terminationMessagePolicy": "FallbackToLogsOnError",  # a crash shows its traceback
         "securityContext": copy.deepcopy(_RESTRICTED_CONTAINER),
     }
     if secret is not None:
