@@ -120,6 +120,63 @@ def test_async_save_publishes_the_state_at_the_call_not_later(tmp_path: Path) ->
         assert torch.equal(a, b)
 
 
+class TiedLM(nn.Module):
+    """Embedding and output layer share one weight (as in most language models)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(64, 32)
+        self.mid = nn.Linear(32, 32)
+        self.head = nn.Linear(32, 64, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.mid(self.embed(ids))))
+
+
+def shards(root: Path, step: int) -> tuple[int, int]:
+    """File bytes of the replicated shards, and the tensor bytes they hold."""
+    manifest = json.loads((root / step_key(step, "manifest.json")).read_text())
+    paths = [f["path"] for f in manifest["files"] if f["path"].startswith("common/shard-")]
+    files = sum(f["bytes"] for f in manifest["files"] if f["path"] in paths)
+    payload = 0
+    for path in paths:  # a storage two tensors of one file share is in that file once
+        part = torch.load(root / step_key(step, path), weights_only=True)
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage() for t in part.values()}
+        payload += sum(storage.nbytes() for storage in storages.values())
+    return files, payload
+
+
+@pytest.mark.parametrize("shard_kib", [1, 64])  # the tied pair in different shards, or in one
+def test_tied_weights_are_saved_once_by_blocking_and_background_saves(
+    tmp_path: Path, shard_kib: int
+) -> None:
+    torch.manual_seed(0)
+    model = TiedLM()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(torch.randint(0, 64, (4, 8))).pow(2).mean().backward()
+    opt.step()
+    objects = {"model": model, "opt": opt}
+    blocking, background = tmp_path / "blocking", tmp_path / "background"
+    Checkpointer(blocking, shard_bytes=shard_kib * 1024).save(1, objects)
+    ckpt = Checkpointer(background, shard_bytes=shard_kib * 1024)
+    ckpt.save(1, objects, blocking=False)
+    ckpt.wait()
+    moments = [t for per_param in opt.state_dict()["state"].values() for t in per_param.values()]
+    distinct = {
+        t.data_ptr(): t.numel() * t.element_size() for t in [*model.state_dict().values(), *moments]
+    }
+    assert shards(background, 1) == shards(blocking, 1)
+    assert shards(blocking, 1)[1] == sum(distinct.values())  # the shared weight once
+
+    restored = TiedLM()
+    again = {"model": restored, "opt": torch.optim.AdamW(restored.parameters(), lr=1e-2)}
+    assert Checkpointer(background).restore(again) == 1
+    assert restored.head.weight is restored.embed.weight
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, restored.state_dict()[name]), name
+
+
 def test_manifest_records_framework_topology_and_layout(tmp_path: Path) -> None:
     job = Job()
     job.train(2)

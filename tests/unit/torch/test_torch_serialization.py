@@ -73,6 +73,32 @@ def test_flatten_roundtrip_keeps_structure_and_module_metadata() -> None:
         assert torch.equal(back["m"][k], v)
 
 
+def test_flatten_gives_tensors_viewing_the_same_data_one_reference() -> None:
+    weight = torch.randn(4, 3)
+    state = {
+        "embed.weight": weight,
+        "head.weight": weight.detach(),  # a tied weight, as state_dict() returns it
+        "copy": weight.clone(),
+        "row": weight[1],  # a view of part of it: not the same values
+        "empty": [torch.empty(0), torch.empty(0)],
+    }
+    tensors: list[torch.Tensor] = []
+    skeleton = ser.flatten(state, tensors, "m", allow_unsafe=False)
+    refs = {k: v[ser.TENSOR_REF] for k, v in skeleton.items() if k != "empty"}
+    assert refs["embed.weight"] == refs["head.weight"]
+    assert len({refs["embed.weight"], refs["copy"], refs["row"]}) == 3
+    assert len(tensors) == 5
+    back = ser.unflatten(skeleton, dict(enumerate(tensors)))
+    assert back["embed.weight"] is back["head.weight"]
+    assert torch.equal(back["row"], weight[1])
+
+    seen: dict[tuple[object, ...], int] = {}  # one reference across calls sharing the list
+    shared: list[torch.Tensor] = []
+    first = ser.flatten({"w": weight}, shared, "model", allow_unsafe=False, seen=seen)
+    again = ser.flatten({"w": weight.detach()}, shared, "ema", allow_unsafe=False, seen=seen)
+    assert first == again and len(shared) == 1
+
+
 def test_flatten_refuses_objects_weights_only_cannot_load() -> None:
     class Custom:
         pass

@@ -92,8 +92,9 @@ def capture(
     """The state of ``entries`` at ``step`` as one rank's part of a save (no copies)."""
     sharded = any(e.placement == SHARDED for e in entries)
     tensors: list[torch.Tensor] = []
+    seen: dict[tuple[Any, ...], int] = {}  # one reference per shared tensor, across objects
     skeleton = {
-        e.name: ser.flatten(state_of(e), tensors, e.name, allow_unsafe_pickle)
+        e.name: ser.flatten(state_of(e), tensors, e.name, allow_unsafe_pickle, seen)
         for e in entries
         if e.placement == COMMON
     }

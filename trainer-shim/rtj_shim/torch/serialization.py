@@ -4,6 +4,8 @@
   ``{"__rtj_tensor__": i}`` and checks that every other leaf is a plain value, so the
   skeleton and the shards load with ``torch.load(weights_only=True)``. A leaf that would
   need arbitrary unpickling is refused at *save* time, not discovered at resume time.
+  Tensors that view the same data (tied weights: one parameter under two names) get one
+  reference, so they are staged, written and loaded once, and share storage again.
 * ``plan_shards`` splits the tensors into a few similarly sized shards, so several ranks
   (replicated state) or threads write and hash them in parallel.
 * ``stream_to_store`` runs ``torch.save`` straight into ``StepWriter.write_file``: the
@@ -48,23 +50,64 @@ class _WriterStopped(OSError):
 # --------------------------------------------------------------------- flatten / unflatten
 
 
-def flatten(state: Any, tensors: list[torch.Tensor], where: str, allow_unsafe: bool) -> Any:
-    """Skeleton of ``state`` with tensors moved to ``tensors`` (appended in walk order)."""
+def view_key(tensor: torch.Tensor) -> tuple[Any, ...] | None:
+    """What a tensor views: tensors with one key hold the same values in the same memory.
+    None where that cannot be told (no dense storage, or no elements)."""
+    if tensor.layout != torch.strided or tensor.numel() == 0:
+        return None
+    try:
+        address = tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # tensors without a storage of their own
+        return None
+    if address == 0:
+        return None
+    return (
+        tensor.device,
+        tensor.dtype,
+        address,
+        tensor.storage_offset(),
+        tuple(tensor.shape),
+        tensor.stride(),
+    )
+
+
+def flatten(
+    state: Any,
+    tensors: list[torch.Tensor],
+    where: str,
+    allow_unsafe: bool,
+    seen: dict[tuple[Any, ...], int] | None = None,
+) -> Any:
+    """Skeleton of ``state`` with tensors moved to ``tensors`` (appended in walk order).
+
+    A tensor viewing the same data as one already in ``tensors`` reuses its reference;
+    ``seen`` (view key -> index) carries that across calls that share ``tensors``.
+    """
+    seen = {} if seen is None else seen
     if isinstance(state, torch.Tensor):
+        key = view_key(state)
+        if key is not None and key in seen:
+            return {TENSOR_REF: seen[key]}
         tensors.append(state)
+        if key is not None:
+            seen[key] = len(tensors) - 1
         return {TENSOR_REF: len(tensors) - 1}
     if isinstance(state, Mapping):
-        items = [(k, flatten(v, tensors, f"{where}.{k}", allow_unsafe)) for k, v in state.items()]
+        items = [
+            (k, flatten(v, tensors, f"{where}.{k}", allow_unsafe, seen)) for k, v in state.items()
+        ]
         out: dict[Any, Any] = OrderedDict(items) if isinstance(state, OrderedDict) else dict(items)
         metadata = getattr(state, "_metadata", None)
         if metadata is not None:  # nn.Module version info used by _load_from_state_dict
             out._metadata = metadata  # type: ignore[attr-defined]
         return out
     if isinstance(state, list):
-        return [flatten(v, tensors, f"{where}[{i}]", allow_unsafe) for i, v in enumerate(state)]
+        return [
+            flatten(v, tensors, f"{where}[{i}]", allow_unsafe, seen) for i, v in enumerate(state)
+        ]
     if isinstance(state, tuple) and not hasattr(state, "_fields"):
         return tuple(
-            flatten(v, tensors, f"{where}[{i}]", allow_unsafe) for i, v in enumerate(state)
+            flatten(v, tensors, f"{where}[{i}]", allow_unsafe, seen) for i, v in enumerate(state)
         )
     if isinstance(state, _PLAIN) or allow_unsafe:
         return state
