@@ -92,10 +92,14 @@ def test_torchrun_async_save_with_probe_resumes_bit_for_bit(tmp_path: Path) -> N
     run(torchrun_cmd(base_args), tmp_path / "base.out")
     run(torchrun_cmd([*fault_args, "--fault-kill-step", "47"]), tmp_path / "fault.out")
     resumed = [r for r in restores(fault / "logs") if r["restart"] == 1]
-    assert [r["step"] for r in resumed] == [40]
+    # the kill at step 47 lands while step 40's background save may still be writing (on a
+    # busy machine it often is): the resume is from the newest step committed by then, 40
+    # or 20, never from a half-written 40 - and from there the run continues bit for bit
+    assert [r["step"] for r in resumed] in ([40], [20]), resumed
+    start = resumed[0]["step"]
     for rank in (0, 1):
         want, got = steps(base / "logs", rank), steps(fault / "logs", rank)
-        for step in range(41, 61):
+        for step in range(start + 1, 61):
             assert (got[step]["loss"], got[step]["lr"], got[step]["samples"]) == (
                 want[step]["loss"],
                 want[step]["lr"],
