@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -32,6 +32,7 @@ from rtj_operator.cache import WatchCache
 from rtj_operator.kube import AlreadyExists, Conflict, Kube, KubeError, NotFound
 from rtj_operator.metrics import Metrics
 from rtj_operator.policy.classify import reads_event
+from rtj_operator.policy.platform import NodeHealthPolicy
 from rtj_operator.store_reads import (
     Lane,
     StoreReader,
@@ -201,6 +202,8 @@ class Settings:
     store_readers_per_store: int = 2
     store_read_timeout: float = 30.0
     operator_identity_stores: tuple[str, ...] = ()
+    node_health: NodeHealthPolicy = field(default_factory=NodeHealthPolicy)
+    """The platform's node-health policy (taint key/effect, XID codes, node signals)."""
     """URI prefixes the operator may read with its own identity (jobs without a
     credentialsSecret); see store_reads.operator_identity_refusal."""
     identity: str = "rtj-operator"
@@ -377,6 +380,7 @@ class Controller:
             store=self.store_readings.get(key),
             stored_status=raw.get("status") or {},
             queue=self.queue_readings.get(key),
+            node_health=self.settings.node_health,
         )
 
     # --- reconcile -------------------------------------------------------------------------

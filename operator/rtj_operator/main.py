@@ -57,6 +57,13 @@ def parser() -> argparse.ArgumentParser:
         "own credentials for jobs that name no credentialsSecret (default: none)",
     )
     p.add_argument("--store-read-timeout", type=float, default=30.0)
+    p.add_argument(
+        "--platform-config",
+        default=None,
+        metavar="PATH",
+        help="the platform team's policy (YAML: nodeHealth: taintKey, taintEffect, xidCodes, "
+        "xidConditionTypes, xidLabelKeys); jobs may only narrow it",
+    )
     p.add_argument("--watch-server-timeout", type=int, default=300)
     p.add_argument("--watch-client-timeout", type=float, default=330.0)
     p.add_argument("--watch-inactivity-timeout", type=float, default=70.0)
@@ -74,6 +81,8 @@ async def run(args: argparse.Namespace) -> int:
     from rtj_operator.metrics import Metrics
 
     log = logging.getLogger("rtj_operator")
+    node_health = args.node_health
+    log.info("platform node-health policy: %s", node_health)
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's login reads the same file
     load_config(args.kubeconfig, args.context)
@@ -110,6 +119,7 @@ async def run(args: argparse.Namespace) -> int:
             checkpoint_refresh_seconds=args.checkpoint_refresh_seconds,
             identity=args.identity,
             operator_identity_stores=tuple(args.operator_identity_store),
+            node_health=node_health,
             store_read_timeout=args.store_read_timeout,
         ),
         namespaces=args.namespace or None,
@@ -163,6 +173,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["run"]:  # `python -m rtj_operator run ...` reads like `rtj run ...`
         argv = argv[1:]
     args = parser().parse_args(argv)
+    from rtj_operator.policy.platform import (
+        NodeHealthPolicy,
+        PlatformConfigError,
+        load_platform_config,
+    )
+
+    args.node_health = NodeHealthPolicy()
+    if args.platform_config:
+        try:
+            with open(args.platform_config, encoding="utf-8") as f:
+                args.node_health = load_platform_config(f.read())
+        except (OSError, PlatformConfigError) as exc:
+            print(f"rtj run: --platform-config {args.platform_config}: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

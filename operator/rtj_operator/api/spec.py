@@ -129,8 +129,16 @@ class FailurePolicy(ApiModel):
 class NodeHealth(ApiModel):
     """How GPU faults are recognized on nodes, and how a bad node is quarantined."""
 
-    taint_key: str = Field(default=DEFAULT_TAINT_KEY, min_length=1, max_length=316)
-    taint_effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
+    taint_key: str = Field(
+        default=DEFAULT_TAINT_KEY,
+        min_length=1,
+        max_length=316,
+        description="Ignored: the taint key is the platform's (operator nodeHealth.taintKey).",
+    )
+    taint_effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = Field(
+        default="NoSchedule",
+        description="Used only when no stronger than the platform's nodeHealth.taintEffect.",
+    )
     quarantine_ttl_seconds: int | None = Field(
         default=None,
         ge=60,
@@ -141,19 +149,21 @@ class NodeHealth(ApiModel):
     xid_codes: list[Annotated[int, Field(ge=0)]] = Field(
         default_factory=lambda: list(DEFAULT_XID_CODES),
         max_length=256,
-        description="GPU XID codes that quarantine a node.",
+        description="GPU XID codes that quarantine a node: narrows the platform's list "
+        "(operator nodeHealth.xidCodes); left at the default, the platform's list applies.",
         json_schema_extra={"default": list(DEFAULT_XID_CODES)},
     )
     xid_label_keys: list[str] = Field(
         default_factory=list,
         max_length=32,
-        description="Node label keys whose value lists XID codes (e.g. set by a GPU health agent).",
+        description="Node label keys whose value lists XID codes: narrows the platform's "
+        "nodeHealth.xidLabelKeys (empty: the platform's).",
     )
     xid_condition_types: list[str] = Field(
         default_factory=lambda: list(DEFAULT_XID_CONDITION_TYPES),
         max_length=32,
-        description="Node condition types whose message carries XID codes "
-        "(NVSentinel SysLogsXIDError, node-problem-detector custom conditions).",
+        description="Node condition types whose message carries XID codes (NVSentinel "
+        "SysLogsXIDError): narrows the platform's nodeHealth.xidConditionTypes.",
         json_schema_extra={"default": list(DEFAULT_XID_CONDITION_TYPES)},
     )
 

@@ -39,7 +39,10 @@ age) and `quarantine` (taints).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from rtj_operator.api.reasons import Phase
+from rtj_operator.policy.platform import effective_node_health
 from rtj_operator.reconcile.actions import (
     Action,
     CreateJobSet,
@@ -135,6 +138,7 @@ __all__ = [
 
 def plan(snap: Snapshot) -> Plan:
     """What to do now for one job. Pure: the same snapshot always gives the same plan."""
+    snap = _judged_by_platform_policy(snap)
     b = PlanBuilder(snap, snap.rtj.status)
     lift_expired_quarantines(b)
     status = b.status
@@ -151,3 +155,14 @@ def plan(snap: Snapshot) -> Plan:
         plan_current_attempt(b)
     ensure_quarantines(b)
     return b.build()
+
+
+def _judged_by_platform_policy(snap: Snapshot) -> Snapshot:
+    """The job as the plan sees it: its nodeHealth narrowed within the platform's policy
+    (classification, quarantine and rendering all read `rtj.spec.node_health`)."""
+    spec = snap.rtj.spec
+    health = effective_node_health(spec.node_health, snap.node_health)
+    if health == spec.node_health:
+        return snap
+    rtj = snap.rtj.model_copy(update={"spec": spec.model_copy(update={"node_health": health})})
+    return replace(snap, rtj=rtj)

@@ -11,6 +11,7 @@ from typing import Any
 from rtj_operator.api import keys
 from rtj_operator.api.resource import ResilientTrainingJob
 from rtj_operator.policy.observed import parse_time
+from rtj_operator.policy.platform import NodeHealthPolicy
 from rtj_operator.selection import (
     Selection,
 )
@@ -155,6 +156,8 @@ class Snapshot:
     stored_status: Mapping[str, Any] = field(default_factory=dict)
     """`status` exactly as the API server returned it (the base of the merge patch)."""
     queue: QueueReading | None = None
+    node_health: NodeHealthPolicy = field(default_factory=NodeHealthPolicy)
+    """The platform's node-health policy (operator configuration): what the job may narrow."""
     gone_jobsets: tuple[Json, ...] = ()
     """JobSets of this job deleted while the operator watched (their uids keep the pods of an
     attempt whose JobSet is gone trusted as evidence)."""

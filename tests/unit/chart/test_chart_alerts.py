@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
-from rtj_chart import ALERTS, CHART, MONITORING, REPO, one, render, rules_file, tool
+from rtj_chart import ALERTS, CHART, MONITORING, REPO, render, rules_file, tool
 
 from rtj_operator.metrics import Metrics
 
@@ -110,8 +110,13 @@ def _dashboard() -> dict[str, Any]:
 
 
 def test_the_dashboard_configmap_is_opt_in_with_the_sidecar_label(tmp_path: Path) -> None:
-    assert not [o for o in render(api_versions=MONITORING) if o["kind"] == "ConfigMap"]
-    cm = one(render({"dashboard": {"enabled": True}}, tmp_path), "ConfigMap")
+    def dashboards(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [
+            o for o in objs if o["kind"] == "ConfigMap" and "-platform" not in o["metadata"]["name"]
+        ]
+
+    assert not dashboards(render(api_versions=MONITORING))
+    (cm,) = dashboards(render({"dashboard": {"enabled": True}}, tmp_path))
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     (key,) = cm["data"]
     assert key.endswith(".json")

@@ -22,6 +22,8 @@ from rtj_chart import (
     template_args,
 )
 
+from rtj_operator.policy.platform import NodeHealthPolicy, load_platform_config
+
 pytestmark = pytest.mark.timeout(300)
 
 REPRESENTATIVE: dict[str, Any] = {
@@ -75,13 +77,40 @@ def test_default_render_has_every_piece_and_nothing_for_missing_apis() -> None:
     kinds = sorted(o["kind"] for o in objs)
     assert kinds == sorted([
         "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
-        "Deployment", "Service", "PodDisruptionBudget",
+        "Deployment", "Service", "PodDisruptionBudget", "ConfigMap",
     ])  # fmt: skip
     # ServiceMonitor and PrometheusRule only where the cluster serves their kinds
     with_monitoring = {o["kind"] for o in render(api_versions=MONITORING)}
     assert {"ServiceMonitor", "PrometheusRule"} <= with_monitoring
     only_rules = {o["kind"] for o in render(api_versions=(MONITORING[1],))}
     assert "PrometheusRule" in only_rules and "ServiceMonitor" not in only_rules
+
+
+def test_the_platform_node_health_policy_reaches_the_operator_and_rolls_it(tmp_path: Path) -> None:
+    import yaml
+
+    strict = {"nodeHealth": {"taintKey": "gpu.example.com/quarantine", "taintEffect": "NoExecute",
+                             "xidCodes": [79], "xidConditionTypes": ["SysLogsXIDError"],
+                             "xidLabelKeys": ["gpu.example.com/xids"]}}  # fmt: skip
+    objs = render(strict, tmp_path)
+    cm = one(objs, "ConfigMap", "rtj-resilient-training-operator-platform")
+    policy = load_platform_config(cm["data"]["platform.yaml"])
+    assert (policy.taint_key, policy.taint_effect) == ("gpu.example.com/quarantine", "NoExecute")
+    assert policy.xid_codes == frozenset({79})
+    pod = one(objs, "Deployment")["spec"]["template"]
+    args = pod["spec"]["containers"][0]["args"]
+    assert "--platform-config=/etc/rtj/platform.yaml" in args
+    default_pod = one(render(), "Deployment")["spec"]["template"]
+    assert (
+        pod["metadata"]["annotations"]["checksum/platform"]
+        != (default_pod["metadata"]["annotations"]["checksum/platform"])
+    )
+    # the chart's defaults are the operator's defaults
+    default_cm = one(render(), "ConfigMap", "rtj-resilient-training-operator-platform")
+    assert load_platform_config(default_cm["data"]["platform.yaml"]) == NodeHealthPolicy()
+    assert yaml.safe_load(default_cm["data"]["platform.yaml"])["nodeHealth"]["taintEffect"] == (
+        "NoSchedule"
+    )
 
 
 def test_every_object_has_the_standard_labels(tmp_path: Path) -> None:
@@ -171,7 +200,7 @@ def test_representative_values_reach_the_objects(tmp_path: Path) -> None:
     assert "RTJRecoverySlow" not in alerts and len(alerts) == 4
     assert alerts["RTJCheckpointStale"]["labels"] == {"severity": "critical", "team": "ml"}
     assert "> 3 * max by" in alerts["RTJCheckpointStale"]["expr"]
-    cm = one(objs, "ConfigMap")
+    (cm,) = [o for o in objs if o["kind"] == "ConfigMap" and "dashboard" in o["metadata"]["name"]]
     assert cm["metadata"]["namespace"] == "monitoring"
 
 
