@@ -383,6 +383,39 @@ class Kube:
     def get_node(self, name: str) -> dict[str, Any]:
         return self.request(f"get node {name}", "GET", _path("api", "v1", "nodes", name))
 
+    def _read_modify_patch(
+        self, what: str, path: str, change: Callable[[dict[str, Any]], dict[str, Any] | None]
+    ) -> bool:
+        """GET `path`, let `change` compute a merge patch from the object (None: nothing to
+        do), PATCH it under the object's resourceVersion; retried on 409. False: nothing
+        changed, or the object does not exist."""
+        for _ in range(_RETRIES):
+            try:
+                current = self.request(f"get {what}", "GET", path)
+            except NotFound:
+                return False
+            body = change(current)
+            if body is None:
+                return False
+            body.setdefault("metadata", {})["resourceVersion"] = current["metadata"][
+                "resourceVersion"
+            ]
+            try:
+                self.request(
+                    f"patch {what}",
+                    "PATCH",
+                    path,
+                    body,
+                    query={"fieldManager": FIELD_MANAGER},
+                    content_type=MERGE_PATCH,
+                )
+                return True
+            except Conflict:
+                continue
+            except NotFound:
+                return False
+        raise Conflict(f"{what} kept changing during {_RETRIES} updates", 409)
+
     def edit_node(
         self,
         node: str,
@@ -396,77 +429,36 @@ class Kube:
         value (None: remove the annotation), or None when nothing needs to change. A node
         that does not exist is left alone (False): there is nothing to quarantine.
         """
-        for _ in range(_RETRIES):
-            try:
-                current = self.get_node(node)
-            except NotFound:
-                return False
+
+        def change(current: dict[str, Any]) -> dict[str, Any] | None:
             taints = (current.get("spec") or {}).get("taints") or []
             annotations = (current.get("metadata") or {}).get("annotations") or {}
-            change = edit(taints, annotations.get(annotation))
-            if change is None:
-                return False
-            body = {
-                "metadata": {
-                    "resourceVersion": current["metadata"]["resourceVersion"],
-                    "annotations": {annotation: change.annotation},
-                },
-                "spec": {"taints": [dict(x) for x in change.taints]},
+            edited = edit(taints, annotations.get(annotation))
+            if edited is None:
+                return None
+            return {
+                "metadata": {"annotations": {annotation: edited.annotation}},
+                "spec": {"taints": [dict(x) for x in edited.taints]},
             }
-            try:
-                self.request(
-                    f"patch taints of node {node}",
-                    "PATCH",
-                    _path("api", "v1", "nodes", node),
-                    body,
-                    query={"fieldManager": FIELD_MANAGER},
-                    content_type=MERGE_PATCH,
-                )
-                return True
-            except Conflict:
-                continue
-            except NotFound:
-                return False
-        raise Conflict(f"node {node} kept changing during {_RETRIES} taint updates", 409)
+
+        return self._read_modify_patch(f"node {node}", _path("api", "v1", "nodes", node), change)
 
     def set_rtj_finalizer(
         self, namespace: str, name: str, uid: str, finalizer: str, present: bool
     ) -> bool:
         """Add or remove one finalizer of the job `uid` (read-modify-write under its
         resourceVersion); False: nothing to change, or the job is gone or another one."""
-        path = _path(*_RTJ, "namespaces", namespace, keys.PLURAL, name)
-        for _ in range(_RETRIES):
-            try:
-                current = self.request(f"get rtj {namespace}/{name}", "GET", path)
-            except NotFound:
-                return False
+
+        def change(current: dict[str, Any]) -> dict[str, Any] | None:
             meta = current.get("metadata") or {}
-            if uid and meta.get("uid") != uid:
-                return False
             finalizers = list(meta.get("finalizers") or [])
-            if (finalizer in finalizers) == present:
-                return False
-            finalizers = (
-                [*finalizers, finalizer] if present else [f for f in finalizers if f != finalizer]
-            )
-            body = {
-                "metadata": {"resourceVersion": meta["resourceVersion"], "finalizers": finalizers}
-            }
-            try:
-                self.request(
-                    f"{'add' if present else 'remove'} finalizer of rtj {namespace}/{name}",
-                    "PATCH",
-                    path,
-                    body,
-                    query={"fieldManager": FIELD_MANAGER},
-                    content_type=MERGE_PATCH,
-                )
-                return True
-            except Conflict:
-                continue
-            except NotFound:
-                return False
-        raise Conflict(f"rtj {namespace}/{name} kept changing during {_RETRIES} updates", 409)
+            if (uid and meta.get("uid") != uid) or (finalizer in finalizers) == present:
+                return None
+            kept = [f for f in finalizers if f != finalizer]
+            return {"metadata": {"finalizers": [*kept, finalizer] if present else kept}}
+
+        path = _path(*_RTJ, "namespaces", namespace, keys.PLURAL, name)
+        return self._read_modify_patch(f"rtj {namespace}/{name}", path, change)
 
     # --- secrets ---------------------------------------------------------------------------
 
