@@ -3,7 +3,8 @@
 ``Checkpointer`` saves and restores the complete training state of a (distributed) job
 through the verified commit protocol; ``ResumableSampler`` is a ``DistributedSampler``
 whose position is part of that state; ``init_process_group`` creates the default group
-with a rendezvous namespace of its own per restart round (see its docstring).
+with a rendezvous namespace of its own per restart round (see its docstring);
+``isolated_rng`` runs a block (an evaluation) without moving any global generator.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from rtj_shim.torch.checkpointer import (
     SaveReport,
 )
 from rtj_shim.torch.rendezvous import init_process_group
+from rtj_shim.torch.rng import isolated as isolated_rng
 from rtj_shim.torch.sampler import ResumableSampler
 from rtj_shim.torch.serialization import UnsafeStateError
 from rtj_shim.torch.validation import RestoreValidationError
@@ -30,4 +32,5 @@ __all__ = [
     "SaveReport",
     "UnsafeStateError",
     "init_process_group",
+    "isolated_rng",
 ]

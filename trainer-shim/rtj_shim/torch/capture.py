@@ -4,7 +4,7 @@ Files of one step (all listed, sized and hashed in its manifest)::
 
     common/skeleton.pt              structure of the replicated state, tensors as references
     common/shard-00000.pt ...       the replicated tensors; shard i is written by rank i % W
-    ranks/rank-00000.pt ...         per rank: every RNG and the rank-local Stateful objects
+    ranks/rank-00000.pt ...         per rank: every RNG and the rank-local objects
     dcp/...                         sharded modules and optimizers (torch.distributed.checkpoint)
 
 :func:`capture` reads the state of every object (references, not copies: staging copies
@@ -105,7 +105,7 @@ def capture(
         "rng": rng.capture(),
         "objects": rank_objects,
     }
-    ser.flatten(rank_state, [], f"rank {coord.rank} state", allow_unsafe_pickle)
+    rank_state = ser.encode(rank_state, f"rank {coord.rank} state", allow_unsafe_pickle)
     shards = ser.plan_shards(tensors, shard_bytes, max_shards) if tensors else []
     mine = [i for i in range(len(shards)) if i % coord.world == coord.rank]
     fenced: set[int] = set()

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -34,7 +34,7 @@ import torch
 
 from rtj_shim.protocol import CommitProtocol
 from rtj_shim.storage import CheckpointStore, open_store
-from rtj_shim.torch import _dist
+from rtj_shim.torch import _dist, fingerprint
 from rtj_shim.torch.capture import FORMAT, SKELETON, SaveJob, capture, rank_path, shard_path
 from rtj_shim.torch.outcomes import (
     CheckpointError,
@@ -45,7 +45,7 @@ from rtj_shim.torch.outcomes import (
 )
 from rtj_shim.torch.restore import StepLoader, decide, validate_restored
 from rtj_shim.torch.staging import Staging
-from rtj_shim.torch.state import classify
+from rtj_shim.torch.state import COMMON, USER_KINDS, classify
 from rtj_shim.torch.validation import Probe, loss_problem, optimizer_moments, run_probe
 from rtj_shim.torch.writer import CollectiveWriter
 from rtj_shim.verification import check_commit
@@ -74,6 +74,12 @@ class Checkpointer:
 
     ``root``: a path, ``file://`` or ``s3://`` URI (or an opened store). Rank and world size
     come from ``torch.distributed`` when it is initialized.
+
+    ``rank_local`` / ``replicated``: names of objects whose placement differs from their
+    kind's default (replicated: modules, optimizers, schedulers, scalers, samplers, plain
+    values; rank-local: other Stateful objects). A replicated object is saved once and
+    restores on any world size; every save checks that a replicated plain value or
+    Stateful object is equal on every rank. A rank-local one is saved per rank.
     """
 
     def __init__(
@@ -82,7 +88,8 @@ class Checkpointer:
         *,
         run_id: str | None = None,
         attempt: str | None = None,
-        rank_local: tuple[str, ...] = (),
+        rank_local: Iterable[str] = (),
+        replicated: Iterable[str] = (),
         allow_unsafe_pickle: bool = False,
         probe: Probe | None = None,
         probe_rtol: float = 1e-3,
@@ -107,6 +114,7 @@ class Checkpointer:
         self.rank = _dist.rank()
         self.world_size = _dist.world_size()
         self.rank_local = tuple(rank_local)
+        self.replicated = tuple(replicated)
         self.allow_unsafe_pickle = allow_unsafe_pickle
         if allow_unsafe_pickle:
             log.warning("allow_unsafe_pickle=True: restore will unpickle arbitrary objects")
@@ -172,8 +180,13 @@ class Checkpointer:
         self.wait()
         coord = self._coordinator()
         problem = loss_problem(loss) if self.check_finite else None
+        replicas: dict[str, str] = {}
         try:  # local work only: a rank that fails here must not leave the others waiting
-            entries = classify(objects, self.rank_local)
+            entries = classify(objects, self.rank_local, self.replicated)
+            replicas = fingerprint.entry_digests(
+                [e for e in entries if e.placement == COMMON and e.kind in USER_KINDS],
+                identity=False,
+            )
             job = capture(
                 step,
                 entries,
@@ -189,11 +202,19 @@ class Checkpointer:
             local_error = None
         except Exception as exc:
             local_error, failure = f"rank {coord.rank}: {type(exc).__name__}: {exc}", exc
-        errors = [e for e in coord.all_gather(local_error) if e]
+        rows = coord.all_gather((local_error, replicas))
+        errors = [error for error, _ in rows if error]
         if errors:
             if local_error is not None:
                 raise failure
             raise CheckpointError(f"save of step {step} failed: " + "; ".join(errors))
+        differing = replica_mismatches([digests for _, digests in rows])
+        if differing:
+            raise CheckpointError(
+                f"save of step {step} refused: {differing} differ between ranks but are "
+                "saved replicated (once, from rank 0's copy); pass Checkpointer(..., "
+                f"rank_local={tuple(differing)!r}) to save one copy per rank"
+            )
         if self.probe is not None:
             sharded = job.extra["layout"] == "sharded"
             validation: dict[str, Any] = dict(run_probe(self.probe, entries, coord, sharded))
@@ -235,7 +256,9 @@ class Checkpointer:
         coord = self._coordinator()
         local_error = None
         try:
-            entries = classify(objects, self.rank_local)
+            entries = classify(objects, self.rank_local, self.replicated)
+            if any(e.kind == "value" for e in entries) and not isinstance(objects, MutableMapping):
+                raise TypeError("plain values are restored into the mapping: pass a dict")
         except Exception as exc:
             local_error = f"rank {coord.rank}: {type(exc).__name__}: {exc}"
         decision = (
@@ -257,14 +280,17 @@ class Checkpointer:
             log.info("restore: no verified checkpoint under %s; starting fresh", self.store.uri)
             return 0
         manifest = check_commit(step, decision["manifest"], decision["committed"])
-        notes = self._loader.load_and_apply(step, manifest, entries, coord)
+        applied = self._loader.load_and_apply(step, manifest, entries, coord)
+        assert isinstance(objects, MutableMapping) or not applied.values
+        for name, value in applied.values.items():
+            objects[name] = value  # type: ignore[index]
         if self.probe is not None:
             validate_restored(
                 self.probe, manifest, entries, coord, rtol=self.probe_rtol, atol=self.probe_atol
             )
         self._published = step
         self.last_restore = RestoreReport(
-            step, decision["source"], skipped, time.perf_counter() - started, tuple(notes)
+            step, decision["source"], skipped, time.perf_counter() - started, applied.notes
         )
         log.info(
             "restore: resumed from step %d (%s) in %.2fs",
@@ -361,6 +387,12 @@ class Checkpointer:
         timer = threading.Timer(self.emergency_deadline_s, expire)
         timer.daemon = True
         timer.start()
+
+
+def replica_mismatches(per_rank: list[dict[str, str]]) -> list[str]:
+    """Names whose digest is not the same on every rank."""
+    names = sorted({name for digests in per_rank for name in digests})
+    return [n for n in names if len({digests.get(n) for digests in per_rank}) > 1]
 
 
 def _drain_at_exit(ref: weakref.ReferenceType[Checkpointer]) -> None:

@@ -107,6 +107,12 @@ def pinned_step(
 # ====================================================================== loading
 
 
+@dataclasses.dataclass(frozen=True)
+class Applied:
+    notes: tuple[str, ...]
+    values: dict[str, Any]  # plain values by name: what the caller's mapping holds now
+
+
 class StepLoader:
     """Loads one rank's part of a verified step and applies it to the live objects."""
 
@@ -125,12 +131,15 @@ class StepLoader:
 
     def load_and_apply(
         self, step: int, manifest: Manifest, entries: list[Entry], coord: _dist.Coordinator
-    ) -> list[str]:
-        """Collective: load, agree that every rank loaded, apply; return notes to report."""
+    ) -> Applied:
+        """Collective: load, agree that every rank loaded, apply; return what to report and
+        the restored plain values (which go back into the caller's mapping)."""
         extra = manifest.extra.get("torch")
         notes: list[str] = []
+        values: dict[str, Any] = {}
         loaded: dict[str, Any] = {}
         rank_state: dict[str, Any] | None = None
+        plain = {e.name for e in entries if e.kind == "value"}
         error: str | None = None
         try:
             if not isinstance(extra, dict) or extra.get("format") != FORMAT:
@@ -141,8 +150,10 @@ class StepLoader:
             old_world = int(extra["world_size"])
             loaded = self._load_common(step, manifest, extra, entries)
             if old_world == coord.world:
-                rank_state = self._load_file(step, manifest, rank_path(coord.rank))
-                if rank_state is None or rank_state.get("rank") != coord.rank:
+                rank_state = ser.unflatten(
+                    self._load_file(step, manifest, rank_path(coord.rank)), {}
+                )
+                if not isinstance(rank_state, dict) or rank_state.get("rank") != coord.rank:
                     raise CheckpointError(f"{rank_path(coord.rank)} belongs to another rank")
             elif any(e.placement == RANK for e in entries):
                 names = [e.name for e in entries if e.placement == RANK]
@@ -164,9 +175,9 @@ class StepLoader:
                 self._load_sharded(step, manifest, entries, coord)
             for e in entries:
                 if e.placement == COMMON:
-                    apply_state(e, loaded[e.name])
+                    values[e.name] = apply_state(e, loaded[e.name])
                 elif e.placement == RANK and rank_state is not None:
-                    apply_state(e, rank_state["objects"][e.name])
+                    values[e.name] = apply_state(e, rank_state["objects"][e.name])
                 if e.kind == "sampler" and e.obj.repartitioned:
                     notes.append(e.obj.repartitioned)
             if rank_state is not None:
@@ -177,7 +188,7 @@ class StepLoader:
         raise_if_any(coord, error, f"restore of step {step} failed")
         for note in notes:
             log.warning("restore: %s", note)
-        return notes
+        return Applied(tuple(notes), {k: v for k, v in values.items() if k in plain})
 
     def _local_path(self, step: int, rel: str) -> Path | None:
         if isinstance(self.store, FilesystemStore):

@@ -23,7 +23,7 @@ import queue
 import threading
 import warnings
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any, cast
 
@@ -31,9 +31,9 @@ import torch
 
 from rtj_shim.manifest import FileEntry
 from rtj_shim.storage.base import StepWriter
+from rtj_shim.torch.plain import is_plain_leaf
 
 TENSOR_REF = "__rtj_tensor__"
-_PLAIN = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
 _COALESCE_BELOW = 1 << 20
 _COALESCE_TARGET = 8 << 20
 _STALL_POLL_S = 0.5
@@ -84,36 +84,49 @@ def flatten(
     ``seen`` (view key -> index) carries that across calls that share ``tensors``.
     """
     seen = {} if seen is None else seen
-    if isinstance(state, torch.Tensor):
-        key = view_key(state)
+
+    def reference(tensor: torch.Tensor) -> Any:
+        key = view_key(tensor)
         if key is not None and key in seen:
             return {TENSOR_REF: seen[key]}
-        tensors.append(state)
+        tensors.append(tensor)
         if key is not None:
             seen[key] = len(tensors) - 1
         return {TENSOR_REF: len(tensors) - 1}
+
+    return _walk(state, where, allow_unsafe, reference)
+
+
+def encode(state: Any, where: str, allow_unsafe: bool) -> Any:
+    """``state`` as ``torch.load(weights_only=True)`` loads it, tensors left in place;
+    :func:`unflatten` with no tensors turns it back (rank-local state is saved this way)."""
+    return _walk(state, where, allow_unsafe, lambda tensor: tensor)
+
+
+def _walk(
+    state: Any, where: str, allow_unsafe: bool, on_tensor: Callable[[torch.Tensor], Any]
+) -> Any:
+    if isinstance(state, torch.Tensor):
+        return on_tensor(state.detach() if state.requires_grad else state)
     if isinstance(state, Mapping):
-        items = [
-            (k, flatten(v, tensors, f"{where}.{k}", allow_unsafe, seen)) for k, v in state.items()
-        ]
+        items = [(k, _walk(v, f"{where}.{k}", allow_unsafe, on_tensor)) for k, v in state.items()]
         out: dict[Any, Any] = OrderedDict(items) if isinstance(state, OrderedDict) else dict(items)
         metadata = getattr(state, "_metadata", None)
         if metadata is not None:  # nn.Module version info used by _load_from_state_dict
             out._metadata = metadata  # type: ignore[attr-defined]
         return out
     if isinstance(state, list):
-        return [
-            flatten(v, tensors, f"{where}[{i}]", allow_unsafe, seen) for i, v in enumerate(state)
-        ]
+        return [_walk(v, f"{where}[{i}]", allow_unsafe, on_tensor) for i, v in enumerate(state)]
     if isinstance(state, tuple) and not hasattr(state, "_fields"):
         return tuple(
-            flatten(v, tensors, f"{where}[{i}]", allow_unsafe, seen) for i, v in enumerate(state)
+            _walk(v, f"{where}[{i}]", allow_unsafe, on_tensor) for i, v in enumerate(state)
         )
-    if isinstance(state, _PLAIN) or allow_unsafe:
+    if is_plain_leaf(state) or allow_unsafe:
         return state
     raise UnsafeStateError(
         f"{where}: a {type(state).__module__}.{type(state).__qualname__} cannot be loaded with "
-        "weights_only=True; make state_dict() return tensors and plain containers, or pass "
+        "weights_only=True; use tensors, plain values (exactly bool, int, float, str, bytes, "
+        "None) and dicts, lists and tuples of them, or pass "
         "Checkpointer(..., allow_unsafe_pickle=True) to both save and restore"
     )
 

@@ -1,11 +1,15 @@
 """What the objects handed to the Checkpointer are, and how their state is read and applied.
 
 Kinds: ``module`` (DDP-wrapped or not; FSDP / ``fully_shard`` modules are *sharded*),
-``optimizer``, ``scheduler``, ``scaler``, ``sampler`` and ``stateful`` (anything else
-with ``state_dict``/``load_state_dict``). Placement: replicated state (modules,
-optimizers, schedulers, scalers, samplers of a data-parallel job) is saved once; sharded
-modules and their optimizers go through ``torch.distributed.checkpoint``; other Stateful
-objects and every RNG are rank-local (one file per rank).
+``optimizer``, ``scheduler``, ``scaler``, ``sampler``, ``stateful`` (anything else with
+``state_dict``/``load_state_dict``, DCP's ``Stateful`` protocol) and ``value`` (a plain
+value: :mod:`rtj_shim.torch.plain`).
+
+Placement, per object: *replicated* (saved once, restored on any world size) or
+*rank-local* (one copy per rank, restored on the same world size only). Defaults: modules,
+optimizers, schedulers, scalers, samplers and plain values are replicated; other Stateful
+objects are rank-local. ``rank_local``/``replicated`` name objects that differ from their
+default. Sharded modules and their optimizers go through ``torch.distributed.checkpoint``.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from rtj_shim.torch.plain import is_value, put_back
 from rtj_shim.torch.sampler import ResumableSampler
 
 COMMON = "common"
@@ -25,7 +30,17 @@ SHARDED = "sharded"
 
 # Apply order: parameters before the optimizers that point at them, optimizers before the
 # schedulers that rewrite their learning rates, RNG last (done by the Checkpointer).
-_ORDER = {"module": 0, "optimizer": 1, "scheduler": 2, "scaler": 3, "sampler": 4, "stateful": 5}
+_ORDER = {
+    "module": 0,
+    "optimizer": 1,
+    "scheduler": 2,
+    "scaler": 3,
+    "sampler": 4,
+    "stateful": 5,
+    "value": 6,
+}
+# Kinds the user defines the state of: a replicated one is checked equal on every rank.
+USER_KINDS = frozenset({"stateful", "value"})
 
 
 @dataclass(frozen=True)
@@ -75,18 +90,27 @@ def kind_of(obj: Any) -> str:
         getattr(obj, "load_state_dict", None)
     ):
         return "stateful"
+    if is_value(obj):
+        return "value"
     raise TypeError(
-        f"{type(obj).__qualname__} has no state_dict()/load_state_dict(); the Checkpointer "
-        "saves modules, optimizers, schedulers, grad scalers and Stateful objects"
+        f"a {type(obj).__module__}.{type(obj).__qualname__} has no state_dict()/"
+        "load_state_dict() and is not a plain value; the Checkpointer saves modules, "
+        "optimizers, schedulers, grad scalers, Stateful objects and plain values (numbers, "
+        "strings, tensors, and dicts, lists and tuples of them)"
     )
 
 
-def classify(objects: Mapping[str, Any], rank_local: Iterable[str] = ()) -> list[Entry]:
+def classify(
+    objects: Mapping[str, Any], rank_local: Iterable[str] = (), replicated: Iterable[str] = ()
+) -> list[Entry]:
     """Entries in apply order; a module or optimizer is sharded if any module is sharded."""
-    local = set(rank_local)
-    unknown = local - set(objects)
-    if unknown:
-        raise KeyError(f"rank_local names {sorted(unknown)} are not in the objects")
+    local, shared = set(rank_local), set(replicated)
+    for what, names in (("rank_local", local), ("replicated", shared)):
+        unknown = names - set(objects)
+        if unknown:
+            raise KeyError(f"{what} names {sorted(unknown)} are not in the objects")
+    if local & shared:
+        raise ValueError(f"{sorted(local & shared)} named both rank_local and replicated")
     kinds = {name: kind_of(obj) for name, obj in objects.items()}
     sharded_params: set[int] = set()
     for name, obj in objects.items():
@@ -95,12 +119,15 @@ def classify(objects: Mapping[str, Any], rank_local: Iterable[str] = ()) -> list
     entries = []
     for name, obj in objects.items():
         kind = kinds[name]
-        if name in local or kind == "stateful":
-            placement = RANK
-        elif (kind == "module" and is_sharded_module(obj)) or (
+        sharded = (kind == "module" and is_sharded_module(obj)) or (
             kind == "optimizer"
             and any(id(p) in sharded_params for g in obj.param_groups for p in g["params"])
-        ):
+        )
+        if sharded and name in shared:
+            raise ValueError(f"{name!r} is sharded (FSDP); it cannot be saved replicated")
+        if name in local or (kind == "stateful" and name not in shared):
+            placement = RANK
+        elif sharded:
             placement = SHARDED
         else:
             placement = COMMON
@@ -112,14 +139,21 @@ def classify(objects: Mapping[str, Any], rank_local: Iterable[str] = ()) -> list
 def state_of(entry: Entry) -> Any:
     if entry.kind == "module":
         return unwrap(entry.obj).state_dict()
+    if entry.kind == "value":
+        return entry.obj
     return entry.obj.state_dict()
 
 
-def apply_state(entry: Entry, state: Any) -> None:
+def apply_state(entry: Entry, state: Any) -> Any:
+    """Apply ``state`` to the entry's object; return the object the caller's mapping holds
+    from now on (a plain value's restored value; the same object for every other kind)."""
     if entry.kind == "module":
         unwrap(entry.obj).load_state_dict(state)
+    elif entry.kind == "value":
+        return put_back(entry.obj, state)
     else:
         entry.obj.load_state_dict(state)
+    return entry.obj
 
 
 def module_for_optimizer(optimizer: torch.optim.Optimizer, entries: list[Entry]) -> nn.Module:
