@@ -87,7 +87,8 @@ def test_a_corrupt_pinned_step_is_marked_bad_and_the_previous_verified_step_is_p
     record = failed_record(rtj_api, ns, JOB, 1)
     assert record["failureClass"] == "CheckpointCorrupt", record
     assert record["firstFailed"]["container"] == keys.RESUME_INIT_CONTAINER
-    assert any("failed verification" in line and "sha256" in line for line in record["evidence"])
+    # the init container's own verdict, quoted: which step, which file, the sha256 mismatch
+    assert any("200" in line and "sha256" in line for line in record["evidence"]), record
 
     second = wait_running(rtj_api, ns, JOB, 2, 2)
     (js,) = jobsets_of(rtj_api, ns, JOB)

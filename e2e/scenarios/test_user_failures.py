@@ -73,7 +73,8 @@ def test_a_python_traceback_fails_the_job_at_once_and_says_why(
     assert "UserError" in event["message"] and "KeyError: 'lr'" in event["message"]
     assert "RestartScheduled" not in [e["reason"] for e in events_of(rtj_api, ns, JOB)]
     assert tl.names("JobSet", 2) == set(), "no second attempt"
-    assert [j["metadata"]["name"] for j in jobsets_of(rtj_api, ns, JOB)] == [f"{JOB}-a1"]
+    # a failed job holds nothing: its JobSet (and so its Workload's quota) is gone
+    wait_for("the failed job's JobSet deleted", lambda: not jobsets_of(rtj_api, ns, JOB), WAIT)
     assert op.metric("rtj_failures_total", namespace=ns, name=JOB, **{"class": "UserError"}) == 1
     assert op.metric("rtj_restarts_total", namespace=ns, name=JOB, **{"class": "UserError"}) == 0
 
