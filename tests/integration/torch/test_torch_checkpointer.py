@@ -386,6 +386,8 @@ def test_restore_skips_broken_steps_and_a_resave_replaces_them(tmp_path: Path) -
     resumed.train(10)
     again.save(20, resumed.objects)  # replaces the corrupt step 20
     assert resolve(open_store(str(tmp_path)), Depth.DEEP).step == 20
+    assert again.save(20, resumed.objects).already_published  # type: ignore[union-attr]
+    resumed.train(1)
     with pytest.raises(CheckpointError, match="already published"):
         again.save(20, resumed.objects)  # a valid published step stays immutable
 

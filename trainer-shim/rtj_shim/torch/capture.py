@@ -31,6 +31,7 @@ from rtj_shim.manifest import Framework
 from rtj_shim.protocol import StepMetadata
 from rtj_shim.torch import _dist, fsdp, rng
 from rtj_shim.torch import serialization as ser
+from rtj_shim.torch.resave import Snapshot
 from rtj_shim.torch.state import (
     COMMON,
     RANK,
@@ -74,6 +75,7 @@ class SaveJob:
     stage_dir: Path | None = None
     staged: threading.Event = field(default_factory=threading.Event)
     stall: float = 0.0
+    snapshot: Snapshot | None = None  # what a second save of this step compares with
 
 
 def capture(

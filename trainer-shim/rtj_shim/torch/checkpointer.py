@@ -32,9 +32,10 @@ from typing import Any
 
 import torch
 
+from rtj_shim.layout import step_key
 from rtj_shim.protocol import CommitProtocol
 from rtj_shim.storage import CheckpointStore, open_store
-from rtj_shim.torch import _dist, fingerprint
+from rtj_shim.torch import _dist, fingerprint, resave, rng
 from rtj_shim.torch.capture import FORMAT, SKELETON, SaveJob, capture, rank_path, shard_path
 from rtj_shim.torch.outcomes import (
     CheckpointError,
@@ -45,10 +46,11 @@ from rtj_shim.torch.outcomes import (
 )
 from rtj_shim.torch.restore import StepLoader, decide, validate_restored
 from rtj_shim.torch.staging import Staging
-from rtj_shim.torch.state import COMMON, USER_KINDS, classify
+from rtj_shim.torch.state import COMMON, USER_KINDS, Entry, classify
 from rtj_shim.torch.validation import Probe, loss_problem, optimizer_moments, run_probe
 from rtj_shim.torch.writer import CollectiveWriter
-from rtj_shim.verification import check_commit
+from rtj_shim.verification import Depth, check_commit
+from rtj_shim.verifier import verify_step
 
 __all__ = [  # the names this module has always offered
     "DEFAULT_RESUME_FILE",
@@ -154,6 +156,7 @@ class Checkpointer:
         self._error: BaseException | None = None
         self._restored_once = False
         self._published: int | None = None
+        self._clean: resave.Snapshot | None = None  # last state restored or published
         self._sigterm_at: float | None = None
         self._signal_installed = False
         self._previous_handler: Any = None
@@ -181,12 +184,15 @@ class Checkpointer:
         coord = self._coordinator()
         problem = loss_problem(loss) if self.check_finite else None
         replicas: dict[str, str] = {}
+        again: resave.Check | None = None
         try:  # local work only: a rank that fails here must not leave the others waiting
             entries = classify(objects, self.rank_local, self.replicated)
             replicas = fingerprint.entry_digests(
                 [e for e in entries if e.placement == COMMON and e.kind in USER_KINDS],
                 identity=False,
             )
+            snapshot = self._snapshot(step, entries, "this run published")
+            again = resave.check(self._clean, step, snapshot.digests, snapshot.rng)
             job = capture(
                 step,
                 entries,
@@ -199,22 +205,27 @@ class Checkpointer:
                 shard_bytes=self.shard_bytes,
                 max_shards=self.max_shards,
             )
+            job.snapshot = snapshot
             local_error = None
         except Exception as exc:
             local_error, failure = f"rank {coord.rank}: {type(exc).__name__}: {exc}", exc
-        rows = coord.all_gather((local_error, replicas))
-        errors = [error for error, _ in rows if error]
+        rows = coord.all_gather((local_error, replicas, again))
+        errors = [error for error, _, _ in rows if error]
         if errors:
             if local_error is not None:
                 raise failure
             raise CheckpointError(f"save of step {step} failed: " + "; ".join(errors))
-        differing = replica_mismatches([digests for _, digests in rows])
+        differing = replica_mismatches([digests for _, digests, _ in rows])
         if differing:
             raise CheckpointError(
                 f"save of step {step} refused: {differing} differ between ranks but are "
                 "saved replicated (once, from rank 0's copy); pass Checkpointer(..., "
                 f"rank_local={tuple(differing)!r}) to save one copy per rank"
             )
+        if self._clean is not None and self._clean.step == step:
+            done = self._same_step(step, [c for _, _, c in rows], coord, blocking, started)
+            if done is not None:
+                return done
         if self.probe is not None:
             sharded = job.extra["layout"] == "sharded"
             validation: dict[str, Any] = dict(run_probe(self.probe, entries, coord, sharded))
@@ -289,6 +300,9 @@ class Checkpointer:
                 self.probe, manifest, entries, coord, rtol=self.probe_rtol, atol=self.probe_atol
             )
         self._published = step
+        self._clean = self._snapshot(
+            step, classify(objects, self.rank_local, self.replicated), "this run restored from it"
+        )
         self.last_restore = RestoreReport(
             step, decision["source"], skipped, time.perf_counter() - started, applied.notes
         )
@@ -355,7 +369,45 @@ class Checkpointer:
     def _run(self, job: SaveJob, coord: _dist.Coordinator) -> None:
         report = self._writer.write(job, coord)
         self._published = job.step
+        self._clean = job.snapshot
         self.last_save = report
+
+    def _snapshot(self, step: int, entries: list[Entry], origin: str) -> resave.Snapshot:
+        digests = fingerprint.entry_digests(entries, identity=True)
+        return resave.Snapshot(
+            step, digests, fingerprint.digest(rng.capture(), identity=False), origin
+        )
+
+    def _same_step(
+        self,
+        step: int,
+        checks: list[resave.Check | None],
+        coord: _dist.Coordinator,
+        blocking: bool,
+        started: float,
+    ) -> SaveReport | None:
+        """Collective: a save of the step last restored or published. A report when it is
+        a no-op; None when the step is no longer published (save it again as usual)."""
+        assert self._clean is not None
+        refused = resave.refusal(step, self._clean, checks)
+        if refused:
+            raise CheckpointError(refused)
+        published = None
+        if coord.rank == 0:
+            try:
+                published = verify_step(self.store, step, Depth.SHALLOW).valid
+            except Exception as exc:
+                published = False
+                log.warning("step %d could not be checked (%s); saving it again", step, exc)
+        if not coord.broadcast(published):
+            return None
+        if coord.rank == 0:
+            log.warning("%s", resave.no_op_line(step, self._clean, checks))
+        seconds = time.perf_counter() - started
+        uri = self.store.key_uri(step_key(step))
+        report = SaveReport(step, blocking, seconds, seconds, 0, 0, uri, already_published=True)
+        self.last_save = report
+        return report
 
     # ================================================================== SIGTERM
 

@@ -30,6 +30,7 @@ class SaveReport:
     bytes: int
     files: int
     uri: str | None
+    already_published: bool = False  # the same state was published as this step before
 
 
 @dataclass(frozen=True)

@@ -135,10 +135,13 @@ class CollectiveWriter:
         """Rank 0: open ``step``, replacing a published step only if it does not verify."""
         try:
             return self.protocol.begin(step)
-        except StepAlreadyPublished:
+        except StepAlreadyPublished as exc:
             verdict = verify_step(self.store, step, Depth.DEEP)
             if verdict.valid:
-                raise
+                raise StepAlreadyPublished(
+                    f"{exc} (saving a published step again is a no-op only right after this "
+                    "run restored or published it, with the same state)"
+                ) from exc
             log.warning(
                 "step %d exists but does not verify (%s); replacing it", step, verdict.reason
             )
