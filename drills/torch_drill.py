@@ -141,12 +141,12 @@ def compare_to_baseline(base: Path, run_dir: Path, first: int, result: Result) -
         check(sorted(got) == list(range(1, STEPS + 1)), f"rank {rank}: steps missing in {run_dir}")
         for step in range(first, STEPS + 1):
             a, b = want[step], got[step]
-            for key in ("loss", "lr", "samples"):
+            for key in ("loss", "lr", "samples", "seen"):
                 check(
                     a[key] == b[key],
                     f"rank {rank} step {step}: {key} {b[key]!r} != baseline {a[key]!r}",
                 )
-    result.detail.append(f"steps {first}-{STEPS}: loss, lr, samples bit-identical on 2 ranks")
+    result.detail.append(f"steps {first}-{STEPS}: loss, lr, samples, seen bit-identical on 2 ranks")
     check_epochs(run_dir)
     result.detail.append("sampler: every epoch saw every sample exactly once")
 

@@ -3,8 +3,9 @@
 An MLP with dropout and LayerNorm learns a deterministic synthetic regression task,
 shuffled by ``ResumableSampler``, with AdamW, a warm-up + cosine learning-rate schedule and
 gradient accumulation. Every rank appends one JSON line per step to
-``<log-dir>/rank-<r>.jsonl``: ``{step, loss, lr, samples, restart}``, with floats that
-round-trip exactly, so two runs can be compared bit for bit.
+``<log-dir>/rank-<r>.jsonl``: ``{step, loss, lr, samples, seen, restart}``, with floats
+that round-trip exactly, so two runs can be compared bit for bit (``seen``: a plain ``int``
+kept in the checkpoint as it is).
 
     torchrun --nproc-per-node 2 examples/ddp_train.py --root /tmp/ckpt --log-dir /tmp/logs
     python examples/ddp_train.py --root /tmp/ckpt --log-dir /tmp/logs        # one process
@@ -222,7 +223,14 @@ def main(argv: list[str] | None = None) -> int:
         emergency_deadline_s=args.emergency_deadline,
         **({"shard_bytes": args.shard_kib << 10} if args.shard_kib else {}),
     )
-    objects = {"model": wrapped, "optimizer": opt, "scheduler": sched, "sampler": sampler}
+    # Plain values go into the checkpoint as they are (replicated: equal on every rank).
+    objects: dict[str, Any] = {
+        "model": wrapped,
+        "optimizer": opt,
+        "scheduler": sched,
+        "sampler": sampler,
+        "samples_seen": 0,  # restored into this dict by restore()
+    }
     t0 = time.perf_counter()
     step = ckpt.restore(objects)
     info = ckpt.last_restore
@@ -259,7 +267,17 @@ def main(argv: list[str] | None = None) -> int:
         lr = sched.get_last_lr()[0]
         sched.step()
         step += 1
-        emit({"step": step, "loss": total, "lr": lr, "samples": ids, "epoch": sampler.epoch})
+        objects["samples_seen"] += len(ids)
+        emit(
+            {
+                "step": step,
+                "loss": total,
+                "lr": lr,
+                "samples": ids,
+                "epoch": sampler.epoch,
+                "seen": objects["samples_seen"],
+            }
+        )
         if args.step_sleep:
             time.sleep(args.step_sleep)
         if args.hang_at_step == step:

@@ -16,10 +16,10 @@ from rtj_shim.torch.checkpointer import (
     RestoreReport,
     SaveReport,
 )
+from rtj_shim.torch.plain import UnsafeStateError
 from rtj_shim.torch.rendezvous import init_process_group
 from rtj_shim.torch.rng import isolated as isolated_rng
 from rtj_shim.torch.sampler import ResumableSampler
-from rtj_shim.torch.serialization import UnsafeStateError
 from rtj_shim.torch.validation import RestoreValidationError
 
 __all__ = [

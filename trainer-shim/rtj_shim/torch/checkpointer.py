@@ -260,8 +260,12 @@ class Checkpointer:
                 raise error
             raise CheckpointError(f"background save failed: {error}") from error
 
-    def restore(self, objects: Mapping[str, Any]) -> int:
-        """Collective. Restore ``objects`` and this rank's RNGs; return the step (0: fresh)."""
+    def restore(self, objects: Mapping[str, Any], *, strict: bool = True) -> int:
+        """Collective. Restore ``objects`` and this rank's RNGs; return the step (0: fresh).
+
+        Plain values are written back into ``objects``. ``strict=False``: an object the
+        checkpoint has no state for (added to the code since), or a rank-local one saved on
+        another world size, keeps its current state with a warning instead of failing."""
         started = time.perf_counter()
         self.wait()
         coord = self._coordinator()
@@ -291,20 +295,33 @@ class Checkpointer:
             log.info("restore: no verified checkpoint under %s; starting fresh", self.store.uri)
             return 0
         manifest = check_commit(step, decision["manifest"], decision["committed"])
-        applied = self._loader.load_and_apply(step, manifest, entries, coord)
-        assert isinstance(objects, MutableMapping) or not applied.values
-        for name, value in applied.values.items():
-            objects[name] = value  # type: ignore[index]
+        applied = self._loader.load_and_apply(step, manifest, entries, coord, strict=strict)
+        if applied.values:
+            assert isinstance(objects, MutableMapping)
+            objects.update(applied.values)
+        if applied.missing and coord.rank == 0:
+            log.warning(
+                "restore: step %d has no state for %s; they keep their current state "
+                "(strict=False)",
+                step,
+                list(applied.missing),
+            )
         if self.probe is not None:
             validate_restored(
                 self.probe, manifest, entries, coord, rtol=self.probe_rtol, atol=self.probe_atol
             )
         self._published = step
-        self._clean = self._snapshot(
-            step, classify(objects, self.rank_local, self.replicated), "this run restored from it"
-        )
+        now = classify(objects, self.rank_local, self.replicated)  # values written back
+        restored = [e for e in now if e.name not in applied.missing]
+        self._clean = self._snapshot(step, restored, "this run restored from it")
         self.last_restore = RestoreReport(
-            step, decision["source"], skipped, time.perf_counter() - started, applied.notes
+            step,
+            decision["source"],
+            skipped,
+            time.perf_counter() - started,
+            applied.notes,
+            missing=applied.missing,
+            unused=applied.unused,
         )
         log.info(
             "restore: resumed from step %d (%s) in %.2fs",

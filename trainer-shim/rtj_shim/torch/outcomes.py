@@ -40,6 +40,8 @@ class RestoreReport:
     skipped: tuple[tuple[int, str], ...]
     seconds: float
     notes: tuple[str, ...] = ()
+    missing: tuple[str, ...] = ()  # objects passed but not restored (strict=False)
+    unused: tuple[str, ...] = ()  # objects in the checkpoint that were not passed
 
 
 def raise_if_any(coord: _dist.Coordinator, error: str | None, what: str) -> None:

@@ -32,7 +32,7 @@ from rtj_shim.torch import _dist, fsdp, rng
 from rtj_shim.torch import serialization as ser
 from rtj_shim.torch.capture import FORMAT, rank_path
 from rtj_shim.torch.outcomes import CheckpointError, raise_if_any
-from rtj_shim.torch.state import COMMON, RANK, SHARDED, Entry, apply_state
+from rtj_shim.torch.state import COMMON, RANK, SHARDED, STRICT_KINDS, Entry, apply_state
 from rtj_shim.torch.validation import (
     Probe,
     RestoreValidationError,
@@ -111,6 +111,8 @@ def pinned_step(
 class Applied:
     notes: tuple[str, ...]
     values: dict[str, Any]  # plain values by name: what the caller's mapping holds now
+    missing: tuple[str, ...] = ()  # passed, but not restored (strict=False)
+    unused: tuple[str, ...] = ()  # in the checkpoint, but not passed
 
 
 class StepLoader:
@@ -130,13 +132,25 @@ class StepLoader:
         self.staging_dir = staging_dir
 
     def load_and_apply(
-        self, step: int, manifest: Manifest, entries: list[Entry], coord: _dist.Coordinator
+        self,
+        step: int,
+        manifest: Manifest,
+        entries: list[Entry],
+        coord: _dist.Coordinator,
+        *,
+        strict: bool = True,
     ) -> Applied:
         """Collective: load, agree that every rank loaded, apply; return what to report and
-        the restored plain values (which go back into the caller's mapping)."""
+        the restored plain values (which go back into the caller's mapping).
+
+        ``strict=False``: an object the step has no state for (added to the code after it
+        was written), or a rank-local one saved on another world size, keeps its current
+        state, and the report says so; otherwise either fails the restore."""
         extra = manifest.extra.get("torch")
         notes: list[str] = []
         values: dict[str, Any] = {}
+        missing: list[str] = []
+        unused: list[str] = []
         loaded: dict[str, Any] = {}
         rank_state: dict[str, Any] | None = None
         plain = {e.name for e in entries if e.kind == "value"}
@@ -146,7 +160,15 @@ class StepLoader:
                 raise CheckpointError(
                     f"step {step} was not written by rtj_shim.torch format {FORMAT}"
                 )
-            entries[:] = self._placements_from(extra, entries)
+            saved: dict[str, Any] = extra.get("objects", {})
+            unused = sorted(set(saved) - {e.name for e in entries})
+            missing = [e.name for e in entries if e.name not in saved]
+            if missing and strict:
+                raise CheckpointError(
+                    f"the checkpoint has no state for {missing} (restore(..., strict=False) "
+                    "leaves objects added since it was written as they are)"
+                )
+            entries[:] = placements_from(saved, [e for e in entries if e.name in saved])
             old_world = int(extra["world_size"])
             loaded = self._load_common(step, manifest, extra, entries)
             if old_world == coord.world:
@@ -157,11 +179,15 @@ class StepLoader:
                     raise CheckpointError(f"{rank_path(coord.rank)} belongs to another rank")
             elif any(e.placement == RANK for e in entries):
                 names = [e.name for e in entries if e.placement == RANK]
-                raise CheckpointError(
-                    f"step {step} was saved by {old_world} ranks; the rank-local state of "
-                    f"{names} cannot be mapped onto {coord.world} ranks"
-                )
-            else:
+                if strict:
+                    raise CheckpointError(
+                        f"step {step} was saved by {old_world} ranks; the rank-local state of "
+                        f"{names} cannot be mapped onto {coord.world} ranks (save them "
+                        "replicated=, or restore(..., strict=False) to leave them as they are)"
+                    )
+                missing.extend(names)
+                entries[:] = [e for e in entries if e.placement != RANK]
+            if old_world != coord.world:
                 notes.append(
                     f"world size changed from {old_world} to {coord.world}: per-rank RNG "
                     "state is not restored"
@@ -188,7 +214,12 @@ class StepLoader:
         raise_if_any(coord, error, f"restore of step {step} failed")
         for note in notes:
             log.warning("restore: %s", note)
-        return Applied(tuple(notes), {k: v for k, v in values.items() if k in plain})
+        return Applied(
+            tuple(notes),
+            {k: v for k, v in values.items() if k in plain},
+            tuple(missing),
+            tuple(unused),
+        )
 
     def _local_path(self, step: int, rel: str) -> Path | None:
         if isinstance(self.store, FilesystemStore):
@@ -210,23 +241,6 @@ class StepLoader:
         local = self._local_path(step, rel)
         source: Path | bytes = local if local is not None else self._read_verified(step, files[rel])
         return ser.load(source, self.allow_unsafe_pickle)
-
-    @staticmethod
-    def _placements_from(extra: dict[str, Any], entries: list[Entry]) -> list[Entry]:
-        saved: dict[str, Any] = extra.get("objects", {})
-        missing = [e.name for e in entries if e.name not in saved]
-        if missing:
-            raise CheckpointError(f"the checkpoint has no state for {missing}")
-        out = []
-        for e in entries:
-            placement = saved[e.name]["placement"]
-            if e.placement == SHARDED and placement != SHARDED:
-                raise CheckpointError(
-                    f"{e.name!r} is sharded now but was saved replicated; loading a "
-                    "replicated checkpoint into a sharded module is not supported"
-                )
-            out.append(dataclasses.replace(e, placement=placement))
-        return out
 
     def _load_common(
         self, step: int, manifest: Manifest, extra: dict[str, Any], entries: list[Entry]
@@ -260,6 +274,23 @@ class StepLoader:
             fsdp.load_into(entries, stage / fsdp.DCP_DIR, coord.group)
         finally:
             shutil.rmtree(stage, ignore_errors=True)
+
+
+def placements_from(saved: dict[str, Any], entries: list[Entry]) -> list[Entry]:
+    """Entries placed as the checkpoint saved them; a kind that cannot take the saved
+    state (a plain value saved where a Stateful object is now, ...) fails."""
+    out = []
+    for e in entries:
+        placement, kind = saved[e.name]["placement"], saved[e.name]["kind"]
+        if e.placement == SHARDED and placement != SHARDED:
+            raise CheckpointError(
+                f"{e.name!r} is sharded now but was saved replicated; loading a "
+                "replicated checkpoint into a sharded module is not supported"
+            )
+        if kind != e.kind and STRICT_KINDS & {kind, e.kind}:
+            raise CheckpointError(f"{e.name!r} was saved as a {kind} and is a {e.kind} now")
+        out.append(dataclasses.replace(e, placement=placement))
+    return out
 
 
 # ====================================================================== validation

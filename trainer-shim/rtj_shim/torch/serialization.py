@@ -1,7 +1,8 @@
 """Turning state into files and back: flatten, shard, stream into the store, load safely.
 
 * ``flatten`` replaces every tensor of a nested state (dicts, lists, tuples) by a reference
-  ``{"__rtj_tensor__": i}`` and checks that every other leaf is a plain value, so the
+  ``{"__rtj_tensor__": i}``, NumPy arrays and scalars by a marker holding a byte tensor
+  (:mod:`rtj_shim.torch.plain`), and checks that every other leaf is a plain value, so the
   skeleton and the shards load with ``torch.load(weights_only=True)``. A leaf that would
   need arbitrary unpickling is refused at *save* time, not discovered at resume time.
   Tensors that view the same data (tied weights: one parameter under two names) get one
@@ -27,20 +28,18 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any, cast
 
+import numpy as np
 import torch
 
 from rtj_shim.manifest import FileEntry
 from rtj_shim.storage.base import StepWriter
-from rtj_shim.torch.plain import is_plain_leaf
+from rtj_shim.torch.plain import UnsafeStateError as UnsafeStateError  # re-exported
+from rtj_shim.torch.plain import decode_array, encode_array, is_array_marker, is_plain_leaf
 
 TENSOR_REF = "__rtj_tensor__"
 _COALESCE_BELOW = 1 << 20
 _COALESCE_TARGET = 8 << 20
 _STALL_POLL_S = 0.5
-
-
-class UnsafeStateError(TypeError):
-    """A state holds a value that ``torch.load(weights_only=True)`` would refuse."""
 
 
 class _WriterStopped(OSError):
@@ -108,6 +107,8 @@ def _walk(
 ) -> Any:
     if isinstance(state, torch.Tensor):
         return on_tensor(state.detach() if state.requires_grad else state)
+    if isinstance(state, np.ndarray | np.generic):
+        return _walk(encode_array(state, where), where, allow_unsafe, on_tensor)
     if isinstance(state, Mapping):
         items = [(k, _walk(v, f"{where}.{k}", allow_unsafe, on_tensor)) for k, v in state.items()]
         out: dict[Any, Any] = OrderedDict(items) if isinstance(state, OrderedDict) else dict(items)
@@ -125,8 +126,8 @@ def _walk(
         return state
     raise UnsafeStateError(
         f"{where}: a {type(state).__module__}.{type(state).__qualname__} cannot be loaded with "
-        "weights_only=True; use tensors, plain values (exactly bool, int, float, str, bytes, "
-        "None) and dicts, lists and tuples of them, or pass "
+        "weights_only=True; use tensors, NumPy arrays, plain values (exactly bool, int, float, "
+        "str, bytes, None) and dicts, lists and tuples of them, or pass "
         "Checkpointer(..., allow_unsafe_pickle=True) to both save and restore"
     )
 
@@ -136,6 +137,8 @@ def unflatten(skeleton: Any, tensors: Mapping[int, torch.Tensor]) -> Any:
         if len(skeleton) == 1 and TENSOR_REF in skeleton:
             return tensors[int(skeleton[TENSOR_REF])]
         items = [(k, unflatten(v, tensors)) for k, v in skeleton.items()]
+        if is_array_marker(skeleton):
+            return decode_array(dict(items))
         out: dict[Any, Any] = (
             OrderedDict(items) if isinstance(skeleton, OrderedDict) else dict(items)
         )

@@ -2,14 +2,16 @@
 
 Kinds: ``module`` (DDP-wrapped or not; FSDP / ``fully_shard`` modules are *sharded*),
 ``optimizer``, ``scheduler``, ``scaler``, ``sampler``, ``stateful`` (anything else with
-``state_dict``/``load_state_dict``, DCP's ``Stateful`` protocol) and ``value`` (a plain
-value: :mod:`rtj_shim.torch.plain`).
+``state_dict``/``load_state_dict``, DCP's ``Stateful`` protocol), ``generator`` (NumPy,
+torch and ``random.Random`` generators, restored in place) and ``value`` (a plain value:
+numbers, strings, tensors, NumPy arrays, containers of them; :mod:`rtj_shim.torch.plain`).
 
 Placement, per object: *replicated* (saved once, restored on any world size) or
 *rank-local* (one copy per rank, restored on the same world size only). Defaults: modules,
 optimizers, schedulers, scalers, samplers and plain values are replicated; other Stateful
-objects are rank-local. ``rank_local``/``replicated`` name objects that differ from their
-default. Sharded modules and their optimizers go through ``torch.distributed.checkpoint``.
+objects and generators are rank-local. ``rank_local``/``replicated`` name objects that
+differ from their default. Sharded modules and their optimizers go through
+``torch.distributed.checkpoint``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from rtj_shim.torch.plain import is_value, put_back
+from rtj_shim.torch.plain import (
+    generator_state,
+    is_generator,
+    is_value,
+    put_back,
+    set_generator_state,
+)
 from rtj_shim.torch.sampler import ResumableSampler
 
 COMMON = "common"
@@ -37,10 +45,13 @@ _ORDER = {
     "scaler": 3,
     "sampler": 4,
     "stateful": 5,
-    "value": 6,
+    "generator": 6,
+    "value": 7,
 }
 # Kinds the user defines the state of: a replicated one is checked equal on every rank.
-USER_KINDS = frozenset({"stateful", "value"})
+USER_KINDS = frozenset({"stateful", "generator", "value"})
+# Kinds whose saved state only an object of the same kind can take.
+STRICT_KINDS = frozenset({"generator", "value"})
 
 
 @dataclass(frozen=True)
@@ -86,6 +97,8 @@ def kind_of(obj: Any) -> str:
         return "scaler"
     if isinstance(obj, ResumableSampler):
         return "sampler"
+    if is_generator(obj):
+        return "generator"
     if callable(getattr(obj, "state_dict", None)) and callable(
         getattr(obj, "load_state_dict", None)
     ):
@@ -95,8 +108,8 @@ def kind_of(obj: Any) -> str:
     raise TypeError(
         f"a {type(obj).__module__}.{type(obj).__qualname__} has no state_dict()/"
         "load_state_dict() and is not a plain value; the Checkpointer saves modules, "
-        "optimizers, schedulers, grad scalers, Stateful objects and plain values (numbers, "
-        "strings, tensors, and dicts, lists and tuples of them)"
+        "optimizers, schedulers, grad scalers, Stateful objects, generators and plain values "
+        "(numbers, strings, tensors, NumPy arrays, and dicts, lists and tuples of them)"
     )
 
 
@@ -125,7 +138,7 @@ def classify(
         )
         if sharded and name in shared:
             raise ValueError(f"{name!r} is sharded (FSDP); it cannot be saved replicated")
-        if name in local or (kind == "stateful" and name not in shared):
+        if name in local or (kind in ("stateful", "generator") and name not in shared):
             placement = RANK
         elif sharded:
             placement = SHARDED
@@ -141,6 +154,8 @@ def state_of(entry: Entry) -> Any:
         return unwrap(entry.obj).state_dict()
     if entry.kind == "value":
         return entry.obj
+    if entry.kind == "generator":
+        return generator_state(entry.obj)
     return entry.obj.state_dict()
 
 
@@ -151,6 +166,8 @@ def apply_state(entry: Entry, state: Any) -> Any:
         unwrap(entry.obj).load_state_dict(state)
     elif entry.kind == "value":
         return put_back(entry.obj, state)
+    elif entry.kind == "generator":
+        set_generator_state(entry.obj, state)
     else:
         entry.obj.load_state_dict(state)
     return entry.obj
