@@ -31,6 +31,7 @@ from rtj_operator.api.resource import ResilientTrainingJob
 from rtj_operator.cache import WatchCache
 from rtj_operator.kube import AlreadyExists, Conflict, Kube, KubeError, NotFound
 from rtj_operator.metrics import Metrics
+from rtj_operator.node_leases import NodeLeases
 from rtj_operator.policy.classify import reads_event
 from rtj_operator.policy.platform import NodeHealthPolicy
 from rtj_operator.store_reads import (
@@ -203,6 +204,9 @@ class Settings:
     store_read_timeout: float = 30.0
     operator_identity_stores: tuple[str, ...] = ()
     node_health: NodeHealthPolicy = field(default_factory=NodeHealthPolicy)
+    watch_node_leases: bool = True
+    """Watch kube-node-lease: silent nodes are judged lost from their Lease within seconds
+    (off, or not permitted: only the node lifecycle controller's verdict counts)."""
     """The platform's node-health policy (taint key/effect, XID codes, node signals)."""
     """URI prefixes the operator may read with its own identity (jobs without a
     credentialsSecret); see store_reads.operator_identity_refusal."""
@@ -236,6 +240,7 @@ class Controller:
         self.gone: dict[Key, dict[str, dict[str, Any]]] = {}
         self.gone_jobsets: dict[Key, dict[str, dict[str, Any]]] = {}
         self._conflicts: dict[Key, int] = {}
+        self.node_leases = NodeLeases(self._touch_node, self._touch_all, self.clock)
         self._rtj_tombstones: dict[str, int | None] = {}
         """uid -> resourceVersion of jobs seen deleted (bounded, oldest dropped first)."""
         self.synced = asyncio.Event()
@@ -322,6 +327,10 @@ class Controller:
                 self.deleted_nodes.discard(name)
         self._touch_node(name)
 
+    def _touch_all(self) -> None:
+        for key in list(self.rtjs):
+            self.queue.add(key)
+
     def _touch_node(self, name: str) -> None:
         for pod in self.pods.get(("node", name)):
             key = job_key_of(pod)
@@ -381,6 +390,8 @@ class Controller:
             stored_status=raw.get("status") or {},
             queue=self.queue_readings.get(key),
             node_health=self.settings.node_health,
+            node_leases=self.node_leases.of(node_names),
+            partition=self.node_leases.partition,
         )
 
     # --- reconcile -------------------------------------------------------------------------
@@ -780,6 +791,10 @@ class Controller:
         for i in range(self.settings.workers):
             self._tasks.append(asyncio.create_task(self._worker(), name=f"rtj-worker-{i}"))
         self._tasks.append(asyncio.create_task(self._resync(), name="rtj-resync"))
+        if self.settings.watch_node_leases:
+            self._tasks.append(
+                asyncio.create_task(self.node_leases.run(self.kube), name="rtj-node-leases")
+            )
         if self.settings.checkpoint_refresh_seconds > 0:
             self._tasks.append(
                 asyncio.create_task(self._refresh_checkpoints(), name="rtj-checkpoints")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any, Protocol
 from urllib.parse import quote, unquote
@@ -26,6 +26,7 @@ MERGE_PATCH = "application/merge-patch+json"
 _JOBSET_GROUP, _JOBSET_VERSION = keys.JOBSET_API_VERSION.split("/")
 _JOBSET_PLURAL = "jobsets"
 _RETRIES = 5
+NODE_LEASE_NAMESPACE = "kube-node-lease"
 EVENT_PAGE = 500
 MAX_EVENT_PAGES = 20
 
@@ -520,6 +521,49 @@ class Kube:
                 return items
             query = {**query, "continue": more}
         return items  # bounded: the newest pages a classification needs are long read
+
+    # --- node leases (kube-node-lease): when each kubelet last renewed -------------------
+
+    def list_node_leases(self) -> tuple[list[dict[str, Any]], str | None]:
+        """Every node Lease and the list's resourceVersion."""
+        path = _path(*_LEASES, "namespaces", NODE_LEASE_NAMESPACE, "leases")
+        answer = self.request("list node leases", "GET", path)
+        rv = (answer.get("metadata") or {}).get("resourceVersion")
+        return list(answer.get("items") or []), rv
+
+    def watch_node_leases(
+        self, resource_version: str | None, timeout_seconds: int = 300
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Watch node Leases from `resource_version` until the server closes the watch
+        (`timeout_seconds`); yields (event type, plain Lease). Raises KubeError on errors
+        (410 Gone included: list again)."""
+        from kubernetes import client, watch
+
+        if self.on_request is not None:
+            self.on_request("watch", "leases")
+        api = client.CoordinationV1Api(self.api_client)
+        watcher = watch.Watch()  # type: ignore[no-untyped-call]
+        stream = watcher.stream(  # type: ignore[no-untyped-call]
+            api.list_namespaced_lease,
+            NODE_LEASE_NAMESPACE,
+            resource_version=resource_version,
+            timeout_seconds=timeout_seconds,
+        )
+        try:
+            for event in stream:
+                kind = str(event.get("type") or "")
+                if kind == "ERROR":
+                    raw = event.get("raw_object") or {}
+                    code = int(raw.get("code") or 500)
+                    raise _translate(_Answer(code, json.dumps(raw).encode()), "watch node leases")
+                body = self.api_client.sanitize_for_serialization(event["object"])
+                yield kind, body
+        except KubeError:
+            raise
+        except Exception as exc:
+            if getattr(exc, "status", None) is not None:
+                raise _translate(exc, "watch node leases") from exc
+            raise Unavailable(f"watch node leases: {type(exc).__name__}: {exc}") from exc
 
     # --- leases (leader election) ----------------------------------------------------------
 

@@ -90,6 +90,9 @@ class ConditionType(str, Enum):
     NODES_QUARANTINED = "NodesQuarantined"
     CHECKPOINT_STALE = "CheckpointStale"
     CHECKPOINT_UNREADABLE = "CheckpointUnreadable"
+    NODES_UNREACHABLE = "NodesUnreachable"
+    """True while most nodes have stopped renewing their Leases at once (a partition): the
+    operator holds (no restart, no taint) until contact returns."""
     STALLED = "Stalled"
     """True while an admitted attempt does not get all its workers running (its reason
     says why: PodsUnschedulable, PodsNotCreated, PodsStuckTerminating)."""
@@ -122,3 +125,5 @@ class Reason(str, Enum):
     PODS_NOT_CREATED = "PodsNotCreated"
     PODS_STUCK_TERMINATING = "PodsStuckTerminating"
     PROGRESSING = "Progressing"
+    NODES_UNREACHABLE = "NodesUnreachable"
+    CONTACT_RESTORED = "ContactRestored"

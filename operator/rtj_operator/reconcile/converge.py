@@ -11,6 +11,7 @@ from rtj_operator.api.reasons import ConditionType, Reason
 from rtj_operator.policy.observed import parse_time
 from rtj_operator.reconcile.actions import DeleteJobSet, DeletePod
 from rtj_operator.reconcile.builder import PlanBuilder
+from rtj_operator.reconcile.liveness import fenced_nodes
 from rtj_operator.reconcile.world import JobSetView, Json, Snapshot, attempt_of, get_in, pod_name
 
 CONVERGE_POLL_SECONDS = 5.0
@@ -23,13 +24,11 @@ up. A delete that failed is sent again after it."""
 
 
 def _on_deleted_nodes(snap: Snapshot) -> set[str]:
-    """Pods bound to a node seen deleted (a node the cache merely lacks does not count:
-    force-deleting a pod a live kubelet still runs would free its GPUs too early)."""
-    return {
-        pod_name(p)
-        for p in snap.pods
-        if (node := get_in(p, "spec", "nodeName")) in snap.deleted_nodes and node not in snap.nodes
-    }
+    """Pods bound to a node seen deleted, or silent long enough to be fenced (a node the
+    cache merely lacks does not count: force-deleting a pod a live kubelet still runs would
+    free its GPUs too early)."""
+    gone = {n for n in snap.deleted_nodes if n not in snap.nodes} | fenced_nodes(snap)
+    return {pod_name(p) for p in snap.pods if get_in(p, "spec", "nodeName") in gone}
 
 
 def _queued_pod_deletes(b: PlanBuilder) -> set[str]:

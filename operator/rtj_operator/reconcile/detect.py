@@ -13,6 +13,7 @@ from rtj_operator.reconcile.builder import PlanBuilder
 from rtj_operator.reconcile.checkpoints import read_init_results, refresh_checkpoint
 from rtj_operator.reconcile.converge import delete_orphans
 from rtj_operator.reconcile.failure import on_failure
+from rtj_operator.reconcile.liveness import hold_for_partition, judged_nodes
 from rtj_operator.reconcile.progress import progress, succeed
 from rtj_operator.reconcile.world import (
     attempt_of,
@@ -73,9 +74,11 @@ def plan_current_attempt(b: PlanBuilder) -> None:
     read_init_results(b, live)
     refresh_checkpoint(b)
 
+    if hold_for_partition(b):
+        return
     found = classify_failure(
         [*live, *gone],
-        list(snap.nodes.values()),
+        list(judged_nodes(b).values()),
         list(snap.events or ()),
         b.now,
         node_health=b.rtj.spec.node_health,

@@ -10,6 +10,7 @@ from typing import Any
 
 from rtj_operator.api import keys
 from rtj_operator.api.resource import ResilientTrainingJob
+from rtj_operator.policy.liveness import NodeLease
 from rtj_operator.policy.observed import parse_time
 from rtj_operator.policy.platform import NodeHealthPolicy
 from rtj_operator.selection import (
@@ -158,6 +159,10 @@ class Snapshot:
     queue: QueueReading | None = None
     node_health: NodeHealthPolicy = field(default_factory=NodeHealthPolicy)
     """The platform's node-health policy (operator configuration): what the job may narrow."""
+    node_leases: Mapping[str, NodeLease] = field(default_factory=dict)
+    """The Leases (kube-node-lease) of the job's nodes: when each kubelet last renewed."""
+    partition: bool = False
+    """Most nodes with a Lease are silent at once (the controller counts them all)."""
     gone_jobsets: tuple[Json, ...] = ()
     """JobSets of this job deleted while the operator watched (their uids keep the pods of an
     attempt whose JobSet is gone trusted as evidence)."""

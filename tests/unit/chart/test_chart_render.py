@@ -77,6 +77,7 @@ def test_default_render_has_every_piece_and_nothing_for_missing_apis() -> None:
     kinds = sorted(o["kind"] for o in objs)
     assert kinds == sorted([
         "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+        "Role", "RoleBinding",
         "Deployment", "Service", "PodDisruptionBudget", "ConfigMap",
     ])  # fmt: skip
     # ServiceMonitor and PrometheusRule only where the cluster serves their kinds
@@ -158,7 +159,7 @@ def test_two_replicas_share_one_lease_that_the_role_names() -> None:
     assert "--lease-namespace=$(POD_NAMESPACE)" in args and "--identity=$(POD_NAME)" in args
     env = {e["name"]: e for e in c["env"]}
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
-    role = one(objs, "Role")
+    role = one(objs, "Role", "rtj-resilient-training-operator-leader-election")
     named = [r for r in role["rules"] if r.get("resourceNames")]
     assert named == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
                       "resourceNames": ["rtj-resilient-training-operator"],
@@ -238,13 +239,19 @@ def _grants(rules: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
 def test_cluster_role_is_exactly_the_least_privilege_contract() -> None:
     objs = render()
     assert _grants(one(objs, "ClusterRole")["rules"]) == EXPECTED_CLUSTER_RULES
-    role = one(objs, "Role")
+    role = one(objs, "Role", "rtj-resilient-training-operator-leader-election")
     assert _grants(role["rules"]) == {
         ("coordination.k8s.io", "leases"): {"create", "get", "update"}
     }
     assert role["metadata"]["namespace"] == "rtj-system"
-    for kind in ("ClusterRoleBinding", "RoleBinding"):
-        (subject,) = one(objs, kind)["subjects"]
+    # node Leases: read-only, in kube-node-lease only (silent nodes judged from them)
+    leases = one(objs, "Role", "rtj-resilient-training-operator-node-leases")
+    assert _grants(leases["rules"]) == {("coordination.k8s.io", "leases"): {"list", "watch"}}
+    assert leases["metadata"]["namespace"] == "kube-node-lease"
+    bindings = [o for o in objs if o["kind"] in ("ClusterRoleBinding", "RoleBinding")]
+    assert len(bindings) == 3
+    for binding in bindings:
+        (subject,) = binding["subjects"]
         assert subject == {"kind": "ServiceAccount", "name": "rtj-resilient-training-operator",
                            "namespace": "rtj-system"}  # fmt: skip
 

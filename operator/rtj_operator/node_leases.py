@@ -1,0 +1,116 @@
+"""The node Leases in kube-node-lease, watched: when each kubelet last renewed, which
+nodes are silent now, and whether so many are silent at once that it is a partition.
+
+Thin I/O around `policy.liveness`: a LIST then a WATCH in a thread of its own (a long
+poll must not hold an API thread), events handed to the event loop; a 1-second scan
+notices leases that stop being renewed (a silence makes no event) and wakes the jobs
+with pods on those nodes. Without the permission (or the namespace) the watch retries
+every 30 s and detection falls back to the node lifecycle controller's verdict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from rtj_operator.kube import Forbidden, Kube, KubeError
+from rtj_operator.policy.liveness import NodeLease, lease_of, partitioned
+
+log = logging.getLogger("rtj_operator.node_leases")
+
+SCAN_SECONDS = 1.0
+RETRY_SECONDS = 2.0
+FORBIDDEN_RETRY_SECONDS = 30.0
+
+
+class NodeLeases:
+    def __init__(
+        self,
+        touch_node: Callable[[str], None],
+        touch_all: Callable[[], None],
+        clock: Callable[[], datetime],
+    ) -> None:
+        self._touch_node = touch_node
+        self._touch_all = touch_all
+        self._clock = clock
+        self.leases: dict[str, NodeLease] = {}
+        self.silent: set[str] = set()
+        self.partition = False
+        self._stop = threading.Event()
+
+    def of(self, nodes: Iterable[str]) -> Mapping[str, NodeLease]:
+        return {n: lease for n in nodes if (lease := self.leases.get(n)) is not None}
+
+    def apply(self, event_type: str, body: Mapping[str, Any]) -> None:
+        """One Lease event (from the watch thread, run on the event loop)."""
+        parsed = lease_of(body)
+        if parsed is None:
+            return
+        name, lease = parsed
+        if event_type == "DELETED":
+            self.leases.pop(name, None)
+        else:
+            self.leases[name] = lease
+        self._judge(name)
+
+    def _judge(self, name: str) -> None:
+        lease = self.leases.get(name)
+        silent = lease is not None and lease.silent_since(self._clock()) is not None
+        if silent != (name in self.silent):
+            (self.silent.add if silent else self.silent.discard)(name)
+            log.info("node %s %s", name, "went silent (lease not renewed)" if silent else "is back")
+            self._touch_node(name)
+
+    def scan(self) -> None:
+        """Re-judge every lease now (time alone turns a lease silent) and the partition."""
+        for name in list(self.leases):
+            self._judge(name)
+        self.silent &= set(self.leases)
+        partition = partitioned(len(self.silent), len(self.leases))
+        if partition != self.partition:
+            self.partition = partition
+            log.warning("%d of %d nodes silent: %s", len(self.silent), len(self.leases),
+                        "a partition, holding" if partition else "contact is back")  # fmt: skip
+            self._touch_all()
+
+    def _follow(self, kube: Kube, loop: asyncio.AbstractEventLoop) -> None:
+        """LIST, then WATCH from its resourceVersion, forever (thread)."""
+        while not self._stop.is_set():
+            try:
+                items, rv = kube.list_node_leases()
+                seen = set()
+                for body in items:
+                    seen.add((body.get("metadata") or {}).get("name"))
+                    loop.call_soon_threadsafe(self.apply, "ADDED", body)
+                for gone in set(self.leases) - seen:
+                    loop.call_soon_threadsafe(self.apply, "DELETED", {"metadata": {"name": gone}})
+                for kind, body in kube.watch_node_leases(rv):
+                    loop.call_soon_threadsafe(self.apply, kind, body)
+                    if self._stop.is_set():
+                        return
+            except Forbidden as exc:
+                log.warning("node leases not readable (%s): silent nodes are seen only once "
+                            "the node controller marks them; retrying", exc)  # fmt: skip
+                self._stop.wait(FORBIDDEN_RETRY_SECONDS)
+            except KubeError as exc:
+                log.info("node lease watch ended (%s); listing again", exc)
+                self._stop.wait(RETRY_SECONDS)
+            except RuntimeError:  # the event loop closed under us: the operator is stopping
+                return
+
+    async def run(self, kube: Kube) -> None:
+        loop = asyncio.get_running_loop()
+        thread = threading.Thread(
+            target=self._follow, args=(kube, loop), daemon=True, name="rtj-node-leases"
+        )
+        thread.start()
+        try:
+            while True:
+                await asyncio.sleep(SCAN_SECONDS)
+                self.scan()
+        finally:
+            self._stop.set()

@@ -1,0 +1,160 @@
+"""Is a node alive? Judged from its Lease and its Ready condition, before the node
+lifecycle controller says so, and without overreacting. Pure.
+
+Three things the control plane's own view gets wrong for a training job:
+
+- **Silent loss is seen late.** A node whose kernel panicked keeps its pods "Running" in
+  the API; the node controller marks it Unknown only `--node-monitor-grace-period` (40-50 s)
+  after its last heartbeat. The kubelet renews its Lease in `kube-node-lease` every quarter
+  of the lease duration (10 s of 40 s; KWOK: 5 s of 20 s). A lease not renewed for
+  `SILENT_RENEWALS` renewal intervals (at least `SILENT_FLOOR`) means the kubelet is gone:
+  the node is *silent*, and is judged lost at once (within ~15 s of its last renewal).
+- **A flicker is not a loss.** Ready=False or Unknown for less than `FLICKER_WINDOW`
+  while the Lease is still renewed (a slow PLEG, a restarting kubelet) is ignored: no
+  restart, no taint. After the window it counts, as before.
+- **A partition is not a fleet of dead nodes.** When most nodes with a Lease go silent at
+  once, the operator lost contact with the kubelets (or the API server is struggling), not
+  the machines: judge nothing (hold), like the node lifecycle controller's own "full
+  disruption" mode, until contact returns.
+
+`classifier_view` turns this judgement into the node objects the classifier reads: a
+silent node gets a Ready=Unknown condition (reason `NodeLeaseExpired`, its last heartbeat
+the lease's renewTime, declared when it went silent), a flickering node reads Ready=True.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+SILENT_RENEWALS = 1.5
+"""Renewal intervals without a renewal after which a node is silent."""
+SILENT_FLOOR = timedelta(seconds=5)
+FLICKER_WINDOW = timedelta(seconds=10)
+"""A Ready condition False/Unknown for less than this (lease still renewed) is a flicker."""
+PARTITION_FRACTION = 0.5
+PARTITION_MIN_NODES = 3
+"""Silent nodes are a partition when at least this many and this fraction of all nodes
+with a Lease are silent at once."""
+LEASE_EXPIRED_REASON = "NodeLeaseExpired"
+
+
+@dataclass(frozen=True)
+class NodeLease:
+    """What a node's Lease says: when the kubelet last renewed it, for how long."""
+
+    renewed_at: datetime
+    duration_seconds: int = 40
+
+    @property
+    def silent_after(self) -> timedelta:
+        interval = timedelta(seconds=self.duration_seconds / 4)  # the kubelet's renew interval
+        return max(interval * SILENT_RENEWALS, SILENT_FLOOR)
+
+    def silent_since(self, now: datetime) -> datetime | None:
+        """When the node went silent (its last renewal plus the allowance); None: alive."""
+        since = self.renewed_at + self.silent_after
+        return since if now >= since else None
+
+
+class Liveness(enum.Enum):
+    ALIVE = "alive"
+    FLICKER = "flicker"
+    """Ready is not True, but only since less than FLICKER_WINDOW and the lease is renewed."""
+    SILENT = "silent"
+    """The lease is not renewed: judged lost before the control plane says so."""
+    LOST = "lost"
+    """The control plane says so (Ready not True beyond the flicker window)."""
+
+
+@dataclass(frozen=True)
+class NodeJudgement:
+    liveness: Liveness
+    since: datetime | None = None
+    recheck_at: datetime | None = None
+    """When the judgement may change without any new event (a flicker's window ending, a
+    lease's silence allowance running out)."""
+
+
+def _ready(node: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    for cond in (node.get("status") or {}).get("conditions") or []:
+        if isinstance(cond, Mapping) and cond.get("type") == "Ready":
+            return cond
+    return None
+
+
+def _time(text: Any) -> datetime | None:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def judge_node(node: Mapping[str, Any], lease: NodeLease | None, now: datetime) -> NodeJudgement:
+    """One node's liveness from its object and its Lease (None: no lease seen)."""
+    silent = lease.silent_since(now) if lease is not None else None
+    if silent is not None:
+        return NodeJudgement(Liveness.SILENT, silent)
+    ready = _ready(node)
+    down = ready is not None and ready.get("status") != "True"
+    if not down:
+        recheck = lease.renewed_at + lease.silent_after if lease is not None else None
+        return NodeJudgement(Liveness.ALIVE, recheck_at=recheck)
+    since = _time(ready.get("lastTransitionTime")) if ready is not None else None
+    if since is not None and lease is not None and now - since < FLICKER_WINDOW:
+        return NodeJudgement(Liveness.FLICKER, since, recheck_at=since + FLICKER_WINDOW)
+    return NodeJudgement(Liveness.LOST, since)
+
+
+def partitioned(silent: int, with_lease: int) -> bool:
+    """Whether this many silent nodes of all nodes with a Lease look like a partition."""
+    return silent >= PARTITION_MIN_NODES and silent >= PARTITION_FRACTION * with_lease
+
+
+def classifier_view(
+    node: Mapping[str, Any], judgement: NodeJudgement, lease: NodeLease | None
+) -> dict[str, Any]:
+    """The node as the classifier should read it (a copy; the input is never changed)."""
+    out = copy.deepcopy(dict(node))
+    if judgement.liveness is Liveness.ALIVE or judgement.liveness is Liveness.LOST:
+        return out
+    conditions = [
+        c
+        for c in (out.get("status") or {}).get("conditions") or []
+        if not (isinstance(c, Mapping) and c.get("type") == "Ready")
+    ]
+    if judgement.liveness is Liveness.FLICKER:
+        ready: dict[str, Any] = {"type": "Ready", "status": "True", "reason": "KubeletReady"}
+    else:
+        renewed = lease.renewed_at if lease is not None else judgement.since
+        stamp = (renewed or judgement.since or datetime.min).isoformat().replace("+00:00", "Z")
+        declared = judgement.since.isoformat().replace("+00:00", "Z") if judgement.since else stamp
+        ready = {
+            "type": "Ready",
+            "status": "Unknown",
+            "reason": LEASE_EXPIRED_REASON,
+            "message": f"the kubelet has not renewed its node Lease since {stamp} "
+            "(judged lost by the rtj operator before the node lifecycle controller)",
+            "lastHeartbeatTime": stamp,
+            "lastTransitionTime": declared,
+        }
+    out.setdefault("status", {})["conditions"] = [*conditions, ready]
+    return out
+
+
+def lease_of(body: Mapping[str, Any]) -> tuple[str, NodeLease] | None:
+    """A coordination.k8s.io/v1 Lease in kube-node-lease as (node name, what it says)."""
+    name = (body.get("metadata") or {}).get("name")
+    spec = body.get("spec") or {}
+    renewed = _time(spec.get("renewTime"))
+    if not isinstance(name, str) or renewed is None:
+        return None
+    duration = spec.get("leaseDurationSeconds")
+    seconds = int(duration) if isinstance(duration, int) and duration > 0 else 40
+    return name, NodeLease(renewed, seconds)

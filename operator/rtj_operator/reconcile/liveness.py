@@ -1,0 +1,73 @@
+"""Node liveness in the plan: the nodes the classifier reads (silent nodes judged lost
+before the control plane says so, Ready flickers ignored), the hold during a partition,
+and which nodes are fenced (their pods force-deleted: no kubelet will ever confirm them)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from rtj_operator.api.reasons import ConditionType, Reason
+from rtj_operator.policy.liveness import Liveness, classifier_view, judge_node
+from rtj_operator.reconcile.builder import PlanBuilder, condition_true
+from rtj_operator.reconcile.world import Snapshot
+
+FENCE_AFTER = timedelta(seconds=10)
+"""A node silent this long has its pods force-deleted when the old world is torn down: its
+kubelet is gone, so nothing would ever confirm their end (a zombie rank on a partitioned
+node is fenced by the checkpoint protocol's attempt ownership, see docs/DESIGN.md)."""
+
+
+def judged_nodes(b: PlanBuilder) -> dict[str, dict[str, Any]]:
+    """The job's nodes as the classifier should read them; schedules the re-checks a
+    judgement needs (a flicker's window ending, a lease's silence allowance running out)."""
+    views: dict[str, dict[str, Any]] = {}
+    for name, node in b.snap.nodes.items():
+        lease = b.snap.node_leases.get(name)
+        judgement = judge_node(node, lease, b.now)
+        if judgement.recheck_at is not None:
+            b.requeue_in((judgement.recheck_at - b.now).total_seconds() + 0.2)
+        if judgement.liveness is Liveness.FLICKER:
+            b.notes.append(f"node {name}: Ready not True since {judgement.since}: a flicker so far")
+        views[name] = classifier_view(node, judgement, lease)
+    return views
+
+
+def fenced_nodes(snap: Snapshot) -> frozenset[str]:
+    """Nodes of this job silent for at least FENCE_AFTER (never during a partition)."""
+    if snap.partition:
+        return frozenset()
+    out = set()
+    for name, node in snap.nodes.items():
+        judgement = judge_node(node, snap.node_leases.get(name), snap.now)
+        since = judgement.since
+        if judgement.liveness is Liveness.SILENT and since and snap.now - since >= FENCE_AFTER:
+            out.add(name)
+    return frozenset(out)
+
+
+def hold_for_partition(b: PlanBuilder) -> bool:
+    """During a partition (most nodes silent at once) judge nothing: no restart, no taint;
+    a condition says why. True while holding."""
+    held = condition_true(b.status, ConditionType.NODES_UNREACHABLE)
+    if not b.snap.partition:
+        if held:
+            b.condition(
+                ConditionType.NODES_UNREACHABLE,
+                False,
+                Reason.CONTACT_RESTORED,
+                "kubelets renew their Leases again: failures are judged as usual",
+            )
+            b.event(False, Reason.CONTACT_RESTORED, "contact with the nodes is back")
+        return False
+    message = (
+        "most nodes stopped renewing their Leases at once: contact with the kubelets is lost "
+        "(a partition or an API server in trouble), not the machines; holding: no restart, "
+        "no taint until contact returns"
+    )
+    if not held:
+        b.event(True, Reason.NODES_UNREACHABLE, message)
+    b.condition(ConditionType.NODES_UNREACHABLE, True, Reason.NODES_UNREACHABLE, message)
+    b.notes.append(message)
+    b.requeue_in(2.0)
+    return True

@@ -1,0 +1,185 @@
+"""Node liveness (issue 12): a silent node is judged lost from its Lease within seconds, a
+Ready flicker causes nothing, a partition holds everything, a silent node is fenced."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
+
+from rtj_test_support import NOW
+from rtj_world import iso, jobset, node, nodes_for, pod, rtj_raw, snapshot, with_status
+
+from rtj_operator import reconcile as rc
+from rtj_operator.policy.liveness import (
+    Liveness,
+    NodeLease,
+    classifier_view,
+    judge_node,
+    lease_of,
+    partitioned,
+)
+
+RUNNING = {"phase": "Running", "attempt": 1, "attempts": [{"attempt": 1, "jobSet": "llm-a1"}]}
+
+
+def fresh(seconds_ago: float = 1, duration: int = 40) -> NodeLease:
+    return NodeLease(NOW - timedelta(seconds=seconds_ago), duration)
+
+
+def flickering(name: str, seconds: float) -> dict[str, Any]:
+    """Ready=False since `seconds` ago, as the kubelet posts it (KubeletNotReady)."""
+    body = node(name, ready=False)
+    body["status"]["conditions"][0]["lastTransitionTime"] = iso(NOW - timedelta(seconds=seconds))
+    body["status"]["conditions"][0]["reason"] = "KubeletNotReady"
+    return body
+
+
+def test_a_lease_not_renewed_for_one_and_a_half_intervals_means_a_silent_node() -> None:
+    up = node("n1")
+    assert judge_node(up, fresh(14), NOW).liveness is Liveness.ALIVE  # kubelet: every 10 s
+    gone = judge_node(up, fresh(16), NOW)
+    assert gone.liveness is Liveness.SILENT and gone.since == NOW - timedelta(seconds=1)
+    # KWOK and short leases: 20 s lease, renewed every 5 s -> silent after 7.5 s
+    assert judge_node(up, fresh(8, duration=20), NOW).liveness is Liveness.SILENT
+    # no lease seen: only the control plane's word counts
+    assert judge_node(up, None, NOW).liveness is Liveness.ALIVE
+
+
+def test_a_short_ready_flicker_with_a_renewed_lease_is_ignored_then_counts() -> None:
+    assert judge_node(flickering("n1", 3), fresh(), NOW).liveness is Liveness.FLICKER
+    assert judge_node(flickering("n1", 3), fresh(), NOW).recheck_at == NOW + timedelta(seconds=7)
+    assert judge_node(flickering("n1", 12), fresh(), NOW).liveness is Liveness.LOST
+    assert judge_node(flickering("n1", 3), None, NOW).liveness is Liveness.LOST, "no lease"
+
+
+def test_most_nodes_silent_at_once_is_a_partition() -> None:
+    assert partitioned(3, 4) and partitioned(50, 100)
+    assert not partitioned(1, 4) and not partitioned(2, 2) and not partitioned(40, 100)
+
+
+def test_the_classifier_reads_a_silent_node_as_unknown_since_its_last_renewal() -> None:
+    lease = fresh(20)
+    view = classifier_view(node("n1"), judge_node(node("n1"), lease, NOW), lease)
+    (ready,) = [c for c in view["status"]["conditions"] if c["type"] == "Ready"]
+    assert (ready["status"], ready["reason"]) == ("Unknown", "NodeLeaseExpired")
+    assert ready["lastHeartbeatTime"] == iso(NOW - timedelta(seconds=20))
+    assert node("n1")["status"]["conditions"][0]["status"] == "True", "input untouched"
+
+
+def test_a_kubelets_lease_reads_as_what_it_says() -> None:
+    # coordination.k8s.io/v1 Lease as the kubelet writes it (pkg/kubelet/nodelease, v1.35):
+    # holderIdentity the node name, leaseDurationSeconds 40, renewTime in MicroTime format
+    body = {"metadata": {"name": "gpu-node-007", "namespace": "kube-node-lease"},
+            "spec": {"holderIdentity": "gpu-node-007", "leaseDurationSeconds": 40,
+                     "renewTime": "2025-03-14T11:59:50.123456Z"}}  # fmt: skip
+    name, lease = lease_of(body) or ("", None)
+    assert name == "gpu-node-007" and lease is not None
+    assert lease.duration_seconds == 40 and lease.silent_after == timedelta(seconds=15)
+    assert lease_of({"metadata": {"name": "x"}, "spec": {}}) is None
+
+
+def _plan(pods: list[dict[str, Any]], **extra: Any) -> rc.Plan:
+    raw = extra.pop("raw", rtj_raw(RUNNING))
+    snap = snapshot(raw, jobsets=[jobset(1)], pods=pods, nodes=nodes_for(pods))
+    return rc.plan(replace(snap, **extra))
+
+
+def test_a_silent_node_restarts_the_group_at_once_naming_its_rank() -> None:
+    pods = [pod(1, i) for i in range(4)]
+    leases = {p["spec"]["nodeName"]: fresh() for p in pods}
+    assert not _plan(pods, node_leases=leases).actions, "all alive: nothing to do"
+    leases["gpu-node-002"] = fresh(16)  # its kubelet has not renewed for 16 s
+    quarantine = _plan(pods, node_leases=leases)
+    raw = with_status(rtj_raw(RUNNING), quarantine)
+    assert [q["node"] for q in raw["status"]["quarantinedNodes"]] == ["gpu-node-002"]
+    assert "NodeLeaseExpired" in raw["status"]["quarantinedNodes"][0]["evidence"]
+    restart = _plan(pods, raw=raw, node_leases=leases)
+    patch = restart.status_patch
+    assert patch is not None and patch.status["phase"] == "Restarting"
+    record = patch.status["attempts"][0]
+    assert record["failureClass"] == "NodeLost"
+    assert record["firstFailed"]["node"] == "gpu-node-002"
+    # detected from the lease: the failure dates from the last renewal, 16 s ago
+    assert record["detectionSeconds"] == 16.0
+
+
+def test_a_ready_flicker_causes_no_restart_and_no_taint() -> None:
+    pods = [pod(1, i) for i in range(2)]
+    nodes = {**nodes_for(pods), "gpu-node-001": flickering("gpu-node-001", 3)}
+    leases = {n: fresh() for n in nodes}
+    snap = replace(snapshot(rtj_raw(RUNNING), jobsets=[jobset(1)], pods=pods, nodes=nodes),
+                   node_leases=leases)  # fmt: skip
+    plan = rc.plan(snap)
+    assert plan.status_patch is None and not plan.actions
+    assert plan.requeue_after is not None and plan.requeue_after <= 7.5
+    # without the lease (no proof the kubelet is alive) the same condition is a loss
+    assert rc.plan(replace(snap, node_leases={})).status_patch is not None
+
+
+def test_a_partition_holds_everything_and_says_why_until_contact_returns() -> None:
+    pods = [pod(1, i) for i in range(4)]
+    silent = {p["spec"]["nodeName"]: fresh(30) for p in pods}
+    plan = _plan(pods, node_leases=silent, partition=True)
+    patch = plan.status_patch
+    assert patch is not None and patch.status["phase"] == "Running"
+    held = next(c for c in patch.status["conditions"] if c["type"] == "NodesUnreachable")
+    assert held["status"] == "True" and "holding" in held["message"]
+    assert not [a for a in plan.actions if isinstance(a, (rc.TaintNode, rc.DeleteJobSet))]
+    # contact returns: the condition clears, nothing else happened
+    raw = rtj_raw({**RUNNING, "conditions": patch.status["conditions"]})
+    back = _plan(pods, raw=raw, node_leases={n: fresh() for n in silent})
+    assert back.status_patch is not None
+    cleared = next(c for c in back.status_patch.status["conditions"]
+                   if c["type"] == "NodesUnreachable")  # fmt: skip
+    assert cleared["status"] == "False"
+
+
+def test_pods_on_a_node_silent_past_the_fence_window_are_force_deleted() -> None:
+    raw = rtj_raw({**RUNNING, "phase": "Restarting"})
+    pods = [pod(1, 0, deleting=True), pod(1, 1, deleting=True)]
+    nodes = nodes_for(pods)
+    snap = snapshot(raw, jobsets=[], pods=pods, nodes=nodes)
+    leases = {"gpu-node-000": fresh(), "gpu-node-001": fresh(16)}  # silent for 1 s: not yet
+    assert not [a for a in rc.plan(replace(snap, node_leases=leases)).actions
+                if isinstance(a, rc.DeletePod)]  # fmt: skip
+    leases["gpu-node-001"] = fresh(26)  # silent for 11 s: fenced
+    deletes = [a for a in rc.plan(replace(snap, node_leases=leases)).actions
+               if isinstance(a, rc.DeletePod)]  # fmt: skip
+    assert [(d.name, d.grace_seconds) for d in deletes] == [(pods[1]["metadata"]["name"], 0)]
+    # never during a partition
+    fenced = rc.plan(replace(snap, node_leases=leases, partition=True))
+    assert not [a for a in fenced.actions if isinstance(a, rc.DeletePod)]
+
+
+def test_the_lease_watcher_wakes_the_jobs_of_a_node_that_goes_silent_and_spots_a_partition() -> (
+    None
+):
+    from rtj_operator.node_leases import NodeLeases
+
+    clock = [NOW]
+    touched: list[str] = []
+    everyone: list[bool] = []
+    leases = NodeLeases(touched.append, lambda: everyone.append(True), lambda: clock[0])
+
+    def renew(name: str, at: Any) -> None:
+        spec = {"leaseDurationSeconds": 40, "renewTime": iso(at)}
+        leases.apply("MODIFIED", {"metadata": {"name": name}, "spec": spec})
+
+    for i in range(4):
+        renew(f"n{i}", NOW)
+    leases.scan()
+    assert touched == [] and not leases.partition
+    clock[0] = NOW + timedelta(seconds=16)  # n0 stops renewing; the others go on
+    for i in (1, 2, 3):
+        renew(f"n{i}", clock[0])
+    leases.scan()
+    assert touched == ["n0"] and leases.silent == {"n0"} and not leases.partition
+    assert set(leases.of(["n0", "n9"])) == {"n0"}
+    clock[0] = NOW + timedelta(seconds=40)  # nobody renews: contact is lost, not the fleet
+    leases.scan()
+    assert leases.partition and everyone == [True]
+    for i in range(4):
+        renew(f"n{i}", clock[0])
+    leases.scan()
+    assert not leases.partition and not leases.silent and everyone == [True, True]
