@@ -4,7 +4,8 @@ Writes ``<out>/rank-<r>.json`` with what it observed; the test reads it. Phases:
 
 1. a per-rank value saved replicated is refused on every rank, naming it;
 2. the same value named ``rank_local`` saves; replicated values beside it are saved once;
-3. a restore on the same world size gives every rank its own value back.
+3. ``peek()`` gives every rank the replicated values (not the rank-local one);
+4. a restore on the same world size gives every rank its own value back.
 """
 
 from __future__ import annotations
@@ -42,7 +43,15 @@ def main(root: str, out: Path) -> int:
         seen["replicated_batch"] = str(exc)
     Checkpointer(root, rank_local=("batch",)).save(2, state(rank))
     fresh: dict[str, Any] = {"model": nn.Linear(2, 2), "epoch": 0, "meta": {}, "batch": None}
-    seen["restored_step"] = Checkpointer(root, rank_local=("batch",)).restore(fresh)
+    ckpt = Checkpointer(root, rank_local=("batch",))
+    info = ckpt.peek()  # collective: rank 0 reads, every rank gets the values
+    assert info is not None
+    seen["peek"] = {
+        "step": info.step,
+        "meta": info.values["meta"],
+        "has_batch": "batch" in info.values,
+    }
+    seen["restored_step"] = ckpt.restore(fresh)
     seen["batch"] = fresh["batch"].tolist()
     seen["epoch"] = fresh["epoch"]
     seen["meta"] = fresh["meta"]

@@ -136,6 +136,11 @@ def test_placement_per_object_under_torchrun_and_on_a_new_world_size(tmp_path: P
     for rank, row in enumerate(seen):
         assert "['batch'] differ between ranks" in row["replicated_batch"], row
         assert "rank_local=('batch',)" in row["replicated_batch"]
+        assert row["peek"] == {
+            "step": 2,
+            "meta": {"config": {"hidden": 64}, "tokens": 1234},
+            "has_batch": False,
+        }
         assert row["restored_step"] == 2
         assert row["batch"] == [float(rank)] * 2  # each rank its own
         assert row["epoch"] == 3 and row["meta"]["config"] == {"hidden": 64}

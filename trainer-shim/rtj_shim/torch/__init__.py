@@ -16,6 +16,7 @@ from rtj_shim.torch.checkpointer import (
     RestoreReport,
     SaveReport,
 )
+from rtj_shim.torch.peek import CheckpointInfo
 from rtj_shim.torch.plain import UnsafeStateError
 from rtj_shim.torch.rendezvous import init_process_group
 from rtj_shim.torch.rng import isolated as isolated_rng
@@ -24,6 +25,7 @@ from rtj_shim.torch.validation import RestoreValidationError
 
 __all__ = [
     "CheckpointError",
+    "CheckpointInfo",
     "Checkpointer",
     "NonFiniteStateError",
     "RestoreReport",

@@ -109,6 +109,12 @@ def capture(
     }
     rank_state = ser.encode(rank_state, f"rank {coord.rank} state", allow_unsafe_pickle)
     shards = ser.plan_shards(tensors, shard_bytes, max_shards) if tensors else []
+    shard_of = {i: n for n, shard in enumerate(shards) for i in shard}
+    value_shards = {  # the shards a replicated plain value's tensors are in (for peek())
+        e.name: sorted({shard_of[i] for i in tensor_refs(skeleton[e.name])})
+        for e in entries
+        if e.kind == "value" and e.placement == COMMON
+    }
     mine = [i for i in range(len(shards)) if i % coord.world == coord.rank]
     fenced: set[int] = set()
     if not blocking:
@@ -121,7 +127,11 @@ def capture(
         "layout": "sharded" if sharded else "replicated",
         "world_size": coord.world,
         "objects": objects_meta,
-        "common": {"skeleton": SKELETON, "shards": [shard_path(i) for i in range(len(shards))]},
+        "common": {
+            "skeleton": SKELETON,
+            "shards": [shard_path(i) for i in range(len(shards))],
+            "values": value_shards,
+        },
         "rank_files": RANK_FILES,
         "dcp": fsdp.DCP_DIR if sharded else None,
         "loss": None if loss is None else as_float(loss),
@@ -186,6 +196,12 @@ def clone_tensors(value: Any) -> Any:
     if isinstance(value, tuple) and not hasattr(value, "_fields"):
         return tuple(clone_tensors(v) for v in value)
     return value
+
+
+def tensor_refs(skeleton: Any) -> set[int]:
+    found: dict[int, str] = {}
+    collect_tensor_refs(skeleton, "", found)
+    return set(found)
 
 
 def collect_tensor_refs(skeleton: Any, where: str, out: dict[int, str]) -> None:

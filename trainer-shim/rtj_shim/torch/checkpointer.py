@@ -20,14 +20,11 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import signal
-import sys
 import threading
 import time
 import weakref
 from collections.abc import Iterable, Mapping, MutableMapping
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import torch
@@ -37,6 +34,7 @@ from rtj_shim.protocol import CommitProtocol
 from rtj_shim.storage import CheckpointStore, open_store
 from rtj_shim.torch import _dist, fingerprint, resave, rng
 from rtj_shim.torch.capture import FORMAT, SKELETON, SaveJob, capture, rank_path, shard_path
+from rtj_shim.torch.emergency import SigtermGuard
 from rtj_shim.torch.outcomes import (
     CheckpointError,
     NonFiniteStateError,
@@ -44,6 +42,7 @@ from rtj_shim.torch.outcomes import (
     SaveReport,
     raise_if_any,
 )
+from rtj_shim.torch.peek import CheckpointInfo, checkpoint_info, read_values
 from rtj_shim.torch.restore import StepLoader, decide, validate_restored
 from rtj_shim.torch.staging import Staging
 from rtj_shim.torch.state import COMMON, USER_KINDS, Entry, classify
@@ -155,11 +154,10 @@ class Checkpointer:
         self._inflight: threading.Thread | None = None
         self._error: BaseException | None = None
         self._restored_once = False
+        self._peeked: dict[str, Any] | None = None  # peek()'s decision, for the next restore
         self._published: int | None = None
         self._clean: resave.Snapshot | None = None  # last state restored or published
-        self._sigterm_at: float | None = None
-        self._signal_installed = False
-        self._previous_handler: Any = None
+        self._sigterm = SigtermGuard(self.rank, emergency_deadline_s, emergency_exit_code)
         atexit.register(_drain_at_exit, weakref.ref(self))
 
     # ================================================================== public API
@@ -276,14 +274,9 @@ class Checkpointer:
                 raise TypeError("plain values are restored into the mapping: pass a dict")
         except Exception as exc:
             local_error = f"rank {coord.rank}: {type(exc).__name__}: {exc}"
-        decision = (
-            decide(self.store, self.resume_file, self._restored_once) if coord.rank == 0 else None
-        )
-        decision = coord.broadcast(decision)
-        assert isinstance(decision, dict)
+        decision = self._decide(coord)
+        self._peeked = None
         raise_if_any(coord, local_error, "restore failed")
-        if decision.get("error"):
-            raise CheckpointError(f"restore: {decision['error']}")
         skipped = tuple((int(s), str(r)) for s, r in decision["skipped"])
         if coord.rank == 0:
             for s, reason in skipped:
@@ -331,17 +324,39 @@ class Checkpointer:
         )
         return int(step)
 
+    def peek(self) -> CheckpointInfo | None:
+        """Collective. What ``restore()`` would resume, read before the model exists: the
+        step, where from, the manifest's metadata and the replicated plain values (a config
+        dict saved as ``objects["config"]``); None on a fresh start. The next ``restore()``
+        resumes this very step without verifying it again."""
+        self.wait()
+        coord = self._coordinator()
+        decision = self._decide(coord)
+        self._peeked = decision
+        if decision["step"] is None:
+            return None
+        step = int(decision["step"])
+        manifest = check_commit(step, decision["manifest"], decision["committed"])
+        values: Any = None
+        if coord.rank == 0:
+            try:
+                values = read_values(self._loader, step, manifest)
+            except Exception as exc:
+                values = f"{type(exc).__name__}: {exc}"
+        values = coord.broadcast(values)
+        if isinstance(values, str):
+            raise CheckpointError(f"peek: step {step}: {values}")
+        return checkpoint_info(decision, manifest, self.store.key_uri(step_key(step)), values)
+
     def step_boundary(self, step: int, objects: Mapping[str, Any]) -> None:
         """Call after every completed step. Arms the SIGTERM handler on first use; when a
         SIGTERM arrived on any rank, every rank saves ``step`` (unless already published)
         within the deadline and exits with ``emergency_exit_code``."""
-        self._install_sigterm()
+        self._sigterm.install()
         control = self._control_coordinator()
-        if not control.any_flag(self._sigterm_at is not None):
+        if not control.any_flag(self._sigterm.requested):
             return
-        if self._sigterm_at is None:
-            self._sigterm_at = time.monotonic()
-            self._arm_deadline()
+        self._sigterm.arm()
         log.warning("emergency save at step %d (SIGTERM)", step)
         try:
             self.wait()
@@ -355,9 +370,7 @@ class Checkpointer:
     def close(self) -> None:
         self.wait()
         self._staging.remove_fences()
-        if self._signal_installed and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._previous_handler)
-            self._signal_installed = False
+        self._sigterm.uninstall()
 
     # ================================================================== save internals
 
@@ -365,6 +378,18 @@ class Checkpointer:
         if self._coord is None:
             self._coord = _dist.Coordinator(self.collective_timeout_s)
         return self._coord
+
+    def _decide(self, coord: _dist.Coordinator) -> dict[str, Any]:
+        """Collective: rank 0's resume decision (the one peek() took, if it did)."""
+        decision = self._peeked
+        if decision is None:
+            if coord.rank == 0:
+                decision = decide(self.store, self.resume_file, self._restored_once)
+            decision = coord.broadcast(decision)
+        assert isinstance(decision, dict)
+        if decision.get("error"):
+            raise CheckpointError(f"restore: {decision['error']}")
+        return decision
 
     def _control_coordinator(self) -> _dist.Coordinator:
         if self._control is None:
@@ -425,37 +450,6 @@ class Checkpointer:
         report = SaveReport(step, blocking, seconds, seconds, 0, 0, uri, already_published=True)
         self.last_save = report
         return report
-
-    # ================================================================== SIGTERM
-
-    def _install_sigterm(self) -> None:
-        if self._signal_installed or threading.current_thread() is not threading.main_thread():
-            return
-        self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
-        self._signal_installed = True
-
-    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
-        if self._sigterm_at is not None:
-            return
-        self._sigterm_at = time.monotonic()
-        sys.stderr.write(
-            f"rtj_shim.torch: SIGTERM on rank {self.rank}: emergency save at the next step "
-            f"boundary, deadline {self.emergency_deadline_s:.0f}s\n"
-        )
-        self._arm_deadline()
-
-    def _arm_deadline(self) -> None:
-        def expire() -> None:
-            sys.stderr.write(
-                f"rtj_shim.torch: emergency deadline of {self.emergency_deadline_s:.0f}s "
-                f"passed on rank {self.rank}; exiting without publishing a partial step\n"
-            )
-            sys.stderr.flush()
-            os._exit(self.emergency_exit_code)
-
-        timer = threading.Timer(self.emergency_deadline_s, expire)
-        timer.daemon = True
-        timer.start()
 
 
 def replica_mismatches(per_rank: list[dict[str, str]]) -> list[str]:

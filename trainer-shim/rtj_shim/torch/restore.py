@@ -173,7 +173,7 @@ class StepLoader:
             loaded = self._load_common(step, manifest, extra, entries)
             if old_world == coord.world:
                 rank_state = ser.unflatten(
-                    self._load_file(step, manifest, rank_path(coord.rank)), {}
+                    self.load_file(step, manifest, rank_path(coord.rank)), {}
                 )
                 if not isinstance(rank_state, dict) or rank_state.get("rank") != coord.rank:
                     raise CheckpointError(f"{rank_path(coord.rank)} belongs to another rank")
@@ -234,7 +234,7 @@ class StepLoader:
             raise CheckpointError(f"{entry.path} of step {step} does not match its manifest")
         return data
 
-    def _load_file(self, step: int, manifest: Manifest, rel: str) -> Any:
+    def load_file(self, step: int, manifest: Manifest, rel: str) -> Any:
         files = {f.path: f for f in manifest.files}
         if rel not in files:
             raise CheckpointError(f"step {step} has no {rel} in its manifest")
@@ -248,12 +248,12 @@ class StepLoader:
         names = [e.name for e in entries if e.placement == COMMON]
         if not names:
             return {}
-        skeleton = self._load_file(step, manifest, extra["common"]["skeleton"])["objects"]
+        skeleton = self.load_file(step, manifest, extra["common"]["skeleton"])["objects"]
         shard_files: list[str] = extra["common"]["shards"]
         tensors: dict[int, torch.Tensor] = {}
         workers = max(1, min(self.io_workers, len(shard_files)))
         with ThreadPoolExecutor(workers, thread_name_prefix="rtj-load") as pool:
-            for part in pool.map(lambda p: self._load_file(step, manifest, p), shard_files):
+            for part in pool.map(lambda p: self.load_file(step, manifest, p), shard_files):
                 tensors.update(part)
         return {name: ser.unflatten(skeleton[name], tensors) for name in names}
 
