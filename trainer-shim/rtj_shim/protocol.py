@@ -206,6 +206,20 @@ class CommitProtocol:
                 return record
         raise StoreError(f"{source} kept changing during {_CAS_RETRIES} conditional writes")
 
+    def check_still_owner(self) -> None:
+        """Refuse (RunOwnershipConflict) when a newer attempt of the run has claimed the
+        root since this one did: a rank of an old world (a partitioned node whose pods were
+        force-deleted, a zombie woken from SIGSTOP) must not publish a step the new world
+        could resume from. Checked right before COMMITTED is written."""
+        raw, _ = self.store.read_versioned(RUN_FILE)
+        if raw is not None:
+            check_ownership(
+                RunRecord.decode(raw, self.store.key_uri(RUN_FILE)),
+                self.run_id,
+                self.attempt,
+                self.store.key_uri(RUN_FILE),
+            )
+
     def begin(self, step: int) -> StepWriter:
         """Claim the run and open a fresh in-progress area for ``step`` (refused if published)."""
         self.claim_run()
@@ -233,6 +247,7 @@ class CommitProtocol:
             extra=metadata.extra,
         )
         raw = encode_manifest(manifest)
+        self.check_still_owner()  # a zombie of an old attempt never publishes
         writer.commit(raw, committed_marker(raw))
         self.advance_hint(writer.step)
         return PublishResult(
