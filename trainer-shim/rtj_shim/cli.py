@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from rtj_shim import progress_cli
 from rtj_shim.errors import Refused, ShimError, StoreError, UsageError
 from rtj_shim.layout import MAX_STEP, validate_attempt
 from rtj_shim.manifest import Framework
@@ -117,6 +118,7 @@ def _parser() -> argparse.ArgumentParser:
     gc.add_argument("--keep-every", type=_positive, default=None)
     gc.add_argument("--protect", type=_step, nargs="*", default=[], metavar="STEP")
     gc.add_argument("--dry-run", action="store_true")
+    progress_cli.register(sub, _COMMANDS)  # progress-server, heartbeat
     return parser
 
 

@@ -1,0 +1,125 @@
+"""The progress endpoint over real HTTP on loopback, reading real records."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rtj_shim.progress import Progress
+from rtj_shim.progress_record import FILE_SIZE
+from rtj_shim.progress_server import SCHEMA, ProgressServer, report
+
+RANK_KEYS = {
+    "rank", "local_rank", "pid", "restart", "state", "step", "steps_completed", "section",
+    "seconds_in_section", "seconds_since_update", "seconds_since_step", "seconds_since_start",
+    "last_step_seconds", "median_step_seconds", "median_busy_seconds", "recent_step_seconds",
+    "recent_wait_seconds", "last_checkpoint_seconds", "max_checkpoint_seconds", "checkpoints",
+    "seq", "updated_wall_time",
+}  # fmt: skip
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[ProgressServer]:
+    srv = ProgressServer(tmp_path, "127.0.0.1", 0)
+    thread = srv.start_in_thread()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+    thread.join(timeout=10)
+
+
+def get(srv: ProgressServer, path: str) -> tuple[int, Any]:
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        assert response.getheader("Content-Type") == "application/json"
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
+
+
+def test_progress_of_every_rank_with_ages_that_grow(server: ProgressServer, tmp_path: Path) -> None:
+    ranks = [Progress(tmp_path, rank, rank % 2) for rank in (1, 0)]
+    for p in ranks:
+        p.step_done(0)
+        time.sleep(0.01)
+        p.step_done(1)
+        time.sleep(0.01)
+        p.step_done(2)
+    ranks[1].enter("backward")
+    ranks[0].enter("forward")  # rank 1 freezes here: its record stops changing
+    status, body = get(server, "/progress")
+    assert status == 200
+    assert body["schema"] == SCHEMA and body["errors"] == []
+    assert isinstance(body["pod_wall_time"], float) and body["hostname"]
+    assert [r["rank"] for r in body["ranks"]] == [0, 1]
+    one = body["ranks"][1]
+    assert set(one) == RANK_KEYS
+    assert (one["local_rank"], one["state"], one["step"], one["section"]) == (
+        1, "running", 2, "forward",
+    )  # fmt: skip
+    assert one["steps_completed"] == 3 and len(one["recent_step_seconds"]) == 2
+    assert one["last_step_seconds"] >= 0.01 and one["median_step_seconds"] >= 0.01
+    assert one["median_busy_seconds"] == one["median_step_seconds"]  # no waiting section
+    assert one["last_checkpoint_seconds"] is None and one["checkpoints"] == 0
+    time.sleep(0.05)
+    _, later = get(server, "/progress")
+    again = later["ranks"][1]
+    assert again["seq"] == one["seq"] and again["section"] == "forward"
+    assert again["seconds_in_section"] >= one["seconds_in_section"] + 0.05
+    assert again["seconds_since_update"] >= one["seconds_since_update"] + 0.05
+    for p in ranks:
+        p.close()
+    _, done = get(server, "/progress")
+    assert [r["state"] for r in done["ranks"]] == ["exited", "exited"]
+
+
+def test_before_the_first_step_durations_are_null(server: ProgressServer, tmp_path: Path) -> None:
+    p = Progress(tmp_path, 0)
+    _, body = get(server, "/progress")
+    (rank,) = body["ranks"]
+    assert (rank["step"], rank["section"], rank["steps_completed"]) == (None, "start", 0)
+    assert rank["seconds_since_step"] is None and rank["median_step_seconds"] is None
+    assert rank["recent_step_seconds"] == [] and rank["seconds_since_start"] >= 0
+    p.close()
+
+
+def test_other_files_are_ignored_and_broken_records_reported(
+    server: ProgressServer, tmp_path: Path
+) -> None:
+    Progress(tmp_path, 3).close()
+    (tmp_path / "rank-00004.progress").write_bytes(b"garbage")
+    (tmp_path / "notes.txt").write_text("not a record")
+    (tmp_path / ".rank-00005.progress.tmp-1").write_bytes(b"")
+    (tmp_path / "rank-00006.progress").mkdir()
+    _, body = get(server, "/progress")
+    assert [r["rank"] for r in body["ranks"]] == [3]
+    assert body["errors"] == [
+        {"file": "rank-00004.progress", "error": f"7 bytes, expected {FILE_SIZE}"}
+    ]
+
+
+def test_health_and_unknown_paths(server: ProgressServer) -> None:
+    assert get(server, "/healthz") == (200, {"ok": True})
+    status, body = get(server, "/metrics")
+    assert status == 404 and "/progress" in body["error"]
+    status, body = get(server, "/progress?x=1")
+    assert status == 200 and body["ranks"] == []
+
+
+def test_a_missing_directory_is_an_empty_report(tmp_path: Path) -> None:
+    body = report(tmp_path / "absent")
+    assert body["ranks"] == [] and body["errors"] == []
+
+
+def test_the_number_of_records_read_is_bounded(tmp_path: Path) -> None:
+    for rank in range(5):
+        Progress(tmp_path, rank).close()
+    assert [r["rank"] for r in report(tmp_path, limit=3)["ranks"]] == [0, 1, 2]

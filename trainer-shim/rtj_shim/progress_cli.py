@@ -1,0 +1,131 @@
+"""``rtj-shim progress-server`` and ``rtj-shim heartbeat`` (registered by rtj_shim.cli).
+
+``progress-server --dir DIR --port PORT``: serve the ranks' progress records in DIR as
+``GET /progress`` (JSON, rtj_shim.progress_server) until SIGTERM or SIGINT. Prints one
+JSON line ``{"listening": {"host": ..., "port": ...}, "dir": ...}`` once it accepts
+connections (``--port 0``: any free port, the one chosen is in that line).
+
+``heartbeat --step N [--section NAME]``: coarse progress for a job that does not use
+rtj_shim in Python, called from its shell loop. Completes step N when it is new (the time
+since the previous new step is recorded as N's duration, divided by the steps between),
+then sets the section. The record carries the calling shell's pid. Without
+``RTJ_PROGRESS_DIR`` (or ``--dir``) it does nothing; a record it cannot write is reported
+on stderr and still exits 0: progress reporting never fails the job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from collections.abc import Callable, MutableMapping
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from rtj_shim.progress import ENV_DIR, Progress
+from rtj_shim.progress_record import RecordError
+from rtj_shim.progress_server import ProgressServer
+
+ENV_PORT = "RTJ_PROGRESS_PORT"
+DEFAULT_PORT = 9478
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port in [0, 65535], got {value}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
+    return value
+
+
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``progress-server`` and ``heartbeat`` to the ``rtj-shim`` subcommands."""
+    env_dir = os.environ.get(ENV_DIR) or None
+    server = sub.add_parser("progress-server", help="serve the ranks' progress records")
+    server.add_argument(
+        "--dir",
+        type=Path,
+        default=env_dir,
+        required=env_dir is None,
+        help=f"the records' directory (default: ${ENV_DIR})",
+    )
+    server.add_argument(
+        "--port",
+        type=_port,
+        default=_port(os.environ.get(ENV_PORT) or str(DEFAULT_PORT)),
+        help=f"TCP port (default: ${ENV_PORT} or {DEFAULT_PORT}; 0: any free port)",
+    )
+    server.add_argument("--host", default="0.0.0.0", help="address to bind (default: all)")  # noqa: S104
+
+    beat = sub.add_parser("heartbeat", help="report a step (and section) from a shell loop")
+    beat.add_argument("--step", required=True, type=_count, help="steps completed")
+    beat.add_argument("--section", default=None, help="the section the job is in now")
+    beat.add_argument("--dir", type=Path, default=env_dir, help=f"default: ${ENV_DIR}")
+    beat.add_argument("--rank", type=_count, default=None, help="default: $RANK or 0")
+    beat.add_argument("--local-rank", type=_count, default=None, help="default: $LOCAL_RANK")
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)
+
+
+def progress_server(args: argparse.Namespace) -> int:
+    server = ProgressServer(args.dir, args.host, args.port)
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        line = {"listening": {"host": args.host, "port": server.port}, "dir": str(args.dir)}
+        sys.stdout.write(json.dumps(line) + "\n")
+        sys.stdout.flush()
+        server.serve_forever(poll_interval=0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
+def heartbeat(args: argparse.Namespace) -> int:
+    if args.dir is None:
+        return 0
+    rank = args.rank if args.rank is not None else int(os.environ.get("RANK") or 0)
+    local = args.local_rank
+    if local is None:
+        local = int(os.environ.get("LOCAL_RANK") or rank)
+    try:
+        progress = Progress(args.dir, rank, local, pid=os.getppid(), reuse=True)
+        progress.heartbeat(args.step, args.section)
+        progress.close(exited=False)
+    except (OSError, RecordError, ValueError) as exc:
+        print(f"rtj-shim: heartbeat not recorded: {exc}", file=sys.stderr)
+    return 0
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "progress-server": progress_server,
+    "heartbeat": heartbeat,
+}
+
+
+def register(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    commands: MutableMapping[str, Any],
+) -> None:
+    """The one call rtj_shim.cli makes: add the parsers, and their handlers to
+    ``commands`` (its name -> handler table, whose inferred type is not ours to widen)."""
+    add_parsers(sub)
+    commands.update(COMMANDS)

@@ -1,0 +1,180 @@
+"""The pod's progress endpoint: reads the ranks' records and serves ``GET /progress``.
+
+It runs as its own process beside the trainers (``rtj-shim progress-server``), so a rank
+that is hung in a collective, holds the GIL or is stopped keeps being reported: its record
+stops changing and ``seconds_in_section`` grows. Ages are computed here, with this
+machine's ``CLOCK_MONOTONIC`` (the one the records use), at the moment of the request.
+
+The JSON (``schema`` 1)::
+
+    {"schema": 1, "pod_wall_time": 1717000000.123, "hostname": "job-worker-0-1-x7k2p",
+     "ranks": [{"rank": 5, "local_rank": 1, "pid": 311, "restart": 0, "state": "running",
+                "step": 812, "steps_completed": 40, "section": "forward",
+                "seconds_in_section": 94.2, "seconds_since_update": 94.2,
+                "seconds_since_step": 94.3, "seconds_since_start": 130.0,
+                "last_step_seconds": 0.051, "median_step_seconds": 0.050,
+                "median_busy_seconds": 0.031, "recent_step_seconds": [...],
+                "recent_wait_seconds": [...], "last_checkpoint_seconds": 4.1,
+                "max_checkpoint_seconds": 4.3, "checkpoints": 2, "seq": 9131,
+                "updated_wall_time": 1717000000.0}],
+     "errors": [{"file": "rank-00007.progress", "error": "..."}]}
+
+``step`` is null before the first completed step; durations are null until observed.
+``median_busy_seconds``: the median of (step time minus time in waiting sections).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import threading
+import time
+from collections.abc import Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from rtj_shim.progress_record import (
+    FILE_PREFIX,
+    FILE_SUFFIX,
+    STATES,
+    Record,
+    RecordError,
+    read_file,
+)
+
+SCHEMA = 1
+MAX_FILES = 1024  # ranks per pod read per request; bounds the response and the work
+REQUEST_TIMEOUT_S = 5.0
+NS = 1e9
+
+
+def _seconds(ns: int) -> float | None:
+    return round(ns / NS, 6) if ns > 0 else None
+
+
+def _median(values: Sequence[int]) -> float | None:
+    return round(statistics.median(values) / NS, 6) if values else None
+
+
+def rank_json(record: Record, now_ns: int) -> dict[str, Any]:
+    """One rank's entry, with ages as of ``now_ns`` (CLOCK_MONOTONIC)."""
+
+    def age(at: int) -> float | None:
+        return round(max(0, now_ns - at) / NS, 6) if at > 0 else None
+
+    busy = [max(0, s - w) for s, w in zip(record.step_ns, record.wait_ns, strict=True)]
+    return {
+        "rank": record.rank,
+        "local_rank": record.local_rank,
+        "pid": record.pid,
+        "restart": record.restart,
+        "state": STATES.get(record.state, f"unknown-{record.state}"),
+        "step": record.step,
+        "steps_completed": record.steps_completed,
+        "section": record.section,
+        "seconds_in_section": age(record.section_started_ns),
+        "seconds_since_update": age(record.updated_ns),
+        "seconds_since_step": age(record.step_done_ns),
+        "seconds_since_start": age(record.started_ns),
+        "last_step_seconds": _seconds(record.last_step_ns),
+        "median_step_seconds": _median(record.step_ns),
+        "median_busy_seconds": _median(busy),
+        "recent_step_seconds": [round(s / NS, 6) for s in record.step_ns],
+        "recent_wait_seconds": [round(w / NS, 6) for w in record.wait_ns],
+        "last_checkpoint_seconds": _seconds(record.last_checkpoint_ns),
+        "max_checkpoint_seconds": _seconds(record.max_checkpoint_ns),
+        "checkpoints": record.checkpoints,
+        "seq": record.seq,
+        "updated_wall_time": round(record.updated_wall_ns / NS, 6),
+    }
+
+
+def record_files(directory: Path, limit: int = MAX_FILES) -> list[Path]:
+    """The record files in ``directory`` (at most ``limit``, by name), none if it is absent."""
+    try:
+        names = sorted(
+            entry.name
+            for entry in os.scandir(directory)
+            if entry.name.startswith(FILE_PREFIX)
+            and entry.name.endswith(FILE_SUFFIX)
+            and entry.is_file(follow_symlinks=False)
+        )
+    except FileNotFoundError:
+        return []
+    return [directory / name for name in names[:limit]]
+
+
+def report(directory: Path, *, limit: int = MAX_FILES) -> dict[str, Any]:
+    """The whole ``GET /progress`` body for the records in ``directory``, now."""
+    ranks: list[dict[str, Any]] = []
+    errors: list[dict[str, str]] = []
+    for path in record_files(directory, limit):
+        try:
+            record = read_file(path)
+        except FileNotFoundError:
+            continue  # replaced by a new process between the listing and the read
+        except (OSError, RecordError) as exc:
+            errors.append({"file": path.name, "error": str(exc)[:200]})
+            continue
+        ranks.append(rank_json(record, time.monotonic_ns()))
+    ranks.sort(key=lambda r: int(r["rank"]))
+    return {
+        "schema": SCHEMA,
+        "pod_wall_time": round(time.time(), 6),
+        "hostname": socket.gethostname(),
+        "ranks": ranks,
+        "errors": errors,
+    }
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: ProgressServer
+    timeout = REQUEST_TIMEOUT_S  # a client that stalls mid-request is dropped
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path == "/progress":
+            self._reply(200, report(self.server.directory))
+        elif path == "/healthz":
+            self._reply(200, {"ok": True})
+        else:
+            self._reply(404, {"error": f"no such path {path!r}; try /progress"})
+
+    def _reply(self, code: int, body: dict[str, Any]) -> None:
+        raw = (json.dumps(body, separators=(",", ":")) + "\n").encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return None  # one line per poll would flood the pod's log
+
+
+class ProgressServer(ThreadingHTTPServer):
+    """``GET /progress`` (JSON above) and ``GET /healthz`` for the records in ``directory``."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, directory: Path, host: str = "0.0.0.0", port: int = 0) -> None:  # noqa: S104
+        self.directory = directory
+        if ":" in host:
+            self.address_family = socket.AF_INET6
+        super().__init__((host, port), _Handler)
+
+    @property
+    def port(self) -> int:
+        return int(self.server_address[1])
+
+    def start_in_thread(self) -> threading.Thread:
+        """Serve from a daemon thread (tests, embedding); ``shutdown()`` stops it."""
+        thread = threading.Thread(target=self.serve_forever, name="rtj-progress", daemon=True)
+        thread.start()
+        return thread
