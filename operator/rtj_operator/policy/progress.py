@@ -1,0 +1,434 @@
+"""Hangs, timeouts and stragglers from the ranks' progress reports. Pure.
+
+Input: what each pod's ``rtj-shim progress-server`` answered to ``GET /progress`` (schema
+1, rtj_shim.progress_server), wrapped in a :class:`PodReport` with the time the operator
+received it, on one clock the caller chooses (``time.monotonic()``), and ``now`` on that
+clock. Each rank's "in its section since" is placed on that clock
+(``received_at - seconds_in_section``), so ranks of different pods, polled at different
+moments, compare correctly; a report older than ``max_report_age`` is no evidence.
+
+* :func:`hang_verdict`: the job is hung when the rank *furthest behind* (lowest step; then
+  the earliest phase of the step when every such rank is in a known phase; then the one
+  longest in its section) has been in its section longer than that section's allowance.
+  The ranks ahead of it are waiting for it (in a collective): their own long waits are
+  consequences, never the verdict. When no rank is ahead (same step, same section,
+  entered within ``same_time_s``), the verdict says all ranks are equally stuck.
+* :func:`auto_timeout`: allowances derived from observed step and save durations.
+* :func:`stragglers`: ranks whose busy time per step (step time minus time in waiting
+  sections) stays above the others' median / ``ratio`` for ``windows`` consecutive windows.
+
+Every function returns frozen data and explains itself in its result; none mutates input.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA = 1
+START_SECTIONS = frozenset({"start", "restore"})  # allowance: the start-up grace
+CHECKPOINT = "checkpoint"
+PHASES: Mapping[str, int] = {  # order inside one step, after step N completed
+    "checkpoint": 0,  # the save at the boundary of step N comes first
+    "data": 1,
+    "forward": 2,
+    "backward": 3,
+    "allreduce": 4,
+    "optimizer": 5,
+}
+DEFAULT_MAX_REPORT_AGE = 30.0
+DEFAULT_SAME_TIME = 1.0
+
+
+@dataclass(frozen=True)
+class PodReport:
+    """One pod's ``GET /progress`` body and when it was received (caller's clock, s)."""
+
+    pod: str
+    received_at: float
+    body: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class RankProgress:
+    """One rank as a decision sees it; times in seconds on the caller's clock."""
+
+    pod: str
+    rank: int
+    step: int | None
+    steps_completed: int
+    section: str
+    section_since: float
+    received_at: float
+    exited: bool = False
+    median_step: float | None = None
+    median_busy: float | None = None
+    recent_steps: tuple[float, ...] = ()
+    max_checkpoint: float | None = None
+
+    def in_section(self, now: float) -> float:
+        return max(0.0, now - self.section_since)
+
+    def behind_key(self) -> tuple[int, float]:
+        return (-1 if self.step is None else self.step, self.section_since)
+
+
+@dataclass(frozen=True)
+class Parsed:
+    ranks: tuple[RankProgress, ...]
+    problems: tuple[str, ...]
+    bad_pods: tuple[str, ...]
+
+
+def _number(entry: Mapping[str, Any], key: str) -> float | None:
+    value = entry.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _rank(pod: PodReport, entry: Any) -> RankProgress | str:
+    if not isinstance(entry, Mapping):
+        return f"{pod.pod}: a rank entry is not an object"
+    rank, in_section = entry.get("rank"), _number(entry, "seconds_in_section")
+    step = entry.get("step")
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+        return f"{pod.pod}: a rank entry without a valid rank"
+    if in_section is None or not isinstance(entry.get("section"), str):
+        return f"{pod.pod}: rank {rank} without section timing"
+    if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
+        return f"{pod.pod}: rank {rank} with a non-integer step"
+    recent = entry.get("recent_step_seconds")
+    steps = tuple(
+        float(s) for s in (recent if isinstance(recent, list) else []) if _valid_seconds(s)
+    )
+    completed = entry.get("steps_completed")
+    return RankProgress(
+        pod=pod.pod,
+        rank=rank,
+        step=step,
+        steps_completed=completed if isinstance(completed, int) else 0,
+        section=str(entry["section"]),
+        section_since=pod.received_at - max(0.0, in_section),
+        received_at=pod.received_at,
+        exited=entry.get("state") == "exited",
+        median_step=_number(entry, "median_step_seconds"),
+        median_busy=_number(entry, "median_busy_seconds"),
+        recent_steps=steps,
+        max_checkpoint=_number(entry, "max_checkpoint_seconds"),
+    )
+
+
+def _valid_seconds(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
+
+
+def parse_reports(
+    reports: Sequence[PodReport], now: float, max_report_age: float = DEFAULT_MAX_REPORT_AGE
+) -> Parsed:
+    """The ranks of the fresh, well-formed reports. A rank reported by two pods (a stale
+    file of an earlier placement) keeps the newer report, then the one with more steps."""
+    found: dict[int, RankProgress] = {}
+    problems: list[str] = []
+    bad: list[str] = []
+    for pod in reports:
+        body = pod.body
+        if now - pod.received_at > max_report_age:
+            bad.append(pod.pod)
+            problems.append(f"{pod.pod}: report is {now - pod.received_at:.0f}s old")
+            continue
+        if body.get("schema") != SCHEMA or not isinstance(body.get("ranks"), list):
+            bad.append(pod.pod)
+            problems.append(f"{pod.pod}: not a schema {SCHEMA} progress report")
+            continue
+        for entry in body["ranks"]:
+            rank = _rank(pod, entry)
+            if isinstance(rank, str):
+                problems.append(rank)
+                continue
+            seen = found.get(rank.rank)
+            if seen is not None:
+                problems.append(f"rank {rank.rank} reported by {seen.pod} and {rank.pod}")
+                newer = (rank.received_at, rank.steps_completed)
+                if newer <= (seen.received_at, seen.steps_completed):
+                    continue
+            found[rank.rank] = rank
+    ranks = tuple(sorted(found.values(), key=lambda r: r.rank))
+    return Parsed(ranks, tuple(problems), tuple(bad))
+
+
+# ---------------------------------------------------------------------- timeouts
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """How long a rank may stay in one section: ``checkpoint`` in a save, ``startup`` in
+    ``start``/``restore`` (before its first step), ``step`` anywhere else."""
+
+    step: float
+    checkpoint: float
+    startup: float
+    reason: str = ""
+
+    @classmethod
+    def fixed(cls, seconds: float, *, startup: float | None = None) -> Timeouts:
+        """One timeout for everything (``hangTimeoutSeconds``), start-up included unless
+        ``startup`` is given."""
+        return cls(seconds, seconds, seconds if startup is None else startup, f"fixed {seconds}s")
+
+    def for_section(self, section: str) -> float:
+        if section == CHECKPOINT:
+            return self.checkpoint
+        if section in START_SECTIONS:
+            return max(self.step, self.startup)
+        return self.step
+
+
+def auto_timeout(
+    reports: Sequence[PodReport],
+    factor: float = 5.0,
+    floor: float = 30.0,
+    startup_grace: float = 600.0,
+    *,
+    now: float,
+    warmup_steps: int = 3,
+    first_save_grace: float | None = None,
+    max_report_age: float = DEFAULT_MAX_REPORT_AGE,
+) -> Timeouts:
+    """Allowances from what the ranks observed (the last steps each rank keeps):
+
+    * step: ``factor`` x the median step time, never below ``floor`` nor the longest
+      recent step; until every running rank has ``warmup_steps`` step durations (a fresh
+      start, a restart: compilation, data loading, restore), at least ``startup_grace``;
+    * checkpoint: ``factor`` x the longest save observed, never below the step allowance;
+      before any save completed, at least ``first_save_grace`` (default: the start-up grace);
+    * startup (``start``, ``restore``): ``startup_grace``.
+    """
+    ranks = [r for r in parse_reports(reports, now, max_report_age).ranks if not r.exited]
+    pooled = [s for r in ranks for s in r.recent_steps]
+    warm = bool(ranks) and all(len(r.recent_steps) >= warmup_steps for r in ranks)
+    median = statistics.median(pooled) if pooled else None
+    step = max(floor, factor * median if median else 0.0, max(pooled, default=0.0))
+    why = [f"step: {factor} x median {median:.3g}s" if median else "step: no steps yet"]
+    if not warm:
+        step = max(step, startup_grace)
+        why.append(f"start-up grace {startup_grace}s (ranks with < {warmup_steps} steps)")
+    saves = [r.max_checkpoint for r in ranks if r.max_checkpoint]
+    if saves:
+        checkpoint = max(step, factor * max(saves))
+        why.append(f"checkpoint: {factor} x longest save {max(saves):.3g}s")
+    else:
+        grace = startup_grace if first_save_grace is None else first_save_grace
+        checkpoint = max(step, grace)
+        why.append(f"checkpoint: no save yet, grace {grace}s")
+    why.append(f"floor {floor}s")
+    return Timeouts(step, checkpoint, max(step, startup_grace), "; ".join(why))
+
+
+# ---------------------------------------------------------------------- hangs
+
+
+@dataclass(frozen=True)
+class Hang:
+    """The job is hung: ``rank`` (in ``pod``) has been in ``section`` of the step after
+    ``step`` for ``seconds``, beyond its ``timeout``."""
+
+    rank: int
+    pod: str
+    step: int | None
+    section: str
+    seconds: float
+    timeout: float
+    all_ranks_equally_stuck: bool
+    ranks: int
+    ahead: tuple[int, ...] = ()  # ranks past the culprit (a higher step or a later section)
+    unreported_pods: tuple[str, ...] = ()
+    message: str = ""
+
+
+def _furthest_behind(ranks: Sequence[RankProgress]) -> RankProgress:
+    lowest = min(r.behind_key()[0] for r in ranks)
+    at_lowest = [r for r in ranks if r.behind_key()[0] == lowest]
+    if all(r.section in PHASES for r in at_lowest):
+        return min(at_lowest, key=lambda r: (PHASES[r.section], r.section_since, r.rank))
+    return min(at_lowest, key=lambda r: (r.section_since, r.rank))
+
+
+def _step_text(step: int | None) -> str:
+    return "before its first step" if step is None else f"of step {step + 1}"
+
+
+def hang_verdict(
+    reports: Sequence[PodReport],
+    timeout: float | Timeouts,
+    now: float,
+    *,
+    max_report_age: float = DEFAULT_MAX_REPORT_AGE,
+    same_time_s: float = DEFAULT_SAME_TIME,
+) -> Hang | None:
+    """None, or the Hang: the rank furthest behind has been in its section longer than
+    the allowance for that section. Ranks that exited are not considered; pods without a
+    fresh valid report are named (the culprit may be there) and make "all ranks equally
+    stuck" impossible to claim."""
+    limits = timeout if isinstance(timeout, Timeouts) else Timeouts.fixed(timeout)
+    parsed = parse_reports(reports, now, max_report_age)
+    running = [r for r in parsed.ranks if not r.exited]
+    if not running:
+        return None
+    culprit = _furthest_behind(running)
+    stuck_for = culprit.in_section(now)
+    allowance = limits.for_section(culprit.section)
+    if stuck_for <= allowance:
+        return None
+    ahead = tuple(
+        r.rank
+        for r in running
+        if r is not culprit
+        and (
+            r.behind_key()[0] > culprit.behind_key()[0]
+            or r.section != culprit.section
+            or r.section_since - culprit.section_since > same_time_s
+        )
+    )
+    equal = not ahead and not parsed.bad_pods and len(running) > 1
+    where = f"'{culprit.section}' {_step_text(culprit.step)}"
+    if equal:
+        message = (
+            f"all {len(running)} ranks equally stuck in {where} for {stuck_for:.0f}s "
+            f"(> {allowance:.0f}s): none is ahead; rank {culprit.rank} entered first"
+        )
+    else:
+        message = (
+            f"rank {culprit.rank} ({culprit.pod}) has been in {where} for "
+            f"{stuck_for:.0f}s (> {allowance:.0f}s)"
+        )
+        if ahead:
+            message += f"; {len(ahead)} rank(s) ahead of it wait"
+    if parsed.bad_pods:
+        message += f"; no fresh report from {', '.join(parsed.bad_pods)} (the culprit may be there)"
+    return Hang(
+        rank=culprit.rank,
+        pod=culprit.pod,
+        step=culprit.step,
+        section=culprit.section,
+        seconds=stuck_for,
+        timeout=allowance,
+        all_ranks_equally_stuck=equal,
+        ranks=len(running),
+        ahead=ahead,
+        unreported_pods=parsed.bad_pods,
+        message=message,
+    )
+
+
+# ---------------------------------------------------------------------- stragglers
+
+
+@dataclass(frozen=True)
+class RankWindows:
+    pod: str
+    steps_completed: int
+    slow_windows: int
+
+
+@dataclass(frozen=True)
+class StragglerState:
+    """Per rank: where it was seen last and for how many consecutive windows it was slow.
+    Returned anew by every :func:`stragglers` call; pass it to the next one."""
+
+    ranks: Mapping[int, RankWindows] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Straggler:
+    rank: int
+    pod: str
+    busy_seconds: float  # this rank's median busy time per step
+    reference_seconds: float  # the median of the other ranks' busy times
+    slow_windows: int
+
+    @property
+    def ratio(self) -> float:
+        return self.busy_seconds / self.reference_seconds if self.reference_seconds else 0.0
+
+
+@dataclass(frozen=True)
+class StragglerResult:
+    stragglers: tuple[Straggler, ...]
+    state: StragglerState
+
+
+def stragglers(
+    reports: Sequence[PodReport],
+    state: StragglerState | None = None,
+    *,
+    now: float,
+    ratio: float = 0.7,
+    windows: int = 3,
+    max_report_age: float = DEFAULT_MAX_REPORT_AGE,
+) -> StragglerResult:
+    """One window: a rank is slow when its median busy time per step exceeds the median of
+    the *other* ranks' / ``ratio``; it is a straggler after ``windows`` consecutive slow
+    windows. A window in which a rank completed no new step leaves its count as it was; a
+    rank seen in another pod or with fewer completed steps (a new process) starts again.
+
+    Busy time is the step time minus the time spent in waiting sections (``allreduce``,
+    ``barrier``, ...): in a synchronous job every rank's step time is the same (the fast
+    ones wait for the slow one), so only the busy time tells them apart. A job that marks
+    no waiting section is judged on step times (right for ranks that do not wait on each
+    other)."""
+    previous = state.ranks if state is not None else {}
+    ranks = [
+        r
+        for r in parse_reports(reports, now, max_report_age).ranks
+        if not r.exited and (r.median_busy or r.median_step)
+    ]
+    busy = {r.rank: float(r.median_busy or r.median_step or 0.0) for r in ranks}
+    updated: dict[int, RankWindows] = {}
+    found: list[Straggler] = []
+    for r in ranks:
+        seen = previous.get(r.rank)
+        count = seen.slow_windows if seen is not None else 0
+        if seen is not None and (seen.pod != r.pod or r.steps_completed < seen.steps_completed):
+            seen, count = None, 0
+        others = [b for rank, b in busy.items() if rank != r.rank]
+        reference = statistics.median(others) if others else 0.0
+        if seen is None or r.steps_completed > seen.steps_completed:
+            slow = bool(others) and busy[r.rank] > reference / ratio
+            count = count + 1 if slow else 0
+        updated[r.rank] = RankWindows(r.pod, r.steps_completed, count)
+        if count >= windows:
+            found.append(Straggler(r.rank, r.pod, busy[r.rank], reference, count))
+    for rank, kept in previous.items():
+        updated.setdefault(rank, kept)  # not reported this window: no new evidence
+    return StragglerResult(tuple(found), StragglerState(updated))
+
+
+# ---------------------------------------------------------------------- job summary
+
+
+@dataclass(frozen=True)
+class JobProgress:
+    """What the job's status can show: the step every rank completed, the step time."""
+
+    step: int | None
+    median_step_seconds: float | None
+    steps_per_second: float | None
+    ranks: int
+
+
+def job_progress(
+    reports: Sequence[PodReport], now: float, max_report_age: float = DEFAULT_MAX_REPORT_AGE
+) -> JobProgress:
+    running = [r for r in parse_reports(reports, now, max_report_age).ranks if not r.exited]
+    steps = [r.step for r in running if r.step is not None]
+    durations = [r.median_step for r in running if r.median_step]
+    median = statistics.median(durations) if durations else None
+    return JobProgress(
+        step=min(steps) if steps and len(steps) == len(running) else None,
+        median_step_seconds=median,
+        steps_per_second=1.0 / median if median else None,
+        ranks=len(running),
+    )

@@ -1,0 +1,346 @@
+"""policy.progress: hang verdicts, automatic timeouts and stragglers over progress reports."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from rtj_operator.policy.progress import (
+    PodReport,
+    StragglerState,
+    Timeouts,
+    auto_timeout,
+    hang_verdict,
+    job_progress,
+    parse_reports,
+    stragglers,
+)
+
+NOW = 10_000.0
+
+
+def rank(
+    r: int,
+    step: int | None,
+    section: str,
+    in_section: float,
+    *,
+    state: str = "running",
+    steps: Sequence[float] = (),
+    busy: float | None = None,
+    checkpoint: float | None = None,
+    completed: int = 100,
+) -> dict[str, Any]:
+    """One rank as rtj-shim progress-server reports it."""
+    median = sorted(steps)[len(steps) // 2] if steps else None
+    return {
+        "rank": r, "local_rank": r % 8, "pid": 100 + r, "restart": 0, "state": state,
+        "step": step, "steps_completed": completed, "section": section,
+        "seconds_in_section": in_section, "seconds_since_update": in_section,
+        "seconds_since_step": in_section, "seconds_since_start": 1000.0,
+        "last_step_seconds": steps[-1] if steps else None, "median_step_seconds": median,
+        "median_busy_seconds": busy if busy is not None else median,
+        "recent_step_seconds": list(steps), "recent_wait_seconds": [0.0] * len(steps),
+        "last_checkpoint_seconds": checkpoint, "max_checkpoint_seconds": checkpoint,
+        "checkpoints": 1 if checkpoint else 0, "seq": 7, "updated_wall_time": 1.7e9,
+    }  # fmt: skip
+
+
+def pod(name: str, *ranks: dict[str, Any], received_at: float = NOW) -> PodReport:
+    body = {"schema": 1, "pod_wall_time": 1.7e9, "hostname": name, "ranks": list(ranks)}
+    return PodReport(name, received_at, body)
+
+
+# ---------------------------------------------------------------------- hang_verdict
+
+
+def test_a_sigstopped_rank_is_named_while_the_ranks_ahead_wait() -> None:
+    """Rank 1 froze in its optimizer step after step 812's allreduce: its record stopped
+    changing; the others completed step 813 and wait in the next step's collective."""
+    reports = [
+        pod("w-0", rank(0, 813, "allreduce", 93.0), rank(1, 812, "optimizer", 94.2)),
+        pod("w-1", rank(2, 813, "backward", 93.1), rank(3, 813, "allreduce", 93.0)),
+    ]
+    hang = hang_verdict(reports, 60.0, NOW)
+    assert hang is not None
+    assert (hang.rank, hang.pod, hang.step, hang.section) == (1, "w-0", 812, "optimizer")
+    assert hang.seconds == pytest.approx(94.2) and hang.timeout == 60.0
+    assert not hang.all_ranks_equally_stuck and hang.ahead == (0, 2, 3) and hang.ranks == 4
+    assert hang.message.startswith("rank 1 (w-0) has been in 'optimizer' of step 813 for 94s")
+    assert "3 rank(s) ahead of it wait" in hang.message
+
+
+def test_at_the_same_step_the_earlier_phase_is_behind() -> None:
+    """Frozen in forward; the other rank finished its forward and waits in backward (the
+    gradient allreduce), even though it entered backward before the frozen rank, a
+    straggler, entered forward."""
+    reports = [pod("w-0", rank(0, 812, "backward", 95.0), rank(1, 812, "forward", 94.0))]
+    hang = hang_verdict(reports, 60.0, NOW)
+    assert hang is not None and (hang.rank, hang.section) == (1, "forward")
+    assert hang.seconds == pytest.approx(94.0) and hang.ahead == (0,)
+
+
+def test_with_user_sections_the_one_longest_in_its_section_is_behind() -> None:
+    reports = [pod("w-0", rank(0, 40, "tokenize", 70.0), rank(1, 40, "my_collective", 65.0))]
+    hang = hang_verdict(reports, 60.0, NOW)
+    assert hang is not None and (hang.rank, hang.section) == (0, "tokenize")
+
+
+def test_long_waits_of_ranks_ahead_are_no_hang_while_the_one_behind_moves() -> None:
+    reports = [pod("w-0", rank(0, 813, "allreduce", 75.0), rank(1, 812, "forward", 2.0))]
+    assert hang_verdict(reports, 60.0, NOW) is None
+
+
+def test_all_ranks_equally_stuck() -> None:
+    reports = [
+        pod("w-0", rank(0, 500, "allreduce", 120.0), rank(1, 500, "allreduce", 120.4)),
+        pod("w-1", rank(2, 500, "allreduce", 119.8), rank(3, 500, "allreduce", 120.1)),
+    ]
+    hang = hang_verdict(reports, 60.0, NOW)
+    assert hang is not None and hang.all_ranks_equally_stuck
+    assert hang.rank == 1 and hang.ahead == ()  # entered first, but within same_time_s
+    assert hang.message.startswith("all 4 ranks equally stuck in 'allreduce' of step 501")
+    assert "none is ahead" in hang.message
+
+
+def test_equally_stuck_needs_every_pod_to_have_reported() -> None:
+    reports = [
+        pod("w-0", rank(0, 500, "allreduce", 120.0), rank(1, 500, "allreduce", 120.4)),
+        pod("w-1", rank(2, 400, "forward", 1.0), received_at=NOW - 300),
+    ]
+    hang = hang_verdict(reports, 60.0, NOW)
+    assert hang is not None and not hang.all_ranks_equally_stuck
+    assert hang.unreported_pods == ("w-1",)
+    assert "no fresh report from w-1 (the culprit may be there)" in hang.message
+
+
+def test_start_up_grace_before_the_first_steps() -> None:
+    starting = [pod("w-0", rank(0, None, "start", 300.0), rank(1, None, "restore", 299.0))]
+    limits = auto_timeout(starting, factor=5.0, floor=30.0, startup_grace=600.0, now=NOW)
+    assert limits.step >= 600.0 and limits.for_section("start") >= 600.0
+    assert hang_verdict(starting, limits, NOW) is None
+    stuck = [pod("w-0", rank(0, None, "start", 700.0), rank(1, None, "restore", 650.0))]
+    hang = hang_verdict(stuck, limits, NOW)
+    assert hang is not None and (hang.rank, hang.step) == (0, None)
+    assert "'start' before its first step for 700s" in hang.message
+    # a fixed timeout with its own start-up allowance
+    assert hang_verdict(starting, Timeouts.fixed(60.0, startup=900.0), NOW) is None
+    assert hang_verdict(starting, 60.0, NOW) is not None
+
+
+def test_a_slow_but_moving_rank_is_no_hang() -> None:
+    """Rank 3 takes twice as long per step, but it keeps entering sections."""
+    fast, slow = [0.05] * 16, [0.1] * 16
+    reports = [
+        pod("w-0", rank(0, 900, "allreduce", 0.06, steps=fast), rank(1, 900, "allreduce", 0.06)),
+        pod("w-1", rank(2, 900, "allreduce", 0.05), rank(3, 900, "forward", 0.03, steps=slow)),
+    ]
+    assert hang_verdict(reports, 1.0, NOW) is None
+
+
+def test_a_rank_that_just_finished_a_step() -> None:
+    reports = [pod("w-0", rank(0, 813, "step", 0.001), rank(1, 812, "optimizer", 0.02))]
+    assert hang_verdict(reports, 1.0, NOW) is None
+    # ...and one that just finished while the one behind is stuck
+    reports = [pod("w-0", rank(0, 813, "data", 0.001), rank(1, 812, "backward", 80.0))]
+    hang = hang_verdict(reports, 60.0, NOW)
+    assert hang is not None and hang.rank == 1 and hang.ahead == (0,)
+
+
+def test_a_save_gets_its_own_allowance() -> None:
+    observed = [pod("w-0", rank(0, 99, "step", 0.01, steps=[0.05] * 16, checkpoint=60.0))]
+    limits = auto_timeout(observed, factor=5.0, floor=30.0, startup_grace=600.0, now=NOW)
+    assert (limits.step, limits.checkpoint) == (30.0, 300.0)
+    saving = [
+        pod("w-0", rank(0, 100, "checkpoint", 200.0, steps=[0.05] * 16, checkpoint=60.0)),
+        pod("w-1", rank(1, 100, "backward", 199.0, steps=[0.05] * 16, checkpoint=60.0)),
+    ]
+    assert hang_verdict(saving, limits, NOW) is None
+    stalled = [
+        pod("w-0", rank(0, 100, "checkpoint", 301.0)),
+        pod("w-1", rank(1, 100, "backward", 300.0)),
+    ]
+    hang = hang_verdict(stalled, limits, NOW)
+    assert hang is not None and (hang.rank, hang.section, hang.timeout) == (0, "checkpoint", 300.0)
+
+
+def test_ranks_of_pods_polled_at_different_times_are_compared_on_one_clock() -> None:
+    reports = [
+        pod("w-0", rank(0, 10, "forward", 50.0), received_at=NOW - 10),  # since NOW - 60
+        pod("w-1", rank(1, 10, "forward", 55.0), received_at=NOW),  # since NOW - 55
+    ]
+    hang = hang_verdict(reports, 58.0, NOW)
+    assert hang is not None and hang.rank == 0 and hang.seconds == pytest.approx(60.0)
+    assert not hang.all_ranks_equally_stuck and hang.ahead == (1,)
+
+
+def test_exited_ranks_and_stale_reports_are_no_evidence() -> None:
+    done = [pod("w-0", rank(0, 200, "step", 900.0, state="exited"))]
+    assert hang_verdict(done, 60.0, NOW) is None
+    old = [pod("w-0", rank(0, 200, "forward", 900.0), received_at=NOW - 31)]
+    assert hang_verdict(old, 60.0, NOW) is None
+    assert hang_verdict(old, 60.0, NOW, max_report_age=60.0) is not None
+    assert hang_verdict([], 60.0, NOW) is None
+
+
+def test_the_inputs_are_left_alone() -> None:
+    reports = [pod("w-0", rank(0, 813, "allreduce", 93.0), rank(1, 812, "optimizer", 94.2))]
+    before = copy.deepcopy(reports)
+    hang_verdict(reports, 60.0, NOW)
+    auto_timeout(reports, now=NOW)
+    stragglers(reports, now=NOW)
+    assert reports == before
+
+
+# ---------------------------------------------------------------------- parsing
+
+
+def test_malformed_reports_and_entries_are_skipped_and_named() -> None:
+    good = rank(0, 5, "forward", 1.0)
+    reports = [
+        PodReport("w-0", NOW, {"schema": 2, "ranks": [good]}),
+        PodReport("w-1", NOW, {"schema": 1, "ranks": "nope"}),
+        pod("w-2", good, {"rank": -1}, {**good, "rank": 1, "seconds_in_section": None}),
+        pod("w-3", {**good, "rank": 2, "step": "five"}, "junk"),  # type: ignore[arg-type]
+    ]
+    parsed = parse_reports(reports, NOW)
+    assert [r.rank for r in parsed.ranks] == [0]
+    assert parsed.bad_pods == ("w-0", "w-1")
+    assert len(parsed.problems) == 6
+
+
+def test_a_rank_reported_by_two_pods_keeps_the_newer_report() -> None:
+    reports = [
+        pod("old", rank(0, 5, "forward", 1.0), received_at=NOW - 5),
+        pod("new", rank(0, 9, "data", 1.0)),
+    ]
+    parsed = parse_reports(reports, NOW)
+    assert [(r.pod, r.step) for r in parsed.ranks] == [("new", 9)]
+    assert parsed.problems == ("rank 0 reported by old and new",)
+
+
+# ---------------------------------------------------------------------- auto_timeout
+
+
+def test_auto_timeout_from_step_times() -> None:
+    reports = [
+        pod("w-0", rank(0, 99, "step", 0.0, steps=[10.0] * 15 + [12.0])),
+        pod("w-1", rank(1, 99, "step", 0.0, steps=[10.0] * 16)),
+    ]
+    limits = auto_timeout(reports, factor=5.0, floor=30.0, startup_grace=600.0, now=NOW)
+    assert limits.step == 50.0 and limits.startup == 600.0
+    assert limits.checkpoint == 600.0  # no save observed yet: the grace
+    assert "5.0 x median 10s" in limits.reason and "no save yet" in limits.reason
+    spiky = [pod("w-0", rank(0, 99, "step", 0.0, steps=[1.0] * 15 + [70.0]))]
+    assert auto_timeout(spiky, factor=5.0, floor=30.0, now=NOW).step == 70.0
+    tiny = [pod("w-0", rank(0, 99, "step", 0.0, steps=[0.05] * 16))]
+    assert auto_timeout(tiny, factor=5.0, floor=30.0, now=NOW).step == 30.0
+
+
+def test_auto_timeout_keeps_the_grace_until_every_rank_has_warmed_up() -> None:
+    reports = [
+        pod("w-0", rank(0, 99, "step", 0.0, steps=[0.05] * 16)),
+        pod("w-1", rank(1, 2, "forward", 0.0, steps=[0.05, 0.05])),  # restarted process
+    ]
+    limits = auto_timeout(reports, factor=5.0, floor=30.0, startup_grace=300.0, now=NOW)
+    assert limits.step == 300.0 and "start-up grace" in limits.reason
+    warm = auto_timeout(reports, floor=30.0, startup_grace=300.0, now=NOW, warmup_steps=2)
+    assert warm.step == 30.0
+    assert warm.for_section("restore") == 300.0 and warm.for_section("data") == 30.0
+
+
+def test_first_save_grace() -> None:
+    reports = [pod("w-0", rank(0, 99, "step", 0.0, steps=[0.05] * 16))]
+    limits = auto_timeout(reports, floor=30.0, now=NOW, first_save_grace=120.0)
+    assert limits.checkpoint == 120.0 and limits.for_section("checkpoint") == 120.0
+
+
+# ---------------------------------------------------------------------- stragglers
+
+
+def window(completed: int, busy2: float, steps: float = 0.1) -> list[PodReport]:
+    """Four ranks in lockstep (equal step times); rank 2's busy time is ``busy2``."""
+    return [
+        pod("w-0", *(rank(r, 50, "step", 0.0, steps=[steps] * 16, busy=0.05, completed=completed)
+                     for r in (0, 1))),
+        pod("w-1", rank(2, 50, "step", 0.0, steps=[steps] * 16, busy=busy2, completed=completed),
+            rank(3, 50, "step", 0.0, steps=[steps] * 16, busy=0.05, completed=completed)),
+    ]  # fmt: skip
+
+
+def test_a_straggler_is_named_after_k_slow_windows_by_its_busy_time() -> None:
+    state = None
+    for k, completed in enumerate((10, 20, 30), start=1):
+        result = stragglers(window(completed, 0.09), state, now=NOW, ratio=0.7, windows=3)
+        state = result.state
+        assert state.ranks[2].slow_windows == k
+        assert state.ranks[0].slow_windows == 0
+        if k < 3:
+            assert result.stragglers == ()
+    (found,) = result.stragglers
+    assert (found.rank, found.pod, found.slow_windows) == (2, "w-1", 3)
+    assert found.busy_seconds == 0.09 and found.reference_seconds == 0.05
+    assert found.ratio == pytest.approx(1.8)
+
+
+def test_a_window_without_new_steps_changes_nothing_and_recovery_resets() -> None:
+    first = stragglers(window(10, 0.09), now=NOW, windows=2)
+    idle = stragglers(window(10, 0.09), first.state, now=NOW, windows=2)
+    assert idle.state.ranks[2].slow_windows == 1 and idle.stragglers == ()
+    second = stragglers(window(20, 0.09), idle.state, now=NOW, windows=2)
+    assert [s.rank for s in second.stragglers] == [2]
+    recovered = stragglers(window(30, 0.06), second.state, now=NOW, windows=2)
+    assert recovered.stragglers == () and recovered.state.ranks[2].slow_windows == 0
+
+
+def test_the_threshold_is_the_others_median_over_ratio() -> None:
+    at = stragglers(window(10, 0.05 / 0.7), now=NOW, windows=1)
+    assert at.stragglers == ()  # not above
+    above = stragglers(window(10, 0.05 / 0.7 + 1e-6), now=NOW, windows=1)
+    assert [s.rank for s in above.stragglers] == [2]
+
+
+def test_two_ranks_compare_each_with_the_other() -> None:
+    reports = [pod("w-0", rank(0, 5, "step", 0.0, busy=0.1, steps=[0.2]),
+                   rank(1, 5, "step", 0.0, busy=0.2, steps=[0.2]))]  # fmt: skip
+    assert [s.rank for s in stragglers(reports, now=NOW, windows=1).stragglers] == [1]
+
+
+def test_a_new_process_or_another_pod_starts_the_count_again() -> None:
+    state = stragglers(window(10, 0.09), now=NOW).state
+    state = stragglers(window(20, 0.09), state, now=NOW).state
+    assert state.ranks[2].slow_windows == 2
+    restarted = stragglers(window(3, 0.09), state, now=NOW)  # fewer steps: a new process
+    assert restarted.state.ranks[2].slow_windows == 1
+    moved = window(40, 0.09)
+    moved[1] = PodReport("w-9", NOW, moved[1].body)
+    assert stragglers(moved, state, now=NOW).state.ranks[2].slow_windows == 1
+
+
+def test_without_waiting_sections_step_times_decide_and_state_is_not_mutated() -> None:
+    reports = [pod("w-0", rank(0, 5, "step", 0.0, steps=[0.1] * 4),
+                   rank(1, 5, "step", 0.0, steps=[0.1] * 4),
+                   rank(2, 5, "step", 0.0, steps=[0.3] * 4))]  # fmt: skip
+    for entry in reports[0].body["ranks"]:
+        entry["median_busy_seconds"] = None
+    state = StragglerState()
+    result = stragglers(reports, state, now=NOW, windows=1)
+    assert [s.rank for s in result.stragglers] == [2]
+    assert state.ranks == {}  # the state passed in stays as it was
+
+
+# ---------------------------------------------------------------------- job summary
+
+
+def test_job_progress() -> None:
+    reports = [
+        pod("w-0", rank(0, 813, "step", 0.0, steps=[0.05] * 3), rank(1, 812, "optimizer", 0.0)),
+    ]
+    summary = job_progress(reports, NOW)
+    assert summary.step == 812 and summary.ranks == 2
+    assert summary.median_step_seconds == 0.05 and summary.steps_per_second == 20.0
+    starting = [pod("w-0", rank(0, None, "start", 1.0), rank(1, 3, "step", 0.0))]
+    assert job_progress(starting, NOW).step is None
