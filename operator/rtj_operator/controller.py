@@ -29,7 +29,15 @@ from rtj_operator.api import keys
 from rtj_operator.api.reasons import Phase
 from rtj_operator.api.resource import ResilientTrainingJob
 from rtj_operator.cache import WatchCache
-from rtj_operator.kube import AlreadyExists, Conflict, Kube, KubeError, NotFound
+from rtj_operator.kube import (
+    AlreadyExists,
+    Conflict,
+    Forbidden,
+    Invalid,
+    Kube,
+    KubeError,
+    NotFound,
+)
 from rtj_operator.metrics import Metrics
 from rtj_operator.node_leases import NodeLeases
 from rtj_operator.policy.classify import reads_event
@@ -240,6 +248,7 @@ class Controller:
         self.gone: dict[Key, dict[str, dict[str, Any]]] = {}
         self.gone_jobsets: dict[Key, dict[str, dict[str, Any]]] = {}
         self._conflicts: dict[Key, int] = {}
+        self.rejections: dict[Key, rc.Rejection] = {}
         self.node_leases = NodeLeases(self._touch_node, self._touch_all, self.clock)
         self._rtj_tombstones: dict[str, int | None] = {}
         """uid -> resourceVersion of jobs seen deleted (bounded, oldest dropped first)."""
@@ -296,6 +305,7 @@ class Controller:
         self.queue_readings.pop(key, None)
         self.queue.forget(key)
         self._conflicts.pop(key, None)
+        self.rejections.pop(key, None)
         self.metrics.forget_job(*key)
 
     def on_pod(self, event_type: str | None, body: Mapping[str, Any]) -> None:
@@ -391,6 +401,7 @@ class Controller:
             queue=self.queue_readings.get(key),
             node_health=self.settings.node_health,
             node_leases=self.node_leases.of(node_names),
+            rejection=self.rejections.get(key),
             partition=self.node_leases.partition,
         )
 
@@ -563,7 +574,17 @@ class Controller:
                     raise errors[0]
                 failed = errors[0] if errors else None
             elif isinstance(action, rc.CreateJobSet):
-                await self._io(kube.create_jobset, namespace, action.body)
+                try:
+                    await self._io(kube.create_jobset, namespace, action.body)
+                except (Invalid, Forbidden) as exc:
+                    if isinstance(exc, Forbidden) and "admission webhook" not in str(exc):
+                        raise  # not permitted: the operator's RBAC, not the job's spec
+                    jobset = str((action.body.get("metadata") or {}).get("name", ""))
+                    generation = snap.rtj.metadata.generation
+                    self.rejections[key] = rc.Rejection(jobset, generation, str(exc))
+                    log.warning("%s/%s: JobSet %s refused: %s", *key, jobset, exc)
+                    self.queue.add(key)  # the next plan says so in a condition
+                    return
             elif isinstance(action, (rc.TaintNode, rc.UntaintNode)):
                 edit = rc.claim if isinstance(action, rc.TaintNode) else rc.release
                 who = rc.Claimant(action.job, action.uid)

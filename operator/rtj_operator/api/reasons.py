@@ -127,3 +127,6 @@ class Reason(str, Enum):
     PROGRESSING = "Progressing"
     NODES_UNREACHABLE = "NodesUnreachable"
     CONTACT_RESTORED = "ContactRestored"
+    JOBSET_REJECTED = "JobSetRejected"
+    """Admitted=False (and a Warning Event): the API server or an admission webhook refused
+    the rendered JobSet; the job waits for its spec to change."""

@@ -83,6 +83,7 @@ from rtj_operator.reconcile.trim import plain, trim_event, trim_jobset, trim_nod
 from rtj_operator.reconcile.world import (
     JobSetView,
     QueueReading,
+    Rejection,
     Snapshot,
     StoreReading,
     attempt_of,
@@ -113,6 +114,7 @@ __all__ = [
     "Plan",
     "PostEvent",
     "QueueReading",
+    "Rejection",
     "SetFinalizer",
     "Snapshot",
     "StoreReading",

@@ -82,6 +82,8 @@ def plan_next_attempt(b: PlanBuilder) -> None:
             return
         selection = store.selection
         store_readable(b)
+    if _rejected(b, name):
+        return
     pin = pin_for(uri, selection, action.resume_step)
     if selection is not None and selection.step is not None and selection.committed_at:
         note_verified(b, selection.step, selection.uri or uri, selection.committed_at, b.now)
@@ -145,3 +147,26 @@ def record_started(
         ConditionType.RUNNING, False, Reason.AWAITING_ADMISSION, f"attempt {n} not running yet"
     )
     b.notes.append(message)
+
+
+def _rejected(b: PlanBuilder, name: str) -> bool:
+    """The API server refused this JobSet for this generation of the job: say so (a
+    condition and one Event) and wait for the spec to change, instead of re-sending the
+    same refused object forever."""
+    refused = b.snap.rejection
+    generation = b.rtj.metadata.generation
+    if refused is None or refused.jobset != name or refused.generation != generation:
+        return False
+    message = (
+        f"JobSet {name} was refused by the API server: {refused.message}; fix "
+        "spec.template (or the cluster's policy) and the job retries with the new spec"
+    )
+    already = any(
+        c.type == ConditionType.ADMITTED.value and c.reason == Reason.JOBSET_REJECTED.value
+        for c in b.status.conditions
+    )
+    if not already:
+        b.event(True, Reason.JOBSET_REJECTED, message)
+    b.condition(ConditionType.ADMITTED, False, Reason.JOBSET_REJECTED, message)
+    b.notes.append(message)
+    return True

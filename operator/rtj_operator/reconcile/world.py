@@ -125,6 +125,16 @@ class StoreReading:
 
 
 @dataclass(frozen=True)
+class Rejection:
+    """The API server (or an admission webhook) refused to create this JobSet for this
+    generation of the job: the same render would be refused again."""
+
+    jobset: str
+    generation: int
+    message: str
+
+
+@dataclass(frozen=True)
 class QueueReading:
     """The job's Kueue LocalQueue as last looked up: whether it exists (None: unknown,
     e.g. the lookup failed or is not permitted; `detail` says why)."""
@@ -162,6 +172,8 @@ class Snapshot:
     node_leases: Mapping[str, NodeLease] = field(default_factory=dict)
     """The Leases (kube-node-lease) of the job's nodes: when each kubelet last renewed."""
     partition: bool = False
+    rejection: Rejection | None = None
+    """The last JobSet create the API server refused (422, or an admission webhook)."""
     """Most nodes with a Lease are silent at once (the controller counts them all)."""
     gone_jobsets: tuple[Json, ...] = ()
     """JobSets of this job deleted while the operator watched (their uids keep the pods of an

@@ -912,3 +912,31 @@ def test_status_lists_stay_bounded_in_a_cluster_wide_incident() -> None:
     after = status_of(rc.plan(snapshot(bad, jobsets=[jobset(1)], pods=[failing])), bad)
     assert len(after["badSteps"]) <= MAX_BAD_STEPS
     assert max(after["badSteps"]) >= max(many)
+
+
+def test_a_jobset_the_api_server_refuses_is_a_condition_not_a_retry_loop() -> None:
+    """Issue 13: a 422 on create (CEL, schema, a webhook's denial) is reported once, and the
+    job waits for its spec to change instead of re-sending the refused object."""
+    raw = rtj_raw()
+    message = (
+        'JobSet.jobset.x-k8s.io "llm-a1" is invalid: spec.replicatedJobs[0].template.spec'
+        ".template.spec.containers[0].image: Required value"
+    )  # the API server's StatusReasonInvalid message shape (apimachinery errors.NewInvalid)
+    refused = rc.Rejection("llm-a1", 1, message)
+    plan = rc.plan(replace(snapshot(raw, store=reading(100)), rejection=refused))
+    assert not of(plan, rc.CreateJobSet)
+    status = status_of(plan, raw)
+    admitted = condition(status, "Admitted")
+    assert admitted is not None and admitted["reason"] == "JobSetRejected"
+    assert "Required value" in admitted["message"]
+    assert [e.reason for e in of(plan, rc.PostEvent)] == ["JobSetRejected"]
+    again = rc.plan(
+        replace(snapshot(with_status(raw, plan), store=reading(100)), rejection=refused)
+    )
+    assert not of(again, rc.PostEvent) and not of(again, rc.CreateJobSet)
+    # the user fixed the template: a new generation is tried again
+    fixed = with_status(raw, plan)
+    fixed["metadata"]["generation"] = 2
+    assert of(
+        rc.plan(replace(snapshot(fixed, store=reading(100)), rejection=refused)), rc.CreateJobSet
+    )

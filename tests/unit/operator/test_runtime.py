@@ -575,3 +575,29 @@ def test_the_operator_reads_a_store_with_its_own_identity_only_where_allowed() -
         c.executor.shutdown()
 
     asyncio.run(scenario())
+
+
+def test_a_refused_jobset_create_is_remembered_for_the_plan_not_retried_blindly() -> None:
+    from rtj_operator.kube import Invalid
+
+    async def scenario() -> None:
+        kube, reg = FakeKube(), CollectorRegistry()
+
+        def refuse(namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+            kube.calls.append(("create_jobset", body["metadata"]["name"]))
+            raise Invalid('JobSet.jobset.x-k8s.io "llm-a1" is invalid: spec: Required', 422)
+
+        kube.create_jobset = refuse  # type: ignore[method-assign]
+        c = _controller(kube, reg)
+        key = ("team-a", "llm")
+        c.on_rtj(None, rtj_raw())
+        await c.reconcile(key)
+        assert c.rejections[key].jobset == "llm-a1"
+        await c.reconcile(key)  # the plan reports it; nothing is sent again
+        await asyncio.gather(*c._posting)
+        creates = [x for x in kube.calls if x[0] == "create_jobset"]
+        assert creates == [("create_jobset", "llm-a1")]
+        assert ("event", "JobSetRejected") in kube.calls
+        c.executor.shutdown()
+
+    asyncio.run(scenario())
