@@ -78,6 +78,21 @@ def _teardown_sent(b: PlanBuilder) -> datetime | None:
     return record.ended_at
 
 
+STUCK_TERMINATING = timedelta(seconds=60)
+"""A pod still there this long after its deletion deadline (deletionTimestamp: the request
+time plus its grace period) is reported stuck."""
+
+
+def _stuck_terminating(b: PlanBuilder) -> list[str]:
+    out = []
+    for pod in b.snap.pods:
+        deadline = parse_time(get_in(pod, "metadata", "deletionTimestamp"))
+        if deadline is not None and b.now - deadline >= STUCK_TERMINATING:
+            node = get_in(pod, "spec", "nodeName") or "no node"
+            out.append(f"{pod_name(pod)} on {node}")
+    return sorted(out)
+
+
 def converge(b: PlanBuilder, views: Sequence[JobSetView]) -> bool:
     """Before attempt n+1: delete every JobSet and pod of this job; True while any remains.
 
@@ -109,7 +124,24 @@ def converge(b: PlanBuilder, views: Sequence[JobSetView]) -> bool:
         f"converging before attempt {n + 1}: waiting for the JobSets and pods of earlier "
         "attempts to go"
     )  # no counts: one status patch while converging, not one per pod gone
-    b.condition(ConditionType.RESTARTING, True, Reason.WAITING_FOR_OLD_WORLD, message)
+    reason = Reason.WAITING_FOR_OLD_WORLD
+    stuck = _stuck_terminating(b)
+    if stuck:
+        reason = Reason.PODS_STUCK_TERMINATING
+        message = (
+            f"converging before attempt {n + 1}: pod(s) of earlier attempts still "
+            f"Terminating over {int(STUCK_TERMINATING.total_seconds())} s past their grace "
+            f"period, their kubelet has not confirmed: {', '.join(stuck[:5])}"
+            + (f" and {len(stuck) - 5} more" if len(stuck) > 5 else "")
+            + "; the next attempt waits (a silent node's pods are force-deleted once it is "
+            "fenced; on a live node its kubelet or an administrator must end them)"
+        )
+        was = next(
+            (c for c in b.status.conditions if c.type == ConditionType.RESTARTING.value), None
+        )
+        if was is None or was.reason != reason.value:
+            b.event(True, reason, message)
+    b.condition(ConditionType.RESTARTING, True, reason, message)
     b.notes.append(
         f"converging before attempt {n + 1}: {len(views)} JobSet(s) and {len(b.snap.pods)} "
         "pod(s) of earlier attempts remain"

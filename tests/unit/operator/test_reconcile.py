@@ -940,3 +940,20 @@ def test_a_jobset_the_api_server_refuses_is_a_condition_not_a_retry_loop() -> No
     assert of(
         rc.plan(replace(snapshot(fixed, store=reading(100)), rejection=refused)), rc.CreateJobSet
     )
+
+
+def test_pods_stuck_terminating_on_a_live_node_are_reported_once_while_the_restart_waits() -> None:
+    raw = rtj_raw({**running(), "phase": "Restarting"})
+    stuck = pod(1, 1, deleting=True, finished=NOW - timedelta(minutes=5))  # due 4.5 min ago
+    plan = rc.plan(snapshot(raw, pods=[stuck], store=reading(100)))
+    assert not of(plan, rc.CreateJobSet)
+    restarting = condition(status_of(plan, raw), "Restarting")
+    assert restarting is not None and restarting["reason"] == "PodsStuckTerminating"
+    assert stuck["metadata"]["name"] in restarting["message"]
+    assert [e.reason for e in of(plan, rc.PostEvent)] == ["PodsStuckTerminating"]
+    again = rc.plan(snapshot(with_status(raw, plan), pods=[stuck], store=reading(100)))
+    assert not of(again, rc.PostEvent), "reported once"
+    # a pod within its grace period is just being deleted
+    fresh = pod(1, 1, deleting=True)
+    calm = rc.plan(snapshot(raw, pods=[fresh], store=reading(100)))
+    assert condition(status_of(calm, raw), "Restarting")["reason"] == "WaitingForOldWorld"
