@@ -25,7 +25,11 @@ payload, so even one ascending copy of the bytes reads them in the right order; 
 catches what weakly ordered memory could still tear). Of the valid slots the higher seq
 wins. Because a write only ever touches the slot that does *not* hold the newest record, a
 writer stopped halfway through a write (SIGSTOP, a crash) leaves the previous record intact
-and readable: a reader never sees a mixed record and never loses the last good one.
+and readable: a reader never sees a mixed record and never loses the last good one. A new
+file gets its first record in both slots before it appears under its name, so a reader
+that finds only one intact slot knows a write is under way and retries until it reads
+both (successive reads never go back to an older record), settling for the one only if
+the writer stays stopped.
 
 Times are ``CLOCK_MONOTONIC`` nanoseconds (comparable between processes on one machine,
 so the reader computes ages with its own clock) plus one wall-clock stamp of the last
