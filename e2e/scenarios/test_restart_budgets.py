@@ -113,7 +113,9 @@ def test_the_third_infrastructure_failure_spends_max_restarts_after_growing_back
         gaps.append(created.at - failed_at)
     backoffs = [initial, initial * 2]  # initial * 2^(restarts so far)
     for gap, backoff in zip(gaps, backoffs, strict=True):
-        assert backoff <= gap < backoff + 20, (gaps, backoffs)
+        # never before the backoff; the upper bound only catches a wrong backoff (a busy
+        # machine adds seconds of scheduling and watch latency on top)
+        assert backoff <= gap < backoff + 60, (gaps, backoffs)
 
     status = wait_phase(rtj_api, ns, JOB, "Failed")
     assert [r["failureClass"] for r in status["attempts"]] == ["NetworkFault"] * 3
