@@ -48,6 +48,7 @@ from rtj_shim.progress_record import (
 SCHEMA = 1
 MAX_FILES = 1024  # ranks per pod read per request; bounds the response and the work
 REQUEST_TIMEOUT_S = 5.0
+MAX_CONNECTIONS = 16  # the operator polls with one at a time; anything beyond is refused
 NS = 1e9
 
 
@@ -163,11 +164,35 @@ class ProgressServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, directory: Path, host: str = "0.0.0.0", port: int = 0) -> None:  # noqa: S104
+    def __init__(
+        self,
+        directory: Path,
+        host: str = "0.0.0.0",  # noqa: S104
+        port: int = 0,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
         self.directory = directory
+        self._slots = threading.BoundedSemaphore(max_connections)
         if ":" in host:
             self.address_family = socket.AF_INET6
         super().__init__((host, port), _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """At most ``max_connections`` served at once (threads, memory); more are closed."""
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
     @property
     def port(self) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -123,3 +124,32 @@ def test_the_number_of_records_read_is_bounded(tmp_path: Path) -> None:
     for rank in range(5):
         Progress(tmp_path, rank).close()
     assert [r["rank"] for r in report(tmp_path, limit=3)["ranks"]] == [0, 1, 2]
+
+
+def test_connections_beyond_the_bound_are_closed(tmp_path: Path) -> None:
+    srv = ProgressServer(tmp_path, "127.0.0.1", 0, max_connections=1)
+    thread = srv.start_in_thread()
+    try:
+        stalled = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+        stalled.sendall(b"GET /progress HTTP/1.1\r\n")  # never finishes its request
+        extra = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+        extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        try:
+            answer = extra.recv(1024)
+        except ConnectionResetError:
+            answer = b""
+        assert answer == b""  # closed without an answer
+        extra.close()
+        stalled.close()  # its handler sees the end of the stream and frees the slot
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                assert get(srv, "/healthz") == (200, {"ok": True})
+                break
+            except (ConnectionError, http.client.HTTPException):
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        thread.join(timeout=10)
