@@ -221,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         root,
         probe=probe if args.probe else None,
         emergency_deadline_s=args.emergency_deadline,
+        every_steps=args.save_every,  # step_boundary() saves; every rank agrees
         **({"shard_bytes": args.shard_kib << 10} if args.shard_kib else {}),
     )
     # Plain values go into the checkpoint as they are (replicated: equal on every rank).
@@ -286,12 +287,13 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.write(f"fault: SIGKILL rank {rank} after step {step}\n")
             sys.stderr.flush()
             os.kill(os.getpid(), signal.SIGKILL)
-        ckpt.step_boundary(step, objects)
-        if step % args.save_every == 0 or step == args.steps:
+        # saves every --save-every steps, and makes a SIGTERM's emergency save
+        ckpt.step_boundary(step, objects, loss=total, blocking=not args.async_save)
+        if step == args.steps and step % args.save_every:  # the last step, off schedule
             ckpt.save(step, objects, blocking=not args.async_save, loss=total)
-            report = ckpt.last_save
-            if report is not None:
-                emit({"event": "save", "step": step, "seconds": report.seconds})
+        report = ckpt.last_save
+        if report is not None and (step % args.save_every == 0 or step == args.steps):
+            emit({"event": "save", "step": step, "seconds": report.seconds})
     ckpt.wait()
     if args.async_save and ckpt.last_save is not None:
         emit({"event": "save", "step": ckpt.last_save.step, "seconds": ckpt.last_save.seconds})

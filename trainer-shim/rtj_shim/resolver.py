@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rtj_shim.layout import LATEST_FILE, StepDirName, step_key
-from rtj_shim.retention import StepState
+from rtj_shim.retention import StepState, metric_of
 from rtj_shim.selection import (
     Resolution,
     Skipped,
@@ -79,7 +79,8 @@ def describe_steps(store: CheckpointStore, depth: Depth = Depth.SHALLOW) -> list
             state = StepState(name, verified=False, reason="in progress")
         else:
             verdict = verify_step(store, name.step, depth)
-            state = StepState(name, verified=verdict.valid, reason=verdict.reason)
+            metric = metric_of(verdict.manifest.extra) if verdict.manifest else None
+            state = StepState(name, verdict.valid, verdict.reason, metric)
         listings.append(StepListing(entry, state))
     listings.sort(key=lambda s: (s.entry.name.step, s.entry.name.attempt or ""), reverse=True)
     return listings

@@ -2,9 +2,11 @@
 
 Kept: the newest ``keep_last`` verified steps, the verified step before the newest (the
 fallback if the newest later fails deep verification), every ``keep_every``-th step as a
-milestone, and every protected step (the one a running attempt resumed from). The newest
-verified step is never deleted. Unverified directories newer than the newest verified step
-may still be in progress and are kept; older ones are abandoned and deleted.
+milestone, every protected step (the one a running attempt resumed from), and the
+``keep_best`` verified steps with the best recorded metric (manifest ``extra.metric``,
+written by the trainer; :func:`metric_of`). The newest verified step is never deleted.
+Unverified directories newer than the newest verified step may still be in progress and
+are kept; older ones are abandoned and deleted.
 
 The operator passes the job's policy to the trainer as environment (:func:`policy_from_env`):
 ``RTJ_KEEP_LAST`` (retention is on only when it is set), ``RTJ_KEEP_EVERY`` and
@@ -13,6 +15,7 @@ The operator passes the job's policy to the trainer as environment (:func:`polic
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -27,10 +30,20 @@ _NUMBER = re.compile(r"^[0-9]+$")
 
 
 @dataclass(frozen=True)
+class Metric:
+    """A step's score as the trainer recorded it: lower is better for mode "min"."""
+
+    name: str
+    mode: str  # "min" or "max"
+    value: float
+
+
+@dataclass(frozen=True)
 class StepState:
     name: StepDirName
     verified: bool
     reason: str = ""
+    metric: Metric | None = None
 
 
 @dataclass(frozen=True)
@@ -38,12 +51,51 @@ class RetentionPolicy:
     keep_last: int
     keep_every: int | None = None
     protect: frozenset[int] = field(default_factory=frozenset)
+    keep_best: int = 0  # verified steps with the best metric named best_metric
+    best_metric: str | None = None  # None: the metric of the newest step that has one
 
     def __post_init__(self) -> None:
         if self.keep_last < 1:
             raise ValueError(f"keep_last must be >= 1, got {self.keep_last}")
         if self.keep_every is not None and self.keep_every < 1:
             raise ValueError(f"keep_every must be >= 1, got {self.keep_every}")
+        if self.keep_best < 0:
+            raise ValueError(f"keep_best must be >= 0, got {self.keep_best}")
+
+
+def metric_of(extra: Mapping[str, object]) -> Metric | None:
+    """The metric a manifest's ``extra`` records (``{"name", "mode", "value"}``), if any
+    and well formed with a finite value; anything else counts as no metric."""
+    raw = extra.get("metric")
+    if not isinstance(raw, Mapping):
+        return None
+    name, mode, value = raw.get("name"), raw.get("mode"), raw.get("value")
+    if not isinstance(name, str) or mode not in ("min", "max"):
+        return None
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    if not math.isfinite(value):
+        return None
+    return Metric(name, str(mode), float(value))
+
+
+def best_steps(verified: list[StepState], policy: RetentionPolicy) -> dict[int, str]:
+    """The ``keep_best`` verified steps with the best metric, with the reason to keep each.
+    Ranked by the mode of the newest step that has the metric; ties keep the newer step."""
+    scored = sorted(
+        ((s.name.step, s.metric) for s in verified if s.metric is not None), reverse=True
+    )
+    if policy.keep_best <= 0 or not scored:
+        return {}
+    name = policy.best_metric or scored[0][1].name
+    scored = [(step, m) for step, m in scored if m.name == name]
+    if not scored:
+        return {}
+    mode = scored[0][1].mode
+    sign = 1.0 if mode == "min" else -1.0
+    ranked = sorted(scored, key=lambda row: (sign * row[1].value, -row[0]))
+    why = f"among the best {policy.keep_best} by {name} ({mode})"
+    return {step: why for step, _ in ranked[: policy.keep_best]}
 
 
 def _number(name: str, text: str, minimum: int) -> int:
@@ -95,11 +147,15 @@ class RetentionPlan:
         return {"keep": rows(self.keep), "delete": rows(self.delete)}
 
 
-def _keep_reason(step: int, rank: int, newest: int, policy: RetentionPolicy) -> str | None:
+def _keep_reason(
+    step: int, rank: int, newest: int, policy: RetentionPolicy, best: dict[int, str]
+) -> str | None:
     if step == newest:
         return "newest verified step"
     if step in policy.protect:
         return "protected"
+    if step in best:
+        return best[step]
     if rank < policy.keep_last:
         return f"among the newest {policy.keep_last} verified steps"
     if rank == 1:
@@ -114,13 +170,14 @@ def plan_retention(states: Iterable[StepState], policy: RetentionPolicy) -> Rete
     verified = [s for s in states if s.verified and not s.name.in_progress]
     newest = verified[0].name.step if verified else None
     rank_of = {s.name.step: i for i, s in enumerate(verified)}
+    best = best_steps(verified, policy)
     keep: list[Decision] = []
     delete: list[Decision] = []
     for state in states:
         step = state.name.step
         if state in verified:
             assert newest is not None
-            reason = _keep_reason(step, rank_of[step], newest, policy)
+            reason = _keep_reason(step, rank_of[step], newest, policy, best)
             if reason is None:
                 delete.append(Decision(state.name, "verified, beyond the retention policy"))
             else:

@@ -21,7 +21,7 @@ from torch import nn
 from torch.distributed.checkpoint.stateful import Stateful
 
 from rtj_shim.torch import Checkpointer, CheckpointError, UnsafeStateError
-from rtj_shim.torch.checkpointer import replica_mismatches
+from rtj_shim.torch.fingerprint import replica_mismatches
 
 WORKER = Path(__file__).with_name("plain_worker.py")
 

@@ -70,6 +70,14 @@ class Coordinator:
         if self.world > 1:
             dist.barrier(group=self._group)
 
+    def max_floats(self, values: list[float]) -> list[float]:
+        """Element-wise maximum over ranks (float64), the same list on every rank."""
+        if self.world == 1:
+            return list(values)
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._group)
+        return [float(v) for v in t.tolist()]
+
     def any_flag(self, flag: bool) -> bool:
         """True on every rank when any rank passed True."""
         if self.world == 1:

@@ -76,6 +76,7 @@ class SaveJob:
     staged: threading.Event = field(default_factory=threading.Event)
     stall: float = 0.0
     snapshot: Snapshot | None = None  # what a second save of this step compares with
+    scores: dict[str, Any] = field(default_factory=dict)  # manifest extra: metric, best
 
 
 def capture(
@@ -174,7 +175,7 @@ def step_metadata(job: SaveJob, world_size: int) -> StepMetadata:
         world_size=world_size,
         parallelism={layout: world_size},
         framework=framework_info(),
-        extra={"torch": job.extra},
+        extra={"torch": job.extra, **job.scores},
     )
 
 

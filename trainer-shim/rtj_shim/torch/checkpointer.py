@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import os
 import threading
 import time
@@ -29,12 +30,20 @@ from typing import Any
 
 import torch
 
-from rtj_shim.layout import step_key
-from rtj_shim.protocol import CommitProtocol
+from rtj_shim.protocol import CommitProtocol, retention_from_env
 from rtj_shim.storage import CheckpointStore, open_store
 from rtj_shim.torch import _dist, fingerprint, resave, rng
-from rtj_shim.torch.capture import FORMAT, SKELETON, SaveJob, capture, rank_path, shard_path
+from rtj_shim.torch.capture import (
+    FORMAT,
+    SKELETON,
+    SaveJob,
+    as_float,
+    capture,
+    rank_path,
+    shard_path,
+)
 from rtj_shim.torch.emergency import SigtermGuard
+from rtj_shim.torch.fingerprint import replica_mismatches
 from rtj_shim.torch.outcomes import (
     CheckpointError,
     NonFiniteStateError,
@@ -42,14 +51,23 @@ from rtj_shim.torch.outcomes import (
     SaveReport,
     raise_if_any,
 )
-from rtj_shim.torch.peek import CheckpointInfo, checkpoint_info, read_values
+from rtj_shim.torch.peek import CheckpointInfo, peek_step
 from rtj_shim.torch.restore import StepLoader, decide, validate_restored
+from rtj_shim.torch.schedule import (
+    Best,
+    Mode,
+    Schedule,
+    best_from,
+    merged_retention,
+    metric_flag,
+    scores,
+)
+from rtj_shim.torch.schedule import decide as decide_save
 from rtj_shim.torch.staging import Staging
 from rtj_shim.torch.state import COMMON, USER_KINDS, Entry, classify
 from rtj_shim.torch.validation import Probe, loss_problem, optimizer_moments, run_probe
 from rtj_shim.torch.writer import CollectiveWriter
-from rtj_shim.verification import Depth, check_commit
-from rtj_shim.verifier import verify_step
+from rtj_shim.verification import check_commit
 
 __all__ = [  # the names this module has always offered
     "DEFAULT_RESUME_FILE",
@@ -91,6 +109,12 @@ class Checkpointer:
         attempt: str | None = None,
         rank_local: Iterable[str] = (),
         replicated: Iterable[str] = (),
+        every_steps: int | None = None,
+        every_seconds: float | None = None,
+        monitor: str = "metric",
+        mode: Mode = "min",
+        keep_last: int | None = None,
+        keep_best: int = 0,
         allow_unsafe_pickle: bool = False,
         probe: Probe | None = None,
         probe_rtol: float = 1e-3,
@@ -109,8 +133,12 @@ class Checkpointer:
             self.store: CheckpointStore = open_store(os.fspath(root))
         else:
             self.store = root
+        self.schedule = Schedule(every_steps, every_seconds, monitor, mode)
         self.protocol = CommitProtocol(
-            self.store, run_id=run_id, attempt=attempt or os.environ.get("RTJ_ATTEMPT") or "0"
+            self.store,
+            run_id=run_id,
+            attempt=attempt or os.environ.get("RTJ_ATTEMPT") or "0",
+            retention=merged_retention(retention_from_env(), keep_last, keep_best, monitor),
         )
         self.rank = _dist.rank()
         self.world_size = _dist.world_size()
@@ -157,6 +185,8 @@ class Checkpointer:
         self._peeked: dict[str, Any] | None = None  # peek()'s decision, for the next restore
         self._published: int | None = None
         self._clean: resave.Snapshot | None = None  # last state restored or published
+        self._best: Best | None = None  # the best metric published so far
+        self._last_save_at = time.monotonic()  # for every_seconds
         self._sigterm = SigtermGuard(self.rank, emergency_deadline_s, emergency_exit_code)
         atexit.register(_drain_at_exit, weakref.ref(self))
 
@@ -169,16 +199,19 @@ class Checkpointer:
         *,
         blocking: bool = True,
         loss: float | torch.Tensor | None = None,
+        metric: float | torch.Tensor | None = None,
     ) -> SaveReport | None:
         """Collective. Every rank calls it after completing ``step`` steps.
 
         Blocking: returns once the step is published. ``blocking=False``: takes what it
         needs (RNG, small state, staging of large tensors overlapped with the next forward
         and backward, fenced before the next ``optimizer.step()``), returns, and publishes
-        in the background; errors surface at the next ``save`` or ``wait``.
+        in the background; errors surface at the next ``save`` or ``wait``. ``metric``:
+        rank 0's value of the monitored metric, recorded in the manifest (keep-best).
         """
         started = time.perf_counter()
         self.wait()
+        self._last_save_at = time.monotonic()
         coord = self._coordinator()
         problem = loss_problem(loss) if self.check_finite else None
         replicas: dict[str, str] = {}
@@ -207,13 +240,14 @@ class Checkpointer:
             local_error = None
         except Exception as exc:
             local_error, failure = f"rank {coord.rank}: {type(exc).__name__}: {exc}", exc
-        rows = coord.all_gather((local_error, replicas, again))
-        errors = [error for error, _, _ in rows if error]
+        score = None if metric is None else as_float(metric)
+        rows = coord.all_gather((local_error, replicas, again, score))
+        errors = [error for error, _, _, _ in rows if error]
         if errors:
             if local_error is not None:
                 raise failure
             raise CheckpointError(f"save of step {step} failed: " + "; ".join(errors))
-        differing = replica_mismatches([digests for _, digests, _ in rows])
+        differing = replica_mismatches([digests for _, digests, _, _ in rows])
         if differing:
             raise CheckpointError(
                 f"save of step {step} refused: {differing} differ between ranks but are "
@@ -221,9 +255,12 @@ class Checkpointer:
                 f"rank_local={tuple(differing)!r}) to save one copy per rank"
             )
         if self._clean is not None and self._clean.step == step:
-            done = self._same_step(step, [c for _, _, c in rows], coord, blocking, started)
+            checks = [c for _, _, c, _ in rows]
+            done = resave.settle(self.store, step, self._clean, checks, coord, blocking, started)
             if done is not None:
+                self.last_save = done
                 return done
+        job.scores, self._best = scores(self.schedule, self._best, step, rows[0][3])
         if self.probe is not None:
             sharded = job.extra["layout"] == "sharded"
             validation: dict[str, Any] = dict(run_probe(self.probe, entries, coord, sharded))
@@ -304,6 +341,8 @@ class Checkpointer:
                 self.probe, manifest, entries, coord, rtol=self.probe_rtol, atol=self.probe_atol
             )
         self._published = step
+        self._best = best_from(manifest.extra, self.schedule.monitor)
+        self._last_save_at = time.monotonic()
         now = classify(objects, self.rank_local, self.replicated)  # values written back
         restored = [e for e in now if e.name not in applied.missing]
         self._clean = self._snapshot(step, restored, "this run restored from it")
@@ -335,27 +374,50 @@ class Checkpointer:
         self._peeked = decision
         if decision["step"] is None:
             return None
-        step = int(decision["step"])
-        manifest = check_commit(step, decision["manifest"], decision["committed"])
-        values: Any = None
-        if coord.rank == 0:
-            try:
-                values = read_values(self._loader, step, manifest)
-            except Exception as exc:
-                values = f"{type(exc).__name__}: {exc}"
-        values = coord.broadcast(values)
-        if isinstance(values, str):
-            raise CheckpointError(f"peek: step {step}: {values}")
-        return checkpoint_info(decision, manifest, self.store.key_uri(step_key(step)), values)
+        return peek_step(self._loader, decision, coord)
 
-    def step_boundary(self, step: int, objects: Mapping[str, Any]) -> None:
-        """Call after every completed step. Arms the SIGTERM handler on first use; when a
-        SIGTERM arrived on any rank, every rank saves ``step`` (unless already published)
-        within the deadline and exits with ``emergency_exit_code``."""
+    def step_boundary(
+        self,
+        step: int,
+        objects: Mapping[str, Any],
+        *,
+        loss: float | torch.Tensor | None = None,
+        metric: float | torch.Tensor | None = None,
+        blocking: bool = True,
+    ) -> SaveReport | None:
+        """Collective; call after every completed step. Saves ``step`` when the schedule
+        says so (``every_steps``, ``every_seconds``) or when ``metric`` (rank 0's value;
+        other ranks may pass None) improved on the best so far; every rank takes the same
+        decision from one reduction. Returns the report of a blocking save it made.
+
+        Arms the SIGTERM handler on first use; when a SIGTERM arrived on any rank, every
+        rank saves ``step`` (unless already published) within the deadline and exits with
+        ``emergency_exit_code``."""
         self._sigterm.install()
         control = self._control_coordinator()
-        if not control.any_flag(self._sigterm.requested):
-            return
+        value = None if metric is None else as_float(metric)
+        mine = [
+            1.0 if self._sigterm.requested else 0.0,
+            1.0 if self.schedule.time_due(time.monotonic() - self._last_save_at) else 0.0,
+            metric_flag(value) if control.rank == 0 else 0.0,
+            value
+            if control.rank == 0 and value is not None and math.isfinite(value)
+            else -math.inf,
+        ]
+        sigterm, time_due, has_metric, agreed = control.max_floats(mine)
+        if sigterm:
+            self._emergency(step, objects)
+        if has_metric == 2.0 and control.rank == 0:
+            log.warning("step %d: %s is %s; not recorded", step, self.schedule.monitor, value)
+        best_metric = agreed if has_metric == 1.0 else None
+        decision = decide_save(self.schedule, step, bool(time_due), best_metric, self._best)
+        if not decision.save:
+            return None
+        if control.rank == 0:
+            log.info("saving step %d (%s)", step, decision.why)
+        return self.save(step, objects, blocking=blocking, loss=loss, metric=best_metric)
+
+    def _emergency(self, step: int, objects: Mapping[str, Any]) -> None:
         self._sigterm.arm()
         log.warning("emergency save at step %d (SIGTERM)", step)
         try:
@@ -419,43 +481,6 @@ class Checkpointer:
         return resave.Snapshot(
             step, digests, fingerprint.digest(rng.capture(), identity=False), origin
         )
-
-    def _same_step(
-        self,
-        step: int,
-        checks: list[resave.Check | None],
-        coord: _dist.Coordinator,
-        blocking: bool,
-        started: float,
-    ) -> SaveReport | None:
-        """Collective: a save of the step last restored or published. A report when it is
-        a no-op; None when the step is no longer published (save it again as usual)."""
-        assert self._clean is not None
-        refused = resave.refusal(step, self._clean, checks)
-        if refused:
-            raise CheckpointError(refused)
-        published = None
-        if coord.rank == 0:
-            try:
-                published = verify_step(self.store, step, Depth.SHALLOW).valid
-            except Exception as exc:
-                published = False
-                log.warning("step %d could not be checked (%s); saving it again", step, exc)
-        if not coord.broadcast(published):
-            return None
-        if coord.rank == 0:
-            log.warning("%s", resave.no_op_line(step, self._clean, checks))
-        seconds = time.perf_counter() - started
-        uri = self.store.key_uri(step_key(step))
-        report = SaveReport(step, blocking, seconds, seconds, 0, 0, uri, already_published=True)
-        self.last_save = report
-        return report
-
-
-def replica_mismatches(per_rank: list[dict[str, str]]) -> list[str]:
-    """Names whose digest is not the same on every rank."""
-    names = sorted({name for digests in per_rank for name in digests})
-    return [n for n in names if len({digests.get(n) for digests in per_rank}) > 1]
 
 
 def _drain_at_exit(ref: weakref.ReferenceType[Checkpointer]) -> None:

@@ -111,3 +111,9 @@ def _where(t: torch.Tensor) -> tuple[Any, ...]:
     except RuntimeError:  # inference tensors have no version counter
         version = None
     return (t.device, address, t.storage_offset(), t.stride(), version)
+
+
+def replica_mismatches(per_rank: list[dict[str, str]]) -> list[str]:
+    """Names whose digest is not the same on every rank."""
+    names = sorted({name for digests in per_rank for name in digests})
+    return [n for n in names if len({digests.get(n) for digests in per_rank}) > 1]

@@ -16,10 +16,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from rtj_shim.layout import step_key
 from rtj_shim.manifest import Manifest
+from rtj_shim.torch import _dist
 from rtj_shim.torch import serialization as ser
+from rtj_shim.torch.outcomes import CheckpointError
 from rtj_shim.torch.restore import StepLoader
 from rtj_shim.torch.state import COMMON
+from rtj_shim.verification import check_commit
 
 
 @dataclass(frozen=True)
@@ -73,3 +77,22 @@ def checkpoint_info(
         metadata=extra,
         manifest=manifest,
     )
+
+
+def peek_step(
+    loader: StepLoader, decision: Mapping[str, Any], coord: _dist.Coordinator
+) -> CheckpointInfo:
+    """Collective: rank 0 reads the values of the decided step, every rank gets them."""
+    step = int(decision["step"])
+    manifest = check_commit(step, decision["manifest"], decision["committed"])
+    values: Any = None
+    if coord.rank == 0:
+        try:
+            values = read_values(loader, step, manifest)
+        except Exception as exc:
+            values = f"{type(exc).__name__}: {exc}"
+    values = coord.broadcast(values)
+    if isinstance(values, str):
+        raise CheckpointError(f"peek: step {step}: {values}")
+    uri = loader.store.key_uri(step_key(step))
+    return checkpoint_info(decision, manifest, uri, values)

@@ -11,12 +11,26 @@ edited value) raises, naming what changed: the published step N holds something 
 The global RNGs are reported, not compared: code that runs between ``restore()`` and the
 second ``save(N)`` runs again after any later resume from N, so the published state is
 still the right one to resume from.
+
+:func:`check`, :func:`refusal` and :func:`no_op_line` are pure; :func:`settle` is the
+collective step the Checkpointer runs when every rank has its :class:`Check`.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from rtj_shim.layout import step_key
+from rtj_shim.storage import CheckpointStore
+from rtj_shim.torch import _dist
+from rtj_shim.torch.outcomes import CheckpointError, SaveReport
+from rtj_shim.verification import Depth
+from rtj_shim.verifier import verify_step
+
+log = logging.getLogger("rtj_shim.torch")
 
 
 @dataclass(frozen=True)
@@ -69,3 +83,34 @@ def no_op_line(step: int, snapshot: Snapshot, checks: Sequence[Check | None]) ->
             f"from step {step} runs that code again)"
         )
     return line
+
+
+def settle(
+    store: CheckpointStore,
+    step: int,
+    snapshot: Snapshot,
+    checks: Sequence[Check | None],
+    coord: _dist.Coordinator,
+    blocking: bool,
+    started: float,
+) -> SaveReport | None:
+    """Collective: a save of the snapshot's step. Raises if any rank's state changed; a
+    report when the save is a no-op; None when the step is no longer published (a
+    retention pass or a corruption since): then it is saved again as usual."""
+    refused = refusal(step, snapshot, checks)
+    if refused:
+        raise CheckpointError(refused)
+    published = None
+    if coord.rank == 0:
+        try:
+            published = verify_step(store, step, Depth.SHALLOW).valid
+        except Exception as exc:
+            published = False
+            log.warning("step %d could not be checked (%s); saving it again", step, exc)
+    if not coord.broadcast(published):
+        return None
+    if coord.rank == 0:
+        log.warning("%s", no_op_line(step, snapshot, checks))
+    seconds = time.perf_counter() - started
+    uri = store.key_uri(step_key(step))
+    return SaveReport(step, blocking, seconds, seconds, 0, 0, uri, already_published=True)

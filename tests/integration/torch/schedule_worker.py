@@ -1,0 +1,51 @@
+"""A torchrun worker (2 ranks, gloo): save decisions every rank shares without user code.
+
+Writes ``<out>/rank-<r>.json``: the steps at which ``step_boundary()`` saved on this rank.
+
+1. every_seconds: only rank 1's interval has passed (rank 0's is an hour); the flag is
+   reduced over ranks, so both save at every step;
+2. save if improved: only rank 0 evaluates (rank 1 passes None); both save when rank 0's
+   metric improved, and only then.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from rtj_shim.torch import Checkpointer, init_process_group
+
+
+def main(root: Path, out: Path) -> int:
+    init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    state: dict[str, Any] = {"model": nn.Linear(2, 2), "epoch": 0}
+    seen: dict[str, list[int]] = {"time": [], "metric": []}
+
+    timed = Checkpointer(root / "time", every_seconds=3600.0 if rank == 0 else 1e-9)
+    for step in range(1, 4):
+        if timed.step_boundary(step, state) is not None:
+            seen["time"].append(step)
+
+    scored = Checkpointer(root / "metric", monitor="val_loss", mode="min")
+    metrics = {1: 0.5, 2: 0.6, 3: 0.4, 4: 0.4}
+    for step in range(1, 5):
+        metric = metrics[step] if rank == 0 else None  # a rank-0-only evaluation
+        if scored.step_boundary(step, state, metric=metric) is not None:
+            seen["metric"].append(step)
+
+    (out / f"rank-{rank}.json").write_text(json.dumps(seen))
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1]), Path(sys.argv[2])))
