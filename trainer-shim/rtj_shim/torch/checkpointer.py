@@ -21,6 +21,7 @@ import atexit
 import logging
 import math
 import os
+import sys
 import threading
 import time
 import weakref
@@ -30,6 +31,7 @@ from typing import Any
 
 import torch
 
+from rtj_shim.layout import step_key
 from rtj_shim.protocol import CommitProtocol, retention_from_env
 from rtj_shim.storage import CheckpointStore, open_store
 from rtj_shim.torch import _dist, fingerprint, resave, rng
@@ -128,6 +130,7 @@ class Checkpointer:
         collective_timeout_s: float = 600.0,
         resume_file: str | os.PathLike[str] | None = None,
         staging_dir: str | os.PathLike[str] | None = None,
+        restore_report: bool = True,
     ) -> None:
         if isinstance(root, str | os.PathLike):
             self.store: CheckpointStore = open_store(os.fspath(root))
@@ -161,6 +164,7 @@ class Checkpointer:
             resume_file or os.environ.get("RTJ_RESUME_FILE") or DEFAULT_RESUME_FILE
         )
         self.staging_dir = staging_dir or os.environ.get("RTJ_STAGING_DIR") or None
+        self.restore_report = restore_report
         self.last_save: SaveReport | None = None
         self.last_restore: RestoreReport | None = None
         self._staging = Staging(self.staging_dir, check_finite=check_finite)
@@ -315,27 +319,17 @@ class Checkpointer:
         self._peeked = None
         raise_if_any(coord, local_error, "restore failed")
         skipped = tuple((int(s), str(r)) for s, r in decision["skipped"])
-        if coord.rank == 0:
-            for s, reason in skipped:
-                log.warning("restore: skipped step %d: %s", s, reason)
         step = decision["step"]
         self._restored_once = True
         if step is None:
-            self.last_restore = RestoreReport(0, "fresh", skipped, time.perf_counter() - started)
-            log.info("restore: no verified checkpoint under %s; starting fresh", self.store.uri)
+            seconds = time.perf_counter() - started
+            self._announce(RestoreReport(0, "fresh", skipped, seconds, uri=self.store.uri))
             return 0
         manifest = check_commit(step, decision["manifest"], decision["committed"])
         applied = self._loader.load_and_apply(step, manifest, entries, coord, strict=strict)
         if applied.values:
             assert isinstance(objects, MutableMapping)
             objects.update(applied.values)
-        if applied.missing and coord.rank == 0:
-            log.warning(
-                "restore: step %d has no state for %s; they keep their current state "
-                "(strict=False)",
-                step,
-                list(applied.missing),
-            )
         if self.probe is not None:
             validate_restored(
                 self.probe, manifest, entries, coord, rtol=self.probe_rtol, atol=self.probe_atol
@@ -346,22 +340,33 @@ class Checkpointer:
         now = classify(objects, self.rank_local, self.replicated)  # values written back
         restored = [e for e in now if e.name not in applied.missing]
         self._clean = self._snapshot(step, restored, "this run restored from it")
-        self.last_restore = RestoreReport(
-            step,
-            decision["source"],
-            skipped,
-            time.perf_counter() - started,
-            applied.notes,
-            missing=applied.missing,
-            unused=applied.unused,
-        )
-        log.info(
-            "restore: resumed from step %d (%s) in %.2fs",
-            step,
-            decision["source"],
-            self.last_restore.seconds,
+        self._announce(
+            RestoreReport(
+                step,
+                decision["source"],
+                skipped,
+                time.perf_counter() - started,
+                applied.notes,
+                missing=applied.missing,
+                unused=applied.unused,
+                uri=self.store.key_uri(step_key(step)),
+            )
         )
         return int(step)
+
+    def _announce(self, report: RestoreReport) -> None:
+        """Rank 0 prints the restore's line to stderr (``restore_report=True``, the
+        default) and logs it: at warning level when something was skipped and the line
+        was not printed, else at info."""
+        self.last_restore = report
+        if self.rank != 0:
+            return
+        line = report.line()
+        if self.restore_report:
+            print(line, file=sys.stderr, flush=True)
+        noteworthy = report.skipped or report.missing or report.notes
+        level = logging.WARNING if noteworthy and not self.restore_report else logging.INFO
+        log.log(level, "%s", line)
 
     def peek(self) -> CheckpointInfo | None:
         """Collective. What ``restore()`` would resume, read before the model exists: the

@@ -42,6 +42,31 @@ class RestoreReport:
     notes: tuple[str, ...] = ()
     missing: tuple[str, ...] = ()  # objects passed but not restored (strict=False)
     unused: tuple[str, ...] = ()  # objects in the checkpoint that were not passed
+    uri: str | None = None  # the step restored, or the root of a fresh start
+
+    def line(self) -> str:
+        """One line: which step, from where, what was skipped (steps and objects)."""
+        how = {"resume-file": "pinned by the resume file", "resolved": "newest verified"}
+        if self.source == "fresh":
+            parts = [f"no verified checkpoint under {self.uri}: starting fresh at step 0"]
+        else:
+            parts = [
+                f"restored step {self.step} from {self.uri} "
+                f"({how.get(self.source, self.source)}, sha256-verified) in {self.seconds:.2f}s"
+            ]
+        if self.skipped:
+            shown = [f"{s} ({why})" for s, why in self.skipped[:SHOWN]]
+            more = len(self.skipped) - SHOWN
+            parts.append("skipped " + ", ".join(shown) + (f" and {more} more" if more > 0 else ""))
+        if self.missing:
+            parts.append(f"not in the checkpoint, left as they are: {list(self.missing)}")
+        if self.unused:
+            parts.append(f"in the checkpoint, not restored: {list(self.unused)}")
+        parts.extend(self.notes)
+        return "rtj_shim.torch: " + "; ".join(parts)
+
+
+SHOWN = 5  # skipped steps named in a restore's line (all are in RestoreReport.skipped)
 
 
 def raise_if_any(coord: _dist.Coordinator, error: str | None, what: str) -> None:
