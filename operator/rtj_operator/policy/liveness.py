@@ -41,6 +41,8 @@ PARTITION_MIN_NODES = 3
 """Silent nodes are a partition when at least this many and this fraction of all nodes
 with a Lease are silent at once."""
 LEASE_EXPIRED_REASON = "NodeLeaseExpired"
+CONTROL_PLANE_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+"""What the node lifecycle controller adds while Ready is False or Unknown."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,15 @@ def classifier_view(
     ]
     if judgement.liveness is Liveness.FLICKER:
         ready: dict[str, Any] = {"type": "Ready", "status": "True", "reason": "KubeletReady"}
+        # the node lifecycle controller's not-ready/unreachable taints follow the flicker
+        # within a second: they are the same flicker, not more evidence
+        spec = out.get("spec") or {}
+        spec["taints"] = [
+            t
+            for t in spec.get("taints") or []
+            if not (isinstance(t, Mapping) and t.get("key") in CONTROL_PLANE_TAINTS)
+        ]
+        out["spec"] = spec
     else:
         renewed = lease.renewed_at if lease is not None else judgement.since
         stamp = (renewed or judgement.since or datetime.min).isoformat().replace("+00:00", "Z")
