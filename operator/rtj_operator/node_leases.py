@@ -66,16 +66,20 @@ class NodeLeases:
             self._touch_node(name)
 
     def scan(self) -> None:
-        """Re-judge every lease now (time alone turns a lease silent) and the partition."""
+        """Judge the partition first (from overdue renewals), then every lease (time alone
+        turns a lease silent): a plan woken by a node going silent already sees whether
+        the others are overdue with it."""
+        now = self._clock()
+        overdue = sum(1 for lease in self.leases.values() if lease.overdue(now))
+        partition = partitioned(overdue, len(self.leases))
+        if partition != self.partition:
+            self.partition = partition
+            log.warning("%d of %d node Leases overdue: %s", overdue, len(self.leases),
+                        "a partition, holding" if partition else "contact is back")  # fmt: skip
+            self._touch_all()
         for name in list(self.leases):
             self._judge(name)
         self.silent &= set(self.leases)
-        partition = partitioned(len(self.silent), len(self.leases))
-        if partition != self.partition:
-            self.partition = partition
-            log.warning("%d of %d nodes silent: %s", len(self.silent), len(self.leases),
-                        "a partition, holding" if partition else "contact is back")  # fmt: skip
-            self._touch_all()
 
     def _follow(self, kube: Kube, loop: asyncio.AbstractEventLoop) -> None:
         """LIST, then WATCH from its resourceVersion, forever (thread)."""

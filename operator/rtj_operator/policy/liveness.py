@@ -8,12 +8,13 @@ Three things the control plane's own view gets wrong for a training job:
   after its last heartbeat. The kubelet renews its Lease in `kube-node-lease` every quarter
   of the lease duration (10 s of 40 s; KWOK: 5 s of 20 s). A lease not renewed for
   `SILENT_RENEWALS` renewal intervals (at least `SILENT_FLOOR`) means the kubelet is gone:
-  the node is *silent*, and is judged lost at once (within ~15 s of its last renewal).
+  the node is *silent*, and is judged lost at once (20 s after its last renewal, so 10-20 s
+  after the machine died).
 - **A flicker is not a loss.** Ready=False or Unknown for less than `FLICKER_WINDOW`
   while the Lease is still renewed (a slow PLEG, a restarting kubelet) is ignored: no
   restart, no taint. After the window it counts, as before.
-- **A partition is not a fleet of dead nodes.** When most nodes with a Lease go silent at
-  once, the operator lost contact with the kubelets (or the API server is struggling), not
+- **A partition is not a fleet of dead nodes.** When most nodes with a Lease are overdue
+  at once, the operator lost contact with the kubelets (or the API server is struggling), not
   the machines: judge nothing (hold), like the node lifecycle controller's own "full
   disruption" mode, until contact returns.
 
@@ -31,8 +32,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-SILENT_RENEWALS = 1.5
-"""Renewal intervals without a renewal after which a node is silent."""
+SILENT_RENEWALS = 2.0
+"""Renewal intervals without a renewal after which a node is silent (20 s for a kubelet:
+its last renewal was 10-20 s after the last one before, so a partition has shown itself in
+the other nodes' overdue renewals by then, see `partitioned`)."""
+OVERDUE_SLACK = timedelta(seconds=1)
+"""A renewal is overdue one interval after the last one, plus this (jitter, API latency)."""
 SILENT_FLOOR = timedelta(seconds=5)
 FLICKER_WINDOW = timedelta(seconds=10)
 """A Ready condition False/Unknown for less than this (lease still renewed) is a flicker."""
@@ -54,8 +59,15 @@ class NodeLease:
 
     @property
     def silent_after(self) -> timedelta:
-        interval = timedelta(seconds=self.duration_seconds / 4)  # the kubelet's renew interval
-        return max(interval * SILENT_RENEWALS, SILENT_FLOOR)
+        return max(self.interval * SILENT_RENEWALS, SILENT_FLOOR)
+
+    @property
+    def interval(self) -> timedelta:
+        return timedelta(seconds=self.duration_seconds / 4)
+
+    def overdue(self, now: datetime) -> bool:
+        """Whether the next renewal should have come by now (one interval, plus slack)."""
+        return now > self.renewed_at + self.interval + OVERDUE_SLACK
 
     def silent_since(self, now: datetime) -> datetime | None:
         """When the node went silent (its last renewal plus the allowance); None: alive."""
@@ -114,9 +126,13 @@ def judge_node(node: Mapping[str, Any], lease: NodeLease | None, now: datetime) 
     return NodeJudgement(Liveness.LOST, since)
 
 
-def partitioned(silent: int, with_lease: int) -> bool:
-    """Whether this many silent nodes of all nodes with a Lease look like a partition."""
-    return silent >= PARTITION_MIN_NODES and silent >= PARTITION_FRACTION * with_lease
+def partitioned(overdue: int, with_lease: int) -> bool:
+    """Whether this many nodes with an overdue renewal, of all nodes with a Lease, look like
+    a partition. Overdue, not silent: when contact is lost at one instant, the nodes' last
+    renewals are spread over one interval, so they turn silent one by one over an interval;
+    by the time the first turns silent (two intervals after its last renewal), nearly all
+    the others are already overdue, while a single dead node leaves the others on time."""
+    return overdue >= PARTITION_MIN_NODES and overdue >= PARTITION_FRACTION * with_lease
 
 
 def classifier_view(
@@ -124,7 +140,11 @@ def classifier_view(
 ) -> dict[str, Any]:
     """The node as the classifier should read it (a copy; the input is never changed)."""
     out = copy.deepcopy(dict(node))
-    if judgement.liveness is Liveness.ALIVE or judgement.liveness is Liveness.LOST:
+    if judgement.liveness is Liveness.LOST:
+        return out
+    if judgement.liveness is Liveness.ALIVE:
+        if lease is not None:  # Ready and renewing: a not-ready taint is the past's, lagging
+            _drop_control_plane_taints(out)
         return out
     conditions = [
         c
@@ -135,13 +155,7 @@ def classifier_view(
         ready: dict[str, Any] = {"type": "Ready", "status": "True", "reason": "KubeletReady"}
         # the node lifecycle controller's not-ready/unreachable taints follow the flicker
         # within a second: they are the same flicker, not more evidence
-        spec = out.get("spec") or {}
-        spec["taints"] = [
-            t
-            for t in spec.get("taints") or []
-            if not (isinstance(t, Mapping) and t.get("key") in CONTROL_PLANE_TAINTS)
-        ]
-        out["spec"] = spec
+        _drop_control_plane_taints(out)
     else:
         renewed = lease.renewed_at if lease is not None else judgement.since
         stamp = (renewed or judgement.since or datetime.min).isoformat().replace("+00:00", "Z")
@@ -157,6 +171,16 @@ def classifier_view(
         }
     out.setdefault("status", {})["conditions"] = [*conditions, ready]
     return out
+
+
+def _drop_control_plane_taints(node: dict[str, Any]) -> None:
+    spec = node.get("spec") or {}
+    spec["taints"] = [
+        t
+        for t in spec.get("taints") or []
+        if not (isinstance(t, Mapping) and t.get("key") in CONTROL_PLANE_TAINTS)
+    ]
+    node["spec"] = spec
 
 
 def lease_of(body: Mapping[str, Any]) -> tuple[str, NodeLease] | None:

@@ -35,13 +35,16 @@ def flickering(name: str, seconds: float) -> dict[str, Any]:
     return body
 
 
-def test_a_lease_not_renewed_for_one_and_a_half_intervals_means_a_silent_node() -> None:
+def test_a_lease_not_renewed_for_two_intervals_means_a_silent_node() -> None:
     up = node("n1")
-    assert judge_node(up, fresh(14), NOW).liveness is Liveness.ALIVE  # kubelet: every 10 s
-    gone = judge_node(up, fresh(16), NOW)
+    assert judge_node(up, fresh(19), NOW).liveness is Liveness.ALIVE  # kubelet: every 10 s
+    gone = judge_node(up, fresh(21), NOW)
     assert gone.liveness is Liveness.SILENT and gone.since == NOW - timedelta(seconds=1)
-    # KWOK and short leases: 20 s lease, renewed every 5 s -> silent after 7.5 s
-    assert judge_node(up, fresh(8, duration=20), NOW).liveness is Liveness.SILENT
+    # KWOK and short leases: 20 s lease, renewed every 5 s -> silent after 10 s
+    assert judge_node(up, fresh(11, duration=20), NOW).liveness is Liveness.SILENT
+    assert judge_node(up, fresh(9, duration=20), NOW).liveness is Liveness.ALIVE
+    # overdue (the next renewal late) long before silent
+    assert fresh(11.5).overdue(NOW) and not fresh(10.5).overdue(NOW)
     # no lease seen: only the control plane's word counts
     assert judge_node(up, None, NOW).liveness is Liveness.ALIVE
 
@@ -53,17 +56,17 @@ def test_a_short_ready_flicker_with_a_renewed_lease_is_ignored_then_counts() -> 
     assert judge_node(flickering("n1", 3), None, NOW).liveness is Liveness.LOST, "no lease"
 
 
-def test_most_nodes_silent_at_once_is_a_partition() -> None:
+def test_most_nodes_overdue_at_once_is_a_partition() -> None:
     assert partitioned(3, 4) and partitioned(50, 100)
     assert not partitioned(1, 4) and not partitioned(2, 2) and not partitioned(40, 100)
 
 
 def test_the_classifier_reads_a_silent_node_as_unknown_since_its_last_renewal() -> None:
-    lease = fresh(20)
+    lease = fresh(25)
     view = classifier_view(node("n1"), judge_node(node("n1"), lease, NOW), lease)
     (ready,) = [c for c in view["status"]["conditions"] if c["type"] == "Ready"]
     assert (ready["status"], ready["reason"]) == ("Unknown", "NodeLeaseExpired")
-    assert ready["lastHeartbeatTime"] == iso(NOW - timedelta(seconds=20))
+    assert ready["lastHeartbeatTime"] == iso(NOW - timedelta(seconds=25))
     assert node("n1")["status"]["conditions"][0]["status"] == "True", "input untouched"
 
 
@@ -75,7 +78,7 @@ def test_a_kubelets_lease_reads_as_what_it_says() -> None:
                      "renewTime": "2025-03-14T11:59:50.123456Z"}}  # fmt: skip
     name, lease = lease_of(body) or ("", None)
     assert name == "gpu-node-007" and lease is not None
-    assert lease.duration_seconds == 40 and lease.silent_after == timedelta(seconds=15)
+    assert lease.duration_seconds == 40 and lease.silent_after == timedelta(seconds=20)
     assert lease_of({"metadata": {"name": "x"}, "spec": {}}) is None
 
 
@@ -89,7 +92,7 @@ def test_a_silent_node_restarts_the_group_at_once_naming_its_rank() -> None:
     pods = [pod(1, i) for i in range(4)]
     leases = {p["spec"]["nodeName"]: fresh() for p in pods}
     assert not _plan(pods, node_leases=leases).actions, "all alive: nothing to do"
-    leases["gpu-node-002"] = fresh(16)  # its kubelet has not renewed for 16 s
+    leases["gpu-node-002"] = fresh(21)  # its kubelet has not renewed for 21 s
     quarantine = _plan(pods, node_leases=leases)
     raw = with_status(rtj_raw(RUNNING), quarantine)
     assert [q["node"] for q in raw["status"]["quarantinedNodes"]] == ["gpu-node-002"]
@@ -100,8 +103,8 @@ def test_a_silent_node_restarts_the_group_at_once_naming_its_rank() -> None:
     record = patch.status["attempts"][0]
     assert record["failureClass"] == "NodeLost"
     assert record["firstFailed"]["node"] == "gpu-node-002"
-    # detected from the lease: the failure dates from the last renewal, 16 s ago
-    assert record["detectionSeconds"] == 16.0
+    # detected from the lease: the failure dates from the last renewal, 21 s ago
+    assert record["detectionSeconds"] == 21.0
 
 
 def test_a_ready_flicker_causes_no_restart_and_no_taint() -> None:
@@ -144,10 +147,10 @@ def test_pods_on_a_node_silent_past_the_fence_window_are_force_deleted() -> None
     pods = [pod(1, 0, deleting=True), pod(1, 1, deleting=True)]
     nodes = nodes_for(pods)
     snap = snapshot(raw, jobsets=[], pods=pods, nodes=nodes)
-    leases = {"gpu-node-000": fresh(), "gpu-node-001": fresh(16)}  # silent for 1 s: not yet
+    leases = {"gpu-node-000": fresh(), "gpu-node-001": fresh(21)}  # silent for 1 s: not yet
     assert not [a for a in rc.plan(replace(snap, node_leases=leases)).actions
                 if isinstance(a, rc.DeletePod)]  # fmt: skip
-    leases["gpu-node-001"] = fresh(26)  # silent for 11 s: fenced
+    leases["gpu-node-001"] = fresh(31)  # silent for 11 s: fenced
     deletes = [a for a in rc.plan(replace(snap, node_leases=leases)).actions
                if isinstance(a, rc.DeletePod)]  # fmt: skip
     assert [(d.name, d.grace_seconds) for d in deletes] == [(pods[1]["metadata"]["name"], 0)]
@@ -174,7 +177,7 @@ def test_the_lease_watcher_wakes_the_jobs_of_a_node_that_goes_silent_and_spots_a
         renew(f"n{i}", NOW)
     leases.scan()
     assert touched == [] and not leases.partition
-    clock[0] = NOW + timedelta(seconds=16)  # n0 stops renewing; the others go on
+    clock[0] = NOW + timedelta(seconds=21)  # n0 stops renewing; the others go on
     for i in (1, 2, 3):
         renew(f"n{i}", clock[0])
     leases.scan()
@@ -187,3 +190,21 @@ def test_the_lease_watcher_wakes_the_jobs_of_a_node_that_goes_silent_and_spots_a
         renew(f"n{i}", clock[0])
     leases.scan()
     assert not leases.partition and not leases.silent and everyone == [True, True]
+
+
+def test_a_partition_shows_before_the_first_node_turns_silent() -> None:
+    """Contact is lost at T; the nodes' last renewals are spread over one interval (10 s).
+    Whenever the first node turns silent, the partition is already known."""
+    from rtj_operator.node_leases import NodeLeases
+
+    clock = [NOW]
+    first_silent_seen_with: list[bool] = []
+    leases = NodeLeases(lambda name: first_silent_seen_with.append(leases.partition),
+                        lambda: None, lambda: clock[0])  # fmt: skip
+    for i in range(8):
+        spec = {"leaseDurationSeconds": 40, "renewTime": iso(NOW - timedelta(seconds=i * 1.25))}
+        leases.apply("MODIFIED", {"metadata": {"name": f"n{i}"}, "spec": spec})
+    for tick in range(1, 40):  # scanned every second after T
+        clock[0] = NOW + timedelta(seconds=tick)
+        leases.scan()
+    assert first_silent_seen_with and all(first_silent_seen_with), first_silent_seen_with
