@@ -69,7 +69,7 @@ def test_a_silent_node_is_judged_lost_from_its_lease_before_the_node_controller(
     assert record["failureClass"] == "NodeLost", record
     assert record["firstFailed"]["node"] == node
     assert any("NodeLeaseExpired" in line for line in record["evidence"]), record
-    print(f"silent node {node}: judged lost {took:.1f} s after its last chance to renew")
+    print(f"silent node {node}: judged lost {took:.1f} s after its kubelet stopped renewing")
     # the node lifecycle controller says so only later (or not yet)
     unknown = wait_for(f"{node} Ready=Unknown", lambda: _ready_since(hkube, node, "Unknown"), WAIT)
     assert record["endedAt"] < unknown, (record["endedAt"], unknown)
