@@ -52,6 +52,7 @@ bench: install ## benchmarks, reported as ratios against a side-by-side baseline
 	$(BIN)/python -m bench.torch_state
 	$(BIN)/python -m bench.operator_control
 	$(BIN)/python -m bench.operator_scale
+	$(BIN)/python -m bench.progress_overhead
 	$(BIN)/python -m bench.goodput_model --markdown bench/results/goodput-model.md
 
 drill: install ## exact-resume drill: torchrun jobs (2 ranks, gloo, CPU) killed and resumed

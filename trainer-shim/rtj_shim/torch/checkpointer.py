@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from rtj_shim import progress
 from rtj_shim.layout import step_key
 from rtj_shim.protocol import CommitProtocol, retention_from_env
 from rtj_shim.storage import CheckpointStore, open_store
@@ -196,6 +197,7 @@ class Checkpointer:
 
     # ================================================================== public API
 
+    @progress.reports_section("checkpoint")
     def save(
         self,
         step: int,
@@ -299,6 +301,7 @@ class Checkpointer:
                 raise error
             raise CheckpointError(f"background save failed: {error}") from error
 
+    @progress.reports_section("restore")
     def restore(self, objects: Mapping[str, Any], *, strict: bool = True) -> int:
         """Collective. Restore ``objects`` and this rank's RNGs; return the step (0: fresh).
 
@@ -398,6 +401,7 @@ class Checkpointer:
         Arms the SIGTERM handler on first use; when a SIGTERM arrived on any rank, every
         rank saves ``step`` (unless already published) within the deadline and exits with
         ``emergency_exit_code``."""
+        progress.step_done(step)  # the pod's progress server reports it (rtj_shim.progress)
         self._sigterm.install()
         control = self._control_coordinator()
         value = None if metric is None else as_float(metric)
