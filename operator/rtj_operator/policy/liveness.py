@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from rtj_operator.policy.observed import parse_time
+
 SILENT_RENEWALS = 2.0
 """Renewal intervals without a renewal after which a node is silent (20 s for a kubelet:
 its last renewal was 10-20 s after the last one before, so a partition has shown itself in
@@ -101,15 +103,6 @@ def _ready(node: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
-def _time(text: Any) -> datetime | None:
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
 def judge_node(node: Mapping[str, Any], lease: NodeLease | None, now: datetime) -> NodeJudgement:
     """One node's liveness from its object and its Lease (None: no lease seen)."""
     silent = lease.silent_since(now) if lease is not None else None
@@ -120,7 +113,7 @@ def judge_node(node: Mapping[str, Any], lease: NodeLease | None, now: datetime) 
     if not down:
         recheck = lease.renewed_at + lease.silent_after if lease is not None else None
         return NodeJudgement(Liveness.ALIVE, recheck_at=recheck)
-    since = _time(ready.get("lastTransitionTime")) if ready is not None else None
+    since = parse_time(ready.get("lastTransitionTime")) if ready is not None else None
     if since is not None and lease is not None and now - since < FLICKER_WINDOW:
         return NodeJudgement(Liveness.FLICKER, since, recheck_at=since + FLICKER_WINDOW)
     return NodeJudgement(Liveness.LOST, since)
@@ -187,7 +180,7 @@ def lease_of(body: Mapping[str, Any]) -> tuple[str, NodeLease] | None:
     """A coordination.k8s.io/v1 Lease in kube-node-lease as (node name, what it says)."""
     name = (body.get("metadata") or {}).get("name")
     spec = body.get("spec") or {}
-    renewed = _time(spec.get("renewTime"))
+    renewed = parse_time(spec.get("renewTime"))
     if not isinstance(name, str) or renewed is None:
         return None
     duration = spec.get("leaseDurationSeconds")
