@@ -63,7 +63,10 @@ NODE_EVENT_QUERIES = 16
 """Up to this many nodes, their Events are read by name (one small answer each); beyond,
 one paged cluster-wide read of node Events."""
 ERROR_BACKOFF = (0.1, 30.0)
-KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta1"
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_VERSIONS = ("v1beta2", "v1beta1")
+"""Kueue's served versions, newest first: v1beta2 is preferred from v0.15 (the pinned
+v0.17 stores it), v1beta1 is what older installations serve."""
 """LocalQueue lookups: v1beta1 is served by every Kueue release to date (v0.17 converts)."""
 STARTUP_RESYNC_SECONDS = 30.0
 """A second LIST soon after startup drops objects deleted while the watches started."""
@@ -452,25 +455,30 @@ class Controller:
             self.store_readings[key] = reading
 
     def read_queue(self, namespace: str, name: str) -> rc.QueueReading:
-        """Look the job's Kueue LocalQueue up by name (blocking). A missing LocalQueue is an
-        answer; any other failure (not permitted, Kueue's API not served) is "unknown"."""
-        path = "/" + "/".join(
-            quote(p, safe="")
-            for p in ("apis", KUEUE_GROUP, KUEUE_VERSION, "namespaces", namespace,
-                      "localqueues", name)
-        )  # fmt: skip
-        try:
-            self.kube.request(f"get localqueue {namespace}/{name}", "GET", path)
-        except NotFound as exc:
-            # a missing object names itself; an API Kueue does not serve is a bare 404
-            missing = f'"{name}" not found' in str(exc)
-            return rc.QueueReading(
-                self.clock(), exists=False if missing else None, detail=str(exc), name=name
-            )
-        except KubeError as exc:
-            log.debug("LocalQueue %s/%s not looked up: %s", namespace, name, exc)
-            return rc.QueueReading(self.clock(), exists=None, detail=str(exc), name=name)
-        return rc.QueueReading(self.clock(), exists=True, name=name)
+        """Look the job's Kueue LocalQueue up by name (blocking), at the newest API version
+        first (v1beta2, Kueue's preferred one since v0.15), then the one before. A missing
+        LocalQueue is an answer; any other failure (not permitted, Kueue's API not served)
+        is "unknown"."""
+        detail = ""
+        for version in KUEUE_VERSIONS:
+            path = "/" + "/".join(
+                quote(p, safe="")
+                for p in ("apis", KUEUE_GROUP, version, "namespaces", namespace,
+                          "localqueues", name)
+            )  # fmt: skip
+            try:
+                self.kube.request(f"get localqueue {namespace}/{name}", "GET", path)
+            except NotFound as exc:
+                # a missing object names itself; an API version not served is a bare 404
+                if f'"{name}" not found' in str(exc):
+                    return rc.QueueReading(self.clock(), exists=False, detail=str(exc), name=name)
+                detail = str(exc)
+                continue
+            except KubeError as exc:
+                log.debug("LocalQueue %s/%s not looked up: %s", namespace, name, exc)
+                return rc.QueueReading(self.clock(), exists=None, detail=str(exc), name=name)
+            return rc.QueueReading(self.clock(), exists=True, name=name)
+        return rc.QueueReading(self.clock(), exists=None, detail=detail, name=name)
 
     async def reconcile(self, key: Key) -> float | None:
         """One reconcile; returns seconds until the key should be looked at again."""

@@ -601,3 +601,27 @@ def test_a_refused_jobset_create_is_remembered_for_the_plan_not_retried_blindly(
         c.executor.shutdown()
 
     asyncio.run(scenario())
+
+
+def test_the_local_queue_is_read_at_kueues_preferred_version_first() -> None:
+    from rtj_operator.kube import NotFound
+
+    kube, reg = FakeKube(), CollectorRegistry()
+    asked: list[str] = []
+    served = {"v1beta2": False, "v1beta1": True}  # an older Kueue: v1beta1 only
+
+    def request(what: str, method: str, path: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        asked.append(path.split("/")[3])
+        version = path.split("/")[3]
+        if not served[version]:
+            raise NotFound("the server could not find the requested resource", 404)
+        raise NotFound('localqueues.kueue.x-k8s.io "team-a" not found', 404)
+
+    kube.request = request  # type: ignore[attr-defined]
+    c = _controller(kube, reg)
+    reading = c.read_queue("team-a", "team-a")
+    assert (reading.exists, asked) == (False, ["v1beta2", "v1beta1"])
+    served["v1beta2"] = True  # the pinned Kueue: answered at v1beta2, nothing more asked
+    asked.clear()
+    assert c.read_queue("team-a", "team-a").exists is False and asked == ["v1beta2"]
+    c.executor.shutdown()
