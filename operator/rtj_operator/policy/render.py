@@ -37,6 +37,9 @@ _RESTRICTED_CONTAINER = {
 Obj = dict[str, Any]
 
 
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
 def jobset_name(job: str, attempt: int) -> str:
     return f"{job}-a{attempt}"
 
@@ -233,9 +236,26 @@ def _resume_mount(read_only: bool) -> Obj:
     return {"name": keys.RESUME_VOLUME, "mountPath": keys.RESUME_DIR, "readOnly": read_only}
 
 
+def _nproc_per_node(container: Obj) -> list[Obj]:
+    """`PET_NPROC_PER_NODE` as Kubeflow Trainer sets it for torchrun: one process per GPU
+    the container asks for. Only when the user set none and the container asks for GPUs
+    (torchrun's own default, 1, stays otherwise)."""
+    if any(e.get("name") == "PET_NPROC_PER_NODE" for e in container.get("env") or []):
+        return []
+    resources = container.get("resources") or {}
+    gpus = (resources.get("limits") or {}).get(GPU_RESOURCE) or (
+        resources.get("requests") or {}
+    ).get(GPU_RESOURCE)
+    try:
+        count = int(str(gpus))
+    except ValueError:
+        return []
+    return [_env_var("PET_NPROC_PER_NODE", count)] if count > 0 else []
+
+
 def _worker_container(container: Obj, env: list[Obj]) -> Obj:
     out = copy.deepcopy(container)
-    out["env"] = _merge_env(out.get("env", []), env)
+    out["env"] = _merge_env(out.get("env", []), [*env, *_nproc_per_node(container)])
     mounts = _without(out.get("volumeMounts", []), keys.RESUME_VOLUME)
     out["volumeMounts"] = [*mounts, _resume_mount(read_only=True)]
     out.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")

@@ -79,6 +79,20 @@ def test_workers_get_stable_rank_and_rendezvous_env() -> None:
         assert env[name] == {"fieldRef": {"fieldPath": RANK_PATH}}
 
 
+def test_torchrun_gets_one_process_per_gpu_unless_the_user_said_otherwise() -> None:
+    """PET_NPROC_PER_NODE as Kubeflow Trainer sets it (the job asks for 8 GPUs per pod)."""
+    pod = _pod(render_jobset(_job(), 1, None))
+    assert _env(pod["spec"]["containers"][0])["PET_NPROC_PER_NODE"] == "8"
+    body = job_body()
+    trainer = body["spec"]["template"]["spec"]["containers"][0]
+    trainer["env"] = [{"name": "PET_NPROC_PER_NODE", "value": "4"}]
+    own = _pod(render_jobset(ResilientTrainingJob.from_object(body), 1, None))
+    assert _env(own["spec"]["containers"][0])["PET_NPROC_PER_NODE"] == "4"
+    del trainer["env"], trainer["resources"]  # a CPU job: torchrun's own default stays
+    cpu = _pod(render_jobset(ResilientTrainingJob.from_object(body), 1, None))
+    assert "PET_NPROC_PER_NODE" not in _env(cpu["spec"]["containers"][0])
+
+
 def test_shim_env_and_retention() -> None:
     rtj = _job(
         provenance={
