@@ -324,7 +324,9 @@ class Kube:
             "POST",
             path,
             dict(body),
-            query={"fieldManager": FIELD_MANAGER},
+            # unknown or duplicate fields (a typo in spec.template) are refused with a 422
+            # naming them, not dropped silently
+            query={"fieldManager": FIELD_MANAGER, "fieldValidation": "Strict"},
         )
 
     def delete_jobset(self, namespace: str, name: str, propagation: str = "Background") -> bool:
