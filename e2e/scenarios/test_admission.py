@@ -146,3 +146,34 @@ def test_kubectl_apply_of_a_malformed_spec_is_refused_with_its_field_message(
     for message in messages:
         assert message in out.stderr, out.stderr
     assert rtj_api.list_rtjs(rtj_ns.name) == [], "nothing was stored"
+
+
+@pytest.mark.local_only
+def test_a_typo_in_the_pod_template_is_a_condition_naming_the_field_then_fixed(
+    rtj_api: Kube, rtj_ns: Any, run_operator: Any
+) -> None:
+    """The RTJ keeps the pod template as the user wrote it; the JobSet is created with strict
+    field validation, so an unknown field is refused with its name (a JobSetRejected
+    condition and one Event, not a retry loop), and the fixed spec is tried again."""
+    ns = rtj_ns.name
+    run_operator()
+    body = rtj_body(JOB, ns, URI)
+    body["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Never"
+    rtj_api.create_rtj(ns, body)
+
+    def rejected() -> dict[str, Any] | None:
+        cond = condition(rtj_status(rtj_api, ns, JOB), "Admitted")
+        return cond if cond and cond.get("reason") == "JobSetRejected" else None
+
+    cond = wait_for("the JobSetRejected condition", rejected, WAIT)
+    assert "imagePullPolicyy" in cond["message"], cond
+    assert jobsets_of(rtj_api, ns, JOB) == []
+    reasons = [e["reason"] for e in events_of(rtj_api, ns, JOB)]
+    assert reasons.count("JobSetRejected") == 1, reasons
+
+    fixed = rtj_api.get_rtj(ns, JOB)
+    del fixed["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"]
+    rtj_api.request("replace rtj", "PUT",
+                    f"/apis/training.resilient.dev/v1alpha1/namespaces/{ns}/resilienttrainingjobs/{JOB}",
+                    fixed)  # fmt: skip
+    wait_running(rtj_api, ns, JOB, 1, 2)

@@ -66,7 +66,8 @@ class AlreadyExists(KubeError):
 
 
 class Invalid(KubeError):
-    """422: the object was rejected (validation, CEL rules, webhooks)."""
+    """422 (validation, CEL rules, webhooks) or 400 (a strict decoding error: an unknown or
+    duplicate field): the object was rejected as written."""
 
 
 class Forbidden(KubeError):
@@ -94,7 +95,7 @@ def _translate(exc: object, what: str) -> KubeError:
         return NotFound(text, status)
     if status == 409:
         return AlreadyExists(text, status) if reason == "AlreadyExists" else Conflict(text, status)
-    if status == 422:
+    if status == 422 or (status == 400 and reason == "BadRequest"):
         return Invalid(text, status)
     if status in (401, 403):
         return Forbidden(text, status)
