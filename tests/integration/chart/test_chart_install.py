@@ -277,3 +277,50 @@ def test_a_gpu_fault_is_survived_with_only_the_charts_permissions(
     for needle in ("403", "Forbidden", "forbidden"):
         bad = [m for m in messages if needle in m]
         assert not bad, bad[:5]
+
+
+def _user(installed: Installed, rtj_cluster: Any, tmp: Path, name: str, role: str) -> Kube:
+    """A ServiceAccount bound to the default ClusterRole `role` in the chart's namespace."""
+    core, ns = rtj_cluster.kube.core, installed.namespace
+    core.create_namespaced_service_account(
+        ns, k8s.V1ServiceAccount(metadata=k8s.V1ObjectMeta(name=name))
+    )
+    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": f"{name}-{role}", "namespace": ns},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                           "name": role},
+               "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}]}  # fmt: skip
+    installed.admin.request("create rolebinding", "POST",
+                            f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
+                            binding)  # fmt: skip
+    token = core.create_namespaced_service_account_token(
+        name, ns, k8s.AuthenticationV1TokenRequest(spec=k8s.V1TokenRequestSpec(audiences=[]))
+    ).status.token  # fmt: skip
+    return client(_kubeconfig_with_token(rtj_cluster.kubeconfig, token, tmp / f"{name}.kubeconfig"))
+
+
+def test_namespace_editors_create_jobs_and_viewers_only_read_them(
+    installed: Installed, rtj_cluster: Any, tmp_path: Path
+) -> None:
+    """The chart's ClusterRoles are aggregated into `edit` and `view` (issue 19)."""
+    ns = installed.namespace
+    editor = _user(installed, rtj_cluster, tmp_path, "alice", "edit")
+    viewer = _user(installed, rtj_cluster, tmp_path, "bob", "view")
+    body = rtj_body("users-job", ns, "file:///mnt/ckpt/users")
+    path = f"/apis/{keys.API_VERSION}/namespaces/{ns}/{keys.PLURAL}"
+
+    def created() -> bool:  # the aggregation controller folds the rules in within seconds
+        try:
+            editor.request("create rtj", "POST", path, body, query={"dryRun": "All"})
+        except Forbidden:
+            return False
+        return True
+
+    wait_for("edit to include ResilientTrainingJobs", created, 60)
+    viewer.request("list rtjs", "GET", path)
+    with pytest.raises(Forbidden):
+        viewer.request("create rtj", "POST", path, body, query={"dryRun": "All"})
+    with pytest.raises(Forbidden):  # status is the operator's
+        editor.request("patch status", "PATCH", f"{path}/users-job/status",
+                       {"status": {"phase": "Succeeded"}},
+                       content_type="application/merge-patch+json")  # fmt: skip

@@ -77,7 +77,7 @@ def test_default_render_has_every_piece_and_nothing_for_missing_apis() -> None:
     kinds = sorted(o["kind"] for o in objs)
     assert kinds == sorted([
         "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
-        "Role", "RoleBinding",
+        "Role", "RoleBinding", "ClusterRole", "ClusterRole",
         "Deployment", "Service", "PodDisruptionBudget", "ConfigMap",
     ])  # fmt: skip
     # ServiceMonitor and PrometheusRule only where the cluster serves their kinds
@@ -186,7 +186,7 @@ def test_representative_values_reach_the_objects(tmp_path: Path) -> None:
                  "--watch-server-timeout=120"):  # fmt: skip
         assert want in args
     assert {"name": "AWS_REGION", "value": "eu-west-1"} in c["env"]
-    rules = one(objs, "ClusterRole")["rules"]
+    rules = one(objs, "ClusterRole", OPERATOR_ROLE)["rules"]
     assert {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]} in rules
     assert not any("secrets" in r["resources"] for r in rules)
     assert not any("customresourcedefinitions" in r["resources"] for r in rules)
@@ -209,6 +209,7 @@ def test_representative_values_reach_the_objects(tmp_path: Path) -> None:
 
 # The contract with operator/rtj_operator/kube.py and kopf's watches; a change here is a
 # change of the operator's privileges and must be deliberate.
+OPERATOR_ROLE = "rtj-resilient-training-operator"
 EXPECTED_CLUSTER_RULES = {
     ("training.resilient.dev", "resilienttrainingjobs"): {"get", "list", "watch", "patch"},
     ("training.resilient.dev", "resilienttrainingjobs/status"): {"get", "patch", "update"},
@@ -238,7 +239,7 @@ def _grants(rules: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
 
 def test_cluster_role_is_exactly_the_least_privilege_contract() -> None:
     objs = render()
-    assert _grants(one(objs, "ClusterRole")["rules"]) == EXPECTED_CLUSTER_RULES
+    assert _grants(one(objs, "ClusterRole", OPERATOR_ROLE)["rules"]) == EXPECTED_CLUSTER_RULES
     role = one(objs, "Role", "rtj-resilient-training-operator-leader-election")
     assert _grants(role["rules"]) == {
         ("coordination.k8s.io", "leases"): {"create", "get", "update"}
@@ -257,10 +258,33 @@ def test_cluster_role_is_exactly_the_least_privilege_contract() -> None:
 
 
 def test_no_kopf_peering_rights_and_no_escalation_verbs() -> None:
-    text = json.dumps([o for o in render() if o["kind"] in ("ClusterRole", "Role")])
+    users = ("-edit", "-view")  # the namespace users' aggregated roles, tested below
+    operator_roles = [
+        o for o in render()
+        if o["kind"] in ("ClusterRole", "Role") and not o["metadata"]["name"].endswith(users)
+    ]  # fmt: skip
+    text = json.dumps(operator_roles)
     for word in ("kopfpeerings", "clusterkopfpeerings", "escalate", "bind", "impersonate",
                  "serviceaccounts/token", "deletecollection"):  # fmt: skip
         assert word not in text
+
+
+def test_namespace_users_get_jobs_through_the_default_roles(tmp_path: Path) -> None:
+    objs = render()
+    edit = one(objs, "ClusterRole", "rtj-resilient-training-operator-edit")
+    labels = edit["metadata"]["labels"]
+    assert labels["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert labels["rbac.authorization.k8s.io/aggregate-to-admin"] == "true"
+    assert _grants(edit["rules"]) == {
+        ("training.resilient.dev", "resilienttrainingjobs"): {
+            "create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"},
+        ("training.resilient.dev", "resilienttrainingjobs/status"): {"get"},
+    }  # fmt: skip
+    view = one(objs, "ClusterRole", "rtj-resilient-training-operator-view")
+    assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert all(set(r["verbs"]) == {"get", "list", "watch"} for r in view["rules"])
+    off = render({"rbac": {"aggregateToDefaultRoles": False}}, tmp_path)
+    assert {o["metadata"]["name"] for o in off if o["kind"] == "ClusterRole"} == {OPERATOR_ROLE}
 
 
 def test_rbac_can_be_left_to_the_platform_team(tmp_path: Path) -> None:
