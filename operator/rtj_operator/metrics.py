@@ -41,6 +41,9 @@ class JobFacts:
     max_restarts: int
     infrastructure_restarts: int
     running_since: float | None = None
+    failed_category: str | None = None
+    """While Failed: the category of the failure that ended the job (user, infrastructure,
+    ...), so the alert pages for what the platform must fix and warns for the user's code."""
 
 
 def _running_since(rtj: ResilientTrainingJob) -> float | None:
@@ -51,6 +54,14 @@ def _running_since(rtj: ResilientTrainingJob) -> float | None:
         (c for c in rtj.status.conditions if c.type == "Running" and c.status == "True"), None
     )
     return running.last_transition_time.timestamp() if running is not None else None
+
+
+def _failed_category(rtj: ResilientTrainingJob) -> str | None:
+    if rtj.status.phase is not Phase.FAILED:
+        return None
+    record = rtj.status.current
+    category = record.failure_category if record is not None else None
+    return category.value if category is not None else "unknown"
 
 
 def job_facts(rtj: ResilientTrainingJob) -> JobFacts:
@@ -65,6 +76,7 @@ def job_facts(rtj: ResilientTrainingJob) -> JobFacts:
         max_restarts=rtj.spec.failure_policy.max_restarts,
         infrastructure_restarts=status.restarts.infrastructure,
         running_since=_running_since(rtj),
+        failed_category=_failed_category(rtj),
     )
 
 
@@ -97,6 +109,12 @@ class _JobsCollector(Collector):
             "Running). The checkpoint-age alert counts from it when no verified checkpoint is "
             "newer, so a job that never checkpoints still alerts.",
             labels=JOB_LABELS,
+        )
+        failed = GaugeMetricFamily(
+            "rtj_job_failed",
+            "1 while the job is Failed, labelled with the category of the failure that ended "
+            "it (user: the job's own code or config; infrastructure, checkpoint, unknown).",
+            labels=(*JOB_LABELS, "category"),
         )
         quarantined = GaugeMetricFamily(
             "rtj_quarantined_nodes", "Nodes this job has quarantined (tainted).", labels=JOB_LABELS
@@ -135,9 +153,11 @@ class _JobsCollector(Collector):
                 step.add_metric(labels, facts.last_verified_step)
             if facts.running_since is not None:
                 since.add_metric(labels, facts.running_since)
+            if facts.failed_category is not None:
+                failed.add_metric([*labels, facts.failed_category], 1.0)
         for phase, count in by_phase.items():
             jobs.add_metric([phase.value], count)
-        yield from (last, planned, step, since, quarantined, jobs, job_phase, budget_max)
+        yield from (last, planned, step, since, failed, quarantined, jobs, job_phase, budget_max)
         yield budget_left
 
 

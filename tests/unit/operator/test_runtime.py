@@ -67,7 +67,16 @@ def test_metrics_have_the_documented_names_and_labels() -> None:
     )
     assert reg.get_sample_value("rtj_checkpoint_last_success_timestamp_seconds", per_job) is None
 
+    # a Failed job says which category ended it (the alert warns for "user", pages else)
+    failed = ResilientTrainingJob.from_object(rtj_raw({"phase": "Failed", "attempt": 1,
+        "attempts": [{"attempt": 1, "jobSet": "llm-a1", "failureClass": "UserError",
+                      "failureCategory": "user"}]}))  # fmt: skip
+    m.observe_job(failed)
+    assert sample(reg, "rtj_job_failed", {**per_job, "category": "user"}) == 1
+    assert reg.get_sample_value("rtj_job_running_since_timestamp_seconds", per_job) is None
+
     m.forget_job("team-a", "llm")
+    assert reg.get_sample_value("rtj_job_failed", {**per_job, "category": "user"}) is None
     assert sample(reg, "rtj_checkpoint_last_verified_step", per_job) == 0
     assert sample(reg, "rtj_restarts_total", {**per_job, "class": "GPUFault"}) == 0
     assert sample(reg, "rtj_jobs", {"phase": "Running"}) == 0
