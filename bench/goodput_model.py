@@ -97,7 +97,7 @@ OURS_NOW = Stack(
     detection={
         "crash": 0.16,  # measured: p50 detection, 50 jobs x 8 workers (bench.operator_scale)
         "hang": NCCL_TIMEOUT,  # no progress-based hang detection wired yet
-        "silent_node_loss": 15.0,  # node Lease silence: 1.5 renewal intervals of 10 s
+        "silent_node_loss": 20.0,  # node Lease silence: 2 renewal intervals of 10 s
         "planned": 0.0,  # SIGTERM emergency save
     },
     recovery=13.4,  # measured at 128 workers (issue 15's bench run)
