@@ -67,15 +67,19 @@ def _failed_category(rtj: ResilientTrainingJob) -> str | None:
 def job_facts(rtj: ResilientTrainingJob) -> JobFacts:
     status = rtj.status
     ckpt = status.last_verified_checkpoint
+    # the checkpoint age is known only where the operator reads the store (s3://): for a
+    # file:// root it knows the resumed step, not the steps published since, so no timestamp
+    # the age alert would misread is exported
+    ages = rtj.spec.checkpoint.uri.startswith("s3://")
     return JobFacts(
         phase=status.phase,
         planned_interval_seconds=float(rtj.spec.checkpoint.planned_interval_seconds),
-        last_success_timestamp=ckpt.committed_at.timestamp() if ckpt is not None else None,
+        last_success_timestamp=ckpt.committed_at.timestamp() if ckpt is not None and ages else None,
         last_verified_step=ckpt.step if ckpt is not None else None,
         quarantined_nodes=len(status.quarantined_nodes),
         max_restarts=rtj.spec.failure_policy.max_restarts,
         infrastructure_restarts=status.restarts.infrastructure,
-        running_since=_running_since(rtj),
+        running_since=_running_since(rtj) if ages else None,
         failed_category=_failed_category(rtj),
     )
 

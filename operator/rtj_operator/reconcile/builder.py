@@ -38,14 +38,17 @@ MAX_EVENT_MESSAGE = 1024
 def set_condition(
     conditions: Sequence[Condition],
     type_: ConditionType,
-    status: bool,
+    status: bool | None,
     reason: Reason | str,
     message: str,
     now: datetime,
     generation: int | None = None,
 ) -> list[Condition]:
-    """metav1 semantics: lastTransitionTime moves only when `status` changes."""
-    value: Literal["True", "False"] = "True" if status else "False"
+    """metav1 semantics: lastTransitionTime moves only when `status` changes (None:
+    Unknown, the operator cannot tell)."""
+    value: Literal["True", "False", "Unknown"] = (
+        "Unknown" if status is None else "True" if status else "False"
+    )
     reason_text = reason.value if isinstance(reason, Reason) else reason
     old = next((c for c in conditions if c.type == type_.value), None)
     since = old.last_transition_time if old is not None and old.status == value else now
@@ -106,7 +109,7 @@ class PlanBuilder:
         self.status = self.status.model_copy(update=fields)
 
     def condition(
-        self, type_: ConditionType, status: bool, reason: Reason | str, message: str
+        self, type_: ConditionType, status: bool | None, reason: Reason | str, message: str
     ) -> None:
         conditions = set_condition(
             self.status.conditions,

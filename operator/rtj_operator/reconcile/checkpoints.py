@@ -152,8 +152,20 @@ def refresh_checkpoint(b: PlanBuilder) -> None:
 
 
 def _checkpoint_age(b: PlanBuilder) -> None:
-    """CheckpointStale while running and the newest verified step is too old."""
+    """CheckpointStale while running and the newest verified step is too old. Unknown for
+    file:// roots: the operator cannot read a volume only the pods mount, so it knows the
+    step each attempt resumed from, not the steps published since (and claims nothing)."""
     if b.status.phase is not Phase.RUNNING:
+        return
+    if not operator_reads_store(b.rtj.spec.checkpoint.uri):
+        b.condition(
+            ConditionType.CHECKPOINT_STALE,
+            None,
+            "CheckpointAgeUnknown",
+            "the operator cannot read a file:// root (a volume only the pods mount): it knows "
+            "the step this attempt resumed from, not the steps published since; the age "
+            "condition and alert need an s3:// root",
+        )
         return
     interval = b.rtj.spec.checkpoint.planned_interval_seconds
     limit = timedelta(seconds=STALE_FACTOR * interval)

@@ -957,3 +957,19 @@ def test_pods_stuck_terminating_on_a_live_node_are_reported_once_while_the_resta
     fresh = pod(1, 1, deleting=True)
     calm = rc.plan(snapshot(raw, pods=[fresh], store=reading(100)))
     assert condition(status_of(calm, raw), "Restarting")["reason"] == "WaitingForOldWorld"
+
+
+def test_a_file_root_checkpoint_age_is_unknown_not_stale() -> None:
+    """Issue 13: the operator cannot read a file:// root, so it never claims a stale
+    checkpoint it cannot see (it used to, two intervals into every run)."""
+    since = NOW - timedelta(hours=3)
+    conditions = [{"type": "Running", "status": "True", "reason": "AttemptRunning",
+                   "lastTransitionTime": iso(since)}]  # fmt: skip
+    resumed = {"step": 5, "uri": "file:///mnt/ckpt/llm", "committedAt": iso(since),
+               "verifiedAt": iso(since)}  # fmt: skip
+    raw = rtj_raw({**running(), "conditions": conditions, "lastVerifiedCheckpoint": resumed},
+                  checkpoint={"uri": "file:///mnt/ckpt/llm"})  # fmt: skip
+    plan = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=[pod(1, i) for i in range(4)]))
+    stale = condition(status_of(plan, raw), "CheckpointStale")
+    assert stale is not None and (stale["status"], stale["reason"]) == (
+        "Unknown", "CheckpointAgeUnknown")  # fmt: skip

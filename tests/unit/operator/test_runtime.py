@@ -75,6 +75,14 @@ def test_metrics_have_the_documented_names_and_labels() -> None:
     assert sample(reg, "rtj_job_failed", {**per_job, "category": "user"}) == 1
     assert reg.get_sample_value("rtj_job_running_since_timestamp_seconds", per_job) is None
 
+    # a file:// root: the operator cannot see new steps, so it exports no age to misread
+    on_volume = ResilientTrainingJob.from_object(rtj_raw({"phase": "Running", "attempt": 1,
+        "conditions": [{"type": "Running", "status": "True", "reason": "AttemptRunning",
+                        "lastTransitionTime": "2025-03-14T11:30:00Z"}]},
+        checkpoint={"uri": "file:///mnt/ckpt/llm"}))  # fmt: skip
+    m.observe_job(on_volume)
+    assert reg.get_sample_value("rtj_job_running_since_timestamp_seconds", per_job) is None
+
     m.forget_job("team-a", "llm")
     assert reg.get_sample_value("rtj_job_failed", {**per_job, "category": "user"}) is None
     assert sample(reg, "rtj_checkpoint_last_verified_step", per_job) == 0
