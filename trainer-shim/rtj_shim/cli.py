@@ -23,7 +23,7 @@ from rtj_shim.pruning import prune
 from rtj_shim.resolver import describe_steps, resolve
 from rtj_shim.retention import RetentionPolicy
 from rtj_shim.storage import open_store
-from rtj_shim.verification import Depth
+from rtj_shim.verification import Depth, Share
 from rtj_shim.verifier import verify_step
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE, EXIT_STORE = 0, 1, 2, 3  # argparse also exits 2
@@ -85,6 +85,14 @@ def _parser() -> argparse.ArgumentParser:
     res.add_argument("--root", required=True, help=root_help)
     res.add_argument("--step", type=_step, default=None, help="check only this step")
     res.add_argument("--deep", action="store_true", help="also check every file's sha256")
+    res.add_argument(
+        "--deep-share",
+        type=_share,
+        default=None,
+        metavar="INDEX/COUNT",
+        help="with --deep, hash only this verifier's share of the files (every file is "
+        "hashed by exactly one of COUNT verifiers; the rest get a size check)",
+    )
     res.add_argument(
         "--write",
         type=Path,
@@ -184,9 +192,18 @@ def _write_termination_log(path: Path, body: dict[str, object]) -> None:
         print(f"rtj-shim: note: cannot write {path}: {exc.strerror}", file=sys.stderr)
 
 
+def _share(text: str) -> Share:
+    try:
+        return Share.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
 def _resolve_and_report(args: argparse.Namespace) -> int:
     depth = Depth.DEEP if args.deep else Depth.SHALLOW
-    resolution = resolve(open_store(args.root), depth, step=args.step, workers=args.workers)
+    resolution = resolve(
+        open_store(args.root), depth, step=args.step, workers=args.workers, share=args.deep_share
+    )
     if resolution.hint_problem:
         print(f"rtj-shim: note: {resolution.hint_problem}", file=sys.stderr)
     for skipped in resolution.skipped:

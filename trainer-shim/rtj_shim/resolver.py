@@ -16,7 +16,7 @@ from rtj_shim.selection import (
     select_resume_step,
 )
 from rtj_shim.storage.base import CheckpointStore, StepDirEntry
-from rtj_shim.verification import Depth
+from rtj_shim.verification import Depth, Share
 from rtj_shim.verifier import verify_step
 
 
@@ -26,8 +26,10 @@ def resolve(
     *,
     step: int | None = None,
     workers: int | None = None,
+    share: Share | None = None,
 ) -> Resolution:
-    """Newest step that verifies (or only ``step``). A missing root is "no checkpoint"."""
+    """Newest step that verifies (or only ``step``). A missing root is "no checkpoint".
+    With ``share``, deep verification hashes only that share of each step's files."""
     if not store.root_exists():
         return Resolution(None, None, None, ())
     dirs = store.list_step_dirs()
@@ -42,7 +44,7 @@ def resolve(
         candidates = resume_candidates(published)
 
     verdict, skipped = select_resume_step(
-        candidates, lambda s: verify_step(store, s, depth, workers)
+        candidates, lambda s: verify_step(store, s, depth, workers, share)
     )
     chosen = verdict.step if verdict else None
     problem = hint_problem(hint, published, chosen) if step is None else None

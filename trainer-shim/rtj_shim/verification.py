@@ -7,6 +7,7 @@ every file's sha256.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -63,9 +64,40 @@ def check_sizes(manifest: Manifest, sizes: Mapping[str, int]) -> str | None:
     return None
 
 
-def check_digests(manifest: Manifest, digests: Mapping[str, str]) -> str | None:
-    """First checksum problem, or None when every file's sha256 matches the manifest."""
+@dataclass(frozen=True)
+class Share:
+    """This verifier's part of a step's files, when a group of N verifiers (the pods of an
+    attempt) split deep verification: every file is hashed by exactly one of them, so the
+    group reads each byte once instead of N times. The others check its size (shallow)."""
+
+    index: int
+    count: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.index < self.count:
+            raise ValueError(f"share {self.index}/{self.count}: expected 0 <= index < count")
+
+    def owns(self, path: str) -> bool:
+        digest = hashlib.sha256(path.encode()).digest()
+        return int.from_bytes(digest[:8], "big") % self.count == self.index
+
+    @classmethod
+    def parse(cls, text: str) -> Share:
+        """`INDEX/COUNT`, e.g. `3/8`."""
+        index, sep, count = text.partition("/")
+        if not sep or not index.isdigit() or not count.isdigit() or int(count) < 1:
+            raise ValueError(f"expected INDEX/COUNT such as 3/8, got {text!r}")
+        return cls(int(index), int(count))
+
+
+def check_digests(
+    manifest: Manifest, digests: Mapping[str, str], share: Share | None = None
+) -> str | None:
+    """First checksum problem, or None when every file's sha256 matches the manifest (with
+    `share`: every file of that share)."""
     for entry in manifest.files:
+        if share is not None and not share.owns(entry.path):
+            continue
         digest = digests.get(entry.path)
         if digest is None:
             return f"file {entry.path!r} was not hashed"

@@ -12,7 +12,14 @@ from concurrent.futures import ThreadPoolExecutor
 from rtj_shim.errors import ManifestError
 from rtj_shim.layout import COMMITTED_FILE, MANIFEST_FILE, StepDirName, step_key
 from rtj_shim.storage.base import CheckpointStore
-from rtj_shim.verification import Depth, Verdict, check_commit, check_digests, check_sizes
+from rtj_shim.verification import (
+    Depth,
+    Share,
+    Verdict,
+    check_commit,
+    check_digests,
+    check_sizes,
+)
 
 
 def default_workers() -> int:
@@ -20,9 +27,14 @@ def default_workers() -> int:
 
 
 def verify_step(
-    store: CheckpointStore, step: int, depth: Depth, workers: int | None = None
+    store: CheckpointStore,
+    step: int,
+    depth: Depth,
+    workers: int | None = None,
+    share: Share | None = None,
 ) -> Verdict:
-    """Verify one published step. StoreError propagates: unreadable is not invalid."""
+    """Verify one published step (deep: with `share`, only that share's files are hashed;
+    every file's size is always checked). StoreError propagates: unreadable is not invalid."""
     name = StepDirName(step)
     try:
         manifest = check_commit(
@@ -34,13 +46,17 @@ def verify_step(
         return Verdict(step, False, str(exc), depth)
     problem = check_sizes(manifest, store.list_files(name))
     if problem is None and depth is Depth.DEEP:
-        paths = [entry.path for entry in manifest.files]
+        paths = [e.path for e in manifest.files if share is None or share.owns(e.path)]
         threads = workers or default_workers()
         with ThreadPoolExecutor(threads, thread_name_prefix="rtj-verify") as pool:
             digests = dict(
                 zip(paths, pool.map(lambda p: store.sha256(name, p), paths), strict=True)
             )
-        problem = check_digests(manifest, digests)
+        problem = check_digests(manifest, digests, share)
     if problem is not None:
         return Verdict(step, False, problem, depth, manifest)
-    return Verdict(step, True, f"{depth.value} verification passed", depth, manifest)
+    part = ""
+    if share is not None and depth is Depth.DEEP:
+        hashed = f"{len(paths)} of {len(manifest.files)} files hashed"
+        part = f" (share {share.index}/{share.count}: {hashed})"
+    return Verdict(step, True, f"{depth.value} verification passed{part}", depth, manifest)

@@ -38,6 +38,9 @@ Obj = dict[str, Any]
 
 
 GPU_RESOURCE = "nvidia.com/gpu"
+ENV_SHARE_INDEX = "RTJ_VERIFY_SHARE"
+"""The pod's index (its completion index): which share of the files its init container
+hashes."""
 
 
 def jobset_name(job: str, attempt: int) -> str:
@@ -263,11 +266,21 @@ def _worker_container(container: Obj, env: list[Obj]) -> Obj:
     return out
 
 
-def resolver_command(uri: str, resume: int | None) -> list[str]:
-    """`rtj-shim resolve`: re-verify the pinned step from inside the pod, report the result."""
+def resolver_command(uri: str, resume: int | None, replicas: int = 1) -> list[str]:
+    """`rtj-shim resolve`: re-verify the pinned step from inside the pod, report the result.
+
+    A pinned step is verified deeply *once* by the whole group: pod i hashes its share of
+    the files (`--deep-share i/N`, every file by exactly one pod) and checks the size of the
+    rest, so a restart reads the checkpoint once instead of N times; one corrupt file fails
+    its owner's init container, and with it the attempt (the step is marked bad). An
+    unpinned resolution (file:// roots) hashes everything in every pod: each pod picks the
+    newest step that verifies, and all must pick the same."""
     pinned = [] if resume is None else ["--step", str(resume)]
+    share = [] if resume is None or replicas < 2 else [
+        "--deep-share", f"$({ENV_SHARE_INDEX})/{replicas}"
+    ]  # fmt: skip
     return [
-        "rtj-shim", "resolve", "--root", uri, *pinned, "--deep",
+        "rtj-shim", "resolve", "--root", uri, *pinned, "--deep", *share,
         "--write", keys.DEFAULT_RESUME_FILE, "--termination-log", keys.TERMINATION_LOG,
     ]  # fmt: skip
 
@@ -281,8 +294,11 @@ def resolver_container(
     container: Obj = {
         "name": keys.RESUME_INIT_CONTAINER,
         "image": rtj.spec.checkpoint.resolver_image or trainer["image"],
-        "command": resolver_command(rtj.spec.checkpoint.uri, resume),
-        "env": shim_env(rtj, attempt, resume),
+        "command": resolver_command(rtj.spec.checkpoint.uri, resume, rtj.spec.replicas),
+        "env": [
+            *shim_env(rtj, attempt, resume),
+            _field_env(ENV_SHARE_INDEX, keys.JOB_COMPLETION_INDEX),
+        ],
         "volumeMounts": [*mounts, _resume_mount(read_only=False)],
         "resources": copy.deepcopy(RESOLVER_RESOURCES),
         "terminationMessagePath": keys.TERMINATION_LOG,

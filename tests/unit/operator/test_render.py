@@ -135,10 +135,13 @@ def test_resume_init_container_shares_an_empty_dir_with_the_trainer() -> None:
     pod = _pod(render_jobset(ResilientTrainingJob.from_object(body), 2, 12000))["spec"]
     init = pod["initContainers"][0]
     assert init["name"] == "rtj-resume"
+    # a pinned step: the 4 pods split deep verification, each hashing its share once
     assert init["command"] == [
         "rtj-shim", "resolve", "--root", "s3://ckpt/team-a/llm", "--step", "12000", "--deep",
+        "--deep-share", "$(RTJ_VERIFY_SHARE)/4",
         "--write", "/var/run/rtj/resume.json", "--termination-log", "/dev/termination-log",
     ]  # fmt: skip
+    assert _env(init)["RTJ_VERIFY_SHARE"] == {"fieldRef": {"fieldPath": RANK_PATH}}
     assert init["image"] == pod["containers"][0]["image"]
     assert init["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
     assert {"name": "data", "mountPath": "/data"} in init["volumeMounts"]
@@ -150,6 +153,8 @@ def test_resume_init_container_shares_an_empty_dir_with_the_trainer() -> None:
 
 def test_unpinned_resume_lets_the_shim_pick_the_newest_valid_step() -> None:
     assert "--step" not in resolver_command("s3://b/p", None)
+    # every pod picks the newest step itself: each hashes everything (all must agree)
+    assert "--deep-share" not in resolver_command("file:///mnt/ckpt", None, replicas=4)
     js = render_jobset(_job(), 1, None)
     assert "training.resilient.dev/resume-step" not in js["metadata"]["annotations"]
 
