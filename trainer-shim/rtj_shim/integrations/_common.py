@@ -1,0 +1,177 @@
+"""What both framework integrations share: publish a directory as a step (tolerating a
+re-save of a step that is already published and verifies), and find the step to resume
+from as a local directory.
+
+The resume decision is the Checkpointer's: the init container's ``resume.json`` in the
+pod's first incarnation (``RTJ_RESUME_FILE``, default ``/var/run/rtj/resume.json``),
+otherwise the newest step that passes deep verification. A filesystem root is read in
+place; any other store (S3) is copied into a local directory, every file checked against
+the manifest's size and sha256 while it is written.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from rtj_shim.errors import StepAlreadyPublished
+from rtj_shim.layout import COMMITTED_FILE, MANIFEST_FILE, StepDirName, step_key
+from rtj_shim.manifest import Manifest, sha256_hex
+from rtj_shim.protocol import (
+    CommitProtocol,
+    PublishResult,
+    StepMetadata,
+    _FromEnv,
+)
+from rtj_shim.resolver import resolve
+from rtj_shim.retention import RetentionPolicy
+from rtj_shim.storage import CheckpointStore, open_store
+from rtj_shim.storage.filesystem import FilesystemStore
+from rtj_shim.torch.checkpointer import DEFAULT_RESUME_FILE
+from rtj_shim.torch.outcomes import CheckpointError
+from rtj_shim.torch.restore import pinned_step
+from rtj_shim.verification import Depth, check_commit
+from rtj_shim.verifier import verify_step
+
+log = logging.getLogger("rtj_shim.integrations")
+
+Retention = RetentionPolicy | _FromEnv | None
+
+
+def open_root(root: str | CheckpointStore) -> CheckpointStore:
+    return open_store(root) if isinstance(root, str) else root
+
+
+def make_protocol(
+    store: CheckpointStore, attempt: str | None, retention: Retention
+) -> CommitProtocol:
+    return CommitProtocol(
+        store, attempt=attempt or os.environ.get("RTJ_ATTEMPT") or "0", retention=retention
+    )
+
+
+def publish_step(
+    protocol: CommitProtocol, step: int, source: Path, metadata: StepMetadata | None = None
+) -> PublishResult | None:
+    """Publish the files under ``source`` as ``step``. A step already published that
+    verifies (deep) is left as it is and None returned: a framework saving the same global
+    step twice (Lightning's ``last.ckpt`` beside a top-k file, a final save right after a
+    periodic one, a resumed run saving its resume step again). One that does not verify is
+    replaced, as the Checkpointer does."""
+    try:
+        return protocol.publish_directory(step, source, metadata)
+    except StepAlreadyPublished:
+        verdict = verify_step(protocol.store, step, Depth.DEEP)
+        if verdict.valid:
+            log.info("step %d is already published and verifies; not published again", step)
+            return None
+        log.warning("step %d exists but does not verify (%s); replacing it", step, verdict.reason)
+        protocol.store.delete_step_dir(StepDirName(step))
+        return protocol.publish_directory(step, source, metadata)
+
+
+@dataclass(frozen=True)
+class LocalStep:
+    """A verified step, readable as a local directory."""
+
+    step: int
+    directory: Path  # the step's files (plus manifest.json and COMMITTED on a filesystem)
+    uri: str  # where it is published
+    source: str  # "resume-file" (the operator pinned it), "resolved" or "named"
+    skipped: tuple[tuple[int, str], ...]  # newer steps passed over, with the reason
+    manifest: Manifest
+
+
+def resolve_local(
+    root: str | CheckpointStore,
+    *,
+    download_dir: str | os.PathLike[str] | None = None,
+    resume_file: str | os.PathLike[str] | None = None,
+    restored_once: bool = False,
+) -> LocalStep | None:
+    """The step to resume (None: start fresh) as a local directory.
+
+    ``resume_file``: the operator's pin, honoured unless ``restored_once`` or after an
+    in-pod restart (then resolve again: newer steps may exist). ``download_dir``: where a
+    non-filesystem root's step is copied (default: a new temporary directory, the caller's
+    to delete)."""
+    store = open_root(root)
+    pin_file = Path(resume_file or os.environ.get("RTJ_RESUME_FILE") or DEFAULT_RESUME_FILE)
+    pinned = pinned_step(store, pin_file, restored_once)
+    if pinned is not None:
+        step, skipped = pinned[0], tuple(pinned[1])
+        source = "resume-file"
+        if step is None:
+            return None
+        resolution = resolve(store, Depth.DEEP, step=step)
+        if resolution.step is None:
+            why = "; ".join(s.reason for s in resolution.skipped) or "does not verify"
+            raise CheckpointError(f"{pin_file} pins step {step}, which does not verify: {why}")
+    else:
+        source = "resolved"
+        resolution = resolve(store, Depth.DEEP)
+        skipped = tuple((s.step, s.reason) for s in resolution.skipped)
+        if resolution.hint_problem:
+            log.warning("resume: %s", resolution.hint_problem)
+        if resolution.step is None:
+            return None
+        step = resolution.step
+    for old, reason in skipped:
+        log.warning("resume: skipped step %d: %s", old, reason)
+    local = local_step(store, step, download_dir=download_dir, verified=True)
+    log.info("resume from step %d (%s): %s", step, source, local.uri)
+    return LocalStep(step, local.directory, local.uri, source, skipped, local.manifest)
+
+
+def local_step(
+    root: str | CheckpointStore,
+    step: int,
+    *,
+    download_dir: str | os.PathLike[str] | None = None,
+    verified: bool = False,
+) -> LocalStep:
+    """One published step as a local directory; deep-verified first unless ``verified``."""
+    store = open_root(root)
+    if not verified:
+        verdict = verify_step(store, step, Depth.DEEP)
+        if not verdict.valid:
+            raise CheckpointError(
+                f"step {step} under {store.uri} does not verify: {verdict.reason}"
+            )
+    manifest = check_commit(
+        step,
+        store.read(step_key(step, MANIFEST_FILE)),
+        store.read(step_key(step, COMMITTED_FILE)),
+    )
+    if isinstance(store, FilesystemStore):
+        directory = store.root / step_key(step)
+    else:
+        directory = download(store, step, manifest, download_dir)
+    return LocalStep(step, directory, store.key_uri(step_key(step)), "named", (), manifest)
+
+
+def download(
+    store: CheckpointStore,
+    step: int,
+    manifest: Manifest,
+    download_dir: str | os.PathLike[str] | None,
+) -> Path:
+    """Copy a step's files into a local directory, each checked against the manifest."""
+    if download_dir is None:
+        target = Path(tempfile.mkdtemp(prefix=f"rtj-step-{step}-"))
+    else:
+        target = Path(download_dir)
+        target.mkdir(parents=True, exist_ok=True)
+    for entry in manifest.files:
+        data = store.read(step_key(step, entry.path))
+        if data is None:
+            raise CheckpointError(f"{entry.path} of step {step} is missing")
+        if len(data) != entry.bytes or sha256_hex(data) != entry.sha256:
+            raise CheckpointError(f"{entry.path} of step {step} does not match its manifest")
+        path = target / entry.path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return target
