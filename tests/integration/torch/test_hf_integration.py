@@ -10,6 +10,7 @@ the batches of the current epoch already seen, drawing the same seeded shuffle.
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from pathlib import Path
@@ -113,7 +114,7 @@ def train(
         train_dataset=dataset(),
         callbacks=[record, PublishCheckpoints(root)],
     )
-    checkpoint = resume_checkpoint(root) if resume else None
+    checkpoint = resume_checkpoint(root, download_dir=out / "downloaded") if resume else None
     if kill_after is None:
         trainer.train(resume_from_checkpoint=checkpoint)
     else:
@@ -175,9 +176,28 @@ def test_an_s3_root_is_published_and_resumed_through_a_verified_copy(
 
     copy = tmp_path / "copy"
     found = resume_step(s3_root, download_dir=copy)
-    assert found is not None and found.step == 12 and found.directory == copy
-    assert (copy / "trainer_state.json").is_file()
+    assert found is not None and found.step == 12
+    assert found.directory == copy / "step-000000000012"
+    assert (found.directory / "trainer_state.json").is_file()
     resumed = train(s3_root, tmp_path / "out-b", resume=True)
     assert sorted(resumed) == list(range(13, MAX_STEPS + 1))
     assert all(resumed[s] == full[s] for s in resumed)
     assert sorted(published(s3_root)) == [(s, True) for s in (6, 12, 18, 20)]
+
+
+def test_the_operators_pin_is_honoured_in_the_first_incarnation_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = f"file://{tmp_path}/r"
+    train(root, tmp_path / "out", kill_after=KILL_AFTER)  # publishes 6 and 12
+    pin = tmp_path / "resume.json"
+    uri = open_store(root).key_uri(step_key(6))
+    pin.write_text(json.dumps({"step": 6, "uri": uri, "skipped": []}))
+    monkeypatch.setenv("RTJ_RESUME_FILE", str(pin))
+
+    found = resume_step(root)
+    assert found is not None and (found.step, found.source) == (6, "resume-file")
+    again = resume_step(root, restored_once=True)  # after an in-pod restart: resolve again
+    assert again is not None and (again.step, again.source) == (12, "resolved")
+    pin.write_text(json.dumps({"step": None, "uri": None, "skipped": []}))
+    assert resume_checkpoint(root) is None  # the operator said: start fresh

@@ -84,7 +84,7 @@ class KillAfter(Callback):
 def fit(
     root: str, out: Path, *, kill_after: int | None = None, resume: bool = False
 ) -> tuple[Tiny, PublishingCheckpointIO]:
-    io = PublishingCheckpointIO(root)
+    io = PublishingCheckpointIO(root, download_dir=out / "downloaded")  # used for s3:// only
     model = Tiny()
     callbacks: list[Any] = [
         ModelCheckpoint(dirpath=out, every_n_epochs=1, save_top_k=-1, save_on_train_epoch_end=True)

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from rtj_shim.errors import StepAlreadyPublished
-from rtj_shim.layout import COMMITTED_FILE, MANIFEST_FILE, StepDirName, step_key
+from rtj_shim.layout import COMMITTED_FILE, MANIFEST_FILE, StepDirName, step_dir_name, step_key
 from rtj_shim.manifest import Manifest, sha256_hex
 from rtj_shim.protocol import (
     CommitProtocol,
@@ -96,8 +97,8 @@ def resolve_local(
 
     ``resume_file``: the operator's pin, honoured unless ``restored_once`` or after an
     in-pod restart (then resolve again: newer steps may exist). ``download_dir``: where a
-    non-filesystem root's step is copied (default: a new temporary directory, the caller's
-    to delete)."""
+    non-filesystem root's step is copied, into ``download_dir/step-<12 digits>`` (default:
+    a new temporary directory, the caller's to delete)."""
     store = open_root(root)
     pin_file = Path(resume_file or os.environ.get("RTJ_RESUME_FILE") or DEFAULT_RESUME_FILE)
     pinned = pinned_step(store, pin_file, restored_once)
@@ -159,12 +160,15 @@ def download(
     manifest: Manifest,
     download_dir: str | os.PathLike[str] | None,
 ) -> Path:
-    """Copy a step's files into a local directory, each checked against the manifest."""
+    """Copy a step's files into a new local directory (``download_dir/step-<12 digits>``,
+    or a temporary directory), each checked against the manifest's size and sha256."""
     if download_dir is None:
         target = Path(tempfile.mkdtemp(prefix=f"rtj-step-{step}-"))
-    else:
-        target = Path(download_dir)
-        target.mkdir(parents=True, exist_ok=True)
+    else:  # a directory of this step's files only: an earlier copy there is replaced
+        target = Path(download_dir) / step_dir_name(step)
+        if target.exists():
+            shutil.rmtree(target)
+        target.mkdir(parents=True)
     for entry in manifest.files:
         data = store.read(step_key(step, entry.path))
         if data is None:
