@@ -27,7 +27,7 @@ from kubernetes.client.rest import ApiException
 from e2e.cluster import faults
 from e2e.cluster.kube import JOBSET_GROUP, JOBSET_VERSION, KUEUE_GROUP, KUEUE_VERSION
 from e2e.cluster.kube import Kube as HarnessKube
-from e2e.operator_proc import rtj_body, rtj_status, running_pods, wait_for
+from e2e.operator_proc import events_of, rtj_body, rtj_status, running_pods, wait_for
 from rtj_operator.api import keys
 from rtj_operator.kube import Kube
 
@@ -111,6 +111,18 @@ def wait_running(kube: Kube, ns: str, name: str, attempt: int, replicas: int) ->
         WAIT,
     )
     return pods
+
+
+def wait_events(kube: Kube, ns: str, name: str, *reasons: str, count: int = 1) -> list[str]:
+    """The reasons of the job's Events once each of `reasons` was posted at least `count`
+    times. Events go out after the status patch of the decision they tell (in the
+    background), so a test that saw the status must wait for them, not read them at once."""
+
+    def posted() -> list[str] | None:
+        seen = [e["reason"] for e in events_of(kube, ns, name)]
+        return seen if all(seen.count(r) >= count for r in reasons) else None
+
+    return wait_for(f"Events {', '.join(reasons)}", posted, WAIT)
 
 
 def wait_phase(kube: Kube, ns: str, name: str, phase: str, timeout: float = WAIT) -> Obj:

@@ -12,6 +12,7 @@ import yaml
 from scenario_support import (
     WAIT,
     condition,
+    wait_events,
     wait_running,
     workload_condition,
     workload_of,
@@ -71,7 +72,7 @@ def test_a_gang_bigger_than_the_quota_creates_no_pod_until_all_of_it_fits(
     (assignment,) = workload["status"]["admission"]["podSetAssignments"]
     assert assignment["count"] == 4
     assert condition(rtj_status(rtj_api, ns, JOB), "Admitted")["status"] == "True"  # type: ignore[index]
-    assert "AttemptAdmitted" in [e["reason"] for e in events_of(rtj_api, ns, JOB)]
+    wait_events(rtj_api, ns, JOB, "AttemptAdmitted")
 
 
 @pytest.mark.local_only
@@ -89,7 +90,11 @@ def test_a_job_whose_queue_does_not_exist_says_so_in_a_condition(
     cond = wait_for("the missing queue in a condition", reported, WAIT)
     assert cond["status"] == "False"
     assert f"LocalQueue team-typo does not exist in namespace {ns}" in cond["message"]
-    event = next(e for e in events_of(rtj_api, ns, JOB) if e["reason"] == "LocalQueueNotFound")
+    # the Event goes out after the status patch that set the condition: wait for it too
+    # (a flake: read at once, it was not there yet)
+    event = wait_for("the LocalQueueNotFound Event", lambda: next(
+        (e for e in events_of(rtj_api, ns, JOB) if e["reason"] == "LocalQueueNotFound"), None
+    ), WAIT)  # fmt: skip
     assert event["type"] == "Warning" and "team-typo" in event["message"]
     assert pods_of(rtj_api, ns, JOB) == []
     assert rtj_status(rtj_api, ns, JOB)["phase"] == "Pending"
@@ -168,7 +173,7 @@ def test_a_typo_in_the_pod_template_is_a_condition_naming_the_field_then_fixed(
     cond = wait_for("the JobSetRejected condition", rejected, WAIT)
     assert "imagePullPolicyy" in cond["message"], cond
     assert jobsets_of(rtj_api, ns, JOB) == []
-    reasons = [e["reason"] for e in events_of(rtj_api, ns, JOB)]
+    reasons = wait_events(rtj_api, ns, JOB, "JobSetRejected")
     assert reasons.count("JobSetRejected") == 1, reasons
 
     fixed = rtj_api.get_rtj(ns, JOB)

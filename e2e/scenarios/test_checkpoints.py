@@ -32,12 +32,13 @@ from scenario_support import (
     pinned_step,
     shim_resolve,
     start_job,
+    wait_events,
     wait_running,
 )
 
 from e2e.cluster import faults
 from e2e.cluster.build import kubectl
-from e2e.operator_proc import events_of, jobsets_of, publish_steps, rtj_body, rtj_status, wait_for
+from e2e.operator_proc import jobsets_of, publish_steps, rtj_body, rtj_status, wait_for
 from rtj_operator.api import keys
 from rtj_operator.kube import Kube
 
@@ -100,7 +101,7 @@ def test_a_corrupt_pinned_step_is_marked_bad_and_the_previous_verified_step_is_p
     assert status["attempts"][1]["resumedFromStep"] == 100
     assert status["restarts"]["checkpoint"] == 1 and status["restarts"]["infrastructure"] == 0
     assert status["lastVerifiedCheckpoint"]["step"] == 100, "a bad step is not 'verified'"
-    assert "CheckpointMarkedBad" in [e["reason"] for e in events_of(rtj_api, ns, JOB)]
+    wait_events(rtj_api, ns, JOB, "CheckpointMarkedBad")
 
     # step 200 is still the newest published step; it is never pinned again
     _fail_world(hkube, ns, by_rank(second))
@@ -143,7 +144,7 @@ def test_an_unreachable_store_holds_the_restart_until_it_is_back(
         assert status["phase"] == "Restarting" and status["attempt"] == 1
         assert jobsets_of(rtj_api, ns, JOB) == [], "the old world is gone, no new one from scratch"
         assert tl.names("JobSet", 2) == set()
-        assert "CheckpointStoreUnreadable" in [e["reason"] for e in events_of(rtj_api, ns, JOB)]
+        wait_events(rtj_api, ns, JOB, "CheckpointStoreUnreadable")
 
         endpoint.up()  # the same endpoint, the same data
         second = wait_running(rtj_api, ns, JOB, 2, 2)
@@ -154,7 +155,7 @@ def test_an_unreachable_store_holds_the_restart_until_it_is_back(
         readable = condition(status, "CheckpointUnreadable")
         assert readable is not None and readable["status"] == "False"
         assert status["attempts"][1]["resumedFromStep"] == 200
-        assert "CheckpointStoreReadable" in [e["reason"] for e in events_of(rtj_api, ns, JOB)]
+        wait_events(rtj_api, ns, JOB, "CheckpointStoreReadable")
     finally:
         endpoint.down()
 
@@ -187,7 +188,7 @@ def test_a_store_the_jobs_credentials_cannot_read_blocks_the_first_attempt(
     status = rtj_status(rtj_api, ns, JOB)
     assert status.get("attempt", 0) == 0 and status["phase"] == "Pending"
     assert jobsets_of(rtj_api, ns, JOB) == [] and tl.events("JobSet") == []
-    assert "CheckpointStoreUnreadable" in [e["reason"] for e in events_of(rtj_api, ns, JOB)]
+    wait_events(rtj_api, ns, JOB, "CheckpointStoreUnreadable")
 
 
 # --- checkpoint age ----------------------------------------------------------------------------

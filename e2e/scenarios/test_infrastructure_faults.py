@@ -21,11 +21,12 @@ from scenario_support import (
     start_job,
     taints,
     terminate_ranks,
+    wait_events,
     wait_running,
 )
 
 from e2e.cluster import faults
-from e2e.operator_proc import events_of, jobsets_of, pods_of, publish_steps, rtj_status
+from e2e.operator_proc import jobsets_of, pods_of, publish_steps, rtj_status
 from rtj_operator.api import keys
 from rtj_operator.kube import Kube
 
@@ -102,8 +103,7 @@ def test_gpu_fault_on_rank_2_quarantines_its_node_and_restarts_from_the_newest_s
     assert status["attempts"][1]["resumedFromStep"] == 300
     assert status["attempts"][0]["recoverySeconds"] > 0
     assert [q["node"] for q in status["quarantinedNodes"]] == [node]
-    reasons = {e["reason"] for e in events_of(rtj_api, ns, JOB)}
-    assert {"NodesQuarantined", "RestartScheduled"} <= reasons
+    wait_events(rtj_api, ns, JOB, "NodesQuarantined", "RestartScheduled")
     assert op.metric("rtj_restarts_total", **gpu_restarts) == before + 1
     assert op.metric("rtj_quarantined_nodes", namespace=ns, name=JOB) == 1
 

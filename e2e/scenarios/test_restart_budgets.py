@@ -17,12 +17,13 @@ from scenario_support import (
     failed_record,
     priority_class,
     start_job,
+    wait_events,
     wait_phase,
     wait_running,
 )
 
 from e2e.cluster import faults
-from e2e.operator_proc import events_of, jobsets_of, pods_of, rtj_status, wait_for
+from e2e.operator_proc import jobsets_of, pods_of, rtj_status, wait_for
 from rtj_operator.api import keys
 from rtj_operator.kube import Kube
 
@@ -64,8 +65,12 @@ def test_a_kueue_preemption_is_free_and_the_job_is_readmitted_when_quota_frees(
         rtj_ns.wait_pods_running(2, "jobset.sigs.k8s.io/jobset-name=urgent", timeout=WAIT)
 
         def waiting_for_quota() -> dict[str, Any] | None:
+            # the JobSet is created before the status patch that records attempt 2 (a
+            # replica that crashes in between adopts it): wait for both (a flake: the
+            # JobSet was seen while the status still said attempt 1)
             js = [j for j in jobsets_of(rtj_api, ns, JOB) if j["metadata"]["name"] == f"{JOB}-a2"]
-            return js[0] if js and js[0]["spec"].get("suspend") else None
+            recorded = rtj_status(rtj_api, ns, JOB).get("attempt") == 2
+            return js[0] if js and js[0]["spec"].get("suspend") and recorded else None
 
         wait_for("attempt 2 queued behind the urgent workload", waiting_for_quota, WAIT)
         status = rtj_status(rtj_api, ns, JOB)
@@ -83,7 +88,7 @@ def test_a_kueue_preemption_is_free_and_the_job_is_readmitted_when_quota_frees(
         wait_running(rtj_api, ns, JOB, 2, 2)
         status = rtj_status(rtj_api, ns, JOB)
         assert status["restarts"]["infrastructure"] == 0
-        reasons = [e["reason"] for e in events_of(rtj_api, ns, JOB)]
+        reasons = wait_events(rtj_api, ns, JOB, "AttemptAdmitted", count=2)
         assert reasons.count("AttemptAdmitted") == 2
         assert op.metric("rtj_restarts_total", namespace=ns, name=JOB,
                          **{"class": "Preempted"}) == 1  # fmt: skip
