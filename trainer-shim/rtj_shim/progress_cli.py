@@ -20,6 +20,7 @@ import json
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from types import FrameType
@@ -80,13 +81,16 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     beat.add_argument("--local-rank", type=_count, default=None, help="default: $LOCAL_RANK")
 
 
-def _stop(signum: int, frame: FrameType | None) -> None:
-    raise SystemExit(0)
-
-
 def progress_server(args: argparse.Namespace) -> int:
     server = ProgressServer(args.dir, args.host, args.port)
-    signal.signal(signal.SIGTERM, _stop)
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        # never raise from the handler: a SystemExit raised while a request is being handed
+        # to its thread was swallowed by socketserver and the server went on serving (a
+        # flake found under load); shut down from another thread, as serve_forever needs
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
     try:
         line = {"listening": {"host": args.host, "port": server.port}, "dir": str(args.dir)}
         sys.stdout.write(json.dumps(line) + "\n")
