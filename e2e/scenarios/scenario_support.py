@@ -251,7 +251,33 @@ class Timeline:
             finally:
                 w.stop()
 
+    def sync(self, timeout: float = WAIT) -> None:
+        """Wait until the watches have delivered every change up to the current state of the
+        job's pods and JobSets. A watch lags the API under load: a test that saw pods run
+        (through a LIST) and then read the timeline at once missed a pod's ADDED (a flake).
+        Each watch delivers its kind in etcd order, so having seen every live object at its
+        current resourceVersion means every earlier change (a deletion too) was seen."""
+        selector = f"{keys.JOB_LABEL}={self.job}"
+
+        def caught_up() -> bool:
+            pods = self.kube.core.list_namespaced_pod(self.namespace, label_selector=selector)
+            sets = self.kube.custom.list_namespaced_custom_object(
+                JOBSET_GROUP, JOBSET_VERSION, self.namespace, "jobsets", label_selector=selector
+            )
+            want = {("Pod", p.metadata.name): int(p.metadata.resource_version)
+                    for p in pods.items}  # fmt: skip
+            want |= {("JobSet", j["metadata"]["name"]): int(j["metadata"]["resourceVersion"])
+                     for j in sets.get("items", [])}  # fmt: skip
+            best: dict[tuple[str, str], int] = {}
+            with self._lock:
+                for s in self.seen:
+                    best[(s.kind, s.name)] = max(best.get((s.kind, s.name), 0), s.rv)
+            return all(best.get(key, 0) >= rv for key, rv in want.items())
+
+        wait_for("the timeline to catch up with the API", caught_up, timeout, every=0.05)
+
     def events(self, kind: str | None = None, type_: str | None = None) -> list[Seen]:
+        self.sync()
         with self._lock:
             found = list(self.seen)
         return sorted(
