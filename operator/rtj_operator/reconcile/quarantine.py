@@ -82,6 +82,18 @@ def _dump(claims: Mapping[str, Mapping[str, Any]]) -> str | None:
     return json.dumps(kept, separators=(",", ":"), sort_keys=True) if kept else None
 
 
+def _same_slot(existing: Json, taint: Json) -> bool:
+    return bool(existing.get("key") == taint["key"] and existing.get("effect") == taint["effect"])
+
+
+def _legacy_taint(taints: Sequence[Json], taint: Json) -> bool:
+    """The taint itself, its value naming the job, with no claims recorded (an operator
+    version before claims wrote only that)."""
+    return any(
+        _same_slot(t, taint) and t.get("value", "") == taint.get("value", "") for t in taints
+    )
+
+
 def claim(
     taints: Sequence[Json], annotation: str | None, taint: Json, who: Claimant
 ) -> NodeEdit | None:
@@ -92,9 +104,7 @@ def claim(
     if claims is None:
         return None  # unreadable: whose taints these are cannot be told; touch nothing
     slot = taint_slot(taint)
-    present = any(
-        t.get("key") == taint["key"] and t.get("effect") == taint["effect"] for t in taints
-    )
+    present = any(_same_slot(t, taint) for t in taints)
     entry = claims.setdefault(slot, {"placed": False, "owners": []})
     if any(o["uid"] == who.uid for o in entry["owners"]):
         return None
@@ -120,21 +130,10 @@ def release(
     entry = claims.get(slot)
 
     def without_taint() -> list[dict[str, Any]]:
-        return [
-            dict(t)
-            for t in taints
-            if not (t.get("key") == taint["key"] and t.get("effect") == taint["effect"])
-        ]
+        return [dict(t) for t in taints if not _same_slot(t, taint)]
 
     if entry is None:  # legacy: the taint alone, its value the job's name
-        legacy = [
-            t
-            for t in taints
-            if t.get("key") == taint["key"]
-            and t.get("effect") == taint["effect"]
-            and t.get("value", "") == taint.get("value", "")
-        ]
-        return NodeEdit(without_taint(), annotation) if legacy else None
+        return NodeEdit(without_taint(), annotation) if _legacy_taint(taints, taint) else None
     owners = [o for o in entry["owners"] if o["uid"] != who.uid]
     if len(owners) == len(entry["owners"]):
         return None
@@ -152,13 +151,7 @@ def holds_claim(node: Json, taint: Json, who: Claimant) -> bool:
         return True
     entry = claims.get(taint_slot(taint))
     if entry is None:
-        taints = get_in(node, "spec", "taints") or []
-        return any(
-            t.get("key") == taint["key"]
-            and t.get("effect") == taint["effect"]
-            and t.get("value", "") == taint.get("value", "")
-            for t in taints
-        )
+        return _legacy_taint(get_in(node, "spec", "taints") or [], taint)
     return any(o["uid"] == who.uid for o in entry["owners"])
 
 
