@@ -29,6 +29,7 @@ from rtj_operator.api import keys
 from rtj_operator.api.reasons import Phase
 from rtj_operator.api.resource import ResilientTrainingJob
 from rtj_operator.cache import WatchCache
+from rtj_operator.event_reads import read_events
 from rtj_operator.kube import (
     AlreadyExists,
     Conflict,
@@ -40,8 +41,8 @@ from rtj_operator.kube import (
 )
 from rtj_operator.metrics import Metrics
 from rtj_operator.node_leases import NodeLeases
-from rtj_operator.policy.classify import reads_event
 from rtj_operator.policy.platform import NodeHealthPolicy
+from rtj_operator.rank_polls import JobTargets, RankPolls
 from rtj_operator.store_reads import (
     Lane,
     StoreReader,
@@ -49,6 +50,7 @@ from rtj_operator.store_reads import (
     operator_identity_refusal,
     store_key,
 )
+from rtj_operator.work_queue import WorkQueue
 
 MAX_RTJ_TOMBSTONES = 10_000
 """Deleted jobs remembered (by uid) so a late LIST cannot bring one back."""
@@ -59,10 +61,6 @@ T = TypeVar("T")
 CONFLICT_RETRY_SECONDS = 0.2
 EXISTS_RETRY_SECONDS = 0.5
 CONFLICT_RETRY_MAX_SECONDS = 10.0
-NODE_EVENT_QUERIES = 16
-"""Up to this many nodes, their Events are read by name (one small answer each); beyond,
-one paged cluster-wide read of node Events."""
-ERROR_BACKOFF = (0.1, 30.0)
 KUEUE_GROUP = "kueue.x-k8s.io"
 KUEUE_VERSIONS = ("v1beta2", "v1beta1")
 """Kueue's served versions, newest first: v1beta2 is preferred from v0.15 (the pinned
@@ -101,105 +99,6 @@ def job_key_of(body: Mapping[str, Any]) -> Key | None:
     return (namespace, job) if job and namespace else None
 
 
-def workload_jobset(name: str) -> str | None:
-    """Kueue names a JobSet's Workload `jobset-<jobset>-<5 hex>`."""
-    if not name.startswith("jobset-"):
-        return None
-    body, _, suffix = name[len("jobset-") :].rpartition("-")
-    return body if body and len(suffix) == 5 else None
-
-
-def event_key(body: Mapping[str, Any]) -> tuple[str, str, str] | None:
-    """Index key of an event: (namespace, kind, name); Node events have namespace ''."""
-    obj = body.get("involvedObject") or body.get("regarding") or {}
-    kind, name = obj.get("kind"), obj.get("name")
-    if not kind or not name:
-        return None
-    if kind == "Node":
-        return ("", "Node", name)
-    namespace = obj.get("namespace") or (body.get("metadata") or {}).get("namespace") or ""
-    if kind == "Workload":
-        jobset = workload_jobset(name)
-        return (namespace, "Workload", jobset) if jobset else None
-    return (namespace, kind, name)
-
-
-def relevant_event(body: Mapping[str, Any]) -> bool:
-    """Events worth keeping for a classification: exactly those the classifier reads
-    (`policy.classify.reads_event`), so the reader and the classifier never disagree."""
-    return reads_event(body)
-
-
-# --- the work queue ------------------------------------------------------------------------
-
-
-class WorkQueue:
-    """client-go's workqueue semantics on asyncio: a key is processed by one worker at a time;
-    adding a key that is queued is a no-op, adding one being processed re-queues it after."""
-
-    def __init__(self) -> None:
-        self._queue: asyncio.Queue[Key] = asyncio.Queue()
-        self._dirty: set[Key] = set()
-        self._processing: set[Key] = set()
-        self._timers: dict[Key, tuple[float, asyncio.TimerHandle]] = {}
-        self._failures: dict[Key, int] = {}
-
-    def __len__(self) -> int:
-        return len(self._dirty)
-
-    def add(self, key: Key) -> None:
-        if key in self._dirty:
-            return
-        self._dirty.add(key)
-        if key not in self._processing:
-            self._queue.put_nowait(key)
-
-    def add_after(self, key: Key, delay: float) -> None:
-        if delay <= 0:
-            self.add(key)
-            return
-        loop = asyncio.get_running_loop()
-        due = loop.time() + delay
-        current = self._timers.get(key)
-        if current is not None:
-            if current[0] <= due:
-                return
-            current[1].cancel()
-        handle = loop.call_at(due, self._fire, key)
-        self._timers[key] = (due, handle)
-
-    def _fire(self, key: Key) -> None:
-        self._timers.pop(key, None)
-        self.add(key)
-
-    def add_rate_limited(self, key: Key) -> float:
-        failures = self._failures.get(key, 0)
-        self._failures[key] = failures + 1
-        delay = float(min(ERROR_BACKOFF[0] * 2.0 ** min(failures, 16), ERROR_BACKOFF[1]))
-        self.add_after(key, delay)
-        return delay
-
-    def forget_failures(self, key: Key) -> None:
-        self._failures.pop(key, None)
-
-    def forget(self, key: Key) -> None:
-        timer = self._timers.pop(key, None)
-        if timer is not None:
-            timer[1].cancel()
-        self._failures.pop(key, None)
-
-    async def get(self) -> Key:
-        key = await self._queue.get()
-        self._processing.add(key)
-        self._dirty.discard(key)
-        return key
-
-    def done(self, key: Key) -> None:
-        self._processing.discard(key)
-        if key in self._dirty:
-            self._queue.put_nowait(key)
-
-
 # --- the controller ------------------------------------------------------------------------
 
 
@@ -222,6 +121,11 @@ class Settings:
     """URI prefixes the operator may read with its own identity (jobs without a
     credentialsSecret); see store_reads.operator_identity_refusal."""
     identity: str = "rtj-operator"
+    progress_poll_seconds: float = 5.0
+    """How often each running worker pod's progress sidecar is read (0: never; no hang or
+    straggler detection)."""
+    progress_poll_timeout: float = 2.0
+    progress_poll_concurrency: int = 16
 
 
 class Controller:
@@ -253,6 +157,13 @@ class Controller:
         self._conflicts: dict[Key, int] = {}
         self.rejections: dict[Key, rc.Rejection] = {}
         self.node_leases = NodeLeases(self._touch_node, self._touch_all, self.clock)
+        self.rank_polls = RankPolls(
+            self.clock,
+            self._progress_round,
+            interval=self.settings.progress_poll_seconds,
+            timeout=self.settings.progress_poll_timeout,
+            concurrency=self.settings.progress_poll_concurrency,
+        )
         self._rtj_tombstones: dict[str, int | None] = {}
         """uid -> resourceVersion of jobs seen deleted (bounded, oldest dropped first)."""
         self.synced = asyncio.Event()
@@ -309,6 +220,7 @@ class Controller:
         self.queue.forget(key)
         self._conflicts.pop(key, None)
         self.rejections.pop(key, None)
+        self.rank_polls.forget(key)
         self.metrics.forget_job(*key)
 
     def on_pod(self, event_type: str | None, body: Mapping[str, Any]) -> None:
@@ -339,6 +251,26 @@ class Controller:
             else:
                 self.deleted_nodes.discard(name)
         self._touch_node(name)
+
+    def _progress_round(self, key: Key) -> None:
+        """A poll round read this job's ranks: export what they said, and judge it."""
+        reading = self.rank_polls.reading(key)
+        facts = rc.progress_facts(reading, self.clock()) if reading is not None else None
+        self.metrics.observe_progress(*key, facts)
+        self.queue.add(key)
+
+    def progress_targets(self) -> list[JobTargets]:
+        """What the progress poller reads this round: per job, its running worker pods."""
+        out = []
+        for key in list(self.rtjs):
+            snap = self.snapshot(key)
+            if snap is None:
+                continue
+            targets = rc.poll_targets(snap)
+            if targets:
+                stragglers = snap.rtj.spec.progress.stragglers
+                out.append(JobTargets(key, targets, stragglers.ratio, stragglers.windows))
+        return out
 
     def _touch_all(self) -> None:
         for key in list(self.rtjs):
@@ -406,6 +338,7 @@ class Controller:
             node_leases=self.node_leases.of(node_names),
             rejection=self.rejections.get(key),
             partition=self.node_leases.partition,
+            ranks=self.rank_polls.reading(key),
         )
 
     # --- reconcile -------------------------------------------------------------------------
@@ -667,44 +600,8 @@ class Controller:
                 m.record_lost_steps(*key, int(r.value))
 
     def read_events(self, snap: rc.Snapshot) -> list[dict[str, Any]]:
-        """Events about the failed attempt (blocking): read once a failure is seen, so the
-        operator never watches every Event in the cluster. Pods and Kueue Workloads in the
-        job's namespace, nodes cluster-wide; only the reasons the classifier reads."""
-        namespace = snap.rtj.metadata.namespace
-        pods = {p["metadata"]["name"] for p in (*snap.pods, *snap.gone_pods)}
-        nodes = set(snap.nodes) | {
-            n for p in (*snap.pods, *snap.gone_pods) if (n := (p.get("spec") or {}).get("nodeName"))
-        }
-        jobsets = {js["metadata"]["name"] for js in snap.jobsets}
-        wanted: list[dict[str, Any]] = []
-        queries: list[tuple[str | None, str, str]] = [
-            (namespace, "Pod", "involvedObject.kind=Pod"),
-            (namespace, "Workload", "involvedObject.kind=Workload"),
-            # Kueue before v0.7 (and the JobSet controller) write about the JobSet itself
-            (namespace, "JobSet", "involvedObject.kind=JobSet"),
-        ]
-        if len(nodes) <= NODE_EVENT_QUERIES:  # a few nodes: ask for theirs by name
-            queries += [
-                (None, "Node", f"involvedObject.kind=Node,involvedObject.name={n}")
-                for n in sorted(nodes)
-            ]
-        else:
-            queries.append((None, "Node", "involvedObject.kind=Node"))
-        for scope, kind, selector in queries:
-            # a failed read raises: a classification is never final on partial evidence
-            found = self.kube.list_events(scope, selector)
-            for event in found:
-                ek = event_key(event)
-                if ek is None or not relevant_event(event):
-                    continue
-                name = ek[2]
-                if (
-                    (kind == "Pod" and name in pods)
-                    or (kind == "Node" and name in nodes)
-                    or (kind in ("Workload", "JobSet") and name in jobsets)
-                ):
-                    wanted.append(rc.trim_event(event))
-        return wanted
+        """Events about the failed attempt (blocking; see `event_reads.read_events`)."""
+        return read_events(self.kube, snap)
 
     # --- list, then watch --------------------------------------------------------------------
 
@@ -828,6 +725,14 @@ class Controller:
             self._tasks.append(
                 asyncio.create_task(self._refresh_checkpoints(), name="rtj-checkpoints")
             )
+        if self.settings.progress_poll_seconds > 0:
+            self._tasks.append(
+                asyncio.create_task(self._poll_progress(), name="rtj-progress-polls")
+            )
+
+    async def _poll_progress(self) -> None:
+        await self.synced.wait()
+        await self.rank_polls.run(self.progress_targets)
 
     def halt(self) -> None:
         """Stop acting at once (the lease is lost): cancel every worker and loop."""
@@ -844,3 +749,4 @@ class Controller:
             await asyncio.wait(list(self._posting), timeout=5)
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.store_reads.shutdown()
+        self.rank_polls.close()

@@ -36,6 +36,18 @@ PRINTER_COLUMNS = [
     {
         "name": "Step",
         "type": "integer",
+        "jsonPath": ".status.progress.step",
+        "description": "The step every rank has completed (progress reports)",
+    },
+    {
+        "name": "Steps/s",
+        "type": "number",
+        "jsonPath": ".status.progress.stepsPerSecond",
+        "description": "Training throughput: steps per second (median step time)",
+    },
+    {
+        "name": "Checkpoint",
+        "type": "integer",
         "jsonPath": ".status.lastVerifiedCheckpoint.step",
         "description": "Last verified checkpoint step",
     },

@@ -58,6 +58,13 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--store-read-timeout", type=float, default=30.0)
     p.add_argument(
+        "--progress-poll-seconds",
+        type=float,
+        default=5.0,
+        help="how often each running worker pod's progress sidecar is read (0: never: no "
+        "hang or straggler detection)",
+    )
+    p.add_argument(
         "--platform-config",
         default=None,
         metavar="PATH",
@@ -121,6 +128,7 @@ async def run(args: argparse.Namespace) -> int:
             operator_identity_stores=tuple(args.operator_identity_store),
             node_health=node_health,
             store_read_timeout=args.store_read_timeout,
+            progress_poll_seconds=args.progress_poll_seconds,
         ),
         namespaces=args.namespace or None,
     )

@@ -165,12 +165,65 @@ class _JobsCollector(Collector):
         yield budget_left
 
 
+@dataclass(frozen=True)
+class ProgressFacts:
+    """One job's progress as its ranks last reported it (the progress poller's round)."""
+
+    step: int | None
+    step_seconds: float | None
+    seconds_without_progress: float | None
+    ranks: int
+    stragglers: int
+
+
+class _ProgressCollector(Collector):
+    def __init__(self, facts: dict[tuple[str, str], ProgressFacts], lock: threading.Lock) -> None:
+        self._facts = facts
+        self._lock = lock
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            items = sorted(self._facts.items())
+        step = GaugeMetricFamily(
+            "rtj_job_progress_step",
+            "The step every reporting rank of the job has completed (progress reports).",
+            labels=JOB_LABELS,
+        )
+        step_time = GaugeMetricFamily(
+            "rtj_job_step_seconds", "Median step time of the job's ranks.", labels=JOB_LABELS
+        )
+        age = GaugeMetricFamily(
+            "rtj_job_progress_age_seconds",
+            "Seconds since the rank furthest behind last made progress (entered a section or "
+            "completed a step): what a hang is judged on.",
+            labels=JOB_LABELS,
+        )
+        ranks = GaugeMetricFamily(
+            "rtj_job_ranks_reporting", "Ranks with a fresh progress report.", labels=JOB_LABELS
+        )
+        slow = GaugeMetricFamily(
+            "rtj_job_stragglers", "Ranks reported as stragglers.", labels=JOB_LABELS
+        )
+        for (namespace, name), facts in items:
+            labels = [namespace, name]
+            ranks.add_metric(labels, facts.ranks)
+            slow.add_metric(labels, facts.stragglers)
+            if facts.step is not None:
+                step.add_metric(labels, facts.step)
+            if facts.step_seconds is not None:
+                step_time.add_metric(labels, facts.step_seconds)
+            if facts.seconds_without_progress is not None:
+                age.add_metric(labels, facts.seconds_without_progress)
+        yield from (step, step_time, age, ranks, slow)
+
+
 class Metrics:
     """Every metric the operator exports, on one registry."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self._facts: dict[tuple[str, str], JobFacts] = {}
+        self._progress: dict[tuple[str, str], ProgressFacts] = {}
         self._lock = threading.Lock()
         self._classes: dict[tuple[str, str], set[str]] = {}
         r = self.registry
@@ -227,6 +280,7 @@ class Metrics:
             registry=r,
         )
         r.register(_JobsCollector(self._facts, self._lock))
+        r.register(_ProgressCollector(self._progress, self._lock))
 
     # --- per-job gauges ------------------------------------------------------------------
 
@@ -234,9 +288,17 @@ class Metrics:
         with self._lock:
             self._facts[(rtj.metadata.namespace, rtj.metadata.name)] = job_facts(rtj)
 
+    def observe_progress(self, namespace: str, name: str, facts: ProgressFacts | None) -> None:
+        with self._lock:
+            if facts is None:
+                self._progress.pop((namespace, name), None)
+            else:
+                self._progress[(namespace, name)] = facts
+
     def forget_job(self, namespace: str, name: str) -> None:
         with self._lock:
             self._facts.pop((namespace, name), None)
+            self._progress.pop((namespace, name), None)
             classes = self._classes.pop((namespace, name), set())
         for cls in classes:
             for counter in (self.restarts, self.failures):

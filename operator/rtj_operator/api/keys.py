@@ -51,6 +51,12 @@ RESUME_VOLUME: Final = "rtj-resume"
 RESUME_DIR: Final = "/var/run/rtj"
 DEFAULT_RESUME_FILE: Final = f"{RESUME_DIR}/resume.json"
 TERMINATION_LOG: Final = "/dev/termination-log"
+PROGRESS_SIDECAR: Final = "rtj-progress"
+"""The native sidecar (init container, restartPolicy Always) serving the ranks' progress."""
+PROGRESS_VOLUME: Final = "rtj-progress"
+PROGRESS_DIR: Final = "/var/run/rtj-progress"
+PROGRESS_PORT_NAME: Final = "rtj-progress"
+DEFAULT_PROGRESS_PORT: Final = 9478
 
 # --- environment the shim and the trainer read ------------------------------------------
 ENV_RUN_ID: Final = "RTJ_RUN_ID"
@@ -71,6 +77,10 @@ ENV_WORLD_SIZE: Final = "WORLD_SIZE"
 ENV_NNODES: Final = "NNODES"
 ENV_NODE_RANK: Final = "NODE_RANK"
 ENV_RANK: Final = "RANK"
+ENV_PROGRESS_DIR: Final = "RTJ_PROGRESS_DIR"
+"""Where each rank writes its progress record (rtj_shim.progress): the progress volume."""
+ENV_POD_IP: Final = "RTJ_POD_IP"
+"""The sidecar's listen address (downward API status.podIP)."""
 
 # --- limits derived from names ----------------------------------------------------------
 MAX_NAME_LENGTH: Final = 36

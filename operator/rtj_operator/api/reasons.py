@@ -29,6 +29,11 @@ class FailureClass(str, Enum):
     PODS_READY_TIMEOUT = "PodsReadyTimeout"
     """Kueue evicted the admitted workload because its pods were not all ready within
     `waitForPodsReady.timeout`: the group never started, which is no failure of its code."""
+    HANG = "Hang"
+    """Every pod Running, but the rank furthest behind has made no progress in its section
+    for longer than the job's hang timeout (from the ranks' progress reports). A wedged GPU,
+    a dead NIC and a deadlock in the job's code look alike from outside: the category is
+    `unknown` (spends maxRestarts with backoff, quarantines nothing)."""
 
     @property
     def category(self) -> FailureCategory:
@@ -63,6 +68,7 @@ _CATEGORY = {
     FailureClass.UNKNOWN: FailureCategory.UNKNOWN,
     FailureClass.IMAGE_PULL_FAILED: FailureCategory.INFRASTRUCTURE,
     FailureClass.PODS_READY_TIMEOUT: FailureCategory.INFRASTRUCTURE,
+    FailureClass.HANG: FailureCategory.UNKNOWN,
 }
 
 
@@ -96,6 +102,9 @@ class ConditionType(str, Enum):
     STALLED = "Stalled"
     """True while an admitted attempt does not get all its workers running (its reason
     says why: PodsUnschedulable, PodsNotCreated, PodsStuckTerminating)."""
+    STRAGGLING = "Straggling"
+    """True while a rank's busy time per step stays above the others' median / ratio for
+    spec.progress.stragglers.windows consecutive windows (the message names the ranks)."""
 
 
 class Reason(str, Enum):
@@ -128,5 +137,7 @@ class Reason(str, Enum):
     NODES_UNREACHABLE = "NodesUnreachable"
     CONTACT_RESTORED = "ContactRestored"
     JOBSET_REJECTED = "JobSetRejected"
+    STRAGGLER_DETECTED = "StragglerDetected"
+    NO_STRAGGLERS = "NoStragglers"
     """Admitted=False (and a Warning Event): the API server or an admission webhook refused
     the rendered JobSet; the job waits for its spec to change."""

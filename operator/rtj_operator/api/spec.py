@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from rtj_operator.api.base import ApiModel, cel, validations
-from rtj_operator.api.keys import DEFAULT_TAINT_KEY, MAX_REPLICAS
+from rtj_operator.api.keys import DEFAULT_PROGRESS_PORT, DEFAULT_TAINT_KEY, MAX_REPLICAS
 
 DEFAULT_XID_CODES = (
     46, 48, 54, 62, 64, 74, 79, 95, 109, 110, 119, 120, 136, 140, 143,
@@ -168,6 +168,64 @@ class NodeHealth(ApiModel):
     )
 
 
+class Stragglers(ApiModel):
+    """Ranks slower than the rest: busy time per step above the others' median / ratio for
+    `windows` consecutive polls."""
+
+    action: Literal["Report", "ReplaceNode"] = Field(
+        default="Report",
+        description="Report: a condition, an Event and a metric. ReplaceNode: also keep the "
+        "next attempt off the straggler's node (after the next restart, whatever its cause; "
+        "a straggler never restarts the job by itself).",
+    )
+    ratio: float = Field(
+        default=0.7,
+        ge=0.05,
+        le=0.99,
+        description="A rank is slow when its busy time per step exceeds the median of the "
+        "other ranks' divided by this (0.7: more than ~1.43x).",
+    )
+    windows: int = Field(
+        default=3, ge=1, le=100, description="Consecutive slow polls before a rank is reported."
+    )
+
+
+class ProgressMonitoring(ApiModel):
+    """Rank progress: each worker pod gets a progress server (a native sidecar) that the
+    operator polls; a rank that stops making progress is a Hang, a slow one a straggler."""
+
+    enabled: bool = Field(
+        default=True,
+        description="Render the progress sidecar and poll it (false: no hang or straggler "
+        "detection; failures are seen only when a pod ends).",
+    )
+    port: int = Field(
+        default=DEFAULT_PROGRESS_PORT,
+        ge=1024,
+        le=65535,
+        description="The sidecar's port (change it for hostNetwork pods that share a node).",
+    )
+    hang_timeout_seconds: int | None = Field(
+        default=None,
+        ge=10,
+        le=86400,
+        description="A rank with no progress in its section for this long is a Hang. Unset: "
+        "automatic, timeoutFactor x the observed step time (never below 30 s nor the longest "
+        "recent step), saves timeoutFactor x the longest save observed.",
+    )
+    timeout_factor: float = Field(
+        default=5.0, ge=2.0, le=100.0, description="Safety factor of the automatic timeout."
+    )
+    startup_grace_seconds: int = Field(
+        default=600,
+        ge=0,
+        le=86400,
+        description="Allowance before a rank's first steps (start-up, compilation, restore, "
+        "the first save) in automatic mode; with hangTimeoutSeconds the larger of the two.",
+    )
+    stragglers: Stragglers = Field(default_factory=Stragglers, json_schema_extra={"default": {}})
+
+
 class Provenance(ApiModel):
     """Identity of what is being trained, stamped into every checkpoint manifest."""
 
@@ -231,6 +289,9 @@ class ResilientTrainingJobSpec(ApiModel):
         default_factory=FailurePolicy, json_schema_extra={"default": {}}
     )
     node_health: NodeHealth = Field(default_factory=NodeHealth, json_schema_extra={"default": {}})
+    progress: ProgressMonitoring = Field(
+        default_factory=ProgressMonitoring, json_schema_extra={"default": {}}
+    )
     provenance: Provenance = Field(default_factory=Provenance, json_schema_extra={"default": {}})
 
     @field_validator("template")

@@ -84,6 +84,32 @@ class QuarantinedNode(StatusModel):
     taint_effect: str | None = Field(default=None, max_length=32)
 
 
+class Straggler(StatusModel):
+    """A rank slower than the others (busy time per step), as last reported."""
+
+    rank: int = Field(ge=0)
+    pod: str
+    node: str | None = None
+    ratio: float = Field(ge=0, description="Its busy time per step / the others' median.")
+    attempt: int = Field(ge=1)
+    since: datetime
+
+
+class JobProgress(StatusModel):
+    """The job's progress from its ranks' reports (per job, not per rank; refreshed at most
+    every 30 s while it changes, so the object stays small and writes stay rare)."""
+
+    attempt: int = Field(ge=1)
+    step: int | None = Field(
+        default=None, ge=0, description="The step every reporting rank has completed."
+    )
+    step_seconds: float | None = Field(default=None, ge=0, description="Median step time.")
+    steps_per_second: float | None = Field(default=None, ge=0)
+    ranks: int = Field(default=0, ge=0, description="Ranks that reported.")
+    observed_at: datetime
+    stragglers: list[Straggler] = Field(default_factory=list, max_length=64)
+
+
 class RestartCounts(StatusModel):
     """Restarts spent so far, per budget (explicit, so trimming `attempts` loses nothing)."""
 
@@ -116,6 +142,7 @@ class ResilientTrainingJobStatus(StatusModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     observed_generation: int | None = Field(default=None, ge=0)
+    progress: JobProgress | None = None
 
     @property
     def current(self) -> AttemptRecord | None:

@@ -36,6 +36,12 @@ _RESTRICTED_CONTAINER = {
 
 Obj = dict[str, Any]
 
+PROGRESS_RESOURCES = {
+    "requests": {"cpu": "10m", "memory": "32Mi"},
+    "limits": {"memory": "128Mi"},
+}
+PROGRESS_VOLUME_SIZE = "1Mi"
+"""912 bytes per rank record (rtj_shim.progress_record): room for ~1,000 ranks per pod."""
 
 GPU_RESOURCE = "nvidia.com/gpu"
 ENV_SHARE_INDEX = "RTJ_VERIFY_SHARE"
@@ -130,7 +136,19 @@ def pod_template(rtj: ResilientTrainingJob, attempt: int, resume: int | None, js
     meta["annotations"] = {**meta.get("annotations", {}), **_resume_annotation(resume)}
     spec = template["spec"]
     env = worker_env(rtj, attempt, resume, js)
-    containers = [_worker_container(c, env) for c in spec["containers"]]
+    progress = rtj.spec.progress.enabled
+    containers = [_worker_container(c, env, progress) for c in spec["containers"]]
+    trainer = _trainer(rtj, containers)
+    ours = [resolver_container(rtj, attempt, resume, trainer)]
+    volumes = [{"name": keys.RESUME_VOLUME, "emptyDir": {}}]
+    if progress:
+        ours.append(progress_sidecar(rtj, trainer))
+        volumes.append(
+            {"name": keys.PROGRESS_VOLUME,
+             "emptyDir": {"medium": "Memory", "sizeLimit": PROGRESS_VOLUME_SIZE}}
+        )  # fmt: skip
+    owned = {c["name"] for c in ours}
+    owned_volumes = {v["name"] for v in volumes}
     spec.update(
         restartPolicy="Never",
         automountServiceAccountToken=False,
@@ -138,14 +156,12 @@ def pod_template(rtj: ResilientTrainingJob, attempt: int, resume: int | None, js
         securityContext=_defaults(spec.get("securityContext"), _RESTRICTED_POD),
         containers=containers,
         initContainers=[
-            resolver_container(rtj, attempt, resume, _trainer(rtj, containers)),
-            *_without(spec.get("initContainers", []), keys.RESUME_INIT_CONTAINER),
+            *ours, *(c for c in spec.get("initContainers", []) if c.get("name") not in owned)
         ],
         volumes=[
-            *_without(spec.get("volumes", []), keys.RESUME_VOLUME),
-            {"name": keys.RESUME_VOLUME, "emptyDir": {}},
+            *(v for v in spec.get("volumes", []) if v.get("name") not in owned_volumes), *volumes
         ],
-        affinity=_affinity(spec.get("affinity"), _quarantined(rtj), js),
+        affinity=_affinity(spec.get("affinity"), avoided_nodes(rtj, attempt), js),
         tolerations=[
             t for t in spec.get("tolerations", []) if t.get("key") != rtj.spec.node_health.taint_key
         ],
@@ -175,8 +191,15 @@ def _trainer(rtj: ResilientTrainingJob, containers: list[Obj]) -> Obj:
     return next((c for c in containers if c.get("name") == wanted), containers[0])
 
 
-def _quarantined(rtj: ResilientTrainingJob) -> list[str]:
-    return sorted({q.node for q in rtj.status.quarantined_nodes})
+def avoided_nodes(rtj: ResilientTrainingJob, attempt: int) -> list[str]:
+    """Nodes attempt `attempt` must not use: every node the job quarantined, and with
+    `progress.stragglers.action: ReplaceNode` the nodes of the previous attempt's
+    stragglers (replaced at the next restart, not tainted for anyone else)."""
+    avoid = {q.node for q in rtj.status.quarantined_nodes}
+    progress = rtj.status.progress
+    if rtj.spec.progress.stragglers.action == "ReplaceNode" and progress is not None:
+        avoid |= {s.node for s in progress.stragglers if s.node and s.attempt == attempt - 1}
+    return sorted(avoid)
 
 
 def _env_var(name: str, value: object) -> Obj:
@@ -256,11 +279,21 @@ def _nproc_per_node(container: Obj) -> list[Obj]:
     return [_env_var("PET_NPROC_PER_NODE", count)] if count > 0 else []
 
 
-def _worker_container(container: Obj, env: list[Obj]) -> Obj:
+def _progress_mount(read_only: bool) -> Obj:
+    return {"name": keys.PROGRESS_VOLUME, "mountPath": keys.PROGRESS_DIR, "readOnly": read_only}
+
+
+def _worker_container(container: Obj, env: list[Obj], progress: bool = True) -> Obj:
     out = copy.deepcopy(container)
-    out["env"] = _merge_env(out.get("env", []), [*env, *_nproc_per_node(container)])
-    mounts = _without(out.get("volumeMounts", []), keys.RESUME_VOLUME)
-    out["volumeMounts"] = [*mounts, _resume_mount(read_only=True)]
+    ours = [*env, *_nproc_per_node(container)]
+    mounts = [_resume_mount(read_only=True)]
+    if progress:
+        ours.append(_env_var(keys.ENV_PROGRESS_DIR, keys.PROGRESS_DIR))
+        mounts.append(_progress_mount(read_only=False))
+    out["env"] = _merge_env(out.get("env", []), ours)
+    owned = {m["name"] for m in mounts}
+    kept = [m for m in out.get("volumeMounts", []) if m.get("name") not in owned]
+    out["volumeMounts"] = [*kept, *mounts]
     out.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
     out["securityContext"] = _defaults(out.get("securityContext"), _RESTRICTED_CONTAINER)
     return out
@@ -290,7 +323,8 @@ def resolver_container(
 ) -> Obj:
     """The init container: the trainer's image and mounts (file:// roots, credentials)."""
     secret = rtj.spec.checkpoint.credentials_secret
-    mounts = _without(trainer.get("volumeMounts", []), keys.RESUME_VOLUME)
+    ours = (keys.RESUME_VOLUME, keys.PROGRESS_VOLUME)
+    mounts = [m for m in trainer.get("volumeMounts", []) if m.get("name") not in ours]
     container: Obj = {
         "name": keys.RESUME_INIT_CONTAINER,
         "image": rtj.spec.checkpoint.resolver_image or trainer["image"],
@@ -308,6 +342,36 @@ def resolver_container(
     if secret is not None:
         container["envFrom"] = [{"secretRef": {"name": secret}}]
     return container
+
+
+def progress_command(port: int) -> list[str]:
+    """`rtj-shim progress-server` on the pod's IP (another process than the trainer, so a
+    hung or stopped rank keeps being reported; see docs/progress.md)."""
+    return [
+        "rtj-shim", "progress-server", "--dir", keys.PROGRESS_DIR,
+        "--port", str(port), "--host", f"$({keys.ENV_POD_IP})",
+    ]  # fmt: skip
+
+
+def progress_sidecar(rtj: ResilientTrainingJob, trainer: Obj) -> Obj:
+    """The progress server as a native sidecar (an init container with `restartPolicy:
+    Always`, Kubernetes >= 1.29): it starts before the trainer, is restarted if it dies, and
+    never keeps a finished pod running. The resolver's image (it has rtj-shim)."""
+    port = rtj.spec.progress.port
+    return {
+        "name": keys.PROGRESS_SIDECAR,
+        "image": rtj.spec.checkpoint.resolver_image or trainer["image"],
+        "restartPolicy": "Always",
+        "command": progress_command(port),
+        "env": [
+            {"name": keys.ENV_POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+        ],
+        "ports": [{"name": keys.PROGRESS_PORT_NAME, "containerPort": port, "protocol": "TCP"}],
+        "volumeMounts": [_progress_mount(read_only=True)],
+        "resources": copy.deepcopy(PROGRESS_RESOURCES),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {**copy.deepcopy(_RESTRICTED_CONTAINER), "readOnlyRootFilesystem": True},
+    }
 
 
 def _affinity(current: object, avoid: list[str], js: str) -> Obj:

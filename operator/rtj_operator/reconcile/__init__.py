@@ -34,7 +34,8 @@ The package, by phase: `world` (the snapshot), `trim` (what the caches keep), `a
 `builder` (the plan), `admit` (the next attempt), `converge` (the old world's teardown),
 `detect` (the current attempt), `failure` (recording and acting on a failure), `progress`
 (admission, running, success), `checkpoints` (verified steps, store readings, checkpoint
-age) and `quarantine` (taints).
+age), `quarantine` (taints), `liveness` (silent nodes, flickers, partitions) and `ranks`
+(hangs, stragglers and the progress summary, from the ranks' progress reports).
 """
 
 from __future__ import annotations
@@ -79,10 +80,13 @@ from rtj_operator.reconcile.quarantine import (
     lift_expired_quarantines,
     release,
 )
+from rtj_operator.reconcile.ranks import poll_targets, progress_facts
 from rtj_operator.reconcile.trim import plain, trim_event, trim_jobset, trim_node, trim_pod
 from rtj_operator.reconcile.world import (
     JobSetView,
+    PollTarget,
     QueueReading,
+    RankReadings,
     Rejection,
     Snapshot,
     StoreReading,
@@ -112,8 +116,10 @@ __all__ = [
     "NodeEdit",
     "PatchStatus",
     "Plan",
+    "PollTarget",
     "PostEvent",
     "QueueReading",
+    "RankReadings",
     "Rejection",
     "SetFinalizer",
     "Snapshot",
@@ -126,6 +132,8 @@ __all__ = [
     "merge_patch",
     "plain",
     "plan",
+    "poll_targets",
+    "progress_facts",
     "read_jobset",
     "release",
     "set_condition",

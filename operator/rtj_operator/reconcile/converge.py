@@ -46,12 +46,24 @@ def delete_orphans(b: PlanBuilder, pods: Iterable[Json], views: Sequence[JobSetV
             b.after.append(DeletePod(pod_name(pod)))
 
 
-def delete_pods(b: PlanBuilder, pods: Iterable[Json], spare: Iterable[str] = ()) -> None:
+HANG_TEARDOWN_GRACE = 5
+"""Grace period for the pods of a hung attempt: the culprit cannot save, and the ranks
+waiting for it in a collective cannot make a consistent emergency save without it."""
+
+
+def delete_pods(
+    b: PlanBuilder,
+    pods: Iterable[Json],
+    spare: Iterable[str] = (),
+    *,
+    grace_seconds: int | None = None,
+) -> None:
     """Delete these pods directly: those not being deleted yet with their own grace period,
     those on a node that no longer exists by force (grace 0) unless already forced: no
     kubelet will ever confirm their end, and the machine is gone (what the pod garbage
     collector does too, but only after its 40 s quarantine and on its own period, which
-    would hold the restart). `spare`: pods not to delete again (a delete just sent)."""
+    would hold the restart). `spare`: pods not to delete again (a delete just sent);
+    `grace_seconds`: instead of the pods' own."""
     on_gone_nodes = _on_deleted_nodes(b.snap)
     skip = _queued_pod_deletes(b) | set(spare)
     for pod in pods:
@@ -62,7 +74,7 @@ def delete_pods(b: PlanBuilder, pods: Iterable[Json], spare: Iterable[str] = ())
             if get_in(pod, "metadata", "deletionGracePeriodSeconds") != 0:
                 b.after.append(DeletePod(name, grace_seconds=0))
         elif get_in(pod, "metadata", "deletionTimestamp") is None:
-            b.after.append(DeletePod(name))
+            b.after.append(DeletePod(name, grace_seconds=grace_seconds))
 
 
 def _teardown_sent(b: PlanBuilder) -> datetime | None:

@@ -15,6 +15,7 @@ from rtj_operator.reconcile.converge import delete_orphans
 from rtj_operator.reconcile.failure import on_failure
 from rtj_operator.reconcile.liveness import hold_for_partition, judged_nodes
 from rtj_operator.reconcile.progress import progress, succeed
+from rtj_operator.reconcile.ranks import find_hang, note_progress
 from rtj_operator.reconcile.world import (
     attempt_of,
     owned_jobset_uids,
@@ -106,7 +107,10 @@ def plan_current_attempt(b: PlanBuilder) -> None:
             found = synthetic_failure(f"JobSet {name} failed: {current.failure_message}")
         else:
             progress(b, current, live)
-            return
+            found = find_hang(b, live)
+            if found is None:
+                note_progress(b)
+                return
     if _settling(b, found):
         return
     on_failure(b, found, current)

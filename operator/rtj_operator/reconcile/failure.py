@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from rtj_operator.api.reasons import ConditionType, FailureCategory, Phase, Reason
+from rtj_operator.api.reasons import ConditionType, FailureCategory, FailureClass, Phase, Reason
 from rtj_operator.api.status import (
     FirstFailed,
     QuarantinedNode,
@@ -15,7 +15,7 @@ from rtj_operator.policy.decide import Fail, Quarantine, Restart, decide
 from rtj_operator.policy.render import jobset_name, quarantine_taint
 from rtj_operator.reconcile.actions import DeleteJobSet, MetricRecord
 from rtj_operator.reconcile.builder import MAX_EVIDENCE_CHARS, PlanBuilder, trim_evidence
-from rtj_operator.reconcile.converge import delete_pods
+from rtj_operator.reconcile.converge import HANG_TEARDOWN_GRACE, delete_pods
 from rtj_operator.reconcile.world import JobSetView, read_jobset
 
 
@@ -144,7 +144,9 @@ def on_failure(b: PlanBuilder, found: Classification, js: JobSetView | None) -> 
         b.condition(ConditionType.ADMITTED, False, action.reason, f"attempt {n} failed")
         if js is not None and not js.deleting:
             b.after.append(DeleteJobSet(name))
-        delete_pods(b, b.snap.pods)  # now, not after the JobSet's cascade (see DELETE_RESEND)
+        # now, not after the JobSet's cascade (see DELETE_RESEND); a hung world cannot save
+        grace = HANG_TEARDOWN_GRACE if found.failure_class is FailureClass.HANG else None
+        delete_pods(b, b.snap.pods, grace_seconds=grace)
         b.event(True, action.reason, f"attempt {n}: {action.message}; {describe(found)}")
         b.metrics.append(MetricRecord("failure", found.failure_class))
         b.metrics.append(MetricRecord("restart", found.failure_class))

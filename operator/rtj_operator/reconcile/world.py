@@ -10,6 +10,7 @@ from typing import Any
 
 from rtj_operator.api import keys
 from rtj_operator.api.resource import ResilientTrainingJob
+from rtj_operator.policy import progress as rank_progress
 from rtj_operator.policy.liveness import NodeLease
 from rtj_operator.policy.observed import parse_time
 from rtj_operator.policy.platform import NodeHealthPolicy
@@ -147,6 +148,31 @@ class QueueReading:
 
 
 @dataclass(frozen=True)
+class PollTarget:
+    """One worker pod whose progress server the poller reads."""
+
+    pod: str
+    ip: str
+    port: int
+    attempt: int
+
+
+@dataclass(frozen=True)
+class RankReadings:
+    """What the job's progress servers last answered (kept in memory by the poller).
+
+    `received_at` of every report and `polled_at` are Unix seconds on the operator's clock
+    (the one `Snapshot.now` comes from)."""
+
+    attempt: int
+    reports: tuple[rank_progress.PodReport, ...]
+    polled_at: float
+    unanswered: tuple[str, ...] = ()
+    """Pods polled in the last round whose server did not answer (and why)."""
+    stragglers: tuple[rank_progress.Straggler, ...] = ()
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """Everything one reconcile decides from; immutable, gathered without API calls."""
 
@@ -178,6 +204,8 @@ class Snapshot:
     gone_jobsets: tuple[Json, ...] = ()
     """JobSets of this job deleted while the operator watched (their uids keep the pods of an
     attempt whose JobSet is gone trusted as evidence)."""
+    ranks: RankReadings | None = None
+    """The current attempt's progress reports (the progress poller's last round)."""
     deleted_nodes: frozenset[str] = frozenset()
     """Nodes of these pods seen deleted (a watch DELETED or absent from a LIST): positive
     evidence the machine is gone, unlike a node the cache merely lacks."""

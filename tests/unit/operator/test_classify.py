@@ -55,7 +55,9 @@ def _classify(data: dict[str, Any], **overrides: Any) -> Classification | None:
 def test_the_corpus_is_large_and_covers_every_class() -> None:
     assert len(NAMES) >= 40
     expected = {load_json(CASES / n / "case.json")["expected"]["class"] for n in NAMES}
-    assert expected - {None} == {c.value for c in FailureClass}
+    # Hang is judged from the ranks' progress reports (reconcile.ranks), never from pods
+    from_pods = {c.value for c in FailureClass} - {FailureClass.HANG.value}
+    assert expected - {None} == from_pods
 
 
 def test_every_string_has_a_source_and_every_decision_a_note() -> None:

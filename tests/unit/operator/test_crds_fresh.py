@@ -39,7 +39,7 @@ def test_crd_identity_and_columns() -> None:
     version = spec["versions"][0]
     assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns == ["Phase", "Attempt", "Step", "Checkpoint Age", "Age"]
+    assert columns == ["Phase", "Attempt", "Step", "Steps/s", "Checkpoint", "Checkpoint Age", "Age"]
 
 
 def _rules(node: object) -> list[dict[str, str]]:

@@ -13,6 +13,7 @@ from rtj_test_support import NOW, make_job
 from rtj_world import iso, jobset, node, pod, rtj_raw
 
 from rtj_operator import controller as ctl
+from rtj_operator import event_reads, work_queue
 from rtj_operator.api import FailureClass, ResilientTrainingJob, keys
 from rtj_operator.cache import WatchCache
 from rtj_operator.kube import Conflict, Unavailable
@@ -95,7 +96,7 @@ def test_metrics_have_the_documented_names_and_labels() -> None:
 
 def test_work_queue_coalesces_and_never_hands_out_a_key_twice_at_once() -> None:
     async def scenario() -> None:
-        q = ctl.WorkQueue()
+        q = work_queue.WorkQueue()
         q.add(("a", "x"))
         q.add(("a", "x"))
         q.add(("a", "y"))
@@ -113,7 +114,7 @@ def test_work_queue_coalesces_and_never_hands_out_a_key_twice_at_once() -> None:
 
 def test_work_queue_delays_keep_the_earliest_deadline() -> None:
     async def scenario() -> None:
-        q = ctl.WorkQueue()
+        q = work_queue.WorkQueue()
         q.add_after(("a", "x"), 5.0)
         q.add_after(("a", "x"), 0.05)
         assert await asyncio.wait_for(q.get(), 1) == ("a", "x")
@@ -142,23 +143,27 @@ def test_lease_decision_trusts_only_the_local_clock() -> None:
 
 
 def test_routing_keys() -> None:
-    assert ctl.workload_jobset("jobset-llm-a3-1f2e3") == "llm-a3"
-    assert ctl.workload_jobset("job-x-1f2e3") is None
+    assert event_reads.workload_jobset("jobset-llm-a3-1f2e3") == "llm-a3"
+    assert event_reads.workload_jobset("job-x-1f2e3") is None
     event = {
         "involvedObject": {"kind": "Workload", "name": "jobset-llm-a3-1f2e3", "namespace": "ns"}
     }
-    assert ctl.event_key(event) == ("ns", "Workload", "llm-a3")
-    assert ctl.event_key({"involvedObject": {"kind": "Node", "name": "n1"}}) == ("", "Node", "n1")
+    assert event_reads.event_key(event) == ("ns", "Workload", "llm-a3")
+    assert event_reads.event_key({"involvedObject": {"kind": "Node", "name": "n1"}}) == (
+        "",
+        "Node",
+        "n1",
+    )
     pod_ref = {"kind": "Pod", "name": "llm-a1-worker-0-0-abcde", "namespace": "team-a"}
-    assert ctl.relevant_event({"involvedObject": pod_ref, "reason": "Evicted"})
-    assert not ctl.relevant_event({"involvedObject": pod_ref, "reason": "Pulled"})
+    assert event_reads.relevant_event({"involvedObject": pod_ref, "reason": "Evicted"})
+    assert not event_reads.relevant_event({"involvedObject": pod_ref, "reason": "Pulled"})
     # what the classifier reads, the reader keeps: Kueue v0.17's PodsReady eviction
     # (pkg/workload/workload.go "Evicted" + "DueTo" + reason; workload_controller.go
     # "Exceeded the PodsReady timeout %s")
     workload = {"kind": "Workload", "name": "jobset-llm-a1-3f2a1", "namespace": "team-a"}
     timeout = "Exceeded the PodsReady timeout team-a/jobset-llm-a1-3f2a1"
     evicted = {"involvedObject": workload, "reason": "EvictedDueToPodsReadyTimeout"}
-    assert ctl.relevant_event({**evicted, "message": timeout})
+    assert event_reads.relevant_event({**evicted, "message": timeout})
     assert ctl.newer_or_same(
         {"metadata": {"resourceVersion": "10"}}, {"metadata": {"resourceVersion": "9"}}
     )

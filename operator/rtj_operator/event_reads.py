@@ -1,0 +1,85 @@
+"""Reading the Events about a failed attempt: once a failure is seen (never a watch on every
+Event in the cluster), only the reasons the classifier reads."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rtj_operator import reconcile as rc
+from rtj_operator.kube import Kube
+from rtj_operator.policy.classify import reads_event
+
+NODE_EVENT_QUERIES = 16
+"""Up to this many nodes, their Events are read by name (one small answer each); beyond,
+one paged cluster-wide read of node Events."""
+
+
+def workload_jobset(name: str) -> str | None:
+    """Kueue names a JobSet's Workload `jobset-<jobset>-<5 hex>`."""
+    if not name.startswith("jobset-"):
+        return None
+    body, _, suffix = name[len("jobset-") :].rpartition("-")
+    return body if body and len(suffix) == 5 else None
+
+
+def event_key(body: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """Index key of an event: (namespace, kind, name); Node events have namespace ''."""
+    obj = body.get("involvedObject") or body.get("regarding") or {}
+    kind, name = obj.get("kind"), obj.get("name")
+    if not kind or not name:
+        return None
+    if kind == "Node":
+        return ("", "Node", name)
+    namespace = obj.get("namespace") or (body.get("metadata") or {}).get("namespace") or ""
+    if kind == "Workload":
+        jobset = workload_jobset(name)
+        return (namespace, "Workload", jobset) if jobset else None
+    return (namespace, kind, name)
+
+
+def relevant_event(body: Mapping[str, Any]) -> bool:
+    """Events worth keeping for a classification: exactly those the classifier reads
+    (`policy.classify.reads_event`), so the reader and the classifier never disagree."""
+    return reads_event(body)
+
+
+def read_events(kube: Kube, snap: rc.Snapshot) -> list[dict[str, Any]]:
+    """Events about the failed attempt (blocking): read once a failure is seen, so the
+    operator never watches every Event in the cluster. Pods and Kueue Workloads in the
+    job's namespace, nodes cluster-wide; only the reasons the classifier reads."""
+    namespace = snap.rtj.metadata.namespace
+    pods = {p["metadata"]["name"] for p in (*snap.pods, *snap.gone_pods)}
+    nodes = set(snap.nodes) | {
+        n for p in (*snap.pods, *snap.gone_pods) if (n := (p.get("spec") or {}).get("nodeName"))
+    }
+    jobsets = {js["metadata"]["name"] for js in snap.jobsets}
+    wanted: list[dict[str, Any]] = []
+    queries: list[tuple[str | None, str, str]] = [
+        (namespace, "Pod", "involvedObject.kind=Pod"),
+        (namespace, "Workload", "involvedObject.kind=Workload"),
+        # Kueue before v0.7 (and the JobSet controller) write about the JobSet itself
+        (namespace, "JobSet", "involvedObject.kind=JobSet"),
+    ]
+    if len(nodes) <= NODE_EVENT_QUERIES:  # a few nodes: ask for theirs by name
+        queries += [
+            (None, "Node", f"involvedObject.kind=Node,involvedObject.name={n}")
+            for n in sorted(nodes)
+        ]
+    else:
+        queries.append((None, "Node", "involvedObject.kind=Node"))
+    for scope, kind, selector in queries:
+        # a failed read raises: a classification is never final on partial evidence
+        found = kube.list_events(scope, selector)
+        for event in found:
+            ek = event_key(event)
+            if ek is None or not relevant_event(event):
+                continue
+            name = ek[2]
+            if (
+                (kind == "Pod" and name in pods)
+                or (kind == "Node" and name in nodes)
+                or (kind in ("Workload", "JobSet") and name in jobsets)
+            ):
+                wanted.append(rc.trim_event(event))
+    return wanted

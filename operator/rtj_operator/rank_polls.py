@@ -1,0 +1,220 @@
+"""The progress poller: reads each running worker pod's progress sidecar (`GET
+http://<podIP>:<port>/progress`) every few seconds and keeps the last answer per pod, in
+memory, for the plan (`reconcile.ranks`). Thin I/O: the decisions are `policy.progress`.
+
+Why pull (docs/progress.md): no API-server write per heartbeat whatever the pod count, no
+new permission for training pods, and a report is attributed to the pod the operator chose
+to read (a trusted pod of a JobSet this job owns, `reconcile.ranks.poll_targets`), so a pod
+cannot report for another job. Bounded: at most `concurrency` requests at once, each with a
+`timeout` and a `max_body` limit; per job, one report per polled pod. A pod that does not
+answer keeps its last report, which ages out of the evidence after 30 s
+(`policy.progress.DEFAULT_MAX_REPORT_AGE`); an unanswered poll is never a Hang by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from rtj_operator.policy import progress as rank_progress
+from rtj_operator.reconcile.world import PollTarget, RankReadings
+
+log = logging.getLogger("rtj_operator.rank_polls")
+
+Key = tuple[str, str]
+MAX_BODY = 1 << 20
+"""A progress body is ~1 KiB per rank (1,024 ranks at most per pod): 1 MiB bounds it."""
+MAX_SKIPPED_ROUNDS = 8
+"""A pod that keeps not answering is asked every 2, 4, ... up to 1 + 8 rounds: a dead pod
+(or one whose image has no progress server) must not cost a connection timeout per round."""
+
+
+class PollFailed(Exception):
+    """The pod's progress server did not give a usable answer (the message says why)."""
+
+
+def fetch_progress(ip: str, port: int, timeout: float, max_body: int = MAX_BODY) -> Any:
+    """One `GET /progress` (blocking): the parsed JSON body, or PollFailed."""
+    conn = http.client.HTTPConnection(ip, port, timeout=timeout)
+    try:
+        conn.request("GET", "/progress", headers={"Accept": "application/json"})
+        response = conn.getresponse()
+        body = response.read(max_body + 1)
+        if response.status != 200:
+            raise PollFailed(f"HTTP {response.status}")
+        if len(body) > max_body:
+            raise PollFailed(f"body larger than {max_body} bytes")
+        return json.loads(body)
+    except (OSError, http.client.HTTPException) as exc:
+        raise PollFailed(f"{type(exc).__name__}: {exc}") from exc
+    except ValueError as exc:
+        raise PollFailed(f"not JSON: {exc}") from exc
+    finally:
+        conn.close()
+
+
+@dataclass(frozen=True)
+class JobTargets:
+    """What to poll for one job, and how it judges stragglers."""
+
+    key: Key
+    targets: tuple[PollTarget, ...]
+    straggler_ratio: float = 0.7
+    straggler_windows: int = 3
+
+
+Fetch = Callable[[str, int, float], Any]
+
+
+class RankPolls:
+    """Polls every target each `interval` seconds; `reading(key)` is the latest per job."""
+
+    def __init__(
+        self,
+        clock: Callable[[], datetime],
+        on_round: Callable[[Key], None],
+        *,
+        interval: float = 5.0,
+        timeout: float = 2.0,
+        concurrency: int = 16,
+        fetch: Fetch = fetch_progress,
+    ) -> None:
+        self.clock = clock
+        self.on_round = on_round
+        self.interval = interval
+        self.timeout = timeout
+        self.fetch = fetch
+        self._executor = ThreadPoolExecutor(concurrency, thread_name_prefix="rtj-progress")
+        self._readings: dict[Key, RankReadings] = {}
+        self._stragglers: dict[Key, rank_progress.StragglerState] = {}
+        self._quiet: dict[tuple[Key, int, str], tuple[int, int]] = {}
+        """(job, attempt, pod) -> (failures in a row, the round it is asked again)."""
+        self._lock = threading.Lock()
+        self.rounds = 0
+
+    def reading(self, key: Key) -> RankReadings | None:
+        with self._lock:
+            return self._readings.get(key)
+
+    def readings(self) -> dict[Key, RankReadings]:
+        with self._lock:
+            return dict(self._readings)
+
+    def forget(self, key: Key) -> None:
+        with self._lock:
+            self._readings.pop(key, None)
+            self._stragglers.pop(key, None)
+
+    def _get(self, target: PollTarget) -> tuple[PollTarget, Any, str | None]:
+        try:
+            return target, self.fetch(target.ip, target.port, self.timeout), None
+        except PollFailed as exc:
+            return target, None, str(exc)
+        except Exception as exc:  # a poll must never take the poller down
+            return target, None, f"{type(exc).__name__}: {exc}"
+
+    async def poll_once(self, jobs: Sequence[JobTargets]) -> None:
+        """One round over every job's targets, then one `on_round(key)` per job."""
+        loop = asyncio.get_running_loop()
+        flat = [(job.key, t) for job in jobs for t in job.targets if self._due(job.key, t)]
+        answers = await asyncio.gather(
+            *(loop.run_in_executor(self._executor, self._get, t) for _, t in flat)
+        )
+        received = self.clock().timestamp()
+        by_pod = {(t.attempt, t.pod): (body, error) for t, body, error in answers}
+        asked = zip(flat, answers, strict=True)
+        self._note_answers([(key, t, error) for (key, _), (t, _, error) in asked])
+        wanted = {job.key for job in jobs}
+        with self._lock:
+            dropped = [k for k in self._readings if k not in wanted]
+            for key in dropped:
+                self._readings.pop(key, None)
+                self._stragglers.pop(key, None)
+        for key in dropped:  # no longer running: its readings (and gauges) go
+            self.on_round(key)
+        for job in jobs:
+            self._keep(job, by_pod, received)
+            self.on_round(job.key)
+        self.rounds += 1
+
+    def _due(self, key: Key, target: PollTarget) -> bool:
+        held = self._quiet.get((key, target.attempt, target.pod))
+        return held is None or held[1] <= self.rounds
+
+    def _note_answers(self, answers: Sequence[tuple[Key, PollTarget, str | None]]) -> None:
+        polled = set()
+        for key, target, error in answers:
+            polled.add((key, target.attempt, target.pod))
+            ident = (key, target.attempt, target.pod)
+            if error is None:
+                self._quiet.pop(ident, None)
+                continue
+            failures = self._quiet.get(ident, (0, 0))[0] + 1
+            skip = min(2 ** (failures - 1), MAX_SKIPPED_ROUNDS)
+            self._quiet[ident] = (failures, self.rounds + 1 + skip)
+        if len(self._quiet) > 4 * max(len(polled), 1024):  # pods long gone: bounded
+            self._quiet = {k: v for k, v in self._quiet.items() if k in polled}
+
+    def _keep(
+        self,
+        job: JobTargets,
+        answers: Mapping[tuple[int, str], tuple[Any, str | None]],
+        received: float,
+    ) -> None:
+        attempt = job.targets[0].attempt if job.targets else 0
+        with self._lock:
+            held = self._readings.get(job.key)
+        previous = {r.pod: r for r in held.reports} if held and held.attempt == attempt else {}
+        reports: list[rank_progress.PodReport] = []
+        unanswered: list[str] = []
+        for target in job.targets:
+            body, error = answers.get(
+                (target.attempt, target.pod), (None, "not asked this round (did not answer)")
+            )
+            if isinstance(body, Mapping):
+                report = rank_progress.PodReport(target.pod, received, body)
+                reports.append(report)
+                continue
+            unanswered.append(f"{target.pod}: {error or 'not a JSON object'}")
+            if target.pod in previous:
+                reports.append(previous[target.pod])  # ages out of the evidence by itself
+        # one window per round; a rank with no new step since the last one keeps its count
+        verdict = rank_progress.stragglers(
+            reports,
+            self._stragglers.get(job.key) if previous else None,
+            now=received,
+            ratio=job.straggler_ratio,
+            windows=job.straggler_windows,
+        )
+        reading = RankReadings(
+            attempt=attempt,
+            reports=tuple(reports),
+            polled_at=received,
+            unanswered=tuple(unanswered),
+            stragglers=verdict.stragglers,
+        )
+        if unanswered:
+            log.debug("%s/%s: progress not read from %s", *job.key, "; ".join(unanswered[:3]))
+        with self._lock:
+            self._readings[job.key] = reading
+            self._stragglers[job.key] = verdict.state
+
+    async def run(self, jobs: Callable[[], Iterable[JobTargets]]) -> None:
+        """Poll forever (cancel to stop)."""
+        while True:
+            try:
+                await self.poll_once([j for j in jobs() if j.targets])
+            except Exception:
+                log.exception("progress poll round failed")
+            await asyncio.sleep(self.interval)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)

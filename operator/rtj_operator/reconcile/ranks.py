@@ -1,0 +1,229 @@
+"""Ranks that stop or slow down, in the plan: which pods the progress poller reads, a Hang
+from their reports, stragglers, and the per-job progress summary in status. Pure.
+
+The reports are what each worker pod's progress sidecar answered the operator's poller
+(`rtj_operator.rank_polls`), held in memory and handed over in the snapshot; the decisions
+are `policy.progress` (hang_verdict, auto_timeout, job_progress). A Hang is recorded like
+any failure (`failure.on_failure`): class `Hang`, category `unknown` (maxRestarts with
+backoff, no quarantine), the culprit rank as the first failed rank, dated from when it
+last made progress, so `detectionSeconds` is the time from the freeze to the record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta, timezone
+
+from rtj_operator.api import keys
+from rtj_operator.api.reasons import ConditionType, FailureClass, Phase, Reason
+from rtj_operator.api.status import JobProgress, Straggler
+from rtj_operator.metrics import ProgressFacts
+from rtj_operator.policy import progress as rank_progress
+from rtj_operator.policy.classify import Classification, Decision, FirstFailedRank
+from rtj_operator.reconcile.builder import PlanBuilder, condition_true
+from rtj_operator.reconcile.world import (
+    Json,
+    PollTarget,
+    RankReadings,
+    Snapshot,
+    attempt_of,
+    get_in,
+    owned_jobset_uids,
+    pod_name,
+    trusted_pod,
+)
+
+SUMMARY_EVERY = timedelta(seconds=30)
+"""status.progress is rewritten at most this often while only the step moves (a change of
+attempt or of the stragglers is written at once): one write per job per 30 s, whatever the
+number of ranks."""
+AUTO_TIMEOUT_FLOOR = 30.0
+"""The automatic step allowance is never below this (seconds)."""
+
+
+def _epoch(moment: datetime) -> float:
+    return moment.timestamp()
+
+
+def _from_epoch(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, tz=timezone.utc)
+
+
+def poll_targets(snap: Snapshot) -> tuple[PollTarget, ...]:
+    """The current attempt's trusted, Running worker pods with an IP, when the job has
+    progress monitoring on and is admitted or running (nothing while it restarts)."""
+    rtj = snap.rtj
+    status = rtj.status
+    if not rtj.spec.progress.enabled or status.phase not in (Phase.ADMITTED, Phase.RUNNING):
+        return ()
+    owned = owned_jobset_uids(snap)
+    out = []
+    for pod in snap.pods:
+        if attempt_of(pod) != status.attempt or not trusted_pod(pod, owned):
+            continue
+        ip = get_in(pod, "status", "podIP")
+        running = get_in(pod, "status", "phase") == "Running"
+        deleting = get_in(pod, "metadata", "deletionTimestamp") is not None
+        if running and not deleting and isinstance(ip, str) and ip:
+            out.append(PollTarget(pod_name(pod), ip, rtj.spec.progress.port, status.attempt))
+    return tuple(sorted(out, key=lambda t: t.pod))
+
+
+def _readings(b: PlanBuilder) -> RankReadings | None:
+    readings = b.snap.ranks
+    if not b.rtj.spec.progress.enabled:
+        return None  # turned off while the attempt runs: its reports are no evidence
+    if readings is None or readings.attempt != b.status.attempt:
+        return None
+    return readings
+
+
+def _timeouts(b: PlanBuilder, reports: Sequence[rank_progress.PodReport]) -> rank_progress.Timeouts:
+    spec = b.rtj.spec.progress
+    grace = float(spec.startup_grace_seconds)
+    if spec.hang_timeout_seconds is not None:
+        fixed = float(spec.hang_timeout_seconds)
+        return rank_progress.Timeouts.fixed(fixed, startup=max(fixed, grace))
+    return rank_progress.auto_timeout(
+        reports,
+        factor=spec.timeout_factor,
+        floor=AUTO_TIMEOUT_FLOOR,
+        startup_grace=grace,
+        now=_epoch(b.now),
+    )
+
+
+def find_hang(b: PlanBuilder, live: Sequence[Json]) -> Classification | None:
+    """A Hang of the current attempt from its ranks' reports (None: no hang, or nothing to
+    judge from). Only while every worker runs: a pod still starting is not hung."""
+    readings = _readings(b)
+    if readings is None or b.status.phase is not Phase.RUNNING:
+        return None
+    pods = {pod_name(p): p for p in live if get_in(p, "status", "phase") == "Running"}
+    reports = [r for r in readings.reports if r.pod in pods]
+    if not reports:
+        return None
+    timeouts = _timeouts(b, reports)
+    hang = rank_progress.hang_verdict(reports, timeouts, _epoch(b.now))
+    if hang is None:
+        return None
+    silent = sorted(set(pods) - {r.pod for r in reports})
+    pod = pods.get(hang.pod, {})
+    index = get_in(pod, "metadata", "annotations", keys.JOB_COMPLETION_INDEX)
+    first = FirstFailedRank(
+        pod=hang.pod,
+        rank=hang.rank,
+        node_rank=int(index) if isinstance(index, str) and index.isdigit() else None,
+        node=get_in(pod, "spec", "nodeName"),
+        container=b.rtj.spec.trainer_container,
+        exit_code=None,
+        finished_at=b.now - timedelta(seconds=hang.seconds),
+    )
+    evidence = [hang.message, f"allowance: {timeouts.reason or f'{hang.timeout:.0f}s'}"]
+    if silent:
+        evidence.append(f"no progress report from {', '.join(silent[:5])}")
+    return Classification(
+        FailureClass.HANG,
+        first,
+        (),
+        tuple(evidence),
+        Decision(
+            signal=f"rank {hang.rank} in '{hang.section}' for {hang.seconds:.0f}s",
+            source=f"pod {hang.pod}: {keys.PROGRESS_SIDECAR} GET /progress",
+            rule="the rank furthest behind made no progress in its section beyond the "
+            "allowance; the ranks ahead wait for it",
+        ),
+    )
+
+
+def _stragglers(b: PlanBuilder, readings: RankReadings, was: JobProgress | None) -> list[Straggler]:
+    before = {
+        s.rank: s
+        for s in (was.stragglers if was is not None else ())
+        if s.attempt == readings.attempt
+    }
+    nodes = {pod_name(p): get_in(p, "spec", "nodeName") for p in b.snap.pods}
+    out = []
+    for s in readings.stragglers[:64]:
+        held = before.get(s.rank)
+        out.append(
+            Straggler(
+                rank=s.rank,
+                pod=s.pod,
+                node=nodes.get(s.pod),
+                ratio=round(s.ratio, 2),
+                attempt=readings.attempt,
+                since=held.since if held is not None and held.pod == s.pod else b.now,
+            )
+        )
+    return out
+
+
+def note_progress(b: PlanBuilder) -> None:
+    """The per-job progress summary (status.progress) and the Straggling condition."""
+    readings = _readings(b)
+    if readings is None:
+        return
+    was = b.status.progress
+    summary = rank_progress.job_progress(readings.reports, _epoch(b.now))
+    stragglers = _stragglers(b, readings, was)
+    fresh = JobProgress(
+        attempt=readings.attempt,
+        step=summary.step,
+        step_seconds=round(summary.median_step_seconds, 3) if summary.median_step_seconds else None,
+        steps_per_second=round(summary.steps_per_second, 3) if summary.steps_per_second else None,
+        ranks=summary.ranks,
+        observed_at=b.now,
+        stragglers=stragglers,
+    )
+    before = {
+        (s.rank, s.pod)
+        for s in (was.stragglers if was is not None else ())
+        if s.attempt == readings.attempt
+    }
+    after = {(s.rank, s.pod) for s in stragglers}
+    if was is None or was.attempt != fresh.attempt or before != after:
+        b.update(progress=fresh)
+    elif (was.step, was.ranks) != (fresh.step, fresh.ranks):
+        if b.now - was.observed_at >= SUMMARY_EVERY:
+            b.update(progress=fresh)
+        else:
+            b.requeue_in((was.observed_at + SUMMARY_EVERY - b.now).total_seconds())
+    _straggling(b, stragglers, before != after)
+
+
+def _straggling(b: PlanBuilder, stragglers: Sequence[Straggler], changed: bool) -> None:
+    if stragglers:
+        ratio = b.rtj.spec.progress.stragglers.ratio
+        named = ", ".join(
+            f"rank {s.rank} ({s.pod} on {s.node or '?'}, {s.ratio:.2f}x the others' busy time)"
+            for s in stragglers[:5]
+        )
+        more = f" and {len(stragglers) - 5} more" if len(stragglers) > 5 else ""
+        action = b.rtj.spec.progress.stragglers.action
+        then = "; the next attempt will avoid its node" if action == "ReplaceNode" else ""
+        message = f"slower than the others' median / {ratio}: {named}{more}{then}"
+        b.condition(ConditionType.STRAGGLING, True, Reason.STRAGGLER_DETECTED, message)
+        if changed:
+            b.event(True, Reason.STRAGGLER_DETECTED, f"attempt {b.status.attempt}: {message}")
+    elif condition_true(b.status, ConditionType.STRAGGLING):
+        b.condition(
+            ConditionType.STRAGGLING,
+            False,
+            Reason.NO_STRAGGLERS,
+            "no rank is slower than the others",
+        )
+
+
+def progress_facts(readings: RankReadings, now: datetime) -> ProgressFacts:
+    """What the progress gauges show for one job after a poll round."""
+    at = _epoch(now)
+    summary = rank_progress.job_progress(readings.reports, at)
+    running = [r for r in rank_progress.parse_reports(readings.reports, at).ranks if not r.exited]
+    return ProgressFacts(
+        step=summary.step,
+        step_seconds=summary.median_step_seconds,
+        seconds_without_progress=max((r.in_section(at) for r in running), default=None),
+        ranks=len(running),
+        stragglers=len(readings.stragglers),
+    )

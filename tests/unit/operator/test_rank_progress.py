@@ -1,0 +1,313 @@
+"""Hangs, stragglers and the progress summary in the plan (issue 12, operator side), the
+progress poller's bookkeeping, and the rendered progress sidecar."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
+
+from rtj_test_support import NOW, make_job
+from rtj_world import jobset, pod, rtj_raw, snapshot, with_status
+
+from rtj_operator import reconcile as rc
+from rtj_operator.api import keys
+from rtj_operator.policy import progress as rank_progress
+from rtj_operator.policy.render import avoided_nodes, render_jobset
+from rtj_operator.rank_polls import JobTargets, PollFailed, RankPolls
+from rtj_operator.reconcile.converge import HANG_TEARDOWN_GRACE
+
+RUNNING = {"phase": "Running", "attempt": 1, "attempts": [{"attempt": 1, "jobSet": "llm-a1"}]}
+T = NOW.timestamp()
+
+
+def running_pods(n: int = 2) -> list[dict[str, Any]]:
+    pods = [pod(1, i) for i in range(n)]
+    for i, p in enumerate(pods):
+        p["status"]["podIP"] = f"10.0.0.{i + 1}"
+    return pods
+
+
+def rank(
+    r: int,
+    step: int | None,
+    section: str,
+    seconds: float,
+    *,
+    steps: tuple[float, ...] = (0.05,) * 8,
+    completed: int = 100,
+) -> dict[str, Any]:
+    """One rank as `rtj-shim progress-server` serves it (rtj_shim.progress_server, schema 1)."""
+    median = sorted(steps)[len(steps) // 2] if steps else None
+    return {
+        "rank": r, "local_rank": 0, "pid": 100 + r, "restart": 0, "state": "running",
+        "step": step, "steps_completed": completed, "section": section,
+        "seconds_in_section": seconds, "seconds_since_update": seconds,
+        "seconds_since_step": seconds, "seconds_since_start": 600.0,
+        "last_step_seconds": steps[-1] if steps else None, "median_step_seconds": median,
+        "median_busy_seconds": median, "recent_step_seconds": list(steps),
+        "recent_wait_seconds": [0.0] * len(steps), "last_checkpoint_seconds": None,
+        "max_checkpoint_seconds": None, "checkpoints": 0, "seq": 7, "updated_wall_time": T,
+    }  # fmt: skip
+
+
+def report(pod_name: str, *ranks: dict[str, Any], age: float = 0.0) -> rank_progress.PodReport:
+    body = {"schema": 1, "pod_wall_time": T, "hostname": pod_name, "ranks": list(ranks)}
+    return rank_progress.PodReport(pod_name, T - age, body)
+
+
+def readings(
+    pods: list[dict[str, Any]], *ranks: dict[str, Any], age: float = 0.0, **kw: Any
+) -> rc.RankReadings:
+    reports = tuple(
+        report(p["metadata"]["name"], r, age=age) for p, r in zip(pods, ranks, strict=True)
+    )
+    return rc.RankReadings(attempt=1, reports=reports, polled_at=T - age, **kw)
+
+
+def plan(
+    pods: list[dict[str, Any]],
+    ranks: rc.RankReadings | None,
+    raw: dict[str, Any] | None = None,
+    **spec: Any,
+) -> rc.Plan:
+    raw = raw or rtj_raw(RUNNING, replicas=len(pods), **spec)
+    snap = snapshot(raw, jobsets=[jobset(1)], pods=pods)
+    return rc.plan(replace(snap, ranks=ranks))
+
+
+FIXED_60 = {"progress": {"hangTimeoutSeconds": 60}}
+
+
+def test_a_rank_stuck_in_forward_while_the_other_waits_is_a_hang_naming_it() -> None:
+    pods = running_pods()
+    stuck = readings(pods, rank(0, 812, "allreduce", 93.0), rank(1, 812, "forward", 94.0))
+    p = plan(pods, stuck, **FIXED_60)
+    patch = p.status_patch
+    assert patch is not None and patch.status["phase"] == "Restarting"
+    record = patch.status["attempts"][0]
+    assert record["failureClass"] == "Hang" and record["failureCategory"] == "unknown"
+    assert record["firstFailed"]["rank"] == 1
+    assert record["firstFailed"]["pod"] == pods[1]["metadata"]["name"]
+    assert record["firstFailed"]["node"] == "gpu-node-001"
+    assert record["detectionSeconds"] == 94.0  # from its last progress to the record
+    assert "'forward' of step 813" in record["evidence"][0]
+    assert patch.status["restarts"]["infrastructure"] == 1  # maxRestarts, with backoff
+    assert not patch.status.get("quarantinedNodes"), "a hang blames no node"
+    deletes = [a for a in p.actions if isinstance(a, rc.DeletePod)]
+    assert {d.name for d in deletes} == {q["metadata"]["name"] for q in pods}
+    assert {d.grace_seconds for d in deletes} == {HANG_TEARDOWN_GRACE}
+    warnings = [a for a in p.actions if isinstance(a, rc.PostEvent) and a.type == "Warning"]
+    assert any("Hang on rank 1" in e.message for e in warnings)
+
+
+def test_ranks_making_progress_are_no_hang_and_fill_the_progress_summary() -> None:
+    pods = running_pods()
+    fine = readings(pods, rank(0, 812, "forward", 0.02), rank(1, 812, "backward", 0.01))
+    p = plan(pods, fine, **FIXED_60)
+    patch = p.status_patch
+    assert patch is not None and patch.status["phase"] == "Running"
+    summary = patch.status["progress"]
+    assert summary["attempt"] == 1 and summary["step"] == 812 and summary["ranks"] == 2
+    assert summary["stepSeconds"] == 0.05 and summary["stepsPerSecond"] == 20.0
+    assert not any(isinstance(a, rc.DeletePod) for a in p.actions)
+
+
+def test_the_progress_summary_is_rewritten_at_most_every_30_seconds() -> None:
+    pods = running_pods()
+    first = plan(pods, readings(pods, rank(0, 800, "data", 0.0), rank(1, 800, "data", 0.0)))
+    raw = with_status(rtj_raw(RUNNING, replicas=2), first)
+    step_812 = (rank(0, 812, "data", 0.0), rank(1, 812, "data", 0.0))
+    later = readings(pods, *step_812, age=-10)  # polled 10 s after the first write
+    snap = snapshot(raw, jobsets=[jobset(1)], pods=pods, now=NOW + timedelta(seconds=10))
+    quiet = rc.plan(replace(snap, ranks=later))
+    assert quiet.status_patch is None, "the step moved 10 s after the last write: no write"
+    assert quiet.requeue_after is not None and quiet.requeue_after <= 20.0
+    snap = replace(snap, now=NOW + timedelta(seconds=31))
+    moved = rc.plan(replace(snap, ranks=readings(pods, *step_812, age=-31)))
+    assert moved.status_patch is not None
+    assert moved.status_patch.status["progress"]["step"] == 812
+
+
+def test_automatic_timeouts_follow_the_observed_step_time_and_spare_the_startup() -> None:
+    pods = running_pods()
+    # 50 ms steps: the allowance is the 30 s floor
+    hung = plan(pods, readings(pods, rank(0, 9, "allreduce", 39), rank(1, 9, "forward", 40)))
+    assert hung.status_patch is not None and hung.status_patch.status["phase"] == "Restarting"
+    fine = plan(pods, readings(pods, rank(0, 9, "allreduce", 25), rank(1, 9, "forward", 25)))
+    assert fine.status_patch is None or fine.status_patch.status["phase"] == "Running"
+    # before its first steps a rank gets the start-up grace (600 s by default)
+    starting = readings(
+        pods, rank(0, None, "start", 300, steps=()), rank(1, None, "start", 300, steps=())
+    )
+    p = plan(pods, starting)
+    assert p.status_patch is None or p.status_patch.status["phase"] == "Running"
+
+
+def test_no_hang_is_judged_from_stale_reports_or_before_every_worker_runs() -> None:
+    pods = running_pods()
+    stuck = (rank(0, 812, "allreduce", 93.0), rank(1, 812, "forward", 94.0))
+    stale = plan(pods, readings(pods, *stuck, age=45), **FIXED_60)
+    assert stale.status_patch is None or stale.status_patch.status["phase"] == "Running"
+    admitted = {**RUNNING, "phase": "Admitted"}
+    starting = [*pods[:1], {**pods[1], "status": {**pods[1]["status"], "phase": "Pending"}}]
+    raw = rtj_raw(admitted, replicas=2, **FIXED_60)
+    p = plan(starting, readings(pods, *stuck), raw=raw)
+    assert p.status_patch is None or p.status_patch.status["phase"] != "Restarting"
+    off = plan(pods, readings(pods, *stuck), progress={"enabled": False})
+    assert off.status_patch is None or off.status_patch.status["phase"] == "Running"
+    other_attempt = replace(readings(pods, *stuck), attempt=2)
+    p = plan(pods, other_attempt, **FIXED_60)
+    assert p.status_patch is None or p.status_patch.status["phase"] == "Running"
+
+
+def test_a_straggler_gets_a_condition_and_one_event() -> None:
+    pods = running_pods(3)
+    slow = rank_progress.Straggler(2, pods[2]["metadata"]["name"], 0.08, 0.05, 3)
+    ranks = [rank(i, 812, "data", 0.01) for i in range(3)]
+    first = plan(pods, readings(pods, *ranks, stragglers=(slow,)))
+    patch = first.status_patch
+    assert patch is not None
+    assert patch.status["progress"]["stragglers"][0]["rank"] == 2
+    assert patch.status["progress"]["stragglers"][0]["node"] == "gpu-node-002"
+    condition = {c["type"]: c for c in patch.status["conditions"]}["Straggling"]
+    assert condition["status"] == "True" and "rank 2" in condition["message"]
+    events = [a for a in first.actions if isinstance(a, rc.PostEvent)]
+    assert [e.reason for e in events] == ["StragglerDetected"]
+    raw = with_status(rtj_raw(RUNNING, replicas=3), first)
+    again = plan(pods, readings(pods, *ranks, stragglers=(slow,)), raw=raw)
+    assert not [a for a in again.actions if isinstance(a, rc.PostEvent)], "reported once"
+    cleared = plan(pods, readings(pods, *ranks), raw=raw)
+    patch = cleared.status_patch
+    assert patch is not None
+    condition = {c["type"]: c for c in patch.status["conditions"]}["Straggling"]
+    assert condition["status"] == "False"
+
+
+def test_replace_node_keeps_the_next_attempt_off_the_stragglers_node() -> None:
+    status = {
+        **RUNNING,
+        "progress": {
+            "attempt": 1, "observedAt": "2025-03-14T12:00:00Z", "ranks": 4,
+            "stragglers": [{"rank": 2, "pod": "p", "node": "gpu-node-002", "ratio": 1.6,
+                            "attempt": 1, "since": "2025-03-14T12:00:00Z"}],
+        },
+    }  # fmt: skip
+    job = make_job()
+    job = job.model_copy(update={"status": job.status.model_validate(status)})
+    assert avoided_nodes(job, 2) == [], "Report (the default) keeps the node"
+    replacing = make_job(progress={"stragglers": {"action": "ReplaceNode"}})
+    replacing = replacing.model_copy(update={"status": job.status})
+    assert avoided_nodes(replacing, 2) == ["gpu-node-002"]
+    assert avoided_nodes(replacing, 3) == [], "only the next attempt avoids it"
+    spec = render_jobset(replacing, 2, None)["spec"]["replicatedJobs"][0]["template"]["spec"]
+    terms = spec["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert terms[0]["matchFields"][0]["values"] == ["gpu-node-002"]
+
+
+def test_poll_targets_are_the_current_attempts_trusted_running_pods_with_an_ip() -> None:
+    pods = running_pods(3)
+    pods[2]["status"].pop("podIP")
+    stranger = pod(1, 3)
+    stranger["status"]["podIP"] = "10.0.0.9"
+    stranger["metadata"]["ownerReferences"] = []  # a bare pod labelled for the job
+    old = pod(0, 0)
+    old["status"]["podIP"] = "10.0.0.8"
+    raw = rtj_raw(RUNNING, replicas=3)
+    snap = snapshot(raw, jobsets=[jobset(1)], pods=[*pods, stranger, old])
+    targets = rc.poll_targets(snap)
+    assert [(t.pod, t.ip, t.port) for t in targets] == [
+        (pods[0]["metadata"]["name"], "10.0.0.1", 9478),
+        (pods[1]["metadata"]["name"], "10.0.0.2", 9478),
+    ]
+    off = snapshot(rtj_raw(RUNNING, progress={"enabled": False}), jobsets=[jobset(1)], pods=pods)
+    assert rc.poll_targets(off) == ()
+    restarting = snapshot(rtj_raw({**RUNNING, "phase": "Restarting"}), jobsets=[jobset(1)],
+                          pods=pods)  # fmt: skip
+    assert rc.poll_targets(restarting) == ()
+
+
+def test_the_poller_keeps_the_last_answer_of_a_pod_that_stops_answering() -> None:
+    answers: dict[str, Any] = {
+        "10.0.0.1": {"schema": 1, "ranks": [rank(0, 5, "data", 0.0)]},
+        "10.0.0.2": {"schema": 1, "ranks": [rank(1, 5, "data", 0.0)]},
+    }
+    clock = [NOW]
+    rounds: list[tuple[str, str]] = []
+
+    asked: list[str] = []
+
+    def fetch(ip: str, port: int, timeout: float) -> Any:
+        asked.append(ip)
+        if ip not in answers:
+            raise PollFailed("ConnectionRefusedError: [Errno 111] Connection refused")
+        return answers[ip]
+
+    polls = RankPolls(lambda: clock[0], rounds.append, fetch=fetch)
+    key = ("team-a", "llm")
+    targets = (rc.PollTarget("p0", "10.0.0.1", 9478, 1), rc.PollTarget("p1", "10.0.0.2", 9478, 1))
+    asyncio.run(polls.poll_once([JobTargets(key, targets)]))
+    first = polls.reading(key)
+    assert first is not None and [r.pod for r in first.reports] == ["p0", "p1"]
+    assert rounds == [key]
+    del answers["10.0.0.2"]
+    clock[0] = NOW + timedelta(seconds=5)
+    asyncio.run(polls.poll_once([JobTargets(key, targets)]))
+    second = polls.reading(key)
+    assert second is not None
+    assert [(r.pod, r.received_at) for r in second.reports] == [("p0", T + 5), ("p1", T)], (
+        "p1 keeps its last report, which ages out of the evidence by itself"
+    )
+    assert second.unanswered and "Connection refused" in second.unanswered[0]
+    asked.clear()
+    for _ in range(4):  # a pod that keeps not answering is asked every 2, 4, ... rounds
+        asyncio.run(polls.poll_once([JobTargets(key, targets)]))
+    assert asked.count("10.0.0.1") == 4 and asked.count("10.0.0.2") == 1
+    asyncio.run(polls.poll_once([]))
+    assert polls.reading(key) is None and rounds[-1] == key, "a job no longer polled is dropped"
+    polls.close()
+
+
+def test_the_progress_sidecar_is_rendered_as_a_native_sidecar() -> None:
+    job = make_job(checkpoint={"uri": "s3://ckpt/team-a/llm", "resolverImage": "rtj/resolver:1"})
+    spec = render_jobset(job, 1, None)["spec"]["replicatedJobs"][0]["template"]["spec"]
+    pod_spec = spec["template"]["spec"]
+    names = [c["name"] for c in pod_spec["initContainers"]]
+    assert names == [keys.RESUME_INIT_CONTAINER, keys.PROGRESS_SIDECAR]
+    sidecar = pod_spec["initContainers"][1]
+    assert sidecar["restartPolicy"] == "Always" and sidecar["image"] == "rtj/resolver:1"
+    assert sidecar["command"][:2] == ["rtj-shim", "progress-server"]
+    assert sidecar["command"][-2:] == ["--host", "$(RTJ_POD_IP)"]
+    assert sidecar["env"][0]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert sidecar["volumeMounts"] == [
+        {"name": keys.PROGRESS_VOLUME, "mountPath": keys.PROGRESS_DIR, "readOnly": True}
+    ]
+    assert sidecar["securityContext"]["readOnlyRootFilesystem"] is True
+    volume = next(v for v in pod_spec["volumes"] if v["name"] == keys.PROGRESS_VOLUME)
+    assert volume["emptyDir"]["medium"] == "Memory"
+    trainer = pod_spec["containers"][0]
+    env = {e["name"]: e.get("value") for e in trainer["env"]}
+    assert env[keys.ENV_PROGRESS_DIR] == keys.PROGRESS_DIR
+    resolver = pod_spec["initContainers"][0]
+    assert all(m["name"] != keys.PROGRESS_VOLUME for m in resolver["volumeMounts"])
+    # rendering twice never duplicates what the operator owns
+    again = render_jobset(
+        job.model_copy(update={"spec": job.spec.model_copy(update={"template": spec["template"]})}),
+        2,
+        None,
+    )["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert [c["name"] for c in again["initContainers"]] == names
+    assert sorted(v["name"] for v in again["volumes"]) == sorted(
+        v["name"] for v in pod_spec["volumes"]
+    )
+    off = make_job(progress={"enabled": False})
+    plain = render_jobset(off, 1, None)["spec"]["replicatedJobs"][0]["template"]["spec"]
+    assert [c["name"] for c in plain["template"]["spec"]["initContainers"]] == [
+        keys.RESUME_INIT_CONTAINER
+    ]
+    assert keys.ENV_PROGRESS_DIR not in {
+        e["name"] for e in plain["template"]["spec"]["containers"][0]["env"]
+    }
