@@ -1,0 +1,79 @@
+"""The operator's progress poller against a real `rtj-shim progress-server` process serving
+real rank records (rtj_shim.progress): what it reads is what the hang decision needs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from rtj_operator.policy import progress as rank_progress
+from rtj_operator.rank_polls import JobTargets, PollFailed, RankPolls, fetch_progress
+from rtj_operator.reconcile import PollTarget
+from rtj_shim.progress import Progress
+
+RTJ_SHIM = str(Path(sys.executable).with_name("rtj-shim"))
+KEY = ("team-a", "llm")
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[tuple[Path, int]]:
+    directory = tmp_path / "progress"
+    directory.mkdir()
+    proc = subprocess.Popen(
+        [RTJ_SHIM, "progress-server", "--dir", str(directory), "--port", "0",
+         "--host", "127.0.0.1"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ},
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = json.loads(proc.stdout.readline())
+        yield directory, int(line["listening"]["port"])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_the_poller_reads_real_records_and_the_decision_names_the_stuck_rank(
+    server: tuple[Path, int],
+) -> None:
+    directory, port = server
+    ranks = [Progress(directory, rank=r) for r in range(2)]
+    for step in range(1, 6):
+        for p in ranks:
+            with p.section("forward"):
+                pass
+            p.step_done(step)
+    ranks[0].enter("allreduce")  # waits in the collective for rank 1...
+    ranks[1].enter("forward")  # ...which never leaves forward (a hung GPU)
+    received = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    polls = RankPolls(lambda: received, lambda key: None)
+    target = PollTarget("llm-a1-worker-0-0-abcde", "127.0.0.1", port, 1)
+    asyncio.run(polls.poll_once([JobTargets(KEY, (target,))]))
+    reading = polls.reading(KEY)
+    assert reading is not None and not reading.unanswered
+    (report,) = reading.reports
+    assert [r["rank"] for r in report.body["ranks"]] == [0, 1]
+    assert {r["step"] for r in report.body["ranks"]} == {5}
+    later = (received + timedelta(seconds=15)).timestamp()
+    hang = rank_progress.hang_verdict(reading.reports, 10.0, later)
+    assert hang is not None and hang.rank == 1 and hang.section == "forward"
+    assert hang.ahead == (0,) and 15.0 <= hang.seconds < 20.0
+    assert rank_progress.hang_verdict(reading.reports, 60.0, later) is None
+    for p in ranks:
+        p.close()
+    polls.close()
+
+
+def test_a_pod_without_a_server_is_an_error_not_an_answer() -> None:
+    with pytest.raises(PollFailed, match=r"ConnectionRefusedError"):
+        fetch_progress("127.0.0.1", 9, timeout=2.0)  # port 9 (discard): nothing listens
