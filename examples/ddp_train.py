@@ -10,6 +10,13 @@ kept in the checkpoint as it is).
     torchrun --nproc-per-node 2 examples/ddp_train.py --root /tmp/ckpt --log-dir /tmp/logs
     python examples/ddp_train.py --root /tmp/ckpt --log-dir /tmp/logs        # one process
 
+Each step reports its sections to ``rtj_shim.progress`` (``data``, ``forward``,
+``backward``, ``optimizer``, and ``barrier`` where a rank waits for the others): the
+operator's progress poller reads them to tell a hung rank (and which section it is stuck
+in) or a straggler from the ranks waiting for it. Without ``RTJ_PROGRESS_DIR`` every call is
+a no-op. ``--straggle-rank R --straggle-seconds S`` makes rank R slow (S extra seconds in
+``data`` every step), for the straggler drill.
+
 ``--fsdp`` shards the model with FSDP2 (``fully_shard``) instead of DDP. The ``--fault-*``
 options exist for the drill (``drills/torch_drill.py``): they kill a rank at a step, or
 inside the shard writes of a save.
@@ -32,6 +39,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from rtj_shim import progress
 from rtj_shim.storage import open_store
 from rtj_shim.torch import Checkpointer, ResumableSampler, init_process_group
 
@@ -140,6 +148,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--emergency-deadline", type=float, default=30.0)
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds per step (tests)")
     p.add_argument("--hang-at-step", type=int, help="sleep 600s after this step (tests)")
+    p.add_argument("--straggle-rank", type=int, help="this rank is slow (tests)")
+    p.add_argument("--straggle-seconds", type=float, default=0.0, help="its extra s per step")
     p.add_argument("--dump-state", type=Path, help="rank 0 writes the full state here at exit")
     p.add_argument("--plain-init", action="store_true", help="dist.init_process_group as is")
     p.add_argument("--fault-kill-step", type=int, help="SIGKILL after this step (restart 0)")
@@ -257,14 +267,24 @@ def main(argv: list[str] | None = None) -> int:
         wrapped.train()
         total = 0.0
         ids: list[int] = []
+        if args.straggle_rank == rank and args.straggle_seconds:
+            with progress.section("data"):  # a slow input pipeline on one rank
+                time.sleep(args.straggle_seconds)
+        if world > 1:  # the wait for the slowest rank, made explicit (a waiting section)
+            with progress.section("barrier"):
+                dist.barrier()
         for _ in range(args.accum):
-            idx, x, y = next(batches)
-            loss = nn.functional.mse_loss(wrapped(x), y) / args.accum
-            loss.backward()
+            with progress.section("data"):
+                idx, x, y = next(batches)
+            with progress.section("forward"):
+                loss = nn.functional.mse_loss(wrapped(x), y) / args.accum
+            with progress.section("backward"):
+                loss.backward()
             total += float(loss.detach())
             ids.extend(int(i) for i in idx)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        with progress.section("optimizer"):
+            opt.step()
+            opt.zero_grad(set_to_none=True)
         lr = sched.get_last_lr()[0]
         sched.step()
         step += 1

@@ -324,17 +324,14 @@ def collect_losses(opts: Options, attempts: int) -> tuple[report.Losses, dict[in
     return losses, restored
 
 
-def up(opts: Options, display: Display | None = None) -> report.Summary:
-    """The whole story. Leaves the cluster, operator and runner running for a look around
-    (``make demo-down`` stops them)."""
-    d = display or Display()
-    if _load_state(opts):
-        d.phase("Stopping what an earlier demo left running")
-        down(opts, d)
-    opts.out.mkdir(parents=True, exist_ok=True)
-    (opts.state / "logs").mkdir(parents=True, exist_ok=True)
-    state: dict[str, Any] = {"pids": {}}
-
+def start_platform(
+    opts: Options,
+    d: Display,
+    state: dict[str, Any],
+    operator_args: tuple[str, ...] = (),
+) -> tuple[Path, HarnessKube, Any]:
+    """Phases 1-4: control plane, S3 store, pod runner, operator; every process started is
+    recorded in ``state`` (state.json) at once, so ``down`` stops it whatever fails next."""
     d.phase("1/7 Control plane")
     if opts.kubeconfig is None:
         _build(d, [*CLUSTER_PROGRAMS, "kubectl"])
@@ -370,7 +367,11 @@ def up(opts: Options, display: Display | None = None) -> report.Summary:
 
     d.phase("4/7 The operator")
     op = OperatorProcess(
-        str(kubeconfig), NAMESPACE, opts.state / "logs", lease_name="rtj-demo-operator"
+        str(kubeconfig),
+        NAMESPACE,
+        opts.state / "logs",
+        lease_name="rtj-demo-operator",
+        extra=operator_args,
     )
     op.start()
     assert op.proc is not None
@@ -379,6 +380,21 @@ def up(opts: Options, display: Display | None = None) -> report.Summary:
     _save_state(opts, state)
     d.line(f"python -m rtj_operator run (pid {op.proc.pid}, metrics :{op.port}, "
            f"log {op.log_path})")  # fmt: skip
+    return kubeconfig, kube, api
+
+
+def up(opts: Options, display: Display | None = None) -> report.Summary:
+    """The whole story. Leaves the cluster, operator and runner running for a look around
+    (``make demo-down`` stops them)."""
+    d = display or Display()
+    if _load_state(opts):
+        d.phase("Stopping what an earlier demo left running")
+        down(opts, d)
+    opts.out.mkdir(parents=True, exist_ok=True)
+    (opts.state / "logs").mkdir(parents=True, exist_ok=True)
+    state: dict[str, Any] = {"pids": {}}
+
+    kubeconfig, kube, api = start_platform(opts, d, state)
 
     d.phase(f"5/7 kubectl apply -f {opts.example.relative_to(REPO)}")
     body = yaml.safe_load(opts.example.read_text())
