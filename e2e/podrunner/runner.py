@@ -1,12 +1,12 @@
-"""The runner's I/O: its nodes and their heartbeat, the pod watch, the processes."""
+"""The runner's I/O: its nodes and their heartbeat, the pod watch, the pod workers.
+
+Each pod bound to one of the runner's nodes gets a ``pod.PodWorker`` (its lifecycle, with
+native sidecars) and an address of its own from ``podip.PodIPs``.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -16,12 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client, config, watch
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from e2e.cluster import kwok
 
-from .spec import LocalProcess, PodDirs, PodNotRunnable, Sources, plan_pod
-from .status import PodRun, render_status, signal_name, termination
+from .pod import MAX_GRACE_SECONDS, PodWorker, descendants, kill_tree, now
+from .podip import PodIPs
+from .spec import PodDirs, Sources
+
+__all__ = ["NODE_LABEL", "PodRunner", "PodWorker", "descendants", "kill_tree"]
 
 Obj = dict[str, Any]
 NODE_LABEL = "e2e.resilient.dev/pod-runner"
@@ -30,11 +33,6 @@ NODE_PREFIX = "local-gpu-"
 LEASE_NAMESPACE = "kube-node-lease"
 LEASE_SECONDS = 40
 HEARTBEAT_SECONDS = 3.0
-MAX_GRACE_SECONDS = 30.0
-
-
-def now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _micro_now() -> str:
@@ -75,205 +73,6 @@ def ready_condition() -> Obj:
     }
 
 
-class PodWorker(threading.Thread):
-    """One pod: run its init containers, then its containers; report as a kubelet would."""
-
-    def __init__(self, runner: PodRunner, pod: Obj) -> None:
-        super().__init__(daemon=True, name=f"pod-{pod['metadata']['name']}")
-        self.runner = runner
-        self.pod = pod
-        meta = pod["metadata"]
-        self.key = (meta["namespace"], meta["name"])
-        self.uid = meta["uid"]
-        self.node = pod["spec"]["nodeName"]
-        self.run_state = PodRun.of(pod, now())
-        self.stopping = threading.Event()
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.lock = threading.Lock()
-        self.done = threading.Event()
-        self.dirs = runner.dirs_for(pod)
-
-    # --- lifecycle ---------------------------------------------------------------------------
-    def run(self) -> None:
-        try:
-            self._run()
-        except Exception as exc:  # a runner bug must not look like a training failure
-            self.runner.say(f"{self._who()}: runner error: {type(exc).__name__}: {exc}")
-        finally:
-            self.done.set()
-
-    def _run(self) -> None:
-        try:
-            plan_ = plan_pod(
-                self.pod,
-                self.dirs,
-                self.runner.sources(self.key[0]),
-                workdir=self.runner.workdir,
-                base_env=self.runner.base_env,
-            )
-        except (PodNotRunnable, KeyError, ApiException) as exc:
-            self.run_state.config_error = str(exc)
-            self.runner.say(f"{self._who()}: cannot run: {exc}")
-            self._report()
-            return
-        for d in plan_.directories:
-            d.mkdir(parents=True, exist_ok=True)
-        for path, data in plan_.files.items():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
-        plans = plan_.processes
-        self._report()
-        for plan in (p for p in plans if p.init):
-            if self.stopping.is_set() or self._run_to_end(plan) != 0:
-                return
-        mains = [p for p in plans if not p.init]
-        running = [p for p in mains if not self.stopping.is_set() and self._start(p)]
-        self._report()
-        while running:  # report each exit as it happens (sidecars may outlive the trainer)
-            for plan in [p for p in running if self.procs[p.container].poll() is not None]:
-                running.remove(plan)
-                self._wait(plan)
-            time.sleep(0.05)
-
-    def _run_to_end(self, plan: LocalProcess) -> int:
-        if self._start(plan) is None:  # could not start: its exit (127) is already recorded
-            self._report()
-            term = self.run_state.get(plan.container).terminated
-            return int(term["exitCode"]) if term else 1
-        self._report()
-        return self._wait(plan)
-
-    def _start(self, plan: LocalProcess) -> subprocess.Popen[bytes] | None:
-        for d in (plan.log.parent, Path(plan.env["HOME"])):
-            d.mkdir(parents=True, exist_ok=True)
-        plan.termination_log.write_bytes(b"")
-        with self.lock:
-            if self.stopping.is_set():
-                return None
-            with plan.log.open("ab") as log:
-                try:
-                    proc = subprocess.Popen(
-                        plan.argv,
-                        env=plan.env,
-                        cwd=plan.cwd,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        stdin=subprocess.DEVNULL,
-                        start_new_session=True,  # its own process group, like a container
-                    )
-                except OSError as exc:
-                    log.write(f"runner: cannot start {plan.argv[0]}: {exc}\n".encode())
-                    self.run_state.finish(plan.container, self._exit(plan, 127, now()))
-                    return None
-            self.procs[plan.container] = proc
-        (plan.log.parent / "pid").write_text(str(proc.pid))
-        self.run_state.start(plan.container, now())
-        kind = "init container" if plan.init else "container"
-        self.runner.say(f"{self._who()}: {kind} {plan.container} started (pid {proc.pid})")
-        return proc
-
-    def _wait(self, plan: LocalProcess) -> int:
-        proc = self.procs.get(plan.container)
-        if proc is None:
-            return 1
-        rc = proc.wait()
-        finished = now()
-        term = self._exit(plan, rc, finished)
-        self.run_state.finish(plan.container, term)
-        how = f"signal {signal_name(rc)}" if rc < 0 else f"code {rc}"
-        self.runner.say(f"{self._who()}: {plan.container} exited with {how}")
-        self._report()
-        return int(term["exitCode"])
-
-    def _exit(self, plan: LocalProcess, rc: int, finished: str) -> Obj:
-        started = (self.run_state.get(plan.container).state.get("running") or {}).get(
-            "startedAt", finished
-        )
-        pid = self.procs[plan.container].pid if plan.container in self.procs else 0
-        return termination(
-            returncode=rc,
-            started_at=started,
-            finished_at=finished,
-            message_file=_read(plan.termination_log),
-            log=_read(plan.log)[-65536:],
-            policy=plan.message_policy,
-            container_id=f"local://{self.node}/{pid}",
-        )
-
-    def stop(self, grace: float) -> None:
-        """SIGTERM every process group, SIGKILL after ``grace`` seconds."""
-        with self.lock:
-            self.stopping.set()
-            procs = [p for p in self.procs.values() if p.poll() is None]
-        for p in procs:
-            _signal_group(p, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        orphans: list[int] = []
-        for p in procs:
-            orphans += descendants(p.pid)
-            try:
-                p.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _signal_group(p, signal.SIGKILL)
-                p.wait()
-        for pid in orphans:  # workers whose parent exited first (reparented to init)
-            kill_tree(pid, signal.SIGKILL)
-
-    def _report(self) -> None:
-        if self.stopping.is_set() and self.runner.gone(self.uid):
-            return
-        status = render_status(self.run_state, self.pod, now())
-        ns, name = self.key
-        try:
-            self.runner.core.patch_namespaced_pod_status(name, ns, {"status": status})
-        except ApiException as exc:
-            if exc.status != 404:
-                self.runner.say(f"{self._who()}: status update failed: {exc.status} {exc.reason}")
-
-    def _who(self) -> str:
-        return f"{self.key[0]}/{self.key[1]} on {self.node}"
-
-
-def _read(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError:
-        return b""
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (torchrun starts its workers in sessions of their own, so
-    a container's processes are its tree, not its process group)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def kill_tree(pid: int, sig: int) -> None:
-    for p in [pid, *descendants(pid)]:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(p, sig)
-
-
-def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    """SIGTERM goes to the group (the entrypoint forwards it, as in a container); SIGKILL to
-    the whole tree, as a container runtime's cgroup kill would."""
-    if sig == signal.SIGKILL:
-        kill_tree(proc.pid, sig)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
-
-
 class PodRunner:
     """Registers ``nodes`` nodes and runs the pods bound to them until ``stop`` is set."""
 
@@ -289,7 +88,7 @@ class PodRunner:
         taints: list[Obj] | None = None,
         say: Callable[[str], None] | None = None,
     ) -> None:
-        self.api = config.new_client_from_config(config_file=str(kubeconfig))
+        self.api = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
         self.core = client.CoreV1Api(self.api)
         self.coord = client.CoordinationV1Api(self.api)
         self.root = root
@@ -301,6 +100,7 @@ class PodRunner:
         self.workers: dict[str, PodWorker] = {}
         self.deleted: set[str] = set()
         self.ports: dict[str, int] = {}
+        self.pod_ips = PodIPs()
         self._lock = threading.Lock()
         venv_bin = str(Path(sys.executable).parent)
         self.base_env = {
@@ -348,7 +148,7 @@ class PodRunner:
         for name in self.node_names:
             body = node_manifest(name, self.gpus, self.taints)
             try:
-                self.core.create_node(body)
+                self.core.create_node(body)  # type: ignore[arg-type]  # a dict is a body too
             except ApiException as exc:
                 if exc.status != 409:
                     raise
@@ -381,7 +181,7 @@ class PodRunner:
         except ApiException as exc:
             if exc.status != 404:
                 raise
-            self.coord.create_namespaced_lease(LEASE_NAMESPACE, body)
+            self.coord.create_namespaced_lease(LEASE_NAMESPACE, body)  # type: ignore[arg-type]
 
     def _heartbeat(self, stop: threading.Event) -> None:
         beats = 0
@@ -418,18 +218,18 @@ class PodRunner:
             try:
                 if not rv:
                     listed = self.core.list_pod_for_all_namespaces()
-                    rv = listed.metadata.resource_version
+                    rv = (listed.metadata.resource_version if listed.metadata else None) or ""
                     for p in listed.items:
                         self._on_pod("ADDED", self.api.sanitize_for_serialization(p))
-                w = watch.Watch()
-                for ev in w.stream(
+                w = watch.Watch()  # type: ignore[no-untyped-call]
+                for ev in w.stream(  # type: ignore[no-untyped-call]
                     self.core.list_pod_for_all_namespaces,
                     resource_version=rv,
                     timeout_seconds=30,
                     allow_watch_bookmarks=True,
                 ):
                     if stop.is_set():
-                        w.stop()
+                        w.stop()  # type: ignore[no-untyped-call]
                         break
                     obj = ev["object"]
                     raw = self.api.sanitize_for_serialization(obj)

@@ -7,12 +7,18 @@ environment values, in the command and its arguments, and as ``file://`` roots. 
 rendezvous host (``<host>.<subdomain>``, JobSet's headless Service) is loopback, and its
 master port is a local port of the runner's choosing per subdomain, so two attempts (or two
 jobs) never share a listener.
+
+The downward API resolves ``status.podIP``/``status.podIPs`` to the pod's own address (the
+runner gives each pod one, see ``podip``) and ``status.hostIP``/``status.hostIPs`` to the
+node's (loopback), as the kubelet's ``podFieldSelectorRuntimeValue`` does
+(pkg/kubelet/kubelet_pods.go, Kubernetes v1.35: the lists joined with commas). An init
+container with ``restartPolicy: Always`` is a native sidecar (``LocalProcess.sidecar``).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +62,7 @@ class LocalProcess:
     log: Path
     termination_log: Path
     message_policy: str
+    sidecar: bool = False  # an init container with restartPolicy: Always
 
 
 @dataclass(frozen=True)
@@ -88,8 +95,9 @@ def expand(text: str, env: Mapping[str, str]) -> str:
     return _VAR.sub(sub, text)
 
 
-def field_ref(pod: Obj, path: str) -> str:
-    """The value of a downward-API ``fieldRef.fieldPath``."""
+def field_ref(pod: Obj, path: str, pod_ips: Sequence[str] = ()) -> str:
+    """The value of a downward-API ``fieldRef.fieldPath``; ``pod_ips``: the pod's addresses
+    (none yet: empty, as the kubelet gives before the sandbox has an IP)."""
     meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
     simple = {
         "metadata.name": meta.get("name"),
@@ -98,7 +106,9 @@ def field_ref(pod: Obj, path: str) -> str:
         "spec.nodeName": spec.get("nodeName"),
         "spec.serviceAccountName": spec.get("serviceAccountName"),
         "status.hostIP": LOOPBACK,
-        "status.podIP": LOOPBACK,
+        "status.hostIPs": LOOPBACK,
+        "status.podIP": pod_ips[0] if pod_ips else "",
+        "status.podIPs": ",".join(pod_ips),
     }
     if path in simple:
         return str(simple[path] or "")
@@ -136,7 +146,7 @@ def _volume_dir(volume: Obj, dirs: PodDirs, pod: Obj) -> Path:
         return dirs.node / "hostpath" / str(volume["hostPath"]["path"]).lstrip("/")
     if "persistentVolumeClaim" in volume:
         claim = volume["persistentVolumeClaim"]["claimName"]
-        return dirs.claims / pod["metadata"]["namespace"] / claim
+        return dirs.claims / str(pod["metadata"]["namespace"]) / str(claim)
     if "secret" in volume or "configMap" in volume:
         return dirs.volume(name)
     if "projected" in volume:  # the API token volume: left empty (training needs no token)
@@ -170,7 +180,9 @@ def _mounts(container: Obj, volumes: Mapping[str, Path]) -> dict[str, Path]:
     return out
 
 
-def _env(container: Obj, pod: Obj, sources: Sources, mapped: PathMap) -> dict[str, str]:
+def _env(
+    container: Obj, pod: Obj, sources: Sources, mapped: PathMap, pod_ips: Sequence[str]
+) -> dict[str, str]:
     """envFrom, then env in order (later wins); values expand earlier variables."""
     where = f"containers[{container['name']}]"
     env: dict[str, str] = {}
@@ -190,7 +202,7 @@ def _env(container: Obj, pod: Obj, sources: Sources, mapped: PathMap) -> dict[st
             continue
         ref = var.get("valueFrom") or {}
         if "fieldRef" in ref:
-            env[name] = field_ref(pod, ref["fieldRef"]["fieldPath"])
+            env[name] = field_ref(pod, ref["fieldRef"]["fieldPath"], pod_ips)
         elif "secretKeyRef" in ref:
             key = ref["secretKeyRef"]
             env[name] = sources.secrets(key["name"])[key["key"]]
@@ -220,34 +232,40 @@ def plan_pod(
     *,
     workdir: Path,
     base_env: Mapping[str, str],
+    pod_ips: Sequence[str] = (),
 ) -> PodPlan:
-    """The init containers in order, then the containers: what to run, where, with what."""
+    """The init containers in order, then the containers: what to run, where, with what.
+    ``pod_ips``: the pod's addresses, for the downward API."""
     spec = pod.get("spec") or {}
     volumes = {v["name"]: _volume_dir(v, dirs, pod) for v in spec.get("volumes") or []}
     files: dict[Path, bytes] = {}
     for v in spec.get("volumes") or []:
         files.update(_projected_files(v, volumes[v["name"]], sources))
     hostname = spec.get("hostname") or pod["metadata"]["name"]
+    ctx = _Context(pod, dirs, volumes, sources, workdir, base_env, hostname, tuple(pod_ips))
     plans = []
     for init, key in ((True, "initContainers"), (False, "containers")):
         for c in spec.get(key) or []:
-            plans.append(
-                _plan_container(c, init, pod, dirs, volumes, sources, workdir, base_env, hostname)
-            )
+            plans.append(_plan_container(c, init, ctx))
     return PodPlan(plans, sorted(set(volumes.values())), files)
 
 
-def _plan_container(
-    c: Obj,
-    init: bool,
-    pod: Obj,
-    dirs: PodDirs,
-    volumes: Mapping[str, Path],
-    sources: Sources,
-    workdir: Path,
-    base_env: Mapping[str, str],
-    hostname: str,
-) -> LocalProcess:
+@dataclass(frozen=True)
+class _Context:
+    """What every container of one pod is planned with."""
+
+    pod: Obj
+    dirs: PodDirs
+    volumes: Mapping[str, Path]
+    sources: Sources
+    workdir: Path
+    base_env: Mapping[str, str]
+    hostname: str
+    pod_ips: tuple[str, ...]
+
+
+def _plan_container(c: Obj, init: bool, ctx: _Context) -> LocalProcess:
+    pod, dirs, sources = ctx.pod, ctx.dirs, ctx.sources
     name = c["name"]
     command = [*(c.get("command") or []), *(c.get("args") or [])]
     if not command:
@@ -256,16 +274,16 @@ def _plan_container(
         )
     local = dirs.container(name)
     termination = local / "termination-log"
-    mounts = _mounts(c, volumes)
+    mounts = _mounts(c, ctx.volumes)
     mounts[c.get("terminationMessagePath") or DEFAULT_TERMINATION_PATH] = termination
     mapped = PathMap(mounts)
-    env = _env(c, pod, sources, mapped)
+    env = _env(c, pod, sources, mapped, ctx.pod_ips)
     env = _rendezvous(env, (pod.get("spec") or {}).get("subdomain") or "", sources)
-    full_env = {**base_env, "HOSTNAME": hostname, "HOME": str(local / "home"), **env}
+    full_env = {**ctx.base_env, "HOSTNAME": ctx.hostname, "HOME": str(local / "home"), **env}
     argv = [mapped(expand(arg, env)) for arg in command]
     # a working directory inside a mount is that local directory; any other is the image's
     wd = str(c.get("workingDir") or "")
-    cwd = Path(mapped(wd)) if wd and mapped(wd) != wd else workdir
+    cwd = Path(mapped(wd)) if wd and mapped(wd) != wd else ctx.workdir
     return LocalProcess(
         container=name,
         init=init,
@@ -275,4 +293,5 @@ def _plan_container(
         log=local / "log",
         termination_log=termination,
         message_policy=c.get("terminationMessagePolicy") or "File",
+        sidecar=init and c.get("restartPolicy") == "Always",
     )
