@@ -208,9 +208,13 @@ def _get_rtj(kubeconfig: str, ns: str) -> dict[str, str]:
     out = kubectl(kubeconfig, "get", "rtj", JOB, "-n", ns)
     assert out.returncode == 0, out.stderr
     header, row = out.stdout.splitlines()[:2]
-    # columns are separated by two or more spaces (headers hold single spaces)
-    return dict(zip(re.split(r"\s{2,}", header.strip()), re.split(r"\s{2,}", row.strip()),
-                    strict=True))  # fmt: skip
+    # kubectl aligns every column under its header (a tabwriter); a cell may be empty (no
+    # progress reported on KWOK), and headers hold single spaces: cut the row at the
+    # headers' starts
+    starts = [m.start() for m in re.finditer(r"\S+(?: \S+)*", header)]
+    ends = [*starts[1:], None]
+    names = [header[a:b].strip() for a, b in zip(starts, ends, strict=True)]
+    return {n: row[a:b].strip() for n, a, b in zip(names, starts, ends, strict=True)}
 
 
 def test_a_checkpoint_older_than_twice_its_interval_shows_in_kubectl_and_metrics(
@@ -233,7 +237,7 @@ def test_a_checkpoint_older_than_twice_its_interval_shows_in_kubectl_and_metrics
         rtj_status(rtj_api, ns, JOB)["lastVerifiedCheckpoint"]["committedAt"].replace("Z", "+00:00")
     )
     row = _get_rtj(rtj_cluster.kubeconfig, ns)
-    assert (row["PHASE"], row["ATTEMPT"], row["STEP"]) == ("Running", "1", "100"), row
+    assert (row["PHASE"], row["ATTEMPT"], row["CHECKPOINT"]) == ("Running", "1", "100"), row
     assert _seconds(row["CHECKPOINT AGE"]) > 2 * interval, row
     last = op.metric("rtj_checkpoint_last_success_timestamp_seconds", namespace=ns, name=JOB)
     assert last == pytest.approx(committed.timestamp(), abs=1e-3)
@@ -248,6 +252,6 @@ def test_a_checkpoint_older_than_twice_its_interval_shows_in_kubectl_and_metrics
         return found if found is not None and found["status"] == "False" else None
 
     assert wait_for("CheckpointStale False", fresh, WAIT)["reason"] == "CheckpointFresh"
-    assert _get_rtj(rtj_cluster.kubeconfig, ns)["STEP"] == "200"
+    assert _get_rtj(rtj_cluster.kubeconfig, ns)["CHECKPOINT"] == "200"
     assert op.metric("rtj_checkpoint_last_success_timestamp_seconds", namespace=ns,
                      name=JOB) > last  # fmt: skip
