@@ -18,6 +18,13 @@ from typing import Any
 
 from rtj_operator.api import keys
 from rtj_operator.api.resource import ResilientTrainingJob
+from rtj_operator.policy.pod_security import (
+    RESTRICTED_CONTAINER,
+    operator_container_security,
+    pod_security_context,
+    service_account_token,
+    user_container_security,
+)
 
 GRACE_MARGIN_SECONDS = 15
 """Beyond the emergency-save deadline: the upload's last request and process exit."""
@@ -26,13 +33,8 @@ RESOLVER_RESOURCES = {
     "requests": {"cpu": "1", "memory": "512Mi"},
     "limits": {"memory": "2Gi"},
 }
-_RESTRICTED_POD = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
-_RESTRICTED_CONTAINER = {
-    "allowPrivilegeEscalation": False,
-    "capabilities": {"drop": ["ALL"]},
-    "runAsNonRoot": True,
-    "seccompProfile": {"type": "RuntimeDefault"},
-}
+_RESTRICTED_CONTAINER = RESTRICTED_CONTAINER
+"""The operator's own containers (their securityContext; see policy/pod_security.py)."""
 
 Obj = dict[str, Any]
 
@@ -129,7 +131,8 @@ def _job_template(rtj: ResilientTrainingJob, attempt: int, resume: int | None, j
 
 
 def pod_template(rtj: ResilientTrainingJob, attempt: int, resume: int | None, js: str) -> Obj:
-    """The user's pod template, completed with rank env, resume and scheduling rules."""
+    """The user's pod template, completed with rank env, resume and scheduling rules, and
+    security defaults only where the user said nothing (policy/pod_security.py)."""
     template = copy.deepcopy(rtj.spec.template)
     meta = template.setdefault("metadata", {})
     meta["labels"] = {**meta.get("labels", {}), **attempt_labels(rtj, attempt)}
@@ -137,7 +140,10 @@ def pod_template(rtj: ResilientTrainingJob, attempt: int, resume: int | None, js
     spec = template["spec"]
     env = worker_env(rtj, attempt, resume, js)
     progress = rtj.spec.progress.enabled
+    user_sc = spec.get("securityContext")
     containers = [_worker_container(c, env, progress) for c in spec["containers"]]
+    for c in containers:
+        c["securityContext"] = user_container_security(c.get("securityContext"), user_sc)
     trainer = _trainer(rtj, containers)
     ours = [resolver_container(rtj, attempt, resume, trainer)]
     volumes = [{"name": keys.RESUME_VOLUME, "emptyDir": {}}]
@@ -147,17 +153,18 @@ def pod_template(rtj: ResilientTrainingJob, attempt: int, resume: int | None, js
             {"name": keys.PROGRESS_VOLUME,
              "emptyDir": {"medium": "Memory", "sizeLimit": PROGRESS_VOLUME_SIZE}}
         )  # fmt: skip
+    for c in ours:  # restricted whatever the template says, as a user the rules allow
+        c["securityContext"] = operator_container_security(c["securityContext"], trainer, user_sc)
     owned = {c["name"] for c in ours}
     owned_volumes = {v["name"] for v in volumes}
+    user_init = [c for c in spec.get("initContainers", []) if c.get("name") not in owned]
     spec.update(
         restartPolicy="Never",
-        automountServiceAccountToken=False,
+        automountServiceAccountToken=service_account_token(spec),
         terminationGracePeriodSeconds=_grace(rtj, spec.get("terminationGracePeriodSeconds")),
-        securityContext=_defaults(spec.get("securityContext"), _RESTRICTED_POD),
+        securityContext=pod_security_context(user_sc, [*spec["containers"], *user_init]),
         containers=containers,
-        initContainers=[
-            *ours, *(c for c in spec.get("initContainers", []) if c.get("name") not in owned)
-        ],
+        initContainers=[*ours, *user_init],
         volumes=[
             *(v for v in spec.get("volumes", []) if v.get("name") not in owned_volumes), *volumes
         ],
@@ -178,12 +185,6 @@ def _grace(rtj: ResilientTrainingJob, user: object) -> int:
     """Long enough for the emergency save; a longer one the user chose is kept."""
     needed = rtj.spec.checkpoint.emergency_save_seconds + GRACE_MARGIN_SECONDS
     return max(needed, user) if isinstance(user, int) else needed
-
-
-def _defaults(current: object, defaults: Obj) -> Obj:
-    """Restricted settings fill what the user left unset; explicit user choices win."""
-    chosen = dict(current) if isinstance(current, dict) else {}
-    return {**copy.deepcopy(defaults), **chosen}
 
 
 def _trainer(rtj: ResilientTrainingJob, containers: list[Obj]) -> Obj:
@@ -295,7 +296,6 @@ def _worker_container(container: Obj, env: list[Obj], progress: bool = True) -> 
     kept = [m for m in out.get("volumeMounts", []) if m.get("name") not in owned]
     out["volumeMounts"] = [*kept, *mounts]
     out.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
-    out["securityContext"] = _defaults(out.get("securityContext"), _RESTRICTED_CONTAINER)
     return out
 
 

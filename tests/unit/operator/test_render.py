@@ -254,3 +254,110 @@ def test_longest_names_stay_dns_labels() -> None:
     js = render_jobset(ResilientTrainingJob.from_object(body), 99999, None)
     pod_name = f"{js['metadata']['name']}-worker-0-9998-abcde"
     assert len(pod_name) <= 63
+
+
+# --- security defaults: only where the user said nothing (policy/pod_security.py) -------------
+
+
+def _rendered(template_spec: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    body = job_body(**spec)
+    body["spec"]["template"]["spec"].update(template_spec)
+    return _pod(render_jobset(ResilientTrainingJob.from_object(body), 1, 7))["spec"]  # type: ignore[no-any-return]
+
+
+def _ours(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    return [c for c in pod["initContainers"] if c["name"] in ("rtj-resume", "rtj-progress")]
+
+
+def test_a_template_that_says_nothing_gets_the_restricted_defaults() -> None:
+    pod = _rendered({})
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"},
+    }  # fmt: skip
+    # no container-level runAsNonRoot or seccomp: the container inherits the pod's
+    assert pod["containers"][0]["securityContext"] == {
+        "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+    }  # fmt: skip
+    assert len(_ours(pod)) == 2
+    for c in _ours(pod):
+        sc = c["securityContext"]
+        assert sc["runAsNonRoot"] is True and sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"] == {"drop": ["ALL"]} and "runAsUser" not in sc
+
+
+def test_an_explicit_service_account_token_is_kept() -> None:
+    assert _rendered({"automountServiceAccountToken": True})["automountServiceAccountToken"]
+    assert not _rendered({"automountServiceAccountToken": False})["automountServiceAccountToken"]
+
+
+def test_a_root_image_the_user_runs_as_root_keeps_running_as_root() -> None:
+    """runAsUser 0 on the pod: no runAsNonRoot anywhere on the user's side, no capability
+    drop on the root trainer; the operator's containers stay restricted as uid 65532."""
+    pod = _rendered({"securityContext": {"runAsUser": 0}})
+    assert pod["securityContext"] == {"runAsUser": 0, "seccompProfile": {"type": "RuntimeDefault"}}
+    trainer = pod["containers"][0]["securityContext"]
+    assert trainer == {"allowPrivilegeEscalation": False}
+    for c in _ours(pod):
+        sc = c["securityContext"]
+        assert (sc["runAsNonRoot"], sc["runAsUser"]) == (True, 65532)
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+    # the same choice spelled runAsNonRoot: false, or on the trainer container only
+    spelled = _rendered({"securityContext": {"runAsNonRoot": False}})
+    assert spelled["securityContext"]["runAsNonRoot"] is False
+    assert "capabilities" not in spelled["containers"][0]["securityContext"]
+    assert all(c["securityContext"]["runAsUser"] == 65532 for c in _ours(spelled))
+    own = _rendered({"containers": [{
+        "name": "trainer", "image": "nvcr.io/nvidia/pytorch:25.01-py3",
+        "securityContext": {"runAsUser": 0},
+    }]})  # fmt: skip
+    assert "runAsNonRoot" not in own["securityContext"], "it would veto the container's uid 0"
+    assert "capabilities" not in own["containers"][0]["securityContext"]
+    assert all(c["securityContext"]["runAsUser"] == 65532 for c in _ours(own))
+
+
+def test_user_init_containers_count_as_saying_who_runs() -> None:
+    pod = _rendered({"initContainers": [
+        {"name": "chown", "image": "busybox:1.36", "securityContext": {"runAsUser": 0}},
+    ]})  # fmt: skip
+    assert "runAsNonRoot" not in pod["securityContext"]
+    assert pod["initContainers"][-1]["securityContext"] == {"runAsUser": 0}, "left as written"
+
+
+def test_added_capabilities_are_kept_as_written() -> None:
+    """RDMA needs IPC_LOCK: the user's capabilities are theirs (no drop they did not ask for)."""
+    pod = _rendered({"containers": [{
+        "name": "trainer", "image": "img",
+        "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}},
+    }]})  # fmt: skip
+    assert pod["containers"][0]["securityContext"] == {
+        "allowPrivilegeEscalation": False, "capabilities": {"add": ["IPC_LOCK"]},
+    }  # fmt: skip
+
+
+def test_privileged_and_sys_admin_containers_get_no_escalation_default() -> None:
+    """The API server refuses allowPrivilegeEscalation false with privileged: true or with
+    capabilities.add CAP_SYS_ADMIN (ValidateSecurityContext)."""
+    pod = _rendered({"containers": [
+        {"name": "trainer", "image": "img", "securityContext": {"privileged": True}},
+        {"name": "fuse", "image": "img",
+         "securityContext": {"capabilities": {"add": ["CAP_SYS_ADMIN"]}}},
+    ]})  # fmt: skip
+    assert pod["containers"][0]["securityContext"] == {"privileged": True}
+    assert pod["containers"][1]["securityContext"] == {"capabilities": {"add": ["CAP_SYS_ADMIN"]}}
+
+
+def test_a_pod_level_seccomp_choice_is_not_overridden_per_container() -> None:
+    pod = _rendered({"securityContext": {"seccompProfile": {"type": "Unconfined"}}})
+    assert pod["securityContext"]["seccompProfile"] == {"type": "Unconfined"}
+    assert "seccompProfile" not in pod["containers"][0]["securityContext"]
+
+
+def test_the_operators_containers_run_as_the_trainers_own_user() -> None:
+    pod = _rendered({"containers": [{
+        "name": "trainer", "image": "img", "securityContext": {"runAsUser": 1000},
+    }]})  # fmt: skip
+    assert "runAsNonRoot" not in pod["securityContext"]
+    assert all(c["securityContext"]["runAsUser"] == 1000 for c in _ours(pod))
+    inherited = _rendered({"securityContext": {"runAsUser": 1000, "runAsNonRoot": True}})
+    assert all("runAsUser" not in c["securityContext"] for c in _ours(inherited))
