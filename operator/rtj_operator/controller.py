@@ -535,6 +535,9 @@ class Controller:
                     lambda t, a, x=action.taint, e=edit, w=who: e(t, a, x, w),
                     keys.QUARANTINE_OWNERS_ANNOTATION,
                 )
+            elif isinstance(action, rc.DeleteJob):  # ttlSecondsAfterFinished
+                with contextlib.suppress(NotFound):  # already gone
+                    await self._io(kube.delete_rtj, namespace, name, action.uid, action.propagation)
             elif isinstance(action, rc.SetFinalizer):
                 meta = snap.rtj.metadata
                 await self._io(

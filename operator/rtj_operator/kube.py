@@ -291,9 +291,21 @@ class Kube:
         path = _path(*_RTJ, "namespaces", namespace, keys.PLURAL)
         return self.request(f"create rtj in {namespace}", "POST", path, dict(body))
 
-    def delete_rtj(self, namespace: str, name: str) -> None:
+    def delete_rtj(
+        self, namespace: str, name: str, uid: str | None = None, propagation: str | None = None
+    ) -> None:
+        """Delete a job; with `uid`, only that object (a job re-created under the same name
+        answers Conflict, as DeleteOptions preconditions do); `propagation`: Foreground,
+        Background or Orphan (None: the API server's default)."""
         path = _path(*_RTJ, "namespaces", namespace, keys.PLURAL, name)
-        self.request(f"delete rtj {namespace}/{name}", "DELETE", path)
+        body: dict[str, Any] | None = None
+        if uid or propagation:
+            body = {"apiVersion": "v1", "kind": "DeleteOptions"}
+            if uid:
+                body["preconditions"] = {"uid": uid}
+            if propagation:
+                body["propagationPolicy"] = propagation
+        self.request(f"delete rtj {namespace}/{name}", "DELETE", path, body)
 
     def patch_rtj_status(
         self, namespace: str, name: str, status: Mapping[str, Any], resource_version: str | None

@@ -79,6 +79,9 @@ class Phase(str, Enum):
     RESTARTING = "Restarting"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
+    SUSPENDED = "Suspended"
+    """spec.suspend is true: no attempt runs (a running one was stopped, no budget spent);
+    the condition Suspended says the same for `kubectl wait`."""
 
     @property
     def terminal(self) -> bool:
@@ -105,6 +108,9 @@ class ConditionType(str, Enum):
     STRAGGLING = "Straggling"
     """True while a rank's busy time per step stays above the others' median / ratio for
     spec.progress.stragglers.windows consecutive windows (the message names the ranks)."""
+    SUSPENDED = "Suspended"
+    """True while spec.suspend holds the job (reason JobSuspended); False once resumed
+    (JobResumed), as on a batch Job."""
 
 
 class Reason(str, Enum):
@@ -141,3 +147,16 @@ class Reason(str, Enum):
     NO_STRAGGLERS = "NoStragglers"
     """Admitted=False (and a Warning Event): the API server or an admission webhook refused
     the rendered JobSet; the job waits for its spec to change."""
+    JOB_SUSPENDED = "JobSuspended"
+    """Suspended=True: spec.suspend stopped the job (a batch Job's condition reason)."""
+    JOB_RESUMED = "JobResumed"
+    """Suspended=False: spec.suspend was cleared; the next attempt follows at once."""
+    SUSPENDED = "Suspended"
+    """The Event of a suspension (a batch Job's Event reason)."""
+    RESUMED = "Resumed"
+    """The Event of a resume (a batch Job's Event reason)."""
+    DEADLINE_EXCEEDED = "DeadlineExceeded"
+    """Failed=True: the job was active longer than spec.activeDeadlineSeconds (a batch Job's
+    failure reason); category user."""
+    TTL_EXPIRED = "TTLExpired"
+    """The Event of the deletion after spec.ttlSecondsAfterFinished."""

@@ -31,6 +31,58 @@ SHIM_DEADLINE_SECONDS = 30
 
 URI_SCHEMES = ("s3://", "file://")
 
+IMMUTABLE_RULE = "self == oldSelf"
+"""A CEL transition rule: the API server evaluates it on updates only (`oldSelf` is the stored
+value), so it makes a field immutable once created. Kubeflow Trainer's TrainJob marks its
+immutable fields the same way (`pkg/apis/trainer/v1alpha1/trainjob_types.go`)."""
+
+SUSPENDED = "(has(self.suspend) && self.suspend) || (has(oldSelf.suspend) && oldSelf.suspend)"
+"""True when the job is suspended before or after the update (a CEL fragment over the spec):
+what the next attempt runs may change only then, as Kubeflow Trainer allows its
+runtimePatches to change only when the TrainJob is suspended before or after the update
+(`pkg/runtime/framework/plugins/jobset/jobset.go`) and a batch Job's pod template
+scheduling directives only while it is suspended."""
+
+
+def _unchanged_optional(field: str) -> str:
+    """CEL: an optional spec field is neither set, unset nor changed (a rule on the field
+    itself would not see it being set or removed: transition rules run only where both the
+    old and the new object have the value)."""
+    return (
+        f"has(self.{field}) == has(oldSelf.{field}) "
+        f"&& (!has(self.{field}) || self.{field} == oldSelf.{field})"
+    )
+
+
+SPEC_TRANSITION_RULES = (
+    cel(
+        _unchanged_optional("runId"),
+        "runId is immutable: it names the run in the checkpoint store (a new run id would "
+        "start a second writer beside the first)",
+        ".runId",
+    ),
+    cel(
+        f"{SUSPENDED} || self.replicas == oldSelf.replicas",
+        "replicas may change only while the job is suspended (set spec.suspend: true in the "
+        "same or an earlier update); the next attempt after the resume has the new size",
+        ".replicas",
+    ),
+    cel(
+        f"{SUSPENDED} || self.template == oldSelf.template",
+        "template may change only while the job is suspended (set spec.suspend: true in the "
+        "same or an earlier update): a restart must not silently run other code",
+        ".template",
+    ),
+    cel(
+        f"{SUSPENDED} || ({_unchanged_optional('trainerContainer')})",
+        "trainerContainer may change only while the job is suspended",
+        ".trainerContainer",
+    ),
+)
+"""Rules over the old and the new spec (`self`/`oldSelf` are the spec). The API server
+evaluates them on every update; pydantic cannot (it sees one object), so they live only here
+and are tested against a real API server (tests/integration/operator/test_lifecycle_cluster.py)."""
+
 
 class Retention(ApiModel):
     """Which verified steps the trainer-side GC keeps (the operator never deletes data)."""
@@ -47,12 +99,18 @@ class Checkpoint(ApiModel):
     uri: str = Field(
         min_length=1,
         max_length=1024,
-        description="Checkpoint root: s3://bucket/prefix or file:///path on a shared volume.",
+        description="Checkpoint root: s3://bucket/prefix or file:///path on a shared volume. "
+        "Immutable: a job resumes only from its own store (create a new job for another).",
         json_schema_extra=validations(
             cel(
                 "self.startsWith('s3://') || self.startsWith('file://')",
                 "checkpoint.uri must start with s3:// or file://",
-            )
+            ),
+            cel(
+                IMMUTABLE_RULE,
+                "checkpoint.uri is immutable: the next attempt would resume "
+                "from another store (create a new job for another store)",
+            ),
         ),
     )
     planned_interval_seconds: int = Field(
@@ -237,14 +295,31 @@ class Provenance(ApiModel):
 class ResilientTrainingJobSpec(ApiModel):
     """A synchronous multi-node training job kept alive through machine faults."""
 
-    replicas: int = Field(ge=1, le=MAX_REPLICAS, description="Worker pods, one per node.")
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": validations(*SPEC_TRANSITION_RULES)
+    }
+
+    replicas: int = Field(
+        ge=1,
+        le=MAX_REPLICAS,
+        description="Worker pods, one per node. May change only while the job is suspended "
+        "(the next attempt has the new size).",
+    )
     queue_name: str = Field(
         min_length=1,
         max_length=63,
-        description="Kueue LocalQueue: the whole group is admitted or none of it.",
+        description="Kueue LocalQueue: the whole group is admitted or none of it. A change "
+        "applies to the next attempt's JobSet.",
     )
     template: dict[str, Any] = Field(
-        description="Worker PodTemplateSpec (the user's image and command).",
+        description="Worker PodTemplateSpec (the user's image and command). May change only "
+        "while the job is suspended. The operator fills only what it leaves unset, and "
+        "keeps every explicit value: automountServiceAccountToken false; pod seccompProfile "
+        "RuntimeDefault; pod runAsNonRoot true unless the pod or any container sets "
+        "runAsUser or runAsNonRoot (a root image needs runAsUser: 0); per container "
+        "allowPrivilegeEscalation false unless privileged or adding CAP_SYS_ADMIN, and "
+        "capabilities.drop [ALL] unless it sets capabilities, is privileged or runs as root "
+        "by choice (docs/operations.md).",
         json_schema_extra={
             "x-kubernetes-preserve-unknown-fields": True,
             # CEL only sees declared fields: declare the path the rule reads (the rest of the
@@ -275,14 +350,15 @@ class ResilientTrainingJobSpec(ApiModel):
     trainer_container: str | None = Field(
         default=None,
         min_length=1,
-        description="Container running the trainer (default: the first container).",
+        description="Container running the trainer (default: the first container). May "
+        "change only while the job is suspended.",
     )
     master_port: int = Field(default=29500, ge=1, le=65535)
     run_id: str | None = Field(
         default=None,
         min_length=1,
         max_length=253,
-        description="Run id in the checkpoint root (default: <namespace>.<name>).",
+        description="Run id in the checkpoint root (default: <namespace>.<name>). Immutable.",
     )
     checkpoint: Checkpoint
     failure_policy: FailurePolicy = Field(
@@ -293,6 +369,28 @@ class ResilientTrainingJobSpec(ApiModel):
         default_factory=ProgressMonitoring, json_schema_extra={"default": {}}
     )
     provenance: Provenance = Field(default_factory=Provenance, json_schema_extra={"default": {}})
+    suspend: bool = Field(
+        default=False,
+        description="True: run nothing. A running attempt is stopped (its JobSet and pods "
+        "deleted, no restart budget spent) and phase is Suspended; false again resumes from "
+        "the newest verified step without backoff. The activeDeadlineSeconds clock stops "
+        "and starts again from zero at the next admission (as a batch Job's).",
+    )
+    active_deadline_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        description="Seconds the job may be active, counted from the first admission by "
+        "Kueue (again from the first admission after a resume), restarts included; then "
+        "the job fails for good (reason DeadlineExceeded, category user). A change applies "
+        "at once.",
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        default=None,
+        ge=0,
+        description="Delete the job this many seconds after it Succeeded or Failed "
+        "(foreground: its JobSets go first; its quarantines are released as on any "
+        "deletion). Unset: never. A change applies at once.",
+    )
 
     @field_validator("template")
     @classmethod

@@ -58,6 +58,12 @@ class AttemptRecord(StatusModel):
     detection_seconds: float | None = Field(default=None, ge=0)
     recovery_seconds: float | None = Field(default=None, ge=0)
     quarantined_nodes: list[str] = Field(default_factory=list)
+    end_reason: str | None = Field(
+        default=None,
+        max_length=64,
+        description="Why the attempt ended when no failure of its own ended it: Suspended "
+        "(spec.suspend) or DeadlineExceeded (spec.activeDeadlineSeconds).",
+    )
 
 
 class VerifiedCheckpoint(StatusModel):
@@ -143,6 +149,11 @@ class ResilientTrainingJobStatus(StatusModel):
     )
     observed_generation: int | None = Field(default=None, ge=0)
     progress: JobProgress | None = None
+    start_time: datetime | None = Field(
+        default=None,
+        description="When Kueue first admitted an attempt of the job (again after each "
+        "resume): spec.activeDeadlineSeconds counts from it.",
+    )
 
     @property
     def current(self) -> AttemptRecord | None:

@@ -34,8 +34,9 @@ The package, by phase: `world` (the snapshot), `trim` (what the caches keep), `a
 `builder` (the plan), `admit` (the next attempt), `converge` (the old world's teardown),
 `detect` (the current attempt), `failure` (recording and acting on a failure), `progress`
 (admission, running, success), `checkpoints` (verified steps, store readings, checkpoint
-age), `quarantine` (taints), `liveness` (silent nodes, flickers, partitions) and `ranks`
-(hangs, stragglers and the progress summary, from the ranks' progress reports).
+age), `quarantine` (taints), `liveness` (silent nodes, flickers, partitions), `ranks`
+(hangs, stragglers and the progress summary, from the ranks' progress reports) and
+`lifecycle` (suspend and resume, activeDeadlineSeconds, ttlSecondsAfterFinished).
 """
 
 from __future__ import annotations
@@ -44,9 +45,11 @@ from dataclasses import replace
 
 from rtj_operator.api.reasons import Phase
 from rtj_operator.policy.platform import effective_node_health
+from rtj_operator.reconcile import lifecycle
 from rtj_operator.reconcile.actions import (
     Action,
     CreateJobSet,
+    DeleteJob,
     DeleteJobSet,
     DeletePod,
     KubeAction,
@@ -108,6 +111,7 @@ __all__ = [
     "Action",
     "Claimant",
     "CreateJobSet",
+    "DeleteJob",
     "DeleteJobSet",
     "DeletePod",
     "JobSetView",
@@ -151,11 +155,14 @@ def plan(snap: Snapshot) -> Plan:
     snap = _judged_by_platform_policy(snap)
     b = PlanBuilder(snap, snap.rtj.status)
     lift_expired_quarantines(b)
-    status = b.status
     if snap.rtj.metadata.deletion_timestamp is not None:
         release_deleted_job(b)  # nothing else: a job being deleted starts nothing
         return b.build()
-    if status.phase.terminal:
+    held = lifecycle.hold(b)  # suspended, or failed by its deadline: nothing else runs
+    status = b.status  # a resume has just made it Restarting: the next attempt follows now
+    if held:
+        pass
+    elif status.phase.terminal:
         b.notes.append(f"job is {status.phase.value}")
         if status.phase is Phase.FAILED:
             release_failed_job(b)
@@ -163,6 +170,7 @@ def plan(snap: Snapshot) -> Plan:
         plan_next_attempt(b)
     else:
         plan_current_attempt(b)
+    lifecycle.follow(b)  # the deadline's clock, the deletion after ttlSecondsAfterFinished
     ensure_quarantines(b)
     return b.build()
 

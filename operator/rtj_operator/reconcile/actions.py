@@ -73,6 +73,17 @@ class SetFinalizer:
 
 
 @dataclass(frozen=True)
+class DeleteJob:
+    """Delete the job itself (spec.ttlSecondsAfterFinished): only the object with this uid
+    (a job re-created under the same name is not touched), with foreground propagation
+    (its JobSets and pods go before it), as the TTL-after-finished controller deletes a
+    Job (kubernetes pkg/controller/ttlafterfinished/ttlafterfinished_controller.go)."""
+
+    uid: str
+    propagation: str = "Foreground"
+
+
+@dataclass(frozen=True)
 class PatchStatus:
     status: Mapping[str, Any]
     """The whole new status."""
@@ -89,7 +100,14 @@ class PostEvent:
 
 
 KubeAction = (
-    CreateJobSet | DeleteJobSet | DeletePod | TaintNode | UntaintNode | SetFinalizer | PatchStatus
+    CreateJobSet
+    | DeleteJobSet
+    | DeletePod
+    | TaintNode
+    | UntaintNode
+    | SetFinalizer
+    | PatchStatus
+    | DeleteJob
 )
 
 

@@ -22,6 +22,7 @@ from rtj_operator.reconcile.checkpoints import (
     store_unreadable,
 )
 from rtj_operator.reconcile.converge import converge
+from rtj_operator.reconcile.lifecycle import suspended_since
 from rtj_operator.reconcile.world import read_jobset
 from rtj_operator.selection import (
     Selection,
@@ -114,7 +115,7 @@ def record_started(
         onset = (
             previous.first_failed.finished_at if previous.first_failed else None
         ) or previous.ended_at
-        if onset is not None:
+        if onset is not None and not suspended_since(status, onset):  # a pause, no recovery
             seconds = max((started - onset).total_seconds(), 0.0)
             attempts[-1] = previous.model_copy(update={"recovery_seconds": round(seconds, 3)})
             b.metrics.append(MetricRecord("recovery", previous.failure_class, seconds))

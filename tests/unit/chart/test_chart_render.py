@@ -211,7 +211,9 @@ def test_representative_values_reach_the_objects(tmp_path: Path) -> None:
 # change of the operator's privileges and must be deliberate.
 OPERATOR_ROLE = "rtj-resilient-training-operator"
 EXPECTED_CLUSTER_RULES = {
-    ("training.resilient.dev", "resilienttrainingjobs"): {"get", "list", "watch", "patch"},
+    # delete: spec.ttlSecondsAfterFinished (reconcile/lifecycle.py)
+    ("training.resilient.dev", "resilienttrainingjobs"): {"get", "list", "watch", "patch",
+                                                          "delete"},
     ("training.resilient.dev", "resilienttrainingjobs/status"): {"get", "patch", "update"},
     ("training.resilient.dev", "resilienttrainingjobs/finalizers"): {"update"},
     ("jobset.x-k8s.io", "jobsets"): {"get", "list", "watch", "create", "update", "patch",

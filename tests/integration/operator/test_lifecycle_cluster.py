@@ -1,0 +1,166 @@
+"""The lifecycle fields and the immutability rules on a real kube-apiserver (the e2e.cluster
+harness: real JobSet and Kueue controllers, KWOK nodes, the operator as a process).
+
+- The CRD's CEL transition rules: checkpoint.uri and runId never change; replicas,
+  template and trainerContainer only while the job is suspended; the rest may change.
+- suspend and resume: the running attempt's JobSet and pods go, phase Suspended; the resume
+  starts the next attempt, no budget spent.
+- activeDeadlineSeconds: the job fails with DeadlineExceeded; ttlSecondsAfterFinished: the
+  operator deletes it (foreground), under the chart's least-privilege rules' new `delete`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from e2e.operator_proc import (
+    events_of,
+    jobsets_of,
+    pods_of,
+    rtj_body,
+    rtj_status,
+    running_pods,
+    wait_for,
+)
+from rtj_operator.api import keys
+from rtj_operator.kube import Invalid, Kube, NotFound
+
+pytestmark = [pytest.mark.cluster, pytest.mark.operator]
+
+FILE_URI = "file:///mnt/ckpt/llm"
+
+
+def _patch(kube: Kube, ns: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """`kubectl patch rtj <name> --type merge -p '{"spec": ...}'`."""
+    path = f"/apis/{keys.API_VERSION}/namespaces/{ns}/{keys.PLURAL}/{name}"
+    return kube.request(
+        "patch rtj", "PATCH", path, {"spec": spec}, content_type="application/merge-patch+json"
+    )
+
+
+def _refused(kube: Kube, ns: str, name: str, spec: dict[str, Any], field: str) -> str:
+    with pytest.raises(Invalid) as err:
+        _patch(kube, ns, name, spec)
+    message = str(err.value)
+    assert f"spec.{field}" in message, message
+    return message
+
+
+def _trainer(image: str) -> dict[str, Any]:
+    return {"spec": {"containers": [{"name": "trainer", "image": image, "command": ["x"]}]}}
+
+
+# --- CEL transition rules (no operator: the API server alone) ---------------------------------
+
+
+def test_fields_unsafe_to_change_mid_run_are_refused_by_the_api_server(
+    rtj_api: Kube, rtj_ns: Any
+) -> None:
+    ns = rtj_ns.name
+    rtj_api.create_rtj(ns, rtj_body("cel", ns, "s3://bucket/a", runId="run-a"))
+    assert "another store" in _refused(
+        rtj_api, ns, "cel", {"checkpoint": {"uri": "s3://bucket/b"}}, "checkpoint.uri"
+    )
+    _refused(rtj_api, ns, "cel", {"runId": "run-b"}, "runId")
+    _refused(rtj_api, ns, "cel", {"runId": None}, "runId")  # removing it changes the run too
+    _refused(rtj_api, ns, "cel", {"replicas": 3}, "replicas")
+    # the image is not a declared field of the template's schema: equality still sees it
+    assert "suspended" in _refused(rtj_api, ns, "cel", {"template": _trainer("img:2")}, "template")
+    _refused(rtj_api, ns, "cel", {"trainerContainer": "trainer"}, "trainerContainer")
+    # what may change while the job runs
+    spec = _patch(
+        rtj_api, ns, "cel",
+        {"activeDeadlineSeconds": 7200, "ttlSecondsAfterFinished": 600, "queueName": "team-b",
+         "failurePolicy": {"maxRestarts": 9}, "checkpoint": {"plannedIntervalSeconds": 60}},
+    )["spec"]  # fmt: skip
+    assert (spec["activeDeadlineSeconds"], spec["failurePolicy"]["maxRestarts"]) == (7200, 9)
+    # suspended (in the same update or an earlier one): the next attempt may change
+    spec = _patch(
+        rtj_api, ns, "cel", {"suspend": True, "replicas": 3, "template": _trainer("img:2")}
+    )["spec"]
+    assert spec["replicas"] == 3 and spec["template"]["spec"]["containers"][0]["image"] == "img:2"
+    spec = _patch(rtj_api, ns, "cel", {"suspend": False, "replicas": 4})["spec"]
+    assert (spec["suspend"], spec["replicas"]) == (False, 4)
+    _refused(rtj_api, ns, "cel", {"replicas": 2}, "replicas")  # running again
+    # the store and the run stay immutable even while suspended
+    _refused(rtj_api, ns, "cel", {"suspend": True, "checkpoint": {"uri": "s3://b/c"}},
+             "checkpoint.uri")  # fmt: skip
+    # the operator's status writes are not spec updates
+    rtj_api.patch_rtj_status(ns, "cel", {"phase": "Pending"}, None)
+
+
+def test_lifecycle_bounds_are_validated(rtj_api: Kube, rtj_ns: Any) -> None:
+    ns = rtj_ns.name
+    for name, spec in (("zero", {"activeDeadlineSeconds": 0}),
+                       ("negative", {"ttlSecondsAfterFinished": -1})):  # fmt: skip
+        with pytest.raises(Invalid):
+            rtj_api.create_rtj(ns, rtj_body(name, ns, FILE_URI, **spec))
+    rtj_api.create_rtj(ns, rtj_body("ok", ns, FILE_URI, ttlSecondsAfterFinished=0))
+    assert rtj_api.get_rtj(ns, "ok")["spec"]["suspend"] is False, "suspend defaults to false"
+
+
+# --- suspend, resume, deadline and TTL with the operator -------------------------------------
+
+
+def test_suspend_stops_the_attempt_and_resume_starts_the_next_one(
+    rtj_api: Kube, rtj_ns: Any, run_operator: Any
+) -> None:
+    ns = rtj_ns.name
+    run_operator()
+    rtj_api.create_rtj(ns, rtj_body("llm", ns, FILE_URI))
+    wait_for("attempt 1 to run", lambda: running_pods(rtj_api, ns, "llm", 1, 2), 90)
+    _patch(rtj_api, ns, "llm", {"suspend": True})
+    wait_for(
+        "the old world to go",
+        lambda: not jobsets_of(rtj_api, ns, "llm") and not pods_of(rtj_api, ns, "llm"),
+        90,
+    )
+    status = rtj_status(rtj_api, ns, "llm")
+    assert status["phase"] == "Suspended"
+    assert status["attempts"][-1]["endReason"] == "Suspended"
+    suspended = next(c for c in status["conditions"] if c["type"] == "Suspended")
+    assert (suspended["status"], suspended["reason"]) == ("True", "JobSuspended")
+    # resized while suspended: the resume starts attempt 2 at the new size, no budget spent
+    _patch(rtj_api, ns, "llm", {"replicas": 3, "suspend": False})
+    wait_for("attempt 2 to run", lambda: running_pods(rtj_api, ns, "llm", 2, 3), 90)
+    status = rtj_status(rtj_api, ns, "llm")
+    assert status["restarts"]["infrastructure"] == 0
+    assert [js["metadata"]["name"] for js in jobsets_of(rtj_api, ns, "llm")] == ["llm-a2"]
+    reasons = {e["reason"] for e in events_of(rtj_api, ns, "llm")}
+    assert {"Suspended", "Resumed"} <= reasons
+
+
+def test_past_its_deadline_the_job_fails_and_is_deleted_after_its_ttl(
+    rtj_api: Kube, rtj_ns: Any, run_operator: Any
+) -> None:
+    ns = rtj_ns.name
+    op = run_operator()
+    rtj_api.create_rtj(
+        ns, rtj_body("llm", ns, FILE_URI, activeDeadlineSeconds=10, ttlSecondsAfterFinished=8)
+    )
+    wait_for("attempt 1 to run", lambda: running_pods(rtj_api, ns, "llm", 1, 2), 90)
+    failed = wait_for(
+        "the deadline to fail the job",
+        lambda: (s := rtj_status(rtj_api, ns, "llm")).get("phase") == "Failed" and s,
+        60,
+    )
+    condition = next(c for c in failed["conditions"] if c["type"] == "Failed")
+    assert condition["reason"] == "DeadlineExceeded"
+    assert failed["attempts"][-1]["failureCategory"] == "user"
+    wait_for(
+        "a warning, not a page",
+        lambda: op.metric("rtj_job_failed", namespace=ns, name="llm", category="user") == 1,
+        5,
+    )
+
+    def gone() -> bool:
+        try:
+            rtj_api.get_rtj(ns, "llm")
+        except NotFound:
+            return True
+        return False
+
+    wait_for("ttlSecondsAfterFinished to delete the job", gone, 60)
+    assert not jobsets_of(rtj_api, ns, "llm"), "foreground: its JobSets went first"
