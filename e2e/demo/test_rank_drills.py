@@ -128,7 +128,8 @@ def test_a_frozen_rank_is_a_hang_and_a_slow_one_a_straggler(tmp_path: Path) -> N
         assert record["firstFailed"]["pod"] == victim["metadata"]["name"]
         evidence = " ".join(record["evidence"])
         assert "rank 1" in evidence and "(> 10s)" in evidence, evidence
-        assert HANG_TIMEOUT <= record["detectionSeconds"] <= HANG_TIMEOUT + 3 * POLL + 5
+        # the allowance, plus a poll period and a reconcile (a loaded CI machine: slack)
+        assert HANG_TIMEOUT <= record["detectionSeconds"] <= HANG_TIMEOUT + POLL + 15
         sys.stdout.write(
             f"\nfreeze -> Hang record: {seen:.1f} s (detectionSeconds "
             f"{record['detectionSeconds']}; evidence: {evidence})\n"
