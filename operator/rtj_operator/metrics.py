@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from rtj_operator.api.reasons import FailureClass, Phase
+from rtj_operator.api.reasons import FailureClass, Phase, Reason
 from rtj_operator.api.resource import ResilientTrainingJob
 
 JOB_LABELS = ("namespace", "name")
@@ -59,6 +59,9 @@ def _running_since(rtj: ResilientTrainingJob) -> float | None:
 def _failed_category(rtj: ResilientTrainingJob) -> str | None:
     if rtj.status.phase is not Phase.FAILED:
         return None
+    failed = next((c for c in rtj.status.conditions if c.type == "Failed"), None)
+    if failed is not None and failed.reason == Reason.DEADLINE_EXCEEDED.value:
+        return "user"  # the job's own activeDeadlineSeconds, whatever failed before it
     record = rtj.status.current
     category = record.failure_category if record is not None else None
     return category.value if category is not None else "unknown"

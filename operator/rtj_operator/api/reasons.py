@@ -143,10 +143,11 @@ class Reason(str, Enum):
     NODES_UNREACHABLE = "NodesUnreachable"
     CONTACT_RESTORED = "ContactRestored"
     JOBSET_REJECTED = "JobSetRejected"
-    STRAGGLER_DETECTED = "StragglerDetected"
-    NO_STRAGGLERS = "NoStragglers"
     """Admitted=False (and a Warning Event): the API server or an admission webhook refused
     the rendered JobSet; the job waits for its spec to change."""
+    STRAGGLER_DETECTED = "StragglerDetected"
+    """Straggling=True (and a Warning Event per change): ranks slower than the others."""
+    NO_STRAGGLERS = "NoStragglers"
     JOB_SUSPENDED = "JobSuspended"
     """Suspended=True: spec.suspend stopped the job (a batch Job's condition reason)."""
     JOB_RESUMED = "JobResumed"

@@ -50,8 +50,9 @@ def _from_epoch(seconds: float) -> datetime:
 
 
 def poll_targets(snap: Snapshot) -> tuple[PollTarget, ...]:
-    """The current attempt's trusted, Running worker pods with an IP, when the job has
-    progress monitoring on and is admitted or running (nothing while it restarts)."""
+    """The current attempt's trusted, Running worker pods with an IP and a progress sidecar
+    (polled on the sidecar's own port), when the job has progress monitoring on and is
+    admitted or running (nothing while it restarts)."""
     rtj = snap.rtj
     status = rtj.status
     if not rtj.spec.progress.enabled or status.phase not in (Phase.ADMITTED, Phase.RUNNING):
@@ -64,9 +65,22 @@ def poll_targets(snap: Snapshot) -> tuple[PollTarget, ...]:
         ip = get_in(pod, "status", "podIP")
         running = get_in(pod, "status", "phase") == "Running"
         deleting = get_in(pod, "metadata", "deletionTimestamp") is not None
-        if running and not deleting and isinstance(ip, str) and ip:
-            out.append(PollTarget(pod_name(pod), ip, rtj.spec.progress.port, status.attempt))
+        port = progress_port(pod)
+        if running and not deleting and isinstance(ip, str) and ip and port is not None:
+            out.append(PollTarget(pod_name(pod), ip, port, status.attempt))
     return tuple(sorted(out, key=lambda t: t.pod))
+
+
+def progress_port(pod: Json) -> int | None:
+    """The port of the pod's own progress sidecar (None: the pod has none, e.g. it was
+    created with progress monitoring off: nothing to poll)."""
+    for container in get_in(pod, "spec", "initContainers") or []:
+        if isinstance(container, dict) and container.get("name") == keys.PROGRESS_SIDECAR:
+            for port in container.get("ports") or []:
+                if port.get("name") == keys.PROGRESS_PORT_NAME:
+                    value = port.get("containerPort")
+                    return value if isinstance(value, int) else None
+    return None
 
 
 def _readings(b: PlanBuilder) -> RankReadings | None:

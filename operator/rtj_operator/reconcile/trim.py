@@ -40,11 +40,24 @@ def trim_pod(body: Json) -> dict[str, Any]:
     """The part of a pod the classifier and the planner read (indexes keep only this)."""
     meta = body.get("metadata") or {}
     spec = body.get("spec") or {}
+    kept: dict[str, Any] = {"nodeName": spec["nodeName"]} if "nodeName" in spec else {}
+    sidecar = _progress_sidecar(spec)
+    if sidecar is not None:
+        kept["initContainers"] = [sidecar]
     return {
         "metadata": _trim_meta(meta, "deletionGracePeriodSeconds"),
-        "spec": {"nodeName": spec["nodeName"]} if "nodeName" in spec else {},
+        "spec": kept,
         "status": plain(body.get("status") or {}),
     }
+
+
+def _progress_sidecar(spec: Json) -> dict[str, Any] | None:
+    """The operator's progress sidecar as the pod has it (its name and ports): the port the
+    poller reads is the one this pod was created with, whatever the spec says now."""
+    for container in spec.get("initContainers") or []:
+        if isinstance(container, dict) and container.get("name") == keys.PROGRESS_SIDECAR:
+            return {"name": keys.PROGRESS_SIDECAR, "ports": plain(container.get("ports") or [])}
+    return None
 
 
 def trim_jobset(body: Json) -> dict[str, Any]:

@@ -315,3 +315,17 @@ def test_a_job_being_deleted_releases_its_claims_and_is_not_deleted_again() -> N
     raw["metadata"]["deletionTimestamp"] = iso(NOW)
     plan = rc.plan(snapshot(raw, pods=[pod(1, 0, exit_code=1)]))
     assert not [a for a in plan.actions if isinstance(a, rc.DeleteJob)]
+
+
+def test_a_deadline_passed_while_restarting_warns_whatever_failed_before_it() -> None:
+    world = running_world(activeDeadlineSeconds=3600)
+    world.fail_pod(0)  # an infrastructure failure: its record says infrastructure
+    step(world)
+    assert status(world)["phase"] == "Restarting"
+    world.tick(3600)
+    settle(world)
+    assert status(world)["phase"] == "Failed"
+    failed = condition(world, "Failed")
+    assert failed is not None and failed["reason"] == "DeadlineExceeded"
+    facts = job_facts(ResilientTrainingJob.from_object(world.raw))
+    assert facts.failed_category == "user", "the user's own limit: a warning, not a page"

@@ -17,13 +17,21 @@ from rtj_operator.policy import progress as rank_progress
 from rtj_operator.policy.render import avoided_nodes, render_jobset
 from rtj_operator.rank_polls import JobTargets, PollFailed, RankPolls
 from rtj_operator.reconcile.converge import HANG_TEARDOWN_GRACE
+from rtj_operator.reconcile.ranks import progress_port
 
 RUNNING = {"phase": "Running", "attempt": 1, "attempts": [{"attempt": 1, "jobSet": "llm-a1"}]}
 T = NOW.timestamp()
 
 
+def with_sidecar(p: dict[str, Any], port: int = 9478) -> dict[str, Any]:
+    """The pod as created from a render with progress monitoring on (trim_pod keeps this)."""
+    ports = [{"name": keys.PROGRESS_PORT_NAME, "containerPort": port, "protocol": "TCP"}]
+    p["spec"]["initContainers"] = [{"name": keys.PROGRESS_SIDECAR, "ports": ports}]
+    return p
+
+
 def running_pods(n: int = 2) -> list[dict[str, Any]]:
-    pods = [pod(1, i) for i in range(n)]
+    pods = [with_sidecar(pod(1, i)) for i in range(n)]
     for i, p in enumerate(pods):
         p["status"]["podIP"] = f"10.0.0.{i + 1}"
     return pods
@@ -209,19 +217,22 @@ def test_replace_node_keeps_the_next_attempt_off_the_stragglers_node() -> None:
 
 
 def test_poll_targets_are_the_current_attempts_trusted_running_pods_with_an_ip() -> None:
-    pods = running_pods(3)
+    pods = running_pods(5)
     pods[2]["status"].pop("podIP")
-    stranger = pod(1, 3)
+    pods[3]["spec"].pop("initContainers")  # created without the sidecar: nothing to poll
+    with_sidecar(pods[4], port=19478)  # created when spec.progress.port was 19478
+    stranger = with_sidecar(pod(1, 5))
     stranger["status"]["podIP"] = "10.0.0.9"
     stranger["metadata"]["ownerReferences"] = []  # a bare pod labelled for the job
-    old = pod(0, 0)
+    old = with_sidecar(pod(0, 0))
     old["status"]["podIP"] = "10.0.0.8"
-    raw = rtj_raw(RUNNING, replicas=3)
+    raw = rtj_raw(RUNNING, replicas=5)
     snap = snapshot(raw, jobsets=[jobset(1)], pods=[*pods, stranger, old])
     targets = rc.poll_targets(snap)
     assert [(t.pod, t.ip, t.port) for t in targets] == [
         (pods[0]["metadata"]["name"], "10.0.0.1", 9478),
         (pods[1]["metadata"]["name"], "10.0.0.2", 9478),
+        (pods[4]["metadata"]["name"], "10.0.0.5", 19478),
     ]
     off = snapshot(rtj_raw(RUNNING, progress={"enabled": False}), jobsets=[jobset(1)], pods=pods)
     assert rc.poll_targets(off) == ()
@@ -311,3 +322,17 @@ def test_the_progress_sidecar_is_rendered_as_a_native_sidecar() -> None:
     assert keys.ENV_PROGRESS_DIR not in {
         e["name"] for e in plain["template"]["spec"]["containers"][0]["env"]
     }
+
+
+def test_the_watch_cache_keeps_the_port_a_pod_was_created_with() -> None:
+    job = make_job(progress={"port": 19478})
+    rendered = render_jobset(job, 1, None)["spec"]["replicatedJobs"][0]["template"]["spec"]
+    body = {"metadata": {"name": "p", "namespace": "team-a"}, **rendered["template"]}
+    body["spec"] = {**body["spec"], "nodeName": "gpu-node-000"}
+    trimmed = rc.trim_pod(body)
+    assert progress_port(trimmed) == 19478
+    assert trimmed["spec"]["initContainers"] == [
+        {"name": keys.PROGRESS_SIDECAR,
+         "ports": [{"name": "rtj-progress", "containerPort": 19478, "protocol": "TCP"}]}
+    ]  # fmt: skip
+    assert len(str(trimmed)) < 600, "the cache keeps the name and the port, not the container"
