@@ -54,6 +54,7 @@ bench: install ## benchmarks, reported as ratios against a side-by-side baseline
 	$(BIN)/python -m bench.operator_scale
 	$(BIN)/python -m bench.progress_overhead
 	$(BIN)/python -m bench.goodput_model --markdown bench/results/goodput-model.md
+	$(BIN)/python -m bench.goodput --steps 6000 --mtbf 60
 
 drill: install ## exact-resume drill: torchrun jobs (2 ranks, gloo, CPU) killed and resumed
 	$(BIN)/python drills/torch_drill.py $(DRILL_ARGS)

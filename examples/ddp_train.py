@@ -3,7 +3,7 @@
 An MLP with dropout and LayerNorm learns a deterministic synthetic regression task,
 shuffled by ``ResumableSampler``, with AdamW, a warm-up + cosine learning-rate schedule and
 gradient accumulation. Every rank appends one JSON line per step to
-``<log-dir>/rank-<r>.jsonl``: ``{step, loss, lr, samples, seen, restart}``, with floats
+``<log-dir>/rank-<r>.jsonl``: ``{step, loss, lr, samples, seen, restart, time}``, with floats
 that round-trip exactly, so two runs can be compared bit for bit (``seen``: a plain ``int``
 kept in the checkpoint as it is).
 
@@ -189,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     log = (args.log_dir / f"rank-{rank}.jsonl").open("a", buffering=1)
 
     def emit(record: dict[str, Any]) -> None:
-        log.write(json.dumps({**record, "rank": rank, "restart": restart}) + "\n")
+        line = {**record, "rank": rank, "restart": restart, "time": time.time()}
+        log.write(json.dumps(line) + "\n")
 
     torch.manual_seed(args.seed)  # same initial weights on every rank
     model = make_model(args.hidden)

@@ -1,0 +1,366 @@
+"""The goodput soak: real training through the operator under a seeded fault schedule.
+
+    python -m bench.goodput [--mtbf 60] [--seed 1] [--steps 3000] [--out bench/results]
+
+One local cluster with pod-runner nodes, the S3 server and the operator (the demo's
+platform, `e2e/demo/story.py`); the example trainer (examples/ddp_train.py under torchrun,
+2 workers) through a ResilientTrainingJob for a fixed number of steps; faults injected from
+`bench.soak_schedule` (exponential inter-arrival, mean `--mtbf` seconds) while it trains.
+Then, from the trainer's own logs (`bench.soak_accounting`): goodput (time on the steps
+that survive into the final model / wall time), each fault's cost, and the invariants,
+any of which failing fails the run:
+
+- the final model equals a no-fault run of the same steps bit for bit (every surviving
+  step's loss on every rank);
+- never two worlds training at once (an attempt's first step after every earlier step);
+- every resume from a step the operator pinned, never one it marked bad;
+- budgets respected; nothing leaked at the end (JobSets and pods of earlier attempts,
+  taints the job does not record).
+
+Not injected yet (say so in every report): silent node loss and Kueue preemption (the
+KWOK drills cover them), and the side-by-side JobSet baseline (issue 18).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench import soak_accounting as acc
+from bench import soak_report
+from bench.soak_schedule import DEFAULT_MIX, Fault, schedule
+from e2e.cluster import faults as cluster_faults
+from e2e.cluster.cluster import LocalCluster
+from e2e.demo import story
+from e2e.operator_proc import REPO, wait_for
+from e2e.podrunner.runner import descendants
+
+JOB = "soak"
+NODES = 6
+RANKS = 2
+CAPS = {"gpu_xid": NODES - RANKS - 1}  # each quarantines a node for good
+
+
+@dataclass
+class SoakOptions:
+    steps: int = 3000
+    save_every: int = 100
+    step_sleep: float = 0.05
+    mtbf: float = 60.0
+    seed: int = 1
+    hang_timeout: int = 15
+    mix: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_MIX))
+    work: Path = Path("/tmp/rtj-soak")
+    expected_step_seconds: float = 0.09
+    """For the schedule's horizon only (steps x this); faults past the end are dropped."""
+    faults: list[Fault] | None = None
+    """A fixed schedule instead of the seeded one (the smoke test's)."""
+
+
+def _trainer_args(opts: SoakOptions) -> list[str]:
+    return [f"--steps={opts.steps}", f"--save-every={opts.save_every}",
+            f"--step-sleep={opts.step_sleep}"]  # fmt: skip
+
+
+def job_body(opts: SoakOptions) -> dict[str, Any]:
+    body: dict[str, Any] = copy.deepcopy(yaml.safe_load(story.EXAMPLE.read_text()))
+    body["metadata"]["name"] = JOB
+    spec = body["spec"]
+    spec["checkpoint"]["uri"] = f"s3://{story.BUCKET}/{JOB}"
+    spec["failurePolicy"] = {"maxRestarts": 50, "backoff": {"initialSeconds": 1,
+                                                            "maxSeconds": 5}}  # fmt: skip
+    spec["progress"] = {"hangTimeoutSeconds": opts.hang_timeout}
+    container = spec["template"]["spec"]["containers"][0]
+    keep = [a for a in container["command"] if not a.startswith(("--steps", "--save-every",
+                                                                 "--step-sleep"))]  # fmt: skip
+    container["command"] = [*keep, *_trainer_args(opts)]
+    return dict(body)
+
+
+def no_fault_run(opts: SoakOptions) -> dict[int, dict[int, float]]:
+    """The same training without faults (torchrun --standalone): rank -> step -> loss."""
+    logs = opts.work / "baseline-logs"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RTJ_", "AWS_"))}
+    subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone",
+         f"--nproc-per-node={RANKS}", "examples/ddp_train.py",
+         f"--root=file://{opts.work / 'baseline-ckpt'}", f"--log-dir={logs}",
+         *_trainer_args(opts), "--step-sleep=0"],
+        cwd=REPO, env=env, check=True, timeout=1800, capture_output=True,
+    )  # fmt: skip
+    return {
+        r: dict(acc.parse_attempt(0, (logs / f"rank-{r}.jsonl").read_text().splitlines()).losses)
+        for r in range(RANKS)
+    }
+
+
+class Injector:
+    """Applies one fault to the current attempt's world (pod-runner processes)."""
+
+    def __init__(self, opts: story.Options, kube: Any, api: Any) -> None:
+        self.opts, self.kube, self.api = opts, kube, api
+
+    def _current(self, rank: int) -> dict[str, Any] | None:
+        status = self.api.get_rtj(story.NAMESPACE, JOB).get("status") or {}
+        attempt = status.get("attempt")
+        pods = self.api.list_pods(
+            story.NAMESPACE,
+            f"training.resilient.dev/job={JOB},training.resilient.dev/attempt={attempt}",
+        )
+        index = "batch.kubernetes.io/job-completion-index"
+        return next(
+            (p for p in pods if p["metadata"]["labels"].get(index) == str(rank)
+             and (p.get("status") or {}).get("phase") == "Running"),
+            None,
+        )  # fmt: skip
+
+    def _trainer(self, pod: dict[str, Any]) -> int | None:
+        pid_file = story._pod_dir(self.opts, pod) / "containers" / "trainer" / "pid"
+        with contextlib.suppress(OSError, ValueError):
+            for pid in descendants(int(pid_file.read_text())):
+                if b"ddp_train.py" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    return pid
+        return None
+
+    def apply(self, fault: Fault) -> str:
+        """What was done (or why nothing was: no training world to hit)."""
+        pod = self._current(fault.rank)
+        pid = self._trainer(pod) if pod is not None else None
+        if pod is None or pid is None:
+            return "skipped: no running trainer for that rank"
+        node, name = pod["spec"]["nodeName"], pod["metadata"]["name"]
+        if fault.kind == "hang":
+            os.kill(pid, signal.SIGSTOP)
+            return f"SIGSTOP rank {fault.rank} (pid {pid}, {name})"
+        if fault.kind == "eviction":
+            self.kube.core.create_namespaced_pod_eviction(
+                name, story.NAMESPACE, {"metadata": {"name": name}}
+            )
+            return f"evicted {name} (Eviction API)"
+        if fault.kind == "gpu_xid":
+            cluster_faults.gpu_xid(self.kube, node, story.XID)
+        if fault.kind == "corrupt_newest":
+            what = self._corrupt_newest()
+            os.kill(pid, signal.SIGKILL)
+            return f"{what}; SIGKILL rank {fault.rank}"
+        os.kill(pid, signal.SIGKILL)
+        return f"{'XID 79 on ' + node + '; ' if fault.kind == 'gpu_xid' else ''}SIGKILL " \
+            f"rank {fault.rank} (pid {pid})"  # fmt: skip
+
+    def _corrupt_newest(self) -> str:
+        """Flip one byte of a data file of the newest committed step in the store (the
+        checkpoint the next attempt will pin; its init containers must reject it)."""
+        import base64
+
+        import boto3
+
+        secret = self.kube.core.read_namespaced_secret(story.SECRET, story.NAMESPACE)
+        env = {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
+        s3 = boto3.client(
+            "s3", endpoint_url=env["AWS_ENDPOINT_URL_S3"], region_name=env["AWS_DEFAULT_REGION"],
+            aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        )  # fmt: skip
+        keys: list[str] = []
+        for page in s3.get_paginator("list_objects_v2").paginate(
+            Bucket=story.BUCKET, Prefix=f"{JOB}/"
+        ):
+            keys += [o["Key"] for o in page.get("Contents", [])]
+        committed = sorted(k.rsplit("/", 1)[0] for k in keys if k.endswith("/COMMITTED"))
+        if not committed:
+            return "no committed step yet: nothing corrupted"
+        step = committed[-1]
+        data = [k for k in keys if k.startswith(step + "/") and not k.endswith(
+            ("/COMMITTED", "/manifest.json"))]  # fmt: skip
+        if not data:
+            return f"{step}: no data file"
+        key = sorted(data)[0]
+        body = bytearray(s3.get_object(Bucket=story.BUCKET, Key=key)["Body"].read())
+        body[len(body) // 2] ^= 0xFF
+        s3.put_object(Bucket=story.BUCKET, Key=key, Body=bytes(body))
+        return f"flipped a byte of {key}"
+
+
+def run(opts: SoakOptions) -> dict[str, Any]:
+    """One soak; returns the report's facts (raises if an invariant fails)."""
+    shutil.rmtree(opts.work, ignore_errors=True)
+    platform = story.Options(
+        out=opts.work / "out", state=opts.work / "state",
+        cluster_name=f"rtj-soak-{os.getpid()}", nodes=NODES, timeout=600,
+    )  # fmt: skip
+    (platform.state / "logs").mkdir(parents=True)
+    lines: list[str] = []
+    display = story.Display(lines.append)
+    state: dict[str, Any] = {"pids": {}}
+    plan = opts.faults if opts.faults is not None else schedule(
+        opts.seed, opts.steps * opts.expected_step_seconds, opts.mtbf,
+        ranks=RANKS, mix=opts.mix, caps=CAPS,
+    )  # fmt: skip
+    injected: list[dict[str, Any]] = []
+    try:
+        _, kube, api = story.start_platform(
+            platform, display, state, operator_args=("--progress-poll-seconds", "1")
+        )
+        created = time.time()
+        api.create_rtj(story.NAMESPACE, job_body(opts))
+        wait_for("the first step", lambda: _attempt_logs(platform), 600, 0.5)
+        start = time.time()
+        injector = Injector(platform, kube, api)
+        for fault in plan:
+            while time.time() < start + fault.at and not _finished(api):
+                time.sleep(0.2)
+            if _finished(api):
+                break
+            what = injector.apply(fault)
+            injected.append({"kind": fault.kind, "rank": fault.rank, "at": time.time(),
+                             "scheduled": fault.at, "what": what})  # fmt: skip
+        wait_for("the job to finish", lambda: _finished(api), 1800, 1.0)
+        status = dict(api.get_rtj(story.NAMESPACE, JOB).get("status") or {})
+        leaks = _leaks(api, kube, status)
+    finally:
+        left = story.down(platform, display)
+        shutil.rmtree(LocalCluster(platform.cluster_name).dir, ignore_errors=True)
+    logs = _attempt_logs(platform)
+    baseline = no_fault_run(opts)
+    return judge(created, status, logs, injected, baseline, leaks + left)
+
+
+def _finished(api: Any) -> bool:
+    phase = (api.get_rtj(story.NAMESPACE, JOB).get("status") or {}).get("phase")
+    return phase in ("Succeeded", "Failed")
+
+
+def _attempt_logs(platform: story.Options) -> dict[int, dict[int, list[str]]]:
+    """attempt -> rank -> JSON lines, from the runner's per-pod directories."""
+    root = platform.state / "runner" / "pods" / story.NAMESPACE
+    out: dict[int, dict[int, list[str]]] = {}
+    for f in sorted(root.glob(f"{JOB}-a*-worker-*/volumes/train-logs/rank-*.jsonl")):
+        attempt = int(f.parts[-4].split("-a")[1].split("-")[0])
+        rank = int(f.stem.split("-")[1])
+        out.setdefault(attempt, {}).setdefault(rank, []).extend(f.read_text().splitlines())
+    return out
+
+
+def _leaks(api: Any, kube: Any, status: dict[str, Any]) -> list[str]:
+    """JobSets and pods of earlier attempts, and taints the job does not record."""
+    final = status.get("attempt")
+    out = []
+    for js in api.list_jobsets(story.NAMESPACE):
+        if js["metadata"]["labels"].get("training.resilient.dev/attempt") != str(final):
+            out.append(f"JobSet {js['metadata']['name']}")
+    for pod in api.list_pods(story.NAMESPACE, f"training.resilient.dev/job={JOB}"):
+        if pod["metadata"]["labels"].get("training.resilient.dev/attempt") != str(final):
+            out.append(f"pod {pod['metadata']['name']}")
+    recorded = {q["node"] for q in status.get("quarantinedNodes") or []}
+    for node in kube.core.list_node().items:
+        name = node.metadata.name
+        for taint in node.spec.taints or []:
+            if taint.key.startswith("training.resilient.dev/") and name not in recorded:
+                out.append(f"taint {taint.key} on {name}")
+    return out
+
+
+def judge(
+    created: float,
+    status: dict[str, Any],
+    logs: dict[int, dict[int, list[str]]],
+    injected: list[dict[str, Any]],
+    baseline: dict[int, dict[int, float]],
+    leaks: list[str],
+) -> dict[str, Any]:
+    attempts = {a: acc.parse_attempt(a, ranks.get(0, [])) for a, ranks in logs.items()}
+    line = acc.lineage(attempts)
+    productive = acc.productive_seconds(attempts, line)
+    end = max((t for log in attempts.values() for t in log.steps.values()), default=created)
+    problems: list[str] = []
+    for rank in range(RANKS):
+        per_rank = {a: acc.parse_attempt(a, r.get(rank, [])) for a, r in logs.items()}
+        got = acc.lineage(per_rank).losses(per_rank)
+        want = baseline[rank]
+        if got != want:
+            diff = sorted(s for s in set(got) | set(want) if got.get(s) != want.get(s))
+            problems.append(f"rank {rank}: {len(diff)} steps differ from the no-fault run "
+                            f"(first {diff[:5]})")  # fmt: skip
+    rank_steps = {
+        a: {r: list(acc.parse_attempt(a, lines).steps.values()) for r, lines in ranks.items()}
+        for a, ranks in logs.items()
+    }
+    problems += [f"attempts {o.earlier} and {o.later} trained at once ({o.seconds:.2f} s)"
+                 for o in acc.overlaps(rank_steps)]  # fmt: skip
+    bad = set(status.get("badSteps") or [])
+    for record in status.get("attempts") or []:
+        a = record["attempt"]
+        restored = attempts[a].restored if a in attempts else None
+        if restored in bad:
+            problems.append(f"attempt {a} resumed from step {restored}, marked bad")
+        pinned = record.get("resumedFromStep")
+        if restored and pinned is not None and restored != pinned:
+            problems.append(f"attempt {a} resumed from {restored}, the operator pinned {pinned}")
+    if status.get("phase") != "Succeeded":
+        problems.append(f"the job ended {status.get('phase')}")
+    problems += [f"leaked: {what}" for what in leaks]
+    recoveries = acc.recoveries([(f["kind"], f["at"]) for f in injected], attempts)
+    return {
+        "created": created,
+        "timeline": {a: dict(log.steps) for a, log in attempts.items()},
+        "goodput": productive / (end - created) if end > created else 0.0,
+        "wall_seconds": end - created,
+        "productive_seconds": productive,
+        "attempts": len(attempts),
+        "injected": injected,
+        "recoveries": [r.__dict__ for r in recoveries],
+        "records": status.get("attempts") or [],
+        "problems": problems,
+    }
+
+
+def machine() -> str:
+    load = os.getloadavg()
+    return f"{os.cpu_count()} CPUs, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}"
+
+
+def write_report(out: Path, facts: dict[str, Any], opts: SoakOptions, where: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    settings = {"steps": opts.steps, "mean time between faults": f"{opts.mtbf:.0f} s",
+                "seed": opts.seed, "hangTimeoutSeconds": opts.hang_timeout,
+                "checkpoint every": f"{opts.save_every} steps",
+                "workers": RANKS, "nodes": NODES}  # fmt: skip
+    (out / "goodput.md").write_text(soak_report.markdown(facts, settings, where))
+    svg = soak_report.timeline_svg(
+        facts["created"], facts["timeline"], facts["injected"],
+        f"soak: {len(facts['injected'])} faults, goodput {facts['goodput'] * 100:.1f}%",
+    )  # fmt: skip
+    (out / "goodput-timeline.svg").write_text(svg)
+    (out / "goodput.json").write_text(json.dumps(facts, indent=2, default=str) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--mtbf", type=float, default=60.0)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--steps", type=int, default=3000)
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    args = p.parse_args(argv)
+    opts = SoakOptions(mtbf=args.mtbf, seed=args.seed, steps=args.steps)
+    before = machine()
+    facts = run(opts)
+    write_report(args.out, facts, opts, f"{before} at the start")
+    sys.stdout.write(f"goodput {facts['goodput'] * 100:.1f}%; problems: {facts['problems']}\n")
+    return 1 if facts["problems"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
