@@ -23,7 +23,7 @@ from scenario_support import (
 )
 
 from e2e.cluster import faults
-from e2e.operator_proc import jobsets_of, pods_of, rtj_status, wait_for
+from e2e.operator_proc import jobsets_of, pods_of, rtj_body, rtj_status, wait_for
 from rtj_operator.api import keys
 from rtj_operator.kube import Kube
 
@@ -134,3 +134,47 @@ def test_the_third_infrastructure_failure_spends_max_restarts_after_growing_back
     assert op.metric("rtj_restart_budget_remaining", namespace=ns, name=JOB) == 0
     assert op.metric("rtj_restarts_total", namespace=ns, name=JOB,
                      **{"class": "NetworkFault"}) == 2  # fmt: skip
+
+
+@pytest.mark.gpu_quota(16)
+def test_a_priority_class_on_the_job_preempts_lower_priority_work_through_kueue(
+    rtj_api: Kube, hkube: Any, rtj_ns: Any, run_operator: Any
+) -> None:
+    ns = rtj_ns.name
+    enable_preemption(hkube, rtj_ns.cluster_queue)
+    with priority_class(hkube, f"urgent-{ns}"[:63], 1000) as urgent_class:
+        # lower-priority work fills the ClusterQueue first
+        filler = rtj_ns.jobset("filler", replicas=2)
+        rtj_ns.create_jobset(filler)
+        rtj_ns.wait_pods_running(2, "jobset.sigs.k8s.io/jobset-name=filler", timeout=WAIT)
+        run_operator()
+        body = rtj_body(JOB, ns, "file:///mnt/ckpt/llm", replicas=2)
+        body["metadata"]["labels"] = {PRIORITY_LABEL: urgent_class}  # the user's, on the RTJ
+        rtj_api.create_rtj(ns, body)
+
+        js = wait_for(
+            "attempt 1's JobSet",
+            lambda: next(iter(j for j in jobsets_of(rtj_api, ns, JOB)), None),
+            WAIT,
+        )
+        assert js["metadata"]["labels"][PRIORITY_LABEL] == urgent_class
+        wait_running(rtj_api, ns, JOB, 1, 2)  # admitted by preempting the filler
+
+        def filler_preempted() -> dict[str, Any] | None:
+            for wl in rtj_ns.workloads():
+                if "filler" not in wl["metadata"]["name"]:
+                    continue
+                for c in (wl.get("status") or {}).get("conditions") or []:
+                    if c["type"] == "Evicted" and c["status"] == "True":
+                        return dict(c)
+            return None
+
+        evicted = wait_for("the filler's Workload evicted", filler_preempted, WAIT)
+        assert evicted["reason"] == "Preempted", evicted
+        workload = next(w for w in rtj_ns.workloads() if f"{JOB}-a1" in w["metadata"]["name"])
+        spec = workload["spec"]  # Kueue v1beta2 (v0.17): priorityClassRef, not ...Name
+        assert (spec["priorityClassRef"]["kind"], spec["priorityClassRef"]["name"]) == (
+            "WorkloadPriorityClass",
+            urgent_class,
+        ), spec
+        assert spec.get("priority") == 1000

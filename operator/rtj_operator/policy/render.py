@@ -78,6 +78,20 @@ def owner_reference(rtj: ResilientTrainingJob) -> Obj:
     }
 
 
+KUEUE_LABEL_PREFIX = "kueue.x-k8s.io/"
+
+
+def kueue_labels(rtj: ResilientTrainingJob) -> dict[str, str]:
+    """The Kueue labels the user set on the job (`kueue.x-k8s.io/priority-class`: its
+    WorkloadPriorityClass, `kueue.x-k8s.io/max-exec-time-seconds`, ...), carried to every
+    attempt's JobSet, where Kueue reads them (the queue name comes from spec.queueName)."""
+    return {
+        k: v
+        for k, v in rtj.metadata.labels.items()
+        if k.startswith(KUEUE_LABEL_PREFIX) and k != keys.KUEUE_QUEUE_LABEL
+    }
+
+
 def attempt_labels(rtj: ResilientTrainingJob, attempt: int) -> dict[str, str]:
     return {keys.JOB_LABEL: rtj.metadata.name, keys.ATTEMPT_LABEL: str(attempt)}
 
@@ -92,7 +106,7 @@ def render_jobset(rtj: ResilientTrainingJob, attempt: int, resume: int | None) -
         "metadata": {
             "name": name,
             "namespace": rtj.metadata.namespace,
-            "labels": {keys.KUEUE_QUEUE_LABEL: rtj.spec.queue_name, **labels},
+            "labels": {**kueue_labels(rtj), keys.KUEUE_QUEUE_LABEL: rtj.spec.queue_name, **labels},
             "annotations": _resume_annotation(resume),
             "ownerReferences": [owner_reference(rtj)],
         },

@@ -56,6 +56,24 @@ def test_jobset_identity_queue_and_ownership() -> None:
     assert owner["controller"] is True
 
 
+def test_the_users_kueue_labels_reach_every_attempts_jobset() -> None:
+    body = job_body()
+    body["metadata"]["labels"] = {
+        "kueue.x-k8s.io/priority-class": "urgent",
+        "kueue.x-k8s.io/max-exec-time-seconds": "3600",
+        "kueue.x-k8s.io/queue-name": "elsewhere",  # spec.queueName decides
+        "team": "a",  # not Kueue's: stays on the job
+    }
+    labels = render_jobset(ResilientTrainingJob.from_object(body), 2, None)["metadata"]["labels"]
+    assert labels == {
+        "kueue.x-k8s.io/priority-class": "urgent",
+        "kueue.x-k8s.io/max-exec-time-seconds": "3600",
+        "kueue.x-k8s.io/queue-name": "team-a",
+        "training.resilient.dev/job": "llm",
+        "training.resilient.dev/attempt": "2",
+    }
+
+
 def test_created_suspended_with_jobset_restarts_off() -> None:
     spec = render_jobset(_job(), 1, None)["spec"]
     assert spec["suspend"] is True
