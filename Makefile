@@ -11,7 +11,7 @@ E2E := $(BIN)/python -m e2e.cluster
 NODES ?= 8
 
 .PHONY: help install lint fmt test test-unit test-integration test-e2e bench drill crds demo demo-down clean \
-	cluster-build cluster-up cluster-down cluster-status e2e-kind chart-crds chart-test
+	cluster-build cluster-up cluster-down cluster-status e2e-kind chart-crds chart-test images
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[1m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -83,6 +83,9 @@ chart-crds: ## copy the generated CRD into the Helm chart (a test compares them 
 
 chart-test: install cluster-build ## helm lint/template, schema, promtool rules, install + RBAC in the harness
 	$(BIN)/pytest tests/unit/chart tests/integration/chart $(PYTEST_ARGS)
+
+images: ## rtj-operator + rtj-resolver OCI archives, SBOMs in dist/images (no daemon, no registry; Python >= 3.11)
+	$(PYTHON) -m images build $(IMAGES_ARGS)
 
 demo: install ## the whole story with real training and a GPU fault; summary + demo-output/loss.svg (docs/demo.md)
 	$(BIN)/python -m e2e.demo up
