@@ -132,6 +132,17 @@ def test_layout_config_and_annotations(built: dict[str, Any], images: dict[str, 
         "/usr/bin/python3", "-m", "rtj_operator", "run",
     ]  # fmt: skip
     assert images["rtj-resolver"].config["config"]["Entrypoint"] == ["/usr/local/bin/rtj-shim"]
+    # the chart's default image is this one: its tag defaults to the chart's appVersion
+    chart = (build.REPO / "charts/resilient-training-operator/Chart.yaml").read_text()
+    app_version = next(
+        line.split(":", 1)[1].strip().strip('"')
+        for line in chart.splitlines()
+        if line.startswith("appVersion:")
+    )
+    operator = images["rtj-operator"].index["manifests"][0]["annotations"]
+    assert operator["io.containerd.image.name"] == (
+        f"ghcr.io/resilient-training/rtj-operator:{app_version}"
+    )
     # the Debian base is one blob, shared by both images, and recorded as such
     bases = {i.manifest["layers"][0]["digest"] for i in images.values()}
     assert bases == {built["base_layer"]}
