@@ -46,7 +46,10 @@ Reproducible: every mtime is ``SOURCE_DATE_EPOCH`` (the lock's value unless the 
 sets one), tar entries are sorted, owners are numeric (0, except ``/home/nonroot``: 65532),
 gzip headers carry no name or time, ``.pyc`` files are unchecked-hash based and compiled in
 one process with ``PYTHONHASHSEED=0``, and nothing records a host path.
-``tests/integration/images`` builds twice and compares digests.
+``tests/integration/images`` builds twice and compares digests. What the build host still
+contributes is the assembler's own runtime: Python's ``tarfile`` (the layers' uncompressed
+bytes, hence the diff_ids) and its zlib (the gzip bytes, hence the layer digests); the same
+Python minor version and zlib give the same archives on another machine.
 
 Runtime shape: user 65532:65532, no shell or coreutils in the root filesystem, nothing
 written at run time (``PYTHONDONTWRITEBYTECODE=1`` and every module precompiled), so

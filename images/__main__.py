@@ -6,10 +6,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from images import build
-
 
 def main(argv: list[str] | None = None) -> int:
+    if sys.version_info < (3, 11):  # tomllib, tarfile's extraction filters
+        print("images: needs Python >= 3.11 (make images PYTHON=python3.11)", file=sys.stderr)
+        return 2
+    from images import build
+
     p = argparse.ArgumentParser(prog="python -m images", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="build dist/images/{rtj-operator,rtj-resolver}.oci.tar")
