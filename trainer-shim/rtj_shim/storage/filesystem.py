@@ -2,9 +2,10 @@
 
 Shards go into ``steps/step-N.tmp-<attempt>/``; publishing writes manifest.json and then
 COMMITTED (each fsynced), fsyncs the directories, and renames the tmp directory to its
-final name without replacing anything, then fsyncs ``steps/``. Hashing runs in a helper
-thread beside each write, so a shard is read from memory once and the hash costs no
-second pass over the data. Deleting a step removes its COMMITTED first, then the rest.
+final name without replacing anything, then fsyncs ``steps/``. Every shard is hashed in
+the pass that writes it, by a helper thread beside the write (:mod:`rtj_shim.storage.pipeline`:
+the kernel copies a local file, the hash reads the copy from the page cache), and fsynced
+before its FileEntry exists. Deleting a step removes its COMMITTED first, then the rest.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import stat
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 from rtj_shim.errors import Refused, StepAlreadyPublished, StoreError
 from rtj_shim.layout import (
@@ -33,11 +33,11 @@ from rtj_shim.layout import (
     tmp_dir_name,
 )
 from rtj_shim.manifest import FileEntry, confine_path
-from rtj_shim.storage.base import CHUNK_BYTES, StepDirEntry, Version, iter_file
+from rtj_shim.storage.base import CHUNK_BYTES, StepDirEntry, Version
+from rtj_shim.storage.pipeline import copy_hashed, write_all, write_hashed
 
 _RENAME_NOREPLACE = 1
 _AT_FDCWD = -100
-_WRITEBACK_MIN = 1024 * 1024
 
 
 @contextlib.contextmanager
@@ -56,13 +56,6 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _write_all(fd: int, data: bytes | memoryview) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
 
 
 def _rename_noreplace(src: Path, dst: Path) -> None:
@@ -88,51 +81,12 @@ def _rename_noreplace(src: Path, dst: Path) -> None:
     os.rename(src, dst)
 
 
-_SYNC_FILE_RANGE_WRITE = 2
-_sync_file_range: Any = None
-with contextlib.suppress(OSError, AttributeError):
-    _sync_file_range = ctypes.CDLL(None, use_errno=True).sync_file_range
-    _sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    _sync_file_range.restype = ctypes.c_int
-
-
-def start_writeback(fd: int, offset: int, nbytes: int) -> None:
-    """Let the disk start on a range now, so writeback overlaps hashing instead of waiting
-    for the final fsync. Only a hint: fsync still makes the file durable."""
-    if _sync_file_range is not None:
-        _sync_file_range(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)
-
-
-def write_hashed(fd: int, chunks: Iterable[bytes], pool: ThreadPoolExecutor) -> tuple[str, int]:
-    """Write chunks to ``fd`` while a helper thread hashes them; both release the GIL."""
-    digest = hashlib.sha256()
-    size = 0
-    for chunk in chunks:
-        pending = pool.submit(digest.update, chunk)
-        _write_all(fd, chunk)
-        if len(chunk) >= _WRITEBACK_MIN:
-            start_writeback(fd, size, len(chunk))
-        pending.result()
-        size += len(chunk)
-    return digest.hexdigest(), size
-
-
-def prefetched(chunks: Iterable[bytes], pool: ThreadPoolExecutor) -> Iterator[bytes]:
-    """Yield ``chunks`` while the next one is being read in ``pool`` (one chunk ahead)."""
-    source = iter(chunks)
-    pending = pool.submit(next, source, None)
-    while (chunk := pending.result()) is not None:
-        pending = pool.submit(next, source, None)
-        yield chunk
-
-
 class FilesystemStepWriter:
     def __init__(self, store: FilesystemStore, step: int, tmp: Path) -> None:
         self._store = store
         self._step = step
         self._tmp = tmp
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rtj-hash")
-        self._reader = ThreadPoolExecutor(1, thread_name_prefix="rtj-read")
 
     @property
     def step(self) -> int:
@@ -165,11 +119,30 @@ class FilesystemStepWriter:
         return result
 
     def copy_file(self, path: str, source: Path) -> FileEntry:
+        refused = Refused(f"{source}: not a regular file (symlinks and special files are refused)")
         with store_errors(f"reading {source}"):
-            mode = source.lstat().st_mode
-        if not stat.S_ISREG(mode):
-            raise Refused(f"{source}: not a regular file (symlinks and special files are refused)")
-        return self.write_file(path, prefetched(iter_file(source, CHUNK_BYTES), self._reader))
+            if not stat.S_ISREG(source.lstat().st_mode):
+                raise refused
+            src = os.open(source, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+        try:
+            if not stat.S_ISREG(os.fstat(src).st_mode):  # replaced since the lstat
+                raise refused
+            sha, size = self._copy(path, src)
+        finally:
+            os.close(src)
+        return FileEntry(path=path, bytes=size, sha256=sha)
+
+    def _copy(self, path: str, source: int) -> tuple[str, int]:
+        with store_errors(f"writing {path!r}"):
+            target = self._target(path)
+            # Read and write: the hash reads back what the kernel copied (page cache).
+            fd = os.open(target, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            try:
+                result = copy_hashed(source, fd, self._pool)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        return result
 
     def commit(self, manifest: bytes, committed: bytes) -> None:
         final = self._tmp.parent / step_dir_name(self._step)
@@ -198,7 +171,6 @@ class FilesystemStepWriter:
 
     def close(self) -> None:
         self._pool.shutdown()
-        self._reader.shutdown()
 
     def abort(self) -> None:
         self.close()
@@ -271,7 +243,7 @@ class FilesystemStore:
             tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             try:
-                _write_all(fd, data)
+                write_all(fd, data)
                 os.fsync(fd)
             finally:
                 os.close(fd)

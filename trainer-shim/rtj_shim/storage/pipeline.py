@@ -1,0 +1,203 @@
+"""Moving a file's bytes into a file descriptor while hashing them: the filesystem data paths.
+
+Two sources, one rule: the SHA-256 a :class:`~rtj_shim.manifest.FileEntry` records is of
+exactly the bytes written, computed in the same pass that writes them (never a second read
+of the finished file), by one helper thread per writer, so that hashing (user time) and
+copying (kernel time) run on two cores at once. hashlib releases the GIL for buffers over
+2 KiB, and so do ``write``, ``sendfile`` and ``mmap``.
+
+* :func:`write_hashed`: chunks the caller owns (``StepWriter.write_file``; torch.save
+  streaming through a rendezvous). Each chunk is hashed by the helper thread while the
+  calling thread writes it, and the next chunk is taken only when both are done, so the
+  caller may reuse its memory and a generator knows exactly how many bytes were written
+  when it resumes. Nothing is buffered here.
+* :func:`copy_hashed`: a local file (``StepWriter.copy_file``). The kernel copies it chunk
+  by chunk (``sendfile``: the bytes never pass through user memory) and the helper thread
+  hashes each copied range from the destination's page cache (``mmap``), at most
+  :data:`HASH_LAG` chunks behind the copy: the digest is of the bytes now in the
+  destination file. Where the kernel cannot copy between these two files, two reused
+  buffers carry the bytes (read one while the other is hashed and written).
+
+Both start writeback of every written range at once (``sync_file_range``, a hint only), so
+the disk writes while the CPU hashes and the fsync that makes the file durable, which the
+caller still does, finds little left. Memory: no buffer at all for chunks the caller owns;
+one mapped window of :data:`~rtj_shim.storage.base.CHUNK_BYTES` at a time for a copy (two
+reused buffers of that size on the fallback path).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import hashlib
+import mmap
+import os
+from collections import deque
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from rtj_shim.storage.base import CHUNK_BYTES
+
+HASH_LAG = 4  # copied chunks the hash may trail the copy by (bounds what must stay cached)
+WRITEBACK_MIN = 1 << 20  # start writeback once this much was written since the last start
+
+# sendfile between these two files is not possible: copy through buffers instead.
+_NO_KERNEL_COPY = frozenset(
+    {errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.ESPIPE}
+)
+_SYNC_FILE_RANGE_WRITE = 2
+_sync_file_range: Any = None
+with contextlib.suppress(OSError, AttributeError):
+    _sync_file_range = ctypes.CDLL(None, use_errno=True).sync_file_range
+    _sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    _sync_file_range.restype = ctypes.c_int
+
+
+def start_writeback(fd: int, offset: int, nbytes: int) -> None:
+    """Let the disk start on a range now, so writeback overlaps hashing instead of waiting
+    for the final fsync. Only a hint (errors ignored): fsync still makes the file durable."""
+    if _sync_file_range is not None and nbytes > 0:
+        _sync_file_range(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)
+
+
+def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def write_hashed(
+    fd: int, chunks: Iterable[bytes | memoryview], pool: ThreadPoolExecutor
+) -> tuple[str, int]:
+    """Write ``chunks`` to ``fd`` while ``pool`` (one thread) hashes each one; returns
+    (sha256 hex, bytes). A chunk is done, written and hashed, before the next is taken."""
+    digest = hashlib.sha256()
+    size = started = 0
+    for chunk in chunks:
+        view = memoryview(chunk).cast("B")
+        hashed = pool.submit(digest.update, view)
+        try:
+            write_all(fd, view)
+        finally:
+            hashed.result()  # never leave the hash reading a chunk the caller may reuse
+        size += view.nbytes
+        if size - started >= WRITEBACK_MIN:
+            start_writeback(fd, started, size - started)
+            started = size
+    start_writeback(fd, started, size - started)
+    return digest.hexdigest(), size
+
+
+def copy_hashed(
+    source: int, target: int, pool: ThreadPoolExecutor, chunk: int = CHUNK_BYTES
+) -> tuple[str, int]:
+    """Copy ``source`` from its start to its end into ``target`` (opened for reading and
+    writing, empty) and hash what ``target`` then holds; returns (sha256 hex, bytes)."""
+    digest = hashlib.sha256()
+    ranges = _RangeHasher(target, digest, chunk)
+    pending: deque[Future[None]] = deque()
+    size = 0
+    try:
+        while True:
+            try:
+                copied = os.sendfile(target, source, size, chunk)
+            except OSError as exc:
+                if size == 0 and exc.errno in _NO_KERNEL_COPY:
+                    return _copy_buffered(source, target, pool, chunk)
+                raise
+            if copied == 0:
+                break
+            pending.append(pool.submit(ranges.hash, size, copied))
+            start_writeback(target, size, copied)
+            size += copied
+            while len(pending) > HASH_LAG:
+                pending.popleft().result()
+        while pending:
+            pending.popleft().result()
+    finally:
+        _settle(pending)  # after an error: no hash may still read a descriptor we close
+    return digest.hexdigest(), size
+
+
+def _settle(pending: deque[Future[None]]) -> None:
+    for future in pending:
+        future.cancel()
+    for future in pending:
+        if not future.cancelled():
+            with contextlib.suppress(Exception):
+                future.result()
+
+
+class _RangeHasher:
+    """Feeds ranges of a file, in order, to one digest: through a read-only mapping of the
+    range (no copy), or through a reused buffer where the file cannot be mapped."""
+
+    def __init__(self, fd: int, digest: Any, chunk: int) -> None:
+        self._fd = fd
+        self._digest = digest
+        self._chunk = chunk
+        self._buffer: bytearray | None = None  # set once mapping failed
+
+    def hash(self, offset: int, nbytes: int) -> None:
+        if self._buffer is None:
+            try:
+                self._hash_mapped(offset, nbytes)
+                return
+            except (OSError, ValueError):  # a filesystem without mmap: read instead
+                self._buffer = bytearray(self._chunk)
+        self._hash_read(offset, nbytes)
+
+    def _hash_mapped(self, offset: int, nbytes: int) -> None:
+        skip = offset % mmap.ALLOCATIONGRANULARITY
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        window = mmap.mmap(
+            self._fd, skip + nbytes, flags=flags, prot=mmap.PROT_READ, offset=offset - skip
+        )
+        with window, memoryview(window) as view, view[skip:] as data:
+            self._digest.update(data)
+
+    def _hash_read(self, offset: int, nbytes: int) -> None:
+        assert self._buffer is not None
+        end = offset + nbytes
+        with memoryview(self._buffer) as buffer:
+            while offset < end:
+                got = os.preadv(self._fd, [buffer[: min(len(buffer), end - offset)]], offset)
+                if got == 0:
+                    raise OSError(errno.EIO, f"{end - offset} bytes just written are missing")
+                self._digest.update(buffer[:got])
+                offset += got
+
+
+def _copy_buffered(
+    source: int, target: int, pool: ThreadPoolExecutor, chunk: int
+) -> tuple[str, int]:
+    """Copy through two reused buffers: one is read while the other is hashed (helper
+    thread) and written (this thread). The digest is of exactly the buffers written."""
+    digest = hashlib.sha256()
+    buffers = (bytearray(chunk), bytearray(chunk))
+    hashed: list[Future[None] | None] = [None, None]
+    size = 0
+    which = 0
+    try:
+        while True:
+            previous = hashed[which]
+            if previous is not None:  # this buffer's last hash is done before it is reused
+                hashed[which] = None
+                previous.result()
+            got = os.preadv(source, [buffers[which]], size)
+            if got == 0:
+                break
+            view = memoryview(buffers[which])[:got]
+            hashed[which] = pool.submit(digest.update, view)
+            write_all(target, view)
+            start_writeback(target, size, got)
+            size += got
+            which ^= 1
+        for future in hashed:
+            if future is not None:
+                future.result()
+    finally:
+        _settle(deque(f for f in hashed if f is not None))
+    return digest.hexdigest(), size
