@@ -236,6 +236,41 @@ def test_write_file_streams_odd_chunks_across_parts(s3_root: str, s3_admin: S3Cl
     assert keys_under(s3_admin, s3_root, step_rel(9)) == []
 
 
+def test_checksummed_bodies_are_hashed_once_not_again_for_the_signature(
+    s3_root: str, s3_admin: S3Client
+) -> None:
+    """A PUT or part carrying the SHA-256 of its body in the signed x-amz-checksum-sha256
+    header is signed with UNSIGNED-PAYLOAD (no second hash of the body); other requests
+    keep their signed payload hash; the server accepts both (auth is enforced)."""
+    store = S3Store.from_uri(s3_root, part_size=5 * MiB)
+    sent: list[tuple[str, str, bool]] = []
+
+    def record(request: object, **_: object) -> None:
+        headers = request.headers  # type: ignore[attr-defined]
+        sent.append(
+            (
+                request.method,  # type: ignore[attr-defined]
+                str(headers.get("X-Amz-Content-SHA256", b""), "ascii"),
+                "x-amz-checksum-sha256" in headers,
+            )
+        )
+
+    store.client.meta.events.register("before-send.s3", record)
+    writer = store.begin_step(3, "1")
+    data = random.Random(4).randbytes(11 * MiB)
+    entry = writer.write_file("big.bin", [data])
+    small = writer.write_file("small.bin", [b"tiny"])
+    assert entry.sha256 == hashlib.sha256(data).hexdigest()
+    assert small.sha256 == hashlib.sha256(b"tiny").hexdigest()
+    assert get(s3_admin, s3_root, step_rel(3, "big.bin")) == data
+    bodies = [(method, payload) for method, payload, checksummed in sent if checksummed]
+    assert len(bodies) == 3 + 1  # three parts and one PUT
+    assert {payload for _, payload in bodies} == {"UNSIGNED-PAYLOAD"}
+    others = [payload for _, payload, checksummed in sent if not checksummed]
+    assert others and "UNSIGNED-PAYLOAD" not in others
+    writer.abort()
+
+
 def test_failed_multipart_upload_is_aborted(s3_root: str, s3_admin: S3Client) -> None:
     store = S3Store.from_uri(s3_root, part_size=5 * MiB)
 
