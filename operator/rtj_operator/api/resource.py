@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rtj_operator.api.base import ApiModel
+from rtj_operator.api.compat import without_unknown
 from rtj_operator.api.keys import API_VERSION, KIND, MAX_NAME_LENGTH
 from rtj_operator.api.spec import ResilientTrainingJobSpec
 from rtj_operator.api.status import ResilientTrainingJobStatus
@@ -54,8 +55,15 @@ class ResilientTrainingJob(ApiModel):
 
     @classmethod
     def from_object(cls, body: dict[str, Any]) -> ResilientTrainingJob:
-        """Parse the object as the API server returns it (status may be absent)."""
-        return cls.model_validate({**body, "status": body.get("status") or {}})
+        """Parse the object as the API server returns it (status may be absent). Fields a
+        newer CRD added are set aside, not refused (`api.compat`): the job is still run."""
+        known, _ = without_unknown(cls, {**body, "status": body.get("status") or {}})
+        return cls.model_validate(known)
+
+    @classmethod
+    def unknown_fields(cls, body: dict[str, Any]) -> tuple[str, ...]:
+        """The fields of `body` this operator does not know (written by a newer CRD)."""
+        return without_unknown(cls, body)[1]
 
     @property
     def run_id(self) -> str:

@@ -82,6 +82,12 @@ def event_message(text: str) -> str:
     return text if len(text) <= MAX_EVENT_MESSAGE else text[: MAX_EVENT_MESSAGE - 1] + "…"
 
 
+STATUS_KEYS = frozenset(
+    info.alias or name for name, info in ResilientTrainingJobStatus.model_fields.items()
+)
+"""The status fields this operator writes (and may remove); any other is left alone."""
+
+
 @dataclass
 class PlanBuilder:
     snap: Snapshot
@@ -153,6 +159,9 @@ class PlanBuilder:
         actions: list[Action] = [*self.before]
         new = self.status.to_json()
         if new != original.to_json():
+            # top-level status fields a newer operator wrote are kept, not nulled
+            kept = {k: v for k, v in self.snap.stored_status.items() if k not in STATUS_KEYS}
+            new = {**kept, **new}
             patch = merge_patch(self.snap.stored_status, new)
             actions.append(PatchStatus(new, patch, self.snap.resource_version))
         actions += self.after
