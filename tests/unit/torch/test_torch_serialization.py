@@ -118,17 +118,42 @@ def test_plan_shards_balances_and_covers_everything() -> None:
     assert ser.plan_shards(tensors, target_bytes=1 << 30, max_shards=8) == [list(range(6))]
 
 
-def test_stream_to_store_writes_exactly_what_torch_save_writes() -> None:
+def torch_save_without_crc32(state: object) -> bytes:
+    expected = io.BytesIO()
+    torch.serialization.set_crc32_options(False)
+    try:
+        torch.save(state, expected)
+    finally:
+        torch.serialization.set_crc32_options(True)
+    return expected.getvalue()
+
+
+def test_stream_to_store_writes_exactly_what_torch_save_writes_without_crc32() -> None:
     state = {"big": torch.arange(600_000, dtype=torch.float32), "small": torch.ones(3), "n": 7}
     writer = MemoryWriter()
     entry = ser.stream_to_store(state, writer, "common/shard-00000.pt")
-    expected = io.BytesIO()
-    torch.save(state, expected)
+    expected = io.BytesIO(torch_save_without_crc32(state))
     assert writer.files["common/shard-00000.pt"] == expected.getvalue()
     assert entry.bytes == len(expected.getvalue())
     assert max(writer.chunks) >= 2_000_000  # the tensor went through as one zero-copy chunk
     loaded = ser.load(writer.files["common/shard-00000.pt"], allow_unsafe=False)
     assert torch.equal(loaded["big"], state["big"]) and loaded["n"] == 7
+
+
+def test_the_crc32_is_skipped_for_this_file_only() -> None:
+    """The private pieces are there in this torch (else torch.save runs, slower); the
+    process-wide option is untouched, so the training code's own saves keep their CRCs."""
+    state = {"t": torch.arange(1000, dtype=torch.float64), "s": "x"}
+    out = io.BytesIO()
+    assert ser.save_without_crc32(state, out) is True
+    assert torch.serialization.get_crc32_options() is True
+    assert out.getvalue() == torch_save_without_crc32(state)
+    with_crc = io.BytesIO()
+    torch.save(state, with_crc)
+    assert with_crc.getvalue() != out.getvalue()  # only the CRC fields differ
+    assert len(with_crc.getvalue()) == len(out.getvalue())
+    loaded = torch.load(io.BytesIO(out.getvalue()), weights_only=True)
+    assert torch.equal(loaded["t"], state["t"]) and loaded["s"] == "x"
 
 
 def test_stream_to_store_raises_the_writers_error_and_never_returns_an_entry() -> None:

@@ -11,7 +11,9 @@
   (replicated state) or threads write and hash them in parallel.
 * ``stream_to_store`` runs ``torch.save`` straight into ``StepWriter.write_file``: the
   bytes go from torch's writer to the store through a one-slot rendezvous (zero copies for
-  tensor data, no second buffer of the whole state).
+  tensor data, no second buffer of the whole state). The zip records carry no CRC32
+  (:func:`save_without_crc32`): the store's SHA-256 covers every byte and ``torch.load``
+  never checks a CRC, so computing one was 0.17 CPU-s per GiB for nothing.
 * ``load`` is ``torch.load(weights_only=True)`` unless the caller opted into unsafe
   unpickling (which warns).
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import pickle
 import queue
 import threading
 import warnings
@@ -250,6 +253,30 @@ class _Rendezvous(io.RawIOBase):
             self._consumer_failed.set()
 
 
+def save_without_crc32(obj: Any, buffer: IO[bytes]) -> bool:
+    """``torch.save(obj, buffer)`` with the CRC32 of its zip records left at 0; returns
+    False where this torch lacks the (private) pieces and plain ``torch.save`` ran instead.
+
+    torch's own switch (``torch.serialization.set_crc32_options``) is process-wide, so it
+    would change the files the training code saves meanwhile; this builds the writer
+    ``torch.save`` builds, with the flag off for this file only. ``torch.load`` reads the
+    result as any other file (it does not check CRCs; ``unzip -t`` would complain)."""
+    writer_type: Any = getattr(torch._C, "PyTorchFileWriter", None)
+    save: Any = getattr(torch.serialization, "_save", None)
+    alignment: Any = getattr(torch.serialization, "_get_storage_alignment", None)
+    writer: Any = None
+    if writer_type is not None and save is not None and alignment is not None:
+        with contextlib.suppress(TypeError):  # a writer without the CRC32 flag
+            writer = writer_type(buffer, False, alignment())
+    if writer is None:
+        torch.save(obj, buffer)
+        return False
+    save(obj, writer, pickle, torch.serialization.DEFAULT_PROTOCOL, False)
+    writer.write_end_of_file()
+    buffer.flush()
+    return True
+
+
 def stream_to_store(obj: Any, writer: StepWriter, path: str) -> FileEntry:
     """``torch.save(obj)`` into ``path`` of the in-progress step, hashed while written."""
     pipe = _Rendezvous()
@@ -265,7 +292,7 @@ def stream_to_store(obj: Any, writer: StepWriter, path: str) -> FileEntry:
     thread = threading.Thread(target=consume, name=f"rtj-write-{path}", daemon=True)
     thread.start()
     try:
-        torch.save(obj, cast(IO[bytes], pipe))
+        save_without_crc32(obj, cast(IO[bytes], pipe))
         pipe.finish()
     except BaseException as exc:
         pipe.fail(exc)  # the writer sees an error and never returns an entry
