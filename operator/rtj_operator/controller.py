@@ -43,6 +43,7 @@ from rtj_operator.metrics import Metrics
 from rtj_operator.node_leases import NodeLeases
 from rtj_operator.policy.platform import NodeHealthPolicy
 from rtj_operator.rank_polls import JobTargets, RankPolls
+from rtj_operator.reconcile.actions import DeletePods
 from rtj_operator.store_reads import (
     Lane,
     StoreReader,
@@ -90,6 +91,10 @@ def newer_or_same(candidate: Mapping[str, Any], current: Mapping[str, Any] | Non
 def _pod_keys(body: Mapping[str, Any]) -> list[Any]:
     key, node = job_key_of(body), (body.get("spec") or {}).get("nodeName")
     return ([("job", key)] if key else []) + ([("node", node)] if node else [])
+
+
+_Delete = rc.DeleteJobSet | rc.DeletePod | DeletePods
+_DELETES = (rc.DeleteJobSet, rc.DeletePod, DeletePods)
 
 
 def job_key_of(body: Mapping[str, Any]) -> Key | None:
@@ -181,6 +186,8 @@ class Controller:
         self._posting: set[asyncio.Task[None]] = set()
         self._event_sem = asyncio.Semaphore(8)
         self.reconciles = 0
+        self._collections = True
+        """deletecollection on pods is permitted (False after a 403: by name from then on)."""
 
     # --- inputs from the watches -----------------------------------------------------------
 
@@ -477,11 +484,36 @@ class Controller:
             "uid": meta.uid,
         }
 
-    async def _delete(self, namespace: str, action: rc.DeleteJobSet | rc.DeletePod) -> None:
+    async def _delete(self, namespace: str, action: _Delete) -> None:
         if isinstance(action, rc.DeleteJobSet):
             await self._io(self.kube.delete_jobset, namespace, action.name)
+        elif isinstance(action, DeletePods):
+            await self._delete_collection(namespace, action)
         else:
             await self._io(self.kube.delete_pod, namespace, action.name, action.grace_seconds)
+
+    async def _delete_collection(self, namespace: str, action: DeletePods) -> None:
+        """One deletecollection; where the verb is not granted (a ClusterRole older than the
+        operator), the same pods by name, and by name from then on."""
+        if self._collections:
+            try:
+                await self._io(
+                    self.kube.delete_pods, namespace, action.selector, action.grace_seconds
+                )
+                return
+            except Forbidden as exc:
+                self._collections = False
+                log.warning(
+                    "deletecollection on pods is not permitted (%s): deleting pods one by "
+                    "one until the operator restarts; grant it as the chart's ClusterRole does",
+                    exc,
+                )
+        await asyncio.gather(
+            *(
+                self._io(self.kube.delete_pod, namespace, name, action.grace_seconds)
+                for name in action.names
+            )
+        )
 
     async def apply(self, key: Key, snap: rc.Snapshot, plan: rc.Plan) -> None:
         """Apply the plan's actions in order; a run of consecutive deletes (the old world's
@@ -499,11 +531,11 @@ class Controller:
             i += 1
             if failed is not None and not isinstance(action, rc.PostEvent):
                 continue
-            if isinstance(action, (rc.DeleteJobSet, rc.DeletePod)):
-                batch: list[rc.DeleteJobSet | rc.DeletePod] = [action]
+            if isinstance(action, _DELETES):
+                batch: list[_Delete] = [action]
                 while i < len(actions):
                     following = actions[i]
-                    if not isinstance(following, (rc.DeleteJobSet, rc.DeletePod)):
+                    if not isinstance(following, _DELETES):
                         break
                     batch.append(following)
                     i += 1
