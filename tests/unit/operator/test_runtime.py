@@ -7,13 +7,14 @@ import threading
 from datetime import timedelta
 from typing import Any
 
+import kopf
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from rtj_test_support import NOW, make_job
 from rtj_world import iso, jobset, node, pod, rtj_raw
 
 from rtj_operator import controller as ctl
-from rtj_operator import event_reads, work_queue
+from rtj_operator import event_reads, handlers, work_queue
 from rtj_operator import reconcile as rc
 from rtj_operator.api import FailureClass, ResilientTrainingJob, keys
 from rtj_operator.cache import WatchCache
@@ -390,6 +391,21 @@ def test_deleted_pods_are_remembered_for_classification() -> None:
     assert snap is not None and len(snap.gone_pods) == 1
     assert make_job().metadata.name == "llm"
     c.executor.shutdown()
+
+
+def test_kopf_builds_no_diff_base_while_only_watch_handlers_are_registered() -> None:
+    settings = handlers.make_settings(handlers.WatchOptions())
+    storage = settings.persistence.diffbase_storage
+    assert handlers.watch_only(handlers.registry), "no change handler, daemon or timer"
+    assert isinstance(storage, handlers.WatchOnlyDiffBase)
+    body = kopf.Body(pod(1, 0))
+    assert storage.build(body=body) == {} and storage.fetch(body=body) is None
+    other = kopf.OperatorRegistry()
+
+    @kopf.on.update("pods", registry=other)
+    def changed(**_: Any) -> None: ...
+
+    assert not handlers.watch_only(other), "a change handler needs kopf's diff base"
 
 
 # --- watch caches --------------------------------------------------------------------------------
