@@ -54,6 +54,14 @@ class WatchCache:
     def get(self, key: Hashable) -> list[dict[str, Any]]:
         return list(self._by_key.get(key, {}).values())
 
+    def count(self, key: Hashable) -> int:
+        """How many cached objects `key` indexes (O(1): no copy)."""
+        return len(self._by_key.get(key, ()))
+
+    def holds(self, body: Json) -> bool:
+        """Whether this object (by uid) is cached."""
+        return uid_of(body) in self._objects
+
     def keys_of(self, key: Hashable) -> list[Hashable]:
         return list(self._by_key.get(key, {}))
 

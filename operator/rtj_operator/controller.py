@@ -69,6 +69,13 @@ v0.17 stores it), v1beta1 is what older installations serve."""
 """LocalQueue lookups: v1beta1 is served by every Kueue release to date (v0.17 converts)."""
 STARTUP_RESYNC_SECONDS = 30.0
 """A second LIST soon after startup drops objects deleted while the watches started."""
+WORLD_BATCH_SECONDS = 0.25
+"""Pod and node changes of a job that come within this long after its last plan are planned
+together at the end of it (a change after a quiet spell is planned at once): a world of N
+pods starting or failing sends ~3N pod events, each plan reads all N pods."""
+WORLD_BATCH_FACTOR = 4.0
+"""... or within this many times as long as that plan took, if longer: one job's plans then
+take at most a fifth of the event loop, however many pods it has."""
 
 
 def utcnow() -> datetime:
@@ -90,11 +97,16 @@ def newer_or_same(candidate: Mapping[str, Any], current: Mapping[str, Any] | Non
 
 def _pod_keys(body: Mapping[str, Any]) -> list[Any]:
     key, node = job_key_of(body), (body.get("spec") or {}).get("nodeName")
-    return ([("job", key)] if key else []) + ([("node", node)] if node else [])
+    attempt = rc.attempt_of(body)
+    out: list[Any] = [("job", key)] if key else []
+    if key and attempt is not None:  # how many of an attempt's pods remain: O(1)
+        out.append(("attempt", key, attempt))
+    return out + ([("node", node)] if node else [])
 
 
 _Delete = rc.DeleteJobSet | rc.DeletePod | DeletePods
 _DELETES = (rc.DeleteJobSet, rc.DeletePod, DeletePods)
+_TEARDOWN_PHASES = frozenset({Phase.RESTARTING.value, Phase.SUSPENDED.value})
 
 
 def job_key_of(body: Mapping[str, Any]) -> Key | None:
@@ -186,6 +198,8 @@ class Controller:
         self._posting: set[asyncio.Task[None]] = set()
         self._event_sem = asyncio.Semaphore(8)
         self.reconciles = 0
+        self._planned: dict[Key, tuple[float, float]] = {}
+        """When each job was last planned (monotonic) and how long that took."""
         self._collections = True
         """deletecollection on pods is permitted (False after a 403: by name from then on)."""
 
@@ -229,16 +243,52 @@ class Controller:
         self.rejections.pop(key, None)
         self.rank_polls.forget(key)
         self.metrics.forget_job(*key)
+        self._planned.pop(key, None)
 
     def on_pod(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         key = job_key_of(body)
         if key is None:
             return
+        known = self.pods.holds(body)
         self.pods.apply(event_type, body)
         if event_type == "DELETED":
             name = (body.get("metadata") or {}).get("name", "")
             self.gone.setdefault(key, {})[name] = rc.trim_pod(body)
-        self.queue.add(key)
+        if known and event_type not in (None, "ADDED"):
+            left = self._old_world_left(key, body)
+            if left is not None:  # the old world going: only its last pod gone counts
+                if left == 0 and event_type == "DELETED":
+                    self.queue.add(key)  # at once: the next attempt waits for it
+                return
+        self._world_changed(key)
+
+    def _world_changed(self, key: Key) -> None:
+        """Enqueue a job for a change of its pods or nodes: at once after a quiet spell, else
+        at the end of the batch window that follows its last plan (see WORLD_BATCH_SECONDS)."""
+        last = self._planned.get(key)
+        if last is None:
+            self.queue.add(key)
+            return
+        at, took = last
+        window = max(WORLD_BATCH_SECONDS, WORLD_BATCH_FACTOR * took)
+        self.queue.add_after(key, at + window - time.monotonic())
+
+    def _old_world_left(self, key: Key, body: Mapping[str, Any]) -> int | None:
+        """While a job waits for its old world to go (Restarting or Suspended), for a pod of
+        that world (an attempt up to `status.attempt`): how many pods of its attempt remain;
+        None otherwise. An update of such a pod (a deletionTimestamp, a kubelet's status) or
+        its deletion while others remain changes no decision: the plan waits for the last
+        one, and re-sends lost deletes and reports stuck ones on its own requeues (node
+        events still enqueue). A teardown of N pods is then a few plans instead of 2N, each
+        reading all N. A pod not seen before is planned as any change is: converge deletes
+        one that appears late."""
+        status = (self.rtjs.get(key) or {}).get("status") or {}
+        current, attempt = status.get("attempt"), rc.attempt_of(body)
+        if status.get("phase") not in _TEARDOWN_PHASES or not isinstance(current, int):
+            return None
+        if attempt is None or attempt > current:
+            return None
+        return self.pods.count(("attempt", key, attempt))
 
     def on_jobset(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         key = job_key_of(body)
@@ -287,7 +337,7 @@ class Controller:
         for pod in self.pods.get(("node", name)):
             key = job_key_of(pod)
             if key is not None:
-                self.queue.add(key)
+                self._world_changed(key)
 
     def _jobs_with_pod(self, namespace: str, pod: str) -> Iterable[Key]:
         # Pod names are <name>-a<n>-worker-0-<index>-<suffix>: the job is before "-a<n>".
@@ -429,6 +479,7 @@ class Controller:
             if snap is None:
                 return None
             plan = rc.plan(snap)
+            self._planned[key] = (time.monotonic(), time.monotonic() - started)
             for _ in range(3):  # at most one store reading, one events read, one queue lookup
                 if plan.needs_events:
                     snap = replace(snap, events=tuple(await self._io(self.read_events, snap)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -361,6 +362,78 @@ def test_without_the_collection_verb_the_same_pods_are_deleted_by_name() -> None
         c.executor.shutdown()
 
     asyncio.run(scenario())
+
+
+def test_pod_changes_right_after_a_plan_are_planned_together() -> None:
+    async def scenario() -> None:
+        c = _controller(FakeKube(), CollectorRegistry())
+        key = ("team-a", "llm")
+        _running_attempt_1(c)
+        pods = [pod(1, i) for i in range(4)]
+        for p in pods:
+            c.on_pod("ADDED", p)
+        assert await c.queue.get() == key
+        c.queue.done(key)
+        c._planned[key] = (time.monotonic(), 0.001)  # planned just now, quickly
+        for p in pods:  # a world starting: each pod changes
+            c.on_pod("MODIFIED", {**p, "status": {"phase": "Running"}})
+        assert len(c.queue) == 0, "held for the batch window, not one plan per pod"
+        started = time.monotonic()
+        assert await asyncio.wait_for(c.queue.get(), 1) == key
+        assert time.monotonic() - started <= ctl.WORLD_BATCH_SECONDS + 0.05
+        c.queue.done(key)
+        assert len(c.queue) == 0, "one plan for the four changes"
+        # after a quiet spell a change is planned at once (a failure is not held)
+        c._planned[key] = (time.monotonic() - 1.0, 0.001)
+        c.on_pod("MODIFIED", pod(1, 0, exit_code=1, message="NCCL error"))
+        assert len(c.queue) == 1
+        # a plan that took long holds changes for a multiple of it (a fifth of the loop)
+        took = 2 * ctl.WORLD_BATCH_SECONDS / ctl.WORLD_BATCH_FACTOR
+        c._planned[key] = (time.monotonic(), took)
+        c.queue._dirty.clear()
+        c.on_pod("MODIFIED", pod(1, 1, exit_code=1, message="NCCL error"))
+        due, _ = c.queue._timers[key]
+        window = due - asyncio.get_running_loop().time()
+        assert ctl.WORLD_BATCH_SECONDS < window <= ctl.WORLD_BATCH_FACTOR * took
+        c.executor.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_pods_of_the_old_world_going_do_not_each_enqueue_the_job() -> None:
+    """While the job waits for its old world to go, only what can change a decision
+    enqueues it: a pod seen for the first time, and the last pod of an attempt gone."""
+    c = _controller(FakeKube(), CollectorRegistry())
+    key = ("team-a", "llm")
+    status = {"phase": "Running", "attempt": 1, "attempts": [{"attempt": 1, "jobSet": "llm-a1"}]}
+    c.on_rtj(None, rtj_raw(status))
+    pods = [pod(1, i) for i in range(3)]
+    for p in pods:
+        c.on_pod("ADDED", p)
+    c.queue._dirty.clear()
+    c.on_pod("MODIFIED", pods[0])
+    assert len(c.queue) == 1, "a running attempt: every pod change counts"
+    c.queue._dirty.clear()
+    c.on_rtj("MODIFIED", rtj_raw({**status, "phase": "Restarting"}, rv=11))
+    c.queue._dirty.clear()
+    for p in pods:
+        c.on_pod("MODIFIED", pod(1, int(p["metadata"]["labels"][keys.JOB_COMPLETION_INDEX]),
+                                 deleting=True))  # fmt: skip
+    c.on_pod("DELETED", pods[0])
+    c.on_pod("DELETED", pods[1])
+    assert len(c.queue) == 0, "a deletionTimestamp, a pod gone while others remain"
+    assert c.snapshot(key) is not None and len(c.snapshot(key).pods) == 1  # type: ignore[union-attr]
+    late = pod(1, 7)
+    c.on_pod("ADDED", late)
+    assert len(c.queue) == 1, "a pod appearing late is deleted by the next plan"
+    c.queue._dirty.clear()
+    c.on_pod("DELETED", late)
+    c.on_pod("DELETED", pods[2])
+    assert len(c.queue) == 1, "the last one gone: the next attempt may start"
+    c.queue._dirty.clear()
+    c.on_pod("MODIFIED", pod(1, 8))  # an old pod the cache lacked (its ADDED missed)
+    assert len(c.queue) == 1
+    c.executor.shutdown()
 
 
 def test_only_a_node_seen_deleted_counts_as_deleted() -> None:
