@@ -60,6 +60,7 @@ from typing import Any
 
 from bench.scale_probes import (
     Observed,
+    Profiler,
     RawWatch,
     RssSampler,
     apiserver_requests,
@@ -68,6 +69,7 @@ from bench.scale_probes import (
     operator_requests,
     parse_counter,
     percentile,
+    profile_summary,
     rss_mib,
 )
 from e2e.cluster import faults, testenv
@@ -436,6 +438,12 @@ class Bench:
         victims = self._victims(obs, "s" if rtj else "b")
         phase.faults = victims
         a0, o0, c0, t0 = q1, qo1, qc1, time.time()
+        profiler: Profiler | None = None
+        if a.profile is not None and op is not None and op.proc is not None:
+            a.profile.mkdir(parents=True, exist_ok=True)
+            out = a.profile / f"operator-{a.jobs}x{a.workers}-{os.getpid()}.txt"
+            profiler = Profiler(op.proc.pid, out)
+            time.sleep(0.5)  # attached before the first fault
         print(f"   injecting {len(victims)} faults ({a.stagger:g}s apart) ...", flush=True)
         self._inject(ns, victims)
 
@@ -466,6 +474,12 @@ class Bench:
         time.sleep(SETTLE_SECONDS)
         a1, o1, c1, t1 = self._snapshot(op)
         phase.window_seconds = t1 - t0
+        if profiler is not None:
+            profiler.stop()
+            print(f"   operator profile of the fault window: {profiler.path}")
+            if profiler.path.exists():
+                for line in profile_summary(profiler.path):
+                    print(f"   {line}")
         cluster = delta(a1, a0)
         phase.cluster_requests = sum(cluster.values())
         phase.cluster_top = [(f"{v} {r}", n) for (v, r), n in cluster.most_common(10)]
@@ -674,6 +688,11 @@ def phase_figures(p: Phase, args: argparse.Namespace) -> list[Figure]:
                    detail=f"{100 * op_cpu / max(p.window_seconds, 1e-9):.0f}% of a core over "
                    f"{p.window_seconds:.1f}s; quiet "
                    f"{100 * p.cpu_quiet.get('operator', 0.0) / QUIET_SECONDS:.1f}%"),
+            Figure("RTJ: operator CPU per recovery, less its quiet rate",
+                   max(op_cpu - p.cpu_quiet.get("operator", 0.0) / QUIET_SECONDS
+                       * p.window_seconds, 0.0) / max(n, 1), "cpu-s",
+                   detail="the fault window's CPU less the quiet window's rate over it "
+                   "(node leases, polls, lease renewals)"),
             Figure("RTJ: operator CPU total (start -> end of window)", p.operator_cpu_total,
                    "cpu-s", detail=f"includes starting {args.jobs} jobs"),
             Figure("RTJ: operator RSS steady", p.rss_steady, "MiB",
@@ -747,6 +766,9 @@ def main(argv: list[str] | None = None) -> int:
                     choices=("Recreate", "BlockingRecreate"))  # fmt: skip
     ap.add_argument("--skip-baseline", action="store_true")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                    help="sample the operator with py-spy over the fault window into DIR "
+                    "(raw collapsed stacks) and print its top frames")  # fmt: skip
     args = ap.parse_args(argv)
     if not 0 < args.faults <= args.jobs:
         ap.error("--faults must be between 1 and --jobs")
