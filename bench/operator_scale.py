@@ -400,7 +400,7 @@ class Bench:
                 phases = [(o.get("status") or {}).get("phase") for o in obs.rtjs.values()]
             return len(phases) == a.jobs and all(p == "Running" for p in phases)
 
-        deadline = time.monotonic() + 60 + 8 * a.jobs
+        deadline = time.monotonic() + 60 + 8 * a.jobs + a.jobs * a.workers // 4
         last = -1
         while not all_running():
             if time.monotonic() > deadline:
