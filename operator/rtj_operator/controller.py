@@ -141,6 +141,9 @@ class Settings:
     progress_poll_seconds: float = 5.0
     """How often each running worker pod's progress sidecar is read (0: never; no hang or
     straggler detection)."""
+    resolver_image: str | None = None
+    """The platform's image for resume init containers and progress sidecars (a job's
+    spec.checkpoint.resolverImage wins; None: the trainer's image)."""
     progress_poll_timeout: float = 2.0
     progress_poll_concurrency: int = 16
 
@@ -396,6 +399,7 @@ class Controller:
             rejection=self.rejections.get(key),
             partition=self.node_leases.partition,
             ranks=self.rank_polls.reading(key),
+            resolver_image=self.settings.resolver_image,
         )
 
     # --- reconcile -------------------------------------------------------------------------

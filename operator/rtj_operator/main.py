@@ -58,6 +58,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--store-read-timeout", type=float, default=30.0)
     p.add_argument(
+        "--resolver-image",
+        default=None,
+        help="image of the jobs' resume init container and progress sidecar when a job sets "
+        "no spec.checkpoint.resolverImage (unset: the trainer's image)",
+    )
+    p.add_argument(
         "--progress-poll-seconds",
         type=float,
         default=5.0,
@@ -129,6 +135,7 @@ async def run(args: argparse.Namespace) -> int:
             node_health=node_health,
             store_read_timeout=args.store_read_timeout,
             progress_poll_seconds=args.progress_poll_seconds,
+            resolver_image=args.resolver_image,
         ),
         namespaces=args.namespace or None,
     )

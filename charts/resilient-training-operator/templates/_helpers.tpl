@@ -58,6 +58,18 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 {{- end -}}
 
+{{- define "rtj.resolverImage" -}}
+{{- $r := .Values.resolverImage -}}
+{{- if $r.repository -}}
+{{- $tag := $r.tag | default .Chart.AppVersion -}}
+{{- if $r.digest -}}
+{{- printf "%s:%s@%s" $r.repository $tag $r.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $r.repository $tag -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{/* Whether the cluster serves a monitoring.coreos.com/v1 kind (Prometheus Operator). */}}
 {{- define "rtj.hasMonitoring" -}}
 {{- if .Capabilities.APIVersions.Has (printf "monitoring.coreos.com/v1/%s" .kind) -}}true{{- end -}}

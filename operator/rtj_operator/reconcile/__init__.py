@@ -177,10 +177,17 @@ def plan(snap: Snapshot) -> Plan:
 
 def _judged_by_platform_policy(snap: Snapshot) -> Snapshot:
     """The job as the plan sees it: its nodeHealth narrowed within the platform's policy
-    (classification, quarantine and rendering all read `rtj.spec.node_health`)."""
+    (classification, quarantine and rendering all read `rtj.spec.node_health`), and the
+    platform's resolver image where the job names none."""
     spec = snap.rtj.spec
+    update: dict[str, object] = {}
     health = effective_node_health(spec.node_health, snap.node_health)
-    if health == spec.node_health:
+    if health != spec.node_health:
+        update["node_health"] = health
+    if spec.checkpoint.resolver_image is None and snap.resolver_image:
+        image = {"resolver_image": snap.resolver_image}
+        update["checkpoint"] = spec.checkpoint.model_copy(update=image)
+    if not update:
         return snap
-    rtj = snap.rtj.model_copy(update={"spec": spec.model_copy(update={"node_health": health})})
+    rtj = snap.rtj.model_copy(update={"spec": spec.model_copy(update=update)})
     return replace(snap, rtj=rtj)

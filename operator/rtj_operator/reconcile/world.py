@@ -204,6 +204,8 @@ class Snapshot:
     gone_jobsets: tuple[Json, ...] = ()
     """JobSets of this job deleted while the operator watched (their uids keep the pods of an
     attempt whose JobSet is gone trusted as evidence)."""
+    resolver_image: str | None = None
+    """The platform's default image for the resume init container and progress sidecar."""
     ranks: RankReadings | None = None
     """The current attempt's progress reports (the progress poller's last round)."""
     deleted_nodes: frozenset[str] = frozenset()

@@ -374,3 +374,21 @@ def test_the_crd_ships_with_the_chart_and_is_not_templated(tmp_path: Path) -> No
     assert [c["metadata"]["name"] for c in crds] == ["resilienttrainingjobs.training.resilient.dev"]
     assert crds[0] == yaml.safe_load(CRD_SOURCE.read_text(encoding="utf-8"))
     assert not list((CHART / "templates").glob("*crd*"))
+
+
+def test_the_resolver_image_is_ours_by_default_and_can_be_left_to_the_trainer(
+    tmp_path: Path,
+) -> None:
+    def args(values: dict[str, Any] | None) -> list[str]:
+        objs = render(values, tmp_path) if values else render()
+        return list(one(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"])
+
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    ours = f"--resolver-image=ghcr.io/resilient-training/rtj-resolver:{chart['appVersion']}"
+    assert ours in args(None)
+    pinned = {"resolverImage": {"repository": "registry.example/rtj-resolver", "tag": "1.2.3",
+                                "digest": "sha256:" + "b" * 64}}  # fmt: skip
+    want = "--resolver-image=registry.example/rtj-resolver:1.2.3@sha256:" + "b" * 64
+    assert want in args(pinned)
+    trainers = args({"resolverImage": {"repository": ""}})
+    assert not [a for a in trainers if a.startswith("--resolver-image")]

@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 from rtj_test_support import NOW, make_job
-from rtj_world import jobset, pod, rtj_raw, snapshot, with_status
+from rtj_world import jobset, pod, reading, rtj_raw, snapshot, with_status
 
 from rtj_operator import reconcile as rc
 from rtj_operator.api import keys
@@ -337,3 +337,19 @@ def test_the_watch_cache_keeps_the_port_a_pod_was_created_with() -> None:
          "ports": [{"name": "rtj-progress", "containerPort": 19478, "protocol": "TCP"}]}
     ]  # fmt: skip
     assert len(str(trimmed)) < 600, "the cache keeps the name and the port, not the container"
+
+
+def test_the_platform_resolver_image_runs_the_init_container_and_the_sidecar() -> None:
+    def images(raw: dict[str, Any], platform: str | None) -> dict[str, str]:
+        snap = replace(snapshot(raw, store=reading(100)), resolver_image=platform)
+        (create,) = [a for a in rc.plan(snap).actions if isinstance(a, rc.CreateJobSet)]
+        spec = create.body["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+        return {c["name"]: c["image"] for c in [*spec["initContainers"], *spec["containers"]]}
+
+    platform = "ghcr.io/resilient-training/rtj-resolver:0.1.0"
+    found = images(rtj_raw(), platform)
+    assert found[keys.RESUME_INIT_CONTAINER] == found[keys.PROGRESS_SIDECAR] == platform
+    assert found["trainer"].startswith("registry.example/llm@"), "the trainer keeps its own"
+    own = rtj_raw(checkpoint={"uri": "s3://ckpt/team-a/llm", "resolverImage": "mine:1"})
+    assert images(own, platform)[keys.RESUME_INIT_CONTAINER] == "mine:1", "the job's wins"
+    assert images(rtj_raw(), None)[keys.PROGRESS_SIDECAR] == found["trainer"]
