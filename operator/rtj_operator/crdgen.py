@@ -4,6 +4,11 @@ pydantic emits JSON Schema 2020-12 (`$ref`, `anyOf` with null, titles); the API 
 a *structural* OpenAPI v3 schema (every node typed, no refs, no nullable unions). `to_structural`
 converts one into the other, and `structural_problems` refuses anything that slipped through,
 so a model change that the API server would reject fails here, in a unit test, first.
+
+`spec.template` is the exception to "generated from the models": its schema is Kubernetes'
+own PodTemplateSpec, vendored from the pinned release's OpenAPI document
+(`rtj_operator.api.schemas`); `with_pod_template` puts it under the model's description and
+CEL rule.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import yaml
 
 from rtj_operator.api import keys
 from rtj_operator.api.resource import NAME_MESSAGE, NAME_RULE
+from rtj_operator.api.schemas import pod_template_spec_schema
 from rtj_operator.api.spec import ResilientTrainingJobSpec
 from rtj_operator.api.status import ResilientTrainingJobStatus
 
@@ -29,6 +35,13 @@ _ALLOWED = {
     "minimum", "maximum", "minLength", "maxLength", "minItems", "maxItems", "pattern",
     "additionalProperties",
 }  # fmt: skip
+_X_KUBERNETES = {
+    "x-kubernetes-preserve-unknown-fields", "x-kubernetes-validations",
+    "x-kubernetes-int-or-string", "x-kubernetes-list-type", "x-kubernetes-list-map-keys",
+    "x-kubernetes-map-type",
+}  # fmt: skip
+"""The extensions a CRD schema may carry (`x-kubernetes-embedded-resource` is not used)."""
+_INT_OR_STRING_ANY_OF = [{"type": "integer"}, {"type": "string"}]
 
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
@@ -101,28 +114,92 @@ def to_structural(schema: dict[str, Any]) -> dict[str, Any]:
 
 def structural_problems(node: Any, path: str = "") -> list[str]:
     """What the API server would refuse in this schema (empty when it is structural)."""
+    where = path or "."
     if not isinstance(node, dict):
-        return [f"{path or '.'}: not a schema object"]
+        return [f"{where}: not a schema object"]
+    int_or_string = node.get("x-kubernetes-int-or-string") is True
     problems = [
-        f"{path or '.'}: keyword {key!r} not allowed"
+        f"{where}: keyword {key!r} not allowed"
         for key in node
-        if key not in _ALLOWED and not key.startswith("x-kubernetes-")
+        if key not in _ALLOWED
+        and key not in _X_KUBERNETES
+        and not (key == "anyOf" and int_or_string)
     ]
-    if "type" not in node:
-        problems.append(f"{path or '.'}: every node needs a type")
+    if int_or_string:
+        # the one untyped node a structural schema allows: anyOf [integer, string], no type
+        if node.get("anyOf") != _INT_OR_STRING_ANY_OF or "type" in node:
+            problems.append(f"{where}: int-or-string must be anyOf [integer, string], untyped")
+    elif "type" not in node:
+        problems.append(f"{where}: every node needs a type")
     if node.get("x-kubernetes-preserve-unknown-fields") and node.get("type") != "object":
         problems.append(f"{path}: preserve-unknown-fields needs type object")
     if "properties" in node and "additionalProperties" in node:
         problems.append(f"{path}: properties and additionalProperties are exclusive")
+    if "items" in node and node.get("type") != "array":
+        problems.append(f"{path}: items need type array")
+    problems += _list_type_problems(node, where)
+    if "default" in node and not _matches_type(node["default"], node):
+        problems.append(f"{where}: default {node['default']!r} is not a {node.get('type')}")
     for name, child in node.get("properties", {}).items():
         problems += structural_problems(child, f"{path}.{name}")
     if "items" in node:
         problems += structural_problems(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        problems += structural_problems(node["additionalProperties"], f"{path}{{}}")
     return problems
+
+
+def _list_type_problems(node: dict[str, Any], where: str) -> list[str]:
+    """`x-kubernetes-list-type` / `-list-map-keys` as apiextensions validation checks them."""
+    list_type = node.get("x-kubernetes-list-type")
+    keys: list[str] = node.get("x-kubernetes-list-map-keys") or []
+    if list_type is None and not keys:
+        return []
+    if node.get("type") != "array":
+        return [f"{where}: x-kubernetes-list-type needs type array"]
+    if list_type not in ("atomic", "set", "map"):
+        return [f"{where}: x-kubernetes-list-type {list_type!r} unknown"]
+    if (list_type == "map") != bool(keys):
+        return [f"{where}: x-kubernetes-list-map-keys go with (only) list-type map"]
+    if list_type != "map":
+        return []
+    items = node.get("items", {})
+    required = set(items.get("required", ()))
+    properties = items.get("properties", {})
+    return [
+        f"{where}: list-map key {key!r} must be a required or defaulted item property"
+        for key in keys
+        if key not in properties or (key not in required and "default" not in properties[key])
+    ]
+
+
+_PYTHON_TYPES: dict[str, type | tuple[type, ...]] = {
+    "string": str, "boolean": bool, "object": dict, "array": list,
+    "integer": int, "number": (int, float),
+}  # fmt: skip
+
+
+def _matches_type(value: Any, node: dict[str, Any]) -> bool:
+    """A default of the node's type (a bool is no integer, though Python says it is)."""
+    expected = _PYTHON_TYPES.get(node.get("type", ""), object)
+    return isinstance(value, expected) and not (isinstance(value, bool) and expected is not bool)
 
 
 def _model_schema(model: type[ResilientTrainingJobSpec | ResilientTrainingJobStatus]) -> Any:
     return to_structural(model.model_json_schema(by_alias=True, mode="validation"))
+
+
+def with_pod_template(spec: dict[str, Any]) -> dict[str, Any]:
+    """`spec.template`: Kubernetes' PodTemplateSpec schema, with the model's description (what
+    the operator does with it) and its CEL rule (at least one container)."""
+    model = spec["properties"]["template"]
+    vendored = pod_template_spec_schema()
+    template = {
+        "description": model["description"],
+        **{k: v for k, v in vendored.items() if k != "description"},
+        "x-kubernetes-validations": model["x-kubernetes-validations"],
+    }
+    return {**spec, "properties": {**spec["properties"], "template": template}}
 
 
 def open_api_schema() -> dict[str, Any]:
@@ -137,7 +214,7 @@ def open_api_schema() -> dict[str, Any]:
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
             "metadata": {"type": "object"},
-            "spec": _model_schema(ResilientTrainingJobSpec),
+            "spec": with_pod_template(_model_schema(ResilientTrainingJobSpec)),
             "status": _model_schema(ResilientTrainingJobStatus),
         },
         "x-kubernetes-validations": [{"rule": NAME_RULE, "message": NAME_MESSAGE}],

@@ -13,6 +13,7 @@ from pydantic import Field, field_validator, model_validator
 
 from rtj_operator.api.base import ApiModel, cel, validations
 from rtj_operator.api.keys import DEFAULT_PROGRESS_PORT, DEFAULT_TAINT_KEY, MAX_REPLICAS
+from rtj_operator.api.schemas import KUBERNETES_VERSION
 
 DEFAULT_XID_CODES = (
     46, 48, 54, 62, 64, 74, 79, 95, 109, 110, 119, 120, 136, 140, 143,
@@ -312,40 +313,25 @@ class ResilientTrainingJobSpec(ApiModel):
         "applies to the next attempt's JobSet.",
     )
     template: dict[str, Any] = Field(
-        description="Worker PodTemplateSpec (the user's image and command). May change only "
-        "while the job is suspended. The operator fills only what it leaves unset, and "
-        "keeps every explicit value: automountServiceAccountToken false; pod seccompProfile "
-        "RuntimeDefault; pod runAsNonRoot true unless the pod or any container sets "
-        "runAsUser or runAsNonRoot (a root image needs runAsUser: 0); per container "
+        description="Worker PodTemplateSpec (the user's image and command). The API server "
+        f"validates it against the PodTemplateSpec schema of Kubernetes {KUBERNETES_VERSION} "
+        "(`kubectl explain rtj.spec.template`): an unknown field is refused by strict field "
+        "validation (kubectl's default) and dropped otherwise, a wrongly typed one is refused. "
+        "May change only while the job is suspended. The operator fills only what it leaves "
+        "unset, and keeps every explicit value: automountServiceAccountToken false; pod "
+        "seccompProfile RuntimeDefault; pod runAsNonRoot true unless the pod or any container "
+        "sets runAsUser or runAsNonRoot (a root image needs runAsUser: 0); per container "
         "allowPrivilegeEscalation false unless privileged or adding CAP_SYS_ADMIN, and "
         "capabilities.drop [ALL] unless it sets capabilities, is privileged or runs as root "
         "by choice (docs/operations.md).",
-        json_schema_extra={
-            "x-kubernetes-preserve-unknown-fields": True,
-            # CEL only sees declared fields: declare the path the rule reads (the rest of the
-            # PodTemplateSpec stays free-form, as the API server validates it in the JobSet)
-            "properties": {
-                "spec": {
-                    "type": "object",
-                    "x-kubernetes-preserve-unknown-fields": True,
-                    "properties": {
-                        "containers": {
-                            "type": "array",
-                            "items": {
-                                "type": "object",
-                                "x-kubernetes-preserve-unknown-fields": True,
-                            },
-                        }
-                    },
-                }
-            },
-            **validations(
-                cel(
-                    "has(self.spec) && has(self.spec.containers) && size(self.spec.containers) > 0",
-                    "template.spec.containers must list at least one container",
-                )
-            ),
-        },
+        # The schema itself is the vendored Kubernetes one (rtj_operator.api.schemas), put in
+        # place by crdgen; the model keeps a plain dict, deep-copied into each JobSet.
+        json_schema_extra=validations(
+            cel(
+                "has(self.spec) && has(self.spec.containers) && size(self.spec.containers) > 0",
+                "template.spec.containers must list at least one container",
+            )
+        ),
     )
     trainer_container: str | None = Field(
         default=None,
