@@ -154,16 +154,22 @@ def test_kubectl_apply_of_a_malformed_spec_is_refused_with_its_field_message(
 
 
 @pytest.mark.local_only
-def test_a_typo_in_the_pod_template_is_a_condition_naming_the_field_then_fixed(
+def test_a_jobset_a_webhook_refuses_is_a_condition_naming_why_then_fixed(
     rtj_api: Kube, rtj_ns: Any, run_operator: Any
 ) -> None:
-    """The RTJ keeps the pod template as the user wrote it; the JobSet is created with strict
-    field validation, so an unknown field is refused with its name (a JobSetRejected
-    condition and one Event, not a retry loop), and the fixed spec is tried again."""
+    """What the RTJ's own schema cannot know (a typo in the pod template is refused at
+    create now: tests/integration/operator/test_crd_template_schema.py) but an admission
+    webhook refuses: Kueue's JobSet webhook allows one topology request per pod set
+    (pkg/controller/jobframework/tas_validation.go, v0.17.0). The refusal is a
+    JobSetRejected condition and one Event, not a retry loop, and the fixed spec is tried
+    again."""
     ns = rtj_ns.name
     run_operator()
     body = rtj_body(JOB, ns, URI)
-    body["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Never"
+    body["spec"]["template"]["metadata"] = {"annotations": {
+        "kueue.x-k8s.io/podset-required-topology": "kubernetes.io/hostname",
+        "kueue.x-k8s.io/podset-preferred-topology": "kubernetes.io/hostname",
+    }}  # fmt: skip
     rtj_api.create_rtj(ns, body)
 
     def rejected() -> dict[str, Any] | None:
@@ -171,14 +177,22 @@ def test_a_typo_in_the_pod_template_is_a_condition_naming_the_field_then_fixed(
         return cond if cond and cond.get("reason") == "JobSetRejected" else None
 
     cond = wait_for("the JobSetRejected condition", rejected, WAIT)
-    assert "imagePullPolicyy" in cond["message"], cond
+    assert "topology" in cond["message"], cond
     assert jobsets_of(rtj_api, ns, JOB) == []
     reasons = wait_events(rtj_api, ns, JOB, "JobSetRejected")
     assert reasons.count("JobSetRejected") == 1, reasons
 
     fixed = rtj_api.get_rtj(ns, JOB)
-    del fixed["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"]
-    rtj_api.request("replace rtj", "PUT",
-                    f"/apis/training.resilient.dev/v1alpha1/namespaces/{ns}/resilienttrainingjobs/{JOB}",
-                    fixed)  # fmt: skip
+    del fixed["spec"]["template"]["metadata"]["annotations"][
+        "kueue.x-k8s.io/podset-preferred-topology"
+    ]
+    del fixed["spec"]["template"]["metadata"]["annotations"][
+        "kueue.x-k8s.io/podset-required-topology"
+    ]
+    path = f"/apis/training.resilient.dev/v1alpha1/namespaces/{ns}/resilienttrainingjobs/{JOB}"
+    fixed["spec"]["suspend"] = True  # the template changes only while suspended (CEL)
+    rtj_api.request("replace rtj", "PUT", path, fixed)
+    resumed = rtj_api.get_rtj(ns, JOB)
+    resumed["spec"]["suspend"] = False
+    rtj_api.request("resume rtj", "PUT", path, resumed)
     wait_running(rtj_api, ns, JOB, 1, 2)
