@@ -13,6 +13,7 @@ import random
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -39,14 +40,18 @@ def pool() -> Iterator[ThreadPoolExecutor]:
         yield executor
 
 
-def copy(tmp_path: Path, data: bytes, pool: ThreadPoolExecutor) -> tuple[tuple[str, int], bytes]:
+def copy(
+    tmp_path: Path, data: bytes, pool: ThreadPoolExecutor, call_bytes: int = 3 * CHUNK + 5
+) -> tuple[tuple[str, int], bytes]:
+    """copy_hashed with small windows and small kernel calls (not multiples of a window),
+    so that one file takes many calls and the hash both trails and catches up."""
     source = tmp_path / "source.bin"
     source.write_bytes(data)
     target = tmp_path / "target.bin"
     src = os.open(source, os.O_RDONLY)
     dst = os.open(target, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        result = pipeline.copy_hashed(src, dst, pool, chunk=CHUNK)
+        result = pipeline.copy_hashed(src, dst, pool, chunk=CHUNK, call_bytes=call_bytes)
     finally:
         os.close(src)
         os.close(dst)
@@ -57,13 +62,41 @@ SIZES = [0, 1, CHUNK - 1, CHUNK, CHUNK + 1, 11 * CHUNK + 4097]
 
 
 @pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("call_bytes", [3 * CHUNK + 5, pipeline.MAX_CALL_BYTES])
 def test_copy_hashes_exactly_the_bytes_copied(
-    size: int, tmp_path: Path, pool: ThreadPoolExecutor
+    size: int, call_bytes: int, tmp_path: Path, pool: ThreadPoolExecutor
 ) -> None:
     data = random.Random(size).randbytes(size)
-    (sha, written), copied = copy(tmp_path, data, pool)
+    (sha, written), copied = copy(tmp_path, data, pool, call_bytes)
     assert copied == data
     assert (sha, written) == (hashlib.sha256(data).hexdigest(), size)
+
+
+def test_the_copy_waits_for_a_slow_hash(
+    tmp_path: Path, pool: ThreadPoolExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The copy never runs more than two calls ahead of the hash."""
+    call = 2 * CHUNK
+    ahead: list[int] = []
+    real_sendfile = os.sendfile
+    real_hash = pipeline._RangeHasher.hash
+    hashed = [0]
+
+    def slow_hash(self: Any, offset: int, nbytes: int) -> None:
+        time.sleep(0.005)
+        real_hash(self, offset, nbytes)
+        hashed[0] = offset + nbytes
+
+    def sendfile(out: int, src: int, offset: int, count: int) -> int:
+        ahead.append(offset - hashed[0])
+        return real_sendfile(out, src, offset, count)
+
+    monkeypatch.setattr(pipeline._RangeHasher, "hash", slow_hash)
+    monkeypatch.setattr(os, "sendfile", sendfile)
+    data = random.Random(9).randbytes(20 * CHUNK)
+    (sha, _), copied = copy(tmp_path, data, pool, call)
+    assert sha == hashlib.sha256(data).hexdigest() and copied == data
+    assert max(ahead) <= 2 * call
 
 
 @pytest.mark.parametrize("failure", ["sendfile", "mmap"])
@@ -188,39 +221,38 @@ def test_a_failing_disk_during_a_streamed_write_publishes_nothing(
 
 
 def test_the_hash_never_outlives_a_failed_copy(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, pool: ThreadPoolExecutor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """After a failure no hash task is left to read a descriptor the caller closes."""
+    """A copy that fails mid-file raises only once its hash has stopped: nothing reads
+    the descriptors the caller closes next."""
     source = tmp_path / "s.bin"
     source.write_bytes(random.Random(2).randbytes(40 * CHUNK))
     real = os.sendfile
     calls = [0]
 
-    def fail_late(*args: Any) -> int:
+    def fail_late(out: int, src: int, offset: int, count: int) -> int:
         calls[0] += 1
-        if calls[0] == 20:
+        if calls[0] == 5:
             raise OSError(errno.EIO, os.strerror(errno.EIO))
-        return real(*args)
-
-    submitted: list[Any] = []
-
-    class Recording(ThreadPoolExecutor):
-        def submit(self, *args: Any, **kwargs: Any) -> Any:
-            future = super().submit(*args, **kwargs)
-            submitted.append(future)
-            return future
+        return real(out, src, offset, count)
 
     monkeypatch.setattr(os, "sendfile", fail_late)
+    running: list[Any] = []
+    submit = pool.submit
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        future = submit(*args, **kwargs)
+        running.append(future)
+        return future
+
+    monkeypatch.setattr(pool, "submit", recording)
     src = os.open(source, os.O_RDONLY)
     dst = os.open(tmp_path / "t.bin", os.O_RDWR | os.O_CREAT, 0o644)
-    pool = Recording(1)
     try:
         with pytest.raises(OSError, match="Input/output error"):
-            pipeline.copy_hashed(src, dst, pool, chunk=CHUNK)
-        assert len(submitted) == 19  # one hash per range copied before the failure
-        assert all(f.done() for f in submitted)  # checked before the pool shuts down
+            pipeline.copy_hashed(src, dst, pool, chunk=CHUNK, call_bytes=3 * CHUNK)
+        assert len(running) == 1 and running[0].done()  # checked before the pool shuts down
     finally:
-        pool.shutdown()
         os.close(src)
         os.close(dst)
 

@@ -11,15 +11,24 @@ copying (kernel time) run on two cores at once. hashlib releases the GIL for buf
   calling thread writes it, and the next chunk is taken only when both are done, so the
   caller may reuse its memory and a generator knows exactly how many bytes were written
   when it resumes. Nothing is buffered here.
-* :func:`copy_hashed`: a local file (``StepWriter.copy_file``). The kernel copies it chunk
-  by chunk (``sendfile``: the bytes never pass through user memory) and the helper thread
-  hashes each copied range from the destination's page cache (``mmap``), at most
-  :data:`HASH_LAG` chunks behind the copy: the digest is of the bytes now in the
-  destination file. Where the kernel cannot copy between these two files, two reused
-  buffers carry the bytes (read one while the other is hashed and written).
+* :func:`copy_hashed`: a local file (``StepWriter.copy_file``). The kernel copies it as
+  ``shutil.copyfile`` does (``sendfile``, as much as Linux moves per call: the bytes never
+  pass through user memory), and the helper thread hashes the destination from its page
+  cache (``mmap``, one :data:`~rtj_shim.storage.base.CHUNK_BYTES` window at a time) as
+  it grows, so the digest is of the bytes in the destination file. The copy is faster
+  than SHA-256 and waits before running more than two calls ahead. Where the kernel
+  cannot copy between these two files, two reused buffers carry the bytes (one is read
+  while the other is hashed and written).
 
-Both start writeback of every written range at once (``sync_file_range``, a hint only), so
-the disk writes while the CPU hashes and the fsync that makes the file durable, which the
+  Few large calls, not a call per window: on the VM the benchmarks run on (its host takes
+  freed memory back: virtio-balloon free page reporting), copying a 4 GiB file in calls
+  of 8 MiB to 1.5 GiB cost 2-3x the system time of calls of ``MAX_CALL_BYTES``, the size
+  ``shutil.copyfile`` uses (measured, all of it in the kernel's memcpy into the page
+  cache; the cause is the host's, not understood here). The price: a signal waits for
+  the call in progress (well under a second), and writeback starts per call.
+
+Both start writeback of what they wrote at once (``sync_file_range``, a hint only), so the
+disk writes while the CPU hashes and the fsync that makes the file durable, which the
 caller still does, finds little left. Memory: no buffer at all for chunks the caller owns;
 one mapped window of :data:`~rtj_shim.storage.base.CHUNK_BYTES` at a time for a copy (two
 reused buffers of that size on the fallback path).
@@ -33,6 +42,7 @@ import errno
 import hashlib
 import mmap
 import os
+import threading
 from collections import deque
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -40,8 +50,9 @@ from typing import Any
 
 from rtj_shim.storage.base import CHUNK_BYTES
 
-HASH_LAG = 4  # copied chunks the hash may trail the copy by (bounds what must stay cached)
+MAX_CALL_BYTES = 0x7FFFF000  # what Linux moves in one read/write/sendfile call at most
 WRITEBACK_MIN = 1 << 20  # start writeback once this much was written since the last start
+_POLL_S = 0.001  # how long a hash that caught up with the copy waits before looking again
 
 # sendfile between these two files is not possible: copy through buffers instead.
 _NO_KERNEL_COPY = frozenset(
@@ -91,43 +102,105 @@ def write_hashed(
 
 
 def copy_hashed(
-    source: int, target: int, pool: ThreadPoolExecutor, chunk: int = CHUNK_BYTES
+    source: int,
+    target: int,
+    pool: ThreadPoolExecutor,
+    chunk: int = CHUNK_BYTES,
+    call_bytes: int = MAX_CALL_BYTES,
 ) -> tuple[str, int]:
     """Copy ``source`` from its start to its end into ``target`` (opened for reading and
-    writing, empty) and hash what ``target`` then holds; returns (sha256 hex, bytes)."""
+    writing, empty) and hash what ``target`` then holds; returns (sha256 hex, bytes).
+
+    The kernel copies in calls of ``call_bytes`` (as much as Linux moves in one call, as
+    ``shutil.copyfile`` does); ``pool``'s thread hashes the destination ``chunk`` by
+    ``chunk`` as it grows, and the copy waits before a call that would put it more than
+    two calls ahead of the hash."""
     digest = hashlib.sha256()
-    ranges = _RangeHasher(target, digest, chunk)
-    pending: deque[Future[None]] = deque()
-    size = 0
+    progress = _Progress()
+    hashing = pool.submit(_hash_behind, target, digest, chunk, progress)
+    copied = 0
     try:
         while True:
+            progress.wait_hashed(copied - call_bytes)
             try:
-                copied = os.sendfile(target, source, size, chunk)
+                got = os.sendfile(target, source, copied, call_bytes)
             except OSError as exc:
-                if size == 0 and exc.errno in _NO_KERNEL_COPY:
+                if copied == 0 and exc.errno in _NO_KERNEL_COPY:
+                    progress.stop()
+                    hashing.result()
                     return _copy_buffered(source, target, pool, chunk)
                 raise
-            if copied == 0:
+            if got == 0:
                 break
-            pending.append(pool.submit(ranges.hash, size, copied))
-            start_writeback(target, size, copied)
-            size += copied
-            while len(pending) > HASH_LAG:
-                pending.popleft().result()
-        while pending:
-            pending.popleft().result()
-    finally:
-        _settle(pending)  # after an error: no hash may still read a descriptor we close
-    return digest.hexdigest(), size
+            start_writeback(target, copied, got)  # this thread waits for the hash anyway
+            copied += got
+        progress.finish(copied)
+        hashed = hashing.result()
+    except BaseException:
+        progress.stop()  # no hash may still read a descriptor the caller closes
+        with contextlib.suppress(Exception):
+            hashing.result()
+        raise
+    if hashed != copied:  # pragma: no cover - a broken invariant, never a disk error
+        raise OSError(errno.EIO, f"hashed {hashed} of {copied} bytes copied")
+    return digest.hexdigest(), copied
 
 
-def _settle(pending: deque[Future[None]]) -> None:
-    for future in pending:
-        future.cancel()
-    for future in pending:
-        if not future.cancelled():
-            with contextlib.suppress(Exception):
-                future.result()
+class _Progress:
+    """What the copy and the hash of one file know of each other."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        self.final: int | None = None  # bytes copied, once the copy is complete
+        self.stopped = False  # the copy failed: the hash stops
+        self.hashed = 0
+
+    def finish(self, total: int) -> None:
+        with self._lock:
+            self.final = total
+            self._lock.notify_all()
+
+    def stop(self) -> None:
+        with self._lock:
+            self.stopped = True
+            self._lock.notify_all()
+
+    def advance(self, hashed: int) -> None:
+        with self._lock:
+            self.hashed = hashed
+            self._lock.notify_all()
+
+    def wait_hashed(self, position: int) -> None:
+        """Until the hash has reached ``position`` (the copy may run two calls ahead)."""
+        with self._lock:
+            while self.hashed < position and not self.stopped:
+                self._lock.wait()
+
+    def wait_copied(self) -> None:
+        """A moment for the copy to move on (the hash has caught up with it)."""
+        with self._lock:
+            if self.final is None and not self.stopped:
+                self._lock.wait(_POLL_S)
+
+
+def _hash_behind(fd: int, digest: Any, chunk: int, progress: _Progress) -> int:
+    """Hash ``fd`` from its start, a full ``chunk`` at a time while it is being copied
+    (its size grows with every byte the kernel copies), then the rest."""
+    ranges = _RangeHasher(fd, digest, chunk)
+    hashed = 0
+    while not progress.stopped:
+        final = progress.final
+        end = final if final is not None else os.fstat(fd).st_size
+        if end - hashed >= chunk or (final is not None and end > hashed):
+            n = min(chunk, end - hashed)
+            ranges.hash(hashed, n)
+            hashed += n
+            progress.advance(hashed)
+        elif final is not None:
+            break
+        else:
+            progress.wait_copied()
+    return hashed
 
 
 class _RangeHasher:
@@ -168,6 +241,17 @@ class _RangeHasher:
                     raise OSError(errno.EIO, f"{end - offset} bytes just written are missing")
                 self._digest.update(buffer[:got])
                 offset += got
+
+
+def _settle(pending: deque[Future[None]]) -> None:
+    """Cancel what has not started and wait for the rest, its errors ignored (the caller
+    is raising its own): afterwards nothing reads a buffer or descriptor any more."""
+    for future in pending:
+        future.cancel()
+    for future in pending:
+        if not future.cancelled():
+            with contextlib.suppress(Exception):
+                future.result()
 
 
 def _copy_buffered(
