@@ -1,35 +1,42 @@
-"""What the checkpoint protocol costs, measured against a plain durable copy of the same bytes.
+"""What the checkpoint protocol costs, against a plain durable copy (or upload) of the same bytes.
 
-Everything runs side by side in one process, on the same bytes, in a temporary directory
-under ``<repo>/.bench/`` (the repository's filesystem, git-ignored), removed afterwards:
+Everything runs side by side on the same bytes, in a temporary directory under
+``<repo>/.bench/`` (the repository's filesystem, git-ignored), removed afterwards. A step
+comes in three shapes: 1 file of 4 GiB (one rank's ``torch.save``, or the one ``.distcp``
+file per rank that ``torch.distributed.checkpoint`` writes), 8 files of 128 MiB and 64
+files of 16 MiB.
 
-1. publish: ``CommitProtocol.publish_directory`` (hash + fsync + manifest + rename) of N
-   bytes in 8 files, against (a) a userspace read/write loop with the same chunk size and
-   (b) ``shutil.copyfile`` (sendfile), each followed by an fsync per file; target <= 1.3x.
-2. deep verification: ``verify_step(..., Depth.DEEP, workers=2)`` (and workers=1) against
-   single-threaded ``hashlib.sha256`` over the same 8 files; target >= 1.7x with 2 workers.
+1. publish, filesystem: ``CommitProtocol.publish_directory`` (hash while writing, fsync,
+   manifest, COMMITTED, rename) of each shape against ``shutil.copyfile`` + fsync of every
+   file and of the directory; target <= 1.3x for every shape.
+2. deep verification: ``verify_step(..., Depth.DEEP, workers=2)`` (and workers=1) of the
+   8 x 128 MiB step against single-threaded ``hashlib.sha256``; target >= 1.7x (2 workers).
 3. fixed commit cost: ``StepWriter.commit`` (manifest + COMMITTED + rename + directory
    fsyncs) of a step whose 8 tiny shards are already written; target < 5 ms (median).
    Also: the whole publish of a 1-file tiny step.
-4. peak memory: a child process publishing one large file (4 GiB) against a child that
-   only does the imports; target < 100 MiB above the interpreter's.
+4. peak memory: a child process publishing the 4 GiB file; target < 100 MiB above what it
+   held before publishing (the filesystem path holds one mapped chunk of 8 MiB).
+5. publish, S3: ``publish_directory`` into an ``S3Store`` on the loopback S3 server (moto,
+   :mod:`e2e.s3server`, authentication enforced) against boto3's ``upload_file`` of every
+   file with the same part size and concurrency. Each run is a child process that reports
+   its own time, CPU and peak RSS; the server's CPU is read from /proc. Reported, no
+   target: the server (Python, on the same cores) bounds both sides.
 
-Each line prints absolute numbers, the ratio to its baseline, the target and PASS/MISS. A
-miss never fails the run; only an error exits non-zero.
+Each line prints absolute numbers, the ratio to its baseline, the target, PASS/MISS and
+the load average. A miss never fails the run; only an error exits non-zero.
 
-    python -m bench.checkpoint_protocol [--size-gib 1.0] [--quick] [--json FILE]
+    python -m bench.checkpoint_protocol [--quick] [--reps 3] [--s3-reps 1] [--no-s3]
+        [--json FILE] [--markdown FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import hashlib
 import json
 import os
 import platform
-import queue
 import resource
 import shutil
 import ssl
@@ -41,16 +48,16 @@ import textwrap
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from rtj_shim.manifest import FileEntry, Manifest, committed_marker, encode_manifest, utc_now
-from rtj_shim.protocol import CommitProtocol, PublishResult, StepMetadata, collect_directory
+from rtj_shim.manifest import Manifest, committed_marker, encode_manifest, utc_now
+from rtj_shim.protocol import CommitProtocol
 from rtj_shim.storage.base import CHUNK_BYTES
 from rtj_shim.storage.filesystem import FilesystemStepWriter, FilesystemStore
+from rtj_shim.storage.s3_upload import DEFAULT_CONCURRENCY, DEFAULT_PART_BYTES
 from rtj_shim.verification import Depth
 from rtj_shim.verifier import verify_step
 
@@ -59,11 +66,34 @@ BENCH_DIR = REPO / ".bench"
 KiB = 1 << 10
 MiB = 1 << 20
 GiB = 1 << 30
-N_FILES = 8
+N_FILES = 8  # tiny shards of the commit benchmark
 RUN_ID = "bench-run"
 SOURCE_BLOCK = 64 * MiB  # random bytes written once and repeated to build large sources
 
-# Targets (from the issue).
+
+@dataclass(frozen=True)
+class Shape:
+    files: int
+    file_bytes: int
+
+    @property
+    def total(self) -> int:
+        return self.files * self.file_bytes
+
+    @property
+    def tag(self) -> str:
+        return f"{self.files}x{fmt_size(self.file_bytes).replace(' ', '')}"
+
+    @property
+    def text(self) -> str:
+        return f"{self.files} x {fmt_size(self.file_bytes)}"
+
+
+SHAPES = (Shape(1, 4 * GiB), Shape(8, 128 * MiB), Shape(64, 16 * MiB))
+QUICK_SHAPES = (Shape(1, 128 * MiB), Shape(8, 16 * MiB), Shape(64, 2 * MiB))
+VERIFY_SHAPE = 1  # index of the shape whose published step section 3 verifies
+
+# Targets (from the issues).
 PUBLISH_MAX_RATIO = 1.3
 VERIFY_MIN_SPEEDUP = 1.7
 COMMIT_MAX_MS = 5.0
@@ -85,7 +115,7 @@ class Row:
     target: str
     passed: bool | None  # None: reported only, no target
     values: dict[str, Any] = field(default_factory=dict)
-    prototype: bool = False  # a proposed change measured in this file, not the package
+    load: float = field(default_factory=lambda: os.getloadavg()[0])  # 1-min, when measured
 
     @property
     def verdict(self) -> str:
@@ -101,13 +131,17 @@ class Report:
     busy: set[str] = field(default_factory=set)  # sections timed while the machine was busy
 
     def result(self, row: Row) -> str:
-        busy = row.passed is not None and row.section.split()[-1] in self.busy
+        key = row.values.get("busy_key") or row.section.split()[-1]
+        busy = row.passed is not None and key in self.busy
         return row.verdict + ("*" if busy else "")
 
     def add(self, row: Row) -> None:
         self.rows.append(row)
         ratio = f"{row.ratio:.2f}x {row.ratio_means}" if row.ratio is not None else "-"
-        print(f"  -> {row.check}: {row.candidate} vs {row.baseline}: {ratio}; {row.verdict}")
+        print(
+            f"  -> {row.check}: {row.candidate} vs {row.baseline}: {ratio}; {row.verdict} "
+            f"(load {row.load:.2f})"
+        )
 
     def note(self, text: str) -> None:
         self.notes.append(text)
@@ -325,13 +359,12 @@ def write_source_file(path: Path, size: int, block: bytes) -> None:
         os.fsync(fh.fileno())
 
 
-def make_source(directory: Path, total: int, n_files: int, block: bytes) -> list[tuple[str, Path]]:
+def make_source(directory: Path, shape: Shape, block: bytes) -> list[tuple[str, Path]]:
     directory.mkdir(parents=True)
-    per_file = total // n_files
     files = []
-    for i in range(n_files):
+    for i in range(shape.files):
         rel = f"shard-{i:02d}.bin"
-        write_source_file(directory / rel, per_file, block)
+        write_source_file(directory / rel, shape.file_bytes, block)
         files.append((rel, directory / rel))
     fsync_path(directory, directory=True)
     return files
@@ -346,11 +379,12 @@ def warm(paths: Sequence[Path]) -> None:
 
 
 def need_disk(where: Path, needed: int, what: str, report: Report) -> bool:
+    """Room for ``needed`` bytes and a margin of as much again (the page cache, the rest)."""
     free = shutil.disk_usage(where).free
-    if free < 3 * needed:
+    if free < 2 * needed:
         report.note(
-            f"SKIPPED {what}: {free / GiB:.1f} GiB free, needs 3 x {needed / GiB:.1f} GiB "
-            f"= {3 * needed / GiB:.1f} GiB"
+            f"SKIPPED {what}: {free / GiB:.1f} GiB free, needs 2 x {needed / GiB:.1f} GiB "
+            f"= {2 * needed / GiB:.1f} GiB"
         )
         return False
     return True
@@ -360,24 +394,11 @@ def rmtree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-# --------------------------------------------------------------------------- 1. baselines
-
-
-def copy_loop_fsync(files: Sequence[tuple[str, Path]], dst: Path) -> None:
-    """Baseline (a): userspace read/write loop, same chunk size as the shim, fsync per file."""
-    dst.mkdir()
-    for rel, src in files:
-        with src.open("rb", buffering=0) as fi, (dst / rel).open("wb", buffering=0) as fo:
-            while chunk := fi.read(CHUNK_BYTES):
-                view = memoryview(chunk)
-                while view:
-                    view = view[fo.write(view) :]
-            os.fsync(fo.fileno())
-    fsync_path(dst, directory=True)
+# --------------------------------------------------------------------------- 1. filesystem
 
 
 def copyfile_fsync(files: Sequence[tuple[str, Path]], dst: Path) -> None:
-    """Baseline (b): shutil.copyfile (sendfile in the kernel), fsync per file."""
+    """Baseline: shutil.copyfile (sendfile in the kernel), fsync per file and directory."""
     dst.mkdir()
     for rel, src in files:
         shutil.copyfile(src, dst / rel)
@@ -385,249 +406,238 @@ def copyfile_fsync(files: Sequence[tuple[str, Path]], dst: Path) -> None:
     fsync_path(dst, directory=True)
 
 
-# --------------------------------------------------------------------------- prototypes
-#
-# Proposed data path for FilesystemStepWriter.copy_file, measured here beside the package's
-# own. It keeps what the package guarantees: the sha256 is of exactly the bytes written
-# (hashed from the same buffer, in a helper thread, while that buffer is written), each file
-# is fsynced before its FileEntry exists, and manifest/COMMITTED/rename/latest.json go
-# through the package's own commit (CommitProtocol.publish). What changes:
-#   - two reused buffers (readinto) instead of a fresh 8 MiB bytes object per chunk, and the
-#     next chunk is read while the current one is hashed;
-#   - sync_file_range(SYNC_FILE_RANGE_WRITE) after each chunk starts writeback at once, so
-#     the disk works while the CPU hashes and fsync finds little left (a hint only: fsync
-#     still makes the file durable). Without it the package hashes the whole file first and
-#     only then makes the disk write it, so hash time and writeback time add up;
-#   - optionally, two files at a time (hashlib and the syscalls release the GIL).
-
-_SYNC_FILE_RANGE_WRITE = 2
-_sync_file_range: Any = None
-with contextlib.suppress(OSError, AttributeError):
-    _sync_file_range = ctypes.CDLL(None, use_errno=True).sync_file_range
-    _sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    _sync_file_range.restype = ctypes.c_int
+def step_dir(store: FilesystemStore, step: int) -> Path:
+    return store.root / "steps" / f"step-{step:012d}"
 
 
-def start_writeback(fd: int, offset: int, nbytes: int) -> None:
-    """Ask the kernel to start writing a range back now (no wait; errors ignored: a hint)."""
-    if _sync_file_range is not None:
-        _sync_file_range(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)
+def cpu_text(usages: Sequence[Usage]) -> str:
+    return f"cpu {med([u.user + u.sys for u in usages]):.2f} s"
 
 
-def write_all(fd: int, view: memoryview) -> None:
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-Buffers = tuple[bytearray, bytearray]
-
-
-def proto_copy(
-    target: Path, source: Path, buffers: Buffers, hasher: ThreadPoolExecutor, early_writeback: bool
-) -> tuple[str, int]:
-    digest = hashlib.sha256()
-    size = 0
-    fd_in = os.open(source, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    try:
-        fd_out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        try:
-            which = 0
-            n = os.readv(fd_in, [buffers[which]])
-            while n:
-                view = memoryview(buffers[which])[:n]
-                hashed = hasher.submit(digest.update, view)
-                write_all(fd_out, view)
-                if early_writeback:
-                    start_writeback(fd_out, size, n)
-                size += n
-                which ^= 1
-                n = os.readv(fd_in, [buffers[which]])  # the other buffer, while hashing
-                hashed.result()
-            os.fsync(fd_out)
-        finally:
-            os.close(fd_out)
-    finally:
-        os.close(fd_in)
-    return digest.hexdigest(), size
-
-
-def prototype_publish_directory(
-    proto: CommitProtocol,
-    step: int,
-    source: Path,
-    *,
-    early_writeback: bool = True,
-    streams: int = 1,
-) -> PublishResult:
-    """publish_directory with the prototype data path; commit is the package's own."""
-    files = collect_directory(source)
-    writer = proto.begin(step)
-    assert isinstance(writer, FilesystemStepWriter)
-    spare: queue.SimpleQueue[Buffers] = queue.SimpleQueue()
-    for _ in range(streams):  # two chunk buffers per stream, allocated once per publish
-        spare.put((bytearray(CHUNK_BYTES), bytearray(CHUNK_BYTES)))
-    try:
-        with ThreadPoolExecutor(streams, thread_name_prefix="proto-hash") as hasher:
-
-            def one(item: tuple[str, Path]) -> FileEntry:
-                rel, path = item
-                # _target confines the path and records parent dirs for the commit's fsyncs.
-                target = writer._target(rel)
-                buffers = spare.get()
-                try:
-                    sha, size = proto_copy(target, path, buffers, hasher, early_writeback)
-                finally:
-                    spare.put(buffers)
-                return FileEntry(path=rel, bytes=size, sha256=sha)
-
-            if streams == 1:
-                entries = [one(item) for item in files]
-            else:
-                with ThreadPoolExecutor(streams, thread_name_prefix="proto-copy") as copiers:
-                    entries = list(copiers.map(one, files))
-        return proto.publish(writer, entries, StepMetadata.from_env())
-    except BaseException:
-        writer.abort()
-        raise
-
-
-# --------------------------------------------------------------------------- 1. publish
-
-
-@dataclass(frozen=True)
-class Method:
-    name: str
-    label: str
-    kind: str  # "baseline", "candidate" (the package) or "prototype"
-    run: Callable[[int], object]  # takes a fresh step number (baselines ignore it)
-
-
-def bench_publish(
-    report: Report, work: Path, size: int, reps: int, prototypes: bool
-) -> tuple[FilesystemStore, int, list[Path]] | None:
+def bench_fs_publish(
+    report: Report, work: Path, shape: Shape, files: list[tuple[str, Path]], reps: int
+) -> tuple[FilesystemStore, int]:
+    """Section 1 for one shape; returns the store and the step it published last."""
     RUN_LOG.clear()
-    print(f"\n[1] publish {fmt_size(size)} in {N_FILES} files: protocol vs plain copy + fsync")
+    size = shape.total
+    print(f"\n[1] filesystem: publish {shape.text} vs shutil.copyfile + fsync")
     print(f"  load average now: {loadavg_text()}")
-    if not need_disk(work, 3 * size, "the publish benchmark", report):
-        return None
-    block = os.urandom(min(SOURCE_BLOCK, size // N_FILES))
-    src = work / "publish-src"
-    files = make_source(src, size, N_FILES, block)
-    del block
-    size = sum(p.stat().st_size for _, p in files)
     warm([p for _, p in files])
-    store = FilesystemStore(work / "publish-store")
-    proto = CommitProtocol(store, run_id=RUN_ID, attempt="0")
+    store = FilesystemStore(work / f"store-{shape.tag}")
+    proto = CommitProtocol(store, run_id=RUN_ID, attempt="0", retention=None)
     proto.claim_run()  # run.json exists before the first timed publish, as after any first save
-    dst = work / "publish-dst"
-    published: dict[str, int] = {}  # method -> its last published step
-
-    def step_dir(step: int) -> Path:
-        return store.root / "steps" / f"step-{step:012d}"
-
-    methods = [
-        Method(
-            "copy_loop",
-            "(a) read/write loop + fsync",
-            "baseline",
-            lambda _s: copy_loop_fsync(files, dst),
-        ),
-        Method(
-            "publish",
-            "publish_directory (package)",
-            "candidate",
-            lambda s: proto.publish_directory(s, src),
-        ),
-        Method(
-            "copyfile",
-            "(b) shutil.copyfile + fsync",
-            "baseline",
-            lambda _s: copyfile_fsync(files, dst),
-        ),
-    ]
-    if prototypes:
-        methods += [
-            Method(
-                "proto_bufs",
-                "PROTOTYPE reused buffers, no early writeback",
-                "prototype",
-                lambda s: prototype_publish_directory(proto, s, src, early_writeback=False),
-            ),
-            Method(
-                "proto_wb",
-                "PROTOTYPE reused buffers + early writeback",
-                "prototype",
-                lambda s: prototype_publish_directory(proto, s, src),
-            ),
-            Method(
-                "proto_x2",
-                "PROTOTYPE 2 files at once, no early writeback",
-                "prototype",
-                lambda s: prototype_publish_directory(
-                    proto, s, src, early_writeback=False, streams=2
-                ),
-            ),
-            Method(
-                "proto_wb_x2",
-                "PROTOTYPE early writeback, 2 files at once",
-                "prototype",
-                lambda s: prototype_publish_directory(proto, s, src, streams=2),
-            ),
-        ]
-    times: dict[str, list[float]] = {m.name: [] for m in methods}
-    step = 0
+    dst = work / "copy-dst"
+    src = files[0][1].parent
+    last = 0
+    times: dict[str, list[float]] = {"copyfile": [], "publish": []}
+    usage: dict[str, list[Usage]] = {"copyfile": [], "publish": []}
     prefault_bytes = size + size // 4 + 256 * MiB
     for rep in range(reps):
-        for method in methods if rep % 2 == 0 else methods[::-1]:
+        for name in ("copyfile", "publish") if rep % 2 == 0 else ("publish", "copyfile"):
             rmtree(dst)
-            if method.name in published:
-                rmtree(step_dir(published[method.name]))
-            step += 1
-            times[method.name].append(timed(partial(method.run, step), prefault_bytes))
-            if method.kind != "baseline":
-                published[method.name] = step
-            print(
-                f"  rep {rep + 1} {method.name:11s} {fmt_s(times[method.name][-1], size)}; "
-                f"{LAST_USAGE}"
-            )
+            if last:
+                rmtree(step_dir(store, last))
+            if name == "copyfile":
+                took = timed(partial(copyfile_fsync, files, dst), prefault_bytes)
+            else:
+                last += 1
+                took = timed(partial(proto.publish_directory, last, src), prefault_bytes)
+            times[name].append(took)
+            usage[name].append(LAST_USAGE)
+            print(f"  rep {rep + 1} {name:9s} {fmt_s(took, size)}; {LAST_USAGE}")
     rmtree(dst)
-    summarize(report, "publish", times, size)
-    # The prototype must produce the package's manifest entries, byte for byte.
-    package_files = proto.store.read(f"steps/step-{published['publish']:012d}/manifest.json")
-    assert package_files is not None
-    expected = {f["path"]: f["sha256"] for f in json.loads(package_files)["files"]}
-    for name, last in published.items():
-        raw = proto.store.read(f"steps/step-{last:012d}/manifest.json")
-        got = {f["path"]: f["sha256"] for f in json.loads(raw or b"{}")["files"]}
-        if got != expected:
-            raise RuntimeError(f"{name}: manifest digests differ from the package's")
-    baselines = [m for m in methods if m.kind == "baseline"]
-    for method in methods:
-        if method.kind == "baseline":
-            continue
-        cand = med(times[method.name])
-        for base in baselines:
-            base_s = med(times[base.name])
-            ratio = cand / base_s
-            report.add(
-                Row(
-                    "1 publish",
-                    f"{method.label}: {fmt_size(size)}/{N_FILES} files vs {base.label}",
-                    fmt_s(cand, size),
-                    fmt_s(base_s, size),
-                    ratio,
-                    "time",
-                    f"<= {PUBLISH_MAX_RATIO}x",
-                    ratio <= PUBLISH_MAX_RATIO,
-                    {"candidate_s": cand, "baseline_s": base_s, "bytes": size, "reps": reps},
-                    prototype=method.kind == "prototype",
-                )
-            )
-    for name, last in published.items():
-        if name != "publish":
-            rmtree(step_dir(last))
-    final = step_dir(published["publish"])
-    return store, published["publish"], [final / rel for rel, _ in files]
+    summarize(report, f"publish-fs.{shape.tag}", times, size)
+    cand, base = med(times["publish"]), med(times["copyfile"])
+    report.add(
+        Row(
+            "1 publish-fs",
+            f"publish_directory, {shape.text} vs copyfile + fsync",
+            f"{fmt_s(cand, size)}, {cpu_text(usage['publish'])}",
+            f"{fmt_s(base, size)}, {cpu_text(usage['copyfile'])}",
+            cand / base,
+            "time",
+            f"<= {PUBLISH_MAX_RATIO}x",
+            cand / base <= PUBLISH_MAX_RATIO,
+            {
+                "candidate_s": cand,
+                "baseline_s": base,
+                "bytes": size,
+                "reps": reps,
+                "candidate_cpu_s": [u.user + u.sys for u in usage["publish"]],
+                "baseline_cpu_s": [u.user + u.sys for u in usage["copyfile"]],
+                "busy_key": f"publish-fs.{shape.tag}",
+            },
+        )
+    )
+    return store, last
+
+
+# --------------------------------------------------------------------------- 5. S3
+
+S3_CHILD = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from pathlib import Path
+
+    mode, bucket, prefix, source, part, concurrency = sys.argv[1:7]
+    part, concurrency = int(part), int(concurrency)
+
+    def hwm():
+        with open("/proc/self/status") as fh:
+            return [int(line.split()[1]) for line in fh if line.startswith("VmHWM:")][0]
+
+    if mode == "publish":
+        from rtj_shim.protocol import CommitProtocol
+        from rtj_shim.storage.s3 import S3Store
+
+        store = S3Store(bucket, prefix, part_size=part, concurrency=concurrency)
+        protocol = CommitProtocol(store, run_id="bench-s3", attempt="0", retention=None)
+        protocol.claim_run()
+        run = lambda: protocol.publish_directory(1, Path(source))
+    else:
+        import boto3
+        from boto3.s3.transfer import TransferConfig
+
+        client = boto3.session.Session().client("s3")
+        config = TransferConfig(
+            multipart_threshold=part + 1,  # as S3Store: one PUT up to a part's size
+            multipart_chunksize=part,
+            max_concurrency=concurrency,
+        )
+        files = sorted(Path(source).iterdir())
+
+        def run():
+            for path in files:
+                client.upload_file(str(path), bucket, f"{prefix}/{path.name}", Config=config)
+
+    before = hwm()
+    cpu = time.process_time()
+    start = time.perf_counter()
+    run()
+    took = time.perf_counter() - start
+    out = {"seconds": took, "cpu": time.process_time() - cpu, "hwm_before": before}
+    out["hwm_after"] = hwm()
+    print(json.dumps(out))
+    """
+)
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class S3Run:
+    seconds: float
+    cpu: float  # the client process, all threads
+    server_cpu: float
+    hwm_growth_mib: float  # peak RSS growth of the client while it uploaded
+
+
+def run_s3_child(
+    mode: str, env: dict[str, str], bucket: str, prefix: str, source: Path, server_pid: int
+) -> S3Run:
+    quiesce()
+    server_before = proc_cpu_seconds(server_pid)
+    args = [mode, bucket, prefix, str(source), str(DEFAULT_PART_BYTES), str(DEFAULT_CONCURRENCY)]
+    proc = subprocess.run(
+        [sys.executable, "-c", S3_CHILD, *args],
+        capture_output=True,
+        cwd=REPO,
+        env=env,
+        check=False,
+    )
+    if proc.returncode != 0:
+        tail = proc.stderr.decode(errors="replace")[-2000:]
+        raise RuntimeError(f"S3 child ({mode}) exited {proc.returncode}: {tail}")
+    out = json.loads(proc.stdout)
+    return S3Run(
+        float(out["seconds"]),
+        float(out["cpu"]),
+        proc_cpu_seconds(server_pid) - server_before,
+        (out["hwm_after"] - out["hwm_before"]) * KiB / MiB,
+    )
+
+
+def delete_prefix(client: Any, bucket: str, prefix: str) -> None:
+    """Everything under ``prefix`` (and unfinished uploads), so the server frees it."""
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        keys = [{"Key": item["Key"]} for item in page.get("Contents", [])]
+        if keys:
+            client.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
+
+
+def bench_s3(report: Report, work: Path, sources: list[tuple[Shape, Path]], reps: int) -> None:
+    from e2e.s3server import S3Server, aws_env
+
+    RUN_LOG.clear()
+    print(
+        f"\n[5] S3 (loopback moto server): publish vs boto3 upload_file, part size "
+        f"{fmt_size(DEFAULT_PART_BYTES)}, {DEFAULT_CONCURRENCY} parts at once, {reps} rep(s)"
+    )
+    print(f"  load average now: {loadavg_text()}")
+    server = S3Server(work).start()
+    try:
+        env = {**os.environ, **aws_env(server.url, server.allowed)}
+        admin = server.client()
+        bucket = server.create_bucket()
+        run = 0
+        for shape, source in sources:
+            results: dict[str, list[S3Run]] = {"upload_file": [], "publish": []}
+            for rep in range(reps):
+                order = ("upload_file", "publish") if rep % 2 == 0 else ("publish", "upload_file")
+                for mode in order:
+                    run += 1
+                    prefix = f"run-{run}"
+                    got = run_s3_child(mode, env, bucket, prefix, source, server.pid)
+                    delete_prefix(admin, bucket, prefix)
+                    results[mode].append(got)
+                    print(
+                        f"  {shape.text:12s} rep {rep + 1} {mode:11s} "
+                        f"{fmt_s(got.seconds, shape.total)}; client cpu {got.cpu:.2f} s, "
+                        f"server cpu {got.server_cpu:.2f} s, peak RSS +{got.hwm_growth_mib:.0f} MiB"
+                    )
+            add_s3_row(report, shape, results)
+        report.context["s3_server"] = "moto (e2e.s3server), auth enforced, on this machine"
+    finally:
+        server.stop()
+    busy_note(report, "publish-s3")
+
+
+def add_s3_row(report: Report, shape: Shape, results: dict[str, list[S3Run]]) -> None:
+    def summary(runs: list[S3Run]) -> tuple[float, str]:
+        seconds = med([r.seconds for r in runs])
+        text = (
+            f"{fmt_s(seconds, shape.total)}, client cpu {med([r.cpu for r in runs]):.2f} s, "
+            f"server cpu {med([r.server_cpu for r in runs]):.2f} s, "
+            f"RSS +{max(r.hwm_growth_mib for r in runs):.0f} MiB"
+        )
+        return seconds, text
+
+    cand, cand_text = summary(results["publish"])
+    base, base_text = summary(results["upload_file"])
+    for name, runs in results.items():
+        report.samples[f"publish-s3.{shape.tag}.{name}"] = [r.seconds for r in runs]
+    report.add(
+        Row(
+            "5 publish-s3",
+            f"publish_directory to S3, {shape.text} vs boto3 upload_file",
+            cand_text,
+            base_text,
+            cand / base,
+            "time",
+            "(report)",
+            None,
+            {
+                "candidate_s": cand,
+                "baseline_s": base,
+                "bytes": shape.total,
+                "runs": {k: [asdict(r) for r in v] for k, v in results.items()},
+            },
+        )
+    )
 
 
 # --------------------------------------------------------------------------- 2. verify
@@ -811,147 +821,133 @@ def pct_text(xs: Sequence[float]) -> str:
 
 # --------------------------------------------------------------------------- 4. memory
 
-CHILD = textwrap.dedent(
+MEMORY_CHILD = textwrap.dedent(
     """
     import json, sys, time
     from pathlib import Path
     from rtj_shim.protocol import CommitProtocol
     from rtj_shim.storage.filesystem import FilesystemStore
-    mode, root, src = sys.argv[1:4]
-    if mode.startswith("proto"):
-        from bench.checkpoint_protocol import prototype_publish_directory
-    took = None
-    if mode.endswith("publish"):
-        protocol = CommitProtocol(FilesystemStore(Path(root)), run_id="bench-mem", attempt="0")
-        protocol.claim_run()
-        start = time.perf_counter()
-        if mode == "publish":
-            protocol.publish_directory(1, Path(src))
-        else:
-            prototype_publish_directory(protocol, 1, Path(src))
-        took = time.perf_counter() - start
-    with open("/proc/self/status") as fh:
-        hwm = [int(line.split()[1]) for line in fh if line.startswith("VmHWM:")][0]
-    print(json.dumps({"vmhwm_kib": hwm, "publish_s": took}))
+
+    def hwm():
+        with open("/proc/self/status") as fh:
+            return [int(line.split()[1]) for line in fh if line.startswith("VmHWM:")][0]
+
+    root, source = sys.argv[1:3]
+    protocol = CommitProtocol(
+        FilesystemStore(Path(root)), run_id="bench-mem", attempt="0", retention=None
+    )
+    protocol.claim_run()
+    before = hwm()
+    start = time.perf_counter()
+    protocol.publish_directory(1, Path(source))
+    took = time.perf_counter() - start
+    print(json.dumps({"hwm_before": before, "hwm_after": hwm(), "publish_s": took}))
     """
 )
 
 
-def run_child(mode: str, root: Path, src: Path, prefault_bytes: int = 0) -> tuple[float, float]:
-    """(VmHWM in MiB, seconds the publish took) of a fresh interpreter that imports the shim
-    and, in a ``*publish`` mode, publishes ``src``. VmHWM is read inside the child: the
-    rusage ru_maxrss of a child also counts the parent's image it ran in before exec."""
-    quiesce(prefault_bytes)
+def bench_memory(report: Report, work: Path, shape: Shape, source: Path) -> None:
+    RUN_LOG.clear()
+    print(f"\n[4] peak RSS of a child process publishing {shape.text}, before vs after")
+    print(f"  load average now: {loadavg_text()}")
+    root = work / "mem-store"
+    quiesce(shape.total + shape.total // 4 + 256 * MiB)
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, mode, str(root), str(src)],
+        [sys.executable, "-c", MEMORY_CHILD, str(root), str(source)],
         capture_output=True,
         cwd=REPO,
         check=False,
     )
+    rmtree(root)
     if proc.returncode != 0:
         tail = proc.stderr.decode(errors="replace")[-2000:]
-        raise RuntimeError(f"child ({mode}) exited {proc.returncode}: {tail}")
+        raise RuntimeError(f"memory child exited {proc.returncode}: {tail}")
     out = json.loads(proc.stdout)
-    return float(out["vmhwm_kib"]) * KiB / MiB, float(out["publish_s"] or 0.0)
-
-
-def bench_memory(report: Report, work: Path, size: int, prototypes: bool) -> None:
-    RUN_LOG.clear()
-    print(f"\n[4] peak RSS publishing one {fmt_size(size)} file (child process) vs imports only")
-    print(f"  load average now: {loadavg_text()}")
-    if not need_disk(work, 2 * size, f"the {fmt_size(size)} memory benchmark", report):
-        return
-    src = work / "mem-src"
-    src.mkdir()
-    start = time.perf_counter()
-    write_source_file(src / "model.bin", size, os.urandom(min(SOURCE_BLOCK, size)))
-    print(f"  source written and fsynced in {time.perf_counter() - start:.1f} s")
-    warm([src / "model.bin"])
-    prefault_bytes = size + size // 4 + 256 * MiB
-    dst = work / "mem-copy"
-    copy_s = timed(lambda: copyfile_fsync([("model.bin", src / "model.bin")], dst), prefault_bytes)
-    print(f"  copyfile + fsync (in this process): {fmt_s(copy_s, size)}; {LAST_USAGE}")
-    rmtree(dst)
-    variants = [("imports", "publish", "publish_directory (package)", False)]
-    if prototypes:
-        variants.append(("proto-imports", "proto-publish", "PROTOTYPE early writeback", True))
-    for imports_mode, publish_mode, label, is_proto in variants:
-        base_hwm, _ = run_child(imports_mode, work / "mem-store-unused", src)
-        hwm, took = run_child(publish_mode, work / "mem-store", src, prefault_bytes)
-        rmtree(work / "mem-store")
-        delta = hwm - base_hwm
-        print(
-            f"  {publish_mode:13s}: VmHWM {hwm:.1f} MiB vs {base_hwm:.1f} MiB imports only "
-            f"(+{delta:.1f}); publish {fmt_s(took, size)}"
+    before, after = out["hwm_before"] * KiB / MiB, out["hwm_after"] * KiB / MiB
+    delta = after - before
+    print(
+        f"  VmHWM {after:.1f} MiB after publishing vs {before:.1f} MiB before (+{delta:.1f}); "
+        f"publish {fmt_s(out['publish_s'], shape.total)}"
+    )
+    report.samples["memory.vmhwm_mib"] = [before, after]
+    report.add(
+        Row(
+            "4 memory",
+            f"publish_directory: peak RSS growth, {shape.text}",
+            f"{after:.1f} MiB (+{delta:.1f})",
+            f"{before:.1f} MiB before",
+            after / before,
+            "RSS",
+            f"< +{RSS_MAX_MIB:g} MiB",
+            delta < RSS_MAX_MIB,
+            {"vmhwm_mib": after, "before_mib": before, "delta_mib": delta},
         )
-        report.samples[f"memory.{publish_mode}.vmhwm_mib"] = [hwm]
-        report.samples[f"memory.{imports_mode}.vmhwm_mib"] = [base_hwm]
-        report.add(
-            Row(
-                "4 memory",
-                f"{label}: peak RSS above imports, 1 file of {fmt_size(size)}",
-                f"{hwm:.1f} MiB (+{delta:.1f})",
-                f"{base_hwm:.1f} MiB",
-                hwm / base_hwm,
-                "RSS",
-                f"< +{RSS_MAX_MIB:g} MiB",
-                delta < RSS_MAX_MIB,
-                {"vmhwm_mib": hwm, "imports_vmhwm_mib": base_hwm, "delta_mib": delta},
-                prototype=is_proto,
-            )
-        )
-        report.add(
-            Row(
-                "4 memory",
-                f"{label}: time, 1 file of {fmt_size(size)} vs (b) copyfile + fsync",
-                fmt_s(took, size),
-                fmt_s(copy_s, size),
-                took / copy_s,
-                "time",
-                "(report)",
-                None,
-                {"candidate_s": took, "baseline_s": copy_s, "bytes": size, "reps": 1},
-                prototype=is_proto,
-            )
-        )
-    rmtree(src)
+    )
 
 
 # --------------------------------------------------------------------------- table
 
 
-def print_table(report: Report) -> None:
-    headers = ["#", "check", "candidate", "baseline", "ratio", "target", "result"]
-
-    def cells(r: Row) -> list[str]:
-        ratio = f"{r.ratio:.2f}x {r.ratio_means}" if r.ratio is not None else "-"
-        return [r.section, r.check, r.candidate, r.baseline, ratio, r.target, report.result(r)]
-
-    groups = [
-        ("The package against its targets", [r for r in report.rows if not r.prototype]),
-        (
-            "PROTOTYPES: proposed changes, implemented in this file (not the package)",
-            [r for r in report.rows if r.prototype],
-        ),
+def cells(report: Report, r: Row) -> list[str]:
+    ratio = f"{r.ratio:.2f}x {r.ratio_means}" if r.ratio is not None else "-"
+    return [
+        r.section,
+        r.check,
+        r.candidate,
+        r.baseline,
+        ratio,
+        r.target,
+        report.result(r),
+        f"{r.load:.2f}",
     ]
-    all_rows = [cells(r) for r in report.rows]
-    widths = [max(len(h), *(len(row[i]) for row in all_rows)) for i, h in enumerate(headers)]
+
+
+HEADERS = ["#", "check", "candidate", "baseline", "ratio", "target", "result", "load"]
+
+
+def print_table(report: Report) -> None:
+    rows = [cells(report, r) for r in report.rows]
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(HEADERS)]
     line = "  ".join("-" * w for w in widths)
-    print("\nResults (medians; ratio 'time' = candidate/baseline, 'speed-up' = baseline/candidate)")
-    for title, rows in groups:
-        if not rows:
-            continue
-        print(f"\n{title}")
-        print(line)
-        print("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip())
-        print(line)
-        for row in rows:
-            print("  ".join(c.ljust(w) for c, w in zip(cells(row), widths, strict=True)).rstrip())
-        print(line)
+    print("\nResults (medians; ratio 'time' = candidate/baseline, 'speed-up' = baseline/candidate;")
+    print("load = 1-minute load average when the row was measured)")
+    print(line)
+    print("  ".join(h.ljust(w) for h, w in zip(HEADERS, widths, strict=True)).rstrip())
+    print(line)
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    print(line)
     if report.busy:
         print("* timed while other work kept the machine busy (see the notes): not conclusive")
     for text in report.notes:
         print(f"note: {text}")
+
+
+def markdown(report: Report) -> str:
+    ctx = report.context
+    fs = ctx.get("filesystem", {})
+    out = [
+        "# Checkpoint protocol benchmark",
+        "",
+        f"`python -m bench.checkpoint_protocol` on {ctx.get('cpu_count')} CPUs "
+        f"({ctx.get('cpu_model')}, sha_ni={'yes' if ctx.get('sha_ni') else 'no'}), "
+        f"{ctx.get('mem_total_gib')} GiB, {fs.get('fstype')} on {fs.get('device')}, "
+        f"{ctx.get('python')}, Linux {ctx.get('kernel')}.",
+        f"Load average at start {fmt_load(ctx.get('loadavg_start'))}, "
+        f"at end {fmt_load(ctx.get('loadavg_end'))}.",
+        "",
+        "| " + " | ".join(HEADERS) + " |",
+        "|" + "---|" * len(HEADERS),
+    ]
+    for r in report.rows:
+        out.append("| " + " | ".join(c.replace("|", "/") for c in cells(report, r)) + " |")
+    out.append("")
+    out.extend(f"- {text}" for text in report.notes)
+    return "\n".join(out).rstrip() + "\n"
+
+
+def fmt_load(values: Any) -> str:
+    return " ".join(f"{x:.2f}" for x in values) if values else "?"
 
 
 # --------------------------------------------------------------------------- main
@@ -973,30 +969,39 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         prog="python -m bench.checkpoint_protocol",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
-    parser.add_argument("--size-gib", type=float, default=1.0, help="publish size (default 1.0)")
-    parser.add_argument("--quick", action="store_true", help="small sizes for a smoke run")
+    parser.add_argument("--quick", action="store_true", help="small shapes for a smoke run")
+    parser.add_argument(
+        "--reps", type=int, default=3, help="repetitions of each filesystem measurement (3)"
+    )
+    parser.add_argument(
+        "--s3-reps", type=int, default=1, help="repetitions of each S3 measurement (1)"
+    )
+    parser.add_argument("--no-s3", action="store_true", help="skip the S3 section")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write results as JSON")
-    parser.add_argument(
-        "--reps", type=int, default=3, help="repetitions of each large measurement (default 3)"
-    )
-    parser.add_argument(
-        "--no-prototypes", action="store_true", help="skip the proposed-change prototypes"
-    )
+    parser.add_argument("--markdown", type=Path, metavar="FILE", help="also write a Markdown table")
     args = parser.parse_args(argv)
-    if args.size_gib <= 0:
-        parser.error("--size-gib must be positive")
-    if args.reps < 1:
-        parser.error("--reps must be at least 1")
+    if args.reps < 1 or args.s3_reps < 1:
+        parser.error("--reps and --s3-reps must be at least 1")
     return args
 
 
-def run(args: argparse.Namespace, report: Report) -> None:
-    publish_size = 64 * MiB if args.quick else int(args.size_gib * GiB)
-    publish_size -= publish_size % (N_FILES * 4 * KiB)
-    mem_size = 256 * MiB if args.quick else 4 * GiB
-    reps = args.reps
-    commit_reps = 10 if args.quick else 50
+def make_sources(report: Report, work: Path, shapes: Sequence[Shape]) -> list[tuple[Shape, Path]]:
+    """One source directory per shape that fits on the disk (skipped shapes are noted)."""
+    block = os.urandom(SOURCE_BLOCK)
+    sources = []
+    for shape in shapes:
+        if not need_disk(work, 2 * shape.total, f"the {shape.text} shape", report):
+            continue
+        start = time.perf_counter()
+        make_source(work / f"src-{shape.tag}", shape, block)
+        print(f"  source {shape.text}: written and fsynced in {time.perf_counter() - start:.1f} s")
+        sources.append((shape, work / f"src-{shape.tag}"))
+    return sources
 
+
+def run(args: argparse.Namespace, report: Report) -> None:
+    shapes = QUICK_SHAPES if args.quick else SHAPES
+    commit_reps = 10 if args.quick else 50
     BENCH_DIR.mkdir(exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="checkpoint-protocol-", dir=BENCH_DIR))
     try:
@@ -1004,22 +1009,32 @@ def run(args: argparse.Namespace, report: Report) -> None:
         report.context.update(
             {
                 "quick": args.quick,
-                "publish_bytes": publish_size,
-                "memory_bytes": mem_size,
-                "reps": reps,
+                "shapes": [asdict(s) for s in shapes],
+                "reps": args.reps,
+                "s3_reps": args.s3_reps,
                 "commit_reps": commit_reps,
             }
         )
         print_context(report.context)
         print(METHOD_TEXT)
-        prototypes = not args.no_prototypes
-        published = bench_publish(report, work, publish_size, reps, prototypes)
-        if published is not None:
-            bench_verify(report, *published, reps=reps)
-            rmtree(work / "publish-src")
-            rmtree(work / "publish-store")
+        sources = make_sources(report, work, shapes)
+        verify_source: tuple[FilesystemStore, int, list[Path]] | None = None
+        for shape, source in sources:
+            files = sorted((p.name, p) for p in source.iterdir())
+            store, step = bench_fs_publish(report, work, shape, files, args.reps)
+            if shape == shapes[VERIFY_SHAPE]:
+                verify_source = (store, step, [step_dir(store, step) / rel for rel, _ in files])
+            else:
+                rmtree(store.root)
+        if verify_source is not None:
+            bench_verify(report, *verify_source, reps=args.reps)
+            rmtree(verify_source[0].root)
         bench_commit(report, work, commit_reps)
-        bench_memory(report, work, mem_size, prototypes)
+        largest = [(shape, source) for shape, source in sources if shape == shapes[0]]
+        for shape, source in largest:
+            bench_memory(report, work, shape, source)
+        if not args.no_s3:
+            bench_s3(report, work, sources, args.s3_reps)
         report.context["loadavg_end"] = os.getloadavg()
     finally:
         rmtree(work)
@@ -1042,7 +1057,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_table(report)
     end = report.context.get("loadavg_end")
     if end:
-        print("load average at end: " + " ".join(f"{x:.2f}" for x in end))
+        print("load average at end: " + fmt_load(end))
     if args.json:
         body = {
             "context": report.context,
@@ -1053,6 +1068,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
         args.json.write_text(json.dumps(body, indent=2, default=str) + "\n")
         print(f"wrote {args.json}")
+    if args.markdown:
+        args.markdown.write_text(markdown(report))
+        print(f"wrote {args.markdown}")
     return 0
 
 
