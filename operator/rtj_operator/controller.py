@@ -43,7 +43,6 @@ from rtj_operator.metrics import Metrics
 from rtj_operator.node_leases import NodeLeases
 from rtj_operator.policy.platform import NodeHealthPolicy
 from rtj_operator.rank_polls import JobTargets, RankPolls
-from rtj_operator.reconcile.actions import DeletePods
 from rtj_operator.store_reads import (
     Lane,
     StoreReader,
@@ -104,8 +103,6 @@ def _pod_keys(body: Mapping[str, Any]) -> list[Any]:
     return out + ([("node", node)] if node else [])
 
 
-_Delete = rc.DeleteJobSet | rc.DeletePod | DeletePods
-_DELETES = (rc.DeleteJobSet, rc.DeletePod, DeletePods)
 _TEARDOWN_PHASES = frozenset({Phase.RESTARTING.value, Phase.SUSPENDED.value})
 
 
@@ -203,8 +200,6 @@ class Controller:
         self.reconciles = 0
         self._planned: dict[Key, tuple[float, float]] = {}
         """When each job was last planned (monotonic) and how long that took."""
-        self._collections = True
-        """deletecollection on pods is permitted (False after a 403: by name from then on)."""
 
     # --- inputs from the watches -----------------------------------------------------------
 
@@ -539,36 +534,11 @@ class Controller:
             "uid": meta.uid,
         }
 
-    async def _delete(self, namespace: str, action: _Delete) -> None:
+    async def _delete(self, namespace: str, action: rc.DeleteJobSet | rc.DeletePod) -> None:
         if isinstance(action, rc.DeleteJobSet):
             await self._io(self.kube.delete_jobset, namespace, action.name)
-        elif isinstance(action, DeletePods):
-            await self._delete_collection(namespace, action)
         else:
             await self._io(self.kube.delete_pod, namespace, action.name, action.grace_seconds)
-
-    async def _delete_collection(self, namespace: str, action: DeletePods) -> None:
-        """One deletecollection; where the verb is not granted (a ClusterRole older than the
-        operator), the same pods by name, and by name from then on."""
-        if self._collections:
-            try:
-                await self._io(
-                    self.kube.delete_pods, namespace, action.selector, action.grace_seconds
-                )
-                return
-            except Forbidden as exc:
-                self._collections = False
-                log.warning(
-                    "deletecollection on pods is not permitted (%s): deleting pods one by "
-                    "one until the operator restarts; grant it as the chart's ClusterRole does",
-                    exc,
-                )
-        await asyncio.gather(
-            *(
-                self._io(self.kube.delete_pod, namespace, name, action.grace_seconds)
-                for name in action.names
-            )
-        )
 
     async def apply(self, key: Key, snap: rc.Snapshot, plan: rc.Plan) -> None:
         """Apply the plan's actions in order; a run of consecutive deletes (the old world's
@@ -586,11 +556,11 @@ class Controller:
             i += 1
             if failed is not None and not isinstance(action, rc.PostEvent):
                 continue
-            if isinstance(action, _DELETES):
-                batch: list[_Delete] = [action]
+            if isinstance(action, (rc.DeleteJobSet, rc.DeletePod)):
+                batch: list[rc.DeleteJobSet | rc.DeletePod] = [action]
                 while i < len(actions):
                     following = actions[i]
-                    if not isinstance(following, _DELETES):
+                    if not isinstance(following, (rc.DeleteJobSet, rc.DeletePod)):
                         break
                     batch.append(following)
                     i += 1

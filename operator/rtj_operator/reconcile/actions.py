@@ -44,30 +44,6 @@ class DeletePod:
 
 
 @dataclass(frozen=True)
-class DeletePods:
-    """Delete, in one request (deletecollection), every pod `selector` matches: the pods of
-    one attempt of this job that one JobSet this job owns created (job, attempt and
-    jobset-uid labels; see `converge.delete_pods`).
-
-    What the selector can match beyond `names`: pods of that group already being deleted or
-    just sent a delete (a second delete with the same grace is a no-op), one created since
-    the plan's snapshot (converge would delete it next), and a pod that merely carries the
-    three labels: a tenant's own pod labelled by hand with this JobSet's uid, in the same
-    namespace. Deleting that one is accepted: it claims to be a worker of this job's failed
-    attempt in the tenant's own namespace, and converge deletes and waits for every pod
-    labelled for the job anyway (by name), so the collection takes nothing the per-pod path
-    would spare. A pod of any other JobSet (another job's, or one this job does not own)
-    carries another jobset-uid, which the JobSet controller sets, and is never matched."""
-
-    selector: str
-    names: tuple[str, ...]
-    """The pods the plan means: deleted one by one instead where the collection verb is not
-    granted (RBAC older than the operator)."""
-    grace_seconds: int | None = None
-    """None: each pod's own grace period."""
-
-
-@dataclass(frozen=True)
 class TaintNode:
     """Claim `taint` on the node for the job (placing the taint if the node lacks it)."""
 
@@ -127,7 +103,6 @@ KubeAction = (
     CreateJobSet
     | DeleteJobSet
     | DeletePod
-    | DeletePods
     | TaintNode
     | UntaintNode
     | SetFinalizer

@@ -9,19 +9,10 @@ from datetime import datetime, timedelta
 from rtj_operator.api import keys
 from rtj_operator.api.reasons import ConditionType, Reason
 from rtj_operator.policy.observed import parse_time
-from rtj_operator.reconcile.actions import DeleteJobSet, DeletePod, DeletePods
+from rtj_operator.reconcile.actions import DeleteJobSet, DeletePod
 from rtj_operator.reconcile.builder import PlanBuilder
 from rtj_operator.reconcile.liveness import fenced_nodes
-from rtj_operator.reconcile.world import (
-    JobSetView,
-    Json,
-    Snapshot,
-    attempt_of,
-    get_in,
-    owned_jobset_uids,
-    pod_name,
-    trusted_pod,
-)
+from rtj_operator.reconcile.world import JobSetView, Json, Snapshot, attempt_of, get_in, pod_name
 
 CONVERGE_POLL_SECONDS = 5.0
 
@@ -41,13 +32,7 @@ def _on_deleted_nodes(snap: Snapshot) -> set[str]:
 
 
 def _queued_pod_deletes(b: PlanBuilder) -> set[str]:
-    out = set()
-    for a in (*b.before, *b.after):
-        if isinstance(a, DeletePod):
-            out.add(a.name)
-        elif isinstance(a, DeletePods):
-            out.update(a.names)
-    return out
+    return {a.name for a in (*b.before, *b.after) if isinstance(a, DeletePod)}
 
 
 def delete_orphans(b: PlanBuilder, pods: Iterable[Json], views: Sequence[JobSetView]) -> None:
@@ -66,34 +51,6 @@ HANG_TEARDOWN_GRACE = 5
 waiting for it in a collective cannot make a consistent emergency save without it."""
 
 
-COLLECTION_MIN_PODS = 2
-"""Pods of one group (see `delete_pods`) deleted in one deletecollection request when at
-least this many of them are to go; fewer are deleted by name."""
-
-
-def pods_selector(job: str, attempt: str, jobset_uid: str) -> str:
-    """The label selector of the pods one JobSet created for one attempt of a job."""
-    labels = (
-        (keys.JOB_LABEL, job),
-        (keys.ATTEMPT_LABEL, attempt),
-        (keys.JOBSET_UID_LABEL, jobset_uid),
-    )
-    return ",".join(f"{key}={value}" for key, value in labels)
-
-
-def _group_of(pod: Json, owned: frozenset[str]) -> tuple[str, str, str] | None:
-    """(job, attempt, jobset uid) of a pod a Job of a JobSet this job owns created; None for
-    any other pod (a bare pod, a tenant's own Job, a JobSet this job does not own)."""
-    if not trusted_pod(pod, owned):
-        return None
-    labels = get_in(pod, "metadata", "labels") or {}
-    job, attempt = labels.get(keys.JOB_LABEL), labels.get(keys.ATTEMPT_LABEL)
-    uid = labels.get(keys.JOBSET_UID_LABEL)
-    if not job or not isinstance(attempt, str) or not attempt.isdigit() or not uid:
-        return None
-    return str(job), attempt, str(uid)
-
-
 def delete_pods(
     b: PlanBuilder,
     pods: Iterable[Json],
@@ -106,18 +63,9 @@ def delete_pods(
     kubelet will ever confirm their end, and the machine is gone (what the pod garbage
     collector does too, but only after its 40 s quarantine and on its own period, which
     would hold the restart). `spare`: pods not to delete again (a delete just sent);
-    `grace_seconds`: instead of the pods' own.
-
-    The pods of one attempt that one JobSet this job owns created (a Job controls them and
-    they carry that JobSet's uid label) go in one `DeletePods` request, by the job, attempt
-    and jobset-uid labels, when COLLECTION_MIN_PODS or more of them are to go: a recovery
-    of N workers is one request instead of N (and N answers to parse). Forced deletes stay
-    per pod (only the pods on gone nodes), and so does any pod not provably this job's own
-    (its deletion by name is what converge has always done; no selector is widened to it)."""
+    `grace_seconds`: instead of the pods' own."""
     on_gone_nodes = _on_deleted_nodes(b.snap)
     skip = _queued_pod_deletes(b) | set(spare)
-    owned = owned_jobset_uids(b.snap)
-    groups: dict[tuple[str, str, str], list[str]] = {}
     for pod in pods:
         name = pod_name(pod)
         if name in skip:
@@ -126,17 +74,7 @@ def delete_pods(
             if get_in(pod, "metadata", "deletionGracePeriodSeconds") != 0:
                 b.after.append(DeletePod(name, grace_seconds=0))
         elif get_in(pod, "metadata", "deletionTimestamp") is None:
-            group = _group_of(pod, owned)
-            if group is None:
-                b.after.append(DeletePod(name, grace_seconds=grace_seconds))
-            else:
-                groups.setdefault(group, []).append(name)
-    for group, names in groups.items():
-        if len(names) < COLLECTION_MIN_PODS:
-            b.after += [DeletePod(name, grace_seconds=grace_seconds) for name in names]
-        else:
-            selector = pods_selector(*group)
-            b.after.append(DeletePods(selector, tuple(sorted(names)), grace_seconds))
+            b.after.append(DeletePod(name, grace_seconds=grace_seconds))
 
 
 def _teardown_sent(b: PlanBuilder) -> datetime | None:

@@ -218,8 +218,7 @@ EXPECTED_CLUSTER_RULES = {
     ("training.resilient.dev", "resilienttrainingjobs/finalizers"): {"update"},
     ("jobset.x-k8s.io", "jobsets"): {"get", "list", "watch", "create", "update", "patch",
                                      "delete"},
-    # deletecollection: a failed attempt's pods in one request (reconcile/converge.py)
-    ("", "pods"): {"get", "list", "watch", "delete", "deletecollection"},
+    ("", "pods"): {"get", "list", "watch", "delete"},
     ("", "nodes"): {"get", "list", "watch", "patch"},
     ("", "events"): {"list", "create"},
     ("kueue.x-k8s.io", "localqueues"): {"get"},
@@ -268,15 +267,8 @@ def test_no_kopf_peering_rights_and_no_escalation_verbs() -> None:
     ]  # fmt: skip
     text = json.dumps(operator_roles)
     for word in ("kopfpeerings", "clusterkopfpeerings", "escalate", "bind", "impersonate",
-                 "serviceaccounts/token"):  # fmt: skip
+                 "serviceaccounts/token", "deletecollection"):  # fmt: skip
         assert word not in text
-    # deletecollection only where delete is granted already (pods: the same power, batched)
-    collections = [
-        (resource, rule.get("verbs"))
-        for role in operator_roles for rule in role["rules"] for resource in rule["resources"]
-        if "deletecollection" in rule.get("verbs", [])
-    ]  # fmt: skip
-    assert collections == [("pods", ["get", "list", "watch", "delete", "deletecollection"])]
 
 
 def test_namespace_users_get_jobs_through_the_default_roles(tmp_path: Path) -> None:

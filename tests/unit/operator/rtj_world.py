@@ -4,7 +4,6 @@ and `FakeWorld`, an in-memory cluster that applies plans the way the API server 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -13,7 +12,6 @@ from rtj_test_support import NOW, job_body
 
 from rtj_operator import reconcile as rc
 from rtj_operator.api import ResilientTrainingJob, keys
-from rtj_operator.reconcile.actions import DeletePods
 from rtj_operator.selection import Selection
 
 Obj = dict[str, Any]
@@ -219,16 +217,6 @@ def snapshot(
     )
 
 
-def matching(pods: Iterable[Obj], selector: str) -> list[str]:
-    """The names of the pods an equality-based label selector (k=v,k=v) matches."""
-    wanted = dict(term.split("=", 1) for term in selector.split(","))
-    return [
-        p["metadata"]["name"]
-        for p in pods
-        if all(p["metadata"].get("labels", {}).get(k) == v for k, v in wanted.items())
-    ]
-
-
 def apply_patch(target: Obj, patch: Obj) -> Obj:
     """RFC 7386 merge patch."""
     out = copy.deepcopy(target)
@@ -312,9 +300,6 @@ class FakeWorld:
             elif action.name in self.pods:
                 meta = self.pods[action.name]["metadata"]
                 meta.setdefault("deletionTimestamp", iso(self.now))
-        elif isinstance(action, DeletePods):
-            for name in matching(self.pods.values(), action.selector):
-                self.pods[name]["metadata"].setdefault("deletionTimestamp", iso(self.now))
         elif isinstance(action, (rc.TaintNode, rc.UntaintNode)):
             n = self.nodes.setdefault(action.node, node(action.node))
             edit = rc.claim if isinstance(action, rc.TaintNode) else rc.release

@@ -65,10 +65,8 @@ class _FakeApiClient:
         self.status = status
         self.data = data
         self.sent: list[tuple[str, str]] = []
-        self.queries: list[Any] = []
 
     def param_serialize(self, **kw: Any) -> tuple[str, str, dict[str, str], Any, list[Any]]:
-        self.queries.append(kw["query_params"])
         return kw["method"], kw["resource_path"], kw["header_params"], kw["body"], []
 
     def call_api(self, method: str, url: str, **_: Any) -> _Response:
@@ -98,20 +96,6 @@ def test_every_request_reaches_the_counter_including_failed_ones() -> None:
     assert count("delete", "pods") == 1
     assert count("get", "resilienttrainingjobs") == 1
     assert count("get", "pods") == 0
-
-
-def test_an_attempts_pods_are_deleted_in_one_collection_request() -> None:
-    reg = CollectorRegistry()
-    metrics = Metrics(reg)
-    api = _FakeApiClient(data=b'{"kind": "PodList", "items": [{}, {}, {}]}')
-    kube = Kube(api, on_request=metrics.record_api_request)
-    kube.delete_pods("ns", "a=1,b=2", grace_seconds=5)  # the answer (every pod) is not parsed
-    assert api.sent == [("DELETE", "/api/v1/namespaces/ns/pods")]
-    assert api.queries == [[("labelSelector", "a=1,b=2"), ("gracePeriodSeconds", 5)]]
-    labels = {"verb": "deletecollection", "resource": "pods"}
-    assert sample(reg, "rtj_api_requests_total", labels) == 1
-    kube.delete_pods("ns", "a=1")
-    assert api.queries[-1] == [("labelSelector", "a=1")], "each pod's own grace period"
 
 
 def test_without_a_callback_nothing_is_counted_and_requests_still_work() -> None:

@@ -13,10 +13,9 @@ from rtj_world import FakeWorld, iso, jobset, pod, reading, rtj_raw, snapshot
 from rtj_operator import reconcile as rc
 from rtj_operator.api import ResilientTrainingJob
 from rtj_operator.metrics import job_facts
-from rtj_operator.reconcile.actions import DeletePods
 from rtj_operator.reconcile.lifecycle import deadline_of, finished_at
 
-QUIET = (rc.PatchStatus, rc.CreateJobSet, rc.DeleteJobSet, rc.DeletePod, DeletePods, rc.DeleteJob)
+QUIET = (rc.PatchStatus, rc.CreateJobSet, rc.DeleteJobSet, rc.DeletePod, rc.DeleteJob)
 GPU_MESSAGE = "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus"
 
 
@@ -77,7 +76,7 @@ def test_suspending_a_running_job_stops_its_attempt_without_spending_budget() ->
     plan = step(world)
     kinds = [type(a).__name__ for a in plan.actions]
     # the intent first: the status says Suspended, then the old world is deleted
-    assert kinds[0] == "PatchStatus" and {"DeleteJobSet", "DeletePods"} <= set(kinds)
+    assert kinds[0] == "PatchStatus" and {"DeleteJobSet", "DeletePod"} <= set(kinds)
     assert kinds.index("DeleteJobSet") > 0
     st = status(world)
     assert st["phase"] == "Suspended"

@@ -16,7 +16,6 @@ from rtj_operator.api import keys
 from rtj_operator.policy import progress as rank_progress
 from rtj_operator.policy.render import avoided_nodes, render_jobset
 from rtj_operator.rank_polls import JobTargets, PollFailed, RankPolls
-from rtj_operator.reconcile.actions import DeletePods
 from rtj_operator.reconcile.converge import HANG_TEARDOWN_GRACE
 from rtj_operator.reconcile.ranks import progress_port
 
@@ -104,9 +103,9 @@ def test_a_rank_stuck_in_forward_while_the_other_waits_is_a_hang_naming_it() -> 
     assert "'forward' of step 813" in record["evidence"][0]
     assert patch.status["restarts"]["infrastructure"] == 1  # maxRestarts, with backoff
     assert not patch.status.get("quarantinedNodes"), "a hang blames no node"
-    (deletes,) = [a for a in p.actions if isinstance(a, DeletePods)]  # one collection
-    assert set(deletes.names) == {q["metadata"]["name"] for q in pods}
-    assert deletes.grace_seconds == HANG_TEARDOWN_GRACE
+    deletes = [a for a in p.actions if isinstance(a, rc.DeletePod)]
+    assert {d.name for d in deletes} == {q["metadata"]["name"] for q in pods}
+    assert {d.grace_seconds for d in deletes} == {HANG_TEARDOWN_GRACE}
     warnings = [a for a in p.actions if isinstance(a, rc.PostEvent) and a.type == "Warning"]
     assert any("Hang on rank 1" in e.message for e in warnings)
 
@@ -120,7 +119,7 @@ def test_ranks_making_progress_are_no_hang_and_fill_the_progress_summary() -> No
     summary = patch.status["progress"]
     assert summary["attempt"] == 1 and summary["step"] == 812 and summary["ranks"] == 2
     assert summary["stepSeconds"] == 0.05 and summary["stepsPerSecond"] == 20.0
-    assert not any(isinstance(a, (rc.DeletePod, DeletePods)) for a in p.actions)
+    assert not any(isinstance(a, rc.DeletePod) for a in p.actions)
 
 
 def test_the_progress_summary_is_rewritten_at_most_every_30_seconds() -> None:

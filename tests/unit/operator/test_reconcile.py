@@ -13,7 +13,6 @@ from rtj_world import (
     apply_patch,
     iso,
     jobset,
-    jobset_uid,
     node,
     nodes_for,
     pod,
@@ -25,8 +24,6 @@ from rtj_world import (
 
 from rtj_operator import reconcile as rc
 from rtj_operator.api import keys
-from rtj_operator.reconcile.actions import DeletePods
-from rtj_operator.reconcile.converge import COLLECTION_MIN_PODS, pods_selector
 
 FILE_URI = {"checkpoint": {"uri": "file:///mnt/ckpt/llm"}}
 
@@ -41,17 +38,6 @@ def pod_name_of(obj: dict[str, Any]) -> str:
 
 def of(plan: rc.Plan, kind: type) -> list[Any]:
     return [a for a in plan.actions if isinstance(a, kind)]
-
-
-def pod_deletes(plan: rc.Plan) -> list[tuple[str, int | None]]:
-    """(pod, grace) of every pod the plan deletes, by name or in a collection."""
-    out = []
-    for a in plan.actions:
-        if isinstance(a, rc.DeletePod):
-            out.append((a.name, a.grace_seconds))
-        elif isinstance(a, DeletePods):
-            out += [(name, a.grace_seconds) for name in a.names]
-    return out
 
 
 def status_of(plan: rc.Plan, raw: dict[str, Any]) -> dict[str, Any]:
@@ -355,7 +341,7 @@ def test_old_jobsets_and_every_old_pod_are_deleted_before_the_next_attempt() -> 
     pods = [pod(1, 0), going, orphan]
     plan = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=pods, store=reading(1)))
     assert [a.name for a in of(plan, rc.DeleteJobSet)] == ["llm-a1"]
-    assert sorted(pod_deletes(plan)) == [
+    assert [(a.name, a.grace_seconds) for a in of(plan, rc.DeletePod)] == [
         (pods[0]["metadata"]["name"], None),
         (orphan["metadata"]["name"], None),
     ], "every pod not being deleted yet, directly (not only after the JobSet's cascade)"
@@ -373,64 +359,31 @@ def _failed_and_recorded() -> tuple[dict[str, Any], list[dict[str, Any]], rc.Pla
 
 def test_the_failure_plan_deletes_the_jobset_and_every_pod_in_the_same_pass() -> None:
     _, pods, restart = _failed_and_recorded()
-    assert kinds(restart)[:3] == ["PatchStatus", "DeleteJobSet", "DeletePods"], (
+    assert kinds(restart)[:6] == ["PatchStatus", "DeleteJobSet"] + ["DeletePod"] * 4, (
         "record the failure first, then the whole old world at once"
     )
-    assert sorted(name for name, _ in pod_deletes(restart)) == sorted(
+    assert sorted(a.name for a in of(restart, rc.DeletePod)) == sorted(
         p["metadata"]["name"] for p in pods
     )
-    (collection,) = of(restart, DeletePods)  # one request for the 4 pods, not 4
-    assert collection.selector == (
-        "training.resilient.dev/job=llm,training.resilient.dev/attempt=1,"
-        f"jobset.sigs.k8s.io/jobset-uid={jobset_uid('llm-a1')}"
-    ), "the attempt's pods that the JobSet this job owns created, and no other"
-
-
-def test_only_pods_provably_this_jobs_own_are_deleted_by_label_selector() -> None:
-    raw = rtj_raw({**running(), "phase": "Restarting"})
-    own = [pod(1, i) for i in range(3)]
-    bare = pod(1, 7)  # labelled for the job by hand: no Job controls it
-    bare["metadata"]["ownerReferences"] = []
-    foreign = pod(1, 8, owner="another-uid")  # a JobSet this job does not own created it
-    gone = pod(1, 9, node="gpu-node-gone")  # its node was seen deleted: forced, by name
-    straggler = pod(0, 5)  # the only pod left of attempt 0's JobSet: below the minimum
-    live = [*own, bare, foreign, straggler]
-    snap = snapshot(raw, jobsets=[jobset(1), jobset(0)], pods=[*live, gone], store=reading(1),
-                    nodes=nodes_for(live), deleted_nodes=frozenset({"gpu-node-gone"}))  # fmt: skip
-    plan = rc.plan(snap)
-    (collection,) = of(plan, DeletePods)
-    assert collection.names == tuple(sorted(pod_name_of(p) for p in own))
-    assert collection.selector == pods_selector("llm", "1", jobset_uid("llm-a1"))
-    assert collection.grace_seconds is None
-    by_name = sorted((a.name, a.grace_seconds) for a in of(plan, rc.DeletePod))
-    assert by_name == sorted(
-        [
-            (pod_name_of(bare), None),
-            (pod_name_of(foreign), None),
-            (pod_name_of(gone), 0),
-            (pod_name_of(straggler), None),
-        ]
-    ), "by name: no selector may reach them, the forced delete, a group below the minimum"
-    assert COLLECTION_MIN_PODS == 2
 
 
 def test_deletes_just_sent_are_not_sent_again_until_the_resend_window_passes() -> None:
     raw, pods, _ = _failed_and_recorded()
     soon = NOW + timedelta(seconds=1)  # the watch cache has not seen the deletions yet
     plan = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=pods, now=soon, store=reading(1, soon)))
-    assert not of(plan, rc.DeleteJobSet) and not pod_deletes(plan)
+    assert not of(plan, rc.DeleteJobSet) and not of(plan, rc.DeletePod)
     assert "CreateJobSet" not in kinds(plan)
     assert plan.requeue_after == (rc.DELETE_RESEND - timedelta(seconds=1)).total_seconds()
     late = pod(1, 9)  # created after the failure's pass: it was not deleted then
     late["metadata"]["creationTimestamp"] = iso(soon)
     plan = rc.plan(snapshot(raw, pods=[*pods, late], now=soon, store=reading(1, soon)))
-    assert pod_deletes(plan) == [(late["metadata"]["name"], None)]
+    assert [a.name for a in of(plan, rc.DeletePod)] == [late["metadata"]["name"]]
     # a delete that got lost is sent again once the window has passed
     after = NOW + rc.DELETE_RESEND
     plan = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=pods, now=after,
                             store=reading(1, after)))  # fmt: skip
     assert [a.name for a in of(plan, rc.DeleteJobSet)] == ["llm-a1"]
-    assert len(pod_deletes(plan)) == 4 and len(of(plan, DeletePods)) == 1
+    assert len(of(plan, rc.DeletePod)) == 4
 
 
 def test_a_teardown_stamped_by_a_clock_ahead_of_ours_is_not_trusted_to_be_recent() -> None:

@@ -16,13 +16,11 @@ from rtj_world import iso, jobset, node, pod, rtj_raw
 
 from rtj_operator import controller as ctl
 from rtj_operator import event_reads, handlers, work_queue
-from rtj_operator import reconcile as rc
 from rtj_operator.api import FailureClass, ResilientTrainingJob, keys
 from rtj_operator.cache import WatchCache
-from rtj_operator.kube import Conflict, Forbidden, Unavailable
+from rtj_operator.kube import Conflict, Unavailable
 from rtj_operator.leader import LeaseRecord, Move, lease_decision
 from rtj_operator.metrics import Metrics, sample
-from rtj_operator.reconcile.actions import DeletePods
 from rtj_operator.selection import Selection
 
 # --- metrics -----------------------------------------------------------------------------------
@@ -196,9 +194,6 @@ class FakeKube:
         self.calls.append(("delete_pod", name))
         return True
 
-    def delete_pods(self, namespace: str, selector: str, grace_seconds: int | None = None) -> None:
-        self.calls.append(("delete_pods", selector))
-
     def edit_taints(self, node: str, edit: Any) -> bool:
         self.calls.append(("taint", node, edit([])))
         return True
@@ -304,8 +299,8 @@ def test_a_failure_is_recorded_then_the_whole_old_world_deleted_in_one_pass() ->
         await asyncio.gather(*c._posting)
         calls = [x[0] for x in kube.calls if x[0] != "list_events"]
         assert calls[0] == "patch_status", "the failure is recorded before anything is deleted"
-        assert sorted(calls[1:3]) == ["delete_jobset", "delete_pods"], "4 pods, one request"
-        assert calls[3:] == ["event"]
+        assert sorted(calls[1:6]) == ["delete_jobset"] + ["delete_pod"] * 4
+        assert calls[6:] == ["event"]
         c.executor.shutdown()
 
     asyncio.run(scenario())
@@ -314,11 +309,14 @@ def test_a_failure_is_recorded_then_the_whole_old_world_deleted_in_one_pass() ->
 def test_a_failed_delete_still_lets_the_committed_decisions_event_and_metrics_out() -> None:
     async def scenario() -> None:
         kube, reg = FakeKube(), CollectorRegistry()
+        deletes = kube.delete_pod
 
-        def flaky(namespace: str, selector: str, grace_seconds: int | None = None) -> None:
-            raise Unavailable("delete pods: 503", 503)
+        def flaky(namespace: str, name: str, grace_seconds: int | None = None) -> bool:
+            if name.endswith("-2-abcde"):
+                raise Unavailable("delete pod: 503", 503)
+            return deletes(namespace, name, grace_seconds)
 
-        kube.delete_pods = flaky  # type: ignore[method-assign]
+        kube.delete_pod = flaky  # type: ignore[method-assign]
         c = _controller(kube, reg)
         _running_attempt_1(c)
         c.on_pod(None, pod(1, 0, exit_code=1, message="NCCL error: unhandled system error"))
@@ -331,34 +329,6 @@ def test_a_failed_delete_still_lets_the_committed_decisions_event_and_metrics_ou
         record = c.rtjs[("team-a", "llm")]["status"]["attempts"][0]
         labels = {"namespace": "team-a", "name": "llm", "class": record["failureClass"]}
         assert sample(reg, "rtj_restarts_total", labels) == 1, "the committed restart counts"
-        c.executor.shutdown()
-
-    asyncio.run(scenario())
-
-
-def test_without_the_collection_verb_the_same_pods_are_deleted_by_name() -> None:
-    async def scenario() -> None:
-        kube, reg = FakeKube(), CollectorRegistry()
-
-        def refused(namespace: str, selector: str, grace_seconds: int | None = None) -> None:
-            kube.calls.append(("delete_pods", selector))
-            raise Forbidden("pods is forbidden: cannot deletecollection", 403)
-
-        kube.delete_pods = refused  # type: ignore[method-assign]
-        c = _controller(kube, reg)
-        _running_attempt_1(c)
-        c.on_pod(None, pod(1, 0, exit_code=1, message="NCCL error: unhandled system error"))
-        for i in (1, 2, 3):
-            c.on_pod(None, pod(1, i))
-        await c.reconcile(("team-a", "llm"))
-        deleted = sorted(x[1] for x in kube.calls if x[0] == "delete_pod")
-        assert deleted == [f"llm-a1-worker-0-{i}-abcde" for i in range(4)]
-        # from then on by name at once: one refused request, not one per teardown
-        action = DeletePods("x=y", ("p-1", "p-2"))
-        await c.apply(("team-a", "llm"), c.snapshot(("team-a", "llm")),  # type: ignore[arg-type]
-                      rc.Plan((action,)))  # fmt: skip
-        assert [x[0] for x in kube.calls].count("delete_pods") == 1
-        assert [x[1] for x in kube.calls if x[0] == "delete_pod"][-2:] == ["p-1", "p-2"]
         c.executor.shutdown()
 
     asyncio.run(scenario())
