@@ -125,6 +125,7 @@ class FaultRecord:
     finished_at: str = ""
     # stages, in seconds after failed_at, as the watches saw them
     detected: float | None = None  # RTJ: classified record; JobSet: status.restarts = 1
+    old_pods_deleting: float | None = None  # every pod of the first world being deleted
     old_pods_gone: float | None = None  # every pod of the first world deleted
     old_jobset_gone: float | None = None  # RTJ: <job>-a1 deleted
     next_created: float | None = None  # RTJ: <job>-a2 created
@@ -459,6 +460,7 @@ class Bench:
                     f.admitted = since(obs.jobset_unsuspended_at.get(jobset_name(f.job, 2)))
             else:
                 f.detected = since(obs.restarted_at.get((f.job, 1)))
+            f.old_pods_deleting = since(obs.all_deleting_at(f.job, 1))
             f.old_pods_gone = since(obs.all_gone_at(f.job, 1))
             f.new_pod_seen = since(obs.first_seen_at(f.job, 2))
             f.recovered = since(obs.all_running_at(f.job, 2, a.workers))
@@ -590,12 +592,14 @@ class Bench:
 
 STAGES = {
     "rtj": (
-        ("detected", "detect"), ("old_pods_gone", "old pods"), ("old_jobset_gone", "old JS"),
+        ("detected", "detect"), ("old_pods_deleting", "old del"), ("old_pods_gone", "old pods"),
+        ("old_jobset_gone", "old JS"),
         ("next_created", "next JS"), ("admitted", "admitted"), ("new_pod_seen", "1st pod"),
         ("recovered", "all run"),
     ),
     "jobset": (
-        ("detected", "restart"), ("old_pods_gone", "old pods"), ("new_pod_seen", "1st pod"),
+        ("detected", "restart"), ("old_pods_deleting", "old del"), ("old_pods_gone", "old pods"),
+        ("new_pod_seen", "1st pod"),
         ("recovered", "all run"),
     ),
 }  # fmt: skip

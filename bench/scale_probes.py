@@ -141,6 +141,7 @@ class Observed:
         self.running_at: dict[str, float] = {}
         self.seen_at: dict[str, float] = {}
         self.gone_at: dict[str, float] = {}
+        self.deleting_at: dict[str, float] = {}
         self.failed_at: dict[str, float] = {}
         self.classified_at: dict[tuple[str, int], float] = {}
         self.records: dict[str, list[Obj]] = {}
@@ -177,6 +178,8 @@ class Observed:
             self.seen_at.setdefault(name, now)
             if kind == "DELETED":
                 self.gone_at.setdefault(name, now)
+            if deleting or kind == "DELETED":
+                self.deleting_at.setdefault(name, now)
             if phase == "Running" and not deleting and kind != "DELETED":
                 self.running_at.setdefault(name, now)
             if phase == "Failed":
@@ -236,6 +239,15 @@ class Observed:
                 if p["job"] == job and p["gen"] == gen and n in self.seen_at
             ]
         return min(times) if times else None
+
+    def all_deleting_at(self, job: str, gen: int) -> float | None:
+        """When the last pod of this generation was seen being deleted (a deletionTimestamp,
+        or gone), None while any is not."""
+        with self.lock:
+            mine = [n for n, p in self.pods.items() if p["job"] == job and p["gen"] == gen]
+            if not mine or any(n not in self.deleting_at for n in mine):
+                return None
+            return max(self.deleting_at[n] for n in mine)
 
     def all_gone_at(self, job: str, gen: int) -> float | None:
         """When the last pod of this generation was deleted (None while any remains)."""
