@@ -69,12 +69,16 @@ v0.17 stores it), v1beta1 is what older installations serve."""
 STARTUP_RESYNC_SECONDS = 30.0
 """A second LIST soon after startup drops objects deleted while the watches started."""
 WORLD_BATCH_SECONDS = 0.25
-"""Pod and node changes of a job that come within this long after its last plan are planned
-together at the end of it (a change after a quiet spell is planned at once): a world of N
-pods starting or failing sends ~3N pod events, each plan reads all N pods."""
+"""Pod and node changes of a job are planned at most once per this interval once its burst
+(WORLD_BURST) is spent; changes in between are planned together. A world of N pods starting
+or failing sends ~3N pod events, and each plan reads all N pods."""
 WORLD_BATCH_FACTOR = 4.0
-"""... or within this many times as long as that plan took, if longer: one job's plans then
-take at most a fifth of the event loop, however many pods it has."""
+"""... or per this many times as long as the job's last plan took, if longer: in a storm
+one job's plans take at most a fifth of the event loop, however many pods it has."""
+WORLD_BURST = 3
+"""Plans a job gets at once for changes after a quiet spell, before its changes are batched:
+a failure that follows another change by milliseconds (a node condition, a first rank) is
+not held back."""
 
 
 def utcnow() -> datetime:
@@ -198,8 +202,12 @@ class Controller:
         self._posting: set[asyncio.Task[None]] = set()
         self._event_sem = asyncio.Semaphore(8)
         self.reconciles = 0
-        self._planned: dict[Key, tuple[float, float]] = {}
-        """When each job was last planned (monotonic) and how long that took."""
+        self._plan_seconds: dict[Key, float] = {}
+        """How long each job's last plan took."""
+        self._next_plan: dict[Key, float] = {}
+        self._held: dict[Key, float] = {}
+        """Per job: when its next change may be planned (a rate limit with a burst, GCRA),
+        and when a batched plan is already due (monotonic)."""
 
     # --- inputs from the watches -----------------------------------------------------------
 
@@ -241,7 +249,8 @@ class Controller:
         self.rejections.pop(key, None)
         self.rank_polls.forget(key)
         self.metrics.forget_job(*key)
-        self._planned.pop(key, None)
+        for per_job in (self._plan_seconds, self._next_plan, self._held):
+            per_job.pop(key, None)
 
     def on_pod(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         key = job_key_of(body)
@@ -261,15 +270,21 @@ class Controller:
         self._world_changed(key)
 
     def _world_changed(self, key: Key) -> None:
-        """Enqueue a job for a change of its pods or nodes: at once after a quiet spell, else
-        at the end of the batch window that follows its last plan (see WORLD_BATCH_SECONDS)."""
-        last = self._planned.get(key)
-        if last is None:
+        """Enqueue a job for a change of its pods or nodes: at once while its burst lasts (a
+        quiet job plans a failure at once), else together with the changes that follow, at
+        most once per WORLD_BATCH_SECONDS (or WORLD_BATCH_FACTOR plans' time)."""
+        now = time.monotonic()
+        if now < self._held.get(key, 0.0):
+            return  # a plan is due already: it reads this change too
+        interval = max(WORLD_BATCH_SECONDS, WORLD_BATCH_FACTOR * self._plan_seconds.get(key, 0.0))
+        due = max(self._next_plan.get(key, now), now)
+        self._next_plan[key] = due + interval
+        early = due - (WORLD_BURST - 1) * interval
+        if early <= now:
             self.queue.add(key)
-            return
-        at, took = last
-        window = max(WORLD_BATCH_SECONDS, WORLD_BATCH_FACTOR * took)
-        self.queue.add_after(key, at + window - time.monotonic())
+        else:
+            self._held[key] = early
+            self.queue.add_after(key, early - now)
 
     def _old_world_left(self, key: Key, body: Mapping[str, Any]) -> int | None:
         """While a job waits for its old world to go (Restarting or Suspended), for a pod of
@@ -478,7 +493,7 @@ class Controller:
             if snap is None:
                 return None
             plan = rc.plan(snap)
-            self._planned[key] = (time.monotonic(), time.monotonic() - started)
+            self._plan_seconds[key] = time.monotonic() - started
             for _ in range(3):  # at most one store reading, one events read, one queue lookup
                 if plan.needs_events:
                     snap = replace(snap, events=tuple(await self._io(self.read_events, snap)))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from datetime import timedelta
 from typing import Any
 
@@ -334,37 +333,43 @@ def test_a_failed_delete_still_lets_the_committed_decisions_event_and_metrics_ou
     asyncio.run(scenario())
 
 
-def test_pod_changes_right_after_a_plan_are_planned_together() -> None:
+def test_a_storm_of_pod_changes_is_planned_in_batches_a_quiet_jobs_failure_at_once() -> None:
     async def scenario() -> None:
         c = _controller(FakeKube(), CollectorRegistry())
         key = ("team-a", "llm")
         _running_attempt_1(c)
-        pods = [pod(1, i) for i in range(4)]
+        pods = [pod(1, i) for i in range(8)]
         for p in pods:
             c.on_pod("ADDED", p)
         assert await c.queue.get() == key
         c.queue.done(key)
-        c._planned[key] = (time.monotonic(), 0.001)  # planned just now, quickly
-        for p in pods:  # a world starting: each pod changes
-            c.on_pod("MODIFIED", {**p, "status": {"phase": "Running"}})
-        assert len(c.queue) == 0, "held for the batch window, not one plan per pod"
-        started = time.monotonic()
-        assert await asyncio.wait_for(c.queue.get(), 1) == key
-        assert time.monotonic() - started <= ctl.WORLD_BATCH_SECONDS + 0.05
-        c.queue.done(key)
-        assert len(c.queue) == 0, "one plan for the four changes"
-        # after a quiet spell a change is planned at once (a failure is not held)
-        c._planned[key] = (time.monotonic() - 1.0, 0.001)
-        c.on_pod("MODIFIED", pod(1, 0, exit_code=1, message="NCCL error"))
-        assert len(c.queue) == 1
-        # a plan that took long holds changes for a multiple of it (a fifth of the loop)
-        took = 2 * ctl.WORLD_BATCH_SECONDS / ctl.WORLD_BATCH_FACTOR
-        c._planned[key] = (time.monotonic(), took)
-        c.queue._dirty.clear()
-        c.on_pod("MODIFIED", pod(1, 1, exit_code=1, message="NCCL error"))
+        c._next_plan.clear()  # a quiet job
+        c._held.clear()
+        c.queue.forget(key)  # the batch the ADDED events started
+        loop = asyncio.get_running_loop()
+        # a failure and what follows it by milliseconds: planned at once (the burst)
+        for i in range(ctl.WORLD_BURST):
+            c.on_pod("MODIFIED", pod(1, i, exit_code=1, message="NCCL error"))
+        assert len(c.queue) == 1 and key not in c.queue._timers
+        # the storm goes on: its changes wait for one plan, WORLD_BATCH_SECONDS on
+        for i in range(ctl.WORLD_BURST, 8):
+            c.on_pod("MODIFIED", {**pods[i], "status": {"phase": "Running"}})
         due, _ = c.queue._timers[key]
-        window = due - asyncio.get_running_loop().time()
-        assert ctl.WORLD_BATCH_SECONDS < window <= ctl.WORLD_BATCH_FACTOR * took
+        assert due - loop.time() == pytest.approx(ctl.WORLD_BATCH_SECONDS, abs=0.05)
+        assert await c.queue.get() == key  # the plan for the burst
+        c.queue.done(key)
+        assert await asyncio.wait_for(c.queue.get(), 2) == key  # one plan for the rest
+        c.queue.done(key)
+        assert len(c.queue) == 0 and key not in c.queue._timers
+        # a job whose plans take long is planned at most once per a multiple of that time
+        c._next_plan.clear()
+        c._held.clear()
+        took = 2 * ctl.WORLD_BATCH_SECONDS / ctl.WORLD_BATCH_FACTOR
+        c._plan_seconds[key] = took
+        for i in range(ctl.WORLD_BURST + 1):
+            c.on_pod("MODIFIED", pod(1, i, exit_code=1, message="NCCL error"))
+        due, _ = c.queue._timers[key]
+        assert due - loop.time() == pytest.approx(ctl.WORLD_BATCH_FACTOR * took, abs=0.05)
         c.executor.shutdown()
 
     asyncio.run(scenario())
@@ -377,15 +382,21 @@ def test_pods_of_the_old_world_going_do_not_each_enqueue_the_job() -> None:
     key = ("team-a", "llm")
     status = {"phase": "Running", "attempt": 1, "attempts": [{"attempt": 1, "jobSet": "llm-a1"}]}
     c.on_rtj(None, rtj_raw(status))
+
+    def quiet() -> None:  # nothing queued, no batch under way (see the storm test)
+        c.queue._dirty.clear()
+        c._next_plan.clear()
+        c._held.clear()
+
     pods = [pod(1, i) for i in range(3)]
     for p in pods:
         c.on_pod("ADDED", p)
-    c.queue._dirty.clear()
+    quiet()
     c.on_pod("MODIFIED", pods[0])
     assert len(c.queue) == 1, "a running attempt: every pod change counts"
-    c.queue._dirty.clear()
+    quiet()
     c.on_rtj("MODIFIED", rtj_raw({**status, "phase": "Restarting"}, rv=11))
-    c.queue._dirty.clear()
+    quiet()
     for p in pods:
         c.on_pod("MODIFIED", pod(1, int(p["metadata"]["labels"][keys.JOB_COMPLETION_INDEX]),
                                  deleting=True))  # fmt: skip
@@ -396,11 +407,11 @@ def test_pods_of_the_old_world_going_do_not_each_enqueue_the_job() -> None:
     late = pod(1, 7)
     c.on_pod("ADDED", late)
     assert len(c.queue) == 1, "a pod appearing late is deleted by the next plan"
-    c.queue._dirty.clear()
+    quiet()
     c.on_pod("DELETED", late)
     c.on_pod("DELETED", pods[2])
     assert len(c.queue) == 1, "the last one gone: the next attempt may start"
-    c.queue._dirty.clear()
+    quiet()
     c.on_pod("MODIFIED", pod(1, 8))  # an old pod the cache lacked (its ADDED missed)
     assert len(c.queue) == 1
     c.executor.shutdown()
