@@ -26,7 +26,7 @@ Each line prints absolute numbers, the ratio to its baseline, the target, PASS/M
 the load average. A miss never fails the run; only an error exits non-zero.
 
     python -m bench.checkpoint_protocol [--quick] [--reps 3] [--s3-reps 1] [--no-s3]
-        [--json FILE] [--markdown FILE]
+        [--sections fs,verify,commit,memory,s3] [--json FILE] [--markdown FILE]
 """
 
 from __future__ import annotations
@@ -91,7 +91,8 @@ class Shape:
 
 SHAPES = (Shape(1, 4 * GiB), Shape(8, 128 * MiB), Shape(64, 16 * MiB))
 QUICK_SHAPES = (Shape(1, 128 * MiB), Shape(8, 16 * MiB), Shape(64, 2 * MiB))
-VERIFY_SHAPE = 1  # index of the shape whose published step section 3 verifies
+VERIFY_SHAPE = 1  # index of the shape whose published step section 2 verifies
+SECTIONS = ("fs", "verify", "commit", "memory", "s3")
 
 # Targets (from the issues).
 PUBLISH_MAX_RATIO = 1.3
@@ -977,11 +978,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--s3-reps", type=int, default=1, help="repetitions of each S3 measurement (1)"
     )
     parser.add_argument("--no-s3", action="store_true", help="skip the S3 section")
+    parser.add_argument(
+        "--sections",
+        default=",".join(SECTIONS),
+        help=f"comma-separated subset of {','.join(SECTIONS)} (default: all)",
+    )
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write results as JSON")
     parser.add_argument("--markdown", type=Path, metavar="FILE", help="also write a Markdown table")
     args = parser.parse_args(argv)
     if args.reps < 1 or args.s3_reps < 1:
         parser.error("--reps and --s3-reps must be at least 1")
+    args.sections = {x.strip() for x in args.sections.split(",") if x.strip()}
+    if args.no_s3:
+        args.sections.discard("s3")
+    if not args.sections or args.sections - set(SECTIONS):
+        parser.error(f"--sections: choose from {','.join(SECTIONS)}")
     return args
 
 
@@ -1017,9 +1028,14 @@ def run(args: argparse.Namespace, report: Report) -> None:
         )
         print_context(report.context)
         print(METHOD_TEXT)
-        sources = make_sources(report, work, shapes)
+        needs_sources = args.sections - {"commit"}
+        sources = make_sources(report, work, shapes) if needs_sources else []
         verify_source: tuple[FilesystemStore, int, list[Path]] | None = None
         for shape, source in sources:
+            if "fs" not in args.sections and not (
+                "verify" in args.sections and shape == shapes[VERIFY_SHAPE]
+            ):
+                continue
             files = sorted((p.name, p) for p in source.iterdir())
             store, step = bench_fs_publish(report, work, shape, files, args.reps)
             if shape == shapes[VERIFY_SHAPE]:
@@ -1027,13 +1043,15 @@ def run(args: argparse.Namespace, report: Report) -> None:
             else:
                 rmtree(store.root)
         if verify_source is not None:
-            bench_verify(report, *verify_source, reps=args.reps)
+            if "verify" in args.sections:
+                bench_verify(report, *verify_source, reps=args.reps)
             rmtree(verify_source[0].root)
-        bench_commit(report, work, commit_reps)
+        if "commit" in args.sections:
+            bench_commit(report, work, commit_reps)
         largest = [(shape, source) for shape, source in sources if shape == shapes[0]]
-        for shape, source in largest:
+        for shape, source in largest if "memory" in args.sections else []:
             bench_memory(report, work, shape, source)
-        if not args.no_s3:
+        if "s3" in args.sections:
             bench_s3(report, work, sources, args.s3_reps)
         report.context["loadavg_end"] = os.getloadavg()
     finally:
