@@ -53,6 +53,7 @@ bench: install ## benchmarks, reported as ratios against a side-by-side baseline
 	$(BIN)/python -m bench.operator_control
 	$(BIN)/python -m bench.operator_scale
 	$(BIN)/python -m bench.progress_overhead
+	$(BIN)/python -m bench.hang_detection --markdown bench/results/hang-detection.md
 	$(BIN)/python -m bench.goodput_model --markdown bench/results/goodput-model.md
 	$(BIN)/python -m bench.goodput --steps 6000 --mtbf 60
 

@@ -14,10 +14,13 @@ answer keeps its last report, which ages out of the evidence after 30 s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import json
 import logging
+import socket
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -42,8 +45,12 @@ class PollFailed(Exception):
 
 
 def fetch_progress(ip: str, port: int, timeout: float, max_body: int = MAX_BODY) -> Any:
-    """One `GET /progress` (blocking): the parsed JSON body, or PollFailed."""
+    """One `GET /progress` (blocking): the parsed JSON body, or PollFailed. `timeout` bounds
+    the whole request, not each socket read: a server that drips bytes is cut off."""
     conn = http.client.HTTPConnection(ip, port, timeout=timeout)
+    watchdog = threading.Timer(timeout, _cut, (conn,))
+    watchdog.daemon = True
+    watchdog.start()
     try:
         conn.request("GET", "/progress", headers={"Accept": "application/json"})
         response = conn.getresponse()
@@ -58,7 +65,16 @@ def fetch_progress(ip: str, port: int, timeout: float, max_body: int = MAX_BODY)
     except ValueError as exc:
         raise PollFailed(f"not JSON: {exc}") from exc
     finally:
+        watchdog.cancel()
         conn.close()
+
+
+def _cut(conn: http.client.HTTPConnection) -> None:
+    """The request's time is up: unblock the thread reading it (shutdown wakes a recv)."""
+    sock = conn.sock
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
 
 
 @dataclass(frozen=True)
@@ -113,13 +129,16 @@ class RankPolls:
             self._readings.pop(key, None)
             self._stragglers.pop(key, None)
 
-    def _get(self, target: PollTarget) -> tuple[PollTarget, Any, str | None]:
+    def _get(self, target: PollTarget) -> tuple[Any, str | None, float]:
+        """The body (or why none) and when it arrived (the operator's clock, Unix s): each
+        report is dated by its own answer, not by the end of the round."""
         try:
-            return target, self.fetch(target.ip, target.port, self.timeout), None
+            body = self.fetch(target.ip, target.port, self.timeout)
+            return body, None, self.clock().timestamp()
         except PollFailed as exc:
-            return target, None, str(exc)
+            return None, str(exc), self.clock().timestamp()
         except Exception as exc:  # a poll must never take the poller down
-            return target, None, f"{type(exc).__name__}: {exc}"
+            return None, f"{type(exc).__name__}: {exc}", self.clock().timestamp()
 
     async def poll_once(self, jobs: Sequence[JobTargets]) -> None:
         """One round over every job's targets, then one `on_round(key)` per job."""
@@ -129,9 +148,10 @@ class RankPolls:
             *(loop.run_in_executor(self._executor, self._get, t) for _, t in flat)
         )
         received = self.clock().timestamp()
-        by_pod = {(t.attempt, t.pod): (body, error) for t, body, error in answers}
-        asked = zip(flat, answers, strict=True)
-        self._note_answers([(key, t, error) for (key, _), (t, _, error) in asked])
+        by_pod = {
+            (key, t.attempt, t.pod): answer for (key, t), answer in zip(flat, answers, strict=True)
+        }
+        self._note_answers([(key, t, by_pod[(key, t.attempt, t.pod)][1]) for key, t in flat])
         wanted = {job.key for job in jobs}
         with self._lock:
             dropped = [k for k in self._readings if k not in wanted]
@@ -166,7 +186,7 @@ class RankPolls:
     def _keep(
         self,
         job: JobTargets,
-        answers: Mapping[tuple[int, str], tuple[Any, str | None]],
+        answers: Mapping[tuple[Key, int, str], tuple[Any, str | None, float]],
         received: float,
     ) -> None:
         attempt = job.targets[0].attempt if job.targets else 0
@@ -176,11 +196,12 @@ class RankPolls:
         reports: list[rank_progress.PodReport] = []
         unanswered: list[str] = []
         for target in job.targets:
-            body, error = answers.get(
-                (target.attempt, target.pod), (None, "not asked this round (did not answer)")
+            body, error, arrived = answers.get(
+                (job.key, target.attempt, target.pod),
+                (None, "not asked this round (did not answer)", received),
             )
             if isinstance(body, Mapping):
-                report = rank_progress.PodReport(target.pod, received, body)
+                report = rank_progress.PodReport(target.pod, arrived, body)
                 reports.append(report)
                 continue
             unanswered.append(f"{target.pod}: {error or 'not a JSON object'}")
@@ -210,11 +231,14 @@ class RankPolls:
     async def run(self, jobs: Callable[[], Iterable[JobTargets]]) -> None:
         """Poll forever (cancel to stop)."""
         while True:
+            started = time.monotonic()
             try:
                 await self.poll_once([j for j in jobs() if j.targets])
             except Exception:
                 log.exception("progress poll round failed")
-            await asyncio.sleep(self.interval)
+            # a round every `interval` (not a round plus `interval`): detection waits at most
+            # one period for the next look, whatever a round costs
+            await asyncio.sleep(max(self.interval - (time.monotonic() - started), 0.0))
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

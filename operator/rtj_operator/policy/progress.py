@@ -22,6 +22,7 @@ Every function returns frozen data and explains itself in its result; none mutat
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -360,6 +361,17 @@ class StragglerResult:
     state: StragglerState
 
 
+def _median_without(ordered: Sequence[float], value: float) -> float:
+    """The median of `ordered` (sorted) with one occurrence of `value` left out."""
+    n = len(ordered) - 1
+    gone = bisect.bisect_left(ordered, value)
+
+    def at(k: int) -> float:
+        return ordered[k if k < gone else k + 1]
+
+    return at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2
+
+
 def stragglers(
     reports: Sequence[PodReport],
     state: StragglerState | None = None,
@@ -388,13 +400,14 @@ def stragglers(
     busy = {r.rank: float(r.median_busy or r.median_step or 0.0) for r in ranks}
     updated: dict[int, RankWindows] = {}
     found: list[Straggler] = []
+    ordered = sorted(busy.values())  # one sort: each leave-one-out median is O(1)
     for r in ranks:
         seen = previous.get(r.rank)
         count = seen.slow_windows if seen is not None else 0
         if seen is not None and (seen.pod != r.pod or r.steps_completed < seen.steps_completed):
             seen, count = None, 0
-        others = [b for rank, b in busy.items() if rank != r.rank]
-        reference = statistics.median(others) if others else 0.0
+        others = len(ordered) > 1
+        reference = _median_without(ordered, busy[r.rank]) if others else 0.0
         if seen is None or r.steps_completed > seen.steps_completed:
             slow = bool(others) and busy[r.rank] > reference / ratio
             count = count + 1 if slow else 0

@@ -77,3 +77,36 @@ def test_the_poller_reads_real_records_and_the_decision_names_the_stuck_rank(
 def test_a_pod_without_a_server_is_an_error_not_an_answer() -> None:
     with pytest.raises(PollFailed, match=r"ConnectionRefusedError"):
         fetch_progress("127.0.0.1", 9, timeout=2.0)  # port 9 (discard): nothing listens
+
+
+def test_a_server_that_drips_bytes_is_cut_off_at_the_request_deadline() -> None:
+    """The timeout bounds the whole request: a pod that answers one byte at a time (each
+    read well within the timeout) cannot hold a poller thread."""
+    import socket
+    import threading
+    import time
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    stop = threading.Event()
+
+    def drip() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n")
+            while not stop.is_set():
+                try:
+                    conn.sendall(b"{")
+                except OSError:
+                    return
+                time.sleep(0.3)
+
+    thread = threading.Thread(target=drip, daemon=True)
+    thread.start()
+    started = time.monotonic()
+    with pytest.raises(PollFailed):
+        fetch_progress("127.0.0.1", port, timeout=1.5)
+    assert time.monotonic() - started < 5.0
+    stop.set()
+    listener.close()

@@ -344,3 +344,19 @@ def test_job_progress() -> None:
     assert summary.median_step_seconds == 0.05 and summary.steps_per_second == 20.0
     starting = [pod("w-0", rank(0, None, "start", 1.0), rank(1, 3, "step", 0.0))]
     assert job_progress(starting, NOW).step is None
+
+
+def test_the_leave_one_out_median_is_the_median_of_the_others() -> None:
+    import random
+    import statistics
+
+    from rtj_operator.policy.progress import _median_without
+
+    rng = random.Random(5)
+    for _ in range(500):
+        values = sorted(rng.choice([0.1, 0.2, 0.3, 0.5, 1.0, rng.random()]) for _ in range(
+            rng.randint(2, 12)))  # fmt: skip
+        left_out = rng.choice(values)
+        others = list(values)
+        others.remove(left_out)
+        assert _median_without(values, left_out) == statistics.median(others)
