@@ -27,6 +27,7 @@ import os
 import secrets
 import stat
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -50,6 +51,9 @@ from rtj_shim.storage.base import CheckpointStore, StepWriter
 log = logging.getLogger("rtj_shim")
 
 _CAS_RETRIES = 8
+# Files publish_directory copies at once: the hash of one overlaps the copy, the fsync and
+# the hash of the other (every file is still durable before its entry exists).
+PUBLISH_STREAMS = 2
 
 
 class _FromEnv(enum.Enum):
@@ -296,7 +300,8 @@ class CommitProtocol:
         files = collect_directory(source)
         writer = self.begin(step)
         try:
-            entries = [writer.copy_file(rel, path) for rel, path in files]
+            with ThreadPoolExecutor(PUBLISH_STREAMS, thread_name_prefix="rtj-copy") as pool:
+                entries = list(pool.map(lambda item: writer.copy_file(*item), files))
             return self.publish(writer, entries, metadata or StepMetadata.from_env())
         except BaseException:
             writer.abort()

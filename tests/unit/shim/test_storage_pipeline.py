@@ -13,6 +13,7 @@ import random
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -23,20 +24,22 @@ import pytest
 
 from rtj_shim.errors import StoreError
 from rtj_shim.layout import STEPS_DIR
-from rtj_shim.protocol import CommitProtocol
+from rtj_shim.protocol import PUBLISH_STREAMS, CommitProtocol
 from rtj_shim.resolver import resolve
 from rtj_shim.storage import pipeline
-from rtj_shim.storage.filesystem import FilesystemStore
+from rtj_shim.storage.filesystem import FilesystemStepWriter, FilesystemStore
 from rtj_shim.verification import Depth
+from rtj_shim.verifier import verify_step
 
 KiB = 1024
 MiB = 1024 * KiB
 CHUNK = 64 * KiB  # small chunks: many ranges, the hash lag and partial tails all happen
 
 
-@pytest.fixture
-def pool() -> Iterator[ThreadPoolExecutor]:
-    with ThreadPoolExecutor(1, thread_name_prefix="test-hash") as executor:
+@pytest.fixture(params=[1, 2], ids=["1-hash-thread", "2-hash-threads"])
+def pool(request: pytest.FixtureRequest) -> Iterator[ThreadPoolExecutor]:
+    """A writer's hash threads: one per file it may be copying at once (2 by default)."""
+    with ThreadPoolExecutor(request.param, thread_name_prefix="test-hash") as executor:
         yield executor
 
 
@@ -257,14 +260,48 @@ def test_the_hash_never_outlives_a_failed_copy(
         os.close(dst)
 
 
+def test_publish_directory_copies_two_files_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = tmp_path / "src"
+    source.mkdir()
+    files = {f"shard-{i}.bin": random.Random(i).randbytes(300 * KiB + i) for i in range(6)}
+    for name, data in files.items():
+        (source / name).write_bytes(data)
+    running = [0]
+    most = [0]
+    lock = threading.Lock()
+    real = FilesystemStepWriter.copy_file
+
+    def counting(self: FilesystemStepWriter, path: str, src: Path) -> Any:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        try:
+            time.sleep(0.05)
+            return real(self, path, src)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(FilesystemStepWriter, "copy_file", counting)
+    store = FilesystemStore(tmp_path / "root")
+    result = CommitProtocol(store, run_id="r", retention=None).publish_directory(4, source)
+    assert most[0] == PUBLISH_STREAMS == 2
+    assert {f.path: f.sha256 for f in result.manifest.files} == {
+        name: hashlib.sha256(data).hexdigest() for name, data in files.items()
+    }
+    assert verify_step(store, 4, Depth.DEEP).valid
+
+
 # -- memory ----------------------------------------------------------------------------
 
 CHILD = textwrap.dedent(
     """
     import json, sys
     from pathlib import Path
-    from rtj_shim.protocol import CommitProtocol
-    from rtj_shim.storage.filesystem import FilesystemStore
+    from rtj_shim.protocol import PUBLISH_STREAMS, CommitProtocol
+    from rtj_shim.storage.filesystem import FilesystemStepWriter, FilesystemStore
 
     def hwm():
         with open("/proc/self/status") as fh:

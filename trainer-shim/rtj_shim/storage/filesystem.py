@@ -38,6 +38,7 @@ from rtj_shim.storage.pipeline import copy_hashed, write_all, write_hashed
 
 _RENAME_NOREPLACE = 1
 _AT_FDCWD = -100
+COPY_STREAMS = 2  # files copy_file may hash at once (CommitProtocol.publish_directory)
 
 
 @contextlib.contextmanager
@@ -86,7 +87,8 @@ class FilesystemStepWriter:
         self._store = store
         self._step = step
         self._tmp = tmp
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="rtj-hash")
+        # One hash thread per file being written: copy_file may run in several threads.
+        self._pool = ThreadPoolExecutor(COPY_STREAMS, thread_name_prefix="rtj-hash")
 
     @property
     def step(self) -> int:

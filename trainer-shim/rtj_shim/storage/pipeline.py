@@ -258,7 +258,8 @@ def _copy_buffered(
     source: int, target: int, pool: ThreadPoolExecutor, chunk: int
 ) -> tuple[str, int]:
     """Copy through two reused buffers: one is read while the other is hashed (helper
-    thread) and written (this thread). The digest is of exactly the buffers written."""
+    thread) and written (this thread). The digest is of exactly the buffers written.
+    One hash at a time, in order, whatever the number of threads ``pool`` has."""
     digest = hashlib.sha256()
     buffers = (bytearray(chunk), bytearray(chunk))
     hashed: list[Future[None] | None] = [None, None]
@@ -274,6 +275,9 @@ def _copy_buffered(
             if got == 0:
                 break
             view = memoryview(buffers[which])[:got]
+            other = hashed[which ^ 1]
+            if other is not None:  # the previous chunk is in the digest before this one
+                other.result()
             hashed[which] = pool.submit(digest.update, view)
             write_all(target, view)
             start_writeback(target, size, got)
