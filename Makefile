@@ -48,8 +48,8 @@ test-e2e: install cluster-build ## the end-to-end fault drills (e2e/scenarios), 
 	$(BIN)/pytest e2e tests/integration/cluster/test_pod_runner.py $(PYTEST_ARGS)
 
 bench: install ## benchmarks, reported as ratios against a side-by-side baseline
-	$(BIN)/python -m bench.checkpoint_protocol
-	$(BIN)/python -m bench.torch_state
+	$(BIN)/python -m bench.checkpoint_protocol --markdown bench/results/checkpoint-protocol.md
+	$(BIN)/python -m bench.torch_state --markdown bench/results/torch-state.md
 	$(BIN)/python -m bench.operator_control
 	$(BIN)/python -m bench.operator_scale
 	$(BIN)/python -m bench.progress_overhead
