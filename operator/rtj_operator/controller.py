@@ -177,7 +177,9 @@ class Controller:
         self.gone_jobsets: dict[Key, dict[str, dict[str, Any]]] = {}
         self._conflicts: dict[Key, int] = {}
         self.rejections: dict[Key, rc.Rejection] = {}
-        self.node_leases = NodeLeases(self._touch_node, self._touch_all, self.clock)
+        self.node_leases = NodeLeases(
+            self._touch_node, self._touch_all, self.clock, node_exists=self._node_exists
+        )
         self.rank_polls = RankPolls(
             self.clock,
             self._progress_round,
@@ -341,6 +343,9 @@ class Controller:
                 stragglers = snap.rtj.spec.progress.stragglers
                 out.append(JobTargets(key, targets, stragglers.ratio, stragglers.windows))
         return out
+
+    def _node_exists(self, name: str) -> bool:
+        return bool(self.nodes.get(name)) and name not in self.deleted_nodes
 
     def _touch_all(self) -> None:
         for key in list(self.rtjs):

@@ -33,8 +33,10 @@ class NodeLeases:
         touch_node: Callable[[str], None],
         touch_all: Callable[[], None],
         clock: Callable[[], datetime],
+        node_exists: Callable[[str], bool] = lambda name: True,
     ) -> None:
         self._touch_node = touch_node
+        self._node_exists = node_exists
         self._touch_all = touch_all
         self._clock = clock
         self.leases: dict[str, NodeLease] = {}
@@ -70,11 +72,14 @@ class NodeLeases:
         turns a lease silent): a plan woken by a node going silent already sees whether
         the others are overdue with it."""
         now = self._clock()
-        overdue = sum(1 for lease in self.leases.values() if lease.overdue(now))
-        partition = partitioned(overdue, len(self.leases))
+        # only the Leases of nodes that exist: a Lease its Node outlived (deleted, the
+        # garbage collector not there yet, or a Lease without an owner) is no kubelet lost
+        live = [lease for name, lease in self.leases.items() if self._node_exists(name)]
+        overdue = sum(1 for lease in live if lease.overdue(now))
+        partition = partitioned(overdue, len(live))
         if partition != self.partition:
             self.partition = partition
-            log.warning("%d of %d node Leases overdue: %s", overdue, len(self.leases),
+            log.warning("%d of %d node Leases overdue: %s", overdue, len(live),
                         "a partition, holding" if partition else "contact is back")  # fmt: skip
             self._touch_all()
         for name in list(self.leases):

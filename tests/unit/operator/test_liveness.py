@@ -208,3 +208,31 @@ def test_a_partition_shows_before_the_first_node_turns_silent() -> None:
         clock[0] = NOW + timedelta(seconds=tick)
         leases.scan()
     assert first_silent_seen_with and all(first_silent_seen_with), first_silent_seen_with
+
+
+def test_leases_of_nodes_that_no_longer_exist_never_make_a_partition() -> None:
+    """A Lease its Node outlived (the node deleted, a Lease nobody owns) is no kubelet the
+    control plane lost: three such Leases beside two live nodes are not "most nodes"."""
+    from rtj_operator.node_leases import NodeLeases
+
+    clock = [NOW]
+    nodes = {"live-0", "live-1"}
+    leases = NodeLeases(
+        lambda n: None, lambda: None, lambda: clock[0], node_exists=nodes.__contains__
+    )
+    for name in ("live-0", "live-1", "gone-0", "gone-1", "gone-2"):
+        spec = {"leaseDurationSeconds": 20, "renewTime": iso(NOW)}
+        leases.apply("MODIFIED", {"metadata": {"name": name}, "spec": spec})
+    clock[0] = NOW + timedelta(seconds=60)
+    for name in ("live-0", "live-1"):
+        spec = {"leaseDurationSeconds": 20, "renewTime": iso(clock[0])}
+        leases.apply("MODIFIED", {"metadata": {"name": name}, "spec": spec})
+    leases.scan()
+    assert not leases.partition
+    everything = NodeLeases(lambda n: None, lambda: None, lambda: clock[0])
+    for name, at in (("live-0", clock[0]), ("live-1", clock[0]), ("gone-0", NOW),
+                     ("gone-1", NOW), ("gone-2", NOW)):  # fmt: skip
+        spec = {"leaseDurationSeconds": 20, "renewTime": iso(at)}
+        everything.apply("MODIFIED", {"metadata": {"name": name}, "spec": spec})
+    everything.scan()
+    assert everything.partition, "counting them all, it would have held every job"
