@@ -21,7 +21,7 @@ from scenario_support import (
 from e2e.cluster.build import kubectl
 from e2e.cluster.kube import KUEUE_GROUP, KUEUE_VERSION
 from e2e.operator_proc import events_of, jobsets_of, pods_of, rtj_body, rtj_status, wait_for
-from rtj_operator.kube import Kube
+from rtj_operator.kube import Conflict, Kube
 
 pytestmark = [pytest.mark.cluster, pytest.mark.operator]
 
@@ -192,7 +192,12 @@ def test_a_jobset_a_webhook_refuses_is_a_condition_naming_why_then_fixed(
     path = f"/apis/training.resilient.dev/v1alpha1/namespaces/{ns}/resilienttrainingjobs/{JOB}"
     fixed["spec"]["suspend"] = True  # the template changes only while suspended (CEL)
     rtj_api.request("replace rtj", "PUT", path, fixed)
-    resumed = rtj_api.get_rtj(ns, JOB)
-    resumed["spec"]["suspend"] = False
-    rtj_api.request("resume rtj", "PUT", path, resumed)
+    for _ in range(10):  # the operator writes status meanwhile: read, change, retry
+        resumed = rtj_api.get_rtj(ns, JOB)
+        resumed["spec"]["suspend"] = False
+        try:
+            rtj_api.request("resume rtj", "PUT", path, resumed)
+            break
+        except Conflict:
+            continue
     wait_running(rtj_api, ns, JOB, 1, 2)
