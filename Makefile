@@ -11,7 +11,8 @@ E2E := $(BIN)/python -m e2e.cluster
 NODES ?= 8
 
 .PHONY: help install lint fmt test test-unit test-integration test-e2e bench drill crds demo demo-down clean \
-	cluster-build cluster-up cluster-down cluster-status e2e-kind chart-crds chart-test images
+	cluster-build cluster-up cluster-down cluster-status e2e-kind chart-crds chart-test images \
+	node-packages
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[1m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -35,13 +36,13 @@ fmt: install ## apply ruff formatting and safe fixes
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-test: install cluster-build ## every test level (unit, property, crash, S3, torch drill, cluster); skips fail
+test: install cluster-build node-packages ## every test level (unit, property, crash, S3, torch drill, cluster); skips fail
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 test-unit: install cluster-build ## unit and property tests only (chart tests need helm/promtool)
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
-test-integration: install cluster-build ## real files, crashes, loopback S3, torchrun, the local cluster
+test-integration: install cluster-build node-packages ## real files, crashes, loopback S3, torchrun, the local cluster
 	$(BIN)/pytest tests/integration $(PYTEST_ARGS)
 
 test-e2e: install cluster-build ## the end-to-end fault drills (e2e/scenarios), the pod runner and the demo story
@@ -60,8 +61,11 @@ bench: install ## benchmarks, reported as ratios against a side-by-side baseline
 drill: install ## exact-resume drill: torchrun jobs (2 ranks, gloo, CPU) killed and resumed
 	$(BIN)/python drills/torch_drill.py $(DRILL_ARGS)
 
-cluster-build: install ## build the cluster's programs, kubectl, helm, promtool from Go modules (cached in ~/.cache/rtj/bin)
-	$(E2E) build --tools
+cluster-build: install ## build the cluster's programs, kubectl, helm, promtool, kubelet from Go modules (cached in ~/.cache/rtj/bin)
+	$(E2E) build --tools --node
+
+node-packages: ## containerd, runc and CNI plugins from Debian for the real node (apt-get as root; once)
+	@bash e2e/cluster/node-packages.sh
 
 cluster-up: cluster-build ## start the local cluster (NODES simulated 8-GPU nodes); prints the kubeconfig path
 	$(E2E) up --nodes $(NODES)
@@ -82,7 +86,7 @@ crds: install ## regenerate crds/ from the pydantic models (never edit crds/ by 
 chart-crds: ## copy the generated CRD into the Helm chart (a test compares them byte for byte)
 	cp crds/resilienttrainingjobs.yaml charts/resilient-training-operator/crds/
 
-chart-test: install cluster-build ## helm lint/template, schema, promtool rules, install + RBAC in the harness
+chart-test: install cluster-build node-packages ## helm lint/template, schema, promtool rules, install + RBAC in the harness
 	$(BIN)/pytest tests/unit/chart tests/integration/chart $(PYTEST_ARGS)
 
 images: ## rtj-operator + rtj-resolver OCI archives, SBOMs in dist/images (no daemon, no registry; Python >= 3.11)

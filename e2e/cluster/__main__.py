@@ -10,7 +10,7 @@ import time
 from . import build
 from .cluster import DEFAULT_NAME, ClusterState, LocalCluster
 from .processes import StartupError
-from .versions import CLUSTER_PROGRAMS, TOOL_PROGRAMS, load_versions
+from .versions import CLUSTER_PROGRAMS, NODE_PROGRAMS, TOOL_PROGRAMS, load_versions
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,6 +21,9 @@ def main(argv: list[str] | None = None) -> int:
         "programs", nargs="*", help=f"default: the cluster's ({', '.join(CLUSTER_PROGRAMS)})"
     )
     b.add_argument("--tools", action="store_true", help=f"also {', '.join(TOOL_PROGRAMS)}")
+    b.add_argument(
+        "--node", action="store_true", help=f"also the real node's {', '.join(NODE_PROGRAMS)}"
+    )
     b.add_argument("--all", action="store_true", help="every program, kind included")
     b.add_argument(
         "--sync-gomod",
@@ -49,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         names = list(args.programs) or list(CLUSTER_PROGRAMS)
         if args.tools:
             names += [n for n in TOOL_PROGRAMS if n not in names]
+        if args.node:
+            names += [n for n in NODE_PROGRAMS if n not in names]
         if args.all:
             names = build.all_program_names()
         t0 = time.monotonic()

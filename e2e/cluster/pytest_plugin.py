@@ -5,6 +5,8 @@
   GPUs unless ``RTJ_E2E_NODES``), tears it down at the end and fails if a process or a port is
   left. With ``RTJ_E2E_KUBECONFIG`` set it attaches to a running cluster instead (e.g. one
   from ``make cluster-up``) and leaves it running.
+- ``rtj_real_node`` (session, on first use): a real kubelet with containerd in that cluster,
+  our images (``make images``) imported; see e2e/cluster/real_node.py.
 - ``rtj_ns`` (function): a fresh namespace with LocalQueue ``team-a`` bound to its own
   ClusterQueue (GPU quota: the whole cluster unless the test is marked
   ``@pytest.mark.gpu_quota(n)``); deleted afterwards, and faulted nodes are recreated.
@@ -16,12 +18,14 @@ import itertools
 import os
 import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from .cluster import LocalCluster, state_root
 from .kube import Kube
 from .processes import pid_alive
+from .real_node import RealNode, real_node
 from .testenv import ClusterHandle, TestNamespace, create_test_namespace, delete_test_namespace
 
 PYTEST_CLUSTER_NAME = "rtj-pytest"
@@ -60,6 +64,19 @@ def rtj_cluster() -> Iterator[ClusterHandle]:
         kube.close()
         cluster.down(check=True)
         shutil.rmtree(cluster.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def rtj_real_node(rtj_cluster: ClusterHandle) -> Iterator[RealNode]:
+    from images import build as images
+
+    if not rtj_cluster.managed:
+        pytest.fail("the real node joins the harness's own cluster (its CA signs the kubelet)")
+    info = images.build(images.DEFAULT_OUT)
+    archive = images.DEFAULT_OUT / info["images"]["rtj-resolver"]["archive"]
+    kubeconfig = Path(rtj_cluster.kubeconfig)
+    with real_node(kubeconfig.parent, kubeconfig, {"rtj-resolver": archive}) as node:
+        yield node
 
 
 def _remove_stale_pytest_clusters() -> None:

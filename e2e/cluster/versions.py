@@ -105,6 +105,14 @@ PROGRAMS: tuple[Program, ...] = (
         stamp=_KUBE_STAMP,
     ),
     Program(
+        "kubelet",
+        "k8s.io/kubernetes",
+        "k8s.io/kubernetes/cmd/kubelet",
+        "KUBERNETES",
+        in_gomod=True,
+        stamp=_KUBE_STAMP,
+    ),
+    Program(
         "etcd", "go.etcd.io/etcd/server/v3", "go.etcd.io/etcd/server/v3", "ETCD", in_gomod=True
     ),
     Program("kwok", "sigs.k8s.io/kwok", "sigs.k8s.io/kwok/cmd/kwok", "KWOK"),
@@ -150,6 +158,8 @@ CLUSTER_PROGRAMS = (
     "kueue",
 )
 TOOL_PROGRAMS = ("kubectl", "helm", "promtool")
+#: what a real node needs (e2e/cluster/real_node.py); containerd and runc come from Debian
+NODE_PROGRAMS = ("kubelet",)
 
 
 def program(name: str) -> Program:
