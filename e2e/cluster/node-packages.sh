@@ -2,7 +2,7 @@
 # The real node's runtime from the Debian archive (e2e/cluster/real_node.py, NODE_PACKAGES):
 # containerd, runc and the CNI plugins. Installs what is missing, as root, and nothing else.
 set -euo pipefail
-packages=(containerd runc containernetworking-plugins)
+packages=(containerd runc containernetworking-plugins iptables)
 missing=()
 for p in "${packages[@]}"; do
     status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)

@@ -73,9 +73,12 @@ def rtj_real_node(rtj_cluster: ClusterHandle) -> Iterator[RealNode]:
     if not rtj_cluster.managed:
         pytest.fail("the real node joins the harness's own cluster (its CA signs the kubelet)")
     info = images.build(images.DEFAULT_OUT)
-    archive = images.DEFAULT_OUT / info["images"]["rtj-resolver"]["archive"]
+    archives = {
+        name: images.DEFAULT_OUT / info["images"][name]["archive"]
+        for name in ("rtj-resolver", "rtj-operator")
+    }
     kubeconfig = Path(rtj_cluster.kubeconfig)
-    with real_node(kubeconfig.parent, kubeconfig, {"rtj-resolver": archive}) as node:
+    with real_node(kubeconfig.parent, kubeconfig, archives) as node:
         yield node
 
 

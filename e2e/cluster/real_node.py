@@ -42,6 +42,7 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import yaml
 
@@ -51,7 +52,7 @@ from .kubeconfig import write_kubeconfig
 from .pki import CA
 from .processes import LOOPBACK, Proc, StartupError
 
-NODE_PACKAGES = ("containerd", "runc", "containernetworking-plugins")
+NODE_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "iptables")
 """Debian packages the node runs (bookworm: containerd 1.6, runc 1.1, CNI plugins 1.1)."""
 CNI_BIN_DIR = Path("/usr/lib/cni")  # where Debian's containernetworking-plugins installs
 NEEDED_TOOLS = {
@@ -59,7 +60,9 @@ NEEDED_TOOLS = {
     "containerd-shim-runc-v2": "containerd",
     "ctr": "containerd",
     "runc": "runc",
+    "iptables": "iptables",
 }
+KUBERNETES_SERVICE_IP = "10.96.0.1"  # the harness's --service-cluster-ip-range starts there
 LABEL = "rtj.test/real-node"
 TAINT = {"key": LABEL, "value": "true", "effect": "NoSchedule"}
 PAUSE_IMAGE = "rtj.local/pause:py"
@@ -189,6 +192,7 @@ class RealNode:
         self.procs: list[Proc] = []
         self.refs: dict[str, str] = {}
         self.kubelet_port = 0
+        self._api_port = 0
 
     # --- placement -------------------------------------------------------------------------
 
@@ -209,12 +213,42 @@ class RealNode:
         (self.dir / "logs").mkdir(parents=True)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         try:
+            self._route_api_server()
             self._start_containerd()
             self._import_images()
             self._start_kubelet(timeout)
         except BaseException:
             self.down()
             raise
+
+    def _route_api_server(self) -> None:
+        """Pods reach the API server as in a real cluster: at the `kubernetes` Service's
+        address (KUBERNETES_SERVICE_HOST, which the kubelet injects into every container).
+        The one rule kube-proxy would write for it: the bridge (created here, before CNI,
+        which then reuses it) may route to loopback, and 10.96.0.1:443 arriving on it is
+        DNAT'ed to the API server on 127.0.0.1 (its certificate names both)."""
+        gateway = self.subnet.rsplit(".", 1)[0] + ".1/24"
+        self._api_port = int(urlparse(self._server()).port or 443)
+        for cmd in (
+            ["ip", "link", "add", self.bridge, "type", "bridge"],
+            ["ip", "addr", "add", gateway, "dev", self.bridge],
+            ["ip", "link", "set", self.bridge, "up"],
+            ["sysctl", "-qw", f"net.ipv4.conf.{self.bridge}.route_localnet=1"],
+            ["iptables", "-t", "nat", "-A", "PREROUTING", *self._dnat_rule()],
+        ):
+            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                raise StartupError(f"{' '.join(cmd)}: {done.stderr.strip()}")
+
+    def _dnat_rule(self) -> list[str]:
+        return [
+            "-i", self.bridge, "-d", f"{KUBERNETES_SERVICE_IP}/32", "-p", "tcp",
+            "--dport", "443", "-j", "DNAT", "--to-destination", f"{LOOPBACK}:{self._api_port}",
+        ]  # fmt: skip
+
+    def _server(self) -> str:
+        config = yaml.safe_load(self.admin_kubeconfig.read_text())
+        return str(config["clusters"][0]["cluster"]["server"])
 
     def _start_containerd(self) -> None:
         cni_conf = self.dir / "cni" / "net.d"
@@ -226,6 +260,7 @@ class RealNode:
                 "type": "bridge", "bridge": self.bridge, "isGateway": True, "ipMasq": False,
                 "hairpinMode": True,
                 "ipam": {"type": "host-local", "ranges": [[{"subnet": self.subnet}]],
+                         "routes": [{"dst": "0.0.0.0/0"}],
                          "dataDir": str(self.dir / "cni" / "ipam")},
             }, {"type": "loopback"}],
         }, indent=2))  # fmt: skip
@@ -291,9 +326,7 @@ class RealNode:
             self.name, f"system:node:{self.name}", org="system:nodes", client=True,
             directory=self.dir / "pki",
         )  # fmt: skip
-        server = yaml.safe_load(self.admin_kubeconfig.read_text())["clusters"][0]["cluster"][
-            "server"
-        ]
+        server = self._server()
         kubeconfig = write_kubeconfig(
             self.dir / "kubelet.kubeconfig", server=server, ca_file=ca.cert_path,
             cert_file=pair.cert, key_file=pair.key, user=self.name,
@@ -330,6 +363,7 @@ class RealNode:
             "resolvConf": "/etc/resolv.conf",
             "staticPodPath": "",
             "nodeStatusReportFrequency": "10s",
+            "podLogsDir": str(self.dir / "pod-logs"),
         }  # fmt: skip
         (self.dir / "kubelet.yaml").write_text(yaml.safe_dump(config, sort_keys=True))
         argv = [
@@ -358,6 +392,12 @@ class RealNode:
             return False
         return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
 
+    def container_log(self, namespace: str, pod: str, container: str) -> str:
+        """What a container of a pod on this node wrote, read from the kubelet's log files
+        (the harness's API server has no route to kubelets for `kubectl logs`)."""
+        found = sorted((self.dir / "pod-logs").glob(f"{namespace}_{pod}_*/{container}/*.log"))
+        return "".join(p.read_text(errors="replace") for p in found)
+
     # --- stop ------------------------------------------------------------------------------
 
     def down(self) -> list[str]:
@@ -383,8 +423,10 @@ class RealNode:
         processes.stop([p for p in self.procs if p.name == "containerd"])
         self._kill_shims()
         self._unmount()
-        with contextlib.suppress(FileNotFoundError):
-            subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, check=False)
+        if self._api_port:
+            subprocess.run(["iptables", "-t", "nat", "-D", "PREROUTING", *self._dnat_rule()],
+                           capture_output=True, check=False)  # fmt: skip
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, check=False)
         problems = processes.leftovers(self.procs)
         problems += [f"still mounted: {m}" for m in self._mounts()]
         shutil.rmtree(self.run_dir, ignore_errors=True)
