@@ -12,7 +12,7 @@ NODES ?= 8
 
 .PHONY: help install lint fmt test test-unit test-integration test-e2e bench drill crds demo demo-down clean \
 	cluster-build cluster-up cluster-down cluster-status e2e-kind chart-crds chart-test images \
-	node-packages
+	node-packages release
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[1m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -91,6 +91,9 @@ chart-test: install cluster-build node-packages ## helm lint/template, schema, p
 
 images: ## rtj-operator + rtj-resolver OCI archives, SBOMs in dist/images (no daemon, no registry; Python >= 3.11)
 	$(PYTHON) -m images build $(IMAGES_ARGS)
+
+release: install ## images, chart package, wheels + sdists, hash-pinned requirements, SHA256SUMS in dist/release (nothing published; docs/release.md)
+	$(BIN)/python -m release build
 
 demo: install ## the whole story with real training and a GPU fault; summary + demo-output/loss.svg (docs/demo.md)
 	$(BIN)/python -m e2e.demo up
