@@ -124,12 +124,13 @@ class OperatorProcess:
         self.extra = extra
         self.env = env
         self.port = 0
+        self.health_port = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.log_path = log_dir / "operator-0.log"
 
     def start(self, wait_leading: bool = True) -> OperatorProcess:
-        self.port = free_port()
+        self.port, self.health_port = free_port(), free_port()
         self.starts += 1
         self.log_path = self.log_dir / f"operator-{self.lease_name}-{self.starts}.log"
         args = [
@@ -137,6 +138,8 @@ class OperatorProcess:
             "--kubeconfig", self.kubeconfig,
             "--namespace", self.namespace,
             "--metrics-port", str(self.port), "--metrics-addr", "127.0.0.1",
+            "--health-port", str(self.health_port), "--health-addr", "127.0.0.1",
+            "--log-format", "text",  # the tests read and print these logs
             "--lease-namespace", self.namespace, "--lease-name", self.lease_name,
             "--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "1",
             "--identity", f"{self.lease_name}-{id(self) % 100000}-{self.starts}",

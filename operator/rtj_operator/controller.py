@@ -192,7 +192,9 @@ class Controller:
         self.synced = asyncio.Event()
         self.store_readings: dict[Key, rc.StoreReading] = {}
         self.queue_readings: dict[Key, rc.QueueReading] = {}
-        self.queue = WorkQueue()
+        self.queue = WorkQueue(on_wait=metrics.queue_wait.observe)
+        self.listed_at: float | None = None
+        """When the last LIST of every watched kind succeeded (monotonic; /readyz)."""
         self.executor = ThreadPoolExecutor(self.settings.api_threads, thread_name_prefix="rtj-api")
         self.store_reads = StoreReads(
             store_reader,
@@ -726,6 +728,7 @@ class Controller:
             # a job created after the LIST's snapshot is not gone: its watch event was newer
             if rtjs_rv is None or cached_rv is None or cached_rv <= rtjs_rv:
                 self.on_rtj("DELETED", self.rtjs[key])
+        self.listed_at = time.monotonic()
         self.synced.set()
 
     # --- loops -----------------------------------------------------------------------------
@@ -813,6 +816,13 @@ class Controller:
     async def _poll_progress(self) -> None:
         await self.synced.wait()
         await self.rank_polls.run(self.progress_targets)
+
+    def dead_loops(self) -> tuple[str, ...]:
+        """The workers and loops that ended with an error (a cancelled one is stopping)."""
+        return tuple(
+            t.get_name() for t in self._tasks
+            if t.done() and not t.cancelled() and t.exception() is not None
+        )  # fmt: skip
 
     def halt(self) -> None:
         """Stop acting at once (the lease is lost): cancel every worker and loop."""

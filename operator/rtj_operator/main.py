@@ -18,6 +18,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Sequence
 
 EXIT_OK, EXIT_LOST_LEASE, EXIT_USAGE = 0, 1, 2
@@ -33,8 +34,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, default=8080, help="0 disables /metrics")
     p.add_argument("--metrics-addr", default="0.0.0.0")  # noqa: S104
     p.add_argument(
-        "--liveness", default=None, help="kopf liveness URL, e.g. http://0.0.0.0:8081/healthz"
+        "--health-port",
+        type=int,
+        default=8081,
+        help="/healthz (the event loop and the controller's loops alive) and /readyz (a "
+        "standby, or a leader with synced caches); 0 disables",
     )
+    p.add_argument("--health-addr", default="0.0.0.0")  # noqa: S104
     p.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", "default"))
     p.add_argument("--lease-name", default="rtj-operator")
@@ -81,6 +87,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--watch-client-timeout", type=float, default=330.0)
     p.add_argument("--watch-inactivity-timeout", type=float, default=70.0)
     p.add_argument("--log-level", default=os.environ.get("RTJ_LOG_LEVEL", "INFO"))
+    p.add_argument(
+        "--log-format",
+        choices=("json", "text"),
+        default=os.environ.get("RTJ_LOG_FORMAT", "json"),
+        help="json: one JSON object per line (default); text: for a terminal",
+    )
     return p
 
 
@@ -89,6 +101,7 @@ async def run(args: argparse.Namespace) -> int:
 
     from rtj_operator import handlers
     from rtj_operator.controller import Controller, Settings
+    from rtj_operator.health import HEARTBEAT_SECONDS, HealthFacts, HealthServer
     from rtj_operator.kube import Kube, load_config
     from rtj_operator.leader import LeaderElector
     from rtj_operator.metrics import Metrics
@@ -104,6 +117,12 @@ async def run(args: argparse.Namespace) -> int:
     if args.metrics_port:
         metrics.serve(args.metrics_port, args.metrics_addr)
         log.info("serving /metrics on %s:%d", args.metrics_addr, args.metrics_port)
+    facts = HealthFacts(electing=args.leader_elect, resync_seconds=args.resync_seconds)
+    health = None
+    if args.health_port:
+        health = HealthServer(lambda: facts, args.health_port, args.health_addr).start()
+        log.info("serving /healthz and /readyz on %s:%d", args.health_addr, health.port)
+    running: list[Controller] = []
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -111,6 +130,22 @@ async def run(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
 
     elector: LeaderElector | None = None
+
+    async def heartbeat() -> None:
+        """The facts /healthz and /readyz judge, and the operator's own gauges, each second
+        from the event loop (a blocked loop stops them: that is what /healthz detects)."""
+        while True:
+            facts.beat_at = time.monotonic()
+            facts.leading = elector.leading if elector is not None else True
+            metrics.leader.set(1.0 if facts.leading and running else 0.0)
+            for controller in running:
+                facts.synced = controller.synced.is_set()
+                facts.listed_at = controller.listed_at
+                facts.dead_loops = controller.dead_loops()
+                metrics.queue_depth.set(len(controller.queue))
+            await asyncio.sleep(HEARTBEAT_SECONDS)
+
+    beating = asyncio.create_task(heartbeat(), name="rtj-heartbeat")
     if args.leader_elect:
         elector = LeaderElector(
             kube, args.lease_namespace, args.lease_name, args.identity,
@@ -120,6 +155,9 @@ async def run(args: argparse.Namespace) -> int:
         log.info("waiting to lead (lease %s/%s) as %s", args.lease_namespace, args.lease_name,
                  args.identity)  # fmt: skip
         if not await elector.acquire(stop):
+            beating.cancel()
+            if health is not None:
+                health.close()
             return EXIT_OK
 
     controller = Controller(
@@ -139,6 +177,7 @@ async def run(args: argparse.Namespace) -> int:
         ),
         namespaces=args.namespace or None,
     )
+    running.append(controller)
     settings = handlers.make_settings(
         handlers.WatchOptions(
             server_timeout=args.watch_server_timeout,
@@ -170,10 +209,12 @@ async def run(args: argparse.Namespace) -> int:
             namespaces=args.namespace,
             memo=kopf.Memo(controller=controller, stop=stop),
             stop_flag=stop,
-            liveness_endpoint=args.liveness,
         )
     finally:
         stop.set()
+        beating.cancel()
+        if health is not None:
+            health.close()
         await controller.stop()
         if holder is not None:
             with contextlib.suppress(asyncio.CancelledError):
@@ -202,10 +243,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (OSError, PlatformConfigError) as exc:
             print(f"rtj run: --platform-config {args.platform_config}: {exc}", file=sys.stderr)
             return EXIT_USAGE
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    from rtj_operator.logs import configure
+
+    configure(args.log_level, args.log_format)
     return asyncio.run(run(args))
 
 

@@ -13,15 +13,24 @@ The registry is injectable: tests build `Metrics(CollectorRegistry())` and read 
 from __future__ import annotations
 
 import contextlib
+import platform
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    start_http_server,
+)
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from rtj_operator import __version__
 from rtj_operator.api.reasons import FailureClass, Phase, Reason
 from rtj_operator.api.resource import ResilientTrainingJob
 
@@ -280,6 +289,26 @@ class Metrics:
             "Requests the operator sent to the API server (its own calls; kopf's watch "
             "streams are not counted), by Kubernetes verb and resource[/subresource].",
             ("verb", "resource"),
+            registry=r,
+        )
+        self.build_info = Info(
+            "rtj_operator_build",
+            "The running operator's version and Python (rtj_operator_build_info).",
+            registry=r,
+        )
+        self.build_info.info({"version": __version__, "python": platform.python_version()})
+        self.leader = Gauge(
+            "rtj_operator_leader",
+            "1 while this replica holds the leader-election Lease (or runs without election).",
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "rtj_workqueue_depth", "Jobs waiting in the work queue for a reconcile.", registry=r
+        )
+        self.queue_wait = Histogram(
+            "rtj_workqueue_wait_seconds",
+            "From a job being queued to a worker taking it.",
+            buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=r,
         )
         r.register(_JobsCollector(self._facts, self._lock))

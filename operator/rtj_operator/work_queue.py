@@ -4,6 +4,8 @@ adds, delayed requeues (backoffs, TTLs) and rate-limited retries after errors.""
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 
 Key = tuple[str, str]
 ERROR_BACKOFF = (0.1, 30.0)
@@ -14,8 +16,11 @@ class WorkQueue:
     """client-go's workqueue semantics on asyncio: a key is processed by one worker at a time;
     adding a key that is queued is a no-op, adding one being processed re-queues it after."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_wait: Callable[[float], None] | None = None) -> None:
         self._queue: asyncio.Queue[Key] = asyncio.Queue()
+        self._on_wait = on_wait
+        """Told how long each key waited from being queued to a worker taking it."""
+        self._queued_at: dict[Key, float] = {}
         self._dirty: set[Key] = set()
         self._processing: set[Key] = set()
         self._timers: dict[Key, tuple[float, asyncio.TimerHandle]] = {}
@@ -28,6 +33,7 @@ class WorkQueue:
         if key in self._dirty:
             return
         self._dirty.add(key)
+        self._queued_at.setdefault(key, time.monotonic())
         if key not in self._processing:
             self._queue.put_nowait(key)
 
@@ -60,6 +66,7 @@ class WorkQueue:
         self._failures.pop(key, None)
 
     def forget(self, key: Key) -> None:
+        self._queued_at.pop(key, None)
         timer = self._timers.pop(key, None)
         if timer is not None:
             timer[1].cancel()
@@ -69,6 +76,9 @@ class WorkQueue:
         key = await self._queue.get()
         self._processing.add(key)
         self._dirty.discard(key)
+        queued = self._queued_at.pop(key, None)
+        if queued is not None and self._on_wait is not None:
+            self._on_wait(time.monotonic() - queued)
         return key
 
     def done(self, key: Key) -> None:

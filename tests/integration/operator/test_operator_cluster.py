@@ -9,6 +9,8 @@ unreachable checkpoints, bad input, operator crashes) live in e2e/scenarios.
 from __future__ import annotations
 
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,15 @@ from rtj_operator.api import keys
 from rtj_operator.kube import Kube
 
 pytestmark = [pytest.mark.cluster, pytest.mark.operator]
+
+
+def _probe(operator: Any, path: str) -> tuple[int, str]:
+    """What the kubelet's probe would get from the operator's health port."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{operator.health_port}{path}") as r:
+            return r.status, r.read().decode().strip()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode().strip()
 
 
 def _create(kube: Kube, body: dict[str, Any]) -> None:
@@ -94,9 +105,13 @@ def test_two_replicas_one_leads_and_the_standby_takes_over(
     standby = run_operator(wait_leading=False)
     time.sleep(2)
     assert "leading as" not in standby.log()
+    assert _probe(standby, "/readyz") == (200, "ok: standby: waiting for the leader-election Lease")
+    assert _probe(standby, "/healthz")[0] == 200
     pods = _start_running(rtj_api, ns, "llm", "file:///mnt/ckpt/llm")
+    assert _probe(leader, "/readyz") == (200, "ok: leading; caches synced")
     leader.kill()
     wait_for("the standby to lead", lambda: "leading as" in standby.log(), 30)
+    wait_for("the new leader ready", lambda: "leading" in _probe(standby, "/readyz")[1], 30)
     faults.terminate_container(rtj_cluster.kube, ns, pods[1]["metadata"]["name"], exit_code=1,
                                message="NCCL error: remote process exited")  # fmt: skip
     wait_for("attempt 2's pods to run", lambda: running_pods(rtj_api, ns, "llm", 2, 2), 90)

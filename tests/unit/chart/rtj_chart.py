@@ -29,6 +29,8 @@ ALERTS = (
     "RTJJobFailed",
     "RTJRecoverySlow",
     "RTJNodeQuarantined",
+    "RTJOperatorDown",
+    "RTJOperatorReconcileErrors",
 )
 Obj = dict[str, Any]
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 from rtj_chart import (
+    ALERTS,
     CHART,
     CHART_CRD,
     CRD_SOURCE,
@@ -143,8 +144,15 @@ def test_deployment_runs_restricted_with_requests_and_limits() -> None:
     assert {"cpu", "memory"} <= set(c["resources"]["limits"])
     assert pod["serviceAccountName"] == "rtj-resilient-training-operator"
     assert c["image"] == "ghcr.io/resilient-training/rtj-operator:0.1.0"
-    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-        assert c[probe]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+    probes = {p: c[p]["httpGet"] for p in ("startupProbe", "livenessProbe", "readinessProbe")}
+    assert probes == {
+        "startupProbe": {"path": "/healthz", "port": "health"},
+        "livenessProbe": {"path": "/healthz", "port": "health"},
+        "readinessProbe": {"path": "/readyz", "port": "health"},
+    }
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"metrics": 8080, "health": 8081}
+    assert "--health-port=8081" in c["args"]
 
 
 def test_two_replicas_share_one_lease_that_the_role_names() -> None:
@@ -198,7 +206,7 @@ def test_representative_values_reach_the_objects(tmp_path: Path) -> None:
     assert sm["spec"]["endpoints"][0]["interval"] == "15s"
     pr = one(objs, "PrometheusRule")
     alerts = {r["alert"]: r for r in pr["spec"]["groups"][0]["rules"]}
-    assert "RTJRecoverySlow" not in alerts and len(alerts) == 4
+    assert "RTJRecoverySlow" not in alerts and len(alerts) == len(ALERTS) - 1
     assert alerts["RTJCheckpointStale"]["labels"] == {"severity": "critical", "team": "ml"}
     assert "> 3 * max by" in alerts["RTJCheckpointStale"]["expr"]
     (cm,) = [o for o in objs if o["kind"] == "ConfigMap" and "dashboard" in o["metadata"]["name"]]
