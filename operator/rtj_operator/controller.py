@@ -19,7 +19,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, TypeVar
-from urllib.parse import quote
 
 from pydantic import ValidationError
 
@@ -30,24 +29,22 @@ from rtj_operator.api.reasons import Phase
 from rtj_operator.api.resource import ResilientTrainingJob
 from rtj_operator.cache import WatchCache
 from rtj_operator.event_reads import read_events
+from rtj_operator.job_reads import JobReads
 from rtj_operator.kube import (
     AlreadyExists,
     Conflict,
-    Forbidden,
-    Invalid,
     Kube,
     KubeError,
-    NotFound,
 )
 from rtj_operator.metrics import Metrics
 from rtj_operator.node_leases import NodeLeases
+from rtj_operator.plan_apply import PlanApplier
 from rtj_operator.policy.platform import NodeHealthPolicy
 from rtj_operator.rank_polls import JobTargets, RankPolls
 from rtj_operator.store_reads import (
     Lane,
     StoreReader,
     StoreReads,
-    operator_identity_refusal,
     store_key,
 )
 from rtj_operator.work_queue import WorkQueue
@@ -61,11 +58,6 @@ T = TypeVar("T")
 CONFLICT_RETRY_SECONDS = 0.2
 EXISTS_RETRY_SECONDS = 0.5
 CONFLICT_RETRY_MAX_SECONDS = 10.0
-KUEUE_GROUP = "kueue.x-k8s.io"
-KUEUE_VERSIONS = ("v1beta2", "v1beta1")
-"""Kueue's served versions, newest first: v1beta2 is preferred from v0.15 (the pinned
-v0.17 stores it), v1beta1 is what older installations serve."""
-"""LocalQueue lookups: v1beta1 is served by every Kueue release to date (v0.17 converts)."""
 STARTUP_RESYNC_SECONDS = 30.0
 """A second LIST soon after startup drops objects deleted while the watches started."""
 WORLD_BATCH_SECONDS = 0.25
@@ -202,9 +194,22 @@ class Controller:
             per_store=self.settings.store_readers_per_store,
             threads=self.settings.store_readers,
         )
+        self.reads = JobReads(
+            kube,
+            self.store_reads,
+            self._io,
+            self.clock,
+            tuple(self.settings.operator_identity_stores),
+        )
         self._tasks: list[asyncio.Task[None]] = []
-        self._posting: set[asyncio.Task[None]] = set()
-        self._event_sem = asyncio.Semaphore(8)
+        self.applier = PlanApplier(
+            kube,
+            metrics,
+            self._io,
+            identity=self.settings.identity,
+            committed=self._remember,
+            rejected=self._rejected,
+        )
         self.reconciles = 0
         self._plan_seconds: dict[Key, float] = {}
         """How long each job's last plan took."""
@@ -427,36 +432,7 @@ class Controller:
     async def read_store(
         self, rtj: ResilientTrainingJob, lane: Lane = Lane.RESTART
     ) -> rc.StoreReading:
-        """Read the job's store, excluding the bad steps `rtj` records. The reading carries
-        when it started and what it excluded: the plan refuses it once `badSteps` grew.
-        Reads are bounded per lane, per store and in time (see `store_reads`)."""
-        ckpt = rtj.spec.checkpoint
-        credentials: Mapping[str, str] | None = None
-        excluded = frozenset(rtj.status.bad_steps)
-        secret = (
-            f"{rtj.metadata.namespace}/{ckpt.credentials_secret}"
-            if ckpt.credentials_secret
-            else None
-        )
-        started = self.clock()
-        refused = operator_identity_refusal(
-            ckpt.uri, secret or None, self.settings.operator_identity_stores
-        )
-        if refused is not None:
-            return rc.StoreReading(started, error=refused, excluded=excluded)
-        try:
-            if ckpt.credentials_secret:
-                credentials = await self._io(
-                    self.kube.secret_data, rtj.metadata.namespace, ckpt.credentials_secret
-                )
-            picked = await self.store_reads.read(
-                lane, store_key(ckpt.uri, secret or None), ckpt.uri, excluded, credentials
-            )
-        except selection.CheckpointUnreadable as exc:
-            return rc.StoreReading(started, error=str(exc), excluded=excluded)
-        except KubeError as exc:
-            return rc.StoreReading(started, error=f"credentials secret: {exc}", excluded=excluded)
-        return rc.StoreReading(started, selection=picked, excluded=excluded)
+        return await self.reads.store(rtj, lane)
 
     def _keep_reading(self, key: Key, reading: rc.StoreReading) -> None:
         """Keep the newest reading of a job's store (by when it started): a slow background
@@ -466,30 +442,7 @@ class Controller:
             self.store_readings[key] = reading
 
     def read_queue(self, namespace: str, name: str) -> rc.QueueReading:
-        """Look the job's Kueue LocalQueue up by name (blocking), at the newest API version
-        first (v1beta2, Kueue's preferred one since v0.15), then the one before. A missing
-        LocalQueue is an answer; any other failure (not permitted, Kueue's API not served)
-        is "unknown"."""
-        detail = ""
-        for version in KUEUE_VERSIONS:
-            path = "/" + "/".join(
-                quote(p, safe="")
-                for p in ("apis", KUEUE_GROUP, version, "namespaces", namespace,
-                          "localqueues", name)
-            )  # fmt: skip
-            try:
-                self.kube.request(f"get localqueue {namespace}/{name}", "GET", path)
-            except NotFound as exc:
-                # a missing object names itself; an API version not served is a bare 404
-                if f'"{name}" not found' in str(exc):
-                    return rc.QueueReading(self.clock(), exists=False, detail=str(exc), name=name)
-                detail = str(exc)
-                continue
-            except KubeError as exc:
-                log.debug("LocalQueue %s/%s not looked up: %s", namespace, name, exc)
-                return rc.QueueReading(self.clock(), exists=None, detail=str(exc), name=name)
-            return rc.QueueReading(self.clock(), exists=True, name=name)
-        return rc.QueueReading(self.clock(), exists=None, detail=detail, name=name)
+        return self.reads.queue(namespace, name)
 
     async def reconcile(self, key: Key) -> float | None:
         """One reconcile; returns seconds until the key should be looked at again."""
@@ -546,140 +499,22 @@ class Controller:
         self._conflicts[key] = n + 1
         return float(min(first * 2.0**n, CONFLICT_RETRY_MAX_SECONDS))
 
-    def _involved(self, snap: rc.Snapshot) -> dict[str, Any]:
-        meta = snap.rtj.metadata
-        return {
-            "apiVersion": keys.API_VERSION,
-            "kind": keys.KIND,
-            "name": meta.name,
-            "namespace": meta.namespace,
-            "uid": meta.uid,
-        }
-
-    async def _delete(self, namespace: str, action: rc.DeleteJobSet | rc.DeletePod) -> None:
-        if isinstance(action, rc.DeleteJobSet):
-            await self._io(self.kube.delete_jobset, namespace, action.name)
-        else:
-            await self._io(self.kube.delete_pod, namespace, action.name, action.grace_seconds)
-
     async def apply(self, key: Key, snap: rc.Snapshot, plan: rc.Plan) -> None:
-        """Apply the plan's actions in order; a run of consecutive deletes (the old world's
-        JobSet and pods) goes out concurrently. The plan stops at the first error, except
-        that once its status patch is committed a failed delete still lets the decision's
-        Events and metrics out (the next reconcile re-sends deletes, never the decision)."""
-        namespace, name = key
-        kube = self.kube
-        actions = list(plan.actions)
-        committed = not any(isinstance(a, rc.PatchStatus) for a in actions)
-        failed: BaseException | None = None
-        i = 0
-        while i < len(actions):
-            action = actions[i]
-            i += 1
-            if failed is not None and not isinstance(action, rc.PostEvent):
-                continue
-            if isinstance(action, (rc.DeleteJobSet, rc.DeletePod)):
-                batch: list[rc.DeleteJobSet | rc.DeletePod] = [action]
-                while i < len(actions):
-                    following = actions[i]
-                    if not isinstance(following, (rc.DeleteJobSet, rc.DeletePod)):
-                        break
-                    batch.append(following)
-                    i += 1
-                results = await asyncio.gather(
-                    *(self._delete(namespace, a) for a in batch), return_exceptions=True
-                )
-                errors = [r for r in results if isinstance(r, BaseException)]
-                if errors and not committed:
-                    raise errors[0]
-                failed = errors[0] if errors else None
-            elif isinstance(action, rc.CreateJobSet):
-                try:
-                    await self._io(kube.create_jobset, namespace, action.body)
-                except (Invalid, Forbidden) as exc:
-                    if isinstance(exc, Forbidden) and "admission webhook" not in str(exc):
-                        raise  # not permitted: the operator's RBAC, not the job's spec
-                    jobset = str((action.body.get("metadata") or {}).get("name", ""))
-                    generation = snap.rtj.metadata.generation
-                    self.rejections[key] = rc.Rejection(jobset, generation, str(exc))
-                    log.warning("%s/%s: JobSet %s refused: %s", *key, jobset, exc)
-                    self.queue.add(key)  # the next plan says so in a condition
-                    return
-            elif isinstance(action, (rc.TaintNode, rc.UntaintNode)):
-                edit = rc.claim if isinstance(action, rc.TaintNode) else rc.release
-                who = rc.Claimant(action.job, action.uid)
-                await self._io(
-                    kube.edit_node,
-                    action.node,
-                    lambda t, a, x=action.taint, e=edit, w=who: e(t, a, x, w),
-                    keys.QUARANTINE_OWNERS_ANNOTATION,
-                )
-            elif isinstance(action, rc.DeleteJob):  # ttlSecondsAfterFinished
-                with contextlib.suppress(NotFound):  # already gone
-                    await self._io(kube.delete_rtj, namespace, name, action.uid, action.propagation)
-            elif isinstance(action, rc.SetFinalizer):
-                meta = snap.rtj.metadata
-                await self._io(
-                    kube.set_rtj_finalizer, namespace, name, meta.uid, action.name, action.present
-                )
-            elif isinstance(action, rc.PatchStatus):
-                try:
-                    new = await self._io(
-                        kube.patch_rtj_status,
-                        namespace,
-                        name,
-                        action.patch,
-                        action.resource_version,
-                    )
-                except NotFound:
-                    return
-                committed = True
-                self._remember(key, new)
-            elif isinstance(action, rc.PostEvent):
-                self._post_later(key, self._involved(snap), action)
-        self._record(key, plan.metrics)
-        if failed is not None:
-            raise failed
+        await self.applier.apply(key, snap, plan)
 
-    def _post_later(self, key: Key, involved: dict[str, Any], event: rc.PostEvent) -> None:
-        """Events go out in the background: a decision never waits for its Event."""
+    @property
+    def _posting(self) -> set[asyncio.Task[None]]:
+        return self.applier.posting
 
-        async def post() -> None:
-            async with self._event_sem:
-                try:
-                    await self._io(
-                        lambda: self.kube.post_event(
-                            involved, event.type, event.reason, event.message,
-                            instance=self.settings.identity,
-                        )
-                    )  # fmt: skip
-                except KubeError as exc:
-                    log.warning("%s/%s: event %s not posted: %s", *key, event.reason, exc)
-
-        task = asyncio.get_running_loop().create_task(post())
-        self._posting.add(task)
-        task.add_done_callback(self._posting.discard)
+    def _rejected(self, key: Key, rejection: rc.Rejection) -> None:
+        self.rejections[key] = rejection
+        self.queue.add(key)  # the next plan says so in a condition
 
     def _remember(self, key: Key, body: Mapping[str, Any]) -> None:
         if body and newer_or_same(body, self.rtjs.get(key)):
             self.rtjs[key] = dict(body)
             with contextlib.suppress(ValidationError):
                 self.metrics.observe_job(ResilientTrainingJob.from_object(dict(body)))
-
-    def _record(self, key: Key, records: Iterable[rc.MetricRecord]) -> None:
-        m = self.metrics
-        for r in records:
-            cls = r.failure_class
-            if r.kind == "failure" and cls is not None:
-                m.record_failure(*key, cls)
-            elif r.kind == "restart" and cls is not None:
-                m.record_restart(*key, cls)
-            elif r.kind == "detection" and cls is not None:
-                m.record_detection(cls, r.value)
-            elif r.kind == "recovery" and cls is not None:
-                m.record_recovery(cls, r.value)
-            elif r.kind == "lost_steps":
-                m.record_lost_steps(*key, int(r.value))
 
     def read_events(self, snap: rc.Snapshot) -> list[dict[str, Any]]:
         """Events about the failed attempt (blocking; see `event_reads.read_events`)."""
@@ -835,8 +670,7 @@ class Controller:
         self.halt()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
-        if self._posting:
-            await asyncio.wait(list(self._posting), timeout=5)
+        await self.applier.drain_events(timeout=5)
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.store_reads.shutdown()
         self.rank_polls.close()
