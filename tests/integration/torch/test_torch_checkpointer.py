@@ -360,6 +360,16 @@ def test_resume_file_pins_the_step_for_the_first_incarnation_only(
     with pytest.raises(CheckpointError, match="pins step 10, which does not verify"):
         Checkpointer(root).restore(Job().objects)
 
+    # the init container's own deep verification of this pod and attempt is not repeated:
+    # the restore checks the manifest, COMMITTED and sizes only (a flipped byte after it
+    # ran is outside what it promised), so a restart reads the step once, not twice
+    resume.write_text(json.dumps({"step": 10, "uri": uri, "skipped": [],
+                                  "verification": "deep"}))  # fmt: skip
+    assert Checkpointer(root).restore(Job().objects) == 10
+    shard.write_bytes(bytes(data[:-1]))  # a size the manifest does not have: still refused
+    with pytest.raises(CheckpointError, match="pins step 10, which does not verify"):
+        Checkpointer(root).restore(Job().objects)
+
     resume.write_text(json.dumps({"step": 10, "uri": "s3://elsewhere/x", "skipped": []}))
     with pytest.raises(CheckpointError, match="not under this job's root"):
         Checkpointer(root).restore(Job().objects)

@@ -107,7 +107,8 @@ def resolve_local(
         source = "resume-file"
         if step is None:
             return None
-        resolution = resolve(store, Depth.DEEP, step=step)
+        # shallow when the resume init container hashed it already (see pinned_step)
+        resolution = resolve(store, pinned[2], step=step)
         if resolution.step is None:
             why = "; ".join(s.reason for s in resolution.skipped) or "does not verify"
             raise CheckpointError(f"{pin_file} pins step {step}, which does not verify: {why}")

@@ -56,7 +56,7 @@ def decide(store: CheckpointStore, resume_file: Path, restored_once: bool) -> di
             source, step, skipped = "resume-file", pinned[0], list(pinned[1])
             if step is None:
                 return {"step": None, "skipped": skipped, "source": source}
-            resolution = resolve(store, Depth.DEEP, step=step)
+            resolution = resolve(store, pinned[2], step=step)
             if resolution.step is None:
                 why = "; ".join(s.reason for s in resolution.skipped) or "does not verify"
                 return {"error": f"{resume_file} pins step {step}, which does not verify: {why}"}
@@ -84,9 +84,17 @@ def decide(store: CheckpointStore, resume_file: Path, restored_once: bool) -> di
 
 def pinned_step(
     store: CheckpointStore, resume_file: Path, restored_once: bool
-) -> tuple[int | None, list[tuple[int, str]]] | None:
+) -> tuple[int | None, list[tuple[int, str]], Depth] | None:
     """The init container's decision, valid for the pod's first incarnation only: after
-    an in-pod restart (torchrun), newer steps may exist, so resolve again."""
+    an in-pod restart (torchrun), newer steps may exist, so resolve again.
+
+    With it, how deeply the step must still be verified here. A step the init container
+    verified deeply (`"verification": "deep"`) is checked shallowly (manifest, COMMITTED,
+    sizes), not hashed a second time: that init container ran in this pod, for this
+    attempt, moments before. With `--deep-share` it hashed only its share, and the pods of
+    the attempt hashed the rest; a pod whose share does not verify fails its init
+    container, and the restore is collective, so no rank gets past it then. Any other
+    resume file (an older resolver, a shallow resolution) is verified deeply here."""
     if restored_once or int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0) > 0:
         return None
     try:
@@ -101,7 +109,12 @@ def pinned_step(
         )
     skipped = [(int(s["step"]), str(s["reason"])) for s in data.get("skipped", [])]
     step = data.get("step")
-    return (None if step is None else int(step)), skipped
+    verified_there = data.get("verification") == Depth.DEEP.value
+    return (
+        (None if step is None else int(step)),
+        skipped,
+        (Depth.SHALLOW if verified_there else Depth.DEEP),
+    )
 
 
 # ====================================================================== loading
