@@ -25,7 +25,7 @@ import pytest
 from .cluster import LocalCluster, state_root
 from .kube import Kube
 from .processes import pid_alive
-from .real_node import RealNode, real_node
+from .real_node import RealNode, real_node, remove_stale
 from .testenv import ClusterHandle, TestNamespace, create_test_namespace, delete_test_namespace
 
 PYTEST_CLUSTER_NAME = "rtj-pytest"
@@ -91,6 +91,8 @@ def _remove_stale_pytest_clusters() -> None:
         pid = d.name.removeprefix(f"{PYTEST_CLUSTER_NAME}-").split("-")[0]
         if pid.isdigit() and pid_alive(int(pid)):
             continue
+        if pid.isdigit() and os.geteuid() == 0:
+            remove_stale(d, int(pid))  # a real node of that session, if it had one
         LocalCluster(d.name).down(check=False)
         shutil.rmtree(d, ignore_errors=True)
 

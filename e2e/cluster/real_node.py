@@ -31,13 +31,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import hashlib
-import io
 import json
 import os
 import shutil
 import subprocess
-import tarfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -49,6 +46,7 @@ import yaml
 from . import build, processes
 from .kube import Kube
 from .kubeconfig import write_kubeconfig
+from .node_images import PAUSE_IMAGE, image_ref, pause_archive
 from .pki import CA
 from .processes import LOOPBACK, Proc, StartupError
 
@@ -65,13 +63,19 @@ NEEDED_TOOLS = {
 KUBERNETES_SERVICE_IP = "10.96.0.1"  # the harness's --service-cluster-ip-range starts there
 LABEL = "rtj.test/real-node"
 TAINT = {"key": LABEL, "value": "true", "effect": "NoSchedule"}
-PAUSE_IMAGE = "rtj.local/pause:py"
-PAUSE_PROGRAM = (
-    "import signal, sys\n"
-    "for s in (signal.SIGTERM, signal.SIGINT):\n"
-    "    signal.signal(s, lambda *_: sys.exit(0))\n"
-    "signal.pause()\n"
-)
+
+
+def record(pod: Mapping[str, Any], name: str) -> None:
+    """With RTJ_RECORD_DIR set, keep a pod as the API server returned it (managedFields
+    dropped) as `<name>.json` there: how the recorded corpus in
+    tests/fixtures/recorded/real-kubelet is refreshed from a real kubelet."""
+    out = os.environ.get("RTJ_RECORD_DIR")
+    if not out:
+        return
+    body = copy.deepcopy(dict(pod))
+    (body.get("metadata") or {}).pop("managedFields", None)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    (Path(out) / f"{name}.json").write_text(json.dumps(body, indent=2, sort_keys=True) + "\n")
 
 
 class NodeSetupError(RuntimeError):
@@ -96,75 +100,6 @@ def check_machine() -> None:
             + " ".join(NODE_PACKAGES)
             + ")"
         )
-
-
-def image_ref(archive: Path) -> str:
-    """The name an OCI archive of `make images` imports as (its index's annotation)."""
-    with tarfile.open(archive) as tar:
-        member = tar.extractfile("index.json")
-        assert member is not None
-        index = json.load(member)
-    return str(index["manifests"][0]["annotations"]["io.containerd.image.name"])
-
-
-def pause_archive(resolver: Path, out: Path) -> Path:
-    """An OCI archive of the sandbox image: the resolver image's layers under a config whose
-    process waits for a signal (no other download; the layers are shared in containerd)."""
-    with tarfile.open(resolver) as tar:
-
-        def blob(digest: str) -> bytes:
-            f = tar.extractfile("blobs/sha256/" + digest.removeprefix("sha256:"))
-            assert f is not None
-            return f.read()
-
-        index_member = tar.extractfile("index.json")
-        assert index_member is not None
-        manifest = json.loads(blob(json.load(index_member)["manifests"][0]["digest"]))
-        config = json.loads(blob(manifest["config"]["digest"]))
-        layers = {layer["digest"]: blob(layer["digest"]) for layer in manifest["layers"]}
-    config = copy.deepcopy(config)
-    config["config"] = {
-        "Entrypoint": ["/usr/bin/python3", "-S", "-c", PAUSE_PROGRAM],
-        "User": "65535:65535",
-        "Env": ["PATH=/usr/local/bin:/usr/bin:/bin"],
-    }
-    blobs: dict[str, bytes] = dict(layers)
-    config_bytes = json.dumps(config, sort_keys=True).encode()
-    config_digest = "sha256:" + _sha256(config_bytes)
-    blobs[config_digest] = config_bytes
-    manifest = {**manifest, "config": {**manifest["config"], "digest": config_digest,
-                                        "size": len(config_bytes)}}  # fmt: skip
-    manifest.pop("annotations", None)
-    manifest_bytes = json.dumps(manifest, sort_keys=True).encode()
-    manifest_digest = "sha256:" + _sha256(manifest_bytes)
-    blobs[manifest_digest] = manifest_bytes
-    index = {
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.index.v1+json",
-        "manifests": [{
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "digest": manifest_digest,
-            "size": len(manifest_bytes),
-            "annotations": {"io.containerd.image.name": PAUSE_IMAGE,
-                            "org.opencontainers.image.ref.name": "py"},
-        }],
-    }  # fmt: skip
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(out, "w") as tar:
-        files = {
-            "oci-layout": b'{"imageLayoutVersion":"1.0.0"}',
-            "index.json": json.dumps(index).encode(),
-            **{f"blobs/sha256/{d.removeprefix('sha256:')}": b for d, b in blobs.items()},
-        }
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return out
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 class RealNode:
@@ -478,6 +413,36 @@ class RealNode:
     def _unmount(self) -> None:
         for target in sorted(self._mounts(), key=len, reverse=True):
             subprocess.run(["umount", "-l", target], capture_output=True, check=False)
+
+
+def remove_stale(cluster_dir: Path, owner_pid: int) -> None:
+    """Undo what a real node of a dead test session left (its session was killed before
+    teardown): processes under its directories, mounts, the DNAT rule and the bridge."""
+    run_prefix = f"/run/rtj-{owner_pid}-"
+    markers = (str(cluster_dir).encode(), run_prefix.encode())
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            with contextlib.suppress(OSError):
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+                if any(m in cmdline for m in markers):
+                    os.kill(int(entry), 9)
+    roots = (str(cluster_dir) + "/", run_prefix)
+    mounts = [
+        line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
+        if line.split()[1].startswith(roots)
+    ]  # fmt: skip
+    for target in sorted(mounts, key=len, reverse=True):
+        subprocess.run(["umount", "-l", target], capture_output=True, check=False)
+    bridge = "rtjbr" + str(owner_pid % 10000)
+    rules = subprocess.run(["iptables", "-t", "nat", "-S", "PREROUTING"], capture_output=True,
+                           text=True, check=False).stdout.splitlines()  # fmt: skip
+    for rule in rules:
+        if f"-i {bridge} " in rule and rule.startswith("-A "):
+            subprocess.run(["iptables", "-t", "nat", "-D", *rule.split()[1:]],
+                           capture_output=True, check=False)  # fmt: skip
+    subprocess.run(["ip", "link", "del", bridge], capture_output=True, check=False)
+    for run_dir in Path("/run").glob(f"rtj-{owner_pid}-*"):
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 @contextlib.contextmanager

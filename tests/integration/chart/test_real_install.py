@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +25,7 @@ from kubernetes import client as k8s
 from rtj_chart import CHART, helm, set_args
 
 from e2e.cluster.kube import KUEUE_GROUP, KUEUE_VERSION
-from e2e.cluster.real_node import LABEL, TAINT, RealNode
+from e2e.cluster.real_node import LABEL, TAINT, RealNode, record
 from e2e.operator_proc import client, rtj_body, rtj_status, wait_for
 from e2e.scenarios.scenario_support import failed_record
 from rtj_operator.api import keys
@@ -237,6 +238,12 @@ def _pod_of(rtj_cluster: Any, ns: str, name: str, attempt: int) -> Obj | None:
     return body  # type: ignore[no-any-return]
 
 
+def _failed_pod(rtj_cluster: Any, ns: str, name: str) -> Obj | None:
+    """Attempt 1's worker once its trainer has terminated (before the operator deletes it)."""
+    pod = _pod_of(rtj_cluster, ns, name, 1)
+    return pod if _terminated(pod, "trainer") else None
+
+
 def _terminated(pod: Obj | None, container: str, field: str = "containerStatuses") -> Obj | None:
     for status in ((pod or {}).get("status") or {}).get(field) or []:
         if status["name"] == container:
@@ -262,9 +269,15 @@ def test_a_killed_worker_in_a_real_container_resumes_a_verified_step_to_the_same
     killed = node.ctr("tasks", "kill", "-s", "SIGKILL", trainer["containerID"].split("//")[-1])
     assert killed.returncode == 0, killed.stderr
 
-    record = failed_record(api, ns, "chain", 1)
+    deadline = time.monotonic() + 10  # best effort, for the recorded corpus (RTJ_RECORD_DIR):
+    while time.monotonic() < deadline:  # the operator deletes the old world within a second
+        if failed := _failed_pod(rtj_cluster, ns, "chain"):
+            record(failed, "sigkill_no_cause")
+            break
+        time.sleep(0.05)
+    first = failed_record(api, ns, "chain", 1)
     # a SIGKILL with nothing in the message: no node is blamed, the whole world restarts
-    assert record["failureClass"] == "Unknown" and not record["quarantinedNodes"], record
+    assert first["failureClass"] == "Unknown" and not first["quarantinedNodes"], first
     final = wait_for(
         "attempt 2's trainer finished",
         lambda: _terminated(_pod_of(rtj_cluster, ns, "chain", 2), "trainer"),
@@ -287,5 +300,5 @@ def test_a_worker_over_its_memory_limit_fails_the_job_as_out_of_memory(
     hog = "chunks = []\nwhile True: chunks.append(bytearray(16 << 20))"
     api = client(rtj_cluster.kubeconfig)
     api.create_rtj(ns, _job(node, ns, "hog", _store(tmp_path), ["/usr/bin/python3", "-c", hog]))
-    record = failed_record(api, ns, "hog", 1)
-    assert record["failureClass"] == "OutOfMemory", record
+    first = failed_record(api, ns, "hog", 1)
+    assert first["failureClass"] == "OutOfMemory", first

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from e2e.cluster.real_node import RealNode
+from e2e.cluster.real_node import RealNode, record
 from e2e.operator_proc import rtj_body
 from rtj_operator.api import FailureClass, ResilientTrainingJob, keys
 from rtj_operator.policy.classify import classify_failure
@@ -134,6 +134,8 @@ def test_termination_messages_as_the_kubelet_writes_them_reach_the_classifier(
                                "raise ValueError('bad batch shape')"),
         }],
     })  # fmt: skip
+    record(written, "termination_log_file")
+    record(fallback, "fallback_to_logs_traceback")
     one, three = _terminated(written, "trainer"), _terminated(fallback, "trainer")
     assert (one["exitCode"], one["reason"]) == (1, "Error")
     assert one["message"] == "NCCL error: unhandled system error"
@@ -163,6 +165,7 @@ def test_a_worker_over_its_memory_limit_is_oomkilled_and_classified_out_of_memor
             "resources": {"limits": {"memory": "64Mi", "cpu": "1"}},
         }],
     })  # fmt: skip
+    record(pod, "cgroup_oom_killed")
     killed = _terminated(pod, "trainer")
     assert (killed["reason"], killed["exitCode"]) == ("OOMKilled", 137), killed
     found = classify_failure([pod], None, [], datetime.now(timezone.utc))
