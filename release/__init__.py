@@ -15,5 +15,9 @@ Nothing is published from here. The output (``dist/release`` by default) holds:
 - ``release-info.json`` (names, versions, sizes, sha256, image manifest digests) and
   ``SHA256SUMS`` over every file.
 
+Modules: ``common`` (paths, the error, running tools), ``checks`` (versions, chart images,
+locked dependencies, before anything is built), ``artifacts`` (sdists, wheels, the chart,
+requirement files), ``build`` (the order, staging, release-info.json and SHA256SUMS).
+
 docs/release.md explains verifying, publishing and signing.
 """
