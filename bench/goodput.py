@@ -17,8 +17,8 @@ any of which failing fails the run:
 - budgets respected; nothing leaked at the end (JobSets and pods of earlier attempts,
   taints the job does not record).
 
-Not injected yet (say so in every report): silent node loss and Kueue preemption (the
-KWOK drills cover them), and the side-by-side JobSet baseline (issue 18).
+Not injected yet (say so in every report): Kueue preemption (the KWOK drills cover it),
+and the side-by-side JobSet baseline (issue 18).
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ from e2e.podrunner.runner import descendants
 JOB = "soak"
 NODES = 6
 RANKS = 2
-CAPS = {"gpu_xid": NODES - RANKS - 1}  # each quarantines a node for good
+# each takes a node out for good (quarantined, or powered off); one spare node stays
+CAPS = {"gpu_xid": NODES - RANKS - 2, "node_lost": 1}
 
 
 @dataclass
@@ -145,6 +146,11 @@ class Injector:
         if fault.kind == "hang":
             os.kill(pid, signal.SIGSTOP)
             return f"SIGSTOP rank {fault.rank} (pid {pid}, {name})"
+        if fault.kind == "node_lost":
+            off = self.opts.state / "runner" / "power-off" / node
+            off.parent.mkdir(parents=True, exist_ok=True)
+            off.touch()  # the runner's next heartbeat powers the node off
+            return f"powered {node} off silently (rank {fault.rank}, {name})"
         if fault.kind == "eviction":
             self.kube.core.create_namespaced_pod_eviction(
                 name, story.NAMESPACE, {"metadata": {"name": name}}

@@ -98,8 +98,8 @@ def markdown(facts: Mapping[str, Any], settings: Mapping[str, Any], machine: str
             "",
             f"Injected: {injected or 'nothing'}.",
             "",
-            "Not injected yet: silent node loss and Kueue preemption (the KWOK drills cover "
-            "them); no side-by-side JobSet baseline yet.",
+            "Not injected yet: Kueue preemption (the KWOK drills cover it); no side-by-side "
+            "JobSet baseline yet.",
             "",
             "![timeline](goodput-timeline.svg)",
             "",

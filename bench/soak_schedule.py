@@ -15,7 +15,7 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-KINDS = ("rank_killed", "gpu_xid", "hang", "eviction", "corrupt_newest")
+KINDS = ("rank_killed", "gpu_xid", "hang", "eviction", "corrupt_newest", "node_lost")
 """What the harness knows how to inject on pod-runner nodes:
 
 - rank_killed: SIGKILL of one rank's training process (the pod fails, torchrun reports it);
@@ -23,15 +23,18 @@ KINDS = ("rank_killed", "gpu_xid", "hang", "eviction", "corrupt_newest")
 - hang: SIGSTOP of one rank's training process (every pod stays Running);
 - eviction: the Eviction API on one worker pod (SIGTERM, an emergency save);
 - corrupt_newest: a byte of the newest committed step flipped in the store, then a rank
-  killed: the pinned step fails verification and an older one is used.
+  killed: the pinned step fails verification and an older one is used;
+- node_lost: the rank's node loses power silently (the pod runner kills its processes and
+  stops renewing its Lease; its pods stay Running in the API): found from the stale Lease.
 """
 
 DEFAULT_MIX: Mapping[str, float] = {
-    "rank_killed": 0.3,
-    "gpu_xid": 0.15,
+    "rank_killed": 0.25,
+    "gpu_xid": 0.1,
     "hang": 0.25,
     "eviction": 0.15,
     "corrupt_newest": 0.15,
+    "node_lost": 0.1,
 }
 
 

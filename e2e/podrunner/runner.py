@@ -183,11 +183,31 @@ class PodRunner:
                 raise
             self.coord.create_namespaced_lease(LEASE_NAMESPACE, body)  # type: ignore[arg-type]
 
+    def power_off_file(self, node: str) -> Path:
+        """Creating this file powers `node` off (a test's silent node loss): see _power_off."""
+        return self.root / "power-off" / node
+
+    def _power_off(self, name: str) -> None:
+        """The machine lost power: its processes die and nothing more is heard from it. No
+        Lease renewal, no status, no pod finalized (its pods stay Terminating once deleted,
+        as with a dead kubelet); the Node object stays. Only its Lease going stale tells."""
+        if name not in self.node_names:
+            return
+        self.node_names.remove(name)
+        self.say(f"node {name} powered off: its pods' processes killed, nothing reported")
+        for w in list(self.workers.values()):
+            if w.node == name:
+                self.deleted.add(w.uid)  # its worker reports nothing more
+                threading.Thread(target=w.stop, args=(0.0,), daemon=True).start()
+
     def _heartbeat(self, stop: threading.Event) -> None:
         beats = 0
         while not stop.wait(HEARTBEAT_SECONDS):
             beats += 1
             for name in list(self.node_names):
+                if self.power_off_file(name).exists():
+                    self._power_off(name)
+                    continue
                 try:
                     self._renew_lease(name)
                     if beats % 3 == 0:
