@@ -191,14 +191,7 @@ class PodRunner:
         """The machine lost power: its processes die and nothing more is heard from it. No
         Lease renewal, no status, no pod finalized (its pods stay Terminating once deleted,
         as with a dead kubelet); the Node object stays. Only its Lease going stale tells."""
-        if name not in self.node_names:
-            return
-        self.node_names.remove(name)
-        self.say(f"node {name} powered off: its pods' processes killed, nothing reported")
-        for w in list(self.workers.values()):
-            if w.node == name:
-                self.deleted.add(w.uid)  # its worker reports nothing more
-                threading.Thread(target=w.stop, args=(0.0,), daemon=True).start()
+        self._machine_gone(name, "powered off: its pods' processes killed, nothing reported")
 
     def _heartbeat(self, stop: threading.Event) -> None:
         beats = 0
@@ -220,10 +213,15 @@ class PodRunner:
 
     def _node_gone(self, name: str) -> None:
         """The Node object was deleted: the machine is gone, and its processes with it."""
+        self._machine_gone(name, "was deleted: killing its pods' processes")
+
+    def _machine_gone(self, name: str, why: str) -> None:
+        """Stop serving `name`: no more heartbeats; its pods' processes killed, their workers
+        reporting nothing more (a gone machine confirms nothing)."""
         if name not in self.node_names:
             return
         self.node_names.remove(name)
-        self.say(f"node {name} was deleted: killing its pods' processes")
+        self.say(f"node {name} {why}")
         for w in list(self.workers.values()):
             if w.node == name:
                 self.deleted.add(w.uid)
