@@ -111,8 +111,9 @@ class RankPolls:
         self._executor = ThreadPoolExecutor(concurrency, thread_name_prefix="rtj-progress")
         self._readings: dict[Key, RankReadings] = {}
         self._stragglers: dict[Key, rank_progress.StragglerState] = {}
-        self._quiet: dict[tuple[Key, int, str], tuple[int, int]] = {}
-        """(job, attempt, pod) -> (failures in a row, the round it is asked again)."""
+        self._quiet: dict[tuple[Key, int, str], tuple[int, int, float]] = {}
+        """(job, attempt, pod) -> (failures in a row, the round it is asked again, when the
+        first of them went unanswered)."""
         self._lock = threading.Lock()
         self.rounds = 0
 
@@ -151,7 +152,7 @@ class RankPolls:
         by_pod = {
             (key, t.attempt, t.pod): answer for (key, t), answer in zip(flat, answers, strict=True)
         }
-        self._note_answers([(key, t, by_pod[(key, t.attempt, t.pod)][1]) for key, t in flat])
+        self._note_answers([(key, t, *by_pod[(key, t.attempt, t.pod)][1:]) for key, t in flat])
         wanted = {job.key for job in jobs}
         with self._lock:
             dropped = [k for k in self._readings if k not in wanted]
@@ -169,17 +170,17 @@ class RankPolls:
         held = self._quiet.get((key, target.attempt, target.pod))
         return held is None or held[1] <= self.rounds
 
-    def _note_answers(self, answers: Sequence[tuple[Key, PollTarget, str | None]]) -> None:
+    def _note_answers(self, answers: Sequence[tuple[Key, PollTarget, str | None, float]]) -> None:
         polled = set()
-        for key, target, error in answers:
+        for key, target, error, arrived in answers:
             polled.add((key, target.attempt, target.pod))
             ident = (key, target.attempt, target.pod)
             if error is None:
                 self._quiet.pop(ident, None)
                 continue
-            failures = self._quiet.get(ident, (0, 0))[0] + 1
-            skip = min(2 ** (failures - 1), MAX_SKIPPED_ROUNDS)
-            self._quiet[ident] = (failures, self.rounds + 1 + skip)
+            failures, _, first = self._quiet.get(ident, (0, 0, arrived))
+            skip = min(2**failures, MAX_SKIPPED_ROUNDS)
+            self._quiet[ident] = (failures + 1, self.rounds + 1 + skip, first)
         if len(self._quiet) > 4 * max(len(polled), 1024):  # pods long gone: bounded
             self._quiet = {k: v for k, v in self._quiet.items() if k in polled}
 
@@ -195,6 +196,7 @@ class RankPolls:
         previous = {r.pod: r for r in held.reports} if held and held.attempt == attempt else {}
         reports: list[rank_progress.PodReport] = []
         unanswered: list[str] = []
+        quiet_since: dict[str, float] = {}
         for target in job.targets:
             body, error, arrived = answers.get(
                 (job.key, target.attempt, target.pod),
@@ -207,6 +209,8 @@ class RankPolls:
             unanswered.append(f"{target.pod}: {error or 'not a JSON object'}")
             if target.pod in previous:
                 reports.append(previous[target.pod])  # ages out of the evidence by itself
+                quiet = self._quiet.get((job.key, target.attempt, target.pod))
+                quiet_since[target.pod] = quiet[2] if quiet is not None else arrived
         # one window per round; a rank with no new step since the last one keeps its count
         verdict = rank_progress.stragglers(
             reports,
@@ -220,6 +224,7 @@ class RankPolls:
             reports=tuple(reports),
             polled_at=received,
             unanswered=tuple(unanswered),
+            quiet_since=quiet_since,
             stragglers=verdict.stragglers,
         )
         if unanswered:

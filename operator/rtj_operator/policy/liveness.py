@@ -10,6 +10,13 @@ Three things the control plane's own view gets wrong for a training job:
   `SILENT_RENEWALS` renewal intervals (at least `SILENT_FLOOR`) means the kubelet is gone:
   the node is *silent*, and is judged lost at once (20 s after its last renewal, so 10-20 s
   after the machine died).
+- **Two signals agree sooner.** When the job's pods on a node all stopped answering the
+  operator's progress poll (they answered before in this attempt) and the node's Lease is
+  *overdue* (its next renewal late by `OVERDUE_SLACK`), two independent channels say the
+  machine is gone: the node is silent from the moment both hold (the Lease overdue 11 s after
+  its last renewal, so 1-11 s after the machine died, instead of 10-20 s). Either alone is
+  not enough: a restarting kubelet misses renewals while its pods answer, and a pod's
+  progress server can stall while its kubelet renews.
 - **A flicker is not a loss.** Ready=False or Unknown for less than `FLICKER_WINDOW`
   while the Lease is still renewed (a slow PLEG, a restarting kubelet) is ignored: no
   restart, no taint. After the window it counts, as before.
@@ -67,9 +74,14 @@ class NodeLease:
     def interval(self) -> timedelta:
         return timedelta(seconds=self.duration_seconds / 4)
 
+    @property
+    def overdue_at(self) -> datetime:
+        """When the next renewal is late: one interval after the last one, plus slack."""
+        return self.renewed_at + self.interval + OVERDUE_SLACK
+
     def overdue(self, now: datetime) -> bool:
         """Whether the next renewal should have come by now (one interval, plus slack)."""
-        return now > self.renewed_at + self.interval + OVERDUE_SLACK
+        return now > self.overdue_at
 
     def silent_since(self, now: datetime) -> datetime | None:
         """When the node went silent (its last renewal plus the allowance); None: alive."""
@@ -103,20 +115,51 @@ def _ready(node: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
-def judge_node(node: Mapping[str, Any], lease: NodeLease | None, now: datetime) -> NodeJudgement:
-    """One node's liveness from its object and its Lease (None: no lease seen)."""
-    silent = lease.silent_since(now) if lease is not None else None
+def judge_node(
+    node: Mapping[str, Any],
+    lease: NodeLease | None,
+    now: datetime,
+    pods_unreachable_since: datetime | None = None,
+) -> NodeJudgement:
+    """One node's liveness from its object and its Lease (None: no lease seen), and when
+    the job's pods on it all stopped answering the progress poll (None: some answer, or
+    none was ever heard)."""
+    silent = silent_since(lease, now, pods_unreachable_since)
     if silent is not None:
         return NodeJudgement(Liveness.SILENT, silent)
     ready = _ready(node)
     down = ready is not None and ready.get("status") != "True"
     if not down:
-        recheck = lease.renewed_at + lease.silent_after if lease is not None else None
+        recheck = None
+        if lease is not None:
+            early = pods_unreachable_since is not None and now <= lease.overdue_at
+            # both signals may agree at the overdue instant: look again then
+            recheck = lease.overdue_at if early else lease.renewed_at + lease.silent_after
         return NodeJudgement(Liveness.ALIVE, recheck_at=recheck)
     since = parse_time(ready.get("lastTransitionTime")) if ready is not None else None
     if since is not None and lease is not None and now - since < FLICKER_WINDOW:
         return NodeJudgement(Liveness.FLICKER, since, recheck_at=since + FLICKER_WINDOW)
     return NodeJudgement(Liveness.LOST, since)
+
+
+def silent_since(
+    lease: NodeLease | None, now: datetime, pods_unreachable_since: datetime | None = None
+) -> datetime | None:
+    """When the node went silent (None: it has not): its Lease unrenewed past the allowance,
+    or, sooner, overdue while every pod of the job on it has stopped answering since about
+    its last renewal. A machine that dies stops both at once; pods quiet since well before
+    the kubelet last renewed (a crashed progress server, then a kubelet restart) are two
+    unrelated troubles, judged by the Lease alone."""
+    if lease is None:
+        return None
+    found = [t for t in (lease.silent_since(now),) if t is not None]
+    together = (
+        pods_unreachable_since is not None
+        and pods_unreachable_since >= lease.renewed_at - OVERDUE_SLACK
+    )
+    if together and pods_unreachable_since is not None and lease.overdue(now):
+        found.append(max(lease.overdue_at, pods_unreachable_since))
+    return min(found) if found else None
 
 
 def partitioned(overdue: int, with_lease: int) -> bool:
@@ -153,11 +196,17 @@ def classifier_view(
         renewed = lease.renewed_at if lease is not None else judgement.since
         stamp = (renewed or judgement.since or datetime.min).isoformat().replace("+00:00", "Z")
         declared = judgement.since.isoformat().replace("+00:00", "Z") if judgement.since else stamp
+        early = (
+            lease is not None
+            and judgement.since is not None
+            and judgement.since < lease.renewed_at + lease.silent_after
+        )
+        also = ", and none of the job's pods on it answers the progress poll" if early else ""
         ready = {
             "type": "Ready",
             "status": "Unknown",
             "reason": LEASE_EXPIRED_REASON,
-            "message": f"the kubelet has not renewed its node Lease since {stamp} "
+            "message": f"the kubelet has not renewed its node Lease since {stamp}{also} "
             "(judged lost by the rtj operator before the node lifecycle controller)",
             "lastHeartbeatTime": stamp,
             "lastTransitionTime": declared,

@@ -4,13 +4,13 @@ and which nodes are fenced (their pods force-deleted: no kubelet will ever confi
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from rtj_operator.api.reasons import ConditionType, Reason
+from rtj_operator.api.reasons import ConditionType, FailureClass, Reason
 from rtj_operator.policy.liveness import Liveness, classifier_view, judge_node
 from rtj_operator.reconcile.builder import PlanBuilder, condition_true
-from rtj_operator.reconcile.world import Snapshot
+from rtj_operator.reconcile.world import Snapshot, attempt_of, get_in, pod_name
 
 FENCE_AFTER = timedelta(seconds=10)
 """A node silent this long has its pods force-deleted when the old world is torn down: its
@@ -24,7 +24,7 @@ def judged_nodes(b: PlanBuilder) -> dict[str, dict[str, Any]]:
     views: dict[str, dict[str, Any]] = {}
     for name, node in b.snap.nodes.items():
         lease = b.snap.node_leases.get(name)
-        judgement = judge_node(node, lease, b.now)
+        judgement = judge_node(node, lease, b.now, pods_quiet_since(b.snap, name))
         if judgement.recheck_at is not None:
             b.requeue_in((judgement.recheck_at - b.now).total_seconds() + 0.2)
         if judgement.liveness is Liveness.FLICKER:
@@ -33,17 +33,58 @@ def judged_nodes(b: PlanBuilder) -> dict[str, dict[str, Any]]:
     return views
 
 
+def pods_quiet_since(snap: Snapshot, node: str) -> datetime | None:
+    """When the current attempt's running pods on `node` had all stopped answering the
+    progress poll (each answered before in this attempt); None: one still answers, or the
+    poller has nothing to say (no pod there, progress off, another attempt's readings)."""
+    ranks = snap.ranks
+    attempt = snap.rtj.status.attempt
+    if ranks is None or ranks.attempt != attempt:
+        return None
+    on_node = [
+        pod_name(p)
+        for p in snap.pods
+        if attempt_of(p) == attempt
+        and get_in(p, "spec", "nodeName") == node
+        and get_in(p, "status", "phase") == "Running"
+    ]
+    quiet = [ranks.quiet_since.get(name) for name in on_node]
+    if not quiet or any(t is None for t in quiet):
+        return None
+    return datetime.fromtimestamp(max(t for t in quiet if t is not None), timezone.utc)
+
+
 def fenced_nodes(snap: Snapshot) -> frozenset[str]:
-    """Nodes of this job silent for at least FENCE_AFTER (never during a partition)."""
+    """Nodes of this job silent for at least FENCE_AFTER (never during a partition): by
+    their Lease alone, or since an attempt recorded the node lost while its Lease has not
+    been renewed again (the poll that corroborated it stops with the attempt)."""
     if snap.partition:
         return frozenset()
     out = set()
     for name, node in snap.nodes.items():
-        judgement = judge_node(node, snap.node_leases.get(name), snap.now)
+        lease = snap.node_leases.get(name)
+        judgement = judge_node(node, lease, snap.now, pods_quiet_since(snap, name))
         since = judgement.since
-        if judgement.liveness is Liveness.SILENT and since and snap.now - since >= FENCE_AFTER:
+        if judgement.liveness is not Liveness.SILENT or since is None:
+            since = _recorded_lost_at(snap, name)
+            if since is None or lease is None or lease.renewed_at >= since:
+                continue
+            if not lease.overdue(snap.now):
+                continue
+        if snap.now - since >= FENCE_AFTER:
             out.add(name)
     return frozenset(out)
+
+
+def _recorded_lost_at(snap: Snapshot, node: str) -> datetime | None:
+    """When an attempt of this job recorded `node` lost (the newest such record)."""
+    found = None
+    for record in snap.rtj.status.attempts:
+        first = record.first_failed
+        named = (first is not None and first.node == node) or node in record.quarantined_nodes
+        if record.failure_class is FailureClass.NODE_LOST and named and record.ended_at:
+            found = record.ended_at
+    return found
 
 
 def hold_for_partition(b: PlanBuilder) -> bool:

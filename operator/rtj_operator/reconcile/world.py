@@ -169,6 +169,10 @@ class RankReadings:
     polled_at: float
     unanswered: tuple[str, ...] = ()
     """Pods polled in the last round whose server did not answer (and why)."""
+    quiet_since: Mapping[str, float] = field(default_factory=dict)
+    """Pods that answered earlier in this attempt but not in the last round: when the first
+    poll of their current run of failures went unanswered (one of two signals of a node
+    gone silent, `policy.liveness.silent_since`)."""
     stragglers: tuple[rank_progress.Straggler, ...] = ()
 
 

@@ -49,6 +49,29 @@ def test_a_lease_not_renewed_for_two_intervals_means_a_silent_node() -> None:
     assert judge_node(up, None, NOW).liveness is Liveness.ALIVE
 
 
+def test_pods_gone_quiet_with_an_overdue_lease_make_a_node_silent_sooner() -> None:
+    """A machine that dies stops its kubelet's renewals and its pods' answers at once: with
+    both, the node is silent when the Lease is overdue (11 s), not two intervals (20 s)."""
+    up = node("n1")
+    quiet = NOW - timedelta(seconds=9)  # the first unanswered poll, after the last renewal
+    early = judge_node(up, fresh(12), NOW, quiet)
+    assert early.liveness is Liveness.SILENT and early.since == NOW - timedelta(seconds=1)
+    # the Lease on time: the pods alone are no verdict (a stalled progress server)
+    on_time = judge_node(up, fresh(9), NOW, NOW - timedelta(seconds=8))
+    assert on_time.liveness is Liveness.ALIVE
+    assert on_time.recheck_at == NOW + timedelta(seconds=2), "looked at again when overdue"
+    # the Lease overdue but the pods answer: a restarting kubelet, silent only at 20 s
+    assert judge_node(up, fresh(12), NOW).liveness is Liveness.ALIVE
+    # pods quiet since long before the last renewal: two unrelated troubles, Lease alone
+    assert judge_node(up, fresh(12), NOW, NOW - timedelta(seconds=60)).liveness is Liveness.ALIVE
+    assert judge_node(up, fresh(21), NOW, NOW - timedelta(seconds=60)).liveness is Liveness.SILENT
+    # the message says both signals
+    lease = fresh(12)
+    view = classifier_view(up, early, lease)
+    (ready,) = [c for c in view["status"]["conditions"] if c["type"] == "Ready"]
+    assert ready["reason"] == "NodeLeaseExpired" and "pods on it answers" in ready["message"]
+
+
 def test_a_short_ready_flicker_with_a_renewed_lease_is_ignored_then_counts() -> None:
     assert judge_node(flickering("n1", 3), fresh(), NOW).liveness is Liveness.FLICKER
     assert judge_node(flickering("n1", 3), fresh(), NOW).recheck_at == NOW + timedelta(seconds=7)
@@ -105,6 +128,51 @@ def test_a_silent_node_restarts_the_group_at_once_naming_its_rank() -> None:
     assert record["firstFailed"]["node"] == "gpu-node-002"
     # detected from the lease: the failure dates from the last renewal, 21 s ago
     assert record["detectionSeconds"] == 21.0
+
+
+def test_a_node_whose_pods_went_quiet_with_its_lease_is_lost_at_the_overdue_instant() -> None:
+    pods = [pod(1, i) for i in range(2)]
+    lost = pods[1]["spec"]["nodeName"]
+    leases = {p["spec"]["nodeName"]: fresh() for p in pods}
+    leases[lost] = fresh(12)  # overdue by 1 s
+    quiet = rc.RankReadings(
+        attempt=1, reports=(), polled_at=NOW.timestamp(),
+        quiet_since={pods[1]["metadata"]["name"]: (NOW - timedelta(seconds=8)).timestamp()},
+    )  # fmt: skip
+    assert not _plan(pods, node_leases=leases).actions, "the Lease alone: not yet"
+    quarantine = _plan(pods, node_leases=leases, ranks=quiet)
+    raw = with_status(rtj_raw(RUNNING), quarantine)
+    assert [q["node"] for q in raw["status"]["quarantinedNodes"]] == [lost]
+    restart = _plan(pods, raw=raw, node_leases=leases, ranks=quiet)
+    assert restart.status_patch is not None
+    record = restart.status_patch.status["attempts"][0]
+    assert (record["failureClass"], record["firstFailed"]["node"]) == ("NodeLost", lost)
+    assert any("answers the progress poll" in line for line in record["evidence"]), record
+    # a quiet pod of another attempt's readings proves nothing
+    stale = replace(quiet, attempt=2)
+    assert not _plan(pods, node_leases=leases, ranks=stale).actions
+
+
+def test_a_node_recorded_lost_is_fenced_from_the_record_while_its_lease_stays_stale() -> None:
+    """Once the attempt ended, nobody polls its pods: the record of the node's loss (written
+    from both signals) dates the fence, as long as the kubelet has not renewed since."""
+    ended = NOW - timedelta(seconds=11)
+    record = {"attempt": 1, "jobSet": "llm-a1", "endedAt": iso(ended), "failureClass": "NodeLost",
+              "failureCategory": "infrastructure",
+              "firstFailed": {"pod": "llm-a1-worker-0-1", "node": "gpu-node-001"}}  # fmt: skip
+    raw = rtj_raw({**RUNNING, "phase": "Restarting", "attempts": [record]})
+    pods = [pod(1, 0, deleting=True), pod(1, 1, deleting=True)]
+    snap = snapshot(raw, jobsets=[], pods=pods, nodes=nodes_for(pods))
+    leases = {"gpu-node-000": fresh(), "gpu-node-001": fresh(19)}  # overdue, not yet silent
+
+    def deleted(leases: dict[str, NodeLease], at: Any = NOW) -> list[tuple[str, int | None]]:
+        plan = rc.plan(replace(snap, node_leases=leases, now=at))
+        return [(a.name, a.grace_seconds) for a in plan.actions if isinstance(a, rc.DeletePod)]
+
+    assert deleted(leases) == [(pods[1]["metadata"]["name"], 0)]
+    assert deleted(leases, NOW - timedelta(seconds=2)) == [], "recorded 9 s ago: not yet"
+    leases["gpu-node-001"] = fresh(5)  # renewed since the record: alive after all
+    assert deleted(leases) == []
 
 
 def test_a_ready_flicker_causes_no_restart_and_no_taint() -> None:

@@ -273,10 +273,13 @@ def test_the_poller_keeps_the_last_answer_of_a_pod_that_stops_answering() -> Non
         "p1 keeps its last report, which ages out of the evidence by itself"
     )
     assert second.unanswered and "Connection refused" in second.unanswered[0]
+    assert second.quiet_since == {"p1": T + 5}, "quiet since its first unanswered poll"
     asked.clear()
     for _ in range(4):  # a pod that keeps not answering is asked every 2, 4, ... rounds
         asyncio.run(polls.poll_once([JobTargets(key, targets)]))
     assert asked.count("10.0.0.1") == 4 and asked.count("10.0.0.2") == 1
+    later = polls.reading(key)
+    assert later is not None and later.quiet_since == {"p1": T + 5}, "kept while not asked"
     asyncio.run(polls.poll_once([]))
     assert polls.reading(key) is None and rounds[-1] == key, "a job no longer polled is dropped"
     polls.close()
