@@ -315,9 +315,15 @@ class PodWorker(threading.Thread):
             self.done.wait(5.0)
             self.runner.pod_ips.release(self.uid)
 
+    def report_now(self) -> None:
+        """Post the pod's status now (its node is back in contact)."""
+        self._report()
+
     def _report(self) -> None:
         if self.stopping.is_set() and self.runner.gone(self.uid):
             return
+        if self.runner.cut_off(self.node):
+            return  # out of contact: nothing reaches the API server
         status = render_status(self.run_state, self.pod, now())
         ns, name = self.key
         try:

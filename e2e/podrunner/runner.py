@@ -6,6 +6,7 @@ native sidecars) and an address of its own from ``podip.PodIPs``.
 
 from __future__ import annotations
 
+import signal
 import socket
 import sys
 import threading
@@ -101,6 +102,9 @@ class PodRunner:
         self.deleted: set[str] = set()
         self.ports: dict[str, int] = {}
         self.pod_ips = PodIPs()
+        self._cut: set[str] = set()
+        """Nodes out of contact with the API server (see cut_off_file)."""
+        self._frozen: set[str] = set()
         self._lock = threading.Lock()
         venv_bin = str(Path(sys.executable).parent)
         self.base_env = {
@@ -193,6 +197,60 @@ class PodRunner:
         as with a dead kubelet); the Node object stays. Only its Lease going stale tells."""
         self._machine_gone(name, "powered off: its pods' processes killed, nothing reported")
 
+    def cut_off_file(self, node: str) -> Path:
+        """While this file exists `node` is out of contact with the API server (a partition,
+        a hung kubelet): no Lease renewal, no status, no pod event seen, its processes run
+        on. Containing ``freeze``, its processes are stopped too (SIGSTOP: a machine that
+        hangs, a VM paused), and continued when the word goes: a zombie. Removing the file
+        restores contact: the node catches up with what happened to its pods meanwhile."""
+        return self.root / "cut-off" / node
+
+    def cut_off(self, node: str) -> bool:
+        return node in self._cut
+
+    def _contact(self, name: str) -> bool:
+        """Apply the node's cut-off file; whether it is in contact with the API server."""
+        try:
+            freeze = self.cut_off_file(name).read_text().strip() == "freeze"
+        except FileNotFoundError:
+            if name in self._cut:
+                self._restore(name)
+            return True
+        if name not in self._cut:
+            self._cut.add(name)
+            self.say(f"node {name} lost contact with the API server")
+        if freeze != (name in self._frozen):
+            (self._frozen.add if freeze else self._frozen.discard)(name)
+            self._signal_node(name, signal.SIGSTOP if freeze else signal.SIGCONT)
+        return False
+
+    def _signal_node(self, name: str, sig: int) -> None:
+        pids = [proc.pid for w in list(self.workers.values()) if w.node == name
+                for proc in list(w.live.values())]  # fmt: skip
+        for pid in pids:
+            kill_tree(pid, sig)
+        self.say(f"node {name}: {signal.Signals(sig).name} to {len(pids)} container processes")
+
+    def _restore(self, name: str) -> None:
+        """Contact is back: continue frozen processes, then do what the pods' fate (seen by
+        the API server meanwhile) asks, as a kubelet resyncing would."""
+        if name in self._frozen:
+            self._frozen.discard(name)
+            self._signal_node(name, signal.SIGCONT)
+        self._cut.discard(name)
+        listed = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name}")
+        pods = {p.metadata.uid: self.api.sanitize_for_serialization(p) for p in listed.items}
+        for w in list(self.workers.values()):
+            if w.node == name and w.uid not in pods and w.uid not in self.deleted:
+                self.deleted.add(w.uid)
+                threading.Thread(target=w.stop, args=(0.0,), daemon=True).start()
+        for pod in pods.values():
+            self._on_pod("MODIFIED", pod)
+            worker = self.workers.get(pod["metadata"]["uid"])
+            if worker is not None and pod["metadata"]["uid"] not in self.deleted:
+                worker.report_now()
+        self.say(f"node {name} is in contact again ({len(pods)} pods bound to it)")
+
     def _heartbeat(self, stop: threading.Event) -> None:
         beats = 0
         while not stop.wait(HEARTBEAT_SECONDS):
@@ -202,6 +260,8 @@ class PodRunner:
                     self._power_off(name)
                     continue
                 try:
+                    if not self._contact(name):
+                        continue
                     self._renew_lease(name)
                     if beats % 3 == 0:
                         self._post_ready(name)
@@ -270,6 +330,8 @@ class PodRunner:
         uid = meta["uid"]
         if spec.get("nodeName") not in self.node_names and uid not in self.workers:
             return
+        if spec.get("nodeName") in self._cut:
+            return  # out of contact: it learns what happened when contact returns
         worker = self.workers.get(uid)
         if kind == "DELETED":
             self.deleted.add(uid)

@@ -451,3 +451,44 @@ def test_deleting_a_pod_stops_its_sidecars_after_its_main_containers(
 
     _until("the pod to be finalized", gone, 30)
     assert order.read_text().split() == ["main-exit", "sidecar-term"]
+
+
+def _renewed(kube: Kube, node: str) -> str:
+    lease = kube.coord.read_namespaced_lease(node, "kube-node-lease")
+    return str(lease.spec.renew_time)
+
+
+def test_a_node_cut_off_from_the_api_server_freezes_wakes_and_catches_up(
+    rtj_cluster: Any, rtj_ns: Any, runner: PodRunner, tmp_path: Path
+) -> None:
+    """The harness's silent node (issue 12 drills): cut off, the node renews nothing and
+    sees nothing; frozen, its processes stop; thawed while still cut off, they run on (a
+    zombie); contact back, it learns its pod was deleted and kills what is left."""
+    kube, ns = rtj_cluster.kube, rtj_ns.name
+    node = runner.node_names[0]
+    pid_file = tmp_path / "pid"
+    # $$$$: the API expands $$ to $, so the shell sees $$ (its pid)
+    script = f"echo $$$$ > {pid_file}; while true; do sleep 0.2; done"
+    kube.core.create_namespaced_pod(ns, _pod("z", node, [_sh("main", script)]))
+    _until("the pod to run", lambda: _status(kube, ns, "z").get("phase") == "Running")
+    pid = int(_until("its pid", lambda: pid_file.exists() and pid_file.read_text().strip()))
+
+    cut = runner.cut_off_file(node)
+    cut.parent.mkdir(parents=True, exist_ok=True)
+    cut.write_text("freeze")
+    _until("the process stopped", lambda: _state(pid) == "T", 15)
+    before = _renewed(kube, node)
+    time.sleep(7)  # two heartbeats: nothing renewed while cut off
+    assert _renewed(kube, node) == before
+    kube.core.delete_namespaced_pod("z", ns, grace_period_seconds=0)  # the operator's fence
+    time.sleep(4)
+    assert _state(pid) == "T", "a cut-off node never hears of the delete"
+
+    cut.write_text("")  # thawed, still cut off: a zombie
+    _until("the process running again", lambda: _state(pid) in ("S", "R"), 15)
+    time.sleep(4)
+    assert _state(pid) in ("S", "R"), "still cut off: nobody stops it"
+
+    cut.unlink()  # contact returns: the pod is gone, so are its processes
+    _until("the zombie killed", lambda: _state(pid) == "Z", 20)
+    _until("the Lease renewed", lambda: _renewed(kube, node) != before, 15)

@@ -1,0 +1,58 @@
+"""What the drills on real training share: the example job renamed and tuned, the current
+pods of an attempt, a rank's training process, the job's status."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from e2e.demo import story
+from e2e.podrunner.runner import descendants
+
+RANK_LABEL = "batch.kubernetes.io/job-completion-index"
+
+
+def job(name: str, *args: str, **spec: Any) -> dict[str, Any]:
+    """The example job, renamed, with its own store prefix, extra trainer arguments."""
+    body: dict[str, Any] = copy.deepcopy(yaml.safe_load(story.EXAMPLE.read_text()))
+    body["metadata"]["name"] = name
+    body["spec"]["checkpoint"]["uri"] = f"s3://{story.BUCKET}/{name}"
+    container = body["spec"]["template"]["spec"]["containers"][0]
+    container["command"] = [
+        *(a for a in container["command"] if not a.startswith("--steps")),
+        "--steps=100000",  # never finishes on its own: the drill deletes it
+        *args,
+    ]
+    body["spec"].update(spec)
+    return body
+
+
+def trainer_pid(opts: story.Options, pod: dict[str, Any]) -> int:
+    """The training process (torchrun's child) of a pod run by the pod runner."""
+    torchrun = int((story._pod_dir(opts, pod) / "containers" / "trainer" / "pid").read_text())
+    (child,) = [p for p in descendants(torchrun) if is_trainer(p)]
+    return child
+
+
+def is_trainer(pid: int) -> bool:
+    try:
+        return b"ddp_train.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def pods(api: Any, name: str, attempt: int) -> list[dict[str, Any]]:
+    selector = f"training.resilient.dev/job={name},training.resilient.dev/attempt={attempt}"
+    pods: list[dict[str, Any]] = api.list_pods(story.NAMESPACE, selector)
+    return pods
+
+
+def rank_pod(pods: list[dict[str, Any]], rank: int) -> dict[str, Any]:
+    return next(p for p in pods if p["metadata"]["labels"][RANK_LABEL] == str(rank))
+
+
+def status(api: Any, name: str) -> dict[str, Any]:
+    return dict(api.get_rtj(story.NAMESPACE, name).get("status") or {})
