@@ -57,6 +57,7 @@ bench: install ## benchmarks, reported as ratios against a side-by-side baseline
 	$(BIN)/python -m bench.hang_detection --markdown bench/results/hang-detection.md
 	$(BIN)/python -m bench.goodput_model --markdown bench/results/goodput-model.md
 	$(BIN)/python -m bench.goodput --steps 6000 --mtbf 60
+	$(BIN)/python -m bench.goodput_baseline --steps 6000 --mtbf 60 --against bench/results/goodput.json
 
 drill: install ## exact-resume drill: torchrun jobs (2 ranks, gloo, CPU) killed and resumed
 	$(BIN)/python drills/torch_drill.py $(DRILL_ARGS)

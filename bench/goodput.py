@@ -17,8 +17,8 @@ any of which failing fails the run:
 - budgets respected; nothing leaked at the end (JobSets and pods of earlier attempts,
   taints the job does not record).
 
-Not injected yet (say so in every report): Kueue preemption (the KWOK drills cover it),
-and the side-by-side JobSet baseline (issue 18).
+Not injected yet (say so in every report): Kueue preemption (the KWOK drills cover it).
+The same schedule against a plain JobSet, side by side: `bench.goodput_baseline`.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ recoveries and training progress. Pure: facts in, text out."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from html import escape
 from typing import Any
 
@@ -19,28 +20,64 @@ def timeline_svg(
 ) -> str:
     """x: seconds since the job was created; y: step. One line per attempt (rank 0's step
     completions), a red mark per injected fault."""
-    times = [t for per in steps.values() for t in per.values()] + [f["at"] for f in faults]
-    span = max((t - created for t in times), default=1.0) or 1.0
-    top = max((s for per in steps.values() for s in per), default=1) or 1
+    return lanes_svg([Lane(title, created, steps, faults)], title)
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One system's run: its title, creation time, attempt -> step -> time, faults."""
+
+    title: str
+    created: float
+    steps: Mapping[int, Mapping[int, float]]
+    faults: Sequence[Mapping[str, Any]]
+
+
+def lanes_svg(lanes: Sequence[Lane], title: str) -> str:
+    """One timeline per lane, stacked, on a shared time axis (seconds since each run's
+    job was created) and a shared step axis."""
+    span = max((_span(lane) for lane in lanes), default=1.0) or 1.0
+    top = max((s for lane in lanes for per in lane.steps.values() for s in per), default=1) or 1
+    height = PAD + len(lanes) * (H - PAD)
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{height}" '
+        f'viewBox="0 0 {W} {height}" font-family="sans-serif" font-size="11">',
+        f'<text x="{W / 2}" y="18" text-anchor="middle" font-size="13">{escape(title)}</text>',
+    ]
+    for i, lane in enumerate(lanes):
+        out += _lane(lane, i * (H - PAD), span, top, len(lanes) > 1)
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def _span(lane: Lane) -> float:
+    times = [t for per in lane.steps.values() for t in per.values()]
+    times += [f["at"] for f in lane.faults]
+    return max((t - lane.created for t in times), default=1.0)
+
+
+def _lane(lane: Lane, dy: float, span: float, top: int, titled: bool) -> list[str]:
+    created = lane.created
 
     def x(t: float) -> float:
         return PAD + (t - created) / span * (W - 2 * PAD)
 
     def y(step: float) -> float:
-        return H - PAD - step / top * (H - 2 * PAD)
+        return dy + H - PAD - step / top * (H - 2 * PAD)
 
+    base, mid = dy + H - PAD, dy + H / 2
     out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
-        f'viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="11">',
-        f'<text x="{W / 2}" y="18" text-anchor="middle" font-size="13">{escape(title)}</text>',
-        f'<line x1="{PAD}" y1="{H - PAD}" x2="{W - PAD}" y2="{H - PAD}" stroke="#333"/>',
-        f'<line x1="{PAD}" y1="{PAD}" x2="{PAD}" y2="{H - PAD}" stroke="#333"/>',
-        f'<text x="{W / 2}" y="{H - 12}" text-anchor="middle">seconds since the job was '
+        f'<line x1="{PAD}" y1="{base}" x2="{W - PAD}" y2="{base}" stroke="#333"/>',
+        f'<line x1="{PAD}" y1="{dy + PAD}" x2="{PAD}" y2="{base}" stroke="#333"/>',
+        f'<text x="{W / 2}" y="{base + 38}" text-anchor="middle">seconds since the job was '
         f"created ({span:.0f} s)</text>",
-        f'<text x="14" y="{H / 2}" transform="rotate(-90 14 {H / 2})" text-anchor="middle">'
+        f'<text x="14" y="{mid}" transform="rotate(-90 14 {mid})" text-anchor="middle">'
         f"step (max {top})</text>",
     ]
-    for i, (attempt, per) in enumerate(sorted(steps.items())):
+    if titled:
+        out.append(f'<text x="{PAD + 6}" y="{dy + PAD - 6}" font-size="12" '
+                   f'font-weight="bold">{escape(lane.title)}</text>')  # fmt: skip
+    for i, (attempt, per) in enumerate(sorted(lane.steps.items())):
         points = " ".join(f"{x(t):.1f},{y(s):.1f}" for s, t in sorted(per.items()))
         color = COLORS[i % len(COLORS)]
         out.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" '
@@ -49,14 +86,13 @@ def timeline_svg(
             s, t = max(per.items())
             out.append(f'<text x="{x(t) + 3:.1f}" y="{y(s) - 3:.1f}" fill="{color}">'
                        f"attempt {attempt}</text>")  # fmt: skip
-    for f in faults:
+    for f in lane.faults:
         fx = x(f["at"])
-        out.append(f'<line x1="{fx:.1f}" y1="{PAD}" x2="{fx:.1f}" y2="{H - PAD}" '
+        out.append(f'<line x1="{fx:.1f}" y1="{dy + PAD}" x2="{fx:.1f}" y2="{base}" '
                    'stroke="#d62728" stroke-dasharray="4,3"/>')  # fmt: skip
-        out.append(f'<text x="{fx + 2:.1f}" y="{PAD + 10}" fill="#d62728">'
+        out.append(f'<text x="{fx + 2:.1f}" y="{dy + PAD + 10}" fill="#d62728">'
                    f"{escape(str(f['kind']))}</text>")  # fmt: skip
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
+    return out
 
 
 def markdown(facts: Mapping[str, Any], settings: Mapping[str, Any], machine: str) -> str:
@@ -98,8 +134,8 @@ def markdown(facts: Mapping[str, Any], settings: Mapping[str, Any], machine: str
             "",
             f"Injected: {injected or 'nothing'}.",
             "",
-            "Not injected yet: Kueue preemption (the KWOK drills cover it); no side-by-side "
-            "JobSet baseline yet.",
+            "Not injected yet: Kueue preemption (the KWOK drills cover it). The same "
+            "schedule against a plain JobSet: goodput-comparison.md (`bench.goodput_baseline`).",
             "",
             "![timeline](goodput-timeline.svg)",
             "",

@@ -20,6 +20,13 @@ a no-op. ``--straggle-rank R --straggle-seconds S`` makes rank R slow (S extra s
 ``--fsdp`` shards the model with FSDP2 (``fully_shard``) instead of DDP. The ``--fault-*``
 options exist for the drill (``drills/torch_drill.py``): they kill a rank at a step, or
 inside the shard writes of a save.
+
+``--plain-checkpoints DIR`` replaces the shim with what a careful user writes without it
+(the goodput soak's JobSet baseline, ``bench/goodput_baseline.py``): rank 0 saves the whole
+training state with plain ``torch.save`` to ``DIR/step-N.pt`` every ``--save-every`` steps
+(a temporary name, then a rename), every rank resumes from the highest-numbered file
+present, nothing is verified, and the process group is torch's default
+(``dist.init_process_group("gloo")``, its default timeout: 30 minutes).
 """
 
 from __future__ import annotations
@@ -28,9 +35,12 @@ import argparse
 import json
 import math
 import os
+import random
+import re
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -126,12 +136,106 @@ class KillInSaveStore:
         return _KillingWriter(writer) if step == self._step else writer
 
 
+# ---------------------------------------------------------------- plain checkpoints (baseline)
+
+PLAIN_FILE = re.compile(r"^step-(\d+)\.pt$")
+
+
+def newest_plain_step(names: list[str]) -> int | None:
+    """The highest step among ``step-N.pt`` names (temporary and other files ignored)."""
+    steps = [int(m.group(1)) for n in names if (m := PLAIN_FILE.match(n))]
+    return max(steps, default=None)
+
+
+@dataclass(frozen=True)
+class PlainRestore:
+    source: str
+    skipped: tuple[tuple[int, str], ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PlainSave:
+    step: int
+    seconds: float
+
+
+class PlainCheckpoints:
+    """The checkpointing a careful user writes without the shim; the Checkpointer's methods
+    that ``main`` calls. Every object with ``state_dict`` is saved through it, anything else
+    as it is; each rank's RNGs are gathered to rank 0 (dropout differs per rank) and put
+    back on the same rank. The file is trusted as it is: no checksum, no fallback."""
+
+    def __init__(self, directory: Path, every: int, rank: int, world: int) -> None:
+        self.dir, self.every, self.rank, self.world = directory, every, rank, world
+        self.last_restore: PlainRestore | None = None
+        self.last_save: PlainSave | None = None
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def _rng(self) -> list[Any]:
+        # the trainer draws from torch's and Python's generators (NumPy's: never)
+        mine = {"torch": torch.get_rng_state(), "python": random.getstate()}
+        if self.world == 1:
+            return [mine]
+        every: list[Any] = [None] * self.world
+        dist.all_gather_object(every, mine)
+        return every
+
+    def restore(self, objects: dict[str, Any]) -> int:
+        step = newest_plain_step([p.name for p in self.dir.iterdir()])
+        if step is None:
+            self.last_restore = PlainRestore("fresh")
+            return 0
+        path = self.dir / f"step-{step}.pt"
+        # weights_only=True: the state is tensors, numbers, strings and containers of them
+        # (Python's RNG state is a tuple of ints), all of which the safe unpickler allows
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        for name, obj in objects.items():
+            saved = state["objects"][name]
+            if hasattr(obj, "load_state_dict"):
+                obj.load_state_dict(saved)
+            else:
+                objects[name] = saved
+        rng = state["rng"][self.rank]
+        torch.set_rng_state(rng["torch"])
+        random.setstate((rng["python"][0], tuple(rng["python"][1]), rng["python"][2]))
+        self.last_restore = PlainRestore(str(path))
+        return int(state["step"])
+
+    def save(self, step: int, objects: dict[str, Any], **_: Any) -> None:
+        started = time.perf_counter()
+        rng = self._rng()  # collective: every rank, before rank 0 writes
+        if self.rank == 0:
+            state = {
+                "step": step,
+                "objects": {
+                    n: o.state_dict() if hasattr(o, "state_dict") else o for n, o in objects.items()
+                },
+                "rng": rng,
+            }
+            tmp = self.dir / f".step-{step}.pt.tmp"
+            torch.save(state, tmp)
+            os.replace(tmp, self.dir / f"step-{step}.pt")
+        self.last_save = PlainSave(step, time.perf_counter() - started)
+
+    def step_boundary(self, step: int, objects: dict[str, Any], **kw: Any) -> None:
+        if step % self.every == 0:
+            self.save(step, objects, **kw)
+
+    def wait(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 # ---------------------------------------------------------------- training
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--root", required=True, help="checkpoint root (path, file:// or s3://)")
+    p.add_argument("--root", help="checkpoint root (path, file:// or s3://)")
+    p.add_argument("--plain-checkpoints", type=Path, help="plain torch.save files here instead")
     p.add_argument("--log-dir", required=True, type=Path)
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--save-every", type=int, default=50)
@@ -155,7 +259,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fault-kill-step", type=int, help="SIGKILL after this step (restart 0)")
     p.add_argument("--fault-kill-rank", type=int, default=1)
     p.add_argument("--fault-kill-in-save", type=int, help="SIGKILL inside this step's save")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if (args.root is None) == (args.plain_checkpoints is None):
+        p.error("give one of --root and --plain-checkpoints")
+    if args.plain_checkpoints is not None and (args.fsdp or args.async_save):
+        p.error("--plain-checkpoints saves a DDP model, blocking")
+    return args
 
 
 def full_state(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
@@ -180,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
     if world > 1:
-        if args.plain_init:
+        if args.plain_init or args.plain_checkpoints is not None:
             dist.init_process_group("gloo")
         else:
             init_process_group("gloo")
@@ -228,13 +337,17 @@ def main(argv: list[str] | None = None) -> int:
     root: Any = args.root
     if args.fault_kill_in_save is not None and restart == 0 and rank == args.fault_kill_rank:
         root = KillInSaveStore(open_store(args.root), args.fault_kill_in_save)
-    ckpt = Checkpointer(
-        root,
-        probe=probe if args.probe else None,
-        emergency_deadline_s=args.emergency_deadline,
-        every_steps=args.save_every,  # step_boundary() saves; every rank agrees
-        **({"shard_bytes": args.shard_kib << 10} if args.shard_kib else {}),
-    )
+    ckpt: Any
+    if args.plain_checkpoints is not None:
+        ckpt = PlainCheckpoints(args.plain_checkpoints, args.save_every, rank, world)
+    else:
+        ckpt = Checkpointer(
+            root,
+            probe=probe if args.probe else None,
+            emergency_deadline_s=args.emergency_deadline,
+            every_steps=args.save_every,  # step_boundary() saves; every rank agrees
+            **({"shard_bytes": args.shard_kib << 10} if args.shard_kib else {}),
+        )
     # Plain values go into the checkpoint as they are (replicated: equal on every rank).
     objects: dict[str, Any] = {
         "model": wrapped,

@@ -1,0 +1,246 @@
+"""The goodput soak's side-by-side baseline: the same training, fault schedule and cluster
+without the operator (issue 18 b).
+
+    python -m bench.goodput_baseline [--mtbf 60] [--seed 1] [--steps 3000] [--cap S]
+        [--against bench/results/goodput.json] [--out bench/results]
+
+What a user builds without us (`bench.baseline_jobset`): a JobSet with RestartJobSet
+(`maxRestarts` 1000), torchrun with the static rendezvous, examples/ddp_train.py with
+`--plain-checkpoints` (rank 0 `torch.save`s the whole state every `--save-every` steps to a
+shared volume, every rank resumes from the highest-numbered file, nothing verified; torch's
+default process group: a hang waits out gloo's 30-minute timeout). The same seeded schedule
+is injected into the JobSet's current pods (`Injector` below): rank_killed, gpu_xid and
+eviction fail a pod, so the JobSet restarts (nothing quarantines the XID node); node_lost
+powers the node off and the JobSet waits for whatever Kubernetes does; hang SIGSTOPs a
+rank; corrupt_newest flips a byte in the largest tensor of the newest step file and kills a
+rank.
+
+It runs until the JobSet completes or a wall-clock cap (default 1.5x the operator's run,
+`--against`), and its goodput is over that wall time (`bench.baseline_judge`). A final model
+that differs from the no-fault run is a finding, reported; only harness errors fail it.
+Writes goodput-baseline.json, and with `--against` the side-by-side goodput-comparison.md
+and goodput-comparison.svg (`bench.soak_compare`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from bench import baseline_jobset as bj
+from bench import baseline_judge, goodput, soak_compare
+from bench import soak_accounting as acc
+from bench.soak_schedule import schedule
+from e2e.cluster.cluster import LocalCluster
+from e2e.demo import story
+from e2e.operator_proc import REPO, wait_for
+
+CAP_FACTOR = 1.5
+
+
+class Injector(goodput.Injector):
+    """The soak's injector, aimed at the JobSet's current pods and the plain files."""
+
+    def __init__(self, opts: story.Options, kube: Any, api: Any, claim_dir: Path) -> None:
+        super().__init__(opts, kube, api)
+        self.claim_dir = claim_dir
+
+    def _current(self, rank: int) -> dict[str, Any] | None:
+        restarts = (self.kube.jobset_get(bj.NAME, story.NAMESPACE).get("status") or {}).get(
+            "restarts", 0
+        )
+        pods = self.api.list_pods(story.NAMESPACE, f"{bj.JOBSET_LABEL}={bj.NAME}")
+        return bj.current_pod(pods, int(restarts), rank)
+
+    def _corrupt_newest(self) -> str:
+        names = [p.name for p in self.claim_dir.glob("step-*.pt")]
+        step = newest_plain_step(names)
+        if step is None:
+            return "no step file yet: nothing corrupted"
+        path = self.claim_dir / f"step-{step}.pt"
+        body = bytearray(path.read_bytes())
+        record, at = bj.largest_tensor_middle(bytes(body))
+        body[at] ^= 0xFF
+        path.write_bytes(bytes(body))
+        return f"flipped a byte of {path.name} ({record.split('/', 1)[-1]}, the largest tensor)"
+
+
+def newest_plain_step(names: list[str]) -> int | None:
+    """The trainer's own choice (examples/ddp_train.py `newest_plain_step`)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ddp_train", REPO / "examples" / "ddp_train.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)  # its dataclasses look themselves up
+    spec.loader.exec_module(module)
+    step: int | None = module.newest_plain_step(names)
+    return step
+
+
+def _attempt_logs(platform: story.Options) -> dict[int, dict[int, list[str]]]:
+    """restart attempt -> rank -> JSON lines, from the runner's per-pod directories."""
+    root = platform.state / "runner" / "pods" / story.NAMESPACE
+    out: dict[int, dict[int, list[str]]] = {}
+    pattern = f"{bj.NAME}-{bj.RJOB}-0-*/volumes/train-logs/restart-*/rank-*.jsonl"
+    for f in sorted(root.glob(pattern)):
+        attempt = int(f.parent.name.split("-")[1])
+        rank = int(f.stem.split("-")[1])
+        out.setdefault(attempt, {}).setdefault(rank, []).extend(f.read_text().splitlines())
+    return out
+
+
+_ERROR = re.compile(r"^(\[rank\d+\]: )?[\w.]*(Error|Exception)\b.*")
+
+
+def _last_errors(platform: story.Options, pods: list[dict[str, Any]]) -> dict[str, str]:
+    out = {}
+    for pod in pods:
+        log = story._pod_dir(platform, pod) / "containers" / "trainer" / "log"
+        with contextlib.suppress(OSError):
+            lines = log.read_text(errors="replace").splitlines()[-200:]
+            errors = [m.group(0) for line in lines if (m := _ERROR.match(line.strip()))]
+            if errors:
+                out[pod["metadata"]["name"]] = errors[-1][:200]
+    return out
+
+
+def run(opts: goodput.SoakOptions, cap: float) -> dict[str, Any]:
+    """One baseline soak, `cap` seconds at most from the JobSet's creation."""
+    shutil.rmtree(opts.work, ignore_errors=True)
+    platform = story.Options(
+        out=opts.work / "out", state=opts.work / "state",
+        cluster_name=f"rtj-base-{os.getpid()}", nodes=goodput.NODES, timeout=600,
+    )  # fmt: skip
+    (platform.state / "logs").mkdir(parents=True)
+    lines: list[str] = []
+    display = story.Display(lines.append)
+    state: dict[str, Any] = {"pids": {}}
+    plan = opts.faults if opts.faults is not None else schedule(
+        opts.seed, opts.steps * opts.expected_step_seconds, opts.mtbf,
+        ranks=goodput.RANKS, mix=opts.mix, caps=goodput.CAPS,
+    )  # fmt: skip
+    injected: list[dict[str, Any]] = []
+    claim_dir = platform.state / "runner" / "claims" / story.NAMESPACE / bj.CLAIM
+    stall: str | None = None
+    try:  # the operator starts with the platform and stays idle: no RTJ is created
+        _, kube, api = story.start_platform(platform, display, state)
+        pv, pvc = bj.shared_volume(story.NAMESPACE)
+        core: Any = kube.core  # the bodies are plain dicts
+        core.create_persistent_volume(pv)
+        core.create_namespaced_persistent_volume_claim(story.NAMESPACE, pvc)
+        wait_for("the checkpoint claim to bind", lambda: _bound(kube), 60, 0.5)
+        trainer = [f"--steps={opts.steps}", f"--save-every={opts.save_every}",
+                   f"--step-sleep={opts.step_sleep}"]  # fmt: skip
+        created = time.time()
+        kube.jobset_create(
+            bj.jobset(story.NAMESPACE, story.QUEUE, goodput.RANKS, trainer), story.NAMESPACE
+        )
+        deadline = created + cap
+        wait_for("the first step", lambda: _attempt_logs(platform), 600, 0.5)
+        start = time.time()
+        injector = Injector(platform, kube, api, claim_dir)
+
+        def done() -> bool:
+            return time.time() >= deadline or _finished(kube) is not None
+
+        for fault in plan:
+            while time.time() < start + fault.at and not done():
+                time.sleep(0.2)
+            if done():
+                break
+            what = injector.apply(fault)
+            injected.append({"kind": fault.kind, "rank": fault.rank, "at": time.time(),
+                             "scheduled": fault.at, "what": what})  # fmt: skip
+        while not done():
+            time.sleep(1.0)
+        stopped = time.time()
+        completed = _finished(kube)
+        if completed != "Completed":
+            stall = _stall(platform, kube, api, stopped)
+    finally:
+        left = story.down(platform, display)
+        shutil.rmtree(LocalCluster(platform.cluster_name).dir, ignore_errors=True)
+    logs = _attempt_logs(platform)
+    reference = goodput.no_fault_run(opts)
+    facts = baseline_judge.judge(
+        created, stopped, completed, logs, injected, reference, stall, opts.steps
+    )
+    facts["problems"] += [f"left running: {what}" for what in left]
+    facts["cap_seconds"] = cap
+    return facts
+
+
+def _bound(kube: Any) -> bool:
+    claim = kube.core.read_namespaced_persistent_volume_claim(bj.CLAIM, story.NAMESPACE)
+    return bool(claim.status and claim.status.phase == "Bound")
+
+
+def _finished(kube: Any) -> str | None:
+    try:
+        return bj.finished(kube.jobset_get(bj.NAME, story.NAMESPACE))
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def _stall(platform: story.Options, kube: Any, api: Any, stopped: float) -> str:
+    pods = api.list_pods(story.NAMESPACE, f"{bj.JOBSET_LABEL}={bj.NAME}")
+    logs = _attempt_logs(platform)
+    times = [
+        (t, s)
+        for ranks in logs.values()
+        for s, t in acc.parse_attempt(0, ranks.get(0, [])).steps.items()
+    ]
+    last = max(times, default=None)
+    return bj.stall_summary(
+        kube.jobset_get(bj.NAME, story.NAMESPACE), pods,
+        last[1] if last else None, stopped - last[0] if last else None,
+        _last_errors(platform, pods),
+    )  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--mtbf", type=float, default=60.0)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--steps", type=int, default=3000)
+    p.add_argument("--cap", type=float, help="seconds from the JobSet's creation")
+    p.add_argument("--against", type=Path, help="the operator's run: goodput.json")
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    args = p.parse_args(argv)
+    opts = goodput.SoakOptions(
+        mtbf=args.mtbf, seed=args.seed, steps=args.steps, work=Path("/tmp/rtj-soak-baseline")
+    )
+    ours = json.loads(args.against.read_text()) if args.against else None
+    cap = args.cap or (
+        CAP_FACTOR * ours["wall_seconds"] if ours else opts.steps * opts.expected_step_seconds * 2
+    )
+    before = goodput.machine()
+    facts = run(opts, cap)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "goodput-baseline.json").write_text(json.dumps(facts, indent=2, default=str))
+    if ours is not None:
+        settings = soak_compare.settings(opts, cap)
+        (args.out / "goodput-comparison.md").write_text(
+            soak_compare.markdown(ours, facts, settings, f"{before} at the start")
+        )
+        (args.out / "goodput-comparison.svg").write_text(soak_compare.timeline(ours, facts))
+    sys.stdout.write(f"baseline goodput {facts['goodput'] * 100:.1f}%; findings: "
+                     f"{facts['findings']}; problems: {facts['problems']}\n")  # fmt: skip
+    return 1 if facts["problems"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

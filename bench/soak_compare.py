@@ -1,0 +1,119 @@
+"""The side-by-side report: (a) the operator's soak and (b) the JobSet baseline under the
+same fault schedule. Pure: both runs' facts in, markdown and a two-lane SVG out."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from bench import soak_report
+from bench.baseline_jobset import MAX_RESTARTS
+
+
+def settings(opts: Any, cap: float) -> dict[str, Any]:
+    return {"steps": opts.steps, "mean time between faults": f"{opts.mtbf:.0f} s",
+            "seed": opts.seed, "checkpoint every": f"{opts.save_every} steps",
+            "baseline cap": f"{cap:.0f} s from the JobSet's creation"}  # fmt: skip
+
+
+def _recovery(facts: Mapping[str, Any], scheduled: float) -> str:
+    """'to first step s / recomputed steps' of the fault scheduled at `scheduled`."""
+    injected = facts["injected"]
+    for f, r in zip(injected, facts["recoveries"], strict=True):
+        if abs(f["scheduled"] - scheduled) > 1e-6:
+            continue
+        if f["what"].startswith("skipped"):
+            return "skipped (no running trainer)"
+        if r["seconds_to_first_step"] is None:
+            return "never trained again"
+        lost = r["lost_steps"] if r["lost_steps"] is not None else "?"
+        return f"{r['seconds_to_first_step']:.1f} s / {lost}"
+    return "not reached"
+
+
+def markdown(
+    ours: Mapping[str, Any], base: Mapping[str, Any], settings: Mapping[str, Any], machine: str
+) -> str:
+    kinds = {f["scheduled"]: f["kind"] for f in [*ours["injected"], *base["injected"]]}
+    scheduled = sorted(kinds.items())
+    same = [(f["scheduled"], f["kind"], f["rank"]) for f in ours["injected"]]
+    theirs = [(f["scheduled"], f["kind"], f["rank"]) for f in base["injected"]]
+    n = min(len(same), len(theirs))
+    warning = (
+        [] if same[:n] == theirs[:n]
+        else ["**The two runs had different schedules** (different settings): not comparable.",
+              ""]
+    )  # fmt: skip
+    rows = [
+        f"| +{at:.0f} s | {kind} | {_recovery(ours, at)} | {_recovery(base, at)} |"
+        for at, kind in scheduled
+    ]
+    status = "finished" if base.get("completed") == "Completed" else "did not finish"
+    findings = list(base.get("findings") or []) or ["none"]
+    return "\n".join(
+        [
+            "# Goodput soak, side by side: the operator and a plain JobSet",
+            "",
+            f"Machine: {machine}. Settings: "
+            + ", ".join(f"{k} {v}" for k, v in settings.items())
+            + ".",
+            "",
+            *warning,
+            "| | goodput | productive s | wall s | attempts | faults injected |",
+            "|---|---|---|---|---|---|",
+            _summary("(a) the operator (ResilientTrainingJob)", ours),
+            _summary("(b) JobSet + RestartJobSet + plain torch.save", base),
+            "",
+            "Per fault, as each system experienced it: seconds from the injection to the next "
+            "attempt's first step / steps recomputed.",
+            "",
+            "| scheduled | fault | (a) operator | (b) JobSet baseline |",
+            "|---|---|---|---|",
+            *rows,
+            "",
+            f"(b) {status}: reached step {base.get('reached_step')}. Findings about the "
+            "baseline (reported, not failures): " + "; ".join(findings) + ".",
+            "",
+            "(a) invariants: "
+            + ("; ".join(ours["problems"]) or "none failed: every invariant held")
+            + ". (b) harness problems: "
+            + ("; ".join(base["problems"]) or "none")
+            + ".",
+            "",
+            "The baseline: a JobSet (one replicated job of 2 indexed pods, `backoffLimit: 0`, "
+            f"`restartPolicy: Never`, `failurePolicy.maxRestarts: {MAX_RESTARTS}`, the default "
+            "RestartJobSet action and Recreate strategy), torchrun with the static rendezvous "
+            "(rank 0's hostname through the headless Service), the same trainer with "
+            "`--plain-checkpoints`: rank 0 `torch.save`s model, optimizer, scheduler, sampler "
+            "position, sample count and every rank's RNG to `step-N.pt` on a shared volume "
+            "(temporary name, then rename), every rank resumes from the highest-numbered "
+            "file with `torch.load(weights_only=True)`, nothing verified; torch's default "
+            "process group (gloo, 30-minute collective timeout). Its goodput counts the same "
+            "way over its own wall time, up to the cap when it does not finish.",
+            "",
+            "![timeline](goodput-comparison.svg)",
+            "",
+        ]
+    )
+
+
+def _summary(name: str, facts: Mapping[str, Any]) -> str:
+    return (
+        f"| {name} | **{facts['goodput'] * 100:.1f}%** | {facts['productive_seconds']:.1f} | "
+        f"{facts['wall_seconds']:.1f} | {facts['attempts']} | {len(facts['injected'])} |"
+    )
+
+
+def timeline(ours: Mapping[str, Any], base: Mapping[str, Any]) -> str:
+    def lane(name: str, facts: Mapping[str, Any]) -> soak_report.Lane:
+        steps = {int(a): {int(s): t for s, t in per.items()}
+                 for a, per in facts["timeline"].items()}  # fmt: skip
+        return soak_report.Lane(
+            f"{name}: goodput {facts['goodput'] * 100:.1f}%",
+            facts["created"], steps, facts["injected"],
+        )  # fmt: skip
+
+    return soak_report.lanes_svg(
+        [lane("(a) operator", ours), lane("(b) JobSet baseline", base)],
+        "the same fault schedule, two systems",
+    )
