@@ -1,4 +1,5 @@
-"""``rtj-shim progress-server`` and ``rtj-shim heartbeat`` (registered by rtj_shim.cli).
+"""The in-pod commands: ``rtj-shim progress-server``, ``heartbeat`` and ``supervise``
+(registered by rtj_shim.cli).
 
 ``progress-server --dir DIR --port PORT``: serve the ranks' progress records in DIR as
 ``GET /progress`` (JSON, rtj_shim.progress_server) until SIGTERM or SIGINT. Prints one
@@ -11,6 +12,10 @@ since the previous new step is recorded as N's duration, divided by the steps be
 then sets the section. The record carries the calling shell's pid. Without
 ``RTJ_PROGRESS_DIR`` (or ``--dir``) it does nothing; a record it cannot write is reported
 on stderr and still exits 0: progress reporting never fails the job.
+
+``supervise [--control-dir DIR] -- COMMAND ...``: run the trainer's command and restart it
+inside the pod when the operator orders it (rtj_shim.supervisor); the progress server
+with the same ``--control-dir`` takes the orders (``POST /control``).
 """
 
 from __future__ import annotations
@@ -26,11 +31,16 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from rtj_shim.errors import UsageError
 from rtj_shim.progress import ENV_DIR, Progress
 from rtj_shim.progress_record import RecordError
 from rtj_shim.progress_server import ProgressServer
+from rtj_shim.supervisor import Supervisor
 
 ENV_PORT = "RTJ_PROGRESS_PORT"
+ENV_CONTROL_DIR = "RTJ_CONTROL_DIR"
+ENV_CONTROL_KEY = "RTJ_CONTROL_KEY"
+ENV_JOB_UID = "RTJ_JOB_UID"
 DEFAULT_PORT = 9478
 
 
@@ -72,6 +82,33 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help=f"TCP port (default: ${ENV_PORT} or {DEFAULT_PORT}; 0: any free port)",
     )
     server.add_argument("--host", default="0.0.0.0", help="address to bind (default: all)")  # noqa: S104
+    server.add_argument(
+        "--control-dir",
+        type=Path,
+        default=os.environ.get(ENV_CONTROL_DIR) or None,
+        help=f"take restart orders for the pod's supervisor here (default: ${ENV_CONTROL_DIR}; "
+        f"orders are checked against ${ENV_CONTROL_KEY} and ${ENV_JOB_UID})",
+    )
+
+    sup = sub.add_parser(
+        "supervise", help="run the trainer's command; restart it in place when ordered"
+    )
+    sup.add_argument(
+        "--control-dir",
+        type=Path,
+        default=os.environ.get(ENV_CONTROL_DIR) or env_dir,
+        required=not (os.environ.get(ENV_CONTROL_DIR) or env_dir),
+        help=f"orders and reports (default: ${ENV_CONTROL_DIR}, else ${ENV_DIR})",
+    )
+    sup.add_argument("--grace", type=float, default=10.0, help="SIGTERM to SIGKILL, seconds")
+    sup.add_argument(
+        "--order-deadline",
+        type=float,
+        default=60.0,
+        help="after the command fails, wait this long for a restart order, then exit with "
+        "its code (the pod fails as without a supervisor)",
+    )
+    sup.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
     beat = sub.add_parser("heartbeat", help="report a step (and section) from a shell loop")
     beat.add_argument("--step", required=True, type=_count, help="steps completed")
@@ -82,7 +119,14 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 
 def progress_server(args: argparse.Namespace) -> int:
-    server = ProgressServer(args.dir, args.host, args.port)
+    server = ProgressServer(
+        args.dir,
+        args.host,
+        args.port,
+        control_dir=args.control_dir,
+        control_key=os.environ.get(ENV_CONTROL_KEY, ""),
+        job_uid=os.environ.get(ENV_JOB_UID, ""),
+    )
 
     def stop(signum: int, frame: FrameType | None) -> None:
         # never raise from the handler: a SystemExit raised while a request is being handed
@@ -119,9 +163,19 @@ def heartbeat(args: argparse.Namespace) -> int:
     return 0
 
 
+def supervise(args: argparse.Namespace) -> int:
+    argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    if not argv:
+        raise UsageError("supervise: expected the trainer's command after --")
+    return Supervisor(
+        argv, args.control_dir, grace=args.grace, order_deadline=args.order_deadline
+    ).run()
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "progress-server": progress_server,
     "heartbeat": heartbeat,
+    "supervise": supervise,
 }
 
 

@@ -21,6 +21,10 @@ The JSON (``schema`` 1)::
 
 ``step`` is null before the first completed step; durations are null until observed.
 ``median_busy_seconds``: the median of (step time minus time in waiting sections).
+
+With a control directory (in-place restart, `rtj_shim.control`), the body also carries
+``"supervisor"``: what ``rtj-shim supervise`` last reported (generation, state, exit code),
+and ``POST /control`` takes the operator's signed restart orders for it.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from rtj_shim import control
 from rtj_shim.progress_record import (
     FILE_PREFIX,
     FILE_SUFFIX,
@@ -108,7 +113,9 @@ def record_files(directory: Path, limit: int = MAX_FILES) -> list[Path]:
     return [directory / name for name in names[:limit]]
 
 
-def report(directory: Path, *, limit: int = MAX_FILES) -> dict[str, Any]:
+def report(
+    directory: Path, *, limit: int = MAX_FILES, control_dir: Path | None = None
+) -> dict[str, Any]:
     """The whole ``GET /progress`` body for the records in ``directory``, now."""
     ranks: list[dict[str, Any]] = []
     errors: list[dict[str, str]] = []
@@ -122,13 +129,16 @@ def report(directory: Path, *, limit: int = MAX_FILES) -> dict[str, Any]:
             continue
         ranks.append(rank_json(record, time.monotonic_ns()))
     ranks.sort(key=lambda r: int(r["rank"]))
-    return {
+    body = {
         "schema": SCHEMA,
         "pod_wall_time": round(time.time(), 6),
         "hostname": socket.gethostname(),
         "ranks": ranks,
         "errors": errors,
     }
+    if control_dir is not None:
+        body["supervisor"] = control.read_json(control_dir / control.STATE_FILE)
+    return body
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -139,11 +149,31 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         if path == "/progress":
-            self._reply(200, report(self.server.directory))
+            self._reply(200, report(self.server.directory, control_dir=self.server.control_dir))
         elif path == "/healthz":
             self._reply(200, {"ok": True})
         else:
             self._reply(404, {"error": f"no such path {path!r}; try /progress"})
+
+    def do_POST(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path != "/control" or self.server.control_dir is None:
+            self._reply(404, {"error": f"no such path {path!r} here"})
+            return
+        try:
+            length = int(self.headers.get("Content-Length") or -1)
+        except ValueError:
+            length = -1
+        if not 0 <= length <= control.MAX_ORDER_BYTES:
+            self._reply(413, {"error": f"Content-Length: 0..{control.MAX_ORDER_BYTES} bytes"})
+            return
+        raw = self.rfile.read(length)
+        try:
+            order = self.server.take_order(raw, self.headers.get(control.SIGNATURE_HEADER))
+        except control.OrderError as exc:
+            self._reply(403, {"error": str(exc)})
+            return
+        self._reply(202, {"accepted": order.to_json()})
 
     def _reply(self, code: int, body: dict[str, Any]) -> None:
         raw = (json.dumps(body, separators=(",", ":")) + "\n").encode()
@@ -170,8 +200,16 @@ class ProgressServer(ThreadingHTTPServer):
         host: str = "0.0.0.0",  # noqa: S104
         port: int = 0,
         max_connections: int = MAX_CONNECTIONS,
+        *,
+        control_dir: Path | None = None,
+        control_key: str = "",
+        job_uid: str = "",
     ) -> None:
         self.directory = directory
+        self.control_dir = control_dir
+        self._control_key = control_key
+        self._job_uid = job_uid
+        self._order_lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(max_connections)
         if ":" in host:
             self.address_family = socket.AF_INET6
@@ -193,6 +231,25 @@ class ProgressServer(ThreadingHTTPServer):
             super().process_request_thread(request, client_address)
         finally:
             self._slots.release()
+
+    def take_order(self, raw: bytes, signature: str | None) -> control.Order:
+        """Check a restart order and hand it to the supervisor (control.accept says what
+        is refused); the last accepted order is the one in the control directory."""
+        assert self.control_dir is not None
+        with self._order_lock:
+            held = control.read_json(self.control_dir / control.ORDER_FILE)
+            last = None
+            if held is not None:
+                try:
+                    last = control.parse_order(json.dumps(held).encode())
+                except control.OrderError:
+                    last = None
+            order = control.accept(
+                raw, signature, key=self._control_key, job_uid=self._job_uid, last=last
+            )
+            self.control_dir.mkdir(parents=True, exist_ok=True)
+            control.write_json(self.control_dir / control.ORDER_FILE, order.to_json())
+            return order
 
     @property
     def port(self) -> int:

@@ -1,0 +1,80 @@
+"""``rtj-shim supervise`` with real processes, ordered through a real ``rtj-shim
+progress-server`` (``POST /control``), as the operator will order it (issue 15): a stop
+leaves no process of the old generation (not even one in a session of its own whose parent
+is gone), a run starts the command again with the ordered attempt and resume step, orders
+that are stale or not this job's are refused, and a command that fails with no order to
+follow ends the supervisor with its code. Every process started here is stopped by its id.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+
+from supervised_pod import UID, Pod, alive, until
+
+from rtj_shim.control import Order, job_key
+
+# the "trainer": starts a worker in a session of its own (as torchrun does), ignores
+# SIGTERM (so only SIGKILL ends it), and writes its pids, attempt and resume file
+TRAINER = """
+import json, os, signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+worker = subprocess.Popen(["sleep", "300"], start_new_session=True)
+resume = os.environ.get("RTJ_RESUME_FILE")
+out = {"pids": [os.getpid(), worker.pid], "attempt": os.environ.get("RTJ_ATTEMPT"),
+       "generation": os.environ.get("RTJ_RESTART_GENERATION"),
+       "resume": json.load(open(resume)) if resume else None}
+path = sys.argv[1] + "/gen-" + (out["generation"] or "0") + ".json"
+open(path + ".tmp", "w").write(json.dumps(out)); os.replace(path + ".tmp", path)
+time.sleep(300)
+"""
+
+
+def test_a_stop_leaves_no_process_and_a_run_starts_the_ordered_attempt(pod: Pod) -> None:
+    sup = pod.supervise(sys.executable, "-c", TRAINER, str(pod.out))
+    first = json.loads(until("generation 0", lambda: _read(pod.out / "gen-0.json")))
+    assert first["attempt"] == "1" and first["resume"] is None
+    reported = pod.supervisor() or {}
+    assert (reported["generation"], reported["state"], reported["attempt"]) == (0, "running", 1)
+
+    status, _ = pod.post(Order(UID, 1, "stop"))
+    assert status == 202
+    until("stopped", lambda: (pod.supervisor() or {}).get("state") == "stopped")
+    assert not [pid for pid in first["pids"] if alive(pid)], "the old generation is gone"
+    assert (pod.supervisor() or {})["generation"] == 1
+
+    status, _ = pod.post(Order(UID, 1, "run", attempt=2, step=40))
+    assert status == 202
+    second = json.loads(until("generation 1", lambda: _read(pod.out / "gen-1.json")))
+    assert (second["attempt"], second["generation"]) == ("2", "1")
+    assert second["resume"]["step"] == 40
+    assert (pod.supervisor() or {})["state"] == "running"
+
+    # refused: older than the last accepted order, another job's key, a forged body
+    assert pod.post(Order(UID, 1, "stop"))[0] == 403
+    assert pod.post(Order(UID, 2, "stop"), key=job_key(b"x", "another-job"))[0] == 403
+    assert pod.post(Order("another-job", 2, "stop"))[0] == 403
+    assert (pod.supervisor() or {})["state"] == "running", "nothing refused reached it"
+
+    sup.send_signal(signal.SIGTERM)  # the pod is deleted
+    assert sup.wait(20) == 128 + signal.SIGKILL, "the command ignored SIGTERM: killed"
+    assert not [pid for pid in second["pids"] if alive(pid)]
+
+
+def test_a_failed_command_with_no_order_ends_the_supervisor_with_its_code(pod: Pod) -> None:
+    sup = pod.supervise(sys.executable, "-c", "import sys; sys.exit(3)", deadline=1)
+    assert sup.wait(30) == 3
+    assert (pod.supervisor() or {}).get("state") == "exited"
+    assert (pod.supervisor() or {}).get("exit_code") == 3
+    done = pod.supervise(sys.executable, "-c", "pass", deadline=60)
+    assert done.wait(30) == 0, "a command that succeeds ends the supervisor at once"
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return None

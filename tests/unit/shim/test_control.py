@@ -1,0 +1,86 @@
+"""Restart orders (issue 15): their format, their signature, which ones a pod accepts, and
+what the supervisor does with the last one read. Pure."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from rtj_shim.control import Order, OrderError, accept, job_key, parse_order, sign, verify
+from rtj_shim.supervisor import Supervised, next_action
+
+UID = "0c2f7a4e-1b7c-4f0e-9d55-3f1f0b1a2c3d"
+KEY = job_key(b"operator secret", UID)
+
+
+def body(**fields: object) -> bytes:
+    return json.dumps({"job_uid": UID, **fields}).encode()
+
+
+def test_an_order_names_the_field_that_is_wrong() -> None:
+    assert parse_order(body(generation=2, action="stop")) == Order(UID, 2, "stop")
+    run = parse_order(body(generation=2, action="run", attempt=3, step=1200))
+    assert (run.attempt, run.step) == (3, 1200)
+    assert parse_order(body(generation=2, action="run", attempt=3, step=None)).step is None
+    for fields, field in [
+        ({"generation": -1, "action": "stop"}, "order.generation"),
+        ({"generation": True, "action": "stop"}, "order.generation"),
+        ({"generation": 1, "action": "reboot"}, "order.action"),
+        ({"generation": 1, "action": "run", "attempt": 0, "step": 4}, "order.attempt"),
+        ({"generation": 1, "action": "run", "attempt": 2, "step": "4"}, "order.step"),
+    ]:
+        with pytest.raises(OrderError, match=re.escape(field)):
+            parse_order(body(**fields))
+    with pytest.raises(OrderError, match=r"order\.job_uid"):
+        parse_order(json.dumps({"generation": 1, "action": "stop"}).encode())
+    with pytest.raises(OrderError, match="JSON object"):
+        parse_order(b"[1, 2]")
+    with pytest.raises(OrderError, match="at most 4096 bytes"):
+        parse_order(b" " * 5000)
+
+
+def test_a_pod_accepts_only_its_own_jobs_signed_orders_moving_forward() -> None:
+    raw = Order(UID, 2, "stop").encode()
+    assert accept(raw, sign(KEY, raw), key=KEY, job_uid=UID, last=None).generation == 2
+    # another job's key (its pods' key is derived from its own uid)
+    other = job_key(b"operator secret", "another-uid")
+    assert other != KEY
+    with pytest.raises(OrderError, match="X-RTJ-Signature"):
+        accept(raw, sign(other, raw), key=KEY, job_uid=UID, last=None)
+    with pytest.raises(OrderError, match="X-RTJ-Signature"):
+        accept(raw, None, key=KEY, job_uid=UID, last=None)
+    tampered = raw.replace(b'"generation":2', b'"generation":9')
+    assert not verify(KEY, tampered, sign(KEY, raw))
+    # signed with the right key, but for another job's pods
+    foreign = Order("another-uid", 2, "stop").encode()
+    with pytest.raises(OrderError, match="not this pod's job"):
+        accept(foreign, sign(KEY, foreign), key=KEY, job_uid=UID, last=None)
+    # forward only: a replayed older order does nothing; the same one again is a retry
+    last = Order(UID, 3, "run", attempt=4, step=100)
+    for old in (Order(UID, 3, "stop"), Order(UID, 2, "run", attempt=3, step=0)):
+        with pytest.raises(OrderError, match="older than the last accepted"):
+            accept(old.encode(), sign(KEY, old.encode()), key=KEY, job_uid=UID, last=last)
+    assert accept(last.encode(), sign(KEY, last.encode()), key=KEY, job_uid=UID, last=last)
+    with pytest.raises(OrderError, match="no control key"):
+        accept(raw, sign("", raw), key="", job_uid=UID, last=None)
+
+
+def test_the_supervisor_stops_before_it_starts_and_only_moves_forward() -> None:
+    running0 = Supervised(0, "running", attempt=1)
+    stop1, run1 = Order(UID, 1, "stop"), Order(UID, 1, "run", attempt=2, step=40)
+    assert next_action(running0, None) == "wait"
+    assert next_action(running0, stop1) == "stop"
+    assert next_action(Supervised(0, "exited", 1, 1), stop1) == "stop"
+    stopped1 = Supervised(1, "stopped", attempt=1)
+    assert next_action(stopped1, stop1) == "wait", "stopped for it: wait for the run"
+    assert next_action(stopped1, run1) == "start"
+    # a run for a generation this pod has not stopped for: stop first, never start so
+    assert next_action(running0, run1) == "stop"
+    # started: the same order again changes nothing; an older one neither
+    running1 = Supervised(1, "running", attempt=2)
+    assert next_action(running1, run1) == "wait"
+    assert next_action(running1, stop1) == "wait"
+    assert next_action(running1, Order(UID, 0, "stop")) == "wait"
+    assert next_action(Supervised(1, "finished", 2, 0), Order(UID, 2, "stop")) == "wait"

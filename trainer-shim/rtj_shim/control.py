@@ -1,0 +1,165 @@
+"""Restart orders from the operator to a pod's supervisor (in-place restart, issue 15).
+
+The operator sends an order to each worker pod's progress sidecar (``POST /control`` on the
+pod IP, the address it already polls); the sidecar checks it and writes it to the pod's
+control directory, where the supervisor (``rtj-shim supervise``) around the trainer's
+command reads it. The supervisor reports back through the same directory, and the sidecar
+serves that report with ``GET /progress``, so the operator sees every pod's generation and
+state on its next poll. Nothing here talks to the API server: training pods keep having
+no API token.
+
+An order::
+
+    {"job_uid": "0c2f...", "generation": 3, "action": "stop"}
+    {"job_uid": "0c2f...", "generation": 3, "action": "run", "attempt": 4, "step": 1200}
+
+``stop`` ends generation ``generation - 1`` (every process of the trainer's command gone);
+``run`` starts generation ``generation`` (only after the pod reported ``stopped`` for it)
+from ``step`` (None: from scratch), writing checkpoints as ``attempt``.
+
+Authenticity: the body is signed with HMAC-SHA256 under the job's control key (header
+``X-RTJ-Signature: sha256=<hex>``). The operator derives the key from its own secret and the
+job's uid and renders it into the job's pods (``RTJ_CONTROL_KEY``), so an order for one job
+never verifies in another job's pods. Whoever can read the job's pods (its own namespace)
+can read the key: at worst such a reader can restart that job's trainers, never touch
+another namespace's. Orders only move forward: a generation lower than the last accepted
+one is refused, so a replayed old order does nothing.
+
+Pure, apart from the two small file helpers at the end.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeGuard
+
+ORDER_FILE = "order.json"
+STATE_FILE = "supervisor.json"
+SIGNATURE_HEADER = "X-RTJ-Signature"
+MAX_ORDER_BYTES = 4096
+ACTIONS = ("stop", "run")
+SUPERVISOR_STATES = ("running", "exited", "stopping", "stopped", "finished")
+
+
+class OrderError(ValueError):
+    """An order that must not be carried out (the message says which field and why)."""
+
+
+@dataclass(frozen=True)
+class Order:
+    job_uid: str
+    generation: int
+    action: str
+    attempt: int | None = None
+    step: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "job_uid": self.job_uid,
+            "generation": self.generation,
+            "action": self.action,
+        }
+        if self.action == "run":
+            body["attempt"] = self.attempt
+            body["step"] = self.step
+        return body
+
+    def encode(self) -> bytes:
+        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":")).encode()
+
+
+def parse_order(raw: bytes) -> Order:
+    """An order from its JSON body; OrderError naming the field that is wrong."""
+    if len(raw) > MAX_ORDER_BYTES:
+        raise OrderError(f"order: at most {MAX_ORDER_BYTES} bytes, got {len(raw)}")
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise OrderError(f"order: expected a JSON object ({exc})") from exc
+    if not isinstance(data, dict):
+        raise OrderError("order: expected a JSON object")
+    uid, generation, action = data.get("job_uid"), data.get("generation"), data.get("action")
+    if not isinstance(uid, str) or not uid:
+        raise OrderError(f"order.job_uid: expected a non-empty string, got {uid!r}")
+    if not _count(generation):
+        raise OrderError(f"order.generation: expected an integer >= 0, got {generation!r}")
+    if action not in ACTIONS:
+        raise OrderError(f"order.action: expected one of {', '.join(ACTIONS)}, got {action!r}")
+    attempt, step = data.get("attempt"), data.get("step")
+    if action == "run":
+        if not _count(attempt) or attempt < 1:
+            raise OrderError(f"order.attempt: expected an integer >= 1, got {attempt!r}")
+        if step is not None and not _count(step):
+            raise OrderError(f"order.step: expected null or an integer >= 0, got {step!r}")
+    return Order(uid, generation, action, attempt if action == "run" else None,
+                 step if action == "run" else None)  # fmt: skip
+
+
+def _count(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def job_key(secret: bytes, job_uid: str) -> str:
+    """The job's control key (hex): derived from the operator's secret and the job's uid."""
+    return hmac.new(secret, b"rtj-control/" + job_uid.encode(), hashlib.sha256).hexdigest()
+
+
+def sign(key: str, body: bytes) -> str:
+    return "sha256=" + hmac.new(key.encode(), body, hashlib.sha256).hexdigest()
+
+
+def verify(key: str, body: bytes, signature: str | None) -> bool:
+    return signature is not None and hmac.compare_digest(sign(key, body), signature)
+
+
+def accept(
+    raw: bytes, signature: str | None, *, key: str, job_uid: str, last: Order | None
+) -> Order:
+    """The order a sidecar may pass on, or OrderError: signed with this job's key, for this
+    job, not older than the last accepted one (the same one again is accepted: retries)."""
+    if not key:
+        raise OrderError("this pod has no control key (in-place restart is off for its job)")
+    if not verify(key, raw, signature):
+        raise OrderError(f"{SIGNATURE_HEADER}: missing or not this job's signature")
+    order = parse_order(raw)
+    if order.job_uid != job_uid:
+        raise OrderError(f"order.job_uid: {order.job_uid!r} is not this pod's job")
+    if last is not None and (order.generation, ACTIONS.index(order.action)) < (
+        last.generation,
+        ACTIONS.index(last.action),
+    ):
+        raise OrderError(
+            f"order.generation: {order.generation} {order.action} is older than the last "
+            f"accepted ({last.generation} {last.action})"
+        )
+    return order
+
+
+# --- the control directory ----------------------------------------------------------------
+
+
+def write_json(path: Path, body: dict[str, Any]) -> None:
+    """Atomically (a reader sees the old file or the new one, never a part)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(body, f, separators=(",", ":"))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """The file's object; None if absent or not an object (a writer's rename is atomic)."""
+    try:
+        data = json.loads(path.read_bytes()[: MAX_ORDER_BYTES * 4])
+    except (FileNotFoundError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

@@ -1,0 +1,268 @@
+"""``rtj-shim supervise -- CMD ...``: the trainer's command as a child that can be stopped
+and started again inside the same pod when the operator orders it (in-place restart,
+issue 15). Orders and reports travel through the pod's control directory (`rtj_shim.control`).
+
+- Generation 0 starts at once, with the pod's environment as it is.
+- ``stop`` (generation g): SIGTERM to the command's process group and every descendant,
+  SIGKILL after ``grace`` seconds, then wait until *no* descendant is left. The supervisor
+  is the children's subreaper (``PR_SET_CHILD_SUBREAPER``), so torchrun's workers, which run
+  in sessions of their own, are its descendants even after torchrun is gone: "stopped" is
+  reported only once the old world of this pod is provably gone.
+- ``run`` (generation g, attempt a, step s): only once stopped for g. The command starts
+  again with ``RTJ_ATTEMPT=a`` (its checkpoints claim the run as attempt a, so a zombie of
+  an older attempt can never publish), ``RTJ_RESTART_GENERATION=g`` and ``RTJ_RESUME_FILE``
+  pointing at a resume file naming step s (verified deeply by the restoring trainer).
+- The command exits 0: training is over, the supervisor exits 0. It fails: the supervisor
+  reports ``exited`` with the code and waits up to ``order_deadline`` seconds for an order;
+  without one it exits with the command's code, and the pod fails as it would without a
+  supervisor (the operator's whole-world path).
+- SIGTERM to the supervisor (the pod is deleted): passed on; it exits with the command's code.
+
+`next_action` is the pure decision; `Supervisor` is the I/O around it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from rtj_shim.control import ORDER_FILE, STATE_FILE, Order, OrderError, read_json, write_json
+from rtj_shim.control import parse_order as _parse_order
+
+PR_SET_CHILD_SUBREAPER = 36
+POLL_SECONDS = 0.1
+
+
+@dataclass(frozen=True)
+class Supervised:
+    """What the supervisor knows of its command."""
+
+    generation: int
+    state: str  # running | exited | stopped | finished
+    attempt: int | None = None
+    exit_code: int | None = None
+
+
+def next_action(current: Supervised, order: Order | None) -> str:
+    """``wait``, ``stop`` or ``start`` for the last order read. The barrier between stop and
+    run is the operator's (it orders ``run`` only once every pod reported ``stopped``); a
+    ``run`` that finds this pod not yet stopped for it stops it first."""
+    if order is None or order.generation < current.generation:
+        return "wait"
+    if current.state == "finished":
+        return "wait"
+    stopped_for_it = current.state == "stopped" and current.generation == order.generation
+    if order.action == "stop":
+        return "wait" if stopped_for_it or order.generation == current.generation else "stop"
+    if stopped_for_it:
+        return "start"
+    return "stop" if order.generation > current.generation else "wait"
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+class Supervisor:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        control_dir: Path,
+        *,
+        grace: float = 10.0,
+        order_deadline: float = 60.0,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        if not argv:
+            raise OrderError("supervise: expected the trainer's command after --")
+        self.argv = list(argv)
+        self.dir = control_dir
+        self.grace = grace
+        self.order_deadline = order_deadline
+        self.env = dict(os.environ if env is None else env)
+        attempt = self.env.get("RTJ_ATTEMPT", "")
+        self.current = Supervised(0, "stopped", int(attempt) if attempt.isdigit() else None)
+        self.child: subprocess.Popen[bytes] | None = None
+        self._terminated = False
+        self._exited_at: float | None = None
+
+    # --- the loop ------------------------------------------------------------------------
+    def run(self) -> int:
+        """Supervise until the command finishes or is given up on; the exit code."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        _become_subreaper()
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._start(self.env, self.current.attempt)
+        while True:
+            if self._terminated:
+                return self._stop_for_good()
+            self._reap_orphans()
+            self._reap_child()
+            if self.current.state == "finished":
+                return 0
+            order = self._order()
+            action = next_action(self.current, order)
+            if action == "stop" and order is not None:
+                self._stop(order.generation)
+            elif action == "start" and order is not None:
+                self._start(self._env_for(order), order.attempt)
+            elif self.current.state == "exited" and self._given_up():
+                return self.current.exit_code or 1
+            time.sleep(POLL_SECONDS)
+
+    def _order(self) -> Order | None:
+        body = read_json(self.dir / ORDER_FILE)
+        if body is None:
+            return None
+        try:
+            return _parse_order(_encode(body))
+        except OrderError as exc:
+            self._say(f"ignoring {ORDER_FILE}: {exc}")
+            return None
+
+    def _given_up(self) -> bool:
+        exited = self._exited_at or time.monotonic()
+        if time.monotonic() - exited < self.order_deadline:
+            return False
+        self._say(f"no restart order within {self.order_deadline:.0f} s of the command's "
+                  f"exit ({self.current.exit_code}): exiting with its code")  # fmt: skip
+        return True
+
+    # --- transitions -----------------------------------------------------------------------
+    def _start(self, env: Mapping[str, str], attempt: int | None) -> None:
+        generation = self.current.generation
+        self.child = subprocess.Popen(self.argv, env=dict(env), start_new_session=True)
+        self._set(replace(self.current, state="running", attempt=attempt, exit_code=None))
+        self._say(f"generation {generation}: started {self.argv[0]} (pid {self.child.pid})")
+
+    def _env_for(self, order: Order) -> dict[str, str]:
+        resume = self.dir / f"resume-{order.generation}.json"
+        source = f"in-place restart, generation {order.generation}"
+        write_json(resume, {"step": order.step, "skipped": [], "source": source})
+        return {**self.env, "RTJ_ATTEMPT": str(order.attempt),
+                "RTJ_RESTART_GENERATION": str(order.generation),
+                "RTJ_RESUME_FILE": str(resume)}  # fmt: skip
+
+    def _reap_child(self) -> None:
+        if self.child is None or self.current.state != "running":
+            return
+        code = self.child.poll()
+        if code is None:
+            return
+        code = 128 - code if code < 0 else code  # killed by a signal: as a shell reports it
+        self._reap_orphans()
+        self._exited_at = time.monotonic()
+        state = "finished" if code == 0 else "exited"
+        self._set(replace(self.current, state=state, exit_code=code))
+        self._say(f"generation {self.current.generation}: the command exited with {code}")
+
+    def _stop(self, generation: int) -> None:
+        self._set(replace(self.current, state="stopping"))
+        self._kill_all(self.grace)
+        code = self.child.returncode if self.child is not None else None
+        self._set(Supervised(generation, "stopped", self.current.attempt,
+                             128 - code if code is not None and code < 0 else code))  # fmt: skip
+        self._say(f"generation {generation}: every process of the old one is gone")
+
+    def _kill_all(self, grace: float) -> None:
+        """SIGTERM the group and every descendant, SIGKILL what is left after ``grace``,
+        then reap until no descendant remains."""
+        me = os.getpid()
+        if self.child is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.child.pid, signal.SIGTERM)
+        for pid in descendants(me):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while descendants(me) and time.monotonic() < deadline:
+            self._reap_orphans()
+            time.sleep(POLL_SECONDS)
+        while left := descendants(me):
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            self._reap_orphans()
+            time.sleep(POLL_SECONDS / 2)
+        if self.child is not None:
+            self.child.wait()
+        self._reap_orphans()
+
+    def _reap_orphans(self) -> None:
+        """Collect exited descendants reparented to us (we are their subreaper)."""
+        child = self.child.pid if self.child is not None else -1
+        with contextlib.suppress(ChildProcessError):
+            while True:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+                if pid == 0:
+                    return
+                if pid == child and self.child is not None and self.child.returncode is None:
+                    self.child.returncode = _exit_code(status)  # reaped here, not by Popen
+
+    def _on_sigterm(self, signum: int, frame: object) -> None:
+        self._terminated = True
+
+    def _stop_for_good(self) -> int:
+        """The pod is being deleted: pass SIGTERM on, give the command its grace."""
+        self._kill_all(self.grace)
+        code = self.child.returncode if self.child is not None else None
+        self._set(replace(self.current, state="stopped"))
+        return 128 + signal.SIGTERM if code is None else (128 - code if code < 0 else code)
+
+    # --- reporting ------------------------------------------------------------------------
+    def _set(self, state: Supervised) -> None:
+        self.current = state
+        write_json(self.dir / STATE_FILE, {
+            "generation": state.generation, "state": state.state, "attempt": state.attempt,
+            "exit_code": state.exit_code,
+            "pid": self.child.pid if self.child is not None and state.state == "running" else None,
+            "updated_wall_time": round(time.time(), 6),
+        })  # fmt: skip
+
+    def _say(self, line: str) -> None:
+        sys.stderr.write(f"rtj-shim supervise: {line}\n")
+        sys.stderr.flush()
+
+
+def _encode(body: dict[str, object]) -> bytes:
+    return json.dumps(body).encode()
+
+
+def _exit_code(status: int) -> int:
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)
+    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1
+
+
+def _become_subreaper() -> None:
+    """Orphaned descendants (torchrun's workers once torchrun is gone) are reparented to
+    us, not to init, so none can escape a stop. Linux only; elsewhere the process tree as
+    seen is all that is stopped."""
+    if sys.platform != "linux":
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
