@@ -48,6 +48,7 @@ from rtj_operator.store_reads import (
     store_key,
 )
 from rtj_operator.work_queue import WorkQueue
+from rtj_shim.control import job_key, sign
 
 MAX_RTJ_TOMBSTONES = 10_000
 """Deleted jobs remembered (by uid) so a late LIST cannot bring one back."""
@@ -137,6 +138,10 @@ class Settings:
     resolver_image: str | None = None
     """The platform's image for resume init containers and progress sidecars (a job's
     spec.checkpoint.resolverImage wins; None: the trainer's image)."""
+    control_secret: bytes | None = None
+    """The operator's secret for restart orders (every replica the same): each job's key is
+    derived from it and the job's uid (rtj_shim.control.job_key). None: nothing restarts in
+    place (spec.recovery.inPlace falls back to re-creating the world)."""
     progress_poll_timeout: float = 2.0
     progress_poll_concurrency: int = 16
 
@@ -348,7 +353,11 @@ class Controller:
             targets = rc.poll_targets(snap)
             if targets:
                 stragglers = snap.rtj.spec.progress.stragglers
-                out.append(JobTargets(key, targets, stragglers.ratio, stragglers.windows))
+                order = rc.restart_order(snap)
+                signed = (order.encode(), sign(snap.control_key, order.encode())) if (
+                    order is not None and snap.control_key
+                ) else None  # fmt: skip
+                out.append(JobTargets(key, targets, stragglers.ratio, stragglers.windows, signed))
         return out
 
     def _node_exists(self, name: str) -> bool:
@@ -422,7 +431,12 @@ class Controller:
             partition=self.node_leases.partition,
             ranks=self.rank_polls.reading(key),
             resolver_image=self.settings.resolver_image,
+            control_key=self._control_key(rtj.metadata.uid),
         )
+
+    def _control_key(self, uid: str) -> str | None:
+        secret = self.settings.control_secret
+        return job_key(secret, uid) if secret and uid else None
 
     # --- reconcile -------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ import socket
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 EXIT_OK, EXIT_LOST_LEASE, EXIT_USAGE = 0, 1, 2
 
@@ -68,6 +69,13 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="image of the jobs' resume init container and progress sidecar when a job sets "
         "no spec.checkpoint.resolverImage (unset: the trainer's image)",
+    )
+    p.add_argument(
+        "--control-secret-file",
+        type=Path,
+        default=None,
+        help="a file holding the operator's secret for in-place restart orders (the same for "
+        "every replica; the chart mounts a Secret). Unset: no job restarts in place",
     )
     p.add_argument(
         "--progress-poll-seconds",
@@ -174,6 +182,7 @@ async def run(args: argparse.Namespace) -> int:
             store_read_timeout=args.store_read_timeout,
             progress_poll_seconds=args.progress_poll_seconds,
             resolver_image=args.resolver_image,
+            control_secret=_control_secret(args.control_secret_file),
         ),
         namespaces=args.namespace or None,
     )
@@ -251,3 +260,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _control_secret(path: Path | None) -> bytes | None:
+    """The control secret's bytes (surrounding whitespace dropped); a file that is missing
+    or too short stops the operator at start with the reason, never later."""
+    if path is None:
+        return None
+    secret = path.read_bytes().strip()
+    if len(secret) < 16:
+        raise SystemExit(f"--control-secret-file {path}: expected at least 16 bytes of secret")
+    return secret

@@ -29,6 +29,7 @@ from typing import Any
 
 from rtj_operator.policy import progress as rank_progress
 from rtj_operator.reconcile.world import PollTarget, RankReadings
+from rtj_shim.control import SIGNATURE_HEADER
 
 log = logging.getLogger("rtj_operator.rank_polls")
 
@@ -85,9 +86,29 @@ class JobTargets:
     targets: tuple[PollTarget, ...]
     straggler_ratio: float = 0.7
     straggler_windows: int = 3
+    order: tuple[bytes, str] | None = None
+    """A restart order for every pod (body, signature), sent before each read until the
+    job's in-place restart moves on (orders are idempotent)."""
 
 
 Fetch = Callable[[str, int, float], Any]
+Send = Callable[[str, int, float, bytes, str], None]
+
+
+def send_order(ip: str, port: int, timeout: float, body: bytes, signature: str) -> None:
+    """One ``POST /control`` (blocking); PollFailed unless the sidecar accepted it."""
+    conn = http.client.HTTPConnection(ip, port, timeout=timeout)
+    try:
+        headers = {"Content-Type": "application/json", SIGNATURE_HEADER: signature}
+        conn.request("POST", "/control", body, headers)
+        response = conn.getresponse()
+        answer = response.read(MAX_BODY)
+        if response.status != 202:
+            raise PollFailed(f"order refused: HTTP {response.status} {answer[:200]!r}")
+    except (OSError, http.client.HTTPException) as exc:
+        raise PollFailed(f"order not sent: {type(exc).__name__}: {exc}") from exc
+    finally:
+        conn.close()
 
 
 class RankPolls:
@@ -102,12 +123,14 @@ class RankPolls:
         timeout: float = 2.0,
         concurrency: int = 16,
         fetch: Fetch = fetch_progress,
+        send: Send = send_order,
     ) -> None:
         self.clock = clock
         self.on_round = on_round
         self.interval = interval
         self.timeout = timeout
         self.fetch = fetch
+        self.send = send
         self._executor = ThreadPoolExecutor(concurrency, thread_name_prefix="rtj-progress")
         self._readings: dict[Key, RankReadings] = {}
         self._stragglers: dict[Key, rank_progress.StragglerState] = {}
@@ -130,9 +153,17 @@ class RankPolls:
             self._readings.pop(key, None)
             self._stragglers.pop(key, None)
 
-    def _get(self, target: PollTarget) -> tuple[Any, str | None, float]:
+    def _get(
+        self, target: PollTarget, order: tuple[bytes, str] | None = None
+    ) -> tuple[Any, str | None, float]:
         """The body (or why none) and when it arrived (the operator's clock, Unix s): each
-        report is dated by its own answer, not by the end of the round."""
+        report is dated by its own answer, not by the end of the round. An order goes
+        first: the answer then already tells whether the supervisor took it."""
+        if order is not None:
+            try:
+                self.send(target.ip, target.port, self.timeout, *order)
+            except PollFailed as exc:
+                log.info("%s: %s", target.pod, exc)
         try:
             body = self.fetch(target.ip, target.port, self.timeout)
             return body, None, self.clock().timestamp()
@@ -144,9 +175,15 @@ class RankPolls:
     async def poll_once(self, jobs: Sequence[JobTargets]) -> None:
         """One round over every job's targets, then one `on_round(key)` per job."""
         loop = asyncio.get_running_loop()
-        flat = [(job.key, t) for job in jobs for t in job.targets if self._due(job.key, t)]
+        orders = {job.key: job.order for job in jobs}
+        flat = [
+            (job.key, t)
+            for job in jobs
+            for t in job.targets
+            if job.order is not None or self._due(job.key, t)
+        ]
         answers = await asyncio.gather(
-            *(loop.run_in_executor(self._executor, self._get, t) for _, t in flat)
+            *(loop.run_in_executor(self._executor, self._get, t, orders[k]) for k, t in flat)
         )
         received = self.clock().timestamp()
         by_pod = {
@@ -197,6 +234,7 @@ class RankPolls:
         reports: list[rank_progress.PodReport] = []
         unanswered: list[str] = []
         quiet_since: dict[str, float] = {}
+        supervisors: dict[str, Mapping[str, Any]] = {}
         for target in job.targets:
             body, error, arrived = answers.get(
                 (job.key, target.attempt, target.pod),
@@ -205,6 +243,8 @@ class RankPolls:
             if isinstance(body, Mapping):
                 report = rank_progress.PodReport(target.pod, arrived, body)
                 reports.append(report)
+                if isinstance(supervisor := body.get("supervisor"), Mapping):
+                    supervisors[target.pod] = supervisor
                 continue
             unanswered.append(f"{target.pod}: {error or 'not a JSON object'}")
             if target.pod in previous:
@@ -225,6 +265,7 @@ class RankPolls:
             polled_at=received,
             unanswered=tuple(unanswered),
             quiet_since=quiet_since,
+            supervisors=supervisors,
             stragglers=verdict.stragglers,
         )
         if unanswered:

@@ -37,6 +37,8 @@ from pathlib import Path
 
 from rtj_shim.control import ORDER_FILE, STATE_FILE, Order, OrderError, read_json, write_json
 from rtj_shim.control import parse_order as _parse_order
+from rtj_shim.progress import ENV_DIR
+from rtj_shim.progress_record import FILE_PREFIX, FILE_SUFFIX
 
 PR_SET_CHILD_SUBREAPER = 36
 POLL_SECONDS = 0.1
@@ -183,9 +185,19 @@ class Supervisor:
         self._set(replace(self.current, state="stopping"))
         self._kill_all(self.grace)
         code = self.child.returncode if self.child is not None else None
+        self._forget_progress()
         self._set(Supervised(generation, "stopped", self.current.attempt,
                              128 - code if code is not None and code < 0 else code))  # fmt: skip
         self._say(f"generation {generation}: every process of the old one is gone")
+
+    def _forget_progress(self) -> None:
+        """Remove the stopped generation's rank progress records: a dead rank's record would
+        read as a rank stuck in its section until the new generation writes its own."""
+        directory = self.env.get(ENV_DIR)
+        if not directory:
+            return
+        for record in Path(directory).glob(f"{FILE_PREFIX}*{FILE_SUFFIX}"):
+            record.unlink(missing_ok=True)
 
     def _kill_all(self, grace: float) -> None:
         """SIGTERM the group and every descendant, SIGKILL what is left after ``grace``,

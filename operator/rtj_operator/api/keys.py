@@ -57,6 +57,9 @@ PROGRESS_VOLUME: Final = "rtj-progress"
 PROGRESS_DIR: Final = "/var/run/rtj-progress"
 PROGRESS_PORT_NAME: Final = "rtj-progress"
 DEFAULT_PROGRESS_PORT: Final = 9478
+CONTROL_VOLUME: Final = "rtj-control"
+CONTROL_DIR: Final = "/var/run/rtj-control"
+"""Restart orders and the supervisor's reports (spec.recovery.inPlace, rtj_shim.control)."""
 
 # --- environment the shim and the trainer read ------------------------------------------
 ENV_RUN_ID: Final = "RTJ_RUN_ID"
@@ -79,6 +82,9 @@ ENV_NODE_RANK: Final = "NODE_RANK"
 ENV_RANK: Final = "RANK"
 ENV_PROGRESS_DIR: Final = "RTJ_PROGRESS_DIR"
 """Where each rank writes its progress record (rtj_shim.progress): the progress volume."""
+ENV_CONTROL_DIR: Final = "RTJ_CONTROL_DIR"
+ENV_CONTROL_KEY: Final = "RTJ_CONTROL_KEY"
+ENV_JOB_UID: Final = "RTJ_JOB_UID"
 ENV_POD_IP: Final = "RTJ_POD_IP"
 """The sidecar's listen address (downward API status.podIP)."""
 

@@ -285,6 +285,28 @@ class ProgressMonitoring(ApiModel):
     stragglers: Stragglers = Field(default_factory=Stragglers, json_schema_extra={"default": {}})
 
 
+class Recovery(ApiModel):
+    """How a failure is recovered from (issue 15)."""
+
+    in_place: bool = Field(
+        default=False,
+        description="Restart in place: the trainer's command runs under `rtj-shim supervise` "
+        "(the trainer image must have rtj-shim on its PATH, as any image using rtj_shim "
+        "does), and a failure that implicates no node (a rank's process dying, a hang) "
+        "stops the trainers of every pod and starts them again inside the same pods from "
+        "the newest verified step: no pod re-created, no Kueue re-admission, the queue "
+        "position kept. Needs progress monitoring (the sidecar carries the orders) and a "
+        "trainer container with a command. Takes effect with the next attempt.",
+    )
+    in_place_deadline_seconds: int = Field(
+        default=60,
+        ge=10,
+        le=3600,
+        description="An in-place restart that has not stopped and started every pod within "
+        "this long falls back to re-creating the whole world.",
+    )
+
+
 class Provenance(ApiModel):
     """Identity of what is being trained, stamped into every checkpoint manifest."""
 
@@ -354,6 +376,7 @@ class ResilientTrainingJobSpec(ApiModel):
     progress: ProgressMonitoring = Field(
         default_factory=ProgressMonitoring, json_schema_extra={"default": {}}
     )
+    recovery: Recovery = Field(default_factory=Recovery, json_schema_extra={"default": {}})
     provenance: Provenance = Field(default_factory=Provenance, json_schema_extra={"default": {}})
     suspend: bool = Field(
         default=False,

@@ -42,6 +42,39 @@ class FirstFailed(StatusModel):
     finished_at: datetime | None = None
 
 
+class InPlaceRestart(StatusModel):
+    """One restart inside the attempt's pods (spec.recovery.inPlace): what failed, and how
+    the pods' trainers were stopped and started again."""
+
+    generation: int = Field(ge=1, description="The trainers' generation it started.")
+    failure_class: FailureClass
+    failure_category: FailureCategory
+    first_failed: FirstFailed | None = None
+    evidence: list[str] = Field(default_factory=list)
+    detected_at: datetime
+    resumed_from_step: int | None = Field(
+        default=None, ge=0, description="Pinned step (null: the restored trainer resolved it)."
+    )
+    stopped_at: datetime | None = None
+    started_at: datetime | None = None
+    outcome: str | None = Field(
+        default=None,
+        max_length=64,
+        description="Running (every pod runs the new generation) or FellBack (the deadline "
+        "passed: the whole world was re-created).",
+    )
+
+
+class InPlacePhase(StatusModel):
+    """An in-place restart in progress: every pod is ordered to `Stopping` the old
+    generation, then (all stopped) to `Starting` the new one."""
+
+    generation: int = Field(ge=1)
+    phase: str = Field(description="Stopping or Starting.", max_length=16)
+    since: datetime
+    step: int | None = Field(default=None, ge=0)
+
+
 class AttemptRecord(StatusModel):
     """One attempt (one JobSet): how it started, how it ended, what it cost."""
 
@@ -58,6 +91,7 @@ class AttemptRecord(StatusModel):
     detection_seconds: float | None = Field(default=None, ge=0)
     recovery_seconds: float | None = Field(default=None, ge=0)
     quarantined_nodes: list[str] = Field(default_factory=list)
+    in_place_restarts: list[InPlaceRestart] = Field(default_factory=list, max_length=64)
     end_reason: str | None = Field(
         default=None,
         max_length=64,
@@ -149,6 +183,12 @@ class ResilientTrainingJobStatus(StatusModel):
     )
     observed_generation: int | None = Field(default=None, ge=0)
     progress: JobProgress | None = None
+    in_place: InPlacePhase | None = Field(
+        default=None, description="The in-place restart in progress (spec.recovery.inPlace)."
+    )
+    trainer_generation: int = Field(
+        default=0, ge=0, description="The trainers' generation: in-place restarts so far."
+    )
     start_time: datetime | None = Field(
         default=None,
         description="When Kueue first admitted an attempt of the job (again after each "

@@ -18,6 +18,7 @@ from typing import Any
 
 from rtj_operator.api import keys
 from rtj_operator.api.resource import ResilientTrainingJob
+from rtj_operator.policy import in_place
 from rtj_operator.policy.pod_security import (
     RESTRICTED_CONTAINER,
     operator_container_security,
@@ -96,8 +97,11 @@ def attempt_labels(rtj: ResilientTrainingJob, attempt: int) -> dict[str, str]:
     return {keys.JOB_LABEL: rtj.metadata.name, keys.ATTEMPT_LABEL: str(attempt)}
 
 
-def render_jobset(rtj: ResilientTrainingJob, attempt: int, resume: int | None) -> Obj:
-    """The JobSet for `attempt`, pinning checkpoint step `resume` (None: newest that verifies)."""
+def render_jobset(
+    rtj: ResilientTrainingJob, attempt: int, resume: int | None, control_key: str | None = None
+) -> Obj:
+    """The JobSet for `attempt`, pinning checkpoint step `resume` (None: newest that verifies);
+    with `control_key` and spec.recovery.inPlace, its trainers run under the supervisor."""
     name = jobset_name(rtj.metadata.name, attempt)
     labels = attempt_labels(rtj, attempt)
     return {
@@ -119,7 +123,7 @@ def render_jobset(rtj: ResilientTrainingJob, attempt: int, resume: int | None) -
                 {
                     "name": keys.WORKER_REPLICATED_JOB,
                     "replicas": 1,
-                    "template": _job_template(rtj, attempt, resume, name),
+                    "template": _job_template(rtj, attempt, resume, name, control_key),
                 }
             ],
         },
@@ -130,7 +134,9 @@ def _resume_annotation(resume: int | None) -> dict[str, str]:
     return {} if resume is None else {keys.RESUME_STEP_ANNOTATION: str(resume)}
 
 
-def _job_template(rtj: ResilientTrainingJob, attempt: int, resume: int | None, js: str) -> Obj:
+def _job_template(
+    rtj: ResilientTrainingJob, attempt: int, resume: int | None, js: str, key: str | None
+) -> Obj:
     replicas = rtj.spec.replicas
     return {
         "metadata": {"labels": attempt_labels(rtj, attempt)},
@@ -139,12 +145,14 @@ def _job_template(rtj: ResilientTrainingJob, attempt: int, resume: int | None, j
             "completions": replicas,
             "completionMode": "Indexed",
             "backoffLimit": 0,
-            "template": pod_template(rtj, attempt, resume, js),
+            "template": pod_template(rtj, attempt, resume, js, key),
         },
     }
 
 
-def pod_template(rtj: ResilientTrainingJob, attempt: int, resume: int | None, js: str) -> Obj:
+def pod_template(
+    rtj: ResilientTrainingJob, attempt: int, resume: int | None, js: str, key: str | None = None
+) -> Obj:
     """The user's pod template, completed with rank env, resume and scheduling rules, and
     security defaults only where the user said nothing (policy/pod_security.py)."""
     template = copy.deepcopy(rtj.spec.template)
@@ -187,6 +195,8 @@ def pod_template(rtj: ResilientTrainingJob, attempt: int, resume: int | None, js
             t for t in spec.get("tolerations", []) if t.get("key") != rtj.spec.node_health.taint_key
         ],
     )  # fmt: skip
+    if rtj.spec.recovery.in_place and key:
+        in_place.supervise(spec, rtj, trainer["name"], key)
     return template
 
 

@@ -74,6 +74,7 @@ from rtj_operator.reconcile.converge import CONVERGE_POLL_SECONDS, DELETE_RESEND
 from rtj_operator.reconcile.detect import USER_FAILURE_SETTLE, plan_current_attempt
 from rtj_operator.reconcile.failure import release_failed_job
 from rtj_operator.reconcile.finalizer import release_deleted_job
+from rtj_operator.reconcile.in_place import restart_order
 from rtj_operator.reconcile.progress import QUEUE_RECHECK
 from rtj_operator.reconcile.quarantine import (
     Claimant,
@@ -140,6 +141,7 @@ __all__ = [
     "progress_facts",
     "read_jobset",
     "release",
+    "restart_order",
     "set_condition",
     "trim_event",
     "trim_jobset",

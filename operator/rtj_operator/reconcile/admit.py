@@ -89,7 +89,7 @@ def plan_next_attempt(b: PlanBuilder) -> None:
     if selection is not None and selection.step is not None and selection.committed_at:
         note_verified(b, selection.step, selection.uri or uri, selection.committed_at, b.now)
     rendered = b.rtj.model_copy(update={"status": b.status})
-    b.before.append(CreateJobSet(render_jobset(rendered, n, pin)))
+    b.before.append(CreateJobSet(render_jobset(rendered, n, pin, snap.control_key)))
     where = f"step {pin}" if pin is not None else "the newest step the init container verifies"
     detail = f" (store: {selection.summary()})" if selection is not None else ""
     b.event(

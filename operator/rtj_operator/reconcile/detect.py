@@ -8,6 +8,7 @@ from datetime import timedelta
 from rtj_operator.api.reasons import FailureCategory, FailureClass
 from rtj_operator.policy.classify import Classification, classify_failure
 from rtj_operator.policy.render import jobset_name
+from rtj_operator.reconcile import in_place
 from rtj_operator.reconcile.actions import DeleteJobSet
 from rtj_operator.reconcile.builder import PlanBuilder
 from rtj_operator.reconcile.checkpoints import read_init_results, refresh_checkpoint
@@ -87,6 +88,8 @@ def plan_current_attempt(b: PlanBuilder) -> None:
     if found is not None and snap.events is None:
         b.needs_events = True  # classify again with the events (eviction, preemption, node)
         return
+    if found is None and in_place.follow(b, live):
+        return
     if found is None:
         record = status.current
         if current is None or current.deleting:
@@ -107,11 +110,13 @@ def plan_current_attempt(b: PlanBuilder) -> None:
             found = synthetic_failure(f"JobSet {name} failed: {current.failure_message}")
         else:
             progress(b, current, live)
-            found = find_hang(b, live)
+            found = in_place.supervisor_failure(b, live) or find_hang(b, live)
             if found is None:
                 note_progress(b)
                 return
     if _settling(b, found):
+        return
+    if b.status.in_place is None and in_place.begin(b, found, live):
         return
     on_failure(b, found, current)
 

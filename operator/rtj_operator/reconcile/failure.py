@@ -135,6 +135,7 @@ def on_failure(b: PlanBuilder, found: Classification, js: JobSetView | None) -> 
         detection = _end_record(b, found)
         b.update(
             phase=Phase.RESTARTING,
+            in_place=None,  # an in-place restart a pod failure overtook
             restarts=action.restarts,
             bad_steps=sorted(action.bad_steps)[-MAX_BAD_STEPS:],
             next_attempt_at=action.not_before,
@@ -157,7 +158,7 @@ def on_failure(b: PlanBuilder, found: Classification, js: JobSetView | None) -> 
         return
     if isinstance(action, Fail):
         detection = _end_record(b, found)
-        b.update(phase=Phase.FAILED, next_attempt_at=None)
+        b.update(phase=Phase.FAILED, next_attempt_at=None, in_place=None)
         b.condition(ConditionType.FAILED, True, action.reason, action.message)
         b.condition(ConditionType.RUNNING, False, action.reason, f"attempt {n} failed")
         if js is not None and not js.deleting:  # after the patch: a failed job holds nothing

@@ -174,6 +174,9 @@ class RankReadings:
     poll of their current run of failures went unanswered (one of two signals of a node
     gone silent, `policy.liveness.silent_since`)."""
     stragglers: tuple[rank_progress.Straggler, ...] = ()
+    supervisors: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Per pod, what its supervisor last reported (spec.recovery.inPlace): generation,
+    state (running, exited, stopping, stopped, finished), exit code."""
 
 
 @dataclass(frozen=True)
@@ -210,6 +213,9 @@ class Snapshot:
     attempt whose JobSet is gone trusted as evidence)."""
     resolver_image: str | None = None
     """The platform's default image for the resume init container and progress sidecar."""
+    control_key: str | None = None
+    """This job's key for signing restart orders (from the operator's control secret and
+    the job's uid); None: the operator has no control secret, nothing restarts in place."""
     ranks: RankReadings | None = None
     """The current attempt's progress reports (the progress poller's last round)."""
     deleted_nodes: frozenset[str] = frozenset()

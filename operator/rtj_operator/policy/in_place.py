@@ -1,0 +1,125 @@
+"""Restart in place (spec.recovery.inPlace, issue 15). Pure.
+
+Rendering: the trainer container's command runs under ``rtj-shim supervise`` and the
+progress sidecar takes the operator's restart orders for it (``POST /control``, checked with
+the job's control key) through a shared memory-backed control volume; the key is in the
+sidecar's environment only.
+
+Deciding: a failure that implicates no node (a rank's process dying, a hang) is restarted
+inside the attempt's pods when every pod runs, answers the progress poll and has a
+supervisor. Anything else (a node lost or faulty, a pod gone, an eviction, a user error) is
+the whole-world path as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rtj_operator.api import keys
+from rtj_operator.api.reasons import FailureCategory, FailureClass
+from rtj_operator.api.resource import ResilientTrainingJob
+from rtj_operator.policy.classify import Classification
+from rtj_shim.control import Order
+
+Obj = dict[str, Any]
+CONTROL_VOLUME_SIZE = "1Mi"
+ORDER_DEADLINE_MARGIN = 30
+"""The supervisor waits this much longer than the operator's in-place deadline for an order
+after its command fails, then exits with the command's code (the pod fails: the whole-world
+path takes over if the operator never ordered anything)."""
+IN_PLACE_CLASSES = frozenset({FailureClass.UNKNOWN, FailureClass.NETWORK_FAULT, FailureClass.HANG})
+"""What a restart inside the same pods can cure: a process that died or hung, a collective
+that broke. A GPU or node fault needs another node; a user error, OOM or a checkpoint
+problem would only repeat."""
+
+
+def supervise(spec: Obj, rtj: ResilientTrainingJob, trainer_name: str, key: str) -> bool:
+    """Wrap the trainer's command in the supervisor and let the sidecar take orders (the
+    rendered pod spec, changed in place). False (nothing changed) without a command or a
+    sidecar: the whole-world path is then the only one."""
+    trainer = next((c for c in spec["containers"] if c.get("name") == trainer_name), None)
+    sidecar = next(
+        (c for c in spec.get("initContainers", []) if c.get("name") == keys.PROGRESS_SIDECAR),
+        None,
+    )
+    if trainer is None or sidecar is None or not trainer.get("command"):
+        return False
+    deadline = rtj.spec.recovery.in_place_deadline_seconds + ORDER_DEADLINE_MARGIN
+    grace = rtj.spec.checkpoint.emergency_save_seconds
+    trainer["command"] = [
+        "rtj-shim", "supervise", "--control-dir", keys.CONTROL_DIR, "--grace", str(grace),
+        "--order-deadline", str(deadline), "--", *trainer["command"],
+    ]  # fmt: skip
+    mount = {"name": keys.CONTROL_VOLUME, "mountPath": keys.CONTROL_DIR}
+    trainer["env"] = [*trainer.get("env", []), {"name": keys.ENV_CONTROL_DIR,
+                                                "value": keys.CONTROL_DIR}]  # fmt: skip
+    trainer["volumeMounts"] = [*trainer.get("volumeMounts", []), dict(mount)]
+    sidecar["command"] = [*sidecar["command"], "--control-dir", keys.CONTROL_DIR]
+    sidecar["env"] = [
+        *sidecar.get("env", []),
+        {"name": keys.ENV_CONTROL_KEY, "value": key},
+        {"name": keys.ENV_JOB_UID, "value": rtj.metadata.uid},
+    ]
+    sidecar["volumeMounts"] = [*sidecar.get("volumeMounts", []), dict(mount)]
+    spec["volumes"] = [
+        *spec.get("volumes", []),
+        {"name": keys.CONTROL_VOLUME,
+         "emptyDir": {"medium": "Memory", "sizeLimit": CONTROL_VOLUME_SIZE}},
+    ]  # fmt: skip
+    return True
+
+
+def supervised(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod was rendered with the supervisor (its spec says so, not the job's)."""
+    spec = pod.get("spec") or {}
+    return any(v.get("name") == keys.CONTROL_VOLUME for v in spec.get("volumes") or [])
+
+
+def refusal(
+    rtj: ResilientTrainingJob,
+    found: Classification,
+    pods: Sequence[Mapping[str, Any]],
+    reports: Mapping[str, Mapping[str, Any]],
+) -> str | None:
+    """Why this failure is not restarted in place (None: it is)."""
+    if not rtj.spec.recovery.in_place:
+        return "spec.recovery.inPlace is off"
+    if found.failure_class not in IN_PLACE_CLASSES or found.category is FailureCategory.USER:
+        return f"{found.failure_class.value} needs more than a restart in the same pods"
+    if found.nodes_to_quarantine:
+        return f"it implicates nodes {', '.join(found.nodes_to_quarantine)}"
+    if len(pods) != rtj.spec.replicas:
+        return f"{len(pods)} of {rtj.spec.replicas} pods are there"
+    for pod in pods:
+        name = (pod.get("metadata") or {}).get("name", "")
+        if (pod.get("status") or {}).get("phase") != "Running" or (pod.get("metadata") or {}).get(
+            "deletionTimestamp"
+        ):
+            return f"pod {name} is not running"
+        if not supervised(pod):
+            return f"pod {name} has no supervisor (created before inPlace was set)"
+        if name not in reports:
+            return f"pod {name}'s supervisor has not reported"
+    return None
+
+
+def order(rtj: ResilientTrainingJob) -> Order | None:
+    """The order every pod of the job is to carry out now (None: no in-place restart)."""
+    state = rtj.status.in_place
+    if state is None:
+        return None
+    if state.phase == "Stopping":
+        return Order(rtj.metadata.uid, state.generation, "stop")
+    return Order(rtj.metadata.uid, state.generation, "run", rtj.status.attempt, state.step)
+
+
+def reported(reports: Mapping[str, Mapping[str, Any]], pods: Sequence[str],
+             generation: int, states: frozenset[str]) -> list[str]:  # fmt: skip
+    """The pods whose supervisor has not yet reported one of `states` for `generation`."""
+    return [
+        p for p in pods
+        if (r := reports.get(p)) is None
+        or r.get("generation") != generation
+        or r.get("state") not in states
+    ]  # fmt: skip

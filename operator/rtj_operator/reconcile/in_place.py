@@ -1,0 +1,235 @@
+"""Restart in place, in the plan (spec.recovery.inPlace, issue 15): a failure that
+implicates no node stops the trainers of every pod of the attempt and starts them again in
+the same pods, with no JobSet, pod or Kueue Workload touched.
+
+Committed status drives it (`status.inPlace`), and the progress poller carries it out by
+sending every pod the order `policy.in_place.order` names on each round:
+
+1. `begin`: the failure is recorded in the attempt's `inPlaceRestarts`, the restart budget
+   is spent as for any restart, `trainerGeneration` goes up, phase `Stopping`.
+2. `follow`, Stopping: once every pod's supervisor reports `stopped` for the generation
+   (every process of the old one gone: the barrier), the step is pinned (the newest
+   verified one the operator read, or none: the restored trainer resolves it) and the
+   phase is `Starting`.
+3. `follow`, Starting: once every pod reports the new generation started, `status.inPlace`
+   is cleared and the restart recorded as `Running`.
+4. Past `spec.recovery.inPlaceDeadlineSeconds`: the whole world is re-created (the budget is
+   not spent twice), recorded as `FellBack`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from rtj_operator.api import keys
+from rtj_operator.api.reasons import ConditionType, FailureClass, Phase, Reason
+from rtj_operator.api.status import FirstFailed, InPlacePhase, InPlaceRestart
+from rtj_operator.policy import in_place
+from rtj_operator.policy.classify import Classification, Decision, FirstFailedRank
+from rtj_operator.policy.decide import Restart, decide
+from rtj_operator.policy.render import jobset_name
+from rtj_operator.reconcile.actions import DeleteJobSet, MetricRecord
+from rtj_operator.reconcile.builder import PlanBuilder, trim_evidence
+from rtj_operator.reconcile.converge import delete_pods
+from rtj_operator.reconcile.world import Json, Snapshot, get_in, pod_name
+from rtj_shim.control import Order
+
+MAX_IN_PLACE_RECORDS = 64
+
+
+def _supervisors(b: PlanBuilder) -> Mapping[str, Mapping[str, Any]]:
+    readings = b.snap.ranks
+    if readings is None or readings.attempt != b.status.attempt:
+        return {}
+    return readings.supervisors
+
+
+def supervisor_failure(b: PlanBuilder, live: Sequence[Json]) -> Classification | None:
+    """A supervised pod whose trainer command exited with an error in this generation (the
+    pod stays up: only its supervisor knows). The earliest exit is the first failed."""
+    reports = _supervisors(b)
+    generation = b.status.trainer_generation
+    exited = [
+        (p, r) for p in live
+        if (r := reports.get(pod_name(p))) is not None
+        and r.get("state") == "exited" and r.get("generation") == generation
+    ]  # fmt: skip
+    if not exited:
+        return None
+    pod, report = min(exited, key=lambda pr: float(pr[1].get("updated_wall_time") or 0))
+    code = report.get("exit_code")
+    when = report.get("updated_wall_time")
+    index = get_in(pod, "metadata", "annotations", keys.JOB_COMPLETION_INDEX)
+    name, node = pod_name(pod), get_in(pod, "spec", "nodeName")
+    first = FirstFailedRank(
+        pod=name,
+        rank=None,
+        node_rank=int(index) if isinstance(index, str) and index.isdigit() else None,
+        node=node if isinstance(node, str) else None,
+        container=b.rtj.spec.trainer_container,
+        exit_code=code if isinstance(code, int) else None,
+        finished_at=datetime.fromtimestamp(float(when), timezone.utc) if when else b.now,
+    )
+    others = [pod_name(p) for p, _ in exited if p is not pod]
+    evidence = [
+        f"pod {name} on node {node}: the trainer's command exited with code {code} "
+        "(rtj-shim supervise keeps the pod up for an in-place restart)"
+    ]
+    if others:
+        evidence.append(f"also exited: {', '.join(others[:5])}")
+    return Classification(
+        FailureClass.UNKNOWN,
+        first,
+        (),
+        tuple(evidence),
+        Decision(
+            signal=f"exit code {code}",
+            source=f"pod {name}: {keys.PROGRESS_SIDECAR} GET /progress (supervisor)",
+            rule="a supervised trainer that exits with an error is a failure of the attempt",
+        ),
+    )
+
+
+def begin(b: PlanBuilder, found: Classification, live: Sequence[Json]) -> bool:
+    """Restart in place when the job and the failure allow it; True if it began."""
+    why = in_place.refusal(b.rtj, found, live, _supervisors(b))
+    if why is None and b.snap.control_key is None:
+        why = "the operator has no control secret (--control-secret-file)"
+    if why is not None:
+        if b.rtj.spec.recovery.in_place:
+            b.notes.append(f"not restarted in place: {why}")
+        return False
+    action = decide(b.rtj.spec, b.status, found, b.now)
+    if not isinstance(action, Restart):
+        return False  # the budget is spent: on_failure fails the job
+    generation = b.status.trainer_generation + 1
+    first = found.first_failed
+    entry = InPlaceRestart(
+        generation=generation,
+        failure_class=found.failure_class,
+        failure_category=found.category,
+        first_failed=FirstFailed(**first.to_json()) if first is not None else None,
+        evidence=trim_evidence(found.evidence),
+        detected_at=b.now,
+    )
+    _record(b, entry)
+    b.update(
+        restarts=action.restarts,
+        trainer_generation=generation,
+        in_place=InPlacePhase(generation=generation, phase="Stopping", since=b.now),
+    )
+    what = found.evidence[0][:200] if found.evidence else ""
+    b.event(
+        True,
+        Reason.RESTARTING_IN_PLACE,
+        f"attempt {b.status.attempt}: {found.failure_class.value}; stopping the trainers of "
+        f"{len(live)} pods for generation {generation} ({what})",
+    )
+    b.metrics.append(MetricRecord("failure", found.failure_class))
+    b.metrics.append(MetricRecord("restart", found.failure_class))
+    if found.failed_at is not None:
+        seconds = max((b.now - found.failed_at).total_seconds(), 0.0)
+        b.metrics.append(MetricRecord("detection", found.failure_class, seconds))
+    b.requeue_in(1.0)
+    return True
+
+
+def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
+    """Move an in-place restart on; True while it holds the plan (nothing else to judge)."""
+    state = b.status.in_place
+    if state is None:
+        return False
+    deadline = b.rtj.spec.recovery.in_place_deadline_seconds
+    if (b.now - state.since).total_seconds() > deadline:
+        _fall_back(b, f"not every pod had {state.phase.lower()} within {deadline}s")
+        return True
+    names = [pod_name(p) for p in live]
+    reports = _supervisors(b)
+    if state.phase == "Stopping":
+        waiting = in_place.reported(reports, names, state.generation, frozenset({"stopped"}))
+        if waiting:
+            b.notes.append(f"in place: waiting for {', '.join(waiting[:5])} to stop")
+            b.requeue_in(1.0)
+            return True
+        step = _pin(b)
+        _update_entry(b, stopped_at=b.now, resumed_from_step=step)
+        b.update(in_place=state.model_copy(update={"phase": "Starting", "step": step}))
+        b.requeue_in(0.5)
+        return True
+    started = frozenset({"running", "exited", "finished"})
+    waiting = in_place.reported(reports, names, state.generation, started)
+    if waiting:
+        b.notes.append(f"in place: waiting for {', '.join(waiting[:5])} to start")
+        b.requeue_in(1.0)
+        return True
+    record = b.status.current
+    entry = record.in_place_restarts[-1] if record and record.in_place_restarts else None
+    _update_entry(b, started_at=b.now, outcome="Running")
+    b.update(in_place=None)
+    took = (b.now - state.since).total_seconds()
+    if entry is not None:
+        b.metrics.append(MetricRecord("recovery", entry.failure_class, took))
+    origin = f"step {state.step}" if state.step is not None else "the newest verified step"
+    b.event(
+        False,
+        Reason.RESTARTED_IN_PLACE,
+        f"attempt {b.status.attempt}: generation {state.generation} runs in every pod, "
+        f"{took:.1f}s after the failure was seen, from {origin}",
+    )
+    return True
+
+
+def _pin(b: PlanBuilder) -> int | None:
+    """The newest verified step the operator read and nobody marked bad; None: let the
+    restored trainer resolve it (file:// roots, which only the pods can read)."""
+    store = b.snap.store
+    selection = store.selection if store is not None and store.error is None else None
+    step = selection.step if selection is not None else None
+    return step if step is not None and step not in b.status.bad_steps else None
+
+
+def _record(b: PlanBuilder, entry: InPlaceRestart) -> None:
+    record = b.status.current
+    if record is None:
+        return
+    kept = [*record.in_place_restarts, entry][-MAX_IN_PLACE_RECORDS:]
+    b.replace_current(record.model_copy(update={"in_place_restarts": kept}))
+
+
+def _update_entry(b: PlanBuilder, **fields: object) -> None:
+    record = b.status.current
+    if record is None or not record.in_place_restarts:
+        return
+    entries = list(record.in_place_restarts)
+    entries[-1] = entries[-1].model_copy(update=fields)
+    b.replace_current(record.model_copy(update={"in_place_restarts": entries}))
+
+
+def _fall_back(b: PlanBuilder, why: str) -> None:
+    """Re-create the whole world (the restart was paid for when the in-place one began)."""
+    n = b.status.attempt
+    record = b.status.current
+    entry = record.in_place_restarts[-1] if record and record.in_place_restarts else None
+    _update_entry(b, outcome="FellBack")
+    record = b.status.current
+    if record is not None and entry is not None:
+        b.replace_current(record.model_copy(update={
+            "ended_at": b.now, "failure_class": entry.failure_class,
+            "failure_category": entry.failure_category, "first_failed": entry.first_failed,
+            "evidence": trim_evidence([f"in-place restart fell back: {why}", *entry.evidence]),
+        }))  # fmt: skip
+    b.update(phase=Phase.RESTARTING, in_place=None, next_attempt_at=b.now)
+    message = f"attempt {n}: in-place restart fell back ({why}); re-creating the whole world"
+    b.condition(ConditionType.RESTARTING, True, Reason.IN_PLACE_FELL_BACK, message)
+    b.condition(ConditionType.RUNNING, False, Reason.IN_PLACE_FELL_BACK, message)
+    b.after.append(DeleteJobSet(jobset_name(b.rtj.metadata.name, n)))
+    delete_pods(b, b.snap.pods)
+    b.event(True, Reason.IN_PLACE_FELL_BACK, message)
+    b.notes.append(message)
+
+
+def restart_order(snap: Snapshot) -> Order | None:
+    """What the progress poller sends every pod of the job this round (None: nothing)."""
+    return in_place.order(snap.rtj)

@@ -1,0 +1,142 @@
+"""Restart in place (spec.recovery.inPlace, issue 15), decided without a cluster: how the
+pods are rendered, which failures restart in place, and the stop -> barrier -> start -> done
+sequence driven by committed status, with its fallback."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
+
+from rtj_test_support import NOW, make_job
+from rtj_world import jobset, node, nodes_for, reading, rtj_raw, snapshot, with_status
+from test_rank_progress import running_pods
+
+from rtj_operator import reconcile as rc
+from rtj_operator.api import keys
+from rtj_operator.policy.render import render_jobset
+
+KEY = "0123456789abcdef" * 4
+IN_PLACE = {"replicas": 2, "recovery": {"inPlace": True, "inPlaceDeadlineSeconds": 60}}
+STARTED = {"attempt": 1, "jobSet": "llm-a1", "startedAt": "2025-03-14T11:00:00Z"}
+RUNNING = {"phase": "Running", "attempt": 1, "attempts": [STARTED]}
+T = NOW.timestamp()
+
+
+def supervised_pods(n: int = 2) -> list[dict[str, Any]]:
+    pods = running_pods(n)
+    for p in pods:
+        p["spec"].setdefault("volumes", []).append({"name": keys.CONTROL_VOLUME})
+    return pods
+
+
+def readings(pods: list[dict[str, Any]], *states: tuple[int, str, int | None]) -> rc.RankReadings:
+    """Per pod: (generation, state, exit code) as its supervisor reports it."""
+    reports = {p["metadata"]["name"]: {"generation": g, "state": s, "exit_code": c,
+                                       "updated_wall_time": T - 5 + i}
+               for i, (p, (g, s, c)) in enumerate(zip(pods, states, strict=True))}  # fmt: skip
+    return rc.RankReadings(attempt=1, reports=(), polled_at=T, supervisors=reports)
+
+
+def plan(raw: dict[str, Any], pods: list[dict[str, Any]], ranks: rc.RankReadings,
+         key: str | None = KEY, **extra: Any) -> rc.Plan:  # fmt: skip
+    snap = snapshot(raw, jobsets=[jobset(1)], pods=pods, **extra)
+    return rc.plan(replace(snap, ranks=ranks, control_key=key))
+
+
+def test_the_trainer_runs_under_the_supervisor_and_only_the_sidecar_holds_the_key() -> None:
+    job = make_job(**IN_PLACE)
+    spec = render_jobset(job, 1, None, KEY)["spec"]["replicatedJobs"][0]["template"]["spec"]
+    pod = spec["template"]["spec"]
+    trainer = pod["containers"][0]
+    assert trainer["command"][:3] == ["rtj-shim", "supervise", "--control-dir"]
+    assert trainer["command"][trainer["command"].index("--") + 1 :] == job.spec.template[
+        "spec"]["containers"][0]["command"]  # fmt: skip
+    sidecar = next(c for c in pod["initContainers"] if c["name"] == keys.PROGRESS_SIDECAR)
+    assert sidecar["command"][-2:] == ["--control-dir", keys.CONTROL_DIR]
+    assert {"name": keys.ENV_CONTROL_KEY, "value": KEY} in sidecar["env"]
+    assert all(e["name"] != keys.ENV_CONTROL_KEY for c in pod["containers"] for e in c["env"])
+    assert any(v["name"] == keys.CONTROL_VOLUME for v in pod["volumes"])
+    # no key (the operator has no control secret), or inPlace off: rendered as before
+    plain = render_jobset(job, 1, None, None)["spec"]["replicatedJobs"][0]["template"]
+    assert plain["spec"]["template"]["spec"]["containers"][0]["command"][0] != "rtj-shim"
+    off = render_jobset(make_job(), 1, None, KEY)["spec"]["replicatedJobs"][0]["template"]
+    assert off["spec"]["template"]["spec"]["containers"][0]["command"][0] != "rtj-shim"
+
+
+def test_a_trainer_that_exits_is_stopped_and_started_again_in_the_same_pods() -> None:
+    pods = supervised_pods()
+    raw = rtj_raw(RUNNING, **IN_PLACE)
+    failed = plan(raw, pods, readings(pods, (0, "running", None), (0, "exited", 1)))
+    assert not [a for a in failed.actions if isinstance(a, (rc.DeleteJobSet, rc.DeletePod))]
+    raw = with_status(raw, failed)
+    status = raw["status"]
+    assert status["phase"] == "Running" and status["trainerGeneration"] == 1
+    assert status["inPlace"]["phase"] == "Stopping" and status["restarts"]["infrastructure"] == 1
+    entry = status["attempts"][0]["inPlaceRestarts"][0]
+    assert entry["failureClass"] == "Unknown"
+    assert entry["firstFailed"]["pod"] == pods[1]["metadata"]["name"]
+    assert "exited with code 1" in entry["evidence"][0]
+    order = rc.restart_order(snapshot(raw, pods=pods))
+    assert order is not None and (order.generation, order.action) == (1, "stop")
+
+    # one pod stopped, the other not yet: the barrier holds
+    half = plan(raw, pods, readings(pods, (1, "stopped", 1), (0, "exited", 1)))
+    assert half.status_patch is None and not half.actions
+    # every pod stopped: the newest verified step is pinned, phase Starting
+    stopped = readings(pods, (1, "stopped", None), (1, "stopped", 1))
+    starting = plan(raw, pods, stopped, store=reading(1200))
+    raw = with_status(raw, starting)
+    assert raw["status"]["inPlace"] == {**raw["status"]["inPlace"], "phase": "Starting",
+                                        "step": 1200}  # fmt: skip
+    order = rc.restart_order(snapshot(raw, pods=pods))
+    assert order is not None and (order.action, order.attempt, order.step) == ("run", 1, 1200)
+    # every pod runs generation 1: done, recorded, nothing torn down at any point
+    done = plan(raw, pods, readings(pods, (1, "running", None), (1, "running", None)))
+    assert not [a for a in done.actions if isinstance(a, (rc.DeleteJobSet, rc.DeletePod))]
+    raw = with_status(raw, done)
+    assert "inPlace" not in raw["status"] and raw["status"]["phase"] == "Running"
+    entry = raw["status"]["attempts"][0]["inPlaceRestarts"][0]
+    assert (entry["outcome"], entry["resumedFromStep"]) == ("Running", 1200)
+    assert rc.restart_order(snapshot(raw, pods=pods)) is None
+    assert any(a.reason == "RestartedInPlace" for a in done.actions if isinstance(a, rc.PostEvent))
+
+
+def test_an_in_place_restart_past_its_deadline_recreates_the_world_without_paying_twice() -> None:
+    pods = supervised_pods()
+    raw = rtj_raw(RUNNING, **IN_PLACE)
+    raw = with_status(raw, plan(raw, pods, readings(pods, (0, "running", None),
+                                                    (0, "exited", 1))))  # fmt: skip
+    stuck = readings(pods, (1, "stopped", None), (0, "stopping", None))
+    late = plan(raw, pods, stuck, now=NOW + timedelta(seconds=61))
+    assert [a for a in late.actions if isinstance(a, rc.DeleteJobSet)]
+    raw = with_status(raw, late)
+    status = raw["status"]
+    assert status["phase"] == "Restarting" and "inPlace" not in status
+    assert status["restarts"]["infrastructure"] == 1, "the fallback spends no second restart"
+    record = status["attempts"][0]
+    assert record["inPlaceRestarts"][0]["outcome"] == "FellBack"
+    assert "fell back" in record["evidence"][0]
+
+
+def test_what_needs_another_node_or_a_cluster_view_is_not_restarted_in_place() -> None:
+    pods = supervised_pods()
+    exited = readings(pods, (0, "running", None), (0, "exited", 1))
+    # the operator has no control secret: the whole world, as before
+    whole = plan(rtj_raw(RUNNING, **IN_PLACE), pods, exited, key=None)
+    assert [a for a in whole.actions if isinstance(a, rc.DeleteJobSet)]
+    assert "no control secret" in whole.summary
+    # a GPU fault on the failed pod's node needs another node
+    sick = {**nodes_for(pods), pods[1]["spec"]["nodeName"]: node(pods[1]["spec"]["nodeName"],
+                                                                 xid=79)}  # fmt: skip
+    faulty = supervised_pods()
+    faulty[1]["status"]["phase"] = "Failed"
+    faulty[1]["status"]["containerStatuses"] = [{"name": "trainer", "state": {"terminated": {
+        "exitCode": 1, "reason": "Error", "finishedAt": "2025-03-14T11:59:55Z"}}}]  # fmt: skip
+    gpu = plan(rtj_raw(RUNNING, **IN_PLACE), faulty, exited, nodes=sick)
+    raw = with_status(rtj_raw(RUNNING, **IN_PLACE), gpu)
+    assert "inPlace" not in raw["status"]
+    # pods created before inPlace was set have no supervisor
+    old = running_pods()
+    unsupervised = plan(rtj_raw(RUNNING, **IN_PLACE), old, exited)
+    assert "no supervisor" in unsupervised.summary
