@@ -19,7 +19,9 @@ It runs until the JobSet completes or a wall-clock cap (default 1.5x the operato
 `--against`), and its goodput is over that wall time (`bench.baseline_judge`). A final model
 that differs from the no-fault run is a finding, reported; only harness errors fail it.
 Writes goodput-baseline.json, and with `--against` the side-by-side goodput-comparison.md
-and goodput-comparison.svg (`bench.soak_compare`).
+and goodput-comparison.svg (`bench.soak_compare`, which also redraws them from the JSON
+files). `--drop node_lost` runs the same schedule without that kind (the rest at the same
+times) into goodput-baseline-without-node_lost.json: a variant the comparison can show too.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from kubernetes.client.exceptions import ApiException
 from bench import baseline_jobset as bj
 from bench import baseline_judge, goodput, soak_compare
 from bench import soak_accounting as acc
-from bench.soak_schedule import schedule
+from bench.soak_schedule import KINDS, Fault, schedule
 from e2e.cluster.cluster import LocalCluster
 from e2e.demo import story
 from e2e.operator_proc import REPO, wait_for
@@ -126,10 +128,7 @@ def run(opts: goodput.SoakOptions, cap: float) -> dict[str, Any]:
     lines: list[str] = []
     display = story.Display(lines.append)
     state: dict[str, Any] = {"pids": {}}
-    plan = opts.faults if opts.faults is not None else schedule(
-        opts.seed, opts.steps * opts.expected_step_seconds, opts.mtbf,
-        ranks=goodput.RANKS, mix=opts.mix, caps=goodput.CAPS,
-    )  # fmt: skip
+    plan = opts.faults if opts.faults is not None else seeded(opts)
     injected: list[dict[str, Any]] = []
     claim_dir = platform.state / "runner" / "claims" / story.NAMESPACE / bj.CLAIM
     stall: str | None = None
@@ -218,28 +217,47 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--cap", type=float, help="seconds from the JobSet's creation")
     p.add_argument("--against", type=Path, help="the operator's run: goodput.json")
+    p.add_argument(
+        "--drop",
+        action="append",
+        default=[],
+        choices=KINDS,
+        help="leave this kind out of the seeded schedule (the rest keep their times)",
+    )
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = p.parse_args(argv)
     opts = goodput.SoakOptions(
         mtbf=args.mtbf, seed=args.seed, steps=args.steps, work=Path("/tmp/rtj-soak-baseline")
-    )
+    )  # fmt: skip
+    if args.drop:
+        opts.faults = [f for f in seeded(opts) if f.kind not in args.drop]
     ours = json.loads(args.against.read_text()) if args.against else None
     cap = args.cap or (
         CAP_FACTOR * ours["wall_seconds"] if ours else opts.steps * opts.expected_step_seconds * 2
     )
     before = goodput.machine()
     facts = run(opts, cap)
+    facts["settings"] = soak_compare.settings(opts, cap)
+    facts["machine"] = f"{before} at the start"
+    name = "goodput-baseline"
+    if args.drop:
+        facts["label"] = f"(b') the same, without {', '.join(args.drop)}"
+        name += "-without-" + "-".join(args.drop)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "goodput-baseline.json").write_text(json.dumps(facts, indent=2, default=str))
-    if ours is not None:
-        settings = soak_compare.settings(opts, cap)
-        (args.out / "goodput-comparison.md").write_text(
-            soak_compare.markdown(ours, facts, settings, f"{before} at the start")
-        )
-        (args.out / "goodput-comparison.svg").write_text(soak_compare.timeline(ours, facts))
+    (args.out / f"{name}.json").write_text(json.dumps(facts, indent=2, default=str) + "\n")
+    if ours is not None and not args.drop:
+        soak_compare.write(args.out, ours, facts)
     sys.stdout.write(f"baseline goodput {facts['goodput'] * 100:.1f}%; findings: "
                      f"{facts['findings']}; problems: {facts['problems']}\n")  # fmt: skip
     return 1 if facts["problems"] else 0
+
+
+def seeded(opts: goodput.SoakOptions) -> list[Fault]:
+    """The soak's seeded schedule for these options (the same as bench.goodput's)."""
+    return schedule(
+        opts.seed, opts.steps * opts.expected_step_seconds, opts.mtbf,
+        ranks=goodput.RANKS, mix=opts.mix, caps=goodput.CAPS,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,9 +1,19 @@
 """The side-by-side report: (a) the operator's soak and (b) the JobSet baseline under the
-same fault schedule. Pure: both runs' facts in, markdown and a two-lane SVG out."""
+same fault schedule (and any variants of (b), such as the schedule without node loss).
+Pure but for `write` and `main`: the runs' facts in, markdown and a timeline per system out.
+
+    python -m bench.soak_compare [--variant bench/results/goodput-baseline-without-node_lost.json]
+
+redraws bench/results/goodput-comparison.{md,svg} from goodput.json and goodput-baseline.json.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import argparse
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from bench import soak_report
@@ -32,9 +42,14 @@ def _recovery(facts: Mapping[str, Any], scheduled: float) -> str:
 
 
 def markdown(
-    ours: Mapping[str, Any], base: Mapping[str, Any], settings: Mapping[str, Any], machine: str
+    ours: Mapping[str, Any],
+    base: Mapping[str, Any],
+    settings: Mapping[str, Any],
+    machine: str,
+    variants: Sequence[Mapping[str, Any]] = (),
 ) -> str:
-    kinds = {f["scheduled"]: f["kind"] for f in [*ours["injected"], *base["injected"]]}
+    runs = [ours, base, *variants]
+    kinds = {f["scheduled"]: f["kind"] for run in runs for f in run["injected"]}
     scheduled = sorted(kinds.items())
     same = [(f["scheduled"], f["kind"], f["rank"]) for f in ours["injected"]]
     theirs = [(f["scheduled"], f["kind"], f["rank"]) for f in base["injected"]]
@@ -45,9 +60,10 @@ def markdown(
               ""]
     )  # fmt: skip
     rows = [
-        f"| +{at:.0f} s | {kind} | {_recovery(ours, at)} | {_recovery(base, at)} |"
+        f"| +{at:.0f} s | {kind} | " + " | ".join(_recovery(run, at) for run in runs) + " |"
         for at, kind in scheduled
     ]
+    names = [str(v.get("label", "variant")) for v in variants]
     status = "finished" if base.get("completed") == "Completed" else "did not finish"
     findings = list(base.get("findings") or []) or ["none"]
     return "\n".join(
@@ -63,17 +79,25 @@ def markdown(
             "|---|---|---|---|---|---|",
             _summary("(a) the operator (ResilientTrainingJob)", ours),
             _summary("(b) JobSet + RestartJobSet + plain torch.save", base),
+            *(_summary(name, v) for name, v in zip(names, variants, strict=True)),
             "",
             "Per fault, as each system experienced it: seconds from the injection to the next "
             "attempt's first step / steps recomputed.",
             "",
-            "| scheduled | fault | (a) operator | (b) JobSet baseline |",
-            "|---|---|---|---|",
+            "| scheduled | fault | (a) operator | (b) JobSet baseline |"
+            + "".join(f" {n.split(' ', 1)[0]} |" for n in names),
+            "|---|---|---|---|" + "---|" * len(variants),
             *rows,
             "",
             f"(b) {status}: reached step {base.get('reached_step')}. Findings about the "
             "baseline (reported, not failures): " + "; ".join(findings) + ".",
             "",
+            *(
+                f"{n}: reached step {v.get('reached_step')}; findings: "
+                + ("; ".join(v.get("findings") or []) or "none")
+                + ".\n"
+                for n, v in zip(names, variants, strict=True)
+            ),
             "(a) invariants: "
             + ("; ".join(ours["problems"]) or "none failed: every invariant held")
             + ". (b) harness problems: "
@@ -104,7 +128,9 @@ def _summary(name: str, facts: Mapping[str, Any]) -> str:
     )
 
 
-def timeline(ours: Mapping[str, Any], base: Mapping[str, Any]) -> str:
+def timeline(
+    ours: Mapping[str, Any], base: Mapping[str, Any], variants: Sequence[Mapping[str, Any]] = ()
+) -> str:
     def lane(name: str, facts: Mapping[str, Any]) -> soak_report.Lane:
         steps = {int(a): {int(s): t for s, t in per.items()}
                  for a, per in facts["timeline"].items()}  # fmt: skip
@@ -114,6 +140,45 @@ def timeline(ours: Mapping[str, Any], base: Mapping[str, Any]) -> str:
         )  # fmt: skip
 
     return soak_report.lanes_svg(
-        [lane("(a) operator", ours), lane("(b) JobSet baseline", base)],
-        "the same fault schedule, two systems",
+        [
+            lane("(a) operator", ours),
+            lane("(b) JobSet baseline", base),
+            *(lane(str(v.get("label", "variant")), v) for v in variants),
+        ],
+        "the same fault schedule: the operator and a plain JobSet",
     )
+
+
+def write(
+    out: Path,
+    ours: Mapping[str, Any],
+    base: Mapping[str, Any],
+    variants: Sequence[Mapping[str, Any]] = (),
+) -> None:
+    settings, machine = base.get("settings") or {}, str(base.get("machine", "?"))
+    text = markdown(ours, base, settings, machine, variants)
+    (out / "goodput-comparison.md").write_text(text)
+    (out / "goodput-comparison.svg").write_text(timeline(ours, base, variants))
+
+
+def main(argv: list[str] | None = None) -> int:
+    results = Path(__file__).resolve().parent / "results"
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ours", type=Path, default=results / "goodput.json")
+    p.add_argument("--baseline", type=Path, default=results / "goodput-baseline.json")
+    p.add_argument("--variant", type=Path, action="append", default=[])
+    p.add_argument("--out", type=Path, default=results)
+    args = p.parse_args(argv)
+
+    def load(path: Path) -> dict[str, Any]:
+        facts: dict[str, Any] = json.loads(path.read_text())
+        return facts
+
+    variants = [load(v) for v in args.variant]
+    write(args.out, load(args.ours), load(args.baseline), variants)
+    sys.stdout.write(f"wrote {args.out / 'goodput-comparison.md'}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

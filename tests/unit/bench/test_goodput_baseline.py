@@ -164,5 +164,10 @@ def test_the_side_by_side_report_has_both_systems_and_two_lanes() -> None:
     assert "different schedules" not in text
     svg = soak_compare.timeline(ours, base)
     assert svg.count("<polyline") == 2 and "(b) JobSet baseline" in svg
+    variant = {**facts(0.5, "SIGSTOP", 30.0), "label": "(b') the same, without node_lost"}
+    text = soak_compare.markdown(ours, base, {}, "2 CPUs", [variant])
+    assert "| (b') the same, without node_lost | **50.0%**" in text
+    assert "| +20 s | hang | 25.6 s / 3 | never trained again | 30.0 s / 3 |" in text
+    assert soak_compare.timeline(ours, base, [variant]).count("<polyline") == 3
     single = soak_report.timeline_svg(0.0, {1: {1: 1.0}}, [], "one")
     assert single.count("<polyline") == 1 and 'height="360"' in single
