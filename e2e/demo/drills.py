@@ -32,16 +32,21 @@ def job(name: str, *args: str, **spec: Any) -> dict[str, Any]:
 
 def trainer_pid(opts: story.Options, pod: dict[str, Any]) -> int:
     """The training process (torchrun's child) of a pod run by the pod runner."""
-    torchrun = int((story._pod_dir(opts, pod) / "containers" / "trainer" / "pid").read_text())
-    (child,) = [p for p in descendants(torchrun) if is_trainer(p)]
+    main = int((story._pod_dir(opts, pod) / "containers" / "trainer" / "pid").read_text())
+    (child,) = [p for p in descendants(main) if is_trainer(p)]
     return child
 
 
 def is_trainer(pid: int) -> bool:
+    """A rank of the example trainer (not torchrun, nor a supervisor, naming the script)."""
     try:
-        return b"ddp_train.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
+    launcher = any(
+        word in cmdline for word in (b"torchrun", b"torch.distributed.run", b"supervise")
+    )
+    return b"ddp_train.py" in cmdline and not launcher
 
 
 def pods(api: Any, name: str, attempt: int) -> list[dict[str, Any]]:

@@ -100,7 +100,15 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         required=not (os.environ.get(ENV_CONTROL_DIR) or env_dir),
         help=f"orders and reports (default: ${ENV_CONTROL_DIR}, else ${ENV_DIR})",
     )
-    sup.add_argument("--grace", type=float, default=10.0, help="SIGTERM to SIGKILL, seconds")
+    sup.add_argument(
+        "--grace", type=float, default=10.0, help="SIGTERM to SIGKILL when the pod ends, seconds"
+    )
+    sup.add_argument(
+        "--stop-grace",
+        type=float,
+        default=3.0,
+        help="SIGTERM to SIGKILL for an ordered stop (an in-place restart), seconds",
+    )
     sup.add_argument(
         "--order-deadline",
         type=float,
@@ -168,7 +176,11 @@ def supervise(args: argparse.Namespace) -> int:
     if not argv:
         raise UsageError("supervise: expected the trainer's command after --")
     return Supervisor(
-        argv, args.control_dir, grace=args.grace, order_deadline=args.order_deadline
+        argv,
+        args.control_dir,
+        grace=args.grace,
+        stop_grace=args.stop_grace,
+        order_deadline=args.order_deadline,
     ).run()
 
 

@@ -4,14 +4,17 @@ issue 15). Orders and reports travel through the pod's control directory (`rtj_s
 
 - Generation 0 starts at once, with the pod's environment as it is.
 - ``stop`` (generation g): SIGTERM to the command's process group and every descendant,
-  SIGKILL after ``grace`` seconds, then wait until *no* descendant is left. The supervisor
-  is the children's subreaper (``PR_SET_CHILD_SUBREAPER``), so torchrun's workers, which run
-  in sessions of their own, are its descendants even after torchrun is gone: "stopped" is
-  reported only once the old world of this pod is provably gone.
+  SIGKILL after ``stop_grace`` seconds (short: a world that lost a rank or hung cannot make
+  a consistent emergency save; the pod's own termination keeps the full ``grace``), then
+  wait until *no* descendant is left. The supervisor is the children's subreaper
+  (``PR_SET_CHILD_SUBREAPER``), so torchrun's workers, which run in sessions of their own,
+  are its descendants even after torchrun is gone: "stopped" is reported only once the old
+  world of this pod is provably gone.
 - ``run`` (generation g, attempt a, step s): only once stopped for g. The command starts
   again with ``RTJ_ATTEMPT=a`` (its checkpoints claim the run as attempt a, so a zombie of
   an older attempt can never publish), ``RTJ_RESTART_GENERATION=g`` and ``RTJ_RESUME_FILE``
-  pointing at a resume file naming step s (verified deeply by the restoring trainer).
+  pointing at a resume file naming step s (verified deeply by the restoring trainer; with
+  no step, at no file: the trainer resolves the newest verified step itself).
 - The command exits 0: training is over, the supervisor exits 0. It fails: the supervisor
   reports ``exited`` with the code and waits up to ``order_deadline`` seconds for an order;
   without one it exits with the command's code, and the pod fails as it would without a
@@ -95,6 +98,7 @@ class Supervisor:
         control_dir: Path,
         *,
         grace: float = 10.0,
+        stop_grace: float = 3.0,
         order_deadline: float = 60.0,
         env: Mapping[str, str] | None = None,
     ) -> None:
@@ -103,6 +107,7 @@ class Supervisor:
         self.argv = list(argv)
         self.dir = control_dir
         self.grace = grace
+        self.stop_grace = stop_grace
         self.order_deadline = order_deadline
         self.env = dict(os.environ if env is None else env)
         attempt = self.env.get("RTJ_ATTEMPT", "")
@@ -162,8 +167,11 @@ class Supervisor:
 
     def _env_for(self, order: Order) -> dict[str, str]:
         resume = self.dir / f"resume-{order.generation}.json"
-        source = f"in-place restart, generation {order.generation}"
-        write_json(resume, {"step": order.step, "skipped": [], "source": source})
+        if order.step is not None:
+            source = f"in-place restart, generation {order.generation}"
+            write_json(resume, {"step": order.step, "skipped": [], "source": source})
+        else:  # nothing pinned: no resume file, so the restored trainer resolves the newest
+            resume.unlink(missing_ok=True)
         return {**self.env, "RTJ_ATTEMPT": str(order.attempt),
                 "RTJ_RESTART_GENERATION": str(order.generation),
                 "RTJ_RESUME_FILE": str(resume)}  # fmt: skip
@@ -183,7 +191,7 @@ class Supervisor:
 
     def _stop(self, generation: int) -> None:
         self._set(replace(self.current, state="stopping"))
-        self._kill_all(self.grace)
+        self._kill_all(self.stop_grace)
         code = self.child.returncode if self.child is not None else None
         self._forget_progress()
         self._set(Supervised(generation, "stopped", self.current.attempt,

@@ -57,6 +57,8 @@ PROGRESS_VOLUME: Final = "rtj-progress"
 PROGRESS_DIR: Final = "/var/run/rtj-progress"
 PROGRESS_PORT_NAME: Final = "rtj-progress"
 DEFAULT_PROGRESS_PORT: Final = 9478
+SUPERVISED_ANNOTATION: Final = "training.resilient.dev/supervised"
+"""On pods whose trainer runs under `rtj-shim supervise` (spec.recovery.inPlace)."""
 CONTROL_VOLUME: Final = "rtj-control"
 CONTROL_DIR: Final = "/var/run/rtj-control"
 """Restart orders and the supervisor's reports (spec.recovery.inPlace, rtj_shim.control)."""

@@ -28,6 +28,9 @@ ORDER_DEADLINE_MARGIN = 30
 """The supervisor waits this much longer than the operator's in-place deadline for an order
 after its command fails, then exits with the command's code (the pod fails: the whole-world
 path takes over if the operator never ordered anything)."""
+STOP_GRACE_SECONDS = 3
+"""SIGTERM to SIGKILL when a pod's trainers are stopped for an in-place restart: a world
+that lost a rank or hung cannot make a consistent emergency save (as HANG_TEARDOWN_GRACE)."""
 IN_PLACE_CLASSES = frozenset({FailureClass.UNKNOWN, FailureClass.NETWORK_FAULT, FailureClass.HANG})
 """What a restart inside the same pods can cure: a process that died or hung, a collective
 that broke. A GPU or node fault needs another node; a user error, OOM or a checkpoint
@@ -49,7 +52,8 @@ def supervise(spec: Obj, rtj: ResilientTrainingJob, trainer_name: str, key: str)
     grace = rtj.spec.checkpoint.emergency_save_seconds
     trainer["command"] = [
         "rtj-shim", "supervise", "--control-dir", keys.CONTROL_DIR, "--grace", str(grace),
-        "--order-deadline", str(deadline), "--", *trainer["command"],
+        "--stop-grace", str(STOP_GRACE_SECONDS), "--order-deadline", str(deadline),
+        "--", *trainer["command"],
     ]  # fmt: skip
     mount = {"name": keys.CONTROL_VOLUME, "mountPath": keys.CONTROL_DIR}
     trainer["env"] = [*trainer.get("env", []), {"name": keys.ENV_CONTROL_DIR,
@@ -71,9 +75,10 @@ def supervise(spec: Obj, rtj: ResilientTrainingJob, trainer_name: str, key: str)
 
 
 def supervised(pod: Mapping[str, Any]) -> bool:
-    """Whether the pod was rendered with the supervisor (its spec says so, not the job's)."""
-    spec = pod.get("spec") or {}
-    return any(v.get("name") == keys.CONTROL_VOLUME for v in spec.get("volumes") or [])
+    """Whether the pod was rendered with the supervisor (its own annotation says so, not
+    the job's spec, which may have changed since)."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    return annotations.get(keys.SUPERVISED_ANNOTATION) == "true"
 
 
 def refusal(

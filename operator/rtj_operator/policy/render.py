@@ -195,8 +195,8 @@ def pod_template(
             t for t in spec.get("tolerations", []) if t.get("key") != rtj.spec.node_health.taint_key
         ],
     )  # fmt: skip
-    if rtj.spec.recovery.in_place and key:
-        in_place.supervise(spec, rtj, trainer["name"], key)
+    if rtj.spec.recovery.in_place and key and in_place.supervise(spec, rtj, trainer["name"], key):
+        meta["annotations"][keys.SUPERVISED_ANNOTATION] = "true"
     return template
 
 

@@ -51,7 +51,7 @@ class Pod:
     def supervise(self, *argv: str, deadline: float = 30) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(
             [RTJ_SHIM, "supervise", "--control-dir", str(self.control), "--grace", "1",
-             "--order-deadline", str(deadline), "--", *argv],
+             "--stop-grace", "1", "--order-deadline", str(deadline), "--", *argv],
             env={**os.environ, "RTJ_ATTEMPT": "1"},
         )  # fmt: skip
         self.procs.append(proc)

@@ -3,6 +3,7 @@ the values schema's refusals, restricted pod security, least-privilege RBAC, the
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 from typing import Any
@@ -79,7 +80,7 @@ def test_default_render_has_every_piece_and_nothing_for_missing_apis() -> None:
     assert kinds == sorted([
         "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
         "Role", "RoleBinding", "ClusterRole", "ClusterRole",
-        "Deployment", "Service", "PodDisruptionBudget", "ConfigMap",
+        "Deployment", "Service", "PodDisruptionBudget", "ConfigMap", "Secret",
     ])  # fmt: skip
     # ServiceMonitor and PrometheusRule only where the cluster serves their kinds
     with_monitoring = {o["kind"] for o in render(api_versions=MONITORING)}
@@ -392,3 +393,21 @@ def test_the_resolver_image_is_ours_by_default_and_can_be_left_to_the_trainer(
     assert want in args(pinned)
     trainers = args({"resolverImage": {"repository": ""}})
     assert not [a for a in trainers if a.startswith("--resolver-image")]
+
+
+def test_in_place_restart_orders_are_keyed_by_a_generated_secret_only_the_operator_reads(
+    tmp_path: Path,
+) -> None:
+    objs = render()
+    secret = one(objs, "Secret", "rtj-resilient-training-operator-control")
+    assert len(base64.b64decode(secret["data"]["secret"])) == 48
+    pod = one(objs, "Deployment")["spec"]["template"]["spec"]
+    assert "--control-secret-file=/etc/rtj-control/secret" in pod["containers"][0]["args"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "control")
+    assert volume["secret"] == {"secretName": secret["metadata"]["name"], "defaultMode": 0o400}
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "control")
+    assert mount["readOnly"] is True
+    off = render({"operator": {"inPlaceRestart": {"enabled": False}}}, tmp_path)
+    assert not [o for o in off if o["kind"] == "Secret"]
+    args = one(off, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not [a for a in args if a.startswith("--control-secret-file")]

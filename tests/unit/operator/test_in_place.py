@@ -25,8 +25,8 @@ T = NOW.timestamp()
 
 def supervised_pods(n: int = 2) -> list[dict[str, Any]]:
     pods = running_pods(n)
-    for p in pods:
-        p["spec"].setdefault("volumes", []).append({"name": keys.CONTROL_VOLUME})
+    for p in pods:  # as the watch cache keeps them (reconcile/trim.py): metadata, not volumes
+        p["metadata"].setdefault("annotations", {})[keys.SUPERVISED_ANNOTATION] = "true"
     return pods
 
 
@@ -57,6 +57,8 @@ def test_the_trainer_runs_under_the_supervisor_and_only_the_sidecar_holds_the_ke
     assert {"name": keys.ENV_CONTROL_KEY, "value": KEY} in sidecar["env"]
     assert all(e["name"] != keys.ENV_CONTROL_KEY for c in pod["containers"] for e in c["env"])
     assert any(v["name"] == keys.CONTROL_VOLUME for v in pod["volumes"])
+    template = spec["template"]["metadata"]["annotations"]
+    assert template[keys.SUPERVISED_ANNOTATION] == "true"
     # no key (the operator has no control secret), or inPlace off: rendered as before
     plain = render_jobset(job, 1, None, None)["spec"]["replicatedJobs"][0]["template"]
     assert plain["spec"]["template"]["spec"]["containers"][0]["command"][0] != "rtj-shim"

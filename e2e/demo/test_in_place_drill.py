@@ -1,0 +1,146 @@
+"""Drill on real training through the pod runner (issue 15): restart in place. A job with
+``spec.recovery.inPlace`` runs the example trainer (2 worker pods, one rank each) under
+``rtj-shim supervise``; one rank's training process is SIGKILLed. Nothing in Kubernetes
+fails (the supervisor keeps the pod up): the operator sees the exit through the progress
+sidecar, orders every pod to stop (the barrier: all stopped), pins the newest verified step
+and orders the same pods to start again. No pod is re-created, the attempt stays 1, and the
+finished model equals a no-fault run of the same steps bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.cluster.cluster import LocalCluster
+from e2e.demo import drills, story
+from e2e.operator_proc import REPO, wait_for
+
+pytestmark = [pytest.mark.demo, pytest.mark.timeout(900)]
+
+JOB = "drill-in-place"
+STEPS, SAVE_EVERY = 1200, 40
+
+
+def _losses(lines: list[str]) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # the line a killed rank was writing
+        if "loss" in record and "event" not in record:
+            out[int(record["step"])] = float(record["loss"])  # the last one wins
+    return out
+
+
+def _rank_log(opts: story.Options, pod: dict[str, Any]) -> Path:
+    return story._pod_dir(opts, pod) / "volumes" / "train-logs"
+
+
+def _no_fault(work: Path) -> dict[int, dict[int, float]]:
+    """The same training without faults (torchrun --standalone, 2 ranks)."""
+    logs = work / "clean-logs"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RTJ_", "AWS_"))}
+    subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+         "examples/ddp_train.py", f"--root=file://{work / 'clean-ckpt'}", f"--log-dir={logs}",
+         f"--steps={STEPS}", f"--save-every={SAVE_EVERY}"],
+        cwd=REPO, env=env, check=True, timeout=900, capture_output=True,
+    )  # fmt: skip
+    return {r: _losses((logs / f"rank-{r}.jsonl").read_text().splitlines()) for r in (0, 1)}
+
+
+def test_a_killed_rank_restarts_in_place_without_recreating_a_pod(tmp_path: Path) -> None:
+    opts = story.Options(
+        out=tmp_path / "out",
+        state=tmp_path / "state",
+        cluster_name=f"rtj-inplace-{os.getpid()}",
+        nodes=3,
+        timeout=240,
+    )
+    (opts.state / "logs").mkdir(parents=True)
+    secret = tmp_path / "control-secret"
+    secret.write_text(secrets.token_hex(32))
+    lines: list[str] = []
+    display = story.Display(lines.append)
+    state: dict[str, Any] = {"pids": {}}
+    try:
+        _, _, api = story.start_platform(
+            opts,
+            display,
+            state,
+            operator_args=("--progress-poll-seconds", "1", "--control-secret-file", str(secret)),
+        )
+        body = drills.job(
+            JOB, f"--save-every={SAVE_EVERY}",
+            recovery={"inPlace": True, "inPlaceDeadlineSeconds": 120},
+        )  # fmt: skip
+        container = body["spec"]["template"]["spec"]["containers"][0]
+        container["command"] = [  # the job ends: its model is compared with a no-fault run
+            f"--steps={STEPS}" if a == "--steps=100000" else a for a in container["command"]
+        ]
+        api.create_rtj(story.NAMESPACE, body)
+
+        wait_for("both pods running", lambda: len(drills.pods(api, JOB, 1)) == 2, 300, 0.5)
+        pods = {p["metadata"]["uid"]: p for p in drills.pods(api, JOB, 1)}
+
+        def trained(step: int) -> bool:  # from the trainer's own log: status lags up to 30 s
+            log = _rank_log(opts, drills.rank_pod(list(pods.values()), 0)) / "rank-0.jsonl"
+            try:
+                return max(_losses(log.read_text().splitlines()), default=0) >= step
+            except FileNotFoundError:
+                return False
+
+        wait_for("training past step 90", lambda: trained(90), 300, 0.5)
+        victim = drills.rank_pod(list(pods.values()), 1)
+        assert victim["spec"]["containers"][0]["command"][:2] == ["rtj-shim", "supervise"]
+        os.kill(drills.trainer_pid(opts, victim), signal.SIGKILL)
+        killed = time.monotonic()
+
+        def restarted() -> dict[str, Any] | None:
+            record = (drills.status(api, JOB).get("attempts") or [{}])[0]
+            entries = record.get("inPlaceRestarts") or []
+            return entries[0] if entries and entries[0].get("outcome") else None
+
+        entry = wait_for("the in-place restart", restarted, 180, 0.2)
+        took = time.monotonic() - killed
+        assert entry["outcome"] == "Running", entry
+        assert entry["firstFailed"]["pod"] == victim["metadata"]["name"]
+        sys.stdout.write(f"\nSIGKILL -> every pod runs generation 1: {took:.1f} s ({entry})\n")
+
+        wait_for("the job to succeed",
+                 lambda: drills.status(api, JOB).get("phase") == "Succeeded", 600, 1.0)  # fmt: skip
+        status = drills.status(api, JOB)
+        assert status["attempt"] == 1 and len(status["attempts"]) == 1, status["attempts"]
+        assert status["trainerGeneration"] == 1
+        now = {p["metadata"]["uid"] for p in drills.pods(api, JOB, 1)}
+        assert now == set(pods), "no pod was re-created"
+        restored = []
+        got = {}
+        for rank, pod in ((0, drills.rank_pod(list(pods.values()), 0)), (1, victim)):
+            text = (_rank_log(opts, pod) / f"rank-{rank}.jsonl").read_text().splitlines()
+            restored += [json.loads(x)["step"] for x in text if '"restore"' in x]
+            got[rank] = _losses(text)
+        assert entry["resumedFromStep"] in restored, (entry, restored)
+        want = _no_fault(tmp_path)
+        for rank in (0, 1):
+            diff = sorted(s for s in want[rank] if got[rank].get(s) != want[rank][s])
+            assert not diff, f"rank {rank}: {len(diff)} steps differ (first {diff[:5]})"
+        events = api.list_events(story.NAMESPACE, "reason=RestartedInPlace")
+        assert events, "the restart is an Event"
+    finally:
+        left = story.down(opts, display)
+        shutil.rmtree(LocalCluster(opts.cluster_name).dir, ignore_errors=True)
+        sys.stdout.write("\n".join(lines) + "\n")
+    assert left == [], f"down left {left}"
