@@ -134,9 +134,12 @@ def timeline(
     def lane(name: str, facts: Mapping[str, Any]) -> soak_report.Lane:
         steps = {int(a): {int(s): t for s, t in per.items()}
                  for a, per in facts["timeline"].items()}  # fmt: skip
+        stalled = "completed" in facts and facts["completed"] != "Completed"
         return soak_report.Lane(
             f"{name}: goodput {facts['goodput'] * 100:.1f}%",
             facts["created"], steps, facts["injected"],
+            facts["created"] + facts["wall_seconds"] if stalled else None,
+            f"cap: not finished at step {facts.get('reached_step')}",
         )  # fmt: skip
 
     return soak_report.lanes_svg(

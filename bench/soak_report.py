@@ -31,6 +31,9 @@ class Lane:
     created: float
     steps: Mapping[int, Mapping[int, float]]
     faults: Sequence[Mapping[str, Any]]
+    end: float | None = None
+    """Where the run's wall time ended, when it is not its last step (a cap): marked."""
+    end_label: str = ""
 
 
 def lanes_svg(lanes: Sequence[Lane], title: str) -> str:
@@ -52,7 +55,7 @@ def lanes_svg(lanes: Sequence[Lane], title: str) -> str:
 
 def _span(lane: Lane) -> float:
     times = [t for per in lane.steps.values() for t in per.values()]
-    times += [f["at"] for f in lane.faults]
+    times += [f["at"] for f in lane.faults] + ([lane.end] if lane.end is not None else [])
     return max((t - lane.created for t in times), default=1.0)
 
 
@@ -86,6 +89,12 @@ def _lane(lane: Lane, dy: float, span: float, top: int, titled: bool) -> list[st
             s, t = max(per.items())
             out.append(f'<text x="{x(t) + 3:.1f}" y="{y(s) - 3:.1f}" fill="{color}">'
                        f"attempt {attempt}</text>")  # fmt: skip
+    if lane.end is not None:
+        ex = x(lane.end)
+        out.append(f'<line x1="{ex:.1f}" y1="{dy + PAD}" x2="{ex:.1f}" y2="{base}" '
+                   'stroke="#555" stroke-width="2"/>')  # fmt: skip
+        out.append(f'<text x="{ex - 2:.1f}" y="{dy + PAD + 24}" text-anchor="end" '
+                   f'fill="#555">{escape(lane.end_label)}</text>')  # fmt: skip
     for f in lane.faults:
         fx = x(f["at"])
         out.append(f'<line x1="{fx:.1f}" y1="{dy + PAD}" x2="{fx:.1f}" y2="{base}" '

@@ -164,6 +164,9 @@ def test_the_side_by_side_report_has_both_systems_and_two_lanes() -> None:
     assert "different schedules" not in text
     svg = soak_compare.timeline(ours, base)
     assert svg.count("<polyline") == 2 and "(b) JobSet baseline" in svg
+    assert "cap: not finished at step 2" not in svg, "no 'completed' key: not a baseline"
+    stalled = soak_compare.timeline(ours, {**base, "completed": None})
+    assert "cap: not finished at step 2" in stalled
     variant = {**facts(0.5, "SIGSTOP", 30.0), "label": "(b') the same, without node_lost"}
     text = soak_compare.markdown(ours, base, {}, "2 CPUs", [variant])
     assert "| (b') the same, without node_lost | **50.0%**" in text
