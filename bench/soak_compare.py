@@ -19,6 +19,25 @@ from typing import Any
 from bench import soak_report
 from bench.baseline_jobset import MAX_RESTARTS
 
+HOW = (
+    "How each fault reaches the baseline on the pod runner: **rank_killed**, **gpu_xid** "
+    "(nothing reads the XID condition: the node stays schedulable) and **eviction** fail a "
+    "pod, so its Job fails (`backoffLimit: 0`) and the JobSet deletes every Job (foreground) "
+    "and creates them again; the trainers resume from the newest file. **hang** stops one "
+    "rank: the other waits in a gloo collective for torch's default 30 minutes, longer than "
+    "the cap, so nothing trains until another fault fails a pod. **node_lost** powers the "
+    "node off (its processes killed, its Lease stale, its pods Running in the API): the "
+    "surviving rank's collective fails and its pod fails; the Job controller deletes the "
+    "lost node's pod, which stays Terminating since no kubelet confirms it, and Kubernetes "
+    "1.35 marks the Job Failed only once all its pods are gone (`delayTerminalCondition`, "
+    "JobPodReplacementPolicy), while JobSet v0.11.1 restarts on `JobFailed` alone: the "
+    "JobSet waits until someone deletes that pod or the Node (a cloud provider deleting a "
+    "vanished VM's Node would release it; a powered-off host that keeps its Node does not). "
+    "**corrupt_newest** flips one byte in the middle of the largest tensor of the newest "
+    "`step-N.pt` and kills a rank: `torch.load` does not check the zip's CRC, the resume "
+    "succeeds, and the model silently differs from the no-fault run from then on."
+)
+
 
 def settings(opts: Any, cap: float) -> dict[str, Any]:
     return {"steps": opts.steps, "mean time between faults": f"{opts.mtbf:.0f} s",
@@ -114,6 +133,8 @@ def markdown(
             "file with `torch.load(weights_only=True)`, nothing verified; torch's default "
             "process group (gloo, 30-minute collective timeout). Its goodput counts the same "
             "way over its own wall time, up to the cap when it does not finish.",
+            "",
+            HOW,
             "",
             "![timeline](goodput-comparison.svg)",
             "",
