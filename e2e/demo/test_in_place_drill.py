@@ -5,6 +5,10 @@ fails (the supervisor keeps the pod up): the operator sees the exit through the 
 sidecar, orders every pod to stop (the barrier: all stopped), pins the newest verified step
 and orders the same pods to start again. No pod is re-created, the attempt stays 1, and the
 finished model equals a no-fault run of the same steps bit for bit.
+
+The job also keeps its place in the Kueue queue (issue 19): with the quota full, a second
+job waits; the restart re-admits nothing, so the waiting job is still waiting after it and
+is admitted only when the first one finishes.
 """
 
 from __future__ import annotations
@@ -23,12 +27,14 @@ from typing import Any
 import pytest
 
 from e2e.cluster.cluster import LocalCluster
+from e2e.cluster.testenv import TestNamespace
 from e2e.demo import drills, story
 from e2e.operator_proc import REPO, wait_for
 
 pytestmark = [pytest.mark.demo, pytest.mark.timeout(900)]
 
 JOB = "drill-in-place"
+WAITING = "drill-waiting"
 STEPS, SAVE_EVERY = 1200, 40
 
 
@@ -46,6 +52,12 @@ def _losses(lines: list[str]) -> dict[int, float]:
 
 def _rank_log(opts: story.Options, pod: dict[str, Any]) -> Path:
     return story._pod_dir(opts, pod) / "volumes" / "train-logs"
+
+
+def _jobset(api: Any, job: str) -> dict[str, Any] | None:
+    found = [js for js in api.list_jobsets(story.NAMESPACE)
+             if js["metadata"]["labels"].get("training.resilient.dev/job") == job]  # fmt: skip
+    return found[0] if found else None
 
 
 def _no_fault(work: Path) -> dict[int, dict[int, float]]:
@@ -76,7 +88,7 @@ def test_a_killed_rank_restarts_in_place_without_recreating_a_pod(tmp_path: Path
     display = story.Display(lines.append)
     state: dict[str, Any] = {"pids": {}}
     try:
-        _, _, api = story.start_platform(
+        _, kube, api = story.start_platform(
             opts,
             display,
             state,
@@ -94,6 +106,11 @@ def test_a_killed_rank_restarts_in_place_without_recreating_a_pod(tmp_path: Path
 
         wait_for("both pods running", lambda: len(drills.pods(api, JOB, 1)) == 2, 300, 0.5)
         pods = {p["metadata"]["uid"]: p for p in drills.pods(api, JOB, 1)}
+        # the quota is full now: a second job waits behind this one
+        TestNamespace(kube=kube, name=story.NAMESPACE, cluster_queue=story.NAMESPACE,
+                      local_queue=story.QUEUE).set_gpu_quota(2)  # fmt: skip
+        api.create_rtj(story.NAMESPACE, drills.job(WAITING))
+        wait_for("the waiting job's JobSet", lambda: _jobset(api, WAITING), 60, 0.5)
 
         def trained(step: int) -> bool:  # from the trainer's own log: status lags up to 30 s
             log = _rank_log(opts, drills.rank_pod(list(pods.values()), 0)) / "rank-0.jsonl"
@@ -117,6 +134,8 @@ def test_a_killed_rank_restarts_in_place_without_recreating_a_pod(tmp_path: Path
         took = time.monotonic() - killed
         assert entry["outcome"] == "Running", entry
         assert entry["firstFailed"]["pod"] == victim["metadata"]["name"]
+        waiting = _jobset(api, WAITING)
+        assert waiting is not None and waiting["spec"]["suspend"] is True, "still queued"
         sys.stdout.write(f"\nSIGKILL -> every pod runs generation 1: {took:.1f} s ({entry})\n")
 
         wait_for("the job to succeed",
@@ -139,6 +158,11 @@ def test_a_killed_rank_restarts_in_place_without_recreating_a_pod(tmp_path: Path
             assert not diff, f"rank {rank}: {len(diff)} steps differ (first {diff[:5]})"
         events = api.list_events(story.NAMESPACE, "reason=RestartedInPlace")
         assert events, "the restart is an Event"
+        admitted = wait_for("the waiting job admitted once the first one finished", lambda: (
+            (js := _jobset(api, WAITING)) is not None and js["spec"]["suspend"] is False
+        ), 120, 0.5)  # fmt: skip
+        assert admitted
+        api.delete_rtj(story.NAMESPACE, WAITING)
     finally:
         left = story.down(opts, display)
         shutil.rmtree(LocalCluster(opts.cluster_name).dir, ignore_errors=True)

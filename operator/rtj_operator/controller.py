@@ -515,6 +515,9 @@ class Controller:
 
     async def apply(self, key: Key, snap: rc.Snapshot, plan: rc.Plan) -> None:
         await self.applier.apply(key, snap, plan)
+        patch = plan.status_patch
+        if patch is not None and "inPlace" in patch.patch:
+            self.rank_polls.poke()  # an in-place restart moved on: its orders go out now
 
     @property
     def _posting(self) -> set[asyncio.Task[None]]:

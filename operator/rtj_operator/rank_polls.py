@@ -36,6 +36,9 @@ log = logging.getLogger("rtj_operator.rank_polls")
 Key = tuple[str, str]
 MAX_BODY = 1 << 20
 """A progress body is ~1 KiB per rank (1,024 ranks at most per pod): 1 MiB bounds it."""
+ORDER_INTERVAL = 0.25
+"""Seconds between rounds while a job has restart orders out (an in-place restart): each
+supervisor's progress is seen within this, not within the poll period."""
 MAX_SKIPPED_ROUNDS = 8
 """A pod that keeps not answering is asked every 2, 4, ... up to 1 + 8 rounds: a dead pod
 (or one whose image has no progress server) must not cost a connection timeout per round."""
@@ -138,6 +141,8 @@ class RankPolls:
         """(job, attempt, pod) -> (failures in a row, the round it is asked again, when the
         first of them went unanswered)."""
         self._lock = threading.Lock()
+        self._poked: asyncio.Event | None = None
+        self._orders_out = False
         self.rounds = 0
 
     def reading(self, key: Key) -> RankReadings | None:
@@ -176,6 +181,7 @@ class RankPolls:
         """One round over every job's targets, then one `on_round(key)` per job."""
         loop = asyncio.get_running_loop()
         orders = {job.key: job.order for job in jobs}
+        self._orders_out = any(order is not None for order in orders.values())
         flat = [
             (job.key, t)
             for job in jobs
@@ -274,17 +280,29 @@ class RankPolls:
             self._readings[job.key] = reading
             self._stragglers[job.key] = verdict.state
 
+    def poke(self) -> None:
+        """Start the next round now (an in-place restart's next order must not wait for the
+        period). Call from the event loop."""
+        if self._poked is not None:
+            self._poked.set()
+
     async def run(self, jobs: Callable[[], Iterable[JobTargets]]) -> None:
         """Poll forever (cancel to stop)."""
+        self._poked = asyncio.Event()
         while True:
             started = time.monotonic()
+            self._poked.clear()
             try:
                 await self.poll_once([j for j in jobs() if j.targets])
             except Exception:
                 log.exception("progress poll round failed")
             # a round every `interval` (not a round plus `interval`): detection waits at most
-            # one period for the next look, whatever a round costs
-            await asyncio.sleep(max(self.interval - (time.monotonic() - started), 0.0))
+            # one period for the next look, whatever a round costs; a poke starts it at once,
+            # and while a job has restart orders out the rounds follow each other closely
+            interval = min(self.interval, ORDER_INTERVAL) if self._orders_out else self.interval
+            wait = max(interval - (time.monotonic() - started), 0.0)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._poked.wait(), wait)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -28,7 +28,7 @@ ORDER_DEADLINE_MARGIN = 30
 """The supervisor waits this much longer than the operator's in-place deadline for an order
 after its command fails, then exits with the command's code (the pod fails: the whole-world
 path takes over if the operator never ordered anything)."""
-STOP_GRACE_SECONDS = 3
+STOP_GRACE_SECONDS = 1
 """SIGTERM to SIGKILL when a pod's trainers are stopped for an in-place restart: a world
 that lost a rank or hung cannot make a consistent emergency save (as HANG_TEARDOWN_GRACE)."""
 IN_PLACE_CLASSES = frozenset({FailureClass.UNKNOWN, FailureClass.NETWORK_FAULT, FailureClass.HANG})

@@ -142,3 +142,32 @@ def test_what_needs_another_node_or_a_cluster_view_is_not_restarted_in_place() -
     old = running_pods()
     unsupervised = plan(rtj_raw(RUNNING, **IN_PLACE), old, exited)
     assert "no supervisor" in unsupervised.summary
+
+
+def test_the_poller_sends_each_pod_the_order_before_reading_it_and_keeps_its_report() -> None:
+    import asyncio
+
+    from rtj_operator.rank_polls import JobTargets, RankPolls
+
+    sent: list[tuple[str, bytes, str]] = []
+    state = {"generation": 0, "state": "running"}
+
+    def send(ip: str, port: int, timeout: float, body: bytes, signature: str) -> None:
+        sent.append((ip, body, signature))
+        state.update(generation=1, state="stopped")  # the supervisor carried it out
+
+    def fetch(ip: str, port: int, timeout: float) -> Any:
+        return {"schema": 1, "ranks": [], "supervisor": dict(state)}
+
+    polls = RankPolls(lambda: NOW, lambda key: None, fetch=fetch, send=send)
+    key = ("team-a", "llm")
+    targets = (rc.PollTarget("p0", "10.0.0.1", 9478, 1), rc.PollTarget("p1", "10.0.0.2", 9478, 1))
+    asyncio.run(polls.poll_once([JobTargets(key, targets, order=(b"{}", "sha256=ab"))]))
+    assert sorted(ip for ip, _, _ in sent) == ["10.0.0.1", "10.0.0.2"]
+    reading = polls.reading(key)
+    assert reading is not None
+    assert reading.supervisors["p0"] == {"generation": 1, "state": "stopped"}
+    sent.clear()
+    asyncio.run(polls.poll_once([JobTargets(key, targets)]))
+    assert not sent, "no order, nothing sent"
+    polls.close()
