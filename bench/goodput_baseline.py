@@ -12,8 +12,8 @@ default process group: a hang waits out gloo's 30-minute timeout). The same seed
 is injected into the JobSet's current pods (`Injector` below): rank_killed, gpu_xid and
 eviction fail a pod, so the JobSet restarts (nothing quarantines the XID node); node_lost
 powers the node off and the JobSet waits for whatever Kubernetes does; hang SIGSTOPs a
-rank; corrupt_newest flips a byte in the largest tensor of the newest step file and kills a
-rank.
+rank; corrupt_newest kills a rank, then flips a byte in the largest tensor of the newest step
+file (before the restart reads it).
 
 It runs until the JobSet completes or a wall-clock cap (default 1.5x the operator's run,
 `--against`), and its goodput is over that wall time (`bench.baseline_judge`). A final model
@@ -32,8 +32,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +58,20 @@ class Injector(goodput.Injector):
     def __init__(self, opts: story.Options, kube: Any, api: Any, claim_dir: Path) -> None:
         super().__init__(opts, kube, api)
         self.claim_dir = claim_dir
+        self._newest = newest_plain_step_function()  # imports torch: not while a fault waits
+
+    def apply(self, fault: Fault) -> str:
+        if fault.kind != "corrupt_newest":
+            return super().apply(fault)
+        pod = self._current(fault.rank)
+        pid = self._trainer(pod) if pod is not None else None
+        if pod is None or pid is None:
+            return "skipped: no running trainer for that rank"
+        # the kill first, so no newer file can follow the corrupted one; a save whose
+        # rename was under way lands within the second, the restart reads files much later
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(1.0)
+        return f"SIGKILL rank {fault.rank} (pid {pid}); then {self._corrupt_newest()}"
 
     def _current(self, rank: int) -> dict[str, Any] | None:
         restarts = (self.kube.jobset_get(bj.NAME, story.NAMESPACE).get("status") or {}).get(
@@ -65,8 +81,7 @@ class Injector(goodput.Injector):
         return bj.current_pod(pods, int(restarts), rank)
 
     def _corrupt_newest(self) -> str:
-        names = [p.name for p in self.claim_dir.glob("step-*.pt")]
-        step = newest_plain_step(names)
+        step = self._newest([p.name for p in self.claim_dir.glob("step-*.pt")])
         if step is None:
             return "no step file yet: nothing corrupted"
         path = self.claim_dir / f"step-{step}.pt"
@@ -77,8 +92,8 @@ class Injector(goodput.Injector):
         return f"flipped a byte of {path.name} ({record.split('/', 1)[-1]}, the largest tensor)"
 
 
-def newest_plain_step(names: list[str]) -> int | None:
-    """The trainer's own choice (examples/ddp_train.py `newest_plain_step`)."""
+def newest_plain_step_function() -> Callable[[list[str]], int | None]:
+    """The trainer's own choice of the file to resume from (examples/ddp_train.py)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("ddp_train", REPO / "examples" / "ddp_train.py")
@@ -86,8 +101,8 @@ def newest_plain_step(names: list[str]) -> int | None:
     module = importlib.util.module_from_spec(spec)
     sys.modules.setdefault(spec.name, module)  # its dataclasses look themselves up
     spec.loader.exec_module(module)
-    step: int | None = module.newest_plain_step(names)
-    return step
+    newest: Callable[[list[str]], int | None] = module.newest_plain_step
+    return newest
 
 
 def _attempt_logs(platform: story.Options) -> dict[int, dict[int, list[str]]]:

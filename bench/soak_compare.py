@@ -33,9 +33,10 @@ HOW = (
     "JobPodReplacementPolicy), while JobSet v0.11.1 restarts on `JobFailed` alone: the "
     "JobSet waits until someone deletes that pod or the Node (a cloud provider deleting a "
     "vanished VM's Node would release it; a powered-off host that keeps its Node does not). "
-    "**corrupt_newest** flips one byte in the middle of the largest tensor of the newest "
-    "`step-N.pt` and kills a rank: `torch.load` does not check the zip's CRC, the resume "
-    "succeeds, and the model silently differs from the no-fault run from then on."
+    "**corrupt_newest** kills a rank, then flips one byte in the middle of the largest "
+    "tensor of the newest `step-N.pt` (before the restart reads it): `torch.load` does not "
+    "check the zip's CRC, the resume succeeds, and the model silently differs from the "
+    "no-fault run from then on."
 )
 
 
