@@ -27,7 +27,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from e2e.cluster.cluster import LocalCluster
 from e2e.demo import drills, story
 from e2e.operator_proc import REPO, wait_for
 
@@ -139,32 +138,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--markdown", type=Path, default=REPO / "bench" / "results" / "in-place.md")
     args = p.parse_args(argv)
     shutil.rmtree(args.work, ignore_errors=True)
-    opts = story.Options(
-        out=args.work / "out", state=args.work / "state",
-        cluster_name=f"rtj-inplace-bench-{os.getpid()}", nodes=args.workers + 1, timeout=300,
-    )  # fmt: skip
-    (opts.state / "logs").mkdir(parents=True)
     secret = args.work / "control-secret"
+    secret.parent.mkdir(parents=True, exist_ok=True)
     secret.write_text(secrets.token_hex(32))
-    lines: list[str] = []
-    state: dict[str, Any] = {"pids": {}}
     before = os.getloadavg()[0]
     trials: list[Trial] = []
-    try:
-        _, _, api = story.start_platform(
-            opts, story.Display(lines.append), state,
-            operator_args=("--progress-poll-seconds", "1", "--control-secret-file", str(secret),
-                           "--lease-duration", "15", "--renew-deadline", "10",
-                           "--retry-period", "2"),
-        )  # fmt: skip
+    with drills.running_platform(
+        args.work, "rtj-inplace-bench", args.workers + 1,
+        "--progress-poll-seconds", "1", "--control-secret-file", str(secret),
+        # trainers on a small machine: a leader lease the harness's 4 s would lose
+        "--lease-duration", "15", "--renew-deadline", "10", "--retry-period", "2",
+        timeout=300,
+    ) as platform:  # fmt: skip
         for n in range(args.trials):
             for path in PATHS:
-                trials.append(trial(api, opts, path, n, args.workers))
+                trials.append(trial(platform.api, platform.opts, path, n, args.workers))
                 sys.stdout.write(f"{trials[-1]}\n")
                 sys.stdout.flush()
-    finally:
-        story.down(opts, story.Display(lines.append))
-        shutil.rmtree(LocalCluster(opts.cluster_name).dir, ignore_errors=True)
     text = markdown(trials, args.workers, (before, os.getloadavg()[0]))
     args.markdown.parent.mkdir(parents=True, exist_ok=True)
     args.markdown.write_text(text)

@@ -1,14 +1,22 @@
-"""What the drills on real training share: the example job renamed and tuned, the current
-pods of an attempt, a rank's training process, the job's status."""
+"""What the drills and benchmarks on real training share: the running platform, the example
+job renamed and tuned, the current pods of an attempt, a rank's training process, the job's
+status."""
 
 from __future__ import annotations
 
 import copy
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from e2e.cluster.cluster import LocalCluster
 from e2e.demo import story
 from e2e.podrunner.runner import descendants
 
@@ -61,3 +69,46 @@ def rank_pod(pods: list[dict[str, Any]], rank: int) -> dict[str, Any]:
 
 def status(api: Any, name: str) -> dict[str, Any]:
     return dict(api.get_rtj(story.NAMESPACE, name).get("status") or {})
+
+
+@dataclass
+class Platform:
+    """The demo's platform, running (see `running_platform`)."""
+
+    opts: story.Options
+    kubeconfig: Path
+    kube: Any
+    api: Any
+    lines: list[str]
+
+
+@contextmanager
+def running_platform(
+    work: Path, name: str, nodes: int, *operator_args: str, timeout: float = 240
+) -> Iterator[Platform]:
+    """The local control plane, S3 server, pod runner (`nodes` nodes) and operator for one
+    drill or benchmark, under `work`; stopped at the end, with everything it started (what
+    is left running fails the caller: `LeftRunning`). The narration is in `.lines`."""
+    opts = story.Options(
+        out=work / "out", state=work / "state", cluster_name=f"{name}-{os.getpid()}",
+        nodes=nodes, timeout=timeout,
+    )  # fmt: skip
+    (opts.state / "logs").mkdir(parents=True, exist_ok=True)
+    lines: list[str] = []
+    display = story.Display(lines.append)
+    state: dict[str, Any] = {"pids": {}}
+    try:
+        kubeconfig, kube, api = story.start_platform(
+            opts, display, state, operator_args=operator_args
+        )
+        yield Platform(opts, kubeconfig, kube, api, lines)
+    finally:
+        left = story.down(opts, display)
+        shutil.rmtree(LocalCluster(opts.cluster_name).dir, ignore_errors=True)
+        sys.stdout.write("\n".join(lines) + "\n")
+    if left:
+        raise LeftRunning(f"down left {left}")
+
+
+class LeftRunning(AssertionError):
+    """A platform's processes survived its teardown."""

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,7 +25,6 @@ from typing import Any
 
 import pytest
 
-from e2e.cluster.cluster import LocalCluster
 from e2e.cluster.testenv import TestNamespace
 from e2e.demo import drills, story
 from e2e.operator_proc import REPO, wait_for
@@ -74,26 +72,18 @@ def _no_fault(work: Path) -> dict[int, dict[int, float]]:
 
 
 def test_a_killed_rank_restarts_in_place_without_recreating_a_pod(tmp_path: Path) -> None:
-    opts = story.Options(
-        out=tmp_path / "out",
-        state=tmp_path / "state",
-        cluster_name=f"rtj-inplace-{os.getpid()}",
-        nodes=3,
-        timeout=240,
-    )
-    (opts.state / "logs").mkdir(parents=True)
     secret = tmp_path / "control-secret"
     secret.write_text(secrets.token_hex(32))
-    lines: list[str] = []
-    display = story.Display(lines.append)
-    state: dict[str, Any] = {"pids": {}}
-    try:
-        _, kube, api = story.start_platform(
-            opts,
-            display,
-            state,
-            operator_args=("--progress-poll-seconds", "1", "--control-secret-file", str(secret)),
-        )
+    with drills.running_platform(
+        tmp_path,
+        "rtj-inplace",
+        3,
+        "--progress-poll-seconds",
+        "1",
+        "--control-secret-file",
+        str(secret),
+    ) as platform:
+        opts, kube, api = platform.opts, platform.kube, platform.api
         body = drills.job(
             JOB, f"--save-every={SAVE_EVERY}",
             recovery={"inPlace": True, "inPlaceDeadlineSeconds": 120},
@@ -163,8 +153,3 @@ def test_a_killed_rank_restarts_in_place_without_recreating_a_pod(tmp_path: Path
         ), 120, 0.5)  # fmt: skip
         assert admitted
         api.delete_rtj(story.NAMESPACE, WAITING)
-    finally:
-        left = story.down(opts, display)
-        shutil.rmtree(LocalCluster(opts.cluster_name).dir, ignore_errors=True)
-        sys.stdout.write("\n".join(lines) + "\n")
-    assert left == [], f"down left {left}"

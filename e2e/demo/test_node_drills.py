@@ -13,8 +13,6 @@ renewals, status and pod events for a node, and with ``freeze`` SIGSTOPs its pro
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -23,7 +21,6 @@ from typing import Any
 import pytest
 
 from e2e.cluster import faults
-from e2e.cluster.cluster import LocalCluster
 from e2e.demo import drills, story
 from e2e.operator_proc import wait_for
 from e2e.podrunner.runner import ready_condition
@@ -78,21 +75,10 @@ def _saves(pod_dir: Path) -> list[int]:
 
 
 def test_partition_flicker_and_a_silent_node_whose_zombie_cannot_publish(tmp_path: Path) -> None:
-    opts = story.Options(
-        out=tmp_path / "out",
-        state=tmp_path / "state",
-        cluster_name=f"rtj-nodes-{os.getpid()}",
-        nodes=4,
-        timeout=240,
-    )
-    (opts.state / "logs").mkdir(parents=True)
-    lines: list[str] = []
-    display = story.Display(lines.append)
-    state: dict[str, Any] = {"pids": {}}
-    try:
-        _, kube, api = story.start_platform(
-            opts, display, state, operator_args=("--progress-poll-seconds", str(POLL))
-        )
+    with drills.running_platform(
+        tmp_path, "rtj-nodes", 4, "--progress-poll-seconds", str(POLL)
+    ) as platform:
+        opts, kube, api = platform.opts, platform.kube, platform.api
         body = drills.job(JOB, replicas=1, progress={"hangTimeoutSeconds": 60})
         container = body["spec"]["template"]["spec"]["containers"][0]
         container["command"] = [
@@ -181,8 +167,3 @@ def test_partition_flicker_and_a_silent_node_whose_zombie_cannot_publish(tmp_pat
         assert kube.core.read_node(victim).metadata.name == victim, "nobody deleted the Node"
         resumed_from = {a["attempt"]: a.get("resumedFromStep") for a in status["attempts"]}
         sys.stdout.write(f"resumed from {resumed_from}; zombie saves {saved_before}\n")
-    finally:
-        left = story.down(opts, display)
-        shutil.rmtree(LocalCluster(opts.cluster_name).dir, ignore_errors=True)
-        sys.stdout.write("\n".join(lines) + "\n")
-    assert left == [], f"down left {left}"

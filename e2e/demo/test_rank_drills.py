@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import sys
 import time
@@ -20,7 +19,6 @@ from typing import Any
 
 import pytest
 
-from e2e.cluster.cluster import LocalCluster
 from e2e.demo import drills, story
 from e2e.operator_proc import wait_for
 
@@ -31,21 +29,10 @@ POLL = 1.0
 
 
 def test_a_frozen_rank_is_a_hang_and_a_slow_one_a_straggler(tmp_path: Path) -> None:
-    opts = story.Options(
-        out=tmp_path / "out",
-        state=tmp_path / "state",
-        cluster_name=f"rtj-drill-{os.getpid()}",
-        nodes=4,
-        timeout=240,
-    )
-    (opts.state / "logs").mkdir(parents=True)
-    lines: list[str] = []
-    display = story.Display(lines.append)
-    state: dict[str, Any] = {"pids": {}}
-    try:
-        kubeconfig, _, api = story.start_platform(
-            opts, display, state, operator_args=("--progress-poll-seconds", str(POLL))
-        )
+    with drills.running_platform(
+        tmp_path, "rtj-drill", 4, "--progress-poll-seconds", str(POLL)
+    ) as platform:
+        opts, api = platform.opts, platform.api
         hang = drills.job("drill-hang", progress={"hangTimeoutSeconds": HANG_TIMEOUT})
         slow = drills.job(
             "drill-slow",
@@ -111,12 +98,7 @@ def test_a_frozen_rank_is_a_hang_and_a_slow_one_a_straggler(tmp_path: Path) -> N
         assert [s["rank"] for s in stragglers] == [1] and stragglers[0]["ratio"] > 1.43
         events = api.list_events(story.NAMESPACE, "reason=StragglerDetected")
         assert any("rank 1 " in e.get("message", "") for e in events)
-        table = story.kubectl(kubeconfig, "get", "rtj", "-n", story.NAMESPACE)
+        table = story.kubectl(platform.kubeconfig, "get", "rtj", "-n", story.NAMESPACE)
         header = table.splitlines()[0].split()
         assert header[:5] == ["NAME", "PHASE", "ATTEMPT", "STEP", "STEPS/S"], table
         sys.stdout.write(f"\n{table}\n{json.dumps(stragglers)}\n")
-    finally:
-        left = story.down(opts, display)
-        shutil.rmtree(LocalCluster(opts.cluster_name).dir, ignore_errors=True)
-        sys.stdout.write("\n".join(lines) + "\n")
-    assert left == [], f"down left {left}"
