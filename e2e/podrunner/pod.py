@@ -42,6 +42,10 @@ from typing import TYPE_CHECKING, Any
 
 from kubernetes.client.exceptions import ApiException
 
+# a container's processes are its tree (torchrun's workers run in sessions of their own),
+# found as the supervisor finds them
+from rtj_shim.supervisor import descendants
+
 from .podip import NoPodIP
 from .spec import LocalProcess, PodNotRunnable, plan_pod
 from .status import ContainerRun, PodRun, render_status, signal_name, termination
@@ -358,24 +362,6 @@ def _read(path: Path) -> bytes:
         return path.read_bytes()
     except OSError:
         return b""
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (torchrun starts its workers in sessions of their own, so
-    a container's processes are its tree, not its process group)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
 
 
 def kill_tree(pid: int, sig: int) -> None:
