@@ -52,10 +52,15 @@ def _from_epoch(seconds: float) -> datetime:
 def poll_targets(snap: Snapshot) -> tuple[PollTarget, ...]:
     """The current attempt's trusted, Running worker pods with an IP and a progress sidecar
     (polled on the sidecar's own port), when the job has progress monitoring on and is
-    admitted or running (nothing while it restarts)."""
+    admitted or running. While it restarts, the failed attempt's pods still there (being
+    deleted) are read on: a node whose pods all went quiet with its Lease overdue is fenced
+    without waiting for the Lease alone (`reconcile.liveness.fenced_nodes`)."""
     rtj = snap.rtj
     status = rtj.status
-    if not rtj.spec.progress.enabled or status.phase not in (Phase.ADMITTED, Phase.RUNNING):
+    teardown = status.phase is Phase.RESTARTING
+    if not rtj.spec.progress.enabled or not (
+        teardown or status.phase in (Phase.ADMITTED, Phase.RUNNING)
+    ):
         return ()
     owned = owned_jobset_uids(snap)
     out = []
@@ -66,7 +71,8 @@ def poll_targets(snap: Snapshot) -> tuple[PollTarget, ...]:
         running = get_in(pod, "status", "phase") == "Running"
         deleting = get_in(pod, "metadata", "deletionTimestamp") is not None
         port = progress_port(pod)
-        if running and not deleting and isinstance(ip, str) and ip and port is not None:
+        wanted = running and (teardown or not deleting)
+        if wanted and isinstance(ip, str) and ip and port is not None:
             out.append(PollTarget(pod_name(pod), ip, port, status.attempt))
     return tuple(sorted(out, key=lambda t: t.pod))
 

@@ -304,3 +304,24 @@ def test_leases_of_nodes_that_no_longer_exist_never_make_a_partition() -> None:
         everything.apply("MODIFIED", {"metadata": {"name": name}, "spec": spec})
     everything.scan()
     assert everything.partition, "counting them all, it would have held every job"
+
+
+def test_a_failed_attempts_node_whose_pods_went_quiet_is_fenced_before_its_lease_says() -> None:
+    """The attempt failed for another reason (the surviving rank saw its peer's socket close):
+    its pods are still read while it is torn down, so the dead node's pods, quiet with the
+    Lease overdue, are force-deleted without waiting for the Lease alone."""
+    raw = rtj_raw({**RUNNING, "phase": "Restarting"})
+    pods = [pod(1, 0, deleting=True), pod(1, 1, deleting=True)]
+    snap = snapshot(raw, jobsets=[], pods=pods, nodes=nodes_for(pods))
+    leases = {"gpu-node-000": fresh(), "gpu-node-001": fresh(22)}  # overdue 11 s ago
+    quiet = rc.RankReadings(
+        attempt=1, reports=(), polled_at=NOW.timestamp(),
+        quiet_since={pods[1]["metadata"]["name"]: (NOW - timedelta(seconds=20)).timestamp()},
+    )  # fmt: skip
+
+    def deleted(ranks: rc.RankReadings | None) -> list[str]:
+        plan = rc.plan(replace(snap, node_leases=leases, ranks=ranks))
+        return [a.name for a in plan.actions if isinstance(a, rc.DeletePod)]
+
+    assert deleted(quiet) == [pods[1]["metadata"]["name"]]
+    assert deleted(None) == [], "the Lease alone: silent 2 s ago, fenced only at 10 s"

@@ -236,9 +236,17 @@ def test_poll_targets_are_the_current_attempts_trusted_running_pods_with_an_ip()
     ]
     off = snapshot(rtj_raw(RUNNING, progress={"enabled": False}), jobsets=[jobset(1)], pods=pods)
     assert rc.poll_targets(off) == ()
-    restarting = snapshot(rtj_raw({**RUNNING, "phase": "Restarting"}), jobsets=[jobset(1)],
-                          pods=pods)  # fmt: skip
-    assert rc.poll_targets(restarting) == ()
+    # while it restarts, what is left of the failed attempt (being deleted) is still read
+    leaving = [with_sidecar(pod(1, i, deleting=True)) for i in range(2)]
+    for i, p in enumerate(leaving):
+        p["status"]["podIP"] = f"10.0.1.{i + 1}"
+    restarting = snapshot(rtj_raw({**RUNNING, "phase": "Restarting"}), gone_jobsets=[jobset(1)],
+                          pods=leaving)  # fmt: skip
+    assert [t.ip for t in rc.poll_targets(restarting)] == ["10.0.1.1", "10.0.1.2"]
+    running_deleting = snapshot(raw, jobsets=[jobset(1)], pods=leaving)
+    assert rc.poll_targets(running_deleting) == (), "a running attempt's leaving pods: no"
+    suspended = snapshot(rtj_raw({**RUNNING, "phase": "Suspended"}), jobsets=[], pods=pods)
+    assert rc.poll_targets(suspended) == ()
 
 
 def test_the_poller_keeps_the_last_answer_of_a_pod_that_stops_answering() -> None:
