@@ -211,7 +211,7 @@ class Supervisor:
         """SIGTERM the group and every descendant, SIGKILL what is left after ``grace``,
         then reap until no descendant remains."""
         me = os.getpid()
-        if self.child is not None:
+        if self.child is not None and self.child.poll() is None:  # a reaped pid may be reused
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.child.pid, signal.SIGTERM)
         for pid in descendants(me):
