@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 from scenario_support import (
     NCCL_TIMEOUT,
     WAIT,
@@ -81,9 +82,15 @@ def test_a_corrupt_pinned_step_is_marked_bad_and_the_previous_verified_step_is_p
     assert resolve.returncode == 1, resolve
     assert "sha256" in resolve.termination_message, resolve
     for rank in sorted(pods):
-        kubelet_reports_init_failure(hkube, ns, pods[rank]["metadata"]["name"],
-                                     exit_code=resolve.returncode,
-                                     message=resolve.termination_message)  # fmt: skip
+        try:
+            kubelet_reports_init_failure(hkube, ns, pods[rank]["metadata"]["name"],
+                                         exit_code=resolve.returncode,
+                                         message=resolve.termination_message)  # fmt: skip
+        except ApiException as exc:
+            # the operator may act on rank 0's report before rank 1's is written: its pods
+            # are already deleted (a checkpoint verdict is recorded at once)
+            if exc.status != 404 or rank == min(pods):
+                raise
 
     record = failed_record(rtj_api, ns, JOB, 1)
     assert record["failureClass"] == "CheckpointCorrupt", record
