@@ -12,10 +12,14 @@ An order::
 
     {"job_uid": "0c2f...", "generation": 3, "action": "stop"}
     {"job_uid": "0c2f...", "generation": 3, "action": "run", "attempt": 4, "step": 1200}
+    {"job_uid": "0c2f...", "generation": 3, "action": "run", "attempt": 4, "step": 1200,
+     "fast_step": 1260}
 
 ``stop`` ends generation ``generation - 1`` (every process of the trainer's command gone);
 ``run`` starts generation ``generation`` (only after the pod reported ``stopped`` for it)
-from ``step`` (None: from scratch), writing checkpoints as ``attempt``.
+from ``step`` (None: from scratch), writing checkpoints as ``attempt``. ``fast_step``, when
+present, is the newer step every pod holds in its fast tier (``rtj_shim.fast_tier``): the
+trainer resumes from it when every rank verifies it, else from ``step``.
 
 Authenticity: the body is signed with HMAC-SHA256 under the job's control key (header
 ``X-RTJ-Signature: sha256=<hex>``). The operator derives the key from its own secret and the
@@ -58,6 +62,7 @@ class Order:
     action: str
     attempt: int | None = None
     step: int | None = None
+    fast_step: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -68,6 +73,8 @@ class Order:
         if self.action == "run":
             body["attempt"] = self.attempt
             body["step"] = self.step
+            if self.fast_step is not None:
+                body["fast_step"] = self.fast_step
         return body
 
     def encode(self) -> bytes:
@@ -91,14 +98,17 @@ def parse_order(raw: bytes) -> Order:
         raise OrderError(f"order.generation: expected an integer >= 0, got {generation!r}")
     if action not in ACTIONS:
         raise OrderError(f"order.action: expected one of {', '.join(ACTIONS)}, got {action!r}")
-    attempt, step = data.get("attempt"), data.get("step")
+    attempt, step, fast = data.get("attempt"), data.get("step"), data.get("fast_step")
     if action == "run":
         if not _count(attempt) or attempt < 1:
             raise OrderError(f"order.attempt: expected an integer >= 1, got {attempt!r}")
         if step is not None and not _count(step):
             raise OrderError(f"order.step: expected null or an integer >= 0, got {step!r}")
-    return Order(uid, generation, action, attempt if action == "run" else None,
-                 step if action == "run" else None)  # fmt: skip
+        if fast is not None and not _count(fast):
+            raise OrderError(f"order.fast_step: expected null or an integer >= 0, got {fast!r}")
+    run = action == "run"
+    return Order(uid, generation, action, attempt if run else None, step if run else None,
+                 fast if run else None)  # fmt: skip
 
 
 def _count(value: object) -> TypeGuard[int]:

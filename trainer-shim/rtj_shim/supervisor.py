@@ -14,7 +14,12 @@ issue 15). Orders and reports travel through the pod's control directory (`rtj_s
   again with ``RTJ_ATTEMPT=a`` (its checkpoints claim the run as attempt a, so a zombie of
   an older attempt can never publish), ``RTJ_RESTART_GENERATION=g`` and ``RTJ_RESUME_FILE``
   pointing at a resume file naming step s (verified deeply by the restoring trainer; with
-  no step, at no file: the trainer resolves the newest verified step itself).
+  no step, at no file: the trainer resolves the newest verified step itself). With
+  ``fast_step`` the file names it too: the trainer resumes from its fast tier when every
+  rank verifies that step there.
+- ``stopped`` reports the fast-tier steps every rank directory of the pod holds
+  (``fast_steps``, from ``RTJ_FAST_TIER_DIR``), read once the old world is gone and nothing
+  writes them any more: the operator pins the newest step every pod holds.
 - The command exits 0: training is over, the supervisor exits 0. It fails: the supervisor
   reports ``exited`` with the code and waits up to ``order_deadline`` seconds for an order;
   without one it exits with the command's code, and the pod fails as it would without a
@@ -38,6 +43,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from rtj_shim import fast_tier
 from rtj_shim.control import ORDER_FILE, STATE_FILE, Order, OrderError, read_json, write_json
 from rtj_shim.control import parse_order as _parse_order
 from rtj_shim.progress import ENV_DIR
@@ -55,6 +61,7 @@ class Supervised:
     state: str  # running | exited | stopped | finished
     attempt: int | None = None
     exit_code: int | None = None
+    fast_steps: tuple[int, ...] = ()  # reported with "stopped" (rtj_shim.fast_tier.holdings)
 
 
 def next_action(current: Supervised, order: Order | None) -> str:
@@ -167,9 +174,14 @@ class Supervisor:
 
     def _env_for(self, order: Order) -> dict[str, str]:
         resume = self.dir / f"resume-{order.generation}.json"
-        if order.step is not None:
+        if order.step is not None or order.fast_step is not None:
             source = f"in-place restart, generation {order.generation}"
-            write_json(resume, {"step": order.step, "skipped": [], "source": source})
+            body: dict[str, object] = {"skipped": [], "source": source}
+            if order.step is not None:
+                body["step"] = order.step
+            if order.fast_step is not None:  # without "step", the fallback is resolved
+                body["fast_step"] = order.fast_step
+            write_json(resume, body)
         else:  # nothing pinned: no resume file, so the restored trainer resolves the newest
             resume.unlink(missing_ok=True)
         return {**self.env, "RTJ_ATTEMPT": str(order.attempt),
@@ -194,8 +206,11 @@ class Supervisor:
         self._kill_all(self.stop_grace)
         code = self.child.returncode if self.child is not None else None
         self._forget_progress()
+        fast_dir = self.env.get(fast_tier.ENV_DIR)
+        held = tuple(fast_tier.holdings(Path(fast_dir))) if fast_dir else ()
         self._set(Supervised(generation, "stopped", self.current.attempt,
-                             128 - code if code is not None and code < 0 else code))  # fmt: skip
+                             128 - code if code is not None and code < 0 else code,
+                             held))  # fmt: skip
         self._say(f"generation {generation}: every process of the old one is gone")
 
     def _forget_progress(self) -> None:
@@ -257,7 +272,7 @@ class Supervisor:
         self.current = state
         write_json(self.dir / STATE_FILE, {
             "generation": state.generation, "state": state.state, "attempt": state.attempt,
-            "exit_code": state.exit_code,
+            "exit_code": state.exit_code, "fast_steps": list(state.fast_steps),
             "pid": self.child.pid if self.child is not None and state.state == "running" else None,
             "updated_wall_time": round(time.time(), 6),
         })  # fmt: skip

@@ -48,11 +48,13 @@ class Pod:
         finally:
             conn.close()
 
-    def supervise(self, *argv: str, deadline: float = 30) -> subprocess.Popen[bytes]:
+    def supervise(
+        self, *argv: str, deadline: float = 30, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(
             [RTJ_SHIM, "supervise", "--control-dir", str(self.control), "--grace", "1",
              "--stop-grace", "1", "--order-deadline", str(deadline), "--", *argv],
-            env={**os.environ, "RTJ_ATTEMPT": "1"},
+            env={**os.environ, "RTJ_ATTEMPT": "1", **(env or {})},
         )  # fmt: skip
         self.procs.append(proc)
         return proc

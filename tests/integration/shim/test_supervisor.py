@@ -16,6 +16,8 @@ from pathlib import Path
 from supervised_pod import UID, Pod, alive, until
 
 from rtj_shim.control import Order, job_key
+from rtj_shim.fast_tier import ENV_DIR, rank_store
+from rtj_shim.protocol import CommitProtocol
 
 # the "trainer": starts a worker in a session of its own (as torchrun does), ignores
 # SIGTERM (so only SIGKILL ends it), and writes its pids, attempt and resume file
@@ -62,6 +64,31 @@ def test_a_stop_leaves_no_process_and_a_run_starts_the_ordered_attempt(pod: Pod)
     sup.send_signal(signal.SIGTERM)  # the pod is deleted
     assert sup.wait(20) == 128 + signal.SIGKILL, "the command ignored SIGTERM: killed"
     assert not [pid for pid in second["pids"] if alive(pid)]
+
+
+def test_stopped_reports_the_fast_steps_every_rank_holds_and_run_pins_one(
+    pod: Pod, tmp_path: Path
+) -> None:
+    """The fast tier (issue 16): once its world is gone, the pod reports the fast-tier steps
+    every rank directory holds (the operator pins the newest every pod holds), and a run
+    order's fast step reaches the trainer in its resume file."""
+    fast = tmp_path / "fast"
+    payload = tmp_path / "payload"
+    payload.mkdir()
+    (payload / "state.bin").write_bytes(b"state")
+    for rank, steps in ((0, (30, 35, 40)), (1, (30, 35))):  # rank 1 died before 40
+        for step in steps:
+            CommitProtocol(rank_store(fast, rank), retention=None).publish_directory(step, payload)
+    (fast / "rank-00001" / "steps" / "step-000000000040.tmp-1").mkdir()  # half-written
+    pod.supervise(sys.executable, "-c", TRAINER, str(pod.out), env={ENV_DIR: str(fast)})
+    until("generation 0", lambda: _read(pod.out / "gen-0.json"))
+    assert pod.post(Order(UID, 1, "stop"))[0] == 202
+    stopped = until("stopped", lambda: (s := pod.supervisor() or {}).get("state") == "stopped"
+                    and s)  # fmt: skip
+    assert stopped["fast_steps"] == [30, 35]
+    assert pod.post(Order(UID, 1, "run", attempt=1, step=20, fast_step=35))[0] == 202
+    second = json.loads(until("generation 1", lambda: _read(pod.out / "gen-1.json")))
+    assert (second["resume"]["step"], second["resume"]["fast_step"]) == (20, 35)
 
 
 def test_a_failed_command_with_no_order_ends_the_supervisor_with_its_code(pod: Pod) -> None:

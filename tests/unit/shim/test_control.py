@@ -24,12 +24,20 @@ def test_an_order_names_the_field_that_is_wrong() -> None:
     run = parse_order(body(generation=2, action="run", attempt=3, step=1200))
     assert (run.attempt, run.step) == (3, 1200)
     assert parse_order(body(generation=2, action="run", attempt=3, step=None)).step is None
+    fast = Order(UID, 2, "run", attempt=3, step=1200, fast_step=1260)
+    assert parse_order(fast.encode()) == fast  # the fast tier's step travels signed
+    assert "fast_step" not in Order(UID, 2, "run", attempt=3, step=1200).to_json()
+    assert parse_order(body(generation=2, action="stop", fast_step=9)).fast_step is None
     for fields, field in [
         ({"generation": -1, "action": "stop"}, "order.generation"),
         ({"generation": True, "action": "stop"}, "order.generation"),
         ({"generation": 1, "action": "reboot"}, "order.action"),
         ({"generation": 1, "action": "run", "attempt": 0, "step": 4}, "order.attempt"),
         ({"generation": 1, "action": "run", "attempt": 2, "step": "4"}, "order.step"),
+        (
+            {"generation": 1, "action": "run", "attempt": 2, "step": 4, "fast_step": -5},
+            "order.fast_step",
+        ),
     ]:
         with pytest.raises(OrderError, match=re.escape(field)):
             parse_order(body(**fields))

@@ -21,7 +21,6 @@ import atexit
 import logging
 import math
 import os
-import sys
 import threading
 import time
 import weakref
@@ -32,10 +31,11 @@ from typing import Any
 import torch
 
 from rtj_shim import progress
+from rtj_shim.fast_tier import FastTierConfig
 from rtj_shim.layout import step_key
 from rtj_shim.protocol import CommitProtocol, retention_from_env
 from rtj_shim.storage import CheckpointStore, open_store
-from rtj_shim.torch import _dist, fingerprint, resave, rng
+from rtj_shim.torch import _dist, fast_save, fingerprint, resave, rng
 from rtj_shim.torch.capture import (
     FORMAT,
     SKELETON,
@@ -52,10 +52,11 @@ from rtj_shim.torch.outcomes import (
     NonFiniteStateError,
     RestoreReport,
     SaveReport,
+    announce,
     raise_if_any,
 )
 from rtj_shim.torch.peek import CheckpointInfo, peek_step
-from rtj_shim.torch.restore import StepLoader, decide, validate_restored
+from rtj_shim.torch.restore import ResumeSources, validate_restored
 from rtj_shim.torch.schedule import (
     Best,
     Mode,
@@ -102,6 +103,11 @@ class Checkpointer:
     values; rank-local: other Stateful objects). A replicated object is saved once and
     restores on any world size; every save checks that a replicated plain value or
     Stateful object is equal on every rank. A rank-local one is saved per rank.
+
+    ``fast_tier_dir`` / ``fast_every_steps`` / ``fast_keep`` (or ``RTJ_FAST_TIER_DIR``,
+    ``RTJ_FAST_EVERY_STEPS``, ``RTJ_FAST_KEEP`` from the operator): every ``fast_every_steps``
+    steps, ``step_boundary`` also keeps each rank's copy in that pod-local directory (the
+    fast tier, :mod:`rtj_shim.torch.fast_save`), from which an in-place restart resumes.
     """
 
     def __init__(
@@ -132,6 +138,9 @@ class Checkpointer:
         resume_file: str | os.PathLike[str] | None = None,
         staging_dir: str | os.PathLike[str] | None = None,
         restore_report: bool = True,
+        fast_tier_dir: str | os.PathLike[str] | None = None,
+        fast_every_steps: int | None = None,
+        fast_keep: int | None = None,
     ) -> None:
         if isinstance(root, str | os.PathLike):
             self.store: CheckpointStore = open_store(os.fspath(root))
@@ -176,12 +185,16 @@ class Checkpointer:
             io_workers=self.io_workers,
             check_finite=check_finite,
         )
-        self._loader = StepLoader(
-            self.store,
-            allow_unsafe_pickle=allow_unsafe_pickle,
-            io_workers=self.io_workers,
-            staging_dir=self.staging_dir,
-        )
+        fast = FastTierConfig.from_env(os.environ, fast_tier_dir, fast_every_steps, fast_keep)
+        self._fast = None if fast is None else fast_save.FastTier(
+            fast, rank=self.rank, attempt=self.protocol.attempt,
+            allow_unsafe_pickle=allow_unsafe_pickle, shard_bytes=shard_bytes,
+            max_shards=max_shards,
+        )  # fmt: skip
+        self._sources = ResumeSources(
+            self.store, self._fast, self.resume_file, allow_unsafe_pickle=allow_unsafe_pickle,
+            io_workers=self.io_workers, staging_dir=self.staging_dir,
+        )  # fmt: skip
         self._coord: _dist.Coordinator | None = None
         self._control: _dist.Coordinator | None = None
         self._inflight: threading.Thread | None = None
@@ -329,7 +342,8 @@ class Checkpointer:
             self._announce(RestoreReport(0, "fresh", skipped, seconds, uri=self.store.uri))
             return 0
         manifest = check_commit(step, decision["manifest"], decision["committed"])
-        applied = self._loader.load_and_apply(step, manifest, entries, coord, strict=strict)
+        loader = self._sources.loader_for(decision)
+        applied = loader.load_and_apply(step, manifest, entries, coord, strict=strict)
         if applied.values:
             assert isinstance(objects, MutableMapping)
             objects.update(applied.values)
@@ -337,12 +351,15 @@ class Checkpointer:
             validate_restored(
                 self.probe, manifest, entries, coord, rtol=self.probe_rtol, atol=self.probe_atol
             )
-        self._published = step
+        durable = decision.get("tier") != "fast"
+        self._published = step if durable else self._published  # a fast step is not durable
         self._best = best_from(manifest.extra, self.schedule.monitor)
         self._last_save_at = time.monotonic()
         now = classify(objects, self.rank_local, self.replicated)  # values written back
         restored = [e for e in now if e.name not in applied.missing]
-        self._clean = self._snapshot(step, restored, "this run restored from it")
+        self._clean = (
+            self._snapshot(step, restored, "this run restored from it") if durable else None
+        )
         self._announce(
             RestoreReport(
                 step,
@@ -352,24 +369,14 @@ class Checkpointer:
                 applied.notes,
                 missing=applied.missing,
                 unused=applied.unused,
-                uri=self.store.key_uri(step_key(step)),
+                uri=loader.store.key_uri(step_key(step)),
             )
         )
         return int(step)
 
     def _announce(self, report: RestoreReport) -> None:
-        """Rank 0 prints the restore's line to stderr (``restore_report=True``, the
-        default) and logs it: at warning level when something was skipped and the line
-        was not printed, else at info."""
         self.last_restore = report
-        if self.rank != 0:
-            return
-        line = report.line()
-        if self.restore_report:
-            print(line, file=sys.stderr, flush=True)
-        noteworthy = report.skipped or report.missing or report.notes
-        level = logging.WARNING if noteworthy and not self.restore_report else logging.INFO
-        log.log(level, "%s", line)
+        announce(report, rank=self.rank, printed=self.restore_report)
 
     def peek(self) -> CheckpointInfo | None:
         """Collective. What ``restore()`` would resume, read before the model exists: the
@@ -382,7 +389,7 @@ class Checkpointer:
         self._peeked = decision
         if decision["step"] is None:
             return None
-        return peek_step(self._loader, decision, coord)
+        return peek_step(self._sources.loader_for(decision), decision, coord)
 
     def step_boundary(
         self,
@@ -420,6 +427,8 @@ class Checkpointer:
             log.warning("step %d: %s is %s; not recorded", step, self.schedule.monitor, value)
         best_metric = agreed if has_metric == 1.0 else None
         decision = decide_save(self.schedule, step, bool(time_due), best_metric, self._best)
+        if self._fast is not None and self._fast.config.due(step):
+            self._fast_save(step, objects)
         if not decision.save:
             return None
         if control.rank == 0:
@@ -450,14 +459,15 @@ class Checkpointer:
             self._coord = _dist.Coordinator(self.collective_timeout_s)
         return self._coord
 
+    @progress.reports_section("checkpoint")
+    def _fast_save(self, step: int, objects: Mapping[str, Any]) -> None:
+        assert self._fast is not None
+        entries = classify(objects, self.rank_local, self.replicated)
+        self._fast.save(step, entries, self._coordinator())
+
     def _decide(self, coord: _dist.Coordinator) -> dict[str, Any]:
-        """Collective: rank 0's resume decision (the one peek() took, if it did)."""
-        decision = self._peeked
-        if decision is None:
-            if coord.rank == 0:
-                decision = decide(self.store, self.resume_file, self._restored_once)
-            decision = coord.broadcast(decision)
-        assert isinstance(decision, dict)
+        """Collective: the resume decision (the one peek() took, if it did)."""
+        decision = self._peeked or self._sources.decide(coord, self._restored_once)
         if decision.get("error"):
             raise CheckpointError(f"restore: {decision['error']}")
         return decision

@@ -7,10 +7,14 @@ every rank that failed (:func:`raise_if_any`).
 
 from __future__ import annotations
 
+import logging
+import sys
 from dataclasses import dataclass
 
 from rtj_shim.errors import ShimError
 from rtj_shim.torch import _dist
+
+log = logging.getLogger("rtj_shim.torch")
 
 
 class CheckpointError(ShimError):
@@ -36,7 +40,7 @@ class SaveReport:
 @dataclass(frozen=True)
 class RestoreReport:
     step: int  # 0: fresh start
-    source: str  # "resume-file", "resolved" or "fresh"
+    source: str  # "resume-file", "resolved", "fast-tier" or "fresh"
     skipped: tuple[tuple[int, str], ...]
     seconds: float
     notes: tuple[str, ...] = ()
@@ -46,7 +50,8 @@ class RestoreReport:
 
     def line(self) -> str:
         """One line: which step, from where, what was skipped (steps and objects)."""
-        how = {"resume-file": "pinned by the resume file", "resolved": "newest verified"}
+        how = {"resume-file": "pinned by the resume file", "resolved": "newest verified",
+               "fast-tier": "the fast tier, pinned by the resume file"}  # fmt: skip
         if self.source == "fresh":
             parts = [f"no verified checkpoint under {self.uri}: starting fresh at step 0"]
         else:
@@ -74,3 +79,16 @@ def raise_if_any(coord: _dist.Coordinator, error: str | None, what: str) -> None
     errors = [e for e in coord.all_gather(error) if e]
     if errors:
         raise CheckpointError(f"{what}: " + "; ".join(errors))
+
+
+def announce(report: RestoreReport, *, rank: int, printed: bool) -> None:
+    """Rank 0 prints the restore's line to stderr (``printed``, the default) and logs it:
+    at warning level when something was skipped and the line was not printed, else info."""
+    if rank != 0:
+        return
+    line = report.line()
+    if printed:
+        print(line, file=sys.stderr, flush=True)
+    noteworthy = report.skipped or report.missing or report.notes
+    level = logging.WARNING if noteworthy and not printed else logging.INFO
+    log.log(level, "%s", line)

@@ -28,7 +28,7 @@ from rtj_shim.manifest import FileEntry, Manifest, sha256_hex
 from rtj_shim.resolver import resolve
 from rtj_shim.storage import CheckpointStore
 from rtj_shim.storage.filesystem import FilesystemStore
-from rtj_shim.torch import _dist, fsdp, rng
+from rtj_shim.torch import _dist, fast_save, fsdp, rng
 from rtj_shim.torch import serialization as ser
 from rtj_shim.torch.capture import FORMAT, rank_path
 from rtj_shim.torch.outcomes import CheckpointError, raise_if_any
@@ -102,6 +102,8 @@ def pinned_step(
     except FileNotFoundError:
         return None
     data = json.loads(raw)
+    if "step" not in data:  # an in-place restart that pinned only a fast-tier step
+        return None
     uri = data.get("uri")
     if uri is not None and not str(uri).startswith(store.uri):
         raise CheckpointError(
@@ -115,6 +117,54 @@ def pinned_step(
         skipped,
         (Depth.SHALLOW if verified_there else Depth.DEEP),
     )
+
+
+class ResumeSources:
+    """Where a restore reads from: the durable store, or this rank's fast tier
+    (:mod:`rtj_shim.torch.fast_save`) when the resume file pins a fast step every rank
+    verified there."""
+
+    def __init__(
+        self,
+        store: CheckpointStore,
+        fast: fast_save.FastTier | None,
+        resume_file: Path,
+        *,
+        allow_unsafe_pickle: bool,
+        io_workers: int,
+        staging_dir: str | os.PathLike[str] | None,
+    ) -> None:
+        self.fast = fast
+        self.resume_file = resume_file
+
+        def loader(of: CheckpointStore) -> StepLoader:
+            return StepLoader(
+                of, allow_unsafe_pickle=allow_unsafe_pickle, io_workers=io_workers,
+                staging_dir=staging_dir,
+            )  # fmt: skip
+
+        self.durable = loader(store)
+        self.fast_loader = None if fast is None else loader(fast.store)
+
+    def decide(self, coord: _dist.Coordinator, restored_once: bool) -> dict[str, Any]:
+        """Collective: every rank's own decision from the fast tier, or rank 0's from the
+        durable store with the fast step skipped and why (every rank gets it)."""
+        fast, skipped = fast_save.decide(self.fast, self.resume_file, restored_once, coord)
+        if fast is not None:
+            return fast
+        decision = None
+        if coord.rank == 0:
+            decision = decide(self.durable.store, self.resume_file, restored_once)
+            if skipped and "skipped" in decision:
+                decision["skipped"] = [*skipped, *decision["skipped"]]
+        decision = coord.broadcast(decision)
+        assert isinstance(decision, dict)
+        return decision
+
+    def loader_for(self, decision: dict[str, Any]) -> StepLoader:
+        if decision.get("tier") == "fast" and self.fast_loader is not None:
+            return self.fast_loader
+        return self.durable
 
 
 # ====================================================================== loading

@@ -1,0 +1,139 @@
+"""The fast checkpoint tier: each rank's own copy of a step in pod-local memory (issue 16).
+
+A durable save goes to the job's store (a filesystem or S3) and takes as long as that
+store does; the fast tier takes the same state into the pod's memory-backed ``emptyDir``
+every few steps, so a restart inside the same pods (``spec.recovery.inPlace``) loses at
+most those few steps. It is the same protocol on a different store, not a second protocol:
+each rank's part is a step under the commit protocol (shards hashed while written, the
+manifest, ``COMMITTED`` last, an atomic rename), so a half-written fast step is as
+impossible as a durable one.
+
+Layout (one :class:`~rtj_shim.storage.filesystem.FilesystemStore` root per rank)::
+
+    <fast dir>/rank-00000/steps/step-000000000120/{common/..., ranks/rank-00000.pt,
+                                                    manifest.json, COMMITTED}
+    <fast dir>/rank-00001/...
+
+Each rank's step is *self-sufficient*: the replicated state (skeleton and every shard) and
+that rank's own file, so one rank restores from its own directory without reading another
+pod's memory. With one rank per pod (the usual layout for the operator) that is one copy
+of the replicated state per pod, which is what the pod's GPUs hold anyway; with several
+ranks in a pod it is one copy per rank (the memory limit must allow it).
+
+A fast step is usable only when every rank of the world has it: the supervisor reports the
+steps every rank directory of its pod holds (:func:`holdings`), the operator pins the
+newest step every pod holds, and the restored trainer verifies it deeply on every rank
+before any rank loads it (else the durable tier, with the reason).
+
+Pure apart from reading the directory.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from rtj_shim.errors import ManifestError
+from rtj_shim.layout import COMMITTED_FILE, MANIFEST_FILE, step_key
+from rtj_shim.storage.filesystem import FilesystemStore
+from rtj_shim.verification import check_commit
+
+ENV_DIR = "RTJ_FAST_TIER_DIR"
+ENV_EVERY_STEPS = "RTJ_FAST_EVERY_STEPS"
+ENV_KEEP = "RTJ_FAST_KEEP"
+RANK_DIR = "rank-{rank:05d}"
+MIN_KEEP = 2
+"""Fast steps each rank keeps, at least: ranks publish the same step moments apart, so
+while one rank has published step s and another has not, step s-K must still be on both."""
+MAX_REPORTED = 8
+
+
+def rank_dir(root: Path, rank: int) -> Path:
+    return root / RANK_DIR.format(rank=rank)
+
+
+def rank_store(root: Path, rank: int) -> FilesystemStore:
+    return FilesystemStore(rank_dir(root, rank))
+
+
+class FastTierConfig:
+    """The fast tier's settings (``Checkpointer(fast_tier_dir=..., fast_every_steps=...,
+    fast_keep=...)``, or the operator's environment); bad values name the field."""
+
+    def __init__(self, directory: str | os.PathLike[str], every_steps: int, keep: int) -> None:
+        if isinstance(every_steps, bool) or not isinstance(every_steps, int) or every_steps < 1:
+            raise ValueError(f"fast_every_steps: expected an integer >= 1, got {every_steps!r}")
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < MIN_KEEP:
+            raise ValueError(f"fast_keep: expected an integer >= {MIN_KEEP}, got {keep!r}")
+        self.directory = Path(directory)
+        self.every_steps = every_steps
+        self.keep = keep
+
+    def due(self, step: int) -> bool:
+        return step > 0 and step % self.every_steps == 0
+
+    @classmethod
+    def from_env(
+        cls,
+        env: Mapping[str, str],
+        directory: str | os.PathLike[str] | None = None,
+        every_steps: int | None = None,
+        keep: int | None = None,
+    ) -> FastTierConfig | None:
+        """Arguments first, then ``RTJ_FAST_TIER_DIR`` / ``RTJ_FAST_EVERY_STEPS`` /
+        ``RTJ_FAST_KEEP``; None when no directory or no interval is set (no fast tier)."""
+        where = directory or env.get(ENV_DIR) or None
+        every = every_steps if every_steps is not None else _int(env, ENV_EVERY_STEPS)
+        if where is None or every is None:
+            return None
+        kept = keep if keep is not None else _int(env, ENV_KEEP)
+        return cls(where, every, MIN_KEEP if kept is None else kept)
+
+
+def _int(env: Mapping[str, str], name: str) -> int | None:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}: expected an integer, got {raw!r}") from None
+
+
+def committed_steps(store: FilesystemStore) -> list[int]:
+    """Steps of one rank's fast store whose COMMITTED matches their manifest, newest first
+    (shallow: the restoring trainer hashes the one it loads)."""
+    steps = []
+    for entry in store.list_step_dirs():
+        name = entry.name
+        if name.in_progress:
+            continue
+        try:
+            check_commit(
+                name.step,
+                store.read(step_key(name.step, MANIFEST_FILE)),
+                store.read(step_key(name.step, COMMITTED_FILE)),
+            )
+        except ManifestError:
+            continue
+        steps.append(name.step)
+    return sorted(steps, reverse=True)
+
+
+def holdings(root: Path) -> list[int]:
+    """The fast steps every rank directory of this pod holds, oldest first (at most
+    ``MAX_REPORTED``, the newest); empty without a fast tier. A rank that never saved has
+    no directory and does not narrow it: the restoring trainer's check covers every rank."""
+    try:
+        dirs = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("rank-"))
+    except OSError:
+        return []
+    common: set[int] | None = None
+    for directory in dirs:
+        try:
+            steps = set(committed_steps(FilesystemStore(directory)))
+        except Exception:  # an unreadable rank directory holds nothing usable
+            steps = set()
+        common = steps if common is None else common & steps
+    return sorted(common or ())[-MAX_REPORTED:]

@@ -1,0 +1,182 @@
+"""The fast tier for the torch Checkpointer: each rank's own step in pod-local memory, and
+the collective decision to resume from it (layout and rules: :mod:`rtj_shim.fast_tier`).
+
+A fast save is local: the rank captures the same state a durable save does, writes the
+replicated part (skeleton and every shard) and its own file into its own directory under
+the commit protocol, and publishes it there. No collective, no other pod's storage: the
+training thread stalls for the serialization into memory and nothing else.
+
+A fast restore is collective: rank 0 reads the step the resume file pins (``fast_step``,
+written by the in-place restart's supervisor), every rank hashes that step in its own
+directory, and only when every rank verified it does any rank load it (each from its own
+directory, with its own manifest). Otherwise the restore goes on with the durable tier and
+the report names the fast step and why it was skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rtj_shim.fast_tier import FastTierConfig, rank_store
+from rtj_shim.layout import COMMITTED_FILE, MANIFEST_FILE, step_key
+from rtj_shim.protocol import CommitProtocol
+from rtj_shim.retention import RetentionPolicy
+from rtj_shim.storage.filesystem import FilesystemStore
+from rtj_shim.torch import _dist
+from rtj_shim.torch import serialization as ser
+from rtj_shim.torch.capture import (
+    SKELETON,
+    capture,
+    finite_candidates,
+    rank_path,
+    shard_path,
+    step_metadata,
+)
+from rtj_shim.torch.state import SHARDED, Entry
+from rtj_shim.torch.validation import nonfinite_problem
+from rtj_shim.verification import Depth
+from rtj_shim.verifier import verify_step
+
+log = logging.getLogger("rtj_shim.torch")
+
+SOURCE = "fast-tier"
+
+
+@dataclass(frozen=True)
+class FastSaveReport:
+    step: int
+    seconds: float  # the training thread's stall: capture, serialization, publish
+    bytes: int
+    uri: str
+
+
+class FastTier:
+    """One rank's fast tier: saves into ``<dir>/rank-NNNNN`` and verifies from it."""
+
+    def __init__(
+        self,
+        config: FastTierConfig,
+        *,
+        rank: int,
+        attempt: str,
+        allow_unsafe_pickle: bool,
+        shard_bytes: int,
+        max_shards: int,
+    ) -> None:
+        self.config = config
+        self.rank = rank
+        self.store: FilesystemStore = rank_store(config.directory, rank)
+        self.protocol = CommitProtocol(
+            self.store, attempt=attempt, retention=RetentionPolicy(keep_last=config.keep)
+        )
+        self.allow_unsafe_pickle = allow_unsafe_pickle
+        self.shard_bytes = shard_bytes
+        self.max_shards = max_shards
+        self.last: FastSaveReport | None = None
+        self.failures = 0
+
+    def save(self, step: int, entries: list[Entry], coord: _dist.Coordinator) -> None:
+        """This rank's copy of ``step``; a failure is logged, never raised: the durable tier
+        is untouched and the next fast step tries again."""
+        started = time.perf_counter()
+        try:
+            if any(e.placement == SHARDED for e in entries):
+                raise ValueError(
+                    "sharded (FSDP) state is not kept in the fast tier yet; durable only"
+                )
+            job = capture(
+                step, entries, coord, blocking=True, started=started, problem=None, loss=None,
+                allow_unsafe_pickle=self.allow_unsafe_pickle, shard_bytes=self.shard_bytes,
+                max_shards=self.max_shards,
+            )  # fmt: skip
+            job.mine = list(range(len(job.shards)))  # this rank keeps every shard
+            problem = nonfinite_problem(finite_candidates(job))
+            if problem is not None:
+                raise ValueError(f"non-finite state, not kept: {problem}")
+            writer = self.protocol.begin(step)
+            try:
+                files = [ser.stream_to_store({"objects": job.skeleton}, writer, SKELETON)]
+                for n in job.mine:
+                    shard = job.shards[n]
+                    part = {i: job.tensors[i] for i in shard}
+                    files.append(ser.stream_to_store(part, writer, shard_path(n)))
+                files.append(ser.stream_to_store(job.rank_state, writer, rank_path(coord.rank)))
+                metadata = step_metadata(job, coord.world)
+                metadata.extra["tier"] = "fast"
+                published = self.protocol.publish(writer, files, metadata)
+            except BaseException:
+                writer.abort()
+                raise
+        except Exception as exc:
+            self.failures += 1
+            log.warning("rank %d: fast-tier save of step %d failed: %s", self.rank, step, exc)
+            return
+        seconds = time.perf_counter() - started
+        self.last = FastSaveReport(step, seconds, published.bytes, published.uri)
+        log.debug("rank %d: fast-tier step %d in %.4fs", self.rank, step, seconds)
+
+    def problem(self, step: int) -> str | None:
+        """Why this rank cannot resume ``step`` from its fast tier (None: it can)."""
+        try:
+            verdict = verify_step(self.store, step, Depth.DEEP)
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        if not verdict.valid:
+            return verdict.reason
+        extra = verdict.manifest.extra if verdict.manifest is not None else {}
+        if extra.get("tier") != "fast":
+            return "not a fast-tier step"
+        return None
+
+    def decision(self, step: int) -> dict[str, Any]:
+        """This rank's restore decision for a verified fast step (its own manifest)."""
+        return {
+            "step": step,
+            "skipped": [],
+            "source": SOURCE,
+            "tier": "fast",
+            "manifest": self.store.read(step_key(step, MANIFEST_FILE)),
+            "committed": self.store.read(step_key(step, COMMITTED_FILE)),
+        }
+
+
+def pinned_fast_step(resume_file: Path, restored_once: bool) -> int | None:
+    """The fast step the resume file pins (first incarnation only, like its ``step``)."""
+    if restored_once or int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0) > 0:
+        return None
+    try:
+        data = json.loads(resume_file.read_bytes())
+    except (FileNotFoundError, ValueError):
+        return None
+    step = data.get("fast_step") if isinstance(data, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
+
+
+def decide(
+    tier: FastTier | None, resume_file: Path, restored_once: bool, coord: _dist.Coordinator
+) -> tuple[dict[str, Any] | None, list[tuple[int, str]]]:
+    """Collective: this rank's decision to resume from the fast tier (None: not from it),
+    and the fast step skipped with the reason (every rank gets the same list)."""
+    step = pinned_fast_step(resume_file, restored_once) if coord.rank == 0 else None
+    step = coord.broadcast(step)
+    if step is None:
+        return None, []
+    if tier is None:
+        why: str | None = f"rank {coord.rank}: this trainer has no fast tier"
+    else:
+        found = tier.problem(step)
+        why = None if found is None else f"rank {coord.rank}: {found}"
+    problems = [p for p in coord.all_gather(why) if p]
+    if problems:
+        reason = "fast tier: " + "; ".join(problems)
+        if coord.rank == 0:
+            log.warning("restore: fast-tier step %d skipped: %s", step, reason)
+        return None, [(int(step), reason)]
+    assert tier is not None
+    return tier.decision(int(step)), []
