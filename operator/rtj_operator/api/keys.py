@@ -62,6 +62,11 @@ SUPERVISED_ANNOTATION: Final = "training.resilient.dev/supervised"
 CONTROL_VOLUME: Final = "rtj-control"
 CONTROL_DIR: Final = "/var/run/rtj-control"
 """Restart orders and the supervisor's reports (spec.recovery.inPlace, rtj_shim.control)."""
+FAST_TIER_VOLUME: Final = "rtj-fast-tier"
+FAST_TIER_DIR: Final = "/var/run/rtj-fast-tier"
+"""Each rank's fast-tier copies of its state (spec.checkpoint.fastTier, rtj_shim.fast_tier):
+a volume of its own, not under RESUME_DIR (mounted read-only in the trainer, where no mount
+point can be made)."""
 
 # --- environment the shim and the trainer read ------------------------------------------
 ENV_RUN_ID: Final = "RTJ_RUN_ID"
@@ -89,6 +94,12 @@ ENV_CONTROL_KEY: Final = "RTJ_CONTROL_KEY"
 ENV_JOB_UID: Final = "RTJ_JOB_UID"
 ENV_POD_IP: Final = "RTJ_POD_IP"
 """The sidecar's listen address (downward API status.podIP)."""
+ENV_FAST_TIER_DIR: Final = "RTJ_FAST_TIER_DIR"
+ENV_FAST_EVERY_STEPS: Final = "RTJ_FAST_EVERY_STEPS"
+ENV_FAST_KEEP: Final = "RTJ_FAST_KEEP"
+"""rtj_shim.fast_tier.ENV_DIR, ENV_EVERY_STEPS and ENV_KEEP, copied: the API and policy may
+not import rtj_shim.fast_tier (it imports rtj_shim.storage, which the import-linter contract
+keeps out of them); a unit test holds the copies equal."""
 
 # --- limits derived from names ----------------------------------------------------------
 MAX_NAME_LENGTH: Final = 36

@@ -94,6 +94,52 @@ class Retention(ApiModel):
     )
 
 
+FAST_TIER_MIN_KEEP = 2
+"""rtj_shim.fast_tier.MIN_KEEP, copied (the API may not import rtj_shim.fast_tier, which
+imports rtj_shim.storage; a unit test holds them equal): ranks publish a fast step moments
+apart, so the one before it must still be on every rank."""
+
+SIZE_PATTERN = r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[kMGTPE])?$"
+"""A size in bytes as Kubernetes writes one (`512Mi`, `8Gi`, `1G`, `1500000000`): the part
+of the resource.Quantity grammar (api/schemas/openapi.QUANTITY_PATTERN) with no sign, no
+exponent and no fraction-of-a-unit suffix (m, u, n)."""
+
+FAST_TIER_NEEDS_IN_PLACE = (
+    "spec.checkpoint.fastTier needs spec.recovery.inPlace: true: only a restart inside the "
+    "same pods finds the fast tier again"
+)
+
+
+class FastTier(ApiModel):
+    """The fast checkpoint tier (issue 16): every `everySteps` steps each rank also saves
+    its state into a pod-local emptyDir, so a restart in place loses at most those steps
+    (the durable store stays the fallback and the only tier a re-created pod sees)."""
+
+    every_steps: int = Field(
+        ge=1,
+        description="Steps between fast-tier saves (each rank's copy in its own pod).",
+    )
+    keep: int = Field(
+        default=FAST_TIER_MIN_KEEP,
+        ge=FAST_TIER_MIN_KEEP,
+        le=100,
+        description="Fast steps each rank keeps (at least 2: while one rank has published a "
+        "step and another not yet, the one before must still be on both).",
+    )
+    medium: Literal["Memory", "Disk"] = Field(
+        default="Memory",
+        description="Memory: a memory-backed emptyDir (tmpfs; its contents count against the "
+        "pod's memory limit). Disk: the node's disk (the kubelet's emptyDir storage).",
+    )
+    size_limit: str | None = Field(
+        default=None,
+        max_length=64,
+        pattern=SIZE_PATTERN,
+        description="The emptyDir's sizeLimit (e.g. 64Gi): keep copies of the training state "
+        "times the ranks per pod. Unset: no limit beyond the medium's.",
+    )
+
+
 class Checkpoint(ApiModel):
     """Where checkpoints live and how often the trainer promises to write one."""
 
@@ -137,6 +183,11 @@ class Checkpoint(ApiModel):
         min_length=1,
         description="Image for the resume init container (default: the trainer's image, "
         "which must contain rtj-shim).",
+    )
+    fast_tier: FastTier | None = Field(
+        default=None,
+        description="A fast checkpoint tier in each pod (needs recovery.inPlace: only a "
+        "restart inside the same pods finds it again). Takes effect with the next attempt.",
     )
 
     @field_validator("uri")
@@ -315,11 +366,22 @@ class Provenance(ApiModel):
     dataset_snapshot: str | None = Field(default=None, max_length=1024)
 
 
+SPEC_RULES = (
+    cel(
+        "!has(self.checkpoint.fastTier) || (has(self.recovery) && has(self.recovery.inPlace) "
+        "&& self.recovery.inPlace)",
+        FAST_TIER_NEEDS_IN_PLACE,
+        ".checkpoint.fastTier",
+    ),
+)
+"""Rules across spec fields (the matching pydantic validator is on the spec model)."""
+
+
 class ResilientTrainingJobSpec(ApiModel):
     """A synchronous multi-node training job kept alive through machine faults."""
 
     model_config = ApiModel.model_config | {
-        "json_schema_extra": validations(*SPEC_TRANSITION_RULES)
+        "json_schema_extra": validations(*SPEC_RULES, *SPEC_TRANSITION_RULES)
     }
 
     replicas: int = Field(
@@ -409,3 +471,9 @@ class ResilientTrainingJobSpec(ApiModel):
         if not isinstance(containers, list) or not containers:
             raise ValueError("template.spec.containers must list at least one container")
         return template
+
+    @model_validator(mode="after")
+    def _fast_tier_in_place(self) -> ResilientTrainingJobSpec:
+        if self.checkpoint.fast_tier is not None and not self.recovery.in_place:
+            raise ValueError(FAST_TIER_NEEDS_IN_PLACE)
+        return self

@@ -55,6 +55,12 @@ class InPlaceRestart(StatusModel):
     resumed_from_step: int | None = Field(
         default=None, ge=0, description="Pinned step (null: the restored trainer resolved it)."
     )
+    resumed_from_fast_step: int | None = Field(
+        default=None,
+        ge=0,
+        description="Pinned fast-tier step every pod held (spec.checkpoint.fastTier): the "
+        "trainers resumed from it when every rank verified it, else from resumedFromStep.",
+    )
     stopped_at: datetime | None = None
     started_at: datetime | None = None
     outcome: str | None = Field(
@@ -73,6 +79,11 @@ class InPlacePhase(StatusModel):
     phase: str = Field(description="Stopping or Starting.", max_length=16)
     since: datetime
     step: int | None = Field(default=None, ge=0)
+    fast_step: int | None = Field(
+        default=None,
+        ge=0,
+        description="The fast-tier step every pod holds, pinned beside `step` (the fallback).",
+    )
 
 
 class AttemptRecord(StatusModel):

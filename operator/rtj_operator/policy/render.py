@@ -197,6 +197,7 @@ def pod_template(
     )  # fmt: skip
     if rtj.spec.recovery.in_place and key and in_place.supervise(spec, rtj, trainer["name"], key):
         meta["annotations"][keys.SUPERVISED_ANNOTATION] = "true"
+        in_place.fast_tier(spec, rtj, trainer["name"])
     return template
 
 

@@ -9,8 +9,9 @@ sending every pod the order `policy.in_place.order` names on each round:
    is spent as for any restart, `trainerGeneration` goes up, phase `Stopping`.
 2. `follow`, Stopping: once every pod's supervisor reports `stopped` for the generation
    (every process of the old one gone: the barrier), the step is pinned (the newest
-   verified one the operator read, or none: the restored trainer resolves it) and the
-   phase is `Starting`.
+   verified one the operator read, or none: the restored trainer resolves it), and beside
+   it, with spec.checkpoint.fastTier, the newest fast-tier step every pod holds
+   (`policy.in_place.fast_pin`; the durable step is the fallback); the phase is `Starting`.
 3. `follow`, Starting: once every pod reports the new generation started, `status.inPlace`
    is cleared and the restart recorded as `Running`.
 4. Past `spec.recovery.inPlaceDeadlineSeconds`: the whole world is re-created (the budget is
@@ -154,8 +155,10 @@ def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
             b.requeue_in(1.0)
             return True
         step = _pin(b)
-        _update_entry(b, stopped_at=b.now, resumed_from_step=step)
-        b.update(in_place=state.model_copy(update={"phase": "Starting", "step": step}))
+        fast = in_place.fast_pin(reports, names, step, b.status.bad_steps)
+        _update_entry(b, stopped_at=b.now, resumed_from_step=step, resumed_from_fast_step=fast)
+        b.update(in_place=state.model_copy(
+            update={"phase": "Starting", "step": step, "fast_step": fast}))  # fmt: skip
         b.requeue_in(0.5)
         return True
     started = frozenset({"running", "exited", "finished"})
@@ -172,6 +175,9 @@ def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
     if entry is not None:
         b.metrics.append(MetricRecord("recovery", entry.failure_class, took))
     origin = f"step {state.step}" if state.step is not None else "the newest verified step"
+    if state.fast_step is not None:
+        durable = f"durable {origin}" if state.step is not None else origin
+        origin = f"fast-tier step {state.fast_step} ({durable} as fallback)"
     b.event(
         False,
         Reason.RESTARTED_IN_PLACE,

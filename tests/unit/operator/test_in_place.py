@@ -104,6 +104,73 @@ def test_a_trainer_that_exits_is_stopped_and_started_again_in_the_same_pods() ->
     assert any(a.reason == "RestartedInPlace" for a in done.actions if isinstance(a, rc.PostEvent))
 
 
+FAST = {**IN_PLACE, "checkpoint": {"uri": "s3://ckpt/team-a/llm", "fastTier": {"everySteps": 20}}}
+
+
+def stopped_holding(pods: list[dict[str, Any]], *held: list[int] | None) -> rc.RankReadings:
+    """Every pod's supervisor reports generation 1 stopped, holding these fast steps."""
+    reports = {p["metadata"]["name"]: {"generation": 1, "state": "stopped", "exit_code": None,
+                                       "updated_wall_time": T,
+                                       **({} if h is None else {"fast_steps": h})}
+               for p, h in zip(pods, held, strict=True)}  # fmt: skip
+    return rc.RankReadings(attempt=1, reports=(), polled_at=T, supervisors=reports)
+
+
+def stopping(raw: dict[str, Any], pods: list[dict[str, Any]]) -> dict[str, Any]:
+    failed = plan(raw, pods, readings(pods, (0, "running", None), (0, "exited", 1)))
+    return with_status(raw, failed)
+
+
+def test_the_newest_fast_step_every_pod_holds_is_pinned_beside_the_durable_one() -> None:
+    pods = supervised_pods()
+    raw = stopping(rtj_raw(RUNNING, **FAST), pods)
+    starting = plan(raw, pods, stopped_holding(pods, [1220, 1240, 1260], [1240, 1260]),
+                    store=reading(1200))  # fmt: skip
+    raw = with_status(raw, starting)
+    state = raw["status"]["inPlace"]
+    assert (state["phase"], state["step"], state["fastStep"]) == ("Starting", 1200, 1260)
+    entry = raw["status"]["attempts"][0]["inPlaceRestarts"][0]
+    assert (entry["resumedFromStep"], entry["resumedFromFastStep"]) == (1200, 1260)
+    order = rc.restart_order(snapshot(raw, pods=pods))
+    assert order is not None
+    assert (order.action, order.step, order.fast_step) == ("run", 1200, 1260)
+    done = plan(raw, pods, readings(pods, (1, "running", None), (1, "running", None)))
+    raw = with_status(raw, done)
+    assert "inPlace" not in raw["status"]
+    assert raw["status"]["attempts"][0]["inPlaceRestarts"][0]["resumedFromFastStep"] == 1260
+    (event,) = [a for a in done.actions
+                if isinstance(a, rc.PostEvent) and a.reason == "RestartedInPlace"]  # fmt: skip
+    assert "from fast-tier step 1260 (durable step 1200 as fallback)" in event.message
+
+
+def test_no_fast_step_is_pinned_unless_every_pod_holds_a_good_new_one() -> None:
+    pods = supervised_pods()
+    raw = stopping(rtj_raw(RUNNING, **FAST), pods)
+
+    def pinned(ranks: rc.RankReadings, raw: dict[str, Any] = raw, step: int = 1200) -> Any:
+        state = with_status(raw, plan(raw, pods, ranks, store=reading(step)))["status"]["inPlace"]
+        assert (state["phase"], state["step"]) == ("Starting", step)
+        return state.get("fastStep")
+
+    assert pinned(stopped_holding(pods, [1240, 1260], None)) is None, "a pod has no list"
+    assert pinned(stopped_holding(pods, [1260], [1240])) is None, "nothing held by both"
+    assert pinned(stopped_holding(pods, [1180], [1180])) is None, "older than durable"
+    assert pinned(stopped_holding(pods, [1180, 1220], [1180, 1220]), step=1180) == 1220
+    bad = {**raw, "status": {**raw["status"], "badSteps": [1260]}}
+    assert pinned(stopped_holding(pods, [1240, 1260], [1240, 1260]), bad) == 1240
+    # without a fast step the order and the event are as before
+    starting = with_status(raw, plan(raw, pods, stopped_holding(pods, None, None),
+                                     store=reading(1200)))  # fmt: skip
+    order = rc.restart_order(snapshot(starting, pods=pods))
+    assert order is not None and order.fast_step is None and order.step == 1200
+    done = plan(starting, pods, readings(pods, (1, "running", None), (1, "running", None)))
+    (event,) = [a for a in done.actions
+                if isinstance(a, rc.PostEvent) and a.reason == "RestartedInPlace"]  # fmt: skip
+    assert event.message.endswith("from step 1200") and "fast-tier" not in event.message
+    entry = with_status(starting, done)["status"]["attempts"][0]["inPlaceRestarts"][0]
+    assert "resumedFromFastStep" not in entry
+
+
 def test_an_in_place_restart_past_its_deadline_recreates_the_world_without_paying_twice() -> None:
     pods = supervised_pods()
     raw = rtj_raw(RUNNING, **IN_PLACE)

@@ -1,0 +1,253 @@
+"""The operator's side of the fast checkpoint tier (spec.checkpoint.fastTier, issue 16):
+the spec's rules, the pods' emptyDir and environment, which fast step is pinned, and the
+order that carries it."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+from rtj_test_support import NOW, job_body, make_job
+
+from rtj_operator.api import ResilientTrainingJob, keys
+from rtj_operator.api.schemas.openapi import QUANTITY_PATTERN
+from rtj_operator.api.spec import FAST_TIER_MIN_KEEP, SIZE_PATTERN
+from rtj_operator.api.status import InPlacePhase
+from rtj_operator.policy import in_place
+from rtj_operator.policy.render import render_jobset
+from rtj_shim import fast_tier
+from rtj_shim.control import parse_order
+
+KEY = "0123456789abcdef" * 4
+IN_PLACE = {"inPlace": True}
+
+
+def _checkpoint(**fast: Any) -> dict[str, Any]:
+    return {"uri": "s3://ckpt/team-a/llm", "fastTier": fast}
+
+
+def _pod_spec(job: Any, key: str | None = KEY) -> dict[str, Any]:
+    js = render_jobset(job, 1, None, key)
+    return js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]  # type: ignore[no-any-return]
+
+
+# --- the spec ---------------------------------------------------------------------------
+
+
+def test_the_operator_copies_of_the_shims_names_are_the_shims() -> None:
+    assert keys.ENV_FAST_TIER_DIR == fast_tier.ENV_DIR
+    assert keys.ENV_FAST_EVERY_STEPS == fast_tier.ENV_EVERY_STEPS
+    assert keys.ENV_FAST_KEEP == fast_tier.ENV_KEEP
+    assert FAST_TIER_MIN_KEEP == fast_tier.MIN_KEEP
+
+
+def test_fast_tier_defaults_and_wire_names() -> None:
+    job = make_job(checkpoint=_checkpoint(everySteps=20), recovery=IN_PLACE)
+    tier = job.spec.checkpoint.fast_tier
+    assert tier is not None
+    assert (tier.every_steps, tier.keep, tier.medium, tier.size_limit) == (
+        20, FAST_TIER_MIN_KEEP, "Memory", None)  # fmt: skip
+    wire = job.spec.to_json()["checkpoint"]["fastTier"]
+    assert wire == {"everySteps": 20, "keep": 2, "medium": "Memory"}
+    assert make_job().spec.checkpoint.fast_tier is None
+
+
+def test_fast_tier_without_in_place_is_refused_naming_both_fields() -> None:
+    with pytest.raises(ValidationError) as refused:
+        make_job(checkpoint=_checkpoint(everySteps=20))
+    message = str(refused.value)
+    assert "spec.checkpoint.fastTier needs spec.recovery.inPlace: true" in message
+    assert "only a restart inside the same pods finds the fast tier again" in message
+    with pytest.raises(ValidationError, match=re.escape("spec.checkpoint.fastTier needs")):
+        make_job(checkpoint=_checkpoint(everySteps=20), recovery={"inPlace": False})
+
+
+@pytest.mark.parametrize(
+    ("fast", "field", "message"),
+    [
+        ({}, "everySteps", "Field required"),
+        ({"everySteps": 0}, "everySteps", "greater than or equal to 1"),
+        ({"everySteps": 10, "keep": 1}, "keep", "greater than or equal to 2"),
+        ({"everySteps": 10, "medium": "Tmpfs"}, "medium", "'Memory' or 'Disk'"),
+        ({"everySteps": 10, "sizeLimit": "lots"}, "sizeLimit", "should match pattern"),
+        ({"everySteps": 10, "sizeLimit": "-1Gi"}, "sizeLimit", "should match pattern"),
+        ({"everySteps": 10, "sizeLimit": "500m"}, "sizeLimit", "should match pattern"),
+    ],
+)
+def test_bad_fast_tier_fields_are_refused_by_name(
+    fast: dict[str, Any], field: str, message: str
+) -> None:
+    with pytest.raises(ValidationError) as refused:
+        make_job(checkpoint=_checkpoint(**fast), recovery=IN_PLACE)
+    errors = refused.value.errors()
+    assert [e["loc"][-1] for e in errors] == [field]
+    assert message in str(refused.value)
+
+
+@pytest.mark.parametrize("size", ["64Gi", "512Mi", "1G", "1500000000", "1.5Gi", "8k"])
+def test_size_limits_are_sizes_the_api_server_parses(size: str) -> None:
+    job = make_job(checkpoint=_checkpoint(everySteps=5, sizeLimit=size), recovery=IN_PLACE)
+    assert job.spec.checkpoint.fast_tier is not None
+    assert job.spec.checkpoint.fast_tier.size_limit == size
+    assert re.match(SIZE_PATTERN, size) and re.match(QUANTITY_PATTERN, size)
+
+
+def test_the_crd_refuses_what_the_model_refuses() -> None:
+    from rtj_operator import crdgen
+
+    schema = crdgen.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    spec = schema["properties"]["spec"]
+    rule = next(
+        r for r in spec["x-kubernetes-validations"] if r.get("fieldPath") == ".checkpoint.fastTier"
+    )
+    assert "spec.checkpoint.fastTier needs spec.recovery.inPlace: true" in rule["message"]
+    assert "self.recovery.inPlace" in rule["rule"] and "oldSelf" not in rule["rule"]
+    fast = spec["properties"]["checkpoint"]["properties"]["fastTier"]
+    assert fast["required"] == ["everySteps"]
+    props = fast["properties"]
+    assert props["everySteps"]["minimum"] == 1 and props["keep"]["minimum"] == 2
+    assert props["medium"]["enum"] == ["Memory", "Disk"] and props["medium"]["default"] == "Memory"
+    assert props["sizeLimit"]["pattern"] == SIZE_PATTERN
+
+
+# --- rendering --------------------------------------------------------------------------
+
+
+def test_the_trainer_gets_the_fast_tier_volume_mount_and_environment() -> None:
+    job = make_job(
+        checkpoint=_checkpoint(everySteps=25, keep=3, sizeLimit="64Gi"), recovery=IN_PLACE
+    )
+    pod = _pod_spec(job)
+    volume = next(v for v in pod["volumes"] if v["name"] == keys.FAST_TIER_VOLUME)
+    assert volume == {
+        "name": "rtj-fast-tier",
+        "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"},
+    }
+    trainer = pod["containers"][0]
+    assert {"name": "rtj-fast-tier", "mountPath": "/var/run/rtj-fast-tier"} in trainer[
+        "volumeMounts"]  # fmt: skip
+    env = {e["name"]: e.get("value") for e in trainer["env"]}
+    assert env["RTJ_FAST_TIER_DIR"] == "/var/run/rtj-fast-tier"
+    assert (env["RTJ_FAST_EVERY_STEPS"], env["RTJ_FAST_KEEP"]) == ("25", "3")
+    # the shim reads back exactly what was rendered
+    config = fast_tier.FastTierConfig.from_env({k: v for k, v in env.items() if v is not None})
+    assert config is not None and (config.every_steps, config.keep) == (25, 3)
+    # nobody else gets it: not the resolver, not the sidecar
+    for c in pod["initContainers"]:
+        assert all(m["name"] != keys.FAST_TIER_VOLUME for m in c.get("volumeMounts", []))
+        assert all(e["name"] != keys.ENV_FAST_TIER_DIR for e in c.get("env", []))
+
+
+def test_disk_has_no_medium_and_no_size_limit_renders_none() -> None:
+    job = make_job(checkpoint=_checkpoint(everySteps=25, medium="Disk"), recovery=IN_PLACE)
+    volume = next(v for v in _pod_spec(job)["volumes"] if v["name"] == keys.FAST_TIER_VOLUME)
+    assert volume == {"name": "rtj-fast-tier", "emptyDir": {}}
+
+
+def test_stale_user_values_are_replaced_not_duplicated() -> None:
+    body = job_body(checkpoint=_checkpoint(everySteps=25), recovery=IN_PLACE)
+    trainer = body["spec"]["template"]["spec"]["containers"][0]
+    trainer["env"] = [{"name": "RTJ_FAST_EVERY_STEPS", "value": "1"}, {"name": "A", "value": "b"}]
+    env = _pod_spec(ResilientTrainingJob.from_object(body))["containers"][0]["env"]
+    assert [e["value"] for e in env if e["name"] == "RTJ_FAST_EVERY_STEPS"] == ["25"]
+    assert {"name": "A", "value": "b"} in env
+
+
+def test_no_fast_tier_without_the_field_or_without_the_supervisor() -> None:
+    def rendered(pod: dict[str, Any]) -> bool:
+        containers = [*pod["containers"], *pod["initContainers"]]
+        return any(v["name"] == keys.FAST_TIER_VOLUME for v in pod["volumes"]) or any(
+            e["name"].startswith("RTJ_FAST_") for c in containers for e in c.get("env", [])
+        )
+
+    assert not rendered(_pod_spec(make_job(recovery=IN_PLACE)))
+    assert not rendered(_pod_spec(make_job()))
+    # no control key: no supervisor, so no restart in place would ever read the fast tier
+    job = make_job(checkpoint=_checkpoint(everySteps=25), recovery=IN_PLACE)
+    assert rendered(_pod_spec(job))
+    assert not rendered(_pod_spec(job, key=None))
+
+
+# --- the pin ----------------------------------------------------------------------------
+
+PODS = ("p0", "p1", "p2")
+
+
+def _reports(*held: list[int] | None) -> dict[str, dict[str, Any]]:
+    return {
+        pod: {"generation": 1, "state": "stopped", **({} if h is None else {"fast_steps": h})}
+        for pod, h in zip(PODS, held, strict=True)
+    }
+
+
+def test_the_newest_step_every_pod_holds_is_pinned() -> None:
+    reports = _reports([100, 120, 140], [100, 120, 140], [100, 120, 140])
+    assert in_place.fast_pin(reports, PODS, 100, []) == 140
+    assert in_place.fast_pin(reports, PODS, None, []) == 140, "durable unknown: any goes"
+    assert in_place.fast_pin(reports, PODS, 140, []) == 140, "equal to durable: still pinned"
+
+
+def test_pods_that_disagree_pin_the_newest_step_they_share() -> None:
+    # p2 had not published 140 yet when its rank was stopped; p1 already dropped 100
+    reports = _reports([100, 120, 140], [120, 140], [100, 120])
+    assert in_place.fast_pin(reports, PODS, 80, []) == 120
+    assert in_place.fast_pin(_reports([140], [120], [140]), PODS, None, []) is None
+
+
+def test_a_pod_without_a_report_or_without_a_list_pins_nothing() -> None:
+    reports = _reports([100, 120], [100, 120], [100, 120])
+    assert in_place.fast_pin({k: v for k, v in reports.items() if k != "p1"}, PODS, 0, []) is None
+    assert in_place.fast_pin(_reports([100], [100], None), PODS, 0, []) is None
+    assert in_place.fast_pin(_reports([100], [100], []), PODS, 0, []) is None
+    garbage = _reports([100], [100], [100])
+    garbage["p2"]["fast_steps"] = "100"
+    assert in_place.fast_pin(garbage, PODS, 0, []) is None
+    assert in_place.fast_pin(reports, (), 0, []) is None, "no pods, nothing held by all"
+
+
+def test_a_fast_step_older_than_the_durable_one_is_not_pinned() -> None:
+    reports = _reports([100, 120], [100, 120], [100, 120])
+    assert in_place.fast_pin(reports, PODS, 121, []) is None
+    assert in_place.fast_pin(reports, PODS, 110, []) == 120
+
+
+def test_a_bad_step_is_never_pinned() -> None:
+    reports = _reports([100, 120], [100, 120], [100, 120])
+    assert in_place.fast_pin(reports, PODS, 100, [120]) == 100, "the next newest shared one"
+    assert in_place.fast_pin(reports, PODS, 110, [120]) is None, "the older one is too old"
+    assert in_place.fast_pin(reports, PODS, None, [100, 120]) is None
+
+
+def test_values_that_are_not_steps_are_ignored() -> None:
+    reports = _reports([True, -5, 100, "120"], [100, 120], [100, 120])
+    assert in_place.fast_pin(reports, PODS, None, []) == 100
+
+
+# --- the order --------------------------------------------------------------------------
+
+
+def test_the_run_order_carries_the_fast_step_and_the_supervisor_reads_it_back() -> None:
+    job = make_job(checkpoint=_checkpoint(everySteps=20), recovery=IN_PLACE)
+    state = InPlacePhase(generation=2, phase="Starting", since=NOW, step=100, fast_step=140)
+    status = job.status.model_copy(update={"attempt": 3})
+    job = job.model_copy(update={"status": status})
+    running = job.model_copy(update={"status": status.model_copy(update={"in_place": state})})
+    order = in_place.order(running)
+    assert order is not None
+    assert (order.action, order.attempt, order.step, order.fast_step) == ("run", 3, 100, 140)
+    assert parse_order(order.encode()) == order
+    # without a fast step the order is as before (no fast_step key on the wire)
+    plain = state.model_copy(update={"fast_step": None})
+    running = job.model_copy(update={"status": job.status.model_copy(update={"in_place": plain})})
+    order = in_place.order(running)
+    assert order is not None and order.fast_step is None
+    assert "fast_step" not in order.to_json()
+    # a stop order never carries one
+    stopping = state.model_copy(update={"phase": "Stopping"})
+    running = job.model_copy(
+        update={"status": job.status.model_copy(update={"in_place": stopping})}
+    )
+    order = in_place.order(running)
+    assert order is not None and order.action == "stop" and order.fast_step is None
