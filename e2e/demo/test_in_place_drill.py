@@ -2,9 +2,11 @@
 ``spec.recovery.inPlace`` runs the example trainer (2 worker pods, one rank each) under
 ``rtj-shim supervise``; one rank's training process is SIGKILLed. Nothing in Kubernetes
 fails (the supervisor keeps the pod up): the operator sees the exit through the progress
-sidecar, orders every pod to stop (the barrier: all stopped), pins the newest verified step
-and orders the same pods to start again. No pod is re-created, the attempt stays 1, and the
-finished model equals a no-fault run of the same steps bit for bit.
+sidecar, orders every pod to stop (the barrier: all stopped), pins the newest step every
+pod holds in its fast checkpoint tier (issue 16: every 5 steps in the pod's memory, while
+durable saves are every 40) and orders the same pods to start again from it. No pod is
+re-created, the attempt stays 1, at most 5 steps are trained again, and the finished model
+equals a no-fault run of the same steps bit for bit.
 
 The job also keeps its place in the Kueue queue (issue 19): with the quota full, a second
 job waits; the restart re-admits nothing, so the waiting job is still waiting after it and
@@ -33,7 +35,7 @@ pytestmark = [pytest.mark.demo, pytest.mark.timeout(900)]
 
 JOB = "drill-in-place"
 WAITING = "drill-waiting"
-STEPS, SAVE_EVERY = 1200, 40
+STEPS, SAVE_EVERY, FAST_EVERY = 1200, 40, 5
 
 
 def _losses(lines: list[str]) -> dict[int, float]:
@@ -88,6 +90,7 @@ def test_a_killed_rank_restarts_in_place_without_recreating_a_pod(tmp_path: Path
             JOB, f"--save-every={SAVE_EVERY}",
             recovery={"inPlace": True, "inPlaceDeadlineSeconds": 120},
         )  # fmt: skip
+        body["spec"]["checkpoint"]["fastTier"] = {"everySteps": FAST_EVERY}
         container = body["spec"]["template"]["spec"]["containers"][0]
         container["command"] = [  # the job ends: its model is compared with a no-fault run
             f"--steps={STEPS}" if a == "--steps=100000" else a for a in container["command"]
@@ -109,11 +112,13 @@ def test_a_killed_rank_restarts_in_place_without_recreating_a_pod(tmp_path: Path
             except FileNotFoundError:
                 return False
 
-        wait_for("training past step 90", lambda: trained(90), 300, 0.5)
+        wait_for("training past step 92", lambda: trained(92), 300, 0.5)
         victim = drills.rank_pod(list(pods.values()), 1)
         assert victim["spec"]["containers"][0]["command"][:2] == ["rtj-shim", "supervise"]
         os.kill(drills.trainer_pid(opts, victim), signal.SIGKILL)
         killed = time.monotonic()
+        log = _rank_log(opts, victim) / "rank-1.jsonl"
+        trained_before_kill = max(_losses(log.read_text().splitlines()))
 
         def restarted() -> dict[str, Any] | None:
             record = (drills.status(api, JOB).get("attempts") or [{}])[0]
@@ -135,13 +140,21 @@ def test_a_killed_rank_restarts_in_place_without_recreating_a_pod(tmp_path: Path
         assert status["trainerGeneration"] == 1
         now = {p["metadata"]["uid"] for p in drills.pods(api, JOB, 1)}
         assert now == set(pods), "no pod was re-created"
-        restored = []
+        restored: list[tuple[int, str]] = []
         got = {}
         for rank, pod in ((0, drills.rank_pod(list(pods.values()), 0)), (1, victim)):
             text = (_rank_log(opts, pod) / f"rank-{rank}.jsonl").read_text().splitlines()
-            restored += [json.loads(x)["step"] for x in text if '"restore"' in x]
+            restores = [json.loads(x) for x in text if '"restore"' in x]
+            restored += [(r["step"], r["source"]) for r in restores[1:]]
             got[rank] = _losses(text)
-        assert entry["resumedFromStep"] in restored, (entry, restored)
+        # the fast tier: newer than the durable step, at most FAST_EVERY steps trained again
+        fast = entry.get("resumedFromFastStep")
+        assert fast is not None and fast > entry["resumedFromStep"], entry
+        assert restored == [(fast, "fast-tier")] * 2, restored
+        lost = trained_before_kill - fast
+        assert 0 <= lost <= FAST_EVERY + 1, (trained_before_kill, fast)
+        sys.stdout.write(f"resumed from fast-tier step {fast} ({lost} steps trained again; "
+                         f"durable step {entry['resumedFromStep']})\n")  # fmt: skip
         want = _no_fault(tmp_path)
         for rank in (0, 1):
             diff = sorted(s for s in want[rank] if got[rank].get(s) != want[rank][s])
