@@ -105,14 +105,24 @@ def test_a_killed_rank_restarts_in_place_without_recreating_a_pod(tmp_path: Path
         api.create_rtj(story.NAMESPACE, drills.job(WAITING))
         wait_for("the waiting job's JobSet", lambda: _jobset(api, WAITING), 60, 0.5)
 
-        def trained(step: int) -> bool:  # from the trainer's own log: status lags up to 30 s
+        def step_now() -> int:  # from the trainer's own log: status lags up to 30 s
             log = _rank_log(opts, drills.rank_pod(list(pods.values()), 0)) / "rank-0.jsonl"
             try:
-                return max(_losses(log.read_text().splitlines()), default=0) >= step
+                return max(_losses(log.read_text().splitlines()), default=0)
             except FileNotFoundError:
-                return False
+                return 0
+
+        def trained(step: int) -> bool:
+            return step_now() >= step
 
         wait_for("training past step 92", lambda: trained(92), 300, 0.5)
+        # the fast tier's step, from the progress sidecars (status is rewritten every 30 s)
+        fast_seen = wait_for("a fast-tier step in status.progress", lambda: (
+            drills.status(api, JOB).get("progress") or {}).get("fastStep"), 90, 1.0)  # fmt: skip
+        assert fast_seen % FAST_EVERY == 0, fast_seen
+        # kill between two durable saves, a few fast steps past the last one
+        wait_for("a step between durable saves", lambda: (
+            2 * FAST_EVERY <= step_now() % SAVE_EVERY <= SAVE_EVERY - 3), 60, 0.05)  # fmt: skip
         victim = drills.rank_pod(list(pods.values()), 1)
         assert victim["spec"]["containers"][0]["command"][:2] == ["rtj-shim", "supervise"]
         os.kill(drills.trainer_pid(opts, victim), signal.SIGKILL)

@@ -71,6 +71,21 @@ PRINTER_COLUMNS = [
         "description": "Age of the last verified checkpoint",
     },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    # -o wide only (priority 1), after Age as kubectl's own wide columns are
+    {
+        "name": "Fast",
+        "type": "integer",
+        "jsonPath": ".status.progress.fastStep",
+        "description": "Newest fast-tier step every pod holds (spec.checkpoint.fastTier)",
+        "priority": 1,
+    },
+    {
+        "name": "Fast Age",
+        "type": "date",
+        "jsonPath": ".status.progress.fastCommittedAt",
+        "description": "Age of the newest fast-tier step every pod holds",
+        "priority": 1,
+    },
 ]
 
 

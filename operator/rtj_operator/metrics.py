@@ -50,6 +50,10 @@ class JobFacts:
     max_restarts: int
     infrastructure_restarts: int
     running_since: float | None = None
+    fast_step: int | None = None
+    fast_timestamp: float | None = None
+    """The fast checkpoint tier (spec.checkpoint.fastTier): its newest step every pod holds
+    and when; the checkpoint-age alert stays on the durable tier."""
     failed_category: str | None = None
     """While Failed: the category of the failure that ended the job (user, infrastructure,
     ...), so the alert pages for what the platform must fix and warns for the user's code."""
@@ -93,6 +97,12 @@ def job_facts(rtj: ResilientTrainingJob) -> JobFacts:
         infrastructure_restarts=status.restarts.infrastructure,
         running_since=_running_since(rtj) if ages else None,
         failed_category=_failed_category(rtj),
+        fast_step=status.progress.fast_step if status.progress is not None else None,
+        fast_timestamp=(
+            status.progress.fast_committed_at.timestamp()
+            if status.progress is not None and status.progress.fast_committed_at is not None
+            else None
+        ),
     )
 
 
@@ -117,6 +127,17 @@ class _JobsCollector(Collector):
         step = GaugeMetricFamily(
             "rtj_checkpoint_last_verified_step",
             "Step of the newest verified checkpoint.",
+            labels=JOB_LABELS,
+        )
+        fast_step = GaugeMetricFamily(
+            "rtj_checkpoint_fast_last_step",
+            "Newest fast-tier step every pod holds (spec.checkpoint.fastTier): what a restart "
+            "in place resumes from.",
+            labels=JOB_LABELS,
+        )
+        fast_last = GaugeMetricFamily(
+            "rtj_checkpoint_fast_last_success_timestamp_seconds",
+            "When every pod held the newest fast-tier step (Unix time).",
             labels=JOB_LABELS,
         )
         since = GaugeMetricFamily(
@@ -169,12 +190,17 @@ class _JobsCollector(Collector):
                 step.add_metric(labels, facts.last_verified_step)
             if facts.running_since is not None:
                 since.add_metric(labels, facts.running_since)
+            if facts.fast_step is not None:
+                fast_step.add_metric(labels, facts.fast_step)
+            if facts.fast_timestamp is not None:
+                fast_last.add_metric(labels, facts.fast_timestamp)
             if facts.failed_category is not None:
                 failed.add_metric([*labels, facts.failed_category], 1.0)
         for phase, count in by_phase.items():
             jobs.add_metric([phase.value], count)
         yield from (last, planned, step, since, failed, quarantined, jobs, job_phase, budget_max)
         yield budget_left
+        yield from (fast_step, fast_last)
 
 
 @dataclass(frozen=True)

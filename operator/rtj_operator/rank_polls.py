@@ -241,6 +241,7 @@ class RankPolls:
         unanswered: list[str] = []
         quiet_since: dict[str, float] = {}
         supervisors: dict[str, Mapping[str, Any]] = {}
+        fast_tiers: dict[str, Mapping[str, Any] | None] = {}
         for target in job.targets:
             body, error, arrived = answers.get(
                 (job.key, target.attempt, target.pod),
@@ -251,10 +252,15 @@ class RankPolls:
                 reports.append(report)
                 if isinstance(supervisor := body.get("supervisor"), Mapping):
                     supervisors[target.pod] = supervisor
+                if "fast_tier" in body:
+                    tier = body.get("fast_tier")
+                    fast_tiers[target.pod] = tier if isinstance(tier, Mapping) else None
                 continue
             unanswered.append(f"{target.pod}: {error or 'not a JSON object'}")
             if target.pod in previous:
                 reports.append(previous[target.pod])  # ages out of the evidence by itself
+                if held is not None and target.pod in held.fast_tiers:
+                    fast_tiers[target.pod] = held.fast_tiers[target.pod]
                 quiet = self._quiet.get((job.key, target.attempt, target.pod))
                 quiet_since[target.pod] = quiet[2] if quiet is not None else arrived
         # one window per round; a rank with no new step since the last one keeps its count
@@ -272,6 +278,7 @@ class RankPolls:
             unanswered=tuple(unanswered),
             quiet_since=quiet_since,
             supervisors=supervisors,
+            fast_tiers=fast_tiers,
             stragglers=verdict.stragglers,
         )
         if unanswered:

@@ -121,16 +121,36 @@ def committed_steps(store: FilesystemStore) -> list[int]:
     return sorted(steps, reverse=True)
 
 
+def newest_held(root: Path) -> dict[str, float | int] | None:
+    """What the pod's progress sidecar reports of its fast tier: the newest step every rank
+    directory holds and when the last rank committed it (wall time, from COMMITTED's
+    mtime); None without one. The operator's summary is the newest step every pod holds."""
+    held = holdings(root)
+    if not held:
+        return None
+    step = held[-1]
+    times = []
+    for directory in _rank_dirs(root):
+        try:
+            times.append((directory / step_key(step, COMMITTED_FILE)).stat().st_mtime)
+        except OSError:
+            return None  # retention took it between the two reads: the next poll knows
+    return {"step": step, "committed_wall_time": round(max(times), 3)}
+
+
+def _rank_dirs(root: Path) -> list[Path]:
+    try:
+        return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("rank-"))
+    except OSError:
+        return []
+
+
 def holdings(root: Path) -> list[int]:
     """The fast steps every rank directory of this pod holds, oldest first (at most
     ``MAX_REPORTED``, the newest); empty without a fast tier. A rank that never saved has
     no directory and does not narrow it: the restoring trainer's check covers every rank."""
-    try:
-        dirs = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("rank-"))
-    except OSError:
-        return []
     common: set[int] | None = None
-    for directory in dirs:
+    for directory in _rank_dirs(root):
         try:
             steps = set(committed_steps(FilesystemStore(directory)))
         except Exception:  # an unreadable rank directory holds nothing usable

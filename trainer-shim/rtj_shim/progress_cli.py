@@ -31,6 +31,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from rtj_shim import fast_tier
 from rtj_shim.errors import UsageError
 from rtj_shim.progress import ENV_DIR, Progress
 from rtj_shim.progress_record import RecordError
@@ -89,6 +90,13 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help=f"take restart orders for the pod's supervisor here (default: ${ENV_CONTROL_DIR}; "
         f"orders are checked against ${ENV_CONTROL_KEY} and ${ENV_JOB_UID})",
     )
+    server.add_argument(
+        "--fast-tier-dir",
+        type=Path,
+        default=os.environ.get(fast_tier.ENV_DIR) or None,
+        help=f"report the newest fast checkpoint step every rank here holds (default: "
+        f"${fast_tier.ENV_DIR})",
+    )
 
     sup = sub.add_parser(
         "supervise", help="run the trainer's command; restart it in place when ordered"
@@ -132,6 +140,7 @@ def progress_server(args: argparse.Namespace) -> int:
         args.host,
         args.port,
         control_dir=args.control_dir,
+        fast_tier_dir=args.fast_tier_dir,
         control_key=os.environ.get(ENV_CONTROL_KEY, ""),
         job_uid=os.environ.get(ENV_JOB_UID, ""),
     )

@@ -25,6 +25,10 @@ The JSON (``schema`` 1)::
 With a control directory (in-place restart, `rtj_shim.control`), the body also carries
 ``"supervisor"``: what ``rtj-shim supervise`` last reported (generation, state, exit code),
 and ``POST /control`` takes the operator's signed restart orders for it.
+
+With a fast checkpoint tier (``--fast-tier-dir``, `rtj_shim.fast_tier`), the body carries
+``"fast_tier": {"step": 1260, "committed_wall_time": 1717000000.1}``: the newest fast step
+every rank of the pod holds (null while none).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from rtj_shim import control
+from rtj_shim import control, fast_tier
 from rtj_shim.progress_record import (
     FILE_PREFIX,
     FILE_SUFFIX,
@@ -114,7 +118,11 @@ def record_files(directory: Path, limit: int = MAX_FILES) -> list[Path]:
 
 
 def report(
-    directory: Path, *, limit: int = MAX_FILES, control_dir: Path | None = None
+    directory: Path,
+    *,
+    limit: int = MAX_FILES,
+    control_dir: Path | None = None,
+    fast_tier_dir: Path | None = None,
 ) -> dict[str, Any]:
     """The whole ``GET /progress`` body for the records in ``directory``, now."""
     ranks: list[dict[str, Any]] = []
@@ -138,6 +146,8 @@ def report(
     }
     if control_dir is not None:
         body["supervisor"] = control.read_json(control_dir / control.STATE_FILE)
+    if fast_tier_dir is not None:
+        body["fast_tier"] = fast_tier.newest_held(fast_tier_dir)
     return body
 
 
@@ -149,7 +159,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         if path == "/progress":
-            self._reply(200, report(self.server.directory, control_dir=self.server.control_dir))
+            self._reply(200, report(self.server.directory, control_dir=self.server.control_dir,
+                                    fast_tier_dir=self.server.fast_tier_dir))  # fmt: skip
         elif path == "/healthz":
             self._reply(200, {"ok": True})
         else:
@@ -202,11 +213,13 @@ class ProgressServer(ThreadingHTTPServer):
         max_connections: int = MAX_CONNECTIONS,
         *,
         control_dir: Path | None = None,
+        fast_tier_dir: Path | None = None,
         control_key: str = "",
         job_uid: str = "",
     ) -> None:
         self.directory = directory
         self.control_dir = control_dir
+        self.fast_tier_dir = fast_tier_dir
         self._control_key = control_key
         self._job_uid = job_uid
         self._order_lock = threading.Lock()

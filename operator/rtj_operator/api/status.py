@@ -159,6 +159,15 @@ class JobProgress(StatusModel):
     ranks: int = Field(default=0, ge=0, description="Ranks that reported.")
     observed_at: datetime
     stragglers: list[Straggler] = Field(default_factory=list, max_length=64)
+    fast_step: int | None = Field(
+        default=None,
+        ge=0,
+        description="The newest fast-tier step every pod holds (spec.checkpoint.fastTier): "
+        "what an in-place restart would resume from.",
+    )
+    fast_committed_at: datetime | None = Field(
+        default=None, description="When every pod held fastStep (the fast tier's age)."
+    )
 
 
 class RestartCounts(StatusModel):

@@ -10,15 +10,12 @@ inside the attempt's pods when every pod runs, answers the progress poll and has
 supervisor. Anything else (a node lost or faulty, a pod gone, an eviction, a user error) is
 the whole-world path as before.
 
-The fast checkpoint tier (spec.checkpoint.fastTier, issue 16): the trainer also saves each
-rank's state every few steps into a pod-local emptyDir (:func:`fast_tier`); its supervisor
-reports with ``stopped`` the fast steps every rank of its pod holds, and the step every pod
-holds is pinned beside the durable one (:func:`fast_pin`), which stays the fallback.
+The fast checkpoint tier that an in-place restart resumes from: `policy.fast_tier`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rtj_operator.api import keys
@@ -79,39 +76,6 @@ def supervise(spec: Obj, rtj: ResilientTrainingJob, trainer_name: str, key: str)
     return True
 
 
-def fast_tier(spec: Obj, rtj: ResilientTrainingJob, trainer_name: str) -> bool:
-    """Give the trainer container the fast tier's emptyDir and the environment the shim
-    reads it from (the rendered pod spec, changed in place); False (nothing changed) when
-    spec.checkpoint.fastTier is unset. Only with the supervisor: a re-created pod starts
-    with an empty emptyDir, so only a restart in place finds the fast tier again."""
-    tier = rtj.spec.checkpoint.fast_tier
-    trainer = next((c for c in spec["containers"] if c.get("name") == trainer_name), None)
-    if tier is None or trainer is None:
-        return False
-    ours = [
-        {"name": keys.ENV_FAST_TIER_DIR, "value": keys.FAST_TIER_DIR},
-        {"name": keys.ENV_FAST_EVERY_STEPS, "value": str(tier.every_steps)},
-        {"name": keys.ENV_FAST_KEEP, "value": str(tier.keep)},
-    ]
-    owned = {e["name"] for e in ours}  # the operator's values win over stale user ones
-    trainer["env"] = [*(e for e in trainer.get("env", []) if e.get("name") not in owned), *ours]
-    mount = {"name": keys.FAST_TIER_VOLUME, "mountPath": keys.FAST_TIER_DIR}
-    trainer["volumeMounts"] = [
-        *(m for m in trainer.get("volumeMounts", []) if m.get("name") != keys.FAST_TIER_VOLUME),
-        mount,
-    ]
-    empty_dir: Obj = {}
-    if tier.medium == "Memory":
-        empty_dir["medium"] = "Memory"
-    if tier.size_limit is not None:
-        empty_dir["sizeLimit"] = tier.size_limit
-    spec["volumes"] = [
-        *(v for v in spec.get("volumes", []) if v.get("name") != keys.FAST_TIER_VOLUME),
-        {"name": keys.FAST_TIER_VOLUME, "emptyDir": empty_dir},
-    ]
-    return True
-
-
 def supervised(pod: Mapping[str, Any]) -> bool:
     """Whether the pod was rendered with the supervisor (its own annotation says so, not
     the job's spec, which may have changed since)."""
@@ -156,31 +120,6 @@ def order(rtj: ResilientTrainingJob) -> Order | None:
         return Order(rtj.metadata.uid, state.generation, "stop")
     return Order(rtj.metadata.uid, state.generation, "run", rtj.status.attempt, state.step,
                  state.fast_step)  # fmt: skip
-
-
-def fast_pin(
-    reports: Mapping[str, Mapping[str, Any]],
-    pods: Sequence[str],
-    durable_step: int | None,
-    bad_steps: Collection[int],
-) -> int | None:
-    """The fast-tier step to pin beside `durable_step`: the newest step every pod's
-    supervisor reports holding (`fast_steps`), not marked bad, and no older than the durable
-    step (an older one would lose steps the store already has; None: the operator could not
-    read the store, and any common fast step goes). None when a pod has no report or no
-    list (no fast tier there: the durable step alone)."""
-    common: set[int] | None = None
-    for pod in pods:
-        held = (reports.get(pod) or {}).get("fast_steps")
-        if not isinstance(held, list):
-            return None
-        steps = {s for s in held if isinstance(s, int) and not isinstance(s, bool) and s >= 0}
-        common = steps if common is None else common & steps
-    usable = [
-        s for s in common or ()
-        if s not in bad_steps and (durable_step is None or s >= durable_step)
-    ]  # fmt: skip
-    return max(usable, default=None)
 
 
 def reported(reports: Mapping[str, Mapping[str, Any]], pods: Sequence[str],

@@ -18,7 +18,7 @@ from typing import Any
 
 from rtj_operator.api import keys
 from rtj_operator.api.resource import ResilientTrainingJob
-from rtj_operator.policy import in_place
+from rtj_operator.policy import fast_tier, in_place
 from rtj_operator.policy.pod_security import (
     RESTRICTED_CONTAINER,
     operator_container_security,
@@ -197,7 +197,7 @@ def pod_template(
     )  # fmt: skip
     if rtj.spec.recovery.in_place and key and in_place.supervise(spec, rtj, trainer["name"], key):
         meta["annotations"][keys.SUPERVISED_ANNOTATION] = "true"
-        in_place.fast_tier(spec, rtj, trainer["name"])
+        fast_tier.render(spec, rtj, trainer["name"])
     return template
 
 

@@ -11,7 +11,7 @@ sending every pod the order `policy.in_place.order` names on each round:
    (every process of the old one gone: the barrier), the step is pinned (the newest
    verified one the operator read, or none: the restored trainer resolves it), and beside
    it, with spec.checkpoint.fastTier, the newest fast-tier step every pod holds
-   (`policy.in_place.fast_pin`; the durable step is the fallback); the phase is `Starting`.
+   (`policy.fast_tier.pin`; the durable step is the fallback); the phase is `Starting`.
 3. `follow`, Starting: once every pod reports the new generation started, `status.inPlace`
    is cleared and the restart recorded as `Running`.
 4. Past `spec.recovery.inPlaceDeadlineSeconds`: the whole world is re-created (the budget is
@@ -27,7 +27,7 @@ from typing import Any
 from rtj_operator.api import keys
 from rtj_operator.api.reasons import ConditionType, FailureClass, Phase, Reason
 from rtj_operator.api.status import FirstFailed, InPlacePhase, InPlaceRestart
-from rtj_operator.policy import in_place
+from rtj_operator.policy import fast_tier, in_place
 from rtj_operator.policy.classify import Classification, Decision, FirstFailedRank
 from rtj_operator.policy.decide import Restart, decide
 from rtj_operator.policy.render import jobset_name
@@ -155,7 +155,7 @@ def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
             b.requeue_in(1.0)
             return True
         step = _pin(b)
-        fast = in_place.fast_pin(reports, names, step, b.status.bad_steps)
+        fast = fast_tier.pin(reports, names, step, b.status.bad_steps)
         _update_entry(b, stopped_at=b.now, resumed_from_step=step, resumed_from_fast_step=fast)
         b.update(in_place=state.model_copy(
             update={"phase": "Starting", "step": step, "fast_step": fast}))  # fmt: skip

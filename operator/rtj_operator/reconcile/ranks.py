@@ -18,6 +18,7 @@ from rtj_operator.api import keys
 from rtj_operator.api.reasons import ConditionType, FailureClass, Phase, Reason
 from rtj_operator.api.status import JobProgress, Straggler
 from rtj_operator.metrics import ProgressFacts
+from rtj_operator.policy import fast_tier
 from rtj_operator.policy import progress as rank_progress
 from rtj_operator.policy.classify import Classification, Decision, FirstFailedRank
 from rtj_operator.reconcile.builder import PlanBuilder, condition_true
@@ -187,6 +188,7 @@ def note_progress(b: PlanBuilder) -> None:
     was = b.status.progress
     summary = rank_progress.job_progress(readings.reports, _epoch(b.now))
     stragglers = _stragglers(b, readings, was)
+    fast = _fast_tier(b, readings)
     fresh = JobProgress(
         attempt=readings.attempt,
         step=summary.step,
@@ -195,6 +197,8 @@ def note_progress(b: PlanBuilder) -> None:
         ranks=summary.ranks,
         observed_at=b.now,
         stragglers=stragglers,
+        fast_step=fast[0] if fast is not None else None,
+        fast_committed_at=fast[1] if fast is not None else None,
     )
     before = {
         (s.rank, s.pod)
@@ -204,12 +208,20 @@ def note_progress(b: PlanBuilder) -> None:
     after = {(s.rank, s.pod) for s in stragglers}
     if was is None or was.attempt != fresh.attempt or before != after:
         b.update(progress=fresh)
-    elif (was.step, was.ranks) != (fresh.step, fresh.ranks):
+    elif (was.step, was.ranks, was.fast_step) != (fresh.step, fresh.ranks, fresh.fast_step):
         if b.now - was.observed_at >= SUMMARY_EVERY:
             b.update(progress=fresh)
         else:
             b.requeue_in((was.observed_at + SUMMARY_EVERY - b.now).total_seconds())
     _straggling(b, stragglers, before != after)
+
+
+def _fast_tier(b: PlanBuilder, readings: RankReadings) -> tuple[int, datetime] | None:
+    """The newest fast-tier step every pod of the attempt holds (None: no fast tier, or a
+    pod does not report one yet)."""
+    if b.rtj.spec.checkpoint.fast_tier is None or not readings.fast_tiers:
+        return None
+    return fast_tier.summary(readings.fast_tiers, [r.pod for r in readings.reports])
 
 
 def _straggling(b: PlanBuilder, stragglers: Sequence[Straggler], changed: bool) -> None:

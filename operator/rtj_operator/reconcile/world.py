@@ -177,6 +177,9 @@ class RankReadings:
     supervisors: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """Per pod, what its supervisor last reported (spec.recovery.inPlace): generation,
     state (running, exited, stopping, stopped, finished), exit code."""
+    fast_tiers: Mapping[str, Mapping[str, Any] | None] = field(default_factory=dict)
+    """Per pod, the newest fast-tier step every rank holds and when (spec.checkpoint.fastTier;
+    `policy.fast_tier.summary`)."""
 
 
 @dataclass(frozen=True)

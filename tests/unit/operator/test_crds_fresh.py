@@ -48,7 +48,12 @@ def test_crd_identity_and_columns() -> None:
     version = spec["versions"][0]
     assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns == ["Phase", "Attempt", "Step", "Steps/s", "Checkpoint", "Checkpoint Age", "Age"]
+    assert columns == [
+        "Phase", "Attempt", "Step", "Steps/s", "Checkpoint", "Checkpoint Age", "Age",
+        "Fast", "Fast Age",
+    ]  # fmt: skip
+    wide = [c["name"] for c in version["additionalPrinterColumns"] if c.get("priority") == 1]
+    assert wide == ["Fast", "Fast Age"]
 
 
 def _rules(node: object) -> list[dict[str, str]]:

@@ -15,6 +15,7 @@ from rtj_operator.api import ResilientTrainingJob, keys
 from rtj_operator.api.schemas.openapi import QUANTITY_PATTERN
 from rtj_operator.api.spec import FAST_TIER_MIN_KEEP, SIZE_PATTERN
 from rtj_operator.api.status import InPlacePhase
+from rtj_operator.policy import fast_tier as fast_tier_policy
 from rtj_operator.policy import in_place
 from rtj_operator.policy.render import render_jobset
 from rtj_shim import fast_tier
@@ -134,10 +135,18 @@ def test_the_trainer_gets_the_fast_tier_volume_mount_and_environment() -> None:
     # the shim reads back exactly what was rendered
     config = fast_tier.FastTierConfig.from_env({k: v for k, v in env.items() if v is not None})
     assert config is not None and (config.every_steps, config.keep) == (25, 3)
-    # nobody else gets it: not the resolver, not the sidecar
-    for c in pod["initContainers"]:
-        assert all(m["name"] != keys.FAST_TIER_VOLUME for m in c.get("volumeMounts", []))
-        assert all(e["name"] != keys.ENV_FAST_TIER_DIR for e in c.get("env", []))
+    # the progress sidecar reads it (read-only) to report what the pod holds; the resolver
+    # and any other container get nothing
+    for c in [*pod["initContainers"], *pod["containers"][1:]]:
+        mounts = [m for m in c.get("volumeMounts", []) if m["name"] == keys.FAST_TIER_VOLUME]
+        env = {e["name"]: e.get("value") for e in c.get("env", [])}
+        if c["name"] == keys.PROGRESS_SIDECAR:
+            assert mounts == [{"name": "rtj-fast-tier", "mountPath": "/var/run/rtj-fast-tier",
+                               "readOnly": True}]  # fmt: skip
+            assert env[keys.ENV_FAST_TIER_DIR] == "/var/run/rtj-fast-tier"
+            assert keys.ENV_FAST_EVERY_STEPS not in env
+        else:
+            assert not mounts and keys.ENV_FAST_TIER_DIR not in env, c["name"]
 
 
 def test_disk_has_no_medium_and_no_size_limit_renders_none() -> None:
@@ -184,45 +193,47 @@ def _reports(*held: list[int] | None) -> dict[str, dict[str, Any]]:
 
 def test_the_newest_step_every_pod_holds_is_pinned() -> None:
     reports = _reports([100, 120, 140], [100, 120, 140], [100, 120, 140])
-    assert in_place.fast_pin(reports, PODS, 100, []) == 140
-    assert in_place.fast_pin(reports, PODS, None, []) == 140, "durable unknown: any goes"
-    assert in_place.fast_pin(reports, PODS, 140, []) == 140, "equal to durable: still pinned"
+    assert fast_tier_policy.pin(reports, PODS, 100, []) == 140
+    assert fast_tier_policy.pin(reports, PODS, None, []) == 140, "durable unknown: any goes"
+    assert fast_tier_policy.pin(reports, PODS, 140, []) == 140, "equal to durable: still pinned"
 
 
 def test_pods_that_disagree_pin_the_newest_step_they_share() -> None:
     # p2 had not published 140 yet when its rank was stopped; p1 already dropped 100
     reports = _reports([100, 120, 140], [120, 140], [100, 120])
-    assert in_place.fast_pin(reports, PODS, 80, []) == 120
-    assert in_place.fast_pin(_reports([140], [120], [140]), PODS, None, []) is None
+    assert fast_tier_policy.pin(reports, PODS, 80, []) == 120
+    assert fast_tier_policy.pin(_reports([140], [120], [140]), PODS, None, []) is None
 
 
 def test_a_pod_without_a_report_or_without_a_list_pins_nothing() -> None:
     reports = _reports([100, 120], [100, 120], [100, 120])
-    assert in_place.fast_pin({k: v for k, v in reports.items() if k != "p1"}, PODS, 0, []) is None
-    assert in_place.fast_pin(_reports([100], [100], None), PODS, 0, []) is None
-    assert in_place.fast_pin(_reports([100], [100], []), PODS, 0, []) is None
+    assert (
+        fast_tier_policy.pin({k: v for k, v in reports.items() if k != "p1"}, PODS, 0, []) is None
+    )
+    assert fast_tier_policy.pin(_reports([100], [100], None), PODS, 0, []) is None
+    assert fast_tier_policy.pin(_reports([100], [100], []), PODS, 0, []) is None
     garbage = _reports([100], [100], [100])
     garbage["p2"]["fast_steps"] = "100"
-    assert in_place.fast_pin(garbage, PODS, 0, []) is None
-    assert in_place.fast_pin(reports, (), 0, []) is None, "no pods, nothing held by all"
+    assert fast_tier_policy.pin(garbage, PODS, 0, []) is None
+    assert fast_tier_policy.pin(reports, (), 0, []) is None, "no pods, nothing held by all"
 
 
 def test_a_fast_step_older_than_the_durable_one_is_not_pinned() -> None:
     reports = _reports([100, 120], [100, 120], [100, 120])
-    assert in_place.fast_pin(reports, PODS, 121, []) is None
-    assert in_place.fast_pin(reports, PODS, 110, []) == 120
+    assert fast_tier_policy.pin(reports, PODS, 121, []) is None
+    assert fast_tier_policy.pin(reports, PODS, 110, []) == 120
 
 
 def test_a_bad_step_is_never_pinned() -> None:
     reports = _reports([100, 120], [100, 120], [100, 120])
-    assert in_place.fast_pin(reports, PODS, 100, [120]) == 100, "the next newest shared one"
-    assert in_place.fast_pin(reports, PODS, 110, [120]) is None, "the older one is too old"
-    assert in_place.fast_pin(reports, PODS, None, [100, 120]) is None
+    assert fast_tier_policy.pin(reports, PODS, 100, [120]) == 100, "the next newest shared one"
+    assert fast_tier_policy.pin(reports, PODS, 110, [120]) is None, "the older one is too old"
+    assert fast_tier_policy.pin(reports, PODS, None, [100, 120]) is None
 
 
 def test_values_that_are_not_steps_are_ignored() -> None:
     reports = _reports([True, -5, 100, "120"], [100, 120], [100, 120])
-    assert in_place.fast_pin(reports, PODS, None, []) == 100
+    assert fast_tier_policy.pin(reports, PODS, None, []) == 100
 
 
 # --- the order --------------------------------------------------------------------------
@@ -251,3 +262,22 @@ def test_the_run_order_carries_the_fast_step_and_the_supervisor_reads_it_back() 
     )
     order = in_place.order(running)
     assert order is not None and order.action == "stop" and order.fast_step is None
+
+
+# --- the job's fast-tier step (status.progress.fastStep, metrics) -------------------------
+
+
+def test_the_jobs_fast_step_is_the_oldest_newest_step_and_complete_when_the_last_pod_was() -> None:
+    tiers = {
+        "p0": {"step": 140, "committed_wall_time": 1000.0},
+        "p1": {"step": 130, "committed_wall_time": 990.0},
+        "p2": {"step": 140, "committed_wall_time": 1005.5},
+    }
+    step, when = fast_tier_policy.summary(tiers, PODS) or (None, None)
+    assert step == 130 and when is not None and when.timestamp() == 1005.5
+    assert fast_tier_policy.summary({**tiers, "p1": None}, PODS) is None, "p1 holds none yet"
+    assert fast_tier_policy.summary({k: v for k, v in tiers.items() if k != "p2"}, PODS) is None
+    for junk in ({"step": "140", "committed_wall_time": 1.0}, {"step": 140}, {"step": -1},
+                 {"step": True, "committed_wall_time": 1.0}):  # fmt: skip
+        assert fast_tier_policy.summary({**tiers, "p0": junk}, PODS) is None, junk
+    assert fast_tier_policy.summary(tiers, ()) is None

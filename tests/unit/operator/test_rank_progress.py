@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 from rtj_test_support import NOW, make_job
-from rtj_world import jobset, pod, reading, rtj_raw, snapshot, with_status
+from rtj_world import iso, jobset, pod, reading, rtj_raw, snapshot, with_status
 
 from rtj_operator import reconcile as rc
 from rtj_operator.api import keys
@@ -120,6 +120,30 @@ def test_ranks_making_progress_are_no_hang_and_fill_the_progress_summary() -> No
     assert summary["attempt"] == 1 and summary["step"] == 812 and summary["ranks"] == 2
     assert summary["stepSeconds"] == 0.05 and summary["stepsPerSecond"] == 20.0
     assert not any(isinstance(a, rc.DeletePod) for a in p.actions)
+
+
+def test_the_progress_summary_carries_the_fast_step_every_pod_holds() -> None:
+    pods = running_pods()
+    names = [p["metadata"]["name"] for p in pods]
+    tiers = {names[0]: {"step": 810, "committed_wall_time": T - 3},
+             names[1]: {"step": 805, "committed_wall_time": T - 9}}  # fmt: skip
+    spec: dict[str, Any] = {
+        **FIXED_60,
+        "recovery": {"inPlace": True},
+        "checkpoint": {"uri": "s3://ckpt/llm", "fastTier": {"everySteps": 5}},
+    }
+    fine = readings(
+        pods, rank(0, 812, "forward", 0.02), rank(1, 812, "backward", 0.01), fast_tiers=tiers
+    )
+    patch = plan(pods, fine, **spec).status_patch
+    assert patch is not None
+    summary = patch.status["progress"]
+    assert summary["fastStep"] == 805, "the newest step every pod holds"
+    assert summary["fastCommittedAt"] == iso(NOW - timedelta(seconds=3))
+    # a pod with no fast step yet: none for the job
+    waiting = replace(fine, fast_tiers={**tiers, names[1]: None})
+    patch = plan(pods, waiting, **spec).status_patch
+    assert patch is not None and patch.status["progress"].get("fastStep") is None
 
 
 def test_the_progress_summary_is_rewritten_at_most_every_30_seconds() -> None:

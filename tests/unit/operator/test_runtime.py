@@ -57,6 +57,27 @@ def test_metrics_have_the_documented_names_and_labels() -> None:
     text = generate_latest(reg).decode()
     for name in ("rtj_detection_seconds_bucket", "rtj_recovery_seconds_bucket", "rtj_jobs{"):
         assert name in text
+    assert "rtj_checkpoint_fast_last_step{" not in text, "no fast tier: no sample"
+
+
+def test_the_fast_tier_has_its_own_step_and_age_beside_the_durable_ones() -> None:
+    reg = CollectorRegistry()
+    m = Metrics(reg)
+    job = ResilientTrainingJob.from_object(
+        rtj_raw({"phase": "Running", "attempt": 1, "progress": {
+            "attempt": 1, "step": 1312, "observedAt": "2025-03-14T12:00:00Z",
+            "fastStep": 1310, "fastCommittedAt": "2025-03-14T11:59:58Z"}})
+    )  # fmt: skip
+    m.observe_job(job)
+    per_job = {"namespace": "team-a", "name": "llm"}
+    assert sample(reg, "rtj_checkpoint_fast_last_step", per_job) == 1310
+    assert (
+        sample(reg, "rtj_checkpoint_fast_last_success_timestamp_seconds", per_job)
+        == (NOW - timedelta(seconds=2)).timestamp()
+    )
+    text = generate_latest(reg).decode()
+    assert "rtj_checkpoint_last_success_timestamp_seconds{" not in text, "the durable age is "
+    "the store's alone: no verified durable step, no durable timestamp"
 
     # a Running job that has no verified checkpoint still exports when it started running
     fresh = ResilientTrainingJob.from_object(rtj_raw({"phase": "Running", "attempt": 1,

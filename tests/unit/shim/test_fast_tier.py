@@ -3,6 +3,7 @@ temporary directory standing in for the pod's memory-backed volume."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -16,9 +17,11 @@ from rtj_shim.fast_tier import (
     FastTierConfig,
     committed_steps,
     holdings,
+    newest_held,
     rank_store,
 )
 from rtj_shim.layout import COMMITTED_FILE, step_key
+from rtj_shim.progress_server import report
 from rtj_shim.protocol import CommitProtocol
 
 
@@ -71,3 +74,22 @@ def test_a_pod_holds_the_committed_steps_every_rank_directory_has(tmp_path: Path
         _publish(fast, 0, step, payload)
         _publish(fast, 1, step, payload)
     assert len(holdings(fast)) == 8 and holdings(fast)[-1] == 190  # the newest, bounded
+
+
+def test_the_sidecar_reports_the_newest_step_every_rank_holds_and_when(tmp_path: Path) -> None:
+    payload = tmp_path / "payload"
+    payload.mkdir()
+    (payload / "state.bin").write_bytes(b"x")
+    fast = tmp_path / "fast"
+    records = tmp_path / "records"
+    records.mkdir()
+    assert report(records, fast_tier_dir=fast)["fast_tier"] is None  # nothing yet
+    assert "fast_tier" not in report(records)  # no fast tier: not in the body at all
+    _publish(fast, 0, 10, payload)
+    _publish(fast, 0, 20, payload)
+    _publish(fast, 1, 10, payload)
+    os.utime(rank_store(fast, 0).root / step_key(10, COMMITTED_FILE), (1000.0, 1000.0))
+    os.utime(rank_store(fast, 1).root / step_key(10, COMMITTED_FILE), (2000.0, 2000.0))
+    held = newest_held(fast)
+    assert held == {"step": 10, "committed_wall_time": 2000.0}  # complete when the last rank was
+    assert report(records, fast_tier_dir=fast)["fast_tier"] == held
