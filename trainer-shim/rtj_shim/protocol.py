@@ -143,13 +143,22 @@ def check_ownership(record: RunRecord, run_id: str, attempt: str, source: str) -
         )
     if record.writer_attempt == attempt:
         return False
-    stale = attempt.isdigit() and record.writer_attempt.isdigit()
-    if stale and int(attempt) < int(record.writer_attempt):
+    mine, owner = attempt_order(attempt), attempt_order(record.writer_attempt)
+    if mine is not None and owner is not None and mine < owner:
         raise RunOwnershipConflict(
             f"{source}: attempt {attempt} is stale; attempt {record.writer_attempt} of run "
             f"{run_id!r} owns this root now (an old world must not keep writing)"
         )
     return True
+
+
+def attempt_order(attempt: str) -> tuple[int, int] | None:
+    """``"4"`` (attempt 4) or ``"4.2"`` (attempt 4, trainer generation 2 of an in-place
+    restart) as a comparable pair; None for any other name (no order: never refused)."""
+    head, dot, tail = attempt.partition(".")
+    if not head.isdigit() or (dot and not tail.isdigit()):
+        return None
+    return int(head), int(tail) if dot else 0
 
 
 def new_run_id() -> str:

@@ -25,6 +25,15 @@ issue 15). Orders and reports travel through the pod's control directory (`rtj_s
   without one it exits with the command's code, and the pod fails as it would without a
   supervisor (the operator's whole-world path).
 - SIGTERM to the supervisor (the pod is deleted): passed on; it exits with the command's code.
+- A *replacement* pod (``RTJ_INDEX_FAILURES`` > 0: the Job controller's count of earlier
+  failures of this pod's index, ``batch.kubernetes.io/job-index-failure-count``, through the
+  downward API) starts *held*: generation 0, ``stopped``, the command not started. The
+  operator replaced a broken pod while the others restart in place, and only its ``run``
+  order, after the barrier, starts it with the rest. Held past ``order_deadline`` with no
+  order, it exits 1 (the index fails; the operator re-creates the world).
+- Generation g > 0 writes checkpoints as attempt ``a.g`` (``RTJ_ATTEMPT``): a rank of an
+  earlier generation still running on a lost node (a zombie) is older than ``a.g`` and may
+  not publish (`rtj_shim.protocol.check_ownership`).
 
 `next_action` is the pure decision; `Supervisor` is the I/O around it.
 """
@@ -50,6 +59,7 @@ from rtj_shim.progress import ENV_DIR
 from rtj_shim.progress_record import FILE_PREFIX, FILE_SUFFIX
 
 PR_SET_CHILD_SUBREAPER = 36
+ENV_INDEX_FAILURES = "RTJ_INDEX_FAILURES"
 POLL_SECONDS = 0.1
 
 
@@ -122,6 +132,8 @@ class Supervisor:
         self.child: subprocess.Popen[bytes] | None = None
         self._terminated = False
         self._exited_at: float | None = None
+        failures = self.env.get(ENV_INDEX_FAILURES, "")
+        self.held = failures.isdigit() and int(failures) > 0
 
     # --- the loop ------------------------------------------------------------------------
     def run(self) -> int:
@@ -129,7 +141,13 @@ class Supervisor:
         self.dir.mkdir(parents=True, exist_ok=True)
         _become_subreaper()
         signal.signal(signal.SIGTERM, self._on_sigterm)
-        self._start(self.env, self.current.attempt)
+        if self.held:
+            self._exited_at = time.monotonic()  # the order deadline counts from now
+            self._set(self.current)
+            count = self.env.get(ENV_INDEX_FAILURES)
+            self._say(f"a replacement pod ({ENV_INDEX_FAILURES}={count}): held until ordered")
+        else:
+            self._start(self.env, self.current.attempt)
         while True:
             if self._terminated:
                 return self._stop_for_good()
@@ -145,6 +163,8 @@ class Supervisor:
                 self._start(self._env_for(order), order.attempt)
             elif self.current.state == "exited" and self._given_up():
                 return self.current.exit_code or 1
+            elif self.held and self.child is None and self._given_up():
+                return 1
             time.sleep(POLL_SECONDS)
 
     def _order(self) -> Order | None:
@@ -184,7 +204,8 @@ class Supervisor:
             write_json(resume, body)
         else:  # nothing pinned: no resume file, so the restored trainer resolves the newest
             resume.unlink(missing_ok=True)
-        return {**self.env, "RTJ_ATTEMPT": str(order.attempt),
+        writer = f"{order.attempt}.{order.generation}" if order.generation else str(order.attempt)
+        return {**self.env, "RTJ_ATTEMPT": writer,
                 "RTJ_RESTART_GENERATION": str(order.generation),
                 "RTJ_RESUME_FILE": str(resume)}  # fmt: skip
 

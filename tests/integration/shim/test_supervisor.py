@@ -51,7 +51,7 @@ def test_a_stop_leaves_no_process_and_a_run_starts_the_ordered_attempt(pod: Pod)
     status, _ = pod.post(Order(UID, 1, "run", attempt=2, step=40))
     assert status == 202
     second = json.loads(until("generation 1", lambda: _read(pod.out / "gen-1.json")))
-    assert (second["attempt"], second["generation"]) == ("2", "1")
+    assert (second["attempt"], second["generation"]) == ("2.1", "1")  # writes as 2.1
     assert second["resume"]["step"] == 40
     assert (pod.supervisor() or {})["state"] == "running"
 
@@ -89,6 +89,30 @@ def test_stopped_reports_the_fast_steps_every_rank_holds_and_run_pins_one(
     assert pod.post(Order(UID, 1, "run", attempt=1, step=20, fast_step=35))[0] == 202
     second = json.loads(until("generation 1", lambda: _read(pod.out / "gen-1.json")))
     assert (second["resume"]["step"], second["resume"]["fast_step"]) == (20, 35)
+
+
+def test_a_replacement_pod_is_held_until_its_run_order(pod: Pod) -> None:
+    """A pod the Job controller created again for a failed index (the operator replaced the
+    broken pod of a lost or faulty node) starts nothing until the barrier's run order."""
+    pod.supervise(sys.executable, "-c", TRAINER, str(pod.out), env={"RTJ_INDEX_FAILURES": "1"})
+    held = until("held", lambda: pod.supervisor())
+    assert (held["generation"], held["state"]) == (0, "stopped")
+    assert pod.post(Order(UID, 3, "stop"))[0] == 202  # the others' generation
+    until("stopped for 3", lambda: (pod.supervisor() or {}).get("generation") == 3)
+    assert (pod.supervisor() or {})["state"] == "stopped"
+    assert not (pod.out / "gen-0.json").exists(), "nothing ran before its order"
+    assert pod.post(Order(UID, 3, "run", attempt=1, step=40))[0] == 202
+    started = json.loads(until("generation 3", lambda: _read(pod.out / "gen-3.json")))
+    assert (started["attempt"], started["resume"]["step"]) == ("1.3", 40)
+
+
+def test_a_held_replacement_with_no_order_gives_up(pod: Pod) -> None:
+    sup = pod.supervise(
+        sys.executable, "-c", TRAINER, str(pod.out), deadline=1,
+        env={"RTJ_INDEX_FAILURES": "2"},
+    )  # fmt: skip
+    assert sup.wait(20) == 1
+    assert not (pod.out / "gen-0.json").exists()
 
 
 def test_a_failed_command_with_no_order_ends_the_supervisor_with_its_code(pod: Pod) -> None:
