@@ -28,6 +28,11 @@ WORKER_REPLICATED_JOB: Final = "worker"
 # --- labels and annotations other controllers own ---------------------------------------
 KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
 JOB_COMPLETION_INDEX: Final = "batch.kubernetes.io/job-completion-index"
+JOB_INDEX_FAILURE_COUNT: Final = "batch.kubernetes.io/job-index-failure-count"
+"""Set by the Job controller on each pod of a Job with backoffLimitPerIndex: how often the
+pod's index failed before (kubernetes pkg/controller/job/indexed_job_utils.go, v1.35)."""
+ENV_INDEX_FAILURES: Final = "RTJ_INDEX_FAILURES"
+"""rtj_shim.supervisor.ENV_INDEX_FAILURES: > 0 marks a replacement pod, held until ordered."""
 JOBSET_NAME_LABEL: Final = "jobset.sigs.k8s.io/jobset-name"
 JOBSET_UID_LABEL: Final = "jobset.sigs.k8s.io/jobset-uid"
 """Set by the JobSet controller on its Jobs and their pods (labelAndAnnotateObject in

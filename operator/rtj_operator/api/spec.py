@@ -356,6 +356,16 @@ class Recovery(ApiModel):
         description="An in-place restart that has not stopped and started every pod within "
         "this long falls back to re-creating the whole world.",
     )
+    in_place_max_replaced_pods: int = Field(
+        default=1,
+        ge=0,
+        le=64,
+        description="A failure that implicates a node (a GPU fault, a lost node) replaces only "
+        "the pods on it, when they are at most this many: the node is quarantined, the pods "
+        "are deleted and created again by their Job elsewhere (same index, no Kueue "
+        "re-admission), and every other pod restarts in place. More implicated pods, or 0, "
+        "re-create the whole world.",
+    )
 
 
 class Provenance(ApiModel):

@@ -61,6 +61,12 @@ class InPlaceRestart(StatusModel):
         description="Pinned fast-tier step every pod held (spec.checkpoint.fastTier): the "
         "trainers resumed from it when every rank verified it, else from resumedFromStep.",
     )
+    replaced: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Pods replaced (`<pod> on <node>`): deleted, and created again by their Job "
+        "on another node (spec.recovery.inPlaceMaxReplacedPods); the others restarted in place.",
+    )
     stopped_at: datetime | None = None
     started_at: datetime | None = None
     outcome: str | None = Field(
@@ -83,6 +89,11 @@ class InPlacePhase(StatusModel):
         default=None,
         ge=0,
         description="The fast-tier step every pod holds, pinned beside `step` (the fallback).",
+    )
+    replacing: list[Annotated[str, Field(max_length=253)]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Pods being replaced: deleted and not counted; their Job creates them again.",
     )
 
 

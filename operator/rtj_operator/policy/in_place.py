@@ -15,7 +15,8 @@ The fast checkpoint tier that an in-place restart resumes from: `policy.fast_tie
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from rtj_operator.api import keys
@@ -58,8 +59,12 @@ def supervise(spec: Obj, rtj: ResilientTrainingJob, trainer_name: str, key: str)
         "--", *trainer["command"],
     ]  # fmt: skip
     mount = {"name": keys.CONTROL_VOLUME, "mountPath": keys.CONTROL_DIR}
-    trainer["env"] = [*trainer.get("env", []), {"name": keys.ENV_CONTROL_DIR,
-                                                "value": keys.CONTROL_DIR}]  # fmt: skip
+    failures = f"metadata.annotations['{keys.JOB_INDEX_FAILURE_COUNT}']"
+    trainer["env"] = [
+        *trainer.get("env", []),
+        {"name": keys.ENV_CONTROL_DIR, "value": keys.CONTROL_DIR},
+        {"name": keys.ENV_INDEX_FAILURES, "valueFrom": {"fieldRef": {"fieldPath": failures}}},
+    ]
     trainer["volumeMounts"] = [*trainer.get("volumeMounts", []), dict(mount)]
     sidecar["command"] = [*sidecar["command"], "--control-dir", keys.CONTROL_DIR]
     sidecar["env"] = [
@@ -83,32 +88,81 @@ def supervised(pod: Mapping[str, Any]) -> bool:
     return annotations.get(keys.SUPERVISED_ANNOTATION) == "true"
 
 
-def refusal(
+REPLACE_CLASSES = frozenset({FailureClass.GPU_FAULT, FailureClass.NODE_LOST})
+"""What replacing the pods of the implicated nodes cures (the others restart in place)."""
+
+
+@dataclass(frozen=True)
+class InPlaceChoice:
+    """Whether a failure is restarted in place (`refused` None), and which pods are replaced."""
+
+    refused: str | None
+    replace: tuple[str, ...] = ()
+
+
+def choose(
     rtj: ResilientTrainingJob,
     found: Classification,
     pods: Sequence[Mapping[str, Any]],
     reports: Mapping[str, Mapping[str, Any]],
-) -> str | None:
-    """Why this failure is not restarted in place (None: it is)."""
-    if not rtj.spec.recovery.in_place:
-        return "spec.recovery.inPlace is off"
-    if found.failure_class not in IN_PLACE_CLASSES or found.category is FailureCategory.USER:
-        return f"{found.failure_class.value} needs more than a restart in the same pods"
-    if found.nodes_to_quarantine:
-        return f"it implicates nodes {', '.join(found.nodes_to_quarantine)}"
+    quarantined: Collection[str] = (),
+) -> InPlaceChoice:
+    """A failure that implicates no node restarts every pod in place; one that implicates
+    nodes (a GPU fault, a lost node), once they are quarantined, replaces the pods on them
+    (at most spec.recovery.inPlaceMaxReplacedPods) and restarts the others in place."""
+    recovery = rtj.spec.recovery
+    if not recovery.in_place:
+        return InPlaceChoice("spec.recovery.inPlace is off")
+    nodes = set(found.nodes_to_quarantine)
+    curable = IN_PLACE_CLASSES | (REPLACE_CLASSES if nodes else frozenset())
+    if found.failure_class not in curable or found.category is FailureCategory.USER:
+        return InPlaceChoice(
+            f"{found.failure_class.value} needs more than a restart in the same pods"
+        )
+    replace = tuple(sorted(_name(p) for p in pods if _node(p) in nodes))
+    if nodes:
+        limit = recovery.in_place_max_replaced_pods
+        if len(replace) > limit:
+            return InPlaceChoice(
+                f"it implicates nodes {', '.join(sorted(nodes))} with {len(replace)} pods on "
+                f"them; spec.recovery.inPlaceMaxReplacedPods is {limit}"
+            )
+        if waiting := sorted(nodes - set(quarantined)):
+            return InPlaceChoice(f"nodes {', '.join(waiting)} are not quarantined yet")
+        for pod in pods:
+            if _name(pod) in replace and not replaceable(pod):
+                return InPlaceChoice(f"pod {_name(pod)} cannot be replaced by its Job")
     if len(pods) != rtj.spec.replicas:
-        return f"{len(pods)} of {rtj.spec.replicas} pods are there"
+        return InPlaceChoice(f"{len(pods)} of {rtj.spec.replicas} pods are there")
     for pod in pods:
-        name = (pod.get("metadata") or {}).get("name", "")
+        name = _name(pod)
+        if name in replace:
+            continue
         if (pod.get("status") or {}).get("phase") != "Running" or (pod.get("metadata") or {}).get(
             "deletionTimestamp"
         ):
-            return f"pod {name} is not running"
+            return InPlaceChoice(f"pod {name} is not running")
         if not supervised(pod):
-            return f"pod {name} has no supervisor (created before inPlace was set)"
+            return InPlaceChoice(f"pod {name} has no supervisor (created before inPlace was set)")
         if name not in reports:
-            return f"pod {name}'s supervisor has not reported"
-    return None
+            return InPlaceChoice(f"pod {name}'s supervisor has not reported")
+    return InPlaceChoice(None, replace)
+
+
+def replaceable(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod's Job creates it again when it is deleted (backoffLimitPerIndex: the
+    Job controller annotates its pods with the index's failure count)."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    return supervised(pod) and keys.JOB_INDEX_FAILURE_COUNT in annotations
+
+
+def _name(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("name", ""))
+
+
+def _node(pod: Mapping[str, Any]) -> str | None:
+    node = (pod.get("spec") or {}).get("nodeName")
+    return node if isinstance(node, str) else None
 
 
 def order(rtj: ResilientTrainingJob) -> Order | None:

@@ -138,16 +138,22 @@ def _job_template(
     rtj: ResilientTrainingJob, attempt: int, resume: int | None, js: str, key: str | None
 ) -> Obj:
     replicas = rtj.spec.replicas
-    return {
-        "metadata": {"labels": attempt_labels(rtj, attempt)},
-        "spec": {
-            "parallelism": replicas,
-            "completions": replicas,
-            "completionMode": "Indexed",
-            "backoffLimit": 0,
-            "template": pod_template(rtj, attempt, resume, js, key),
-        },
+    template = pod_template(rtj, attempt, resume, js, key)
+    spec: Obj = {
+        "parallelism": replicas,
+        "completions": replicas,
+        "completionMode": "Indexed",
+        "backoffLimit": 0,
+        "template": template,
     }
+    if in_place.supervised(template) and rtj.spec.recovery.in_place_max_replaced_pods > 0:
+        # a pod the operator deletes (its node quarantined or lost) is created again by the
+        # Job, same index, held by its supervisor until ordered: no JobSet or Workload is
+        # touched; the index failing more often than the restart budget fails the Job
+        del spec["backoffLimit"]
+        spec["backoffLimitPerIndex"] = max(1, rtj.spec.failure_policy.max_restarts)
+        spec["maxFailedIndexes"] = 0
+    return {"metadata": {"labels": attempt_labels(rtj, attempt)}, "spec": spec}
 
 
 def pod_template(

@@ -21,6 +21,7 @@ sending every pod the order `policy.in_place.order` names on each round:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -28,16 +29,23 @@ from rtj_operator.api import keys
 from rtj_operator.api.reasons import ConditionType, FailureClass, Phase, Reason
 from rtj_operator.api.status import FirstFailed, InPlacePhase, InPlaceRestart
 from rtj_operator.policy import fast_tier, in_place
-from rtj_operator.policy.classify import Classification, Decision, FirstFailedRank
+from rtj_operator.policy.classify import (
+    Classification,
+    Decision,
+    FirstFailedRank,
+    classify_failure,
+)
 from rtj_operator.policy.decide import Restart, decide
 from rtj_operator.policy.render import jobset_name
 from rtj_operator.reconcile.actions import DeleteJobSet, MetricRecord
 from rtj_operator.reconcile.builder import PlanBuilder, trim_evidence
 from rtj_operator.reconcile.converge import delete_pods
+from rtj_operator.reconcile.liveness import judged_nodes
 from rtj_operator.reconcile.world import Json, Snapshot, get_in, pod_name
 from rtj_shim.control import Order
 
 MAX_IN_PLACE_RECORDS = 64
+REPLACE_GRACE_SECONDS = 2
 
 
 def _supervisors(b: PlanBuilder) -> Mapping[str, Mapping[str, Any]]:
@@ -80,6 +88,9 @@ def supervisor_failure(b: PlanBuilder, live: Sequence[Json]) -> Classification |
     ]
     if others:
         evidence.append(f"also exited: {', '.join(others[:5])}")
+    cause = _node_cause(b, live, pod, code, first.finished_at)
+    if cause is not None:  # a GPU fault or a lost node under the exit: replace, not restart
+        return replace(cause, evidence=(*cause.evidence, *evidence))
     return Classification(
         FailureClass.UNKNOWN,
         first,
@@ -93,9 +104,41 @@ def supervisor_failure(b: PlanBuilder, live: Sequence[Json]) -> Classification |
     )
 
 
+def _node_cause(
+    b: PlanBuilder, live: Sequence[Json], pod: Json, code: object, at: datetime | None
+) -> Classification | None:
+    """What the classifier makes of the exit read as the trainer container's termination,
+    beside the node's signals (an XID condition, a lost node), when that implicates a node;
+    None when nothing explains it better than the exit itself."""
+    terminated: dict[str, Any] = {
+        "exitCode": code if isinstance(code, int) else 1,
+        "reason": "Error",
+    }
+    if at is not None:
+        terminated["finishedAt"] = at.isoformat().replace("+00:00", "Z")
+    statuses = [
+        c for c in get_in(pod, "status", "containerStatuses") or []
+        if c.get("name") != b.rtj.spec.trainer_container
+    ]  # fmt: skip
+    statuses.append({"name": b.rtj.spec.trainer_container, "state": {"terminated": terminated}})
+    ended = {**pod, "status": {**(pod.get("status") or {}), "containerStatuses": statuses}}
+    found = classify_failure(
+        [ended if p is pod else p for p in live],
+        list(judged_nodes(b).values()),
+        list(b.snap.events or ()),
+        b.now,
+        node_health=b.rtj.spec.node_health,
+    )
+    if found is None or found.failure_class not in in_place.REPLACE_CLASSES:
+        return None
+    return found
+
+
 def begin(b: PlanBuilder, found: Classification, live: Sequence[Json]) -> bool:
     """Restart in place when the job and the failure allow it; True if it began."""
-    why = in_place.refusal(b.rtj, found, live, _supervisors(b))
+    quarantined = [q.node for q in b.status.quarantined_nodes]
+    choice = in_place.choose(b.rtj, found, live, _supervisors(b), quarantined)
+    why = choice.refused
     if why is None and b.snap.control_key is None:
         why = "the operator has no control secret (--control-secret-file)"
     if why is not None:
@@ -114,20 +157,30 @@ def begin(b: PlanBuilder, found: Classification, live: Sequence[Json]) -> bool:
         first_failed=FirstFailed(**first.to_json()) if first is not None else None,
         evidence=trim_evidence(found.evidence),
         detected_at=b.now,
+        replaced=[
+            f"{pod_name(p)} on {get_in(p, 'spec', 'nodeName')}"
+            for p in live
+            if pod_name(p) in choice.replace
+        ],
     )
     _record(b, entry)
     b.update(
         restarts=action.restarts,
         trainer_generation=generation,
-        in_place=InPlacePhase(generation=generation, phase="Stopping", since=b.now),
+        in_place=InPlacePhase(
+            generation=generation, phase="Stopping", since=b.now, replacing=list(choice.replace)
+        ),
     )
     what = found.evidence[0][:200] if found.evidence else ""
+    replacing = f"replacing {', '.join(entry.replaced)}; " if entry.replaced else ""
     b.event(
         True,
         Reason.RESTARTING_IN_PLACE,
-        f"attempt {b.status.attempt}: {found.failure_class.value}; stopping the trainers of "
-        f"{len(live)} pods for generation {generation} ({what})",
+        f"attempt {b.status.attempt}: {found.failure_class.value}; {replacing}stopping the "
+        f"trainers of {len(live) - len(choice.replace)} pods for generation {generation} "
+        f"({what})",
     )
+    _replace(b, [p for p in live if pod_name(p) in choice.replace])
     b.metrics.append(MetricRecord("failure", found.failure_class))
     b.metrics.append(MetricRecord("restart", found.failure_class))
     if found.failed_at is not None:
@@ -149,7 +202,15 @@ def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
     names = [pod_name(p) for p in live]
     reports = _supervisors(b)
     if state.phase == "Stopping":
+        old = [p for p in b.snap.pods if pod_name(p) in state.replacing]
+        _replace(b, old)
         waiting = in_place.reported(reports, names, state.generation, frozenset({"stopped"}))
+        if old or len(names) != b.rtj.spec.replicas:
+            gone = ", ".join(pod_name(p) for p in old) or "-"
+            b.notes.append(f"in place: replacing: still there {gone}; {len(names)} of "
+                           f"{b.rtj.spec.replicas} pods")  # fmt: skip
+            b.requeue_in(1.0)
+            return True
         if waiting:
             b.notes.append(f"in place: waiting for {', '.join(waiting[:5])} to stop")
             b.requeue_in(1.0)
@@ -185,6 +246,13 @@ def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
         f"{took:.1f}s after the failure was seen, from {origin}",
     )
     return True
+
+
+def _replace(b: PlanBuilder, pods: Sequence[Json]) -> None:
+    """Delete the pods being replaced (their Job creates them again, held until ordered):
+    briefly, as a broken world cannot save; by force once their node is fenced or gone
+    (`converge.delete_pods`), so a lost node's pod does not hold the restart."""
+    delete_pods(b, pods, grace_seconds=REPLACE_GRACE_SECONDS)
 
 
 def _pin(b: PlanBuilder) -> int | None:

@@ -1,0 +1,159 @@
+"""Replace only what is broken (issue 15), decided without a cluster: a GPU fault under a
+supervised trainer's exit quarantines the node, replaces the one pod on it (deleted; its
+Job creates it again, held until ordered) and restarts the others in place; the barrier
+waits for the old pod to be gone and the replacement to report."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from rtj_test_support import make_job
+from rtj_world import node, nodes_for, rtj_raw, snapshot, with_status
+from test_in_place import IN_PLACE, KEY, RUNNING, T, plan, supervised_pods
+
+from rtj_operator import reconcile as rc
+from rtj_operator.api import FailureClass, keys
+from rtj_operator.policy import in_place
+from rtj_operator.policy.classify import Classification
+from rtj_operator.policy.render import render_jobset
+
+XID = 79
+
+
+def replaceable_pods(n: int = 2) -> list[dict[str, Any]]:
+    pods = supervised_pods(n)
+    for p in pods:  # the Job controller's annotation with backoffLimitPerIndex
+        p["metadata"]["annotations"][keys.JOB_INDEX_FAILURE_COUNT] = "0"
+    return pods
+
+
+def supervisors(reports: dict[str, tuple[int, str, int | None]]) -> rc.RankReadings:
+    body = {
+        pod: {"generation": g, "state": s, "exit_code": c, "updated_wall_time": T - 5}
+        for pod, (g, s, c) in reports.items()
+    }
+    return rc.RankReadings(attempt=1, reports=(), polled_at=T, supervisors=body)
+
+
+def test_a_replaceable_world_is_rendered_with_a_per_index_backoff_and_the_failure_count() -> None:
+    job = make_job(**IN_PLACE)
+    template = render_jobset(job, 1, None, KEY)["spec"]["replicatedJobs"][0]["template"]
+    spec = template["spec"]
+    assert "backoffLimit" not in spec
+    budget = job.spec.failure_policy.max_restarts
+    assert (spec["backoffLimitPerIndex"], spec["maxFailedIndexes"]) == (budget, 0)
+    trainer = spec["template"]["spec"]["containers"][0]
+    failures = next(e for e in trainer["env"] if e["name"] == keys.ENV_INDEX_FAILURES)
+    assert failures["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "metadata.annotations['batch.kubernetes.io/job-index-failure-count']"
+    )
+    # replacement off, or no supervisor: the first failed pod fails the Job, as before
+    off = make_job(**{**IN_PLACE, "recovery": {"inPlace": True, "inPlaceMaxReplacedPods": 0}})
+    plain = render_jobset(off, 1, None, KEY)["spec"]["replicatedJobs"][0]["template"]["spec"]
+    assert plain["backoffLimit"] == 0 and "backoffLimitPerIndex" not in plain
+    unsupervised = render_jobset(job, 1, None, None)["spec"]["replicatedJobs"][0]["template"]
+    assert unsupervised["spec"]["backoffLimit"] == 0
+
+
+def _gpu_fault(pods: list[dict[str, Any]]) -> Classification:
+    return Classification(
+        FailureClass.GPU_FAULT, None, (pods[1]["spec"]["nodeName"],), ("xid 79",), None
+    )
+
+
+def test_which_pods_are_replaced_and_when_the_whole_world_goes_instead() -> None:
+    pods = replaceable_pods(3)
+    job = make_job(**{**IN_PLACE, "replicas": 3})
+    reports = {p["metadata"]["name"]: {"generation": 0, "state": "running"} for p in pods}
+    bad = pods[1]["spec"]["nodeName"]
+    found = _gpu_fault(pods)
+    waiting = in_place.choose(job, found, pods, reports)
+    assert waiting.refused == f"nodes {bad} are not quarantined yet"
+    chosen = in_place.choose(job, found, pods, reports, [bad])
+    assert chosen == in_place.InPlaceChoice(None, (pods[1]["metadata"]["name"],))
+    # the pod being replaced need not answer (a lost node); the others must
+    quiet = {k: v for k, v in reports.items() if k != pods[1]["metadata"]["name"]}
+    assert in_place.choose(job, found, pods, quiet, [bad]).refused is None
+    quiet.pop(pods[0]["metadata"]["name"])
+    assert "has not reported" in (in_place.choose(job, found, pods, quiet, [bad]).refused or "")
+    # two implicated pods with a limit of one; replacement turned off
+    two = Classification(FailureClass.NODE_LOST, None, (bad, pods[2]["spec"]["nodeName"]), ())
+    refused = in_place.choose(job, two, pods, reports, [bad, pods[2]["spec"]["nodeName"]])
+    assert "with 2 pods on them; spec.recovery.inPlaceMaxReplacedPods is 1" in (
+        refused.refused or ""
+    )
+    off = make_job(**{**IN_PLACE, "replicas": 3,
+                      "recovery": {"inPlace": True, "inPlaceMaxReplacedPods": 0}})  # fmt: skip
+    assert "inPlaceMaxReplacedPods is 0" in (in_place.choose(off, found, pods, reports, [bad])
+                                              .refused or "")  # fmt: skip
+    # a pod whose Job would not create it again (rendered before this feature)
+    old = copy.deepcopy(pods)
+    del old[1]["metadata"]["annotations"][keys.JOB_INDEX_FAILURE_COUNT]
+    assert "cannot be replaced by its Job" in (
+        in_place.choose(job, found, old, reports, [bad]).refused or ""
+    )
+    # a user error never replaces anything
+    user = Classification(FailureClass.USER_ERROR, None, (bad,), ())
+    assert "needs more than a restart" in (in_place.choose(job, user, pods, reports, [bad])
+                                           .refused or "")  # fmt: skip
+
+
+def test_a_gpu_fault_under_a_trainers_exit_replaces_that_pod_and_restarts_the_other() -> None:
+    pods = replaceable_pods()
+    names = [p["metadata"]["name"] for p in pods]
+    bad = pods[1]["spec"]["nodeName"]
+    nodes = {**nodes_for(pods), bad: node(bad, xid=XID)}
+    raw = rtj_raw(RUNNING, **IN_PLACE)
+    exited = supervisors({names[0]: (0, "running", None), names[1]: (0, "exited", 1)})
+
+    # 1. the node is quarantined first (recorded, then tainted), nothing restarted yet
+    first = plan(raw, pods, exited, nodes=nodes)
+    raw = with_status(raw, first)
+    assert [q["node"] for q in raw["status"]["quarantinedNodes"]] == [bad]
+    assert "inPlace" not in raw["status"]
+    assert not [a for a in first.actions if isinstance(a, (rc.DeleteJobSet, rc.DeletePod))]
+
+    # 2. then: the pod on it is replaced, the other restarts in place; no JobSet touched
+    second = plan(raw, pods, exited, nodes=nodes)
+    raw = with_status(raw, second)
+    state = raw["status"]["inPlace"]
+    assert (state["phase"], state["replacing"]) == ("Stopping", [names[1]])
+    entry = raw["status"]["attempts"][0]["inPlaceRestarts"][0]
+    assert entry["failureClass"] == "GPUFault" and entry["replaced"] == [f"{names[1]} on {bad}"]
+    assert any("exited with code 1" in line for line in entry["evidence"])
+    deletes = [a for a in second.actions if isinstance(a, rc.DeletePod)]
+    assert [(d.name, d.grace_seconds) for d in deletes] == [(names[1], 2)]
+    assert not [a for a in second.actions if isinstance(a, rc.DeleteJobSet)]
+    assert raw["status"]["attempt"] == 1
+
+    # 3. the old pod still terminating: the barrier holds even with the survivor stopped
+    going = copy.deepcopy(pods)
+    going[1]["metadata"]["deletionTimestamp"] = "2025-03-14T12:00:30Z"
+    stopped = supervisors({names[0]: (1, "stopped", None)})
+    held = plan(raw, going, stopped, nodes=nodes)
+    assert held.status_patch is None
+    assert not [a for a in held.actions if isinstance(a, rc.DeleteJobSet)]
+
+    # 4. the old pod gone, its Job's replacement (same index, another node) held and
+    # stopped for generation 1 with the survivor: pinned, Starting
+    new = copy.deepcopy(pods[1])
+    new["metadata"]["name"] = names[1].replace("abcde", "fghij")
+    new["metadata"]["annotations"][keys.JOB_INDEX_FAILURE_COUNT] = "1"
+    new["spec"]["nodeName"] = "gpu-node-009"
+    world = [pods[0], new]
+    fresh = new["metadata"]["name"]
+    both = supervisors({names[0]: (1, "stopped", None), fresh: (1, "stopped", None)})
+    starting = plan(raw, world, both, nodes={**nodes, "gpu-node-009": node("gpu-node-009")})
+    raw = with_status(raw, starting)
+    assert raw["status"]["inPlace"]["phase"] == "Starting"
+    order = rc.restart_order(snapshot(raw, pods=world))
+    assert order is not None and (order.action, order.generation) == ("run", 1)
+
+    # 5. both run generation 1: done, one attempt, the replacement recorded
+    running = supervisors({names[0]: (1, "running", None), fresh: (1, "running", None)})
+    done = plan(raw, world, running, nodes={**nodes, "gpu-node-009": node("gpu-node-009")})
+    raw = with_status(raw, done)
+    assert "inPlace" not in raw["status"] and raw["status"]["phase"] == "Running"
+    entry = raw["status"]["attempts"][0]["inPlaceRestarts"][0]
+    assert entry["outcome"] == "Running" and raw["status"]["attempt"] == 1
