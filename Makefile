@@ -51,6 +51,7 @@ test-e2e: install cluster-build ## the end-to-end fault drills (e2e/scenarios), 
 bench: install ## benchmarks, reported as ratios against a side-by-side baseline
 	$(BIN)/python -m bench.checkpoint_protocol --markdown bench/results/checkpoint-protocol.md
 	$(BIN)/python -m bench.torch_state --markdown bench/results/torch-state.md
+	$(BIN)/python -m bench.fast_tier --markdown bench/results/fast-tier.md
 	$(BIN)/python -m bench.operator_control
 	$(BIN)/python -m bench.operator_scale
 	$(BIN)/python -m bench.progress_overhead

@@ -1,0 +1,89 @@
+"""bench/fast_tier.py: its lost-steps arithmetic, and a tiny run of the whole benchmark
+(every method and restore measured, the report's sections written). No timing is asserted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.fast_tier import (
+    FAST_EVERY,
+    METHODS,
+    RESTORES,
+    SizeResult,
+    lost_rows,
+    main,
+    practical_interval,
+)
+
+
+def sized(step: float = 0.1) -> SizeResult:
+    r = SizeResult(hidden=8, params=1, state_bytes=1)
+    r.step_s = [step] * 3
+    r.stalls = {
+        "fast": [0.05] * 3,
+        "torch.save": [0.2] * 3,
+        "torch.save+fsync": [0.3] * 3,
+        "durable": [0.5] * 3,
+        "durable async": [0.001] * 3,
+    }
+    r.async_published_s = [0.35] * 3  # 4 steps of 0.1 s
+    r.async_overlap = [(4, 0.6)] * 3  # 0.2 s more than 4 plain steps
+    r.restores = {"fast": [0.01], "fs deep warm": [0.02]}
+    return r
+
+
+def test_the_practical_interval_is_the_most_frequent_within_the_budget() -> None:
+    assert practical_interval(0.05, 0.1, 0.01) == 50  # 0.05 / (50 * 0.1) == 1%
+    assert practical_interval(0.0501, 0.1, 0.01) == 51
+    assert practical_interval(0.0001, 0.1, 0.01) == 1
+    assert practical_interval(0.0001, 0.1, 0.01, floor=4) == 4
+
+
+def test_a_failure_loses_half_the_interval_of_the_newer_tier() -> None:
+    rows = {row.durable: row for row in lost_rows(sized(), 0.01, 50, 5)}
+    blocking = rows["blocking, local fs"]
+    assert (blocking.durable_every, blocking.fast_every) == (500, 50)
+    assert blocking.lost_alone == 250 and blocking.lost_with_fast == 25
+    assert blocking.overhead == pytest.approx(0.01)
+    assert blocking.fast_overhead == pytest.approx(0.01)
+    gpu = next(row for name, row in rows.items() if "stall only" in name)
+    assert gpu.durable_every == 4  # the publish takes 4 steps: the next save waits for it
+    assert gpu.lost_with_fast == gpu.lost_alone == 2  # the fast tier is never newer
+    cpu = next(row for name, row in rows.items() if "CPU it takes" in name)
+    assert cpu.durable_every == 201  # (0.001 + 0.2) s / (1% x 0.1 s)
+    assert "blocking, S3 (loopback moto)" not in rows  # not measured: no row
+
+    example = lost_rows(sized(), None, 50, 5)
+    assert {(row.durable_every, row.fast_every) for row in example} == {(50, 5)}
+    assert {row.lost_with_fast for row in example} == {2.5}
+
+
+def test_a_tiny_run_measures_every_method_and_writes_the_report(tmp_path: Path) -> None:
+    out, md = tmp_path / "fast-tier.json", tmp_path / "fast-tier.md"
+    fast_dir, work_dir = tmp_path / "shm", tmp_path / "work"
+    fast_dir.mkdir()
+    argv = ["--hidden", "16", "--rounds", "1", "--restore-reps", "1", "--no-s3",
+            "--fast-dir", str(fast_dir), "--work-dir", str(work_dir),
+            "--json", str(out), "--markdown", str(md)]  # fmt: skip
+    assert main(argv) == 0
+
+    body = json.loads(out.read_text())
+    (result,) = body["results"]
+    assert result["hidden"] == 16 and result["params"] > 0
+    assert set(result["stalls"]) == set(METHODS)
+    assert all(len(v) == 1 and v[0] >= 0 for v in result["stalls"].values())
+    assert set(result["restores"]) == set(RESTORES) - {"s3 deep"}
+    # the warm-up round and the timed one each saved one fast step; fast_keep=2 keeps both
+    assert result["fast_held_steps"] == [FAST_EVERY, 2 * FAST_EVERY]
+    assert result["fast_step_bytes"] == result["fast_held_bytes"] // 2 > 0
+    assert body["context"]["loadavg_start"] and body["context"]["loadavg_end"]
+
+    report = md.read_text()
+    for heading in ("## Summary", "## 1. Training-thread", "## 2. Restore", "## 3. Lost steps"):
+        assert heading in report
+    assert "not measured in this run (`--no-s3`)" in report
+    assert list(fast_dir.iterdir()) == []  # the fast tier and the durable steps are gone
+    assert list(work_dir.iterdir()) == []
