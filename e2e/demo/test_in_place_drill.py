@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from e2e.cluster import faults
 from e2e.cluster.testenv import TestNamespace
 from e2e.demo import drills, story
 from e2e.operator_proc import REPO, wait_for
@@ -176,3 +177,97 @@ def test_a_killed_rank_restarts_in_place_without_recreating_a_pod(tmp_path: Path
         ), 120, 0.5)  # fmt: skip
         assert admitted
         api.delete_rtj(story.NAMESPACE, WAITING)
+
+
+REPLACED = "drill-replace"
+
+
+def test_a_gpu_fault_replaces_only_its_pod_and_restarts_the_other_in_place(
+    tmp_path: Path,
+) -> None:
+    """A GPU fault on one node (the health agent's XID condition, the rank's process killed
+    with it): the node is quarantined, only its pod is replaced (deleted; its Job creates it
+    again on another node, held until ordered), the other pod restarts in place; one attempt,
+    one JobSet, and the finished model equals the no-fault run bit for bit."""
+    secret = tmp_path / "control-secret"
+    secret.write_text(secrets.token_hex(32))
+    with drills.running_platform(
+        tmp_path, "rtj-replace", 3, "--progress-poll-seconds", "1",
+        "--control-secret-file", str(secret),
+    ) as platform:  # fmt: skip
+        opts, kube, api = platform.opts, platform.kube, platform.api
+        body = drills.job(
+            REPLACED, f"--save-every={SAVE_EVERY}",
+            recovery={"inPlace": True, "inPlaceDeadlineSeconds": 120},
+        )  # fmt: skip
+        container = body["spec"]["template"]["spec"]["containers"][0]
+        container["command"] = [
+            f"--steps={STEPS}" if a == "--steps=100000" else a for a in container["command"]
+        ]
+        api.create_rtj(story.NAMESPACE, body)
+        wait_for("both pods running", lambda: len(drills.pods(api, REPLACED, 1)) == 2, 300, 0.5)
+        before = drills.pods(api, REPLACED, 1)
+        survivor, victim = drills.rank_pod(before, 0), drills.rank_pod(before, 1)
+        jobset_uid = (_jobset(api, REPLACED) or {})["metadata"]["uid"]
+
+        def step_now() -> int:
+            log = _rank_log(opts, survivor) / "rank-0.jsonl"
+            try:
+                return max(_losses(log.read_text().splitlines()), default=0)
+            except FileNotFoundError:
+                return 0
+
+        wait_for("a step between durable saves", lambda: (
+            step_now() > SAVE_EVERY and 5 <= step_now() % SAVE_EVERY <= SAVE_EVERY - 5
+        ), 300, 0.05)  # fmt: skip
+        bad = victim["spec"]["nodeName"]
+        pid = drills.trainer_pid(opts, victim)
+        faults.gpu_xid(kube, bad, 79)
+        os.kill(pid, signal.SIGKILL)
+        hit = time.monotonic()
+
+        def restarted() -> dict[str, Any] | None:
+            record = (drills.status(api, REPLACED).get("attempts") or [{}])[0]
+            entries = record.get("inPlaceRestarts") or []
+            return entries[0] if entries and entries[0].get("outcome") else None
+
+        entry = wait_for("the replacement and the in-place restart", restarted, 240, 0.2)
+        took = time.monotonic() - hit
+        sys.stdout.write(f"\nXID + SIGKILL -> every pod runs generation 1: {took:.1f} s "
+                         f"({entry})\n")  # fmt: skip
+        assert entry["outcome"] == "Running", entry
+        assert entry["failureClass"] == "GPUFault", entry
+        assert entry["replaced"] == [f"{victim['metadata']['name']} on {bad}"], entry
+        assert entry["stoppedAt"] <= entry["startedAt"]
+        status = drills.status(api, REPLACED)
+        assert [q["node"] for q in status["quarantinedNodes"]] == [bad]
+
+        def succeeded() -> bool:
+            return drills.status(api, REPLACED).get("phase") == "Succeeded"
+
+        wait_for("the job to succeed", succeeded, 600, 1.0)
+        status = drills.status(api, REPLACED)
+        assert status["attempt"] == 1 and len(status["attempts"]) == 1, status["attempts"]
+        assert (_jobset(api, REPLACED) or {}).get("metadata", {}).get("uid") == jobset_uid
+        after = drills.pods(api, REPLACED, 1)
+        assert drills.rank_pod(after, 0)["metadata"]["uid"] == survivor["metadata"]["uid"]
+        replacement = drills.rank_pod(after, 1)
+        assert replacement["metadata"]["uid"] != victim["metadata"]["uid"]
+        assert replacement["spec"]["nodeName"] != bad, "the replacement avoided the bad node"
+        failures = replacement["metadata"]["annotations"][
+            "batch.kubernetes.io/job-index-failure-count"
+        ]
+        assert failures == "1"
+
+        survivor_log = (_rank_log(opts, survivor) / "rank-0.jsonl").read_text().splitlines()
+        replaced_log = (_rank_log(opts, replacement) / "rank-1.jsonl").read_text().splitlines()
+        restores = [json.loads(x) for x in replaced_log if '"restore"' in x]
+        assert [(r["step"], r["source"]) for r in restores] == [
+            (entry["resumedFromStep"], "resume-file")
+        ], restores
+        got = {0: _losses(survivor_log), 1: _losses(replaced_log)}
+        want = _no_fault(tmp_path)
+        for rank in (0, 1):
+            diff = sorted(s for s in got[rank] if got[rank][s] != want[rank][s])
+            assert not diff, f"rank {rank}: {len(diff)} steps differ (first {diff[:5]})"
+        assert max(got[1]) == STEPS and min(got[1]) == entry["resumedFromStep"] + 1

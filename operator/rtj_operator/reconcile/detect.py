@@ -73,12 +73,11 @@ def plan_current_attempt(b: PlanBuilder) -> None:
         for p in snap.gone_pods
         if attempt_of(p) == n and pod_name(p) not in names and trusted_pod(p, owned)
     ]
-    if status.in_place is not None and status.in_place.replacing:
-        # pods being replaced (restart in place) are no evidence: their node is quarantined
-        # and their Job creates them again; the others are restarted in place
-        replacing = set(status.in_place.replacing)
-        live = [p for p in live if pod_name(p) not in replacing]
-        gone = [p for p in gone if pod_name(p) not in replacing]
+    if replaced := in_place.replaced_pods(status):
+        # pods replaced by a restart in place are no evidence any more: their node is
+        # quarantined and their Job created them again; the others restarted in place
+        live = [p for p in live if pod_name(p) not in replaced]
+        gone = [p for p in gone if pod_name(p) not in replaced]
     read_init_results(b, live)
     refresh_checkpoint(b)
 

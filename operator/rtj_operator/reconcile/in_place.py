@@ -27,7 +27,12 @@ from typing import Any
 
 from rtj_operator.api import keys
 from rtj_operator.api.reasons import ConditionType, FailureClass, Phase, Reason
-from rtj_operator.api.status import FirstFailed, InPlacePhase, InPlaceRestart
+from rtj_operator.api.status import (
+    FirstFailed,
+    InPlacePhase,
+    InPlaceRestart,
+    ResilientTrainingJobStatus,
+)
 from rtj_operator.policy import fast_tier, in_place
 from rtj_operator.policy.classify import (
     Classification,
@@ -246,6 +251,16 @@ def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
         f"{took:.1f}s after the failure was seen, from {origin}",
     )
     return True
+
+
+def replaced_pods(status: ResilientTrainingJobStatus) -> frozenset[str]:
+    """The current attempt's pods being replaced or replaced by restarts in place."""
+    names = set(status.in_place.replacing if status.in_place is not None else ())
+    record = status.current
+    if record is not None and record.attempt == status.attempt:
+        for entry in record.in_place_restarts:
+            names.update(line.split(" on ", 1)[0] for line in entry.replaced)
+    return frozenset(names)
 
 
 def _replace(b: PlanBuilder, pods: Sequence[Json]) -> None:

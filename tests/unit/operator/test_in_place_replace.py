@@ -157,3 +157,16 @@ def test_a_gpu_fault_under_a_trainers_exit_replaces_that_pod_and_restarts_the_ot
     assert "inPlace" not in raw["status"] and raw["status"]["phase"] == "Running"
     entry = raw["status"]["attempts"][0]["inPlaceRestarts"][0]
     assert entry["outcome"] == "Running" and raw["status"]["attempt"] == 1
+
+    # 6. the replaced pod, still there a while (failed, terminating: the Job's tracking
+    # finalizer) or seen deleted, is no evidence afterwards: no second failure
+    victim = copy.deepcopy(pods[1])
+    victim["metadata"]["deletionTimestamp"] = "2025-03-14T12:00:02Z"
+    victim["status"]["phase"] = "Failed"
+    victim["status"]["containerStatuses"] = [{"name": "trainer", "state": {"terminated": {
+        "exitCode": 137, "reason": "Error", "finishedAt": "2025-03-14T12:00:01Z"}}}]  # fmt: skip
+    healthy = {**nodes, "gpu-node-009": node("gpu-node-009")}
+    for pods_now, gone in (([*world, victim], []), (world, [victim])):
+        later = plan(raw, pods_now, running, nodes=healthy, gone=gone)
+        acted = [a for a in later.actions if isinstance(a, (rc.DeleteJobSet, rc.DeletePod))]
+        assert not acted, later.summary
