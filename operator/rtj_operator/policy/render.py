@@ -223,6 +223,12 @@ def _trainer(rtj: ResilientTrainingJob, containers: list[Obj]) -> Obj:
     return next((c for c in containers if c.get("name") == wanted), containers[0])
 
 
+def trainer_name(rtj: ResilientTrainingJob) -> str:
+    """The trainer container's name (spec.trainerContainer, else the template's first)."""
+    containers = (rtj.spec.template.get("spec") or {}).get("containers") or [{}]
+    return str(_trainer(rtj, containers).get("name") or "")
+
+
 def avoided_nodes(rtj: ResilientTrainingJob, attempt: int) -> list[str]:
     """Nodes attempt `attempt` must not use: every node the job quarantined, and with
     `progress.stragglers.action: ReplaceNode` the nodes of the previous attempt's

@@ -41,7 +41,7 @@ from rtj_operator.policy.classify import (
     classify_failure,
 )
 from rtj_operator.policy.decide import Restart, decide
-from rtj_operator.policy.render import jobset_name
+from rtj_operator.policy.render import jobset_name, trainer_name
 from rtj_operator.reconcile.actions import DeleteJobSet, MetricRecord
 from rtj_operator.reconcile.builder import PlanBuilder, trim_evidence
 from rtj_operator.reconcile.converge import delete_pods
@@ -82,7 +82,7 @@ def supervisor_failure(b: PlanBuilder, live: Sequence[Json]) -> Classification |
         rank=None,
         node_rank=int(index) if isinstance(index, str) and index.isdigit() else None,
         node=node if isinstance(node, str) else None,
-        container=b.rtj.spec.trainer_container,
+        container=trainer_name(b.rtj),
         exit_code=code if isinstance(code, int) else None,
         finished_at=datetime.fromtimestamp(float(when), timezone.utc) if when else b.now,
     )
@@ -123,9 +123,9 @@ def _node_cause(
         terminated["finishedAt"] = at.isoformat().replace("+00:00", "Z")
     statuses = [
         c for c in get_in(pod, "status", "containerStatuses") or []
-        if c.get("name") != b.rtj.spec.trainer_container
+        if c.get("name") != trainer_name(b.rtj)
     ]  # fmt: skip
-    statuses.append({"name": b.rtj.spec.trainer_container, "state": {"terminated": terminated}})
+    statuses.append({"name": trainer_name(b.rtj), "state": {"terminated": terminated}})
     ended = {**pod, "status": {**(pod.get("status") or {}), "containerStatuses": statuses}}
     found = classify_failure(
         [ended if p is pod else p for p in live],

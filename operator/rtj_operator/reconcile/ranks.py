@@ -21,6 +21,7 @@ from rtj_operator.metrics import ProgressFacts
 from rtj_operator.policy import fast_tier
 from rtj_operator.policy import progress as rank_progress
 from rtj_operator.policy.classify import Classification, Decision, FirstFailedRank
+from rtj_operator.policy.render import trainer_name
 from rtj_operator.reconcile.builder import PlanBuilder, condition_true
 from rtj_operator.reconcile.world import (
     Json,
@@ -136,7 +137,7 @@ def find_hang(b: PlanBuilder, live: Sequence[Json]) -> Classification | None:
         rank=hang.rank,
         node_rank=int(index) if isinstance(index, str) and index.isdigit() else None,
         node=get_in(pod, "spec", "nodeName"),
-        container=b.rtj.spec.trainer_container,
+        container=trainer_name(b.rtj),
         exit_code=None,
         finished_at=b.now - timedelta(seconds=hang.seconds),
     )

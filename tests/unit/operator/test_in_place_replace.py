@@ -122,6 +122,7 @@ def test_a_gpu_fault_under_a_trainers_exit_replaces_that_pod_and_restarts_the_ot
     entry = raw["status"]["attempts"][0]["inPlaceRestarts"][0]
     assert entry["failureClass"] == "GPUFault" and entry["replaced"] == [f"{names[1]} on {bad}"]
     assert any("exited with code 1" in line for line in entry["evidence"])
+    assert entry["firstFailed"]["container"] == "trainer", entry["firstFailed"]
     deletes = [a for a in second.actions if isinstance(a, rc.DeletePod)]
     assert [(d.name, d.grace_seconds) for d in deletes] == [(names[1], 2)]
     assert not [a for a in second.actions if isinstance(a, rc.DeleteJobSet)]
