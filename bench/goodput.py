@@ -1,21 +1,29 @@
 """The goodput soak: real training through the operator under a seeded fault schedule.
 
     python -m bench.goodput [--mtbf 60] [--seed 1] [--steps 3000] [--out bench/results]
+        [--in-place/--no-in-place] [--fast-every K] [--name goodput]
 
 One local cluster with pod-runner nodes, the S3 server and the operator (the demo's
 platform, `e2e/demo/story.py`); the example trainer (examples/ddp_train.py under torchrun,
 2 workers) through a ResilientTrainingJob for a fixed number of steps; faults injected from
 `bench.soak_schedule` (exponential inter-arrival, mean `--mtbf` seconds) while it trains.
-Then, from the trainer's own logs (`bench.soak_accounting`): goodput (time on the steps
-that survive into the final model / wall time), each fault's cost, and the invariants,
-any of which failing fails the run:
+Then, from the trainer's own logs (`bench.soak_accounting`, `bench.soak_judge`): goodput
+(time on the steps that survive into the final model / wall time), each fault's cost and
+recovery path, and the invariants, any of which failing fails the run:
 
 - the final model equals a no-fault run of the same steps bit for bit (every surviving
   step's loss on every rank);
-- never two worlds training at once (an attempt's first step after every earlier step);
-- every resume from a step the operator pinned, never one it marked bad;
+- never two worlds training at once (per attempt and trainer generation: a world's first
+  step after every step of every earlier world);
+- every resume from a step the operator pinned (the attempt's, or the in-place restart's
+  durable or fast-tier step), never one it marked bad;
 - budgets respected; nothing leaked at the end (JobSets and pods of earlier attempts,
   taints the job does not record).
+
+Every feature is on by default (the operator as shipped): restart in place
+(`spec.recovery.inPlace`, the operator given a control secret) and the fast checkpoint tier
+every `--fast-every` steps (`spec.checkpoint.fastTier`). `--no-in-place --fast-every 0` is
+the whole-world path alone (the fast tier needs in-place restarts).
 
 Not injected yet (say so in every report): Kueue preemption (the KWOK drills cover it).
 The same schedule against a plain JobSet, side by side: `bench.goodput_baseline`.
@@ -28,6 +36,7 @@ import contextlib
 import copy
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -40,11 +49,11 @@ from typing import Any
 import yaml
 
 from bench import soak_accounting as acc
-from bench import soak_report
+from bench import soak_judge, soak_report
 from bench.soak_schedule import DEFAULT_MIX, Fault, schedule
 from e2e.cluster import faults as cluster_faults
 from e2e.cluster.cluster import LocalCluster
-from e2e.demo import story
+from e2e.demo import drills, story
 from e2e.operator_proc import REPO, wait_for
 from e2e.podrunner.runner import descendants
 
@@ -53,6 +62,7 @@ NODES = 6
 RANKS = 2
 # each takes a node out for good (quarantined, or powered off); one spare node stays
 CAPS = {"gpu_xid": NODES - RANKS - 2, "node_lost": 1}
+MAX_RESTARTS = 50
 
 
 @dataclass
@@ -69,6 +79,26 @@ class SoakOptions:
     """For the schedule's horizon only (steps x this); faults past the end are dropped."""
     faults: list[Fault] | None = None
     """A fixed schedule instead of the seeded one (the smoke test's)."""
+    in_place: bool = True
+    """spec.recovery.inPlace (and the operator's --control-secret-file)."""
+    fast_every: int = 10
+    """spec.checkpoint.fastTier.everySteps (0: no fast tier; it needs in_place)."""
+    in_place_deadline: int = 60
+    """spec.recovery.inPlaceDeadlineSeconds."""
+
+    def __post_init__(self) -> None:
+        if self.fast_every < 0 or (self.fast_every and not self.in_place):
+            raise ValueError("the fast tier (fast_every > 0) needs in-place restarts")
+
+    def features(self) -> dict[str, Any]:
+        return {"in_place": self.in_place, "fast_every": self.fast_every}
+
+    def variant(self) -> str:
+        """In words, for reports."""
+        if not self.in_place:
+            return "whole world only"
+        tier = f"fast tier every {self.fast_every} steps" if self.fast_every else "no fast tier"
+        return f"in place, {tier}"
 
 
 def _trainer_args(opts: SoakOptions) -> list[str]:
@@ -81,9 +111,13 @@ def job_body(opts: SoakOptions) -> dict[str, Any]:
     body["metadata"]["name"] = JOB
     spec = body["spec"]
     spec["checkpoint"]["uri"] = f"s3://{story.BUCKET}/{JOB}"
-    spec["failurePolicy"] = {"maxRestarts": 50, "backoff": {"initialSeconds": 1,
-                                                            "maxSeconds": 5}}  # fmt: skip
+    spec["failurePolicy"] = {"maxRestarts": MAX_RESTARTS,
+                             "backoff": {"initialSeconds": 1, "maxSeconds": 5}}  # fmt: skip
     spec["progress"] = {"hangTimeoutSeconds": opts.hang_timeout}
+    if opts.in_place:
+        spec["recovery"] = {"inPlace": True, "inPlaceDeadlineSeconds": opts.in_place_deadline}
+    if opts.fast_every:
+        spec["checkpoint"]["fastTier"] = {"everySteps": opts.fast_every}
     container = spec["template"]["spec"]["containers"][0]
     keep = [a for a in container["command"] if not a.startswith(("--steps", "--save-every",
                                                                  "--step-sleep"))]  # fmt: skip
@@ -122,17 +156,20 @@ class Injector:
             f"training.resilient.dev/job={JOB},training.resilient.dev/attempt={attempt}",
         )
         index = "batch.kubernetes.io/job-completion-index"
-        return next(
-            (p for p in pods if p["metadata"]["labels"].get(index) == str(rank)
-             and (p.get("status") or {}).get("phase") == "Running"),
-            None,
-        )  # fmt: skip
+        running = [p for p in pods if p["metadata"]["labels"].get(index) == str(rank)
+                   and (p.get("status") or {}).get("phase") == "Running"]  # fmt: skip
+        # a lost node's pod stays Running in the API beside its replacement (restart in
+        # place replaces only the pods on a lost node): the one whose trainer is alive
+        alive = [p for p in running if self._trainer(p) is not None]
+        return next(iter(alive or running), None)
 
     def _trainer(self, pod: dict[str, Any]) -> int | None:
+        """The rank's training process: not torchrun, nor the in-place supervisor, whose
+        command lines name the script too."""
         pid_file = story._pod_dir(self.opts, pod) / "containers" / "trainer" / "pid"
         with contextlib.suppress(OSError, ValueError):
             for pid in descendants(int(pid_file.read_text())):
-                if b"ddp_train.py" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                if drills.is_trainer(pid):
                     return pid
         return None
 
@@ -203,6 +240,7 @@ class Injector:
 def run(opts: SoakOptions) -> dict[str, Any]:
     """One soak; returns the report's facts (raises if an invariant fails)."""
     shutil.rmtree(opts.work, ignore_errors=True)
+    opts.work.mkdir(parents=True)
     platform = story.Options(
         out=opts.work / "out", state=opts.work / "state",
         cluster_name=f"rtj-soak-{os.getpid()}", nodes=NODES, timeout=600,
@@ -216,10 +254,13 @@ def run(opts: SoakOptions) -> dict[str, Any]:
         ranks=RANKS, mix=opts.mix, caps=CAPS,
     )  # fmt: skip
     injected: list[dict[str, Any]] = []
+    operator_args: tuple[str, ...] = ("--progress-poll-seconds", "1")
+    if opts.in_place:  # the orders to the pods' supervisors are signed with it
+        secret = opts.work / "control-secret"
+        secret.write_text(secrets.token_hex(32))
+        operator_args += ("--control-secret-file", str(secret))
     try:
-        _, kube, api = story.start_platform(
-            platform, display, state, operator_args=("--progress-poll-seconds", "1")
-        )
+        _, kube, api = story.start_platform(platform, display, state, operator_args=operator_args)
         created = time.time()
         api.create_rtj(story.NAMESPACE, job_body(opts))
         wait_for("the first step", lambda: _attempt_logs(platform), 600, 0.5)
@@ -241,7 +282,10 @@ def run(opts: SoakOptions) -> dict[str, Any]:
         shutil.rmtree(LocalCluster(platform.cluster_name).dir, ignore_errors=True)
     logs = _attempt_logs(platform)
     baseline = no_fault_run(opts)
-    return judge(created, status, logs, injected, baseline, leaks + left)
+    facts = judge(created, status, logs, injected, baseline, leaks + left)
+    facts["features"] = opts.features()
+    facts["variant"] = opts.variant()
+    return facts
 
 
 def _finished(api: Any) -> bool:
@@ -287,70 +331,62 @@ def judge(
     baseline: dict[int, dict[int, float]],
     leaks: list[str],
 ) -> dict[str, Any]:
-    attempts = {a: acc.parse_attempt(a, ranks.get(0, [])) for a, ranks in logs.items()}
-    line = acc.lineage(attempts)
-    productive = acc.productive_seconds(attempts, line)
-    end = max((t for log in attempts.values() for t in log.steps.values()), default=created)
-    problems: list[str] = []
-    for rank in range(RANKS):
-        per_rank = {a: acc.parse_attempt(a, r.get(rank, [])) for a, r in logs.items()}
-        got = acc.lineage(per_rank).losses(per_rank)
-        want = baseline[rank]
-        if got != want:
-            diff = sorted(s for s in set(got) | set(want) if got.get(s) != want.get(s))
-            problems.append(f"rank {rank}: {len(diff)} steps differ from the no-fault run "
-                            f"(first {diff[:5]})")  # fmt: skip
-    rank_steps = {
-        a: {r: list(acc.parse_attempt(a, lines).steps.values()) for r, lines in ranks.items()}
-        for a, ranks in logs.items()
-    }
-    problems += [f"attempts {o.earlier} and {o.later} trained at once ({o.seconds:.2f} s)"
-                 for o in acc.overlaps(rank_steps)]  # fmt: skip
-    bad = set(status.get("badSteps") or [])
-    for record in status.get("attempts") or []:
-        a = record["attempt"]
-        restored = attempts[a].restored if a in attempts else None
-        if restored in bad:
-            problems.append(f"attempt {a} resumed from step {restored}, marked bad")
-        pinned = record.get("resumedFromStep")
-        if restored and pinned is not None and restored != pinned:
-            problems.append(f"attempt {a} resumed from {restored}, the operator pinned {pinned}")
-    if status.get("phase") != "Succeeded":
-        problems.append(f"the job ended {status.get('phase')}")
-    problems += [f"leaked: {what}" for what in leaks]
-    recoveries = acc.recoveries([(f["kind"], f["at"]) for f in injected], attempts)
-    return {
-        "created": created,
-        "timeline": {a: dict(log.steps) for a, log in attempts.items()},
-        "goodput": productive / (end - created) if end > created else 0.0,
-        "wall_seconds": end - created,
-        "productive_seconds": productive,
-        "attempts": len(attempts),
-        "injected": injected,
-        "recoveries": [r.__dict__ for r in recoveries],
-        "records": status.get("attempts") or [],
-        "problems": problems,
-    }
+    """The run's facts and problems (`bench.soak_judge`)."""
+    return soak_judge.judge(created, status, logs, injected, baseline, leaks, MAX_RESTARTS)
+
+
+def code_version() -> str:
+    """The commit the operator, shim and trainer ran from, and whether their files had
+    changes not yet committed (every process of the run loads them from this tree)."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
+                              check=False).stdout.strip()  # fmt: skip
+
+    dirty = git("status", "--porcelain", "--", "operator", "trainer-shim", "examples")
+    return git("rev-parse", "--short", "HEAD") + (" (with uncommitted changes)" if dirty else "")
+
+
+def load_average() -> str:
+    load = os.getloadavg()
+    return f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}"
 
 
 def machine() -> str:
-    load = os.getloadavg()
-    return f"{os.cpu_count()} CPUs, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}"
+    return f"{os.cpu_count()} CPUs, load average {load_average()}"
 
 
-def write_report(out: Path, facts: dict[str, Any], opts: SoakOptions, where: str) -> None:
+def settings(opts: SoakOptions) -> dict[str, Any]:
+    return {"steps": opts.steps, "mean time between faults": f"{opts.mtbf:.0f} s",
+            "seed": opts.seed, "hangTimeoutSeconds": opts.hang_timeout,
+            "checkpoint every": f"{opts.save_every} steps",
+            "restart in place": (f"on (deadline {opts.in_place_deadline} s)"
+                                 if opts.in_place else "off"),
+            "fast tier": f"every {opts.fast_every} steps" if opts.fast_every else "off",
+            "workers": RANKS, "nodes": NODES}  # fmt: skip
+
+
+def write_report(
+    out: Path,
+    facts: dict[str, Any],
+    opts: SoakOptions,
+    where: str,
+    name: str = "goodput",
+    command: str | None = None,
+) -> None:
+    """`<name>.md`, `<name>-timeline.svg` and `<name>.json` under `out`."""
     out.mkdir(parents=True, exist_ok=True)
-    settings = {"steps": opts.steps, "mean time between faults": f"{opts.mtbf:.0f} s",
-                "seed": opts.seed, "hangTimeoutSeconds": opts.hang_timeout,
-                "checkpoint every": f"{opts.save_every} steps",
-                "workers": RANKS, "nodes": NODES}  # fmt: skip
-    (out / "goodput.md").write_text(soak_report.markdown(facts, settings, where))
+    facts.setdefault("settings", settings(opts))
+    facts.setdefault("machine", where)
+    text = soak_report.markdown(facts, facts["settings"], where, f"{name}-timeline.svg", command)
+    (out / f"{name}.md").write_text(text)
     svg = soak_report.timeline_svg(
         facts["created"], facts["timeline"], facts["injected"],
-        f"soak: {len(facts['injected'])} faults, goodput {facts['goodput'] * 100:.1f}%",
+        f"soak ({opts.variant()}): {len(facts['injected'])} faults, "
+        f"goodput {facts['goodput'] * 100:.1f}%",
     )  # fmt: skip
-    (out / "goodput-timeline.svg").write_text(svg)
-    (out / "goodput.json").write_text(json.dumps(facts, indent=2, default=str) + "\n")
+    (out / f"{name}-timeline.svg").write_text(svg)
+    (out / f"{name}.json").write_text(json.dumps(facts, indent=2, default=str) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -358,12 +394,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mtbf", type=float, default=60.0)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--steps", type=int, default=3000)
+    p.add_argument("--in-place", action=argparse.BooleanOptionalAction, default=True,
+                   help="spec.recovery.inPlace (default: on)")  # fmt: skip
+    p.add_argument("--fast-every", type=int, default=SoakOptions.fast_every,
+                   help="spec.checkpoint.fastTier.everySteps, 0: off (%(default)s)")  # fmt: skip
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    p.add_argument("--name", default="goodput", help="the report's file names")
+    p.add_argument("--work", type=Path, default=SoakOptions.work)
     args = p.parse_args(argv)
-    opts = SoakOptions(mtbf=args.mtbf, seed=args.seed, steps=args.steps)
-    before = machine()
+    if args.fast_every and not args.in_place:
+        p.error("--fast-every needs --in-place (give --fast-every 0 with --no-in-place)")
+    opts = SoakOptions(mtbf=args.mtbf, seed=args.seed, steps=args.steps, work=args.work,
+                       in_place=args.in_place, fast_every=args.fast_every)  # fmt: skip
+    command = "python -m bench.goodput " + " ".join(
+        sys.argv[1:] if argv is None else argv
+    )  # fmt: skip
+    before, began, code = machine(), time.time(), code_version()
     facts = run(opts)
-    write_report(args.out, facts, opts, f"{before} at the start")
+    facts["harness_seconds"] = time.time() - began
+    facts["code"] = code if code == code_version() else f"{code}, then {code_version()}"
+    facts["load_end"] = load_average()
+    facts["command"] = command
+    where = f"{before} at the start, {facts['load_end']} at the end"
+    write_report(args.out, facts, opts, where, args.name, command)
     sys.stdout.write(f"goodput {facts['goodput'] * 100:.1f}%; problems: {facts['problems']}\n")
     return 1 if facts["problems"] else 0
 

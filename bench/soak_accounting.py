@@ -1,15 +1,25 @@
 """Goodput and recoveries from the trainer's own logs. Pure.
 
 Input: per attempt, rank 0's JSON lines (examples/ddp_train.py: one `{step, loss, time}`
-line per completed step and a `{event: restore, step, time}` line when training is about
-to start), and every rank's step times for the overlap invariant.
+line per completed step and a `{event: restore, step, source, time}` line when training is
+about to start), and every rank's step times for the overlap invariant.
+
+**Worlds.** A world is one set of trainer processes training together. A whole-world
+restart starts a new attempt (new pods); a restart in place (issue 15) starts a new trainer
+generation inside the same attempt's pods, whose trainers append to the same log files. So
+each record names its generation (`RTJ_RESTART_GENERATION`, 0 when unset: a pod's first
+start) and a world is `(attempt, generation)`. The generation is the job's
+(`status.trainerGeneration`: it only grows), and a new attempt's pods start at 0, so the
+pairs sort in the order the worlds ran. `parse_attempt` reads an attempt's lines as one
+world (the JobSet baseline's, which has no generations); `split_worlds` and `world_log`
+read them per world. Every function below takes either kind of key.
 
 **Goodput, honestly:** the time spent on the steps that survive into the final model,
 over the wall time from the job's creation to its last step. The surviving steps are found
-backwards from the final attempt: it contributes the steps after the one it resumed from;
-that step was produced by the latest earlier attempt that logged it, which contributes the
+backwards from the final world: it contributes the steps after the one it resumed from;
+that step was produced by the latest earlier world that logged it, which contributes the
 steps after *its* resume point up to it; and so on down to step 0. A step's time is from
-the previous step's completion in the same attempt (for the first step after a resume, from
+the previous step's completion in the same world (for the first step after a resume, from
 the restore), so start-up, restore, recomputed steps and every stall between are lost time.
 """
 
@@ -19,17 +29,33 @@ import json
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+World = tuple[int, int]
+"""(attempt, trainer generation)."""
+
+K = TypeVar("K", int, World)
+"""How worlds are keyed: the attempt alone (no in-place restarts) or `World`."""
+
+FAST_SOURCE = "fast-tier"
+"""The restore record's `source` when the trainer resumed from its fast tier (issue 16)."""
 
 
 @dataclass(frozen=True)
 class AttemptLog:
+    """One world's log (one rank's records)."""
+
     attempt: int
     restored: int | None
-    """The step training resumed from (0: scratch; None: the attempt never trained)."""
+    """The step training resumed from (0: scratch; None: the world never trained)."""
     restore_time: float | None
     steps: Mapping[int, float]
-    """Step -> Unix time rank 0 completed it (the newest line of a step wins)."""
+    """Step -> Unix time the rank completed it (the newest line of a step wins)."""
     losses: Mapping[int, float] = field(default_factory=dict)
+    generation: int = 0
+    restore_source: str | None = None
+    """The restore record's `source`: `fast-tier`, `resume-file` (a pinned durable step),
+    `resolved`, `fresh`, or the baseline's file path."""
 
     @property
     def first_time(self) -> float | None:
@@ -39,32 +65,94 @@ class AttemptLog:
     def last_step(self) -> int | None:
         return max(self.steps, default=None)
 
+    @property
+    def tier(self) -> str | None:
+        """Where the world resumed from: fast, durable or scratch (None: never restored)."""
+        if self.restored is None:
+            return None
+        if self.restore_source == FAST_SOURCE:
+            return "fast"
+        return "scratch" if self.restored == 0 else "durable"
 
-def parse_attempt(attempt: int, lines: Iterable[str]) -> AttemptLog:
+
+def parse_record(line: str) -> dict[str, Any] | None:
+    """One JSON object per line. The line a killed rank was writing is half a record; in
+    place, the next generation appends to the same file, so its first record may follow
+    that half on the same line: the first suffix that parses is taken."""
+    start = 0
+    while start >= 0:
+        try:
+            value = json.loads(line[start:])
+        except json.JSONDecodeError:
+            start = line.find('{"', start + 1)
+            continue
+        return value if isinstance(value, dict) else None
+    return None
+
+
+def parse_records(lines: Iterable[str]) -> list[dict[str, Any]]:
+    return [r for line in lines if (r := parse_record(line)) is not None]
+
+
+def from_records(
+    attempt: int, records: Iterable[Mapping[str, Any]], generation: int = 0
+) -> AttemptLog:
     restored: int | None = None
     restore_time: float | None = None
+    source: str | None = None
     steps: dict[int, float] = {}
     losses: dict[int, float] = {}
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # the line a killed rank was writing
+    for record in records:
         if record.get("event") == "restore":
             restored, restore_time = int(record["step"]), record.get("time")
+            source = record.get("source")
         elif "loss" in record and "event" not in record and "time" in record:
             steps[int(record["step"])] = float(record["time"])
             losses[int(record["step"])] = float(record["loss"])
-    return AttemptLog(attempt, restored, restore_time, steps, losses)
+    return AttemptLog(attempt, restored, restore_time, steps, losses, generation, source)
+
+
+def parse_attempt(attempt: int, lines: Iterable[str]) -> AttemptLog:
+    """An attempt's lines as one world (every generation together)."""
+    return from_records(attempt, parse_records(lines))
+
+
+def generation_of(record: Mapping[str, Any]) -> int:
+    return int(record.get("generation") or 0)
+
+
+def split_worlds(
+    logs: Mapping[int, Mapping[int, Iterable[str]]],
+) -> dict[World, dict[int, list[dict[str, Any]]]]:
+    """`logs[attempt][rank]` (JSON lines) -> `[(attempt, generation)][rank]` (records)."""
+    out: dict[World, dict[int, list[dict[str, Any]]]] = {}
+    for attempt, ranks in logs.items():
+        for rank, lines in ranks.items():
+            for record in parse_records(lines):
+                world = (attempt, generation_of(record))
+                out.setdefault(world, {}).setdefault(rank, []).append(record)
+    return dict(sorted(out.items()))
+
+
+def world_log(world: World, records: Iterable[Mapping[str, Any]]) -> AttemptLog:
+    return from_records(world[0], records, world[1])
+
+
+def world_label(world: int | World) -> str:
+    """`3` (an attempt's first world), `3 g2` (generation 2 inside attempt 3)."""
+    if isinstance(world, int):
+        return str(world)
+    attempt, generation = world
+    return f"{attempt}" if generation == 0 else f"{attempt} g{generation}"
 
 
 @dataclass(frozen=True)
-class Lineage:
-    """Which attempt produced each surviving step range: (attempt, after, upto)."""
+class Lineage(Generic[K]):
+    """Which world produced each surviving step range: (world, after, upto)."""
 
-    ranges: tuple[tuple[int, int, int], ...]
+    ranges: tuple[tuple[K, int, int], ...]
 
-    def losses(self, attempts: Mapping[int, AttemptLog]) -> dict[int, float]:
+    def losses(self, attempts: Mapping[K, AttemptLog]) -> dict[int, float]:
         out: dict[int, float] = {}
         for attempt, after, upto in self.ranges:
             log = attempts[attempt]
@@ -72,8 +160,8 @@ class Lineage:
         return out
 
 
-def lineage(attempts: Mapping[int, AttemptLog]) -> Lineage:
-    """The surviving step ranges, newest first, found backwards from the final attempt."""
+def lineage(attempts: Mapping[K, AttemptLog]) -> Lineage[K]:
+    """The surviving step ranges, newest first, found backwards from the final world."""
     trained = sorted(a for a, log in attempts.items() if log.steps)
     if not trained:
         return Lineage(())
@@ -86,12 +174,12 @@ def lineage(attempts: Mapping[int, AttemptLog]) -> Lineage:
             return Lineage(tuple(ranges))
         producers = [a for a in trained if a < current and after in attempts[a].steps]
         if not producers:
-            raise ValueError(f"attempt {current} resumed from step {after}, which no earlier "
-                             "attempt logged")  # fmt: skip
+            raise ValueError(f"world {current} resumed from step {after}, which no earlier "
+                             "world logged")  # fmt: skip
         current, upto = producers[-1], after
 
 
-def productive_seconds(attempts: Mapping[int, AttemptLog], line: Lineage) -> float:
+def productive_seconds(attempts: Mapping[K, AttemptLog], line: Lineage[K]) -> float:
     """The time spent on the surviving steps (see the module docstring)."""
     total = 0.0
     for attempt, after, upto in line.ranges:
@@ -112,19 +200,20 @@ def productive_seconds(attempts: Mapping[int, AttemptLog], line: Lineage) -> flo
 
 
 @dataclass(frozen=True)
-class Overlap:
-    """Two attempts training at once: attempt `later` logged a step before `earlier`'s
-    last one (any rank)."""
+class Overlap(Generic[K]):
+    """Two worlds training at once: world `later` logged a step before `earlier`'s last
+    one (any rank)."""
 
-    earlier: int
-    later: int
+    earlier: K
+    later: K
     seconds: float
 
 
-def overlaps(rank_steps: Mapping[int, Mapping[int, Sequence[float]]]) -> list[Overlap]:
-    """`rank_steps[attempt][rank]` = every step completion time of that rank in that
-    attempt. The invariant: an attempt's first step on any rank comes after every step of
-    every earlier attempt on every rank (never two worlds training at once)."""
+def overlaps(rank_steps: Mapping[K, Mapping[int, Sequence[float]]]) -> list[Overlap[K]]:
+    """`rank_steps[world][rank]` = every step completion time of that rank in that world.
+    The invariant: a world's first step on any rank comes after every step of every earlier
+    world on every rank (never two worlds training at once; in place, the generations of
+    one attempt are worlds of their own)."""
     bounds = {}
     for attempt, ranks in rank_steps.items():
         times = [t for steps in ranks.values() for t in steps]
@@ -149,16 +238,25 @@ class Recovery:
     attempt: int
     """The attempt the fault hit."""
     resumed_attempt: int | None
-    """The first later attempt that trained."""
+    """The attempt of the first later world that trained."""
     seconds_to_first_step: float | None
     lost_steps: int | None
-    """Steps of the hit attempt past the step the next training attempt resumed from."""
+    """Steps of the hit world past the step the next training world resumed from."""
+    generation: int = 0
+    """The trainer generation the fault hit."""
+    resumed_generation: int | None = None
+    path: str | None = None
+    """`in place` (the next world is a later generation of the same attempt) or `whole
+    world` (a new attempt); None: nothing trained again."""
+    resumed_from: int | None = None
+    tier: str | None = None
+    """Where the next world resumed from: fast, durable or scratch."""
 
 
 def recoveries(
-    faults: Sequence[tuple[str, float]], attempts: Mapping[int, AttemptLog]
+    faults: Sequence[tuple[str, float]], attempts: Mapping[K, AttemptLog]
 ) -> list[Recovery]:
-    """Each `(kind, injected_at)` matched to the attempt it hit and the next that trained."""
+    """Each `(kind, injected_at)` matched to the world it hit and the next that trained."""
     trained = sorted(a for a, log in attempts.items() if log.steps)
     out = []
     for kind, at in faults:
@@ -166,22 +264,41 @@ def recoveries(
             (a for a in trained if (attempts[a].first_time or at) <= at), default=None
         )  # fmt: skip
         after = [a for a in trained if hit is not None and a > hit]
-        nxt = after[0] if after else None
-        first = attempts[nxt].first_time if nxt is not None else None
-        hit_last = attempts[hit].last_step if hit is not None else None
-        resumed = attempts[nxt].restored if nxt is not None else None
+        nxt = attempts[after[0]] if after else None
+        was = attempts[hit] if hit is not None else None
+        first = nxt.first_time if nxt is not None else None
+        hit_last = was.last_step if was is not None else None
+        resumed = nxt.restored if nxt is not None else None
+        path = None
+        if was is not None and nxt is not None:
+            path = "in place" if nxt.attempt == was.attempt else "whole world"
         out.append(
             Recovery(
                 kind=kind,
                 injected_at=at,
-                attempt=hit or 0,
-                resumed_attempt=nxt,
+                attempt=was.attempt if was is not None else 0,
+                resumed_attempt=nxt.attempt if nxt is not None else None,
                 seconds_to_first_step=(first - at) if first is not None else None,
                 lost_steps=(
                     max(hit_last - resumed, 0)
                     if hit_last is not None and resumed is not None
                     else None
                 ),
+                generation=was.generation if was is not None else 0,
+                resumed_generation=nxt.generation if nxt is not None else None,
+                path=path,
+                resumed_from=resumed,
+                tier=nxt.tier if nxt is not None else None,
             )
         )
     return out
+
+
+def mean_recovery_by_kind(recs: Iterable[Mapping[str, Any]]) -> dict[str, tuple[float, int]]:
+    """Fault kind -> (mean seconds from the injection to the next world's first step, how
+    many faults of that kind recovered); faults after which nothing trained are left out."""
+    seen: dict[str, list[float]] = {}
+    for r in recs:
+        if r.get("seconds_to_first_step") is not None:
+            seen.setdefault(str(r["kind"]), []).append(float(r["seconds_to_first_step"]))
+    return {k: (statistics.fmean(v), len(v)) for k, v in sorted(seen.items())}

@@ -3,8 +3,11 @@ same fault schedule (and any variants of (b), such as the schedule without node 
 Pure but for `write` and `main`: the runs' facts in, markdown and a timeline per system out.
 
     python -m bench.soak_compare [--variant bench/results/goodput-baseline-without-node_lost.json]
+        [--ablation bench/results/goodput.json --ablation bench/results/goodput-runs/X.json ...]
 
-redraws bench/results/goodput-comparison.{md,svg} from goodput.json and goodput-baseline.json.
+redraws bench/results/goodput-comparison.{md,svg} from goodput.json and goodput-baseline.json,
+and with `--ablation` appends the operator's runs side by side, feature by feature and fault
+rate by fault rate (`ablation`).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench import soak_accounting as acc
 from bench import soak_report
 from bench.baseline_jobset import MAX_RESTARTS
 
@@ -154,7 +158,7 @@ def timeline(
     ours: Mapping[str, Any], base: Mapping[str, Any], variants: Sequence[Mapping[str, Any]] = ()
 ) -> str:
     def lane(name: str, facts: Mapping[str, Any]) -> soak_report.Lane:
-        steps = {int(a): {int(s): t for s, t in per.items()}
+        steps = {str(a): {int(s): t for s, t in per.items()}
                  for a, per in facts["timeline"].items()}  # fmt: skip
         stalled = "completed" in facts and facts["completed"] != "Completed"
         return soak_report.Lane(
@@ -174,14 +178,100 @@ def timeline(
     )
 
 
+def variant_name(facts: Mapping[str, Any]) -> str:
+    """The operator run's features in words (runs from before the switches: whole world)."""
+    if "variant" in facts:
+        return str(facts["variant"])
+    features = facts.get("features") or {}
+    if not features.get("in_place"):
+        return "whole world only"
+    every = features.get("fast_every") or 0
+    return f"in place, fast tier every {every} steps" if every else "in place, no fast tier"
+
+
+def _mtbf(facts: Mapping[str, Any]) -> str:
+    return str((facts.get("settings") or {}).get("mean time between faults", "?"))
+
+
+def ablation(runs: Sequence[Mapping[str, Any]], labels: Sequence[str] = ()) -> list[str]:
+    """The operator's runs side by side (markdown lines): goodput, recomputed steps, mean
+    recovery per fault kind, the paths taken, the machine's load; then, per fault time of
+    each fault rate's schedule, how each variant recovered."""
+    padded = [*labels, *[""] * (len(runs) - len(labels))]
+    names = [lab or variant_name(r) for lab, r in zip(padded, runs, strict=True)]
+    kinds = sorted({f["kind"] for r in runs for f in r["injected"]})
+    out = [
+        "| variant | MTBF | goodput | productive / wall s | faults | in place / whole world "
+        "| recomputed steps | "
+        + " | ".join(f"{k} s" for k in kinds)
+        + " | load at start; end | invariants |",
+        "|---|---|---|---|---|---|---|" + "---|" * len(kinds) + "---|---|",
+    ]
+    for name, r in zip(names, runs, strict=True):
+        means = acc.mean_recovery_by_kind(r["recoveries"])
+        paths = [x.get("path") or "" for x in r["recoveries"]]
+        in_place = sum(p.startswith("in place") and "fell back" not in p for p in paths)
+        whole = len(paths) - in_place - paths.count("")
+        lost = sum(x["lost_steps"] or 0 for x in r["recoveries"])
+        cells = [f"{means[k][0]:.1f} ({means[k][1]})" if k in means else "-" for k in kinds]
+        machine = str(r.get("machine") or "?")
+        load = machine.split("load average ", 1)[-1].replace(" at the start", "")
+        if r.get("load_end") and "at the end" not in load:
+            load += f"; {r['load_end']}"
+        problems = "held" if not r["problems"] else f"{len(r['problems'])} failed"
+        out.append(
+            f"| {name} | {_mtbf(r)} | **{r['goodput'] * 100:.1f}%** | "
+            f"{r['productive_seconds']:.1f} / {r['wall_seconds']:.1f} | {len(r['injected'])} | "
+            f"{in_place} / {whole} | {lost} | "
+            + " | ".join(cells)
+            + f" | {load.replace(' at the end', '')} | {problems} |"
+        )
+    out += ["", "Mean recovery per fault kind: seconds from the injection to the next world's "
+            "first step (how many faults of the kind), as `bench.soak_accounting."
+            "mean_recovery_by_kind` counts it. Per fault:", ""]  # fmt: skip
+    for mtbf in dict.fromkeys(_mtbf(r) for r in runs):
+        same = [(n, r) for n, r in zip(names, runs, strict=True) if _mtbf(r) == mtbf]
+        times = sorted({(f["scheduled"], f["kind"]) for _, r in same for f in r["injected"]})
+        out += [
+            f"MTBF {mtbf}: path, seconds to the first step / steps recomputed, resumed from "
+            "(tier).",
+            "",
+            "| scheduled | fault | " + " | ".join(n for n, _ in same) + " |",
+            "|---|---|" + "---|" * len(same),
+        ]
+        for at, kind in times:
+            out.append(f"| +{at:.0f} s | {kind} | "
+                       + " | ".join(_path_cell(r, at) for _, r in same) + " |")  # fmt: skip
+        out.append("")
+    return out
+
+
+def _path_cell(facts: Mapping[str, Any], scheduled: float) -> str:
+    for f, r in zip(facts["injected"], facts["recoveries"], strict=True):
+        if abs(f["scheduled"] - scheduled) > 1e-6:
+            continue
+        if f["what"].startswith("skipped"):
+            return "skipped (no running trainer)"
+        if r["seconds_to_first_step"] is None:
+            return "never trained again"
+        path = r.get("path") or "whole world"
+        tier = f", from {r['resumed_from']} ({r['tier']})" if r.get("tier") else ""
+        return f"{path}: {r['seconds_to_first_step']:.1f} s / {r['lost_steps']}{tier}"
+    return "not reached"
+
+
 def write(
     out: Path,
     ours: Mapping[str, Any],
     base: Mapping[str, Any],
     variants: Sequence[Mapping[str, Any]] = (),
+    runs: Sequence[Mapping[str, Any]] = (),
 ) -> None:
     settings, machine = base.get("settings") or {}, str(base.get("machine", "?"))
     text = markdown(ours, base, settings, machine, variants)
+    if runs:
+        head = ["", "## The operator's features, one at a time", ""]
+        text = text.rstrip("\n") + "\n" + "\n".join([*head, *ablation(runs)]) + "\n"
     (out / "goodput-comparison.md").write_text(text)
     (out / "goodput-comparison.svg").write_text(timeline(ours, base, variants))
 
@@ -192,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ours", type=Path, default=results / "goodput.json")
     p.add_argument("--baseline", type=Path, default=results / "goodput-baseline.json")
     p.add_argument("--variant", type=Path, action="append", default=[])
+    p.add_argument("--ablation", type=Path, action="append", default=[],
+                   help="an operator run's JSON (bench.goodput): the features table")  # fmt: skip
     p.add_argument("--out", type=Path, default=results)
     args = p.parse_args(argv)
 
@@ -200,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         return facts
 
     variants = [load(v) for v in args.variant]
-    write(args.out, load(args.ours), load(args.baseline), variants)
+    runs = [load(r) for r in args.ablation]
+    write(args.out, load(args.ours), load(args.baseline), variants, runs)
     sys.stdout.write(f"wrote {args.out / 'goodput-comparison.md'}\n")
     return 0
 

@@ -14,12 +14,13 @@ COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e3
 
 def timeline_svg(
     created: float,
-    steps: Mapping[int, Mapping[int, float]],
+    steps: Mapping[Any, Mapping[int, float]],
     faults: Sequence[Mapping[str, Any]],
     title: str,
 ) -> str:
-    """x: seconds since the job was created; y: step. One line per attempt (rank 0's step
-    completions), a red mark per injected fault."""
+    """x: seconds since the job was created; y: step. One line per world (rank 0's step
+    completions; keyed by attempt, or `bench.soak_accounting.world_label`), a red mark per
+    injected fault."""
     return lanes_svg([Lane(title, created, steps, faults)], title)
 
 
@@ -29,7 +30,9 @@ class Lane:
 
     title: str
     created: float
-    steps: Mapping[int, Mapping[int, float]]
+    steps: Mapping[Any, Mapping[int, float]]
+    """World (an attempt number, or a label "3" / "3 g2": attempt 3, trainer generation 2)
+    -> step -> time."""
     faults: Sequence[Mapping[str, Any]]
     end: float | None = None
     """Where the run's wall time ended, when it is not its last step (a cap): marked."""
@@ -80,7 +83,8 @@ def _lane(lane: Lane, dy: float, span: float, top: int, titled: bool) -> list[st
     if titled:
         out.append(f'<text x="{PAD + 6}" y="{dy + PAD - 6}" font-size="12" '
                    f'font-weight="bold">{escape(lane.title)}</text>')  # fmt: skip
-    for i, (attempt, per) in enumerate(sorted(lane.steps.items())):
+    ordered = sorted(lane.steps.items(), key=lambda kv: world_key(kv[0]))
+    for i, (world, per) in enumerate(ordered):
         points = " ".join(f"{x(t):.1f},{y(s):.1f}" for s, t in sorted(per.items()))
         color = COLORS[i % len(COLORS)]
         out.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" '
@@ -88,7 +92,7 @@ def _lane(lane: Lane, dy: float, span: float, top: int, titled: bool) -> list[st
         if per:
             s, t = max(per.items())
             out.append(f'<text x="{x(t) + 3:.1f}" y="{y(s) - 3:.1f}" fill="{color}">'
-                       f"attempt {attempt}</text>")  # fmt: skip
+                       f"attempt {escape(str(world))}</text>")  # fmt: skip
     if lane.end is not None:
         ex = x(lane.end)
         out.append(f'<line x1="{ex:.1f}" y1="{dy + PAD}" x2="{ex:.1f}" y2="{base}" '
@@ -104,25 +108,56 @@ def _lane(lane: Lane, dy: float, span: float, top: int, titled: bool) -> list[st
     return out
 
 
-def markdown(facts: Mapping[str, Any], settings: Mapping[str, Any], machine: str) -> str:
+def world_key(world: Any) -> tuple[int, int]:
+    """Sort key of a timeline's world: 3 or "3" -> (3, 0); "3 g2" -> (3, 2)."""
+    attempt, _, generation = str(world).partition(" g")
+    return int(attempt), int(generation or 0)
+
+
+def _world(attempt: Any, generation: Any) -> str:
+    return f"{attempt}" if not generation else f"{attempt} g{generation}"
+
+
+def _resumed(r: Mapping[str, Any]) -> str:
+    if r.get("resumed_from") is None:
+        return "?"
+    return f"{r['resumed_from']} ({r.get('tier') or '?'})"
+
+
+def markdown(
+    facts: Mapping[str, Any],
+    settings: Mapping[str, Any],
+    machine: str,
+    svg: str = "goodput-timeline.svg",
+    command: str | None = None,
+) -> str:
     records = {r["attempt"]: r for r in facts["records"]}
     rows = []
     for r in facts["recoveries"]:
         rec = records.get(r["attempt"], {})
         first = r["seconds_to_first_step"]
+        nxt = (_world(r["resumed_attempt"], r.get("resumed_generation"))
+               if r["resumed_attempt"] is not None else "none")  # fmt: skip
         rows.append(
-            f"| {r['kind']} | {r['attempt']} | {rec.get('failureClass', '?')} | "
-            f"{_num(rec.get('detectionSeconds'))} | {_num(rec.get('recoverySeconds'))} | "
-            f"{_num(first)} | {r['lost_steps'] if r['lost_steps'] is not None else '?'} |"
+            f"| {r['kind']} | {_world(r['attempt'], r.get('generation'))} -> {nxt} | "
+            f"{r.get('path') or '?'} | {r.get('failure_class', rec.get('failureClass')) or '?'} | "
+            f"{_num(r.get('detection_seconds', rec.get('detectionSeconds')))} | "
+            f"{_num(r.get('recovery_seconds', rec.get('recoverySeconds')))} | "
+            f"{_num(first)} | {_resumed(r)} | "
+            f"{r['lost_steps'] if r['lost_steps'] is not None else '?'} |"
         )
     problems = facts["problems"] or ["none: every invariant held"]
     injected = "; ".join(
         f"{f['kind']} at +{f['scheduled']:.0f} s: {f['what']}" for f in facts["injected"]
     )
+    worlds = (f", {facts['worlds']} worlds ({facts.get('in_place_restarts', 0)} restarts in "
+              "place)" if "worlds" in facts else "")  # fmt: skip
+    fallbacks = list(facts.get("fallbacks") or [])
     return "\n".join(
         [
             "# Goodput soak (real training through the operator)",
             "",
+            *([_generated(facts, command), ""] if command else []),
             f"Machine: {machine}. Settings: "
             + ", ".join(f"{k} {v}" for k, v in settings.items())
             + ".",
@@ -130,13 +165,22 @@ def markdown(facts: Mapping[str, Any], settings: Mapping[str, Any], machine: str
             f"**Goodput {facts['goodput'] * 100:.1f}%**: {facts['productive_seconds']:.1f} s "
             f"on steps that survive into the final model, of {facts['wall_seconds']:.1f} s "
             f"from the job's creation to its last step; {len(facts['injected'])} faults "
-            f"injected, {facts['attempts']} attempts.",
+            f"injected, {facts['attempts']} attempts{worlds}.",
             "",
-            "| fault | hit attempt | recorded class | detection s | to next JobSet s | "
-            "to first step s | recomputed steps |",
-            "|---|---|---|---|---|---|---|",
+            "Per fault: the world it hit and the next that trained (attempt, `gN`: trainer "
+            "generation N of an in-place restart), the recovery path, the class the operator "
+            "recorded, detection (in place: the injection to the restart's `detectedAt`; "
+            "whole world: the attempt's `detectionSeconds`), the operator's recovery (in "
+            "place: `detectedAt` to every pod running the new generation; whole world: to the "
+            "next JobSet), the injection to the next world's first step, the step and tier "
+            "it resumed from, and the steps trained again.",
+            "",
+            "| fault | worlds | path | recorded class | detection s | recovery s | "
+            "to first step s | resumed from | recomputed steps |",
+            "|---|---|---|---|---|---|---|---|---|",
             *rows,
             "",
+            *([f"Fast-tier fallbacks: {'; '.join(fallbacks)}.", ""] if fallbacks else []),
             "Invariants (final model bit for bit against a no-fault run, never two worlds "
             "at once, resumes only from pinned unflagged steps, nothing leaked): "
             + "; ".join(problems),
@@ -146,10 +190,20 @@ def markdown(facts: Mapping[str, Any], settings: Mapping[str, Any], machine: str
             "Not injected yet: Kueue preemption (the KWOK drills cover it). The same "
             "schedule against a plain JobSet: goodput-comparison.md (`bench.goodput_baseline`).",
             "",
-            "![timeline](goodput-timeline.svg)",
+            f"![timeline]({svg})",
             "",
         ]
     )
+
+
+def _generated(facts: Mapping[str, Any], command: str) -> str:
+    out = f"Generated by `{command}`"
+    if facts.get("code"):
+        out += f" at commit {facts['code']}"
+    if facts.get("harness_seconds"):
+        out += (f"; the harness took {facts['harness_seconds']:.0f} s (platform, soak and "
+                "the no-fault run)")  # fmt: skip
+    return out + "."
 
 
 def _num(value: Any) -> str:

@@ -3,9 +3,10 @@
 An MLP with dropout and LayerNorm learns a deterministic synthetic regression task,
 shuffled by ``ResumableSampler``, with AdamW, a warm-up + cosine learning-rate schedule and
 gradient accumulation. Every rank appends one JSON line per step to
-``<log-dir>/rank-<r>.jsonl``: ``{step, loss, lr, samples, seen, restart, time}``, with floats
-that round-trip exactly, so two runs can be compared bit for bit (``seen``: a plain ``int``
-kept in the checkpoint as it is).
+``<log-dir>/rank-<r>.jsonl``: ``{step, loss, lr, samples, seen, restart, generation, time}``,
+with floats that round-trip exactly, so two runs can be compared bit for bit (``seen``: a
+plain ``int`` kept in the checkpoint as it is; ``restart``: torchrun's restart count;
+``generation``: the in-place supervisor's ``RTJ_RESTART_GENERATION``, 0 when unset).
 
     torchrun --nproc-per-node 2 examples/ddp_train.py --root /tmp/ckpt --log-dir /tmp/logs
     python examples/ddp_train.py --root /tmp/ckpt --log-dir /tmp/logs        # one process
@@ -288,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.use_deterministic_algorithms(True)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
+    # the in-place supervisor's generation (rtj-shim supervise): 0 for a pod's first start
+    generation = int(os.environ.get("RTJ_RESTART_GENERATION") or 0)
     if world > 1:
         if args.plain_init or args.plain_checkpoints is not None:
             dist.init_process_group("gloo")
@@ -298,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     log = (args.log_dir / f"rank-{rank}.jsonl").open("a", buffering=1)
 
     def emit(record: dict[str, Any]) -> None:
-        line = {**record, "rank": rank, "restart": restart, "time": time.time()}
+        line = {**record, "rank": rank, "restart": restart, "generation": generation,
+                "time": time.time()}  # fmt: skip
         log.write(json.dumps(line) + "\n")
 
     torch.manual_seed(args.seed)  # same initial weights on every rank

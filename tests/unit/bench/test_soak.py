@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import itertools
 import json
+from datetime import datetime, timezone
+from typing import Any
 
 import pytest
 
 from bench import soak_accounting as acc
+from bench import soak_judge, soak_report
 from bench.soak_schedule import KINDS, schedule
 
 
@@ -67,3 +70,185 @@ def test_two_worlds_training_at_once_are_caught() -> None:
     zombie = {1: {0: [1.0, 2.0], 1: [1.1, 6.0]}, 2: {0: [5.0], 1: [5.1]}}
     (overlap,) = acc.overlaps(zombie)
     assert (overlap.earlier, overlap.later) == (1, 2) and overlap.seconds == pytest.approx(1.0)
+
+
+# ---------------------------------------------------------------- restarts in place (issue 15)
+#
+# One job, three worlds: attempt 1 trains steps 1-27 (generation 0), a rank is killed, and
+# the operator restarts it in place: generation 1 resumes from fast-tier step 25 (durable
+# saves every 10 steps, fast every 5) in the same pods and trains 26-37; then a node is lost
+# and attempt 2 (new pods, generation 0) resumes from durable step 30 and trains 31-50.
+# Every world appends to its pods' files; rank 1 logs 0.01 s after rank 0.
+
+CREATED = 90.0
+KILL, NODE_LOST = 127.5, 147.5
+
+
+def loss(rank: int, step: int) -> float:
+    return step * 0.5 + rank
+
+
+def world(
+    rank: int, generation: int, restored: int, source: str, at: float, steps: range
+) -> list[dict[str, Any]]:
+    lag = 0.01 * rank
+    out: list[dict[str, Any]] = [{"event": "restore", "step": restored, "source": source,
+                                  "skipped": [], "time": at + lag}]  # fmt: skip
+    out += [{"step": s, "loss": loss(rank, s), "time": at + (s - restored) + lag} for s in steps]
+    return [{**r, "rank": rank, "restart": 0, "generation": generation} for r in out]
+
+
+def job_logs(**change: Any) -> dict[int, dict[int, list[str]]]:
+    """logs[attempt][rank]: JSON lines as the pods' files hold them."""
+    logs: dict[int, dict[int, list[str]]] = {1: {}, 2: {}}
+    for rank in (0, 1):
+        first = world(rank, 0, 0, "fresh", 100.0, range(1, 28))
+        second = world(rank, 1, 25, change.get("source", "fast-tier"), 135.0, range(26, 38))
+        third = world(rank, 0, 30, "resume-file", 160.0, range(31, 51))
+        lines = [json.dumps(r) for r in first]
+        lines[-1] = lines[-1][:20]  # the record the killed world was writing: half a line...
+        lines += [json.dumps(r) for r in second]
+        lines[len(first) - 1] += lines.pop(len(first))  # ...and the next one appended to it
+        logs[1][rank] = lines
+        logs[2][rank] = [json.dumps(r) for r in third]
+    return logs
+
+
+def iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).isoformat()
+
+
+def job_status(fast: int | None = 25, durable: int | None = 20) -> dict[str, Any]:
+    entry = {"generation": 1, "failureClass": "Unknown", "failureCategory": "Infrastructure",
+             "detectedAt": iso(KILL + 1.5), "stoppedAt": iso(KILL + 3.0),
+             "startedAt": iso(KILL + 5.0), "resumedFromStep": durable,
+             "resumedFromFastStep": fast, "outcome": "Running"}  # fmt: skip
+    return {
+        "phase": "Succeeded", "attempt": 2, "trainerGeneration": 1, "badSteps": [],
+        "restarts": {"infrastructure": 2, "user": 0, "preemption": 0, "checkpoint": 0},
+        "attempts": [
+            {"attempt": 1, "failureClass": "NodeLost", "detectionSeconds": 9.0,
+             "recoverySeconds": 4.0, "inPlaceRestarts": [entry]},
+            {"attempt": 2, "resumedFromStep": 30},
+        ],
+    }  # fmt: skip
+
+
+def no_fault() -> dict[int, dict[int, float]]:
+    return {r: {s: loss(r, s) for s in range(1, 51)} for r in (0, 1)}
+
+
+INJECTED = [
+    {"kind": "rank_killed", "rank": 1, "at": KILL, "scheduled": 27.5, "what": "SIGKILL"},
+    {"kind": "node_lost", "rank": 0, "at": NODE_LOST, "scheduled": 47.5, "what": "off"},
+]
+
+
+def judged(logs: Any = None, status: Any = None, baseline: Any = None) -> dict[str, Any]:
+    return soak_judge.judge(CREATED, status or job_status(), logs or job_logs(), INJECTED,
+                            baseline or no_fault(), [], max_restarts=5)  # fmt: skip
+
+
+def test_each_generation_of_an_attempt_is_a_world_of_its_own() -> None:
+    worlds = acc.split_worlds(job_logs())
+    assert list(worlds) == [(1, 0), (1, 1), (2, 0)]
+    logs = {w: acc.world_log(w, ranks[0]) for w, ranks in worlds.items()}
+    # the half line lost step 27 of generation 0; the record appended to it survived
+    assert max(logs[1, 0].steps) == 26
+    assert (logs[1, 1].restored, logs[1, 1].restore_source, logs[1, 1].tier) == (
+        25, "fast-tier", "fast",
+    )  # fmt: skip
+    assert logs[2, 0].tier == "durable" and logs[1, 0].tier == "scratch"
+    line = acc.lineage(logs)
+    assert line.ranges == (((2, 0), 30, 50), ((1, 1), 25, 30), ((1, 0), 0, 25))
+    assert line.losses(logs) == no_fault()[0]
+    # 25 s of generation 0, 5 s of generation 1 (26-30), 20 s of attempt 2; not the steps
+    # 26 of generation 0 and 31-37 of generation 1 trained again, nor the restarts
+    assert acc.productive_seconds(logs, line) == pytest.approx(50.0)
+    killed, lost = acc.recoveries([("rank_killed", KILL), ("node_lost", NODE_LOST)], logs)
+    assert (killed.attempt, killed.generation, killed.resumed_generation) == (1, 0, 1)
+    assert (killed.path, killed.resumed_from, killed.tier) == ("in place", 25, "fast")
+    assert killed.seconds_to_first_step == pytest.approx(136.0 - KILL)
+    assert killed.lost_steps == 1  # rank 0 logged 26 whole (27 was the half line)
+    assert (lost.attempt, lost.generation, lost.resumed_attempt) == (1, 1, 2)
+    assert (lost.path, lost.resumed_from, lost.tier, lost.lost_steps) == (
+        "whole world", 30, "durable", 7,
+    )  # fmt: skip
+
+
+def test_the_soak_holds_its_invariants_across_generations() -> None:
+    facts = judged()
+    assert facts["problems"] == []
+    assert facts["goodput"] == pytest.approx(50.0 / (180.0 - CREATED))
+    assert (facts["attempts"], facts["worlds"], facts["in_place_restarts"]) == (2, 3, 1)
+    assert list(facts["timeline"]) == ["1", "1 g1", "2"]
+    killed, lost = facts["recoveries"]
+    assert (killed["path"], killed["failure_class"], killed["pinned_fast_step"]) == (
+        "in place", "Unknown", 25,
+    )  # fmt: skip
+    assert killed["detection_seconds"] == pytest.approx(1.5)
+    assert killed["recovery_seconds"] == pytest.approx(3.5)
+    assert (lost["path"], lost["failure_class"], lost["pinned_step"]) == (
+        "whole world", "NodeLost", 30,
+    )  # fmt: skip
+    assert [(r["world"], r["step"], r["pinned"]) for r in facts["resumes"]] == [
+        ("1", 0, None), ("1 g1", 25, 25), ("2", 30, 30),
+    ]  # fmt: skip
+    assert soak_report.markdown(facts, {}, "test").count("| in place | Unknown |") == 1
+
+
+def test_generations_without_their_field_cannot_be_told_apart() -> None:
+    logs = job_logs()
+    for rank in (0, 1):
+        logs[1][rank] = [line.replace(', "generation": 1', "") for line in logs[1][rank]]
+    problems = judged(logs)["problems"]
+    assert any("resumed from step 25, which no earlier world logged" in p for p in problems)
+
+
+def test_a_generation_that_starts_before_the_last_one_stopped_is_caught() -> None:
+    logs = job_logs()
+    late = {"step": 28, "loss": loss(1, 28), "time": 136.5, "rank": 1, "generation": 0}
+    logs[1][1].insert(10, json.dumps(late))  # rank 1 of generation 0 still training
+    assert "worlds 1 and 1 g1 trained at once (0.50 s)" in judged(logs)["problems"]
+
+
+def test_a_resume_from_another_step_than_the_operator_pinned_is_caught() -> None:
+    assert (
+        "world 1 g1 resumed from 25 (fast-tier), the operator pinned 20"
+        in judged(status=job_status(fast=20))["problems"]
+    )
+    unpinned = judged(status=job_status(fast=None))["problems"]
+    assert "world 1 g1: resumed from fast-tier step 25, but the operator pinned no fast step" in (
+        unpinned
+    )
+    # the trainer fell back to the durable step the operator pinned beside the fast one: held
+    logs = job_logs(source="resume-file")
+    fell = judged(logs, status=job_status(fast=25, durable=25))
+    assert fell["problems"] == [] and fell["fallbacks"][0].startswith(
+        "world 1 g1: fast-tier step 25 pinned, resumed from durable step 25"
+    )
+    # a durable resume of another step than pinned is not a fallback
+    assert (
+        "world 1 g1 resumed from 25 (resume-file), the operator pinned 20"
+        in judged(logs, status=job_status(fast=25, durable=20))["problems"]
+    )
+
+
+def test_budgets_and_generations_are_counted() -> None:
+    status = job_status()
+    status["restarts"]["infrastructure"] = 1  # the in-place restart spent nothing?
+    status["trainerGeneration"] = 2
+    problems = judged(status=status)["problems"]
+    assert any(p.startswith("budget: status counts 1 restarts") for p in problems), problems
+    assert "trainerGeneration 2, but 1 in-place restarts recorded" in problems
+    over = soak_judge.judge(CREATED, job_status(), job_logs(), INJECTED, no_fault(), [],
+                            max_restarts=1)  # fmt: skip
+    assert over["problems"] == ["budget: 2 infrastructure restarts, over maxRestarts 1"]
+
+
+def test_a_model_that_differs_is_caught_per_rank() -> None:
+    baseline = no_fault()
+    baseline[1][28] += 1e-9
+    assert judged(baseline=baseline)["problems"] == [
+        "rank 1: 1 steps differ from the no-fault run (first [28])"
+    ]
