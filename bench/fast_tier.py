@@ -81,7 +81,7 @@ QUICK_HIDDEN = (64, 256)
 
 METHODS = ("fast", "torch.save", "torch.save+fsync", "durable", "durable async")
 LABELS = {
-    "fast": "fast tier: step_boundary into tmpfs",
+    "fast": "fast tier: step_boundary into tmpfs (staged, written in the background)",
     "torch.save": "torch.save to local disk (no fsync)",
     "torch.save+fsync": "torch.save + fsync to local disk",
     "durable": "durable save, blocking, local fs",
@@ -245,6 +245,7 @@ class SizeResult:
     stalls: dict[str, list[float]] = field(default_factory=dict)  # METHODS
     boundary_idle_s: list[float] = field(default_factory=list)  # step_boundary, not due
     async_published_s: list[float] = field(default_factory=list)  # save() to published
+    fast_written_s: list[float] = field(default_factory=list)  # fast save to published
     # (steps trained while the save was in flight, their seconds less the stall)
     async_overlap: list[tuple[int, float]] = field(default_factory=list)
     fast_step_bytes: int = 0
@@ -311,6 +312,14 @@ class LostRow:
     step_s: float
 
 
+def fast_floor(r: SizeResult) -> int:
+    """The fewest steps between fast saves: one is written in the background, and the next
+    due while it is still being written is skipped."""
+    if not r.fast_written_s or r.step_median <= 0:
+        return 1
+    return max(1, math.ceil(med(r.fast_written_s) / r.step_median - 1e-9))
+
+
 def practical_interval(cost_s: float, step_s: float, budget: float, floor: int = 1) -> int:
     """The most frequent interval (in steps) whose cost is at most ``budget`` of the
     training time: ``cost / (interval * step) <= budget``; at least ``floor``."""
@@ -332,7 +341,8 @@ def lost_rows(
     min(K, M) is lost; a node loss takes the pod's memory and still loses M / 2."""
     step = r.step_median
     fast = med(r.stalls["fast"])
-    k = fast_every if budget is None else practical_interval(fast, step, budget)
+    floor = fast_floor(r)
+    k = max(fast_every, floor) if budget is None else practical_interval(fast, step, budget, floor)
     rows = []
     for name, cost, floor in durable_options(r):
         if budget is None:
@@ -397,10 +407,17 @@ def measure_stalls(
                 idle = timed(partial(fast.step_boundary, fast_step, tr.objects))
                 train()
                 fast_step += 1
-                saving = timed(partial(fast.step_boundary, fast_step, tr.objects))
-                if keep:
+                timed(partial(fast.step_boundary, fast_step, tr.objects))
+                train()  # its optimizer.step() passes the fence (waits if not yet staged)
+                tier = fast.fast_tier
+                assert tier is not None
+                tier.wait()
+                fast_report = tier.last
+                assert fast_report is not None and fast_report.step == fast_step
+                if keep:  # the capture and copies on the training thread, plus the fence
                     result.boundary_idle_s.append(idle)
-                    result.stalls["fast"].append(max(0.0, saving - idle))
+                    result.stalls["fast"].append(fast_report.stall)
+                    result.fast_written_s.append(fast_report.seconds)
             elif method in ("torch.save", "torch.save+fsync"):
                 path = work / f"baseline-{len(base_files)}.pt"
                 base_files.append(path)
@@ -441,6 +458,8 @@ def measure_stalls(
         )
     for path in base_files:
         path.unlink(missing_ok=True)
+    if fast.fast_tier is not None:
+        fast.fast_tier.wait()
     held = holdings(fast_root)
     result.fast_held_steps = held
     result.fast_held_bytes = tree_bytes(fast_root)
@@ -686,9 +705,11 @@ def arithmetic_text(results: list[SizeResult], budget: float) -> list[str]:
     for r in results:
         step = r.step_median
         fast = med(r.stalls["fast"])
-        k = practical_interval(fast, step, budget)
+        floor = fast_floor(r)
+        k = practical_interval(fast, step, budget, floor)
+        written = f", at least {floor} (its background write)" if floor > 1 else ""
         terms = [
-            f"fast K = ⌈{fmt_s(fast)} / ({budget:.0%} x {fmt_s(step)})⌉ = {k}"
+            f"fast K = ⌈{fmt_s(fast)} / ({budget:.0%} x {fmt_s(step)})⌉{written} = {k}"
         ]  # fmt: skip
         gains = []
         for name, cost, floor in durable_options(r):
@@ -721,7 +742,7 @@ def summary_table(results: list[SizeResult]) -> list[str]:
         out.append(
             f"| {r.label} ({fmt_bytes(r.state_bytes)}) | {fmt_s(r.step_median)} | "
             f"{fmt_s(fast)} | {fast / med(r.stalls['durable']):.2f}x | "
-            f"{fast / med(r.stalls['durable async']):.0f}x | "
+            f"{fast / med(r.stalls['durable async']):.2f}x | "
             f"{fast / med(r.stalls['torch.save']):.2f}x | {fmt_s(restore)} | "
             f"{restore / med(r.restores['fs deep warm']):.2f}x | "
             f"{'-' if not s3 else f'{restore / med(s3):.2f}x'} | "
@@ -762,10 +783,14 @@ def markdown(results: list[SizeResult], context: dict[str, Any]) -> str:
         "",
         "## 1. Training-thread stall per save",
         "",
-        "Fast tier: the `step_boundary` that saves, less the one before it, which does not "
-        "(capture, serialization with SHA-256 into tmpfs, manifest, COMMITTED, rename, "
-        "retention). Durable async: the `save()` call plus the wait for staging at the next "
-        "`optimizer.step()` (`SaveReport.stall_seconds`).",
+        "Fast tier: what the training thread spends on a fast save "
+        "(`Checkpointer.fast_tier.last.stall`): the capture and the copies of what the next "
+        "forward and backward may change, in the `step_boundary` that saves, plus the fence's "
+        "wait at the next `optimizer.step()` if the writer thread had not yet copied the "
+        "optimizer-owned tensors. The serialization with SHA-256 into tmpfs, manifest, "
+        "COMMITTED, rename and retention run on the writer thread. Durable async: the "
+        "`save()` call plus the wait for staging at the next `optimizer.step()` "
+        "(`SaveReport.stall_seconds`).",
         "",
         *stall_table(results),
         "",
@@ -773,6 +798,8 @@ def markdown(results: list[SizeResult], context: dict[str, Any]) -> str:
     for r in results:
         out.append(
             f"- {r.label}: non-saving `step_boundary` {fmt_s(med(r.boundary_idle_s))}; "
+            f"a fast step published {fmt_s(med(r.fast_written_s))} after its `step_boundary` "
+            f"(p90 {fmt_s(p90(r.fast_written_s))}); "
             f"durable async published {fmt_s(med(r.async_published_s))} after the call "
             f"(p90 {fmt_s(p90(r.async_published_s))}), while training went on for "
             f"{med([n for n, _ in r.async_overlap]):g} step(s) that took "
@@ -821,7 +848,10 @@ def markdown(results: list[SizeResult], context: dict[str, Any]) -> str:
         "not wait for the cores the background save uses) and counted with the training "
         "time it took from the steps it overlapped on these two cores (this CPU trainer). "
         "An async interval is at least the steps one save takes to publish (the next save "
-        "waits for it).",
+        "waits for it); a fast interval at least the steps one fast save takes to be written "
+        "(the next one due meanwhile is skipped). The fast tier's overhead here is its stall; "
+        "its background write shares the cores as the async durable save's does (on this CPU "
+        "trainer that costs what the async row 'stall + the CPU it takes' shows, per byte).",
         "",
         f"### Each tier at its practical interval: overhead at most {budget:.0%}",
         "",

@@ -163,7 +163,8 @@ def test_a_killed_rank_restarts_in_place_without_recreating_a_pod(tmp_path: Path
         assert fast is not None and fast > entry["resumedFromStep"], entry
         assert restored == [(fast, "fast-tier")] * 2, restored
         lost = trained_before_kill - fast
-        assert 0 <= lost <= FAST_EVERY + 1, (trained_before_kill, fast)
+        # one fast step may still have been in its background write when the rank died
+        assert 0 <= lost <= 2 * FAST_EVERY + 1, (trained_before_kill, fast)
         sys.stdout.write(f"resumed from fast-tier step {fast} ({lost} steps trained again; "
                          f"durable step {entry['resumedFromStep']})\n")  # fmt: skip
         want = _no_fault(tmp_path)

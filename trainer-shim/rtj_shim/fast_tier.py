@@ -16,9 +16,9 @@ Layout (one :class:`~rtj_shim.storage.filesystem.FilesystemStore` root per rank)
 
 Each rank's step is *self-sufficient*: the replicated state (skeleton and every shard) and
 that rank's own file, so one rank restores from its own directory without reading another
-pod's memory. With one rank per pod (the usual layout for the operator) that is one copy
-of the replicated state per pod, which is what the pod's GPUs hold anyway; with several
-ranks in a pod it is one copy per rank (the memory limit must allow it).
+pod's memory. Room needed, per rank: ``keep + 1`` copies of the state (a new step is
+published before retention removes the oldest), plus one staging copy in the trainer's
+own host memory (reused from save to save); with several ranks in a pod, that many times.
 
 A fast step is usable only when every rank of the world has it: the supervisor reports the
 steps every rank directory of its pod holds (:func:`holdings`), the operator pins the

@@ -135,8 +135,9 @@ class FastTier(ApiModel):
         default=None,
         max_length=64,
         pattern=SIZE_PATTERN,
-        description="The emptyDir's sizeLimit (e.g. 64Gi): keep copies of the training state "
-        "times the ranks per pod. Unset: no limit beyond the medium's.",
+        description="The emptyDir's sizeLimit (e.g. 64Gi): keep + 1 copies of the training "
+        "state (a new step is written before the oldest goes) times the ranks per pod. "
+        "Unset: no limit beyond the medium's.",
     )
 
 

@@ -66,6 +66,7 @@ def killed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     code = _train(
         work, work / "ckpt", work / "killed-logs",
         f"--fault-kill-step={KILL_AFTER}", "--fault-kill-rank=1",
+        "--step-sleep=0.05",  # the fast step written in the background is in before the kill
         env={"RTJ_FAST_TIER_DIR": str(fast), "RTJ_FAST_EVERY_STEPS": str(FAST_EVERY)},
     )  # fmt: skip
     assert code != 0, "rank 1 was to be killed"

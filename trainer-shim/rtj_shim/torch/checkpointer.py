@@ -301,6 +301,12 @@ class Checkpointer:
         job.stall += time.perf_counter() - started
         return None
 
+    @property
+    def fast_tier(self) -> fast_save.FastTier | None:
+        """The fast tier (None without one): ``.last`` its newest save's report, ``.wait()``
+        until the fast step being written is published, ``.skipped`` and ``.failures``."""
+        return self._fast
+
     def wait(self) -> None:
         """Wait for a background save; raise its error, if it had one."""
         thread = self._inflight
@@ -449,6 +455,8 @@ class Checkpointer:
 
     def close(self) -> None:
         self.wait()
+        if self._fast is not None:
+            self._fast.close()
         self._staging.remove_fences()
         self._sigterm.uninstall()
 

@@ -1,10 +1,13 @@
 """The fast tier for the torch Checkpointer: each rank's own step in pod-local memory, and
 the collective decision to resume from it (layout and rules: :mod:`rtj_shim.fast_tier`).
 
-A fast save is local: the rank captures the same state a durable save does, writes the
-replicated part (skeleton and every shard) and its own file into its own directory under
-the commit protocol, and publishes it there. No collective, no other pod's storage: the
-training thread stalls for the serialization into memory and nothing else.
+A fast save is local and staged like a background durable save: the rank captures the
+same state, copies what the next forward and backward may change into its own reused host
+buffers, and a writer thread copies the optimizer-owned tensors while they run (a fence
+holds the next ``optimizer.step()`` until it has), then writes the replicated part
+(skeleton and every shard) and the rank's own file into the rank's directory under the
+commit protocol and publishes it there. No collective, no other pod's storage. A step
+being written when the next is due is skipped, not waited for.
 
 A fast restore is collective: rank 0 reads the step the resume file pins (``fast_step``,
 written by the in-place restart's supervisor), every rank hashes that step in its own
@@ -18,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,13 +36,15 @@ from rtj_shim.torch import _dist
 from rtj_shim.torch import serialization as ser
 from rtj_shim.torch.capture import (
     SKELETON,
+    SaveJob,
     capture,
     finite_candidates,
     rank_path,
     shard_path,
     step_metadata,
 )
-from rtj_shim.torch.state import SHARDED, Entry
+from rtj_shim.torch.staging import Staging
+from rtj_shim.torch.state import SHARDED, Entry, optimizer_param_ptrs
 from rtj_shim.torch.validation import nonfinite_problem
 from rtj_shim.verification import Depth
 from rtj_shim.verifier import verify_step
@@ -51,7 +57,8 @@ SOURCE = "fast-tier"
 @dataclass(frozen=True)
 class FastSaveReport:
     step: int
-    seconds: float  # the training thread's stall: capture, serialization, publish
+    stall: float  # the training thread's: capture and the copy into host memory
+    seconds: float  # until published: the writer thread's serialization, hashing, publish
     bytes: int
     uri: str
 
@@ -80,34 +87,73 @@ class FastTier:
         self.max_shards = max_shards
         self.last: FastSaveReport | None = None
         self.failures = 0
+        self.skipped = 0  # fast steps not taken: the previous one was still being written
+        self._writer: threading.Thread | None = None
+        self._staging = Staging(None, check_finite=False)  # its own buffers and fences
+        self._writing: int | None = None
 
     def save(self, step: int, entries: list[Entry], coord: _dist.Coordinator) -> None:
-        """This rank's copy of ``step``; a failure is logged, never raised: the durable tier
-        is untouched and the next fast step tries again."""
+        """Take this rank's copy of ``step`` and write it in the background, staged as a
+        background durable save is (:mod:`rtj_shim.torch.staging`, its own reused buffers):
+        the training thread captures the state and copies what the next forward and backward
+        may change; the writer thread copies the optimizer-owned tensors while they run (a
+        fence holds the next ``optimizer.step()`` until it has), then serializes, hashes and
+        publishes. While the previous fast step is still being written this one is skipped
+        (counted), never waited for. A failure is logged, never raised: the durable tier is
+        untouched and the next fast step tries again."""
         started = time.perf_counter()
+        if self._writer is not None and self._writer.is_alive():
+            self.skipped += 1
+            log.debug("rank %d: fast-tier step %d skipped (step %s still writing)",
+                      self.rank, step, self._writing)  # fmt: skip
+            return
         try:
             if any(e.placement == SHARDED for e in entries):
                 raise ValueError(
                     "sharded (FSDP) state is not kept in the fast tier yet; durable only"
                 )
             job = capture(
-                step, entries, coord, blocking=True, started=started, problem=None, loss=None,
+                step, entries, coord, blocking=False, started=started, problem=None, loss=None,
                 allow_unsafe_pickle=self.allow_unsafe_pickle, shard_bytes=self.shard_bytes,
                 max_shards=self.max_shards,
             )  # fmt: skip
             job.mine = list(range(len(job.shards)))  # this rank keeps every shard
+            owned = optimizer_param_ptrs(entries)
+            job.fenced = {
+                i for s in job.mine for i in job.shards[s] if job.tensors[i].data_ptr() in owned
+            }
+            self._staging.stage_unfenced(job)
+            self._staging.install_fences(entries)
+            self._staging.inflight = job
+        except Exception as exc:
+            self.failures += 1
+            log.warning("rank %d: fast-tier save of step %d failed: %s", self.rank, step, exc)
+            return
+        stall = time.perf_counter() - started
+        self._writing = step
+        self._writer = threading.Thread(
+            target=self._write, args=(job, coord.rank, coord.world, stall),
+            name=f"rtj-fast-{step}", daemon=True,
+        )  # fmt: skip
+        self._writer.start()
+
+    def _write(self, job: SaveJob, rank: int, world: int, stall: float) -> None:
+        try:
+            try:
+                self._staging.stage_fenced(job)
+            finally:
+                job.staged.set()
             problem = nonfinite_problem(finite_candidates(job))
             if problem is not None:
                 raise ValueError(f"non-finite state, not kept: {problem}")
-            writer = self.protocol.begin(step)
+            writer = self.protocol.begin(job.step)
             try:
                 files = [ser.stream_to_store({"objects": job.skeleton}, writer, SKELETON)]
                 for n in job.mine:
-                    shard = job.shards[n]
-                    part = {i: job.tensors[i] for i in shard}
+                    part = {i: job.tensors[i] for i in job.shards[n]}
                     files.append(ser.stream_to_store(part, writer, shard_path(n)))
-                files.append(ser.stream_to_store(job.rank_state, writer, rank_path(coord.rank)))
-                metadata = step_metadata(job, coord.world)
+                files.append(ser.stream_to_store(job.rank_state, writer, rank_path(rank)))
+                metadata = step_metadata(job, world)
                 metadata.extra["tier"] = "fast"
                 published = self.protocol.publish(writer, files, metadata)
             except BaseException:
@@ -115,11 +161,23 @@ class FastTier:
                 raise
         except Exception as exc:
             self.failures += 1
-            log.warning("rank %d: fast-tier save of step %d failed: %s", self.rank, step, exc)
+            log.warning("rank %d: fast-tier save of step %d failed: %s", self.rank, job.step, exc)
             return
-        seconds = time.perf_counter() - started
-        self.last = FastSaveReport(step, seconds, published.bytes, published.uri)
-        log.debug("rank %d: fast-tier step %d in %.4fs", self.rank, step, seconds)
+        seconds = time.perf_counter() - job.started
+        stall += job.stall  # the fence's wait, if the next optimizer.step() came first
+        self.last = FastSaveReport(job.step, stall, seconds, published.bytes, published.uri)
+        log.debug("rank %d: fast-tier step %d: %.4fs stall, %.4fs in all",
+                  self.rank, job.step, stall, seconds)  # fmt: skip
+
+    def wait(self) -> None:
+        """Until the fast step being written is published (or failed)."""
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
+
+    def close(self) -> None:
+        self.wait()
+        self._staging.remove_fences()
 
     def problem(self, step: int) -> str | None:
         """Why this rank cannot resume ``step`` from its fast tier (None: it can)."""
