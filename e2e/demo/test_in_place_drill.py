@@ -272,3 +272,81 @@ def test_a_gpu_fault_replaces_only_its_pod_and_restarts_the_other_in_place(
             diff = sorted(s for s in got[rank] if got[rank][s] != want[rank][s])
             assert not diff, f"rank {rank}: {len(diff)} steps differ (first {diff[:5]})"
         assert max(got[1]) == STEPS and min(got[1]) == entry["resumedFromStep"] + 1
+
+
+LOST = "drill-lost"
+
+
+def test_a_lost_node_replaces_only_its_pod_and_restarts_the_other_in_place(
+    tmp_path: Path,
+) -> None:
+    """A node goes silent with its processes frozen (the pod runner's cut-off file): judged
+    lost from its Lease and its quiet pod, quarantined, its pod force-deleted once fenced and
+    created again elsewhere by its Job, the other pod restarted in place; one attempt, and
+    the finished model equals the no-fault run bit for bit."""
+    secret = tmp_path / "control-secret"
+    secret.write_text(secrets.token_hex(32))
+    with drills.running_platform(
+        tmp_path, "rtj-lost", 3, "--progress-poll-seconds", "1",
+        "--control-secret-file", str(secret),
+    ) as platform:  # fmt: skip
+        opts, api = platform.opts, platform.api
+        body = drills.job(
+            LOST, f"--save-every={SAVE_EVERY}",
+            recovery={"inPlace": True, "inPlaceDeadlineSeconds": 120},
+        )  # fmt: skip
+        container = body["spec"]["template"]["spec"]["containers"][0]
+        container["command"] = [
+            f"--steps={STEPS}" if a == "--steps=100000" else a for a in container["command"]
+        ]
+        api.create_rtj(story.NAMESPACE, body)
+        wait_for("both pods running", lambda: len(drills.pods(api, LOST, 1)) == 2, 300, 0.5)
+        before = drills.pods(api, LOST, 1)
+        survivor, victim = drills.rank_pod(before, 0), drills.rank_pod(before, 1)
+        log0 = _rank_log(opts, survivor) / "rank-0.jsonl"
+
+        def trained() -> int:
+            return max(_losses(log0.read_text().splitlines()), default=0) if log0.exists() else 0
+
+        wait_for("training past a durable save", lambda: trained() > SAVE_EVERY + 5, 300, 0.2)
+        lost = victim["spec"]["nodeName"]
+        cut = opts.state / "runner" / "cut-off" / lost
+        cut.parent.mkdir(parents=True, exist_ok=True)
+        cut.write_text("freeze")
+        frozen = time.monotonic()
+        try:
+
+            def restarted() -> dict[str, Any] | None:
+                record = (drills.status(api, LOST).get("attempts") or [{}])[0]
+                entries = record.get("inPlaceRestarts") or []
+                return entries[0] if entries and entries[0].get("outcome") else None
+
+            entry = wait_for("the replacement and the in-place restart", restarted, 240, 0.2)
+            took = time.monotonic() - frozen
+            sys.stdout.write(f"\nfreeze -> every pod runs generation 1: {took:.1f} s ({entry})\n")
+            assert entry["outcome"] == "Running", entry
+            assert entry["failureClass"] == "NodeLost", entry
+            assert entry["replaced"] == [f"{victim['metadata']['name']} on {lost}"], entry
+
+            def succeeded() -> bool:
+                return drills.status(api, LOST).get("phase") == "Succeeded"
+
+            wait_for("the job to succeed", succeeded, 600, 1.0)
+        finally:
+            cut.unlink(missing_ok=True)  # contact back: the runner ends what is left there
+        status = drills.status(api, LOST)
+        assert status["attempt"] == 1 and len(status["attempts"]) == 1, status["attempts"]
+        assert [q["node"] for q in status["quarantinedNodes"]] == [lost]
+        after = drills.pods(api, LOST, 1)
+        assert drills.rank_pod(after, 0)["metadata"]["uid"] == survivor["metadata"]["uid"]
+        replacement = drills.rank_pod(after, 1)
+        assert replacement["spec"]["nodeName"] not in (lost, survivor["spec"]["nodeName"])
+        got = {
+            0: _losses(log0.read_text().splitlines()),
+            1: _losses((_rank_log(opts, replacement) / "rank-1.jsonl").read_text().splitlines()),
+        }
+        want = _no_fault(tmp_path)
+        for rank in (0, 1):
+            diff = sorted(s for s in got[rank] if got[rank][s] != want[rank][s])
+            assert not diff, f"rank {rank}: {len(diff)} steps differ (first {diff[:5]})"
+        assert max(got[1]) == STEPS and min(got[1]) == entry["resumedFromStep"] + 1
