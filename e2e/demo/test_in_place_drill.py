@@ -74,28 +74,41 @@ def _no_fault(work: Path) -> dict[int, dict[int, float]]:
     return {r: _losses((logs / f"rank-{r}.jsonl").read_text().splitlines()) for r in (0, 1)}
 
 
-def test_a_killed_rank_restarts_in_place_without_recreating_a_pod(tmp_path: Path) -> None:
+def _in_place_job(name: str) -> dict[str, Any]:
+    """The example job with restart in place, ending after STEPS (its model is compared
+    with a no-fault run of as many steps)."""
+    body = drills.job(
+        name, f"--save-every={SAVE_EVERY}",
+        recovery={"inPlace": True, "inPlaceDeadlineSeconds": 120},
+    )  # fmt: skip
+    container = body["spec"]["template"]["spec"]["containers"][0]
+    container["command"] = [
+        f"--steps={STEPS}" if a == "--steps=100000" else a for a in container["command"]
+    ]
+    return body
+
+
+def _first_restart(api: Any, name: str) -> dict[str, Any] | None:
+    """The attempt's first in-place restart once it has an outcome."""
+    record = (drills.status(api, name).get("attempts") or [{}])[0]
+    entries = record.get("inPlaceRestarts") or []
+    return entries[0] if entries and entries[0].get("outcome") else None
+
+
+def _platform(tmp_path: Path, name: str) -> Any:
+    """Three pod-runner nodes and an operator with a control secret."""
     secret = tmp_path / "control-secret"
     secret.write_text(secrets.token_hex(32))
-    with drills.running_platform(
-        tmp_path,
-        "rtj-inplace",
-        3,
-        "--progress-poll-seconds",
-        "1",
-        "--control-secret-file",
-        str(secret),
-    ) as platform:
+    return drills.running_platform(
+        tmp_path, name, 3, "--progress-poll-seconds", "1", "--control-secret-file", str(secret)
+    )
+
+
+def test_a_killed_rank_restarts_in_place_without_recreating_a_pod(tmp_path: Path) -> None:
+    with _platform(tmp_path, "rtj-inplace") as platform:
         opts, kube, api = platform.opts, platform.kube, platform.api
-        body = drills.job(
-            JOB, f"--save-every={SAVE_EVERY}",
-            recovery={"inPlace": True, "inPlaceDeadlineSeconds": 120},
-        )  # fmt: skip
+        body = _in_place_job(JOB)
         body["spec"]["checkpoint"]["fastTier"] = {"everySteps": FAST_EVERY}
-        container = body["spec"]["template"]["spec"]["containers"][0]
-        container["command"] = [  # the job ends: its model is compared with a no-fault run
-            f"--steps={STEPS}" if a == "--steps=100000" else a for a in container["command"]
-        ]
         api.create_rtj(story.NAMESPACE, body)
 
         wait_for("both pods running", lambda: len(drills.pods(api, JOB, 1)) == 2, 300, 0.5)
@@ -132,9 +145,8 @@ def test_a_killed_rank_restarts_in_place_without_recreating_a_pod(tmp_path: Path
         trained_before_kill = max(_losses(log.read_text().splitlines()))
 
         def restarted() -> dict[str, Any] | None:
-            record = (drills.status(api, JOB).get("attempts") or [{}])[0]
-            entries = record.get("inPlaceRestarts") or []
-            return entries[0] if entries and entries[0].get("outcome") else None
+
+            return _first_restart(api, JOB)
 
         entry = wait_for("the in-place restart", restarted, 180, 0.2)
         took = time.monotonic() - killed
@@ -190,22 +202,9 @@ def test_a_gpu_fault_replaces_only_its_pod_and_restarts_the_other_in_place(
     with it): the node is quarantined, only its pod is replaced (deleted; its Job creates it
     again on another node, held until ordered), the other pod restarts in place; one attempt,
     one JobSet, and the finished model equals the no-fault run bit for bit."""
-    secret = tmp_path / "control-secret"
-    secret.write_text(secrets.token_hex(32))
-    with drills.running_platform(
-        tmp_path, "rtj-replace", 3, "--progress-poll-seconds", "1",
-        "--control-secret-file", str(secret),
-    ) as platform:  # fmt: skip
+    with _platform(tmp_path, "rtj-replace") as platform:
         opts, kube, api = platform.opts, platform.kube, platform.api
-        body = drills.job(
-            REPLACED, f"--save-every={SAVE_EVERY}",
-            recovery={"inPlace": True, "inPlaceDeadlineSeconds": 120},
-        )  # fmt: skip
-        container = body["spec"]["template"]["spec"]["containers"][0]
-        container["command"] = [
-            f"--steps={STEPS}" if a == "--steps=100000" else a for a in container["command"]
-        ]
-        api.create_rtj(story.NAMESPACE, body)
+        api.create_rtj(story.NAMESPACE, _in_place_job(REPLACED))
         wait_for("both pods running", lambda: len(drills.pods(api, REPLACED, 1)) == 2, 300, 0.5)
         before = drills.pods(api, REPLACED, 1)
         survivor, victim = drills.rank_pod(before, 0), drills.rank_pod(before, 1)
@@ -228,9 +227,8 @@ def test_a_gpu_fault_replaces_only_its_pod_and_restarts_the_other_in_place(
         hit = time.monotonic()
 
         def restarted() -> dict[str, Any] | None:
-            record = (drills.status(api, REPLACED).get("attempts") or [{}])[0]
-            entries = record.get("inPlaceRestarts") or []
-            return entries[0] if entries and entries[0].get("outcome") else None
+
+            return _first_restart(api, REPLACED)
 
         entry = wait_for("the replacement and the in-place restart", restarted, 240, 0.2)
         took = time.monotonic() - hit
@@ -284,22 +282,9 @@ def test_a_lost_node_replaces_only_its_pod_and_restarts_the_other_in_place(
     lost from its Lease and its quiet pod, quarantined, its pod force-deleted once fenced and
     created again elsewhere by its Job, the other pod restarted in place; one attempt, and
     the finished model equals the no-fault run bit for bit."""
-    secret = tmp_path / "control-secret"
-    secret.write_text(secrets.token_hex(32))
-    with drills.running_platform(
-        tmp_path, "rtj-lost", 3, "--progress-poll-seconds", "1",
-        "--control-secret-file", str(secret),
-    ) as platform:  # fmt: skip
+    with _platform(tmp_path, "rtj-lost") as platform:
         opts, api = platform.opts, platform.api
-        body = drills.job(
-            LOST, f"--save-every={SAVE_EVERY}",
-            recovery={"inPlace": True, "inPlaceDeadlineSeconds": 120},
-        )  # fmt: skip
-        container = body["spec"]["template"]["spec"]["containers"][0]
-        container["command"] = [
-            f"--steps={STEPS}" if a == "--steps=100000" else a for a in container["command"]
-        ]
-        api.create_rtj(story.NAMESPACE, body)
+        api.create_rtj(story.NAMESPACE, _in_place_job(LOST))
         wait_for("both pods running", lambda: len(drills.pods(api, LOST, 1)) == 2, 300, 0.5)
         before = drills.pods(api, LOST, 1)
         survivor, victim = drills.rank_pod(before, 0), drills.rank_pod(before, 1)
@@ -317,9 +302,8 @@ def test_a_lost_node_replaces_only_its_pod_and_restarts_the_other_in_place(
         try:
 
             def restarted() -> dict[str, Any] | None:
-                record = (drills.status(api, LOST).get("attempts") or [{}])[0]
-                entries = record.get("inPlaceRestarts") or []
-                return entries[0] if entries and entries[0].get("outcome") else None
+
+                return _first_restart(api, LOST)
 
             entry = wait_for("the replacement and the in-place restart", restarted, 240, 0.2)
             took = time.monotonic() - frozen
