@@ -180,6 +180,8 @@ def timeline(
 
 def variant_name(facts: Mapping[str, Any]) -> str:
     """The operator run's features in words (runs from before the switches: whole world)."""
+    if "label" in facts:
+        return str(facts["label"])
     if "variant" in facts:
         return str(facts["variant"])
     features = facts.get("features") or {}
@@ -204,27 +206,30 @@ def ablation(runs: Sequence[Mapping[str, Any]], labels: Sequence[str] = ()) -> l
         "| variant | MTBF | goodput | productive / wall s | faults | in place / whole world "
         "| recomputed steps | "
         + " | ".join(f"{k} s" for k in kinds)
-        + " | load at start; end | invariants |",
-        "|---|---|---|---|---|---|---|" + "---|" * len(kinds) + "---|---|",
+        + " | load average at start; end | run s | invariants |",
+        "|---|---|---|---|---|---|---|" + "---|" * len(kinds) + "---|---|---|",
     ]
     for name, r in zip(names, runs, strict=True):
         means = acc.mean_recovery_by_kind(r["recoveries"])
-        paths = [x.get("path") or "" for x in r["recoveries"]]
+        paths = [_path(x) for x in r["recoveries"]]
         in_place = sum(p.startswith("in place") and "fell back" not in p for p in paths)
         whole = len(paths) - in_place - paths.count("")
         lost = sum(x["lost_steps"] or 0 for x in r["recoveries"])
         cells = [f"{means[k][0]:.1f} ({means[k][1]})" if k in means else "-" for k in kinds]
-        machine = str(r.get("machine") or "?")
-        load = machine.split("load average ", 1)[-1].replace(" at the start", "")
-        if r.get("load_end") and "at the end" not in load:
-            load += f"; {r['load_end']}"
+        load = str(r.get("machine") or "?").split("load average ", 1)[-1]
+        load = load.split(" at the start", 1)[0] + f"; {r.get('load_end') or '?'}"
+        run = f"{r['harness_seconds']:.0f}" if r.get("harness_seconds") else "?"
         problems = "held" if not r["problems"] else f"{len(r['problems'])} failed"
+        goodput = f"**{r['goodput'] * 100:.1f}%**"
+        if r.get("phase") not in (None, "Succeeded"):
+            goodput = (f"job {r['phase']} at step {r.get('reached_step', '?')} "
+                       f"({r['goodput'] * 100:.1f}% up to then)")  # fmt: skip
         out.append(
-            f"| {name} | {_mtbf(r)} | **{r['goodput'] * 100:.1f}%** | "
+            f"| {name} | {_mtbf(r)} | {goodput} | "
             f"{r['productive_seconds']:.1f} / {r['wall_seconds']:.1f} | {len(r['injected'])} | "
             f"{in_place} / {whole} | {lost} | "
             + " | ".join(cells)
-            + f" | {load.replace(' at the end', '')} | {problems} |"
+            + f" | {load} | {run} | {problems} |"
         )
     out += ["", "Mean recovery per fault kind: seconds from the injection to the next world's "
             "first step (how many faults of the kind), as `bench.soak_accounting."
@@ -246,6 +251,14 @@ def ablation(runs: Sequence[Mapping[str, Any]], labels: Sequence[str] = ()) -> l
     return out
 
 
+def _path(r: Mapping[str, Any]) -> str:
+    """A recovery's path ("": nothing trained again); runs from before restart in place
+    recorded none: the whole world."""
+    if r.get("resumed_attempt") is None:
+        return ""
+    return str(r.get("path") or "whole world")
+
+
 def _path_cell(facts: Mapping[str, Any], scheduled: float) -> str:
     for f, r in zip(facts["injected"], facts["recoveries"], strict=True):
         if abs(f["scheduled"] - scheduled) > 1e-6:
@@ -254,7 +267,7 @@ def _path_cell(facts: Mapping[str, Any], scheduled: float) -> str:
             return "skipped (no running trainer)"
         if r["seconds_to_first_step"] is None:
             return "never trained again"
-        path = r.get("path") or "whole world"
+        path = _path(r)
         tier = f", from {r['resumed_from']} ({r['tier']})" if r.get("tier") else ""
         return f"{path}: {r['seconds_to_first_step']:.1f} s / {r['lost_steps']}{tier}"
     return "not reached"

@@ -61,10 +61,14 @@ def judge(
             problems.append(f"rank {rank}: {exc}")
             continue
         want = baseline[rank]
-        if got != want:
-            diff = sorted(s for s in set(got) | set(want) if got.get(s) != want.get(s))
+        diff = sorted(s for s in got if got[s] != want.get(s))
+        missing = sorted(set(want) - set(got))
+        if diff:
             problems.append(f"rank {rank}: {len(diff)} steps differ from the no-fault run "
                             f"(first {diff[:5]})")  # fmt: skip
+        if missing:
+            problems.append(f"rank {rank}: {len(missing)} steps of the no-fault run never "
+                            f"trained (first {missing[:5]})")  # fmt: skip
     rank_steps = {
         w: {r: list(acc.world_log(w, records).steps.values()) for r, records in ranks.items()}
         for w, ranks in worlds.items()
@@ -90,6 +94,8 @@ def judge(
         "goodput": productive / (end - created) if end > created else 0.0,
         "wall_seconds": end - created,
         "productive_seconds": productive,
+        "phase": status.get("phase"),
+        "reached_step": line.ranges[0][2] if line.ranges else 0,
         "attempts": len({w[0] for w in rank0}),
         "worlds": len([w for w, log in rank0.items() if log.steps]),
         "in_place_restarts": len(in_place),

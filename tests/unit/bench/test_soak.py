@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from bench import soak_accounting as acc
-from bench import soak_judge, soak_report
+from bench import soak_compare, soak_judge, soak_report
 from bench.soak_schedule import KINDS, schedule
 
 
@@ -252,3 +252,36 @@ def test_a_model_that_differs_is_caught_per_rank() -> None:
     assert judged(baseline=baseline)["problems"] == [
         "rank 1: 1 steps differ from the no-fault run (first [28])"
     ]
+
+
+def test_the_features_table_counts_paths_and_means_per_fault_kind() -> None:
+    facts = judged()
+    facts.update(variant="in place, fast tier every 5 steps", harness_seconds=300.0,
+                 settings={"mean time between faults": "45 s"}, load_end="2.0 / 2.0 / 2.0",
+                 machine="2 CPUs, load average 1.0 / 1.0 / 1.0 at the start")  # fmt: skip
+    old = {**facts, "label": "before restart in place", "recoveries": [
+        {k: v for k, v in r.items() if k not in ("path", "tier")} for r in facts["recoveries"]
+    ]}  # fmt: skip
+    header, _, ours, before, *rest = soak_compare.ablation([facts, old])
+    assert header.split(" | ")[7:9] == ["node_lost s", "rank_killed s"]
+    # 1 in place and 1 whole world; 1 + 7 steps trained again; seconds to the first step
+    assert "| 1 / 1 | 8 | 13.5 (1) | 8.5 (1) | 1.0 / 1.0 / 1.0; 2.0 / 2.0 / 2.0 | 300 |" in ours
+    assert before.startswith("| before restart in place |") and "| 0 / 2 | 8 |" in before
+    cells = [r for r in rest if r.startswith("| +28 s | rank_killed |")]
+    assert cells == ["| +28 s | rank_killed | in place: 8.5 s / 1, from 25 (fast) | "
+                     "whole world: 8.5 s / 1 |"]  # fmt: skip
+
+
+def test_a_job_that_never_finished_is_missing_steps() -> None:
+    logs = job_logs()
+    for rank in (0, 1):
+        logs[2][rank] = logs[2][rank][:-5]  # the last world stopped after step 45
+    status = job_status()
+    status["phase"] = "Failed"
+    facts = judged(logs, status=status)
+    assert facts["problems"] == [
+        "rank 0: 5 steps of the no-fault run never trained (first [46, 47, 48, 49, 50])",
+        "rank 1: 5 steps of the no-fault run never trained (first [46, 47, 48, 49, 50])",
+        "the job ended Failed",
+    ]
+    assert (facts["phase"], facts["reached_step"]) == ("Failed", 45)
