@@ -7,6 +7,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# the goodput soak's features in `make bench`, e.g. --no-in-place --fast-every 0 (default: all on)
+GOODPUT_ARGS ?=
 E2E := $(BIN)/python -m e2e.cluster
 NODES ?= 8
 
@@ -59,7 +61,7 @@ bench: install ## benchmarks, reported as ratios against a side-by-side baseline
 	$(BIN)/python -m bench.node_loss --markdown bench/results/node-loss.md
 	$(BIN)/python -m bench.in_place --markdown bench/results/in-place.md
 	$(BIN)/python -m bench.goodput_model --markdown bench/results/goodput-model.md
-	$(BIN)/python -m bench.goodput --steps 6000 --mtbf 60
+	$(BIN)/python -m bench.goodput --steps 6000 --mtbf 60 $(GOODPUT_ARGS)
 	$(BIN)/python -m bench.goodput_baseline --steps 6000 --mtbf 60 --against bench/results/goodput.json
 
 drill: install ## exact-resume drill: torchrun jobs (2 ranks, gloo, CPU) killed and resumed
