@@ -239,6 +239,16 @@ def _with_record(r: dict[str, Any], records: Mapping[int, Mapping[str, Any]]) ->
         return out
     later = [e for e in record.get("inPlaceRestarts") or []
              if int(e.get("generation") or 0) > int(r["generation"])]  # fmt: skip
+    if later and r["path"] is None:  # restarted in place, and no world trained after it
+        out.update(
+            path=f"in place ({len(later)} restarts), never trained again",
+            failure_class=later[0].get("failureClass"),
+            detection_seconds=_seconds(later[0].get("detectedAt"), r["injected_at"]),
+            recovery_seconds=None,
+            pinned_step=later[0].get("resumedFromStep"),
+            pinned_fast_step=later[0].get("resumedFromFastStep"),
+        )
+        return out
     if later and later[0].get("outcome") == "FellBack":
         out["path"] = "in place, fell back to whole world"
     nxt = records.get(int(r["resumed_attempt"])) if r["resumed_attempt"] is not None else None

@@ -285,3 +285,15 @@ def test_a_job_that_never_finished_is_missing_steps() -> None:
         "the job ended Failed",
     ]
     assert (facts["phase"], facts["reached_step"]) == ("Failed", 45)
+    # a fault restarted in place again and again, and nothing trained after it
+    logs = job_logs()
+    del logs[2]
+    status = job_status()
+    status.update(phase="Failed", attempt=1, trainerGeneration=2)
+    del status["attempts"][1]
+    entries = status["attempts"][0]["inPlaceRestarts"]
+    entries.append({**entries[0], "generation": 2, "detectedAt": iso(NODE_LOST + 2.0)})
+    killed, lost = judged(logs, status=status)["recoveries"]
+    assert killed["path"] == "in place"
+    assert (lost["path"], lost["detection_seconds"]) == ("in place (1 restarts), never trained "
+                                                         "again", pytest.approx(2.0))  # fmt: skip
