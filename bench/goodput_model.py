@@ -286,9 +286,9 @@ def report(gpus: int) -> str:
             f"per interruption; 1 - {rate:.4f} x {stack.lost_per_interruption():.1f} / 3600 - "
             f"{stack.stall_fraction:.4f} = {stack.goodput(rate):.2%}"
         )
-    _, in_place, fast, _ = stages()
+    _, in_place_only, fast, _ = stages()
     best = best_fast_interval(fast, rate)
-    tuned = with_fast_tier(in_place, best, "tuned")
+    tuned = with_fast_tier(in_place_only, best, "tuned")
     lines += [
         "",
         *arithmetic,
@@ -313,7 +313,7 @@ def report(gpus: int) -> str:
         f"{fast.fast_interval:.0f}) / 2 s each, {rate:.3f} an hour). At "
         f"{FAST_SAVE_STALL:.2f} s a save the best interval is sqrt(2 x {FAST_SAVE_STALL:.2f} x "
         f"3600 / ({rate:.4f} x {fast.share():.3f})) = {best:.0f} s: "
-        f"**{tuned.goodput(rate):.2%}** (in place alone: {in_place.goodput(rate):.2%}).",
+        f"**{tuned.goodput(rate):.2%}** (in place alone: {in_place_only.goodput(rate):.2%}).",
     ]
     return "\n".join(lines) + "\n"
 
