@@ -1,8 +1,11 @@
 """The goodput soak, short (`python -m bench.goodput` is the long one, in `make bench`):
-real training through the operator, a hang and then a corrupted newest checkpoint with a
-rank killed, and every invariant the soak checks: the final model equals a no-fault run
-bit for bit, never two worlds at once, resumes only from pinned unflagged steps, nothing
-leaked, and a goodput figure computed from the trainer's own logs."""
+real training through the operator with every feature on (restart in place, the fast
+checkpoint tier every 10 steps), a hang and a corrupted newest checkpoint with a rank killed
+(both restarted in place from the fast tier: the corrupted durable step is never read),
+then an eviction (the whole world re-created, from the durable tier), and every invariant
+the soak checks: the final model equals a no-fault run bit for bit, never two worlds at
+once (per attempt and trainer generation), resumes only from the steps the operator pinned,
+budgets, nothing leaked, and a goodput figure computed from the trainer's own logs."""
 
 from __future__ import annotations
 
@@ -17,21 +20,35 @@ from bench.soak_schedule import Fault
 pytestmark = [pytest.mark.demo, pytest.mark.timeout(900)]
 
 
-def test_the_soak_survives_a_hang_and_a_corrupt_checkpoint_bit_for_bit(tmp_path: Path) -> None:
+def test_the_soak_restarts_in_place_and_whole_world_bit_for_bit(tmp_path: Path) -> None:
     opts = goodput.SoakOptions(
         steps=1500,
         save_every=100,
         work=tmp_path / "soak",
-        faults=[Fault(15.0, "hang", 1), Fault(80.0, "corrupt_newest", 0)],
-    )
+        faults=[Fault(15.0, "hang", 1), Fault(60.0, "corrupt_newest", 0),
+                Fault(100.0, "eviction", 1)],
+    )  # fmt: skip
+    assert opts.in_place and opts.fast_every == 10, "the defaults: every feature on"
     facts = goodput.run(opts)
     goodput.write_report(tmp_path / "report", facts, opts, goodput.machine())
     sys.stdout.write((tmp_path / "report" / "goodput.md").read_text())
     assert facts["problems"] == []
     kinds = [f["kind"] for f in facts["injected"]]
-    assert kinds == ["hang", "corrupt_newest"], facts["injected"]
+    assert kinds == ["hang", "corrupt_newest", "eviction"], facts["injected"]
     assert all(not f["what"].startswith("skipped") for f in facts["injected"])
-    classes = [r.get("failureClass") for r in facts["records"]]
-    assert "Hang" in classes and "CheckpointCorrupt" in classes, classes
+    paths = [(r["path"], r["tier"]) for r in facts["recoveries"]]
+    assert paths == [("in place", "fast"), ("in place", "fast"), ("whole world", "durable")], facts[
+        "recoveries"
+    ]
+    hang, corrupt, evicted = facts["recoveries"]
+    assert hang["failure_class"] == "Hang" and evicted["failure_class"] == "Evicted"
+    assert (hang["attempt"], hang["resumed_generation"]) == (1, 1)
+    assert (corrupt["attempt"], corrupt["resumed_generation"]) == (1, 2)
+    assert evicted["resumed_attempt"] >= 2 and evicted["resumed_generation"] == 0
+    assert facts["in_place_restarts"] == 2 and facts["worlds"] >= 4
+    # each in-place world resumed from the fast step the operator pinned for it
+    fast = [r for r in facts["resumes"] if r["source"] == "fast-tier"]
+    assert [r["world"] for r in fast] == ["1 g1", "1 g2"]
+    assert all(r["step"] == r["entry"]["resumedFromFastStep"] for r in fast)
     assert 0.0 < facts["goodput"] < 1.0
-    assert (tmp_path / "report" / "goodput-timeline.svg").read_text().count("<polyline") >= 3
+    assert (tmp_path / "report" / "goodput-timeline.svg").read_text().count("<polyline") >= 4
