@@ -101,7 +101,11 @@ def markdown(
             *warning,
             "| | goodput | productive s | wall s | attempts | faults injected |",
             "|---|---|---|---|---|---|",
-            _summary("(a) the operator (ResilientTrainingJob)", ours),
+            _summary(
+                "(a) the operator (ResilientTrainingJob)"
+                + (f": {variant_name(ours)}" if "features" in ours else ""),
+                ours,
+            ),
             _summary("(b) JobSet + RestartJobSet + plain torch.save", base),
             *(_summary(name, v) for name, v in zip(names, variants, strict=True)),
             "",
@@ -266,7 +270,7 @@ def _path_cell(facts: Mapping[str, Any], scheduled: float) -> str:
         if f["what"].startswith("skipped"):
             return "skipped (no running trainer)"
         if r["seconds_to_first_step"] is None:
-            return "never trained again"
+            return str(r.get("path") or "never trained again")
         path = _path(r)
         tier = f", from {r['resumed_from']} ({r['tier']})" if r.get("tier") else ""
         return f"{path}: {r['seconds_to_first_step']:.1f} s / {r['lost_steps']}{tier}"
