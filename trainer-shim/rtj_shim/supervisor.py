@@ -72,6 +72,7 @@ class Supervised:
     attempt: int | None = None
     exit_code: int | None = None
     fast_steps: tuple[int, ...] = ()  # reported with "stopped" (rtj_shim.fast_tier.holdings)
+    rejected: dict[str, object] | None = None  # the pinned step the command's restore refused
 
 
 def next_action(current: Supervised, order: Order | None) -> str:
@@ -189,7 +190,8 @@ class Supervisor:
     def _start(self, env: Mapping[str, str], attempt: int | None) -> None:
         generation = self.current.generation
         self.child = subprocess.Popen(self.argv, env=dict(env), start_new_session=True)
-        self._set(replace(self.current, state="running", attempt=attempt, exit_code=None))
+        self._set(replace(self.current, state="running", attempt=attempt, exit_code=None,
+                          rejected=None))  # fmt: skip
         self._say(f"generation {generation}: started {self.argv[0]} (pid {self.child.pid})")
 
     def _env_for(self, order: Order) -> dict[str, str]:
@@ -219,7 +221,8 @@ class Supervisor:
         self._reap_orphans()
         self._exited_at = time.monotonic()
         state = "finished" if code == 0 else "exited"
-        self._set(replace(self.current, state=state, exit_code=code))
+        rejected = read_json(self.dir / f"resume-{self.current.generation}.json.rejected")
+        self._set(replace(self.current, state=state, exit_code=code, rejected=rejected))
         self._say(f"generation {self.current.generation}: the command exited with {code}")
 
     def _stop(self, generation: int) -> None:
@@ -294,6 +297,7 @@ class Supervisor:
         write_json(self.dir / STATE_FILE, {
             "generation": state.generation, "state": state.state, "attempt": state.attempt,
             "exit_code": state.exit_code, "fast_steps": list(state.fast_steps),
+            "rejected": state.rejected,
             "pid": self.child.pid if self.child is not None and state.state == "running" else None,
             "updated_wall_time": round(time.time(), 6),
         })  # fmt: skip

@@ -179,9 +179,12 @@ def _unquarantined(status: ResilientTrainingJobStatus, found: Classification) ->
 
 
 def _newly_bad(status: ResilientTrainingJobStatus) -> int | None:
-    """The step the failed attempt pinned, if marking it bad is progress."""
+    """The step the failed attempt pinned (its newest in-place restart's, if it had one),
+    if marking it bad is progress."""
     current = status.current
     step = current.resumed_from_step if current is not None else None
+    if current is not None and current.in_place_restarts:
+        step = current.in_place_restarts[-1].resumed_from_step
     return step if step is not None and step not in status.bad_steps else None
 
 

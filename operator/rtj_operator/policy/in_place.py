@@ -34,10 +34,13 @@ path takes over if the operator never ordered anything)."""
 STOP_GRACE_SECONDS = 1
 """SIGTERM to SIGKILL when a pod's trainers are stopped for an in-place restart: a world
 that lost a rank or hung cannot make a consistent emergency save (as HANG_TEARDOWN_GRACE)."""
-IN_PLACE_CLASSES = frozenset({FailureClass.UNKNOWN, FailureClass.NETWORK_FAULT, FailureClass.HANG})
+IN_PLACE_CLASSES = frozenset(
+    {FailureClass.UNKNOWN, FailureClass.NETWORK_FAULT, FailureClass.HANG,
+     FailureClass.CHECKPOINT_CORRUPT}
+)  # fmt: skip
 """What a restart inside the same pods can cure: a process that died or hung, a collective
-that broke. A GPU or node fault needs another node; a user error, OOM or a checkpoint
-problem would only repeat."""
+that broke, a pinned step the restarted trainers refused (marked bad, not pinned again). A
+GPU or node fault needs another node (replace); a user error or OOM would only repeat."""
 
 
 def supervise(spec: Obj, rtj: ResilientTrainingJob, trainer_name: str, key: str) -> bool:

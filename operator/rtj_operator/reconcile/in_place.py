@@ -45,6 +45,7 @@ from rtj_operator.policy.render import jobset_name, trainer_name
 from rtj_operator.reconcile.actions import DeleteJobSet, MetricRecord
 from rtj_operator.reconcile.builder import PlanBuilder, trim_evidence
 from rtj_operator.reconcile.converge import delete_pods
+from rtj_operator.reconcile.failure import MAX_BAD_STEPS
 from rtj_operator.reconcile.liveness import judged_nodes
 from rtj_operator.reconcile.world import Json, Snapshot, get_in, pod_name
 from rtj_shim.control import Order
@@ -64,7 +65,7 @@ def supervisor_failure(b: PlanBuilder, live: Sequence[Json]) -> Classification |
     """A supervised pod whose trainer command exited with an error in this generation (the
     pod stays up: only its supervisor knows). The earliest exit is the first failed."""
     reports = _supervisors(b)
-    generation = b.status.trainer_generation
+    generation = _attempt_generation(b)
     exited = [
         (p, r) for p in live
         if (r := reports.get(pod_name(p))) is not None
@@ -93,6 +94,15 @@ def supervisor_failure(b: PlanBuilder, live: Sequence[Json]) -> Classification |
     ]
     if others:
         evidence.append(f"also exited: {', '.join(others[:5])}")
+    rejected = report.get("rejected")
+    if isinstance(rejected, Mapping) and isinstance(step := rejected.get("step"), int):
+        evidence.insert(0, f"pod {name}: the restarted trainers refused pinned step {step}: "
+                           f"{str(rejected.get('reason') or '')[:300]}")  # fmt: skip
+        return Classification(
+            FailureClass.CHECKPOINT_CORRUPT, first, (), tuple(evidence),
+            Decision(signal=f"step {step} refused", source=f"pod {name}: supervisor",
+                     rule="a pinned step the restore does not verify is bad"),
+        )  # fmt: skip
     cause = _node_cause(b, live, pod, code, first.finished_at)
     if cause is not None:  # a GPU fault or a lost node under the exit: replace, not restart
         return replace(cause, evidence=(*cause.evidence, *evidence))
@@ -107,6 +117,15 @@ def supervisor_failure(b: PlanBuilder, live: Sequence[Json]) -> Classification |
             rule="a supervised trainer that exits with an error is a failure of the attempt",
         ),
     )
+
+
+def _attempt_generation(b: PlanBuilder) -> int:
+    """The trainers' generation in this attempt's pods: its newest in-place restart's, or 0
+    (a new attempt's pods start at 0 whatever `status.trainerGeneration` reached before)."""
+    record = b.status.current
+    if record is None or record.attempt != b.status.attempt or not record.in_place_restarts:
+        return 0
+    return record.in_place_restarts[-1].generation
 
 
 def _node_cause(
@@ -171,6 +190,7 @@ def begin(b: PlanBuilder, found: Classification, live: Sequence[Json]) -> bool:
     _record(b, entry)
     b.update(
         restarts=action.restarts,
+        bad_steps=sorted(action.bad_steps)[-MAX_BAD_STEPS:],
         trainer_generation=generation,
         in_place=InPlacePhase(
             generation=generation, phase="Stopping", since=b.now, replacing=list(choice.replace)

@@ -59,6 +59,7 @@ def decide(store: CheckpointStore, resume_file: Path, restored_once: bool) -> di
             resolution = resolve(store, pinned[2], step=step)
             if resolution.step is None:
                 why = "; ".join(s.reason for s in resolution.skipped) or "does not verify"
+                reject(resume_file, step, why)
                 return {"error": f"{resume_file} pins step {step}, which does not verify: {why}"}
         else:
             source = "resolved"
@@ -80,6 +81,20 @@ def decide(store: CheckpointStore, resume_file: Path, restored_once: bool) -> di
         }
     except Exception as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def reject(resume_file: Path, step: int, why: str) -> None:
+    """Leave the verdict on a pinned step that does not verify beside the resume file
+    (``<resume file>.rejected``): an in-place restart's supervisor reports it, so the
+    operator marks the step bad instead of pinning it again. Best effort."""
+    target = resume_file.with_name(resume_file.name + REJECTED_SUFFIX)
+    try:
+        target.write_text(json.dumps({"step": step, "reason": why[:500]}))
+    except OSError as exc:
+        log.warning("restore: could not record the rejected step at %s: %s", target, exc)
+
+
+REJECTED_SUFFIX = ".rejected"
 
 
 def pinned_step(
