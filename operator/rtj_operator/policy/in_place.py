@@ -101,6 +101,7 @@ class InPlaceChoice:
 
     refused: str | None
     replace: tuple[str, ...] = ()
+    quiet: tuple[str, ...] = ()  # pods whose supervisor has not reported (a lost node's?)
 
 
 def choose(
@@ -137,6 +138,7 @@ def choose(
                 return InPlaceChoice(f"pod {_name(pod)} cannot be replaced by its Job")
     if len(pods) != rtj.spec.replicas:
         return InPlaceChoice(f"{len(pods)} of {rtj.spec.replicas} pods are there")
+    quiet = []
     for pod in pods:
         name = _name(pod)
         if name in replace:
@@ -148,7 +150,9 @@ def choose(
         if not supervised(pod):
             return InPlaceChoice(f"pod {name} has no supervisor (created before inPlace was set)")
         if name not in reports:
-            return InPlaceChoice(f"pod {name}'s supervisor has not reported")
+            quiet.append(name)
+    if quiet:
+        return InPlaceChoice(f"pod {quiet[0]}'s supervisor has not reported", quiet=tuple(quiet))
     return InPlaceChoice(None, replace)
 
 

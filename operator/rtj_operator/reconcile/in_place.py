@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from rtj_operator.api import keys
@@ -51,6 +51,10 @@ from rtj_operator.reconcile.world import Json, Snapshot, get_in, pod_name
 from rtj_shim.control import Order
 
 MAX_IN_PLACE_RECORDS = 64
+QUIET_SETTLE = timedelta(seconds=12)
+"""How long a supervised exit waits for a silent pod's node to be judged (the Lease is
+overdue 11 s after its last renewal; the pods' silence corroborates it at once)."""
+QUIET_CLASSES = frozenset({FailureClass.UNKNOWN, FailureClass.NETWORK_FAULT})
 REPLACE_GRACE_SECONDS = 2
 
 
@@ -119,6 +123,24 @@ def supervisor_failure(b: PlanBuilder, live: Sequence[Json]) -> Classification |
     )
 
 
+def _quiet_settling(b: PlanBuilder, found: Classification, choice: in_place.InPlaceChoice) -> bool:
+    """A rank that saw its peer's socket close exits before its peer's node can be judged
+    lost; while a pod that is silent too may be on such a node, wait (up to
+    QUIET_SETTLE after the exit) for the node's verdict, which replaces only that pod,
+    before re-creating the whole world. True while waiting."""
+    failed_at = found.failed_at
+    if not choice.quiet or failed_at is None or found.failure_class not in QUIET_CLASSES:
+        return False
+    if b.now - failed_at >= QUIET_SETTLE or b.snap.control_key is None:
+        return False
+    b.notes.append(
+        f"in place: {', '.join(choice.quiet[:3])} silent after {found.failure_class.value}; "
+        f"waiting up to {QUIET_SETTLE.total_seconds():.0f} s for its node's verdict"
+    )
+    b.requeue_in(1.0)
+    return True
+
+
 def _attempt_generation(b: PlanBuilder) -> int:
     """The trainers' generation in this attempt's pods: its newest in-place restart's, or 0
     (a new attempt's pods start at 0 whatever `status.trainerGeneration` reached before)."""
@@ -165,6 +187,8 @@ def begin(b: PlanBuilder, found: Classification, live: Sequence[Json]) -> bool:
     why = choice.refused
     if why is None and b.snap.control_key is None:
         why = "the operator has no control secret (--control-secret-file)"
+    if why is not None and _quiet_settling(b, found, choice):
+        return True
     if why is not None:
         if b.rtj.spec.recovery.in_place:
             b.notes.append(f"not restarted in place: {why}")

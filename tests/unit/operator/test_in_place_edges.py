@@ -72,3 +72,28 @@ def test_a_pinned_step_the_restarted_trainers_refuse_is_marked_bad() -> None:
     second = status["attempts"][0]["inPlaceRestarts"][1]
     assert second["failureClass"] == "CheckpointCorrupt"
     assert "refused pinned step 1200" in second["evidence"][0]
+
+
+def test_a_survivors_exit_waits_briefly_for_a_silent_peers_node_before_the_whole_world() -> None:
+    """The soak's silent node loss: the surviving rank exits first (its peer's socket
+    closed) while the lost pod answers nothing; re-creating the world at once would pre-empt
+    the node's verdict, which replaces only the lost pod."""
+    from datetime import timedelta
+
+    from rtj_test_support import NOW
+
+    pods = supervised_pods()
+    raw = rtj_raw({"phase": "Running", "attempt": 1, "attempts": [STARTED]}, **IN_PLACE)
+    survivor = pods[0]["metadata"]["name"]
+    quiet = rc.RankReadings(attempt=1, reports=(), polled_at=T, supervisors={
+        survivor: {"generation": 0, "state": "exited", "exit_code": 1,
+                   "updated_wall_time": T - 5}})  # fmt: skip
+    held = plan(raw, pods, quiet)
+    assert held.status_patch is None, held.summary
+    assert not [a for a in held.actions if isinstance(a, (rc.DeleteJobSet, rc.DeletePod))]
+    assert "waiting up to 12 s for its node's verdict" in held.summary
+    # no verdict in time: the whole world, as before
+    late = plan(raw, pods, quiet, now=NOW + timedelta(seconds=10))
+    assert late.status_patch is not None
+    assert late.status_patch.status["phase"] == "Restarting"
+    assert any(isinstance(a, rc.DeleteJobSet) for a in late.actions)
