@@ -21,11 +21,31 @@ import pytest
 
 from e2e.demo import drills, story
 from e2e.operator_proc import wait_for
+from rtj_operator.api import keys
+from rtj_shim.progress_record import read_file
 
 pytestmark = [pytest.mark.demo, pytest.mark.timeout(600)]
 
 HANG_TIMEOUT = 10
 POLL = 1.0
+
+
+def _freeze_outside_a_wait(opts: story.Options, pod: dict[str, Any], pid: int) -> float:
+    """SIGSTOP the rank where its own record shows it working, not waiting (a rank frozen
+    inside its barrier section is indistinguishable from one waiting there, so the hang
+    would rightly blame nobody in particular): stop, read the now still record, and let it
+    go on and try again if it sits in the barrier. The time of the freeze that held."""
+    records = story._pod_dir(opts, pod) / "volumes" / keys.PROGRESS_VOLUME
+    for _ in range(50):
+        os.kill(pid, signal.SIGSTOP)
+        at = time.time()
+        time.sleep(0.05)
+        found = sorted(records.glob("rank-*.progress"))
+        if found and read_file(found[0]).section not in ("barrier", ""):
+            return at
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.013)
+    raise AssertionError("rank 1 was in its barrier at every try")
 
 
 def test_a_frozen_rank_is_a_hang_and_a_slow_one_a_straggler(tmp_path: Path) -> None:
@@ -51,8 +71,7 @@ def test_a_frozen_rank_is_a_hang_and_a_slow_one_a_straggler(tmp_path: Path) -> N
         wait_for("drill-hang to train past step 45", lambda: trained("drill-hang", 45), 240, 0.5)
         victim = drills.rank_pod(drills.pods(api, "drill-hang", 1), 1)
         pid = drills.trainer_pid(opts, victim)
-        os.kill(pid, signal.SIGSTOP)
-        frozen = time.time()
+        frozen = _freeze_outside_a_wait(opts, victim, pid)
 
         def recorded() -> dict[str, Any] | None:
             attempts = drills.status(api, "drill-hang").get("attempts") or []
