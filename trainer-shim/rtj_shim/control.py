@@ -14,12 +14,18 @@ An order::
     {"job_uid": "0c2f...", "generation": 3, "action": "run", "attempt": 4, "step": 1200}
     {"job_uid": "0c2f...", "generation": 3, "action": "run", "attempt": 4, "step": 1200,
      "fast_step": 1260}
+    {"job_uid": "0c2f...", "generation": 3, "action": "run", "attempt": 4, "step": 1200,
+     "fast_step": 1260, "fast_source": "10.0.3.7:9478"}
 
 ``stop`` ends generation ``generation - 1`` (every process of the trainer's command gone);
 ``run`` starts generation ``generation`` (only after the pod reported ``stopped`` for it)
 from ``step`` (None: from scratch), writing checkpoints as ``attempt``. ``fast_step``, when
 present, is the newer step every pod holds in its fast tier (``rtj_shim.fast_tier``): the
-trainer resumes from it when every rank verifies it, else from ``step``.
+trainer resumes from it when every rank verifies it, else from ``step``. ``fast_source``,
+only in the order to a pod that does not hold ``fast_step`` itself (it replaced a pod on a
+broken node), is the progress sidecar of the pod that holds this pod's peer replica
+(``rtj_shim.peer_replica``): the sidecar copies the step from there before it hands the
+order to the supervisor.
 
 Authenticity: the body is signed with HMAC-SHA256 under the job's control key (header
 ``X-RTJ-Signature: sha256=<hex>``). The operator derives the key from its own secret and the
@@ -36,6 +42,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import json
 import os
 import tempfile
@@ -63,6 +70,7 @@ class Order:
     attempt: int | None = None
     step: int | None = None
     fast_step: int | None = None
+    fast_source: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -75,6 +83,8 @@ class Order:
             body["step"] = self.step
             if self.fast_step is not None:
                 body["fast_step"] = self.fast_step
+                if self.fast_source is not None:
+                    body["fast_source"] = self.fast_source
         return body
 
     def encode(self) -> bytes:
@@ -106,9 +116,30 @@ def parse_order(raw: bytes) -> Order:
             raise OrderError(f"order.step: expected null or an integer >= 0, got {step!r}")
         if fast is not None and not _count(fast):
             raise OrderError(f"order.fast_step: expected null or an integer >= 0, got {fast!r}")
+    source = data.get("fast_source")
     run = action == "run"
+    if run and fast is not None and source is not None and not is_address(source):
+        raise OrderError(f"order.fast_source: expected null or HOST:PORT, got {source!r}")
+    if not (run and fast is not None):
+        source = None
     return Order(uid, generation, action, attempt if run else None, step if run else None,
-                 fast if run else None)  # fmt: skip
+                 fast if run else None, source)  # fmt: skip
+
+
+def is_address(value: object) -> TypeGuard[str]:
+    """``HOST:PORT`` of a pod's progress sidecar (an IPv4 address or ``[IPv6]``, a port)."""
+    if not isinstance(value, str) or not 3 <= len(value) <= 64:
+        return False
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return False
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def _count(value: object) -> TypeGuard[int]:

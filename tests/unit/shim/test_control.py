@@ -92,3 +92,30 @@ def test_the_supervisor_stops_before_it_starts_and_only_moves_forward() -> None:
     assert next_action(running1, stop1) == "wait"
     assert next_action(running1, Order(UID, 0, "stop")) == "wait"
     assert next_action(Supervised(1, "finished", 2, 0), Order(UID, 2, "stop")) == "wait"
+
+
+def test_fast_source_travels_only_with_a_fast_step_in_a_run_order() -> None:
+    order = Order(UID, 2, "run", attempt=3, step=1200, fast_step=1260, fast_source="10.0.3.7:9478")
+    assert parse_order(order.encode()) == order
+    assert order.to_json()["fast_source"] == "10.0.3.7:9478"
+    no_fast = Order(UID, 2, "run", attempt=3, step=1200, fast_source="10.0.3.7:9478")
+    assert "fast_source" not in no_fast.to_json()
+    stop = parse_order(body(generation=2, action="stop", fast_source="10.0.3.7:1"))
+    assert stop.fast_source is None
+    assert (
+        parse_order(
+            body(
+                generation=2, action="run", attempt=1, step=4, fast_step=8, fast_source="[::1]:9478"
+            )
+        ).fast_source
+        == "[::1]:9478"
+    )
+
+
+@pytest.mark.parametrize(
+    "source", ["10.0.3.7", "host.example:9478", "10.0.3.7:0", "10.0.3.7:70000", 7, ""]
+)
+def test_a_fast_source_that_is_not_an_address_is_refused(source: object) -> None:
+    raw = body(generation=2, action="run", attempt=1, step=4, fast_step=8, fast_source=source)
+    with pytest.raises(OrderError, match=r"order\.fast_source"):
+        parse_order(raw)
