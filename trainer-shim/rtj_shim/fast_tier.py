@@ -145,6 +145,16 @@ def _rank_dirs(root: Path) -> list[Path]:
         return []
 
 
+def ranks(root: Path) -> list[int]:
+    """The ranks with a directory under ``root``, in order."""
+    out = []
+    for directory in _rank_dirs(root):
+        number = directory.name.removeprefix("rank-")
+        if number.isdigit() and directory.name == RANK_DIR.format(rank=int(number)):
+            out.append(int(number))
+    return out
+
+
 def holdings(root: Path) -> list[int]:
     """The fast steps every rank directory of this pod holds, oldest first (at most
     ``MAX_REPORTED``, the newest); empty without a fast tier. A rank that never saved has

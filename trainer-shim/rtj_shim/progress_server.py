@@ -28,13 +28,19 @@ and ``POST /control`` takes the operator's signed restart orders for it.
 
 With a fast checkpoint tier (``--fast-tier-dir``, `rtj_shim.fast_tier`), the body carries
 ``"fast_tier": {"step": 1260, "committed_wall_time": 1717000000.1}``: the newest fast step
-every rank of the pod holds (null while none).
+every rank of the pod holds (null while none). With a control key too, the sidecar takes part
+in the fast tier's peer replica (`rtj_shim.peer_replica`): ``POST /replica`` takes the
+operator's signed assignment, the body carries ``"replica"`` (whose steps this pod holds a
+copy of, `peer_pull.ReplicaPuller.report`) and, after a copy back, ``"fast_fetch"``
+(`peer_pull.fetch_back`'s report); ``GET /fast-tier/...`` serves the job's other pods
+(`rtj_shim.peer_serve`, signed requests only).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import statistics
 import threading
@@ -43,8 +49,10 @@ from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
-from rtj_shim import control, fast_tier
+from rtj_shim import control, fast_tier, peer_replica, peer_serve
+from rtj_shim.peer_pull import ReplicaPuller, fetch_back
 from rtj_shim.progress_record import (
     FILE_PREFIX,
     FILE_SUFFIX,
@@ -59,6 +67,11 @@ MAX_FILES = 1024  # ranks per pod read per request; bounds the response and the 
 REQUEST_TIMEOUT_S = 5.0
 MAX_CONNECTIONS = 16  # the operator polls with one at a time; anything beyond is refused
 NS = 1e9
+
+
+def _keep_from_env() -> int:
+    raw = os.environ.get(fast_tier.ENV_KEEP, "")
+    return int(raw) if raw.isdigit() else fast_tier.MIN_KEEP
 
 
 def _seconds(ns: int) -> float | None:
@@ -151,6 +164,13 @@ def report(
     return body
 
 
+def _shard_chunks(path: Path) -> tuple[int, Any]:
+    """The shard's size and an open binary file (no symlinks: O_NOFOLLOW)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    handle = os.fdopen(fd, "rb")
+    return os.fstat(fd).st_size, handle
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: ProgressServer
     timeout = REQUEST_TIMEOUT_S  # a client that stalls mid-request is dropped
@@ -159,26 +179,77 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         if path == "/progress":
-            self._reply(200, report(self.server.directory, control_dir=self.server.control_dir,
-                                    fast_tier_dir=self.server.fast_tier_dir))  # fmt: skip
+            body = report(self.server.directory, control_dir=self.server.control_dir,
+                          fast_tier_dir=self.server.fast_tier_dir)  # fmt: skip
+            self._reply(200, {**body, **self.server.peer_report()})
+        elif path.startswith(peer_serve.PREFIX):
+            self._fast_tier(path)
         elif path == "/healthz":
             self._reply(200, {"ok": True})
         else:
             self._reply(404, {"error": f"no such path {path!r}; try /progress"})
 
+    def _fast_tier(self, path: str) -> None:
+        server = self.server
+        refused = peer_replica.check_request(
+            server.control_key, "GET", self.path, self.headers.get(peer_replica.TIME_HEADER),
+            self.headers.get(control.SIGNATURE_HEADER), time.time(),
+        )  # fmt: skip
+        fast_dir = server.fast_tier_dir
+        if fast_dir is None:
+            refused = "this pod has no fast tier"
+        if refused is not None or fast_dir is None:
+            self._reply(403, {"error": refused})
+            return
+        query = parse_qs(self.path.split("?", 1)[1] if "?" in self.path else "")
+        try:
+            read = peer_serve.parse_read(path, query)
+            if read.what == "file":
+                size, handle = _shard_chunks(peer_serve.file_path(fast_dir, read))
+                with handle:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/octet-stream")
+                    self.send_header("Content-Length", str(size))
+                    self.end_headers()
+                    shutil.copyfileobj(handle, self.wfile, 1 << 20)
+                return
+            if read.what == "holdings":
+                body = peer_serve.holdings(fast_dir, read.tier, server.job_uid)
+            else:
+                body = peer_serve.manifest_body(fast_dir, read)
+        except peer_serve.BadRead as exc:
+            self._reply(exc.status, {"error": str(exc)})
+            return
+        except OSError as exc:
+            self._reply(404, {"error": f"{type(exc).__name__}: {exc}"[:300]})
+            return
+        raw = json.dumps(body, separators=(",", ":")).encode()
+        signature = peer_replica.answer_signature(server.control_key, self.path, raw)
+        self._reply_raw(200, raw, {control.SIGNATURE_HEADER: signature})
+
     def do_POST(self) -> None:
         path = self.path.split("?", 1)[0]
+        if path == "/replica" and self.server.replica is not None:
+            raw = self._body(peer_replica.MAX_ASSIGNMENT_BYTES)
+            if raw is None:
+                return
+            try:
+                assignment = peer_replica.accept_assignment(
+                    raw, self.headers.get(control.SIGNATURE_HEADER),
+                    key=self.server.control_key, job_uid=self.server.job_uid,
+                )  # fmt: skip
+            except control.OrderError as exc:
+                self._reply(403, {"error": str(exc)})
+                return
+            self.server.replica.assign(assignment)
+            self._reply(202, {"accepted": assignment.to_json()})
+            return
         if path != "/control" or self.server.control_dir is None:
             self._reply(404, {"error": f"no such path {path!r} here"})
             return
-        try:
-            length = int(self.headers.get("Content-Length") or -1)
-        except ValueError:
-            length = -1
-        if not 0 <= length <= control.MAX_ORDER_BYTES:
-            self._reply(413, {"error": f"Content-Length: 0..{control.MAX_ORDER_BYTES} bytes"})
+        raw = self._body(control.MAX_ORDER_BYTES)
+        if raw is None:
             return
-        raw = self.rfile.read(length)
         try:
             order = self.server.take_order(raw, self.headers.get(control.SIGNATURE_HEADER))
         except control.OrderError as exc:
@@ -186,9 +257,23 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._reply(202, {"accepted": order.to_json()})
 
+    def _body(self, limit: int) -> bytes | None:
+        try:
+            length = int(self.headers.get("Content-Length") or -1)
+        except ValueError:
+            length = -1
+        if not 0 <= length <= limit:
+            self._reply(413, {"error": f"Content-Length: 0..{limit} bytes"})
+            return None
+        return self.rfile.read(length)
+
     def _reply(self, code: int, body: dict[str, Any]) -> None:
-        raw = (json.dumps(body, separators=(",", ":")) + "\n").encode()
+        self._reply_raw(code, (json.dumps(body, separators=(",", ":")) + "\n").encode())
+
+    def _reply_raw(self, code: int, raw: bytes, headers: dict[str, str] | None = None) -> None:
         self.send_response(code)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(raw)))
         self.send_header("Cache-Control", "no-store")
@@ -220,9 +305,18 @@ class ProgressServer(ThreadingHTTPServer):
         self.directory = directory
         self.control_dir = control_dir
         self.fast_tier_dir = fast_tier_dir
-        self._control_key = control_key
-        self._job_uid = job_uid
+        self.control_key = control_key
+        self.job_uid = job_uid
         self._order_lock = threading.Lock()
+        self.replica = (
+            ReplicaPuller(fast_tier_dir, control_key, _keep_from_env())
+            if fast_tier_dir is not None and control_key
+            else None
+        )
+        if self.replica is not None and self.replica.assigned:
+            self.replica.start()  # a restarted sidecar goes on with the copy it holds
+        self._fetches: dict[int, threading.Thread] = {}
+        self._fetch_report: dict[str, Any] | None = None
         self._slots = threading.BoundedSemaphore(max_connections)
         if ":" in host:
             self.address_family = socket.AF_INET6
@@ -258,11 +352,50 @@ class ProgressServer(ThreadingHTTPServer):
                 except control.OrderError:
                     last = None
             order = control.accept(
-                raw, signature, key=self._control_key, job_uid=self._job_uid, last=last
+                raw, signature, key=self.control_key, job_uid=self.job_uid, last=last
             )
             self.control_dir.mkdir(parents=True, exist_ok=True)
-            control.write_json(self.control_dir / control.ORDER_FILE, order.to_json())
+            if order.fast_source is not None and self.fast_tier_dir is not None:
+                self._fetch_then_pass_on(order)  # the supervisor sees it once copied back
+            else:
+                control.write_json(self.control_dir / control.ORDER_FILE, order.to_json())
             return order
+
+    def _fetch_then_pass_on(self, order: control.Order) -> None:
+        """Copy the pinned fast step of this pod's ranks back from the pod holding its
+        replica, then hand the order on; once per generation (orders are re-sent)."""
+        if order.generation in self._fetches:
+            return
+        assert self.control_dir is not None and self.fast_tier_dir is not None
+        control_dir, fast_dir = self.control_dir, self.fast_tier_dir
+
+        def fetch() -> None:
+            assert order.fast_source is not None and order.fast_step is not None
+            got = fetch_back(fast_dir, order.fast_source, self.control_key, order.fast_step)
+            with self._order_lock:
+                self._fetch_report = {"generation": order.generation, **got}
+                held = control.read_json(control_dir / control.ORDER_FILE)
+                if held is None or int(held.get("generation") or 0) <= order.generation:
+                    control.write_json(control_dir / control.ORDER_FILE, order.to_json())
+
+        thread = threading.Thread(target=fetch, name="rtj-fast-fetch", daemon=True)
+        self._fetches = {order.generation: thread}
+        thread.start()
+
+    def peer_report(self) -> dict[str, Any]:
+        """The peer replica's part of ``GET /progress`` (nothing without one)."""
+        out: dict[str, Any] = {}
+        if self.replica is not None:
+            out["replica"] = self.replica.report()
+        with self._order_lock:
+            if self._fetch_report is not None:
+                out["fast_fetch"] = self._fetch_report
+        return out
+
+    def server_close(self) -> None:
+        if self.replica is not None:
+            self.replica.stop()
+        super().server_close()
 
     @property
     def port(self) -> int:
