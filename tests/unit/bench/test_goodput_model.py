@@ -1,25 +1,46 @@
-"""The goodput model's arithmetic (bench/goodput_model.py)."""
+"""The goodput model's arithmetic (bench/goodput_model.py, goodput_stacks.py, goodput_inputs.py)."""
 
 from __future__ import annotations
 
+import random
+from dataclasses import replace
+
 import pytest
 
-from bench.goodput_model import (
-    BASELINE,
+from bench.goodput_inputs import (
+    EMERGENCY_SAVE,
+    FAST_KEEP,
+    FAST_RESTORE,
     FAST_SAVE_STALL,
+    FAST_SAVE_STALLS,
+    FAST_WRITE,
     FAULT_MIX,
     GPU_SHARE,
     IN_PLACE_SHARE,
     LLAMA3_DAYS,
     LLAMA3_GPUS,
     LLAMA3_INTERRUPTIONS,
+    MEASURED_STATE,
+    RANK_STATE_BYTES,
+    RANKS_PER_POD,
+    REPLACE_SHARE,
+    REPLICA_COPY,
+    REPLICA_RESTORE,
+    interruptions_per_hour,
+    per_byte,
+    stall_line,
+)
+from bench.goodput_model import report
+from bench.goodput_stacks import (
+    BASELINE,
     OURS_NOW,
     Stack,
     best_fast_interval,
     fast_tier_break_even,
-    interruptions_per_hour,
-    report,
+    retimed,
     stages,
+    tuned,
+    uniform_sum_below,
     with_fast_tier,
 )
 
@@ -53,22 +74,115 @@ def test_only_the_interruptions_that_implicate_no_node_restart_in_place() -> Non
     # the crashes that are not GPU faults, and every hang; a lost node or maintenance: none
     assert IN_PLACE_SHARE["crash"] == pytest.approx(1 - GPU_SHARE / FAULT_MIX["crash"], abs=1e-3)
     assert (IN_PLACE_SHARE["hang"], IN_PLACE_SHARE["silent_node_loss"]) == (1.0, 0.0)
+    # the GPU faults and every lost node replace a pod; maintenance re-creates the world
+    assert REPLACE_SHARE["crash"] == pytest.approx(GPU_SHARE / FAULT_MIX["crash"], abs=1e-3)
+    assert IN_PLACE_SHARE["crash"] + REPLACE_SHARE["crash"] == pytest.approx(1.0)
+    assert REPLACE_SHARE["silent_node_loss"] == 1.0 and "planned" not in REPLACE_SHARE
+
+
+def test_host_maintenance_loses_the_emergency_save_not_half_an_interval() -> None:
+    planned = FAULT_MIX["planned"]
+    assert OURS_NOW.noticed() == planned and BASELINE.noticed() == 0.0
+    path = OURS_NOW.recovery + OURS_NOW.startup + OURS_NOW.restore + EMERGENCY_SAVE
+    assert OURS_NOW.lost_per_interruption() == pytest.approx(
+        OURS_NOW.detect() + (1 - planned) * OURS_NOW.whole_world() + planned * path
+    )
+    assert BASELINE.lost_per_interruption() == pytest.approx(
+        BASELINE.detect() + BASELINE.whole_world()
+    )
+
+
+def test_the_fast_tier_terms_are_the_measured_medians_per_byte() -> None:
+    scale = RANK_STATE_BYTES / MEASURED_STATE
+    assert scale == pytest.approx(6.649, abs=1e-3)
+    assert per_byte(1.0, MEASURED_STATE) == pytest.approx(1.0)
+    # 9.31 ms a save, a 2.03 s restore, 8 ranks' copies one after another, then the restore
+    measured = (1.4e-3 * scale, 0.3054 * scale, RANKS_PER_POD * 1.38 * scale)
+    got = (FAST_SAVE_STALL, FAST_RESTORE, REPLICA_COPY, REPLICA_RESTORE - REPLICA_COPY)
+    assert got == pytest.approx((*measured, measured[1]))
+    # the line through the measured points stays near them, and below the per-byte bound
+    fixed, slope = stall_line()
+    for nbytes, stall in FAST_SAVE_STALLS:
+        assert fixed + slope * nbytes == pytest.approx(stall, abs=1e-4)
+    assert 0 < fixed + slope * RANK_STATE_BYTES < FAST_SAVE_STALL
+
+
+@pytest.mark.parametrize(("limit", "w1", "w2"), [
+    (46.6, 60.0, 73.4), (100.0, 60.0, 73.4), (130.0, 60.0, 73.4), (200.0, 60.0, 73.4),
+    (-1.0, 60.0, 73.4), (50.0, 0.0, 60.0), (90.0, 0.0, 60.0), (30.0, 73.4, 60.0),
+])  # fmt: skip
+def test_the_sum_of_two_uniforms_below_a_limit(limit: float, w1: float, w2: float) -> None:
+    rng = random.Random(7)
+    n = 200_000
+    sums = [rng.uniform(0, w1) + rng.uniform(0, w2) for _ in range(n)]
+    below = [s for s in sums if s < limit]
+    p, m = uniform_sum_below(limit, w1, w2)
+    assert p == pytest.approx(len(below) / n, abs=5e-3)
+    assert m == pytest.approx(sum(below) / n, abs=0.01 * (w1 + w2))
+
+
+def test_a_replica_that_keeps_pace_holds_a_step_c_plus_half_an_interval_old() -> None:
+    peer = stages()[3]
+    keeps_pace = replace(peer, replica_copy=10.0)
+    assert keeps_pace.replica_window() == pytest.approx((1.0, 10.0 + 60.0 / 2))
+    instant = replace(peer, replica_copy=0.0, replica_restore=FAST_RESTORE)
+    assert instant.replica_window() == pytest.approx((1.0, 30.0))
+    # slower than the interval: back-to-back copies, often older than the others still hold
+    held, age = peer.replica_window()
+    assert (peer.fast_interval or 0.0) < REPLICA_COPY
+    assert 0 < held < 1 and age > REPLICA_COPY
+    assert peer.fast_keep == FAST_KEEP
+    slow = replace(peer, replica_copy=FAST_KEEP * 60.0)
+    assert slow.replica_window() == (0.0, 0.0)  # never younger than keep x f
 
 
 def test_each_stage_against_the_one_before_and_the_fast_tiers_break_even() -> None:
     rate = interruptions_per_hour(10_000)
-    ours, in_place, fast, upper = stages()
+    ours, in_place, own, peer = stages()
     assert ours is OURS_NOW and ours.goodput(rate) > BASELINE.goodput(rate)
     assert in_place.goodput(rate) > ours.goodput(rate)
-    assert upper.goodput(rate) > max(in_place.goodput(rate), fast.goodput(rate))
-    # the fast tier pays exactly when its own stall is under what it saves
-    assert fast.fast_interval == pytest.approx(60.0)
-    stall = FAST_SAVE_STALL / fast.fast_interval
-    assert fast.stall_fraction == pytest.approx(OURS_NOW.stall_fraction + stall)
-    pays = fast.goodput(rate) > in_place.goodput(rate)
-    assert pays == (stall < fast_tier_break_even(fast, rate))
-    best = best_fast_interval(fast, rate)
-    tuned = with_fast_tier(in_place, best, "tuned").goodput(rate)
+    # the staged fast save stalls milliseconds: the fast tier raises goodput now
+    assert own.goodput(rate) > in_place.goodput(rate)
+    assert peer.goodput(rate) > own.goodput(rate)
+    assert own.fast_interval == peer.fast_interval == pytest.approx(60.0)
+    stall = FAST_SAVE_STALL / 60.0
+    assert (
+        own.stall_fraction == peer.stall_fraction == pytest.approx(OURS_NOW.stall_fraction + stall)
+    )
+    for stack in (own, peer):  # the fast tier pays exactly when its stall is under the saving
+        pays = stack.goodput(rate) > in_place.goodput(rate)
+        assert pays == (stall < fast_tier_break_even(stack, in_place, rate))
+    # in its own memory the fast tier only helps the restarts in place
+    assert own.replicated() == 0.0 and peer.replicated() == pytest.approx(
+        FAULT_MIX["crash"] * REPLACE_SHARE["crash"] + FAULT_MIX["silent_node_loss"]
+    )
+    # with an instant replica, everything but maintenance resumes from the fast step
+    instant = replace(peer, replica_copy=0.0, replica_restore=FAST_RESTORE)
+    assert [t[0] for t in instant.terms()] == [
+        "planned, from the emergency save",
+        "in place",
+        "pod replaced, from the peer replica",
+    ]
+    assert instant.goodput(rate) > peer.goodput(rate)
+
+
+def test_the_best_fast_interval() -> None:
+    rate = interruptions_per_hour(10_000)
+    _, in_place, own, peer = stages()
+    best = best_fast_interval(own, rate)
+    assert best >= FAST_WRITE
+    top = with_fast_tier(in_place, best, "tuned").goodput(rate)
     for other in (best * 0.7, best * 1.4, 60.0):
-        assert tuned >= with_fast_tier(in_place, other, "other").goodput(rate)
-    assert "| **" in report(10_000)
+        assert top >= with_fast_tier(in_place, other, "other").goodput(rate)
+    interval, at_best = tuned(peer, rate)
+    assert at_best.fast_interval == interval and at_best.name == peer.name
+    for other in (10.0, 30.0, 60.0, 120.0, 300.0):
+        assert at_best.goodput(rate) >= retimed(peer, other).goodput(rate)
+
+
+def test_the_report_shows_every_row_and_its_arithmetic() -> None:
+    text = report(10_000)
+    for stack in [BASELINE, *stages()]:
+        assert f"| {stack.name} |" in text
+        assert f"- {stack.name}: " in text
+    assert "| **" in text and "1.4 ms x 6.649 = 9.31 ms" in text

@@ -1,0 +1,156 @@
+"""The goodput model's inputs (bench/goodput_model.py): published failure rates, what the
+benches measured, what is assumed, each named with where it comes from. The fast tier's
+terms are medians of bench/results/fast-tier.md at its largest model, projected per byte to
+`RANK_STATE_BYTES` (`per_byte`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+LLAMA3_INTERRUPTIONS = 419
+LLAMA3_DAYS = 54
+LLAMA3_GPUS = 16_384
+"""Llama 3 pre-training: 419 unexpected interruptions in 54 days on 16,384 GPUs, 78%
+hardware (The Llama 3 Herd of Models, 2024, section 3.3.4 and Table 5)."""
+
+FAULT_MIX: Mapping[str, float] = {
+    "crash": 0.75,
+    "hang": 0.10,
+    "silent_node_loss": 0.075,
+    "planned": 0.075,
+}
+"""How interruptions show themselves, grouped from Llama 3's Table 5: GPU, HBM and SRAM
+faults and software bugs mostly end the process (crash); network switch/cable/NIC faults
+and NCCL watchdog timeouts stall a collective (hang); power, chassis, CPU, memory and SSD
+failures take the host down without a word (silent node loss); host maintenance comes
+with notice (planned). A modelling assumption: the table names causes, not symptoms."""
+
+
+GPU_SHARE = 0.587
+"""GPU issues (NVLink included) among Llama 3's 419 unexpected interruptions (58.7%): they
+implicate the node (quarantine, replacement), so no restart in place cures them."""
+
+IN_PLACE_SHARE: Mapping[str, float] = {
+    "crash": round(1 - GPU_SHARE / FAULT_MIX["crash"], 3),
+    "hang": 1.0,
+    "silent_node_loss": 0.0,
+    "planned": 0.0,
+}
+"""Per symptom, the share that restarts in place with every pod's memory intact, as the
+operator decides (`IN_PLACE_CLASSES`: a process that died or hung, a collective that broke):
+the crashes that are not GPU faults (software bugs and the like: 1 - 0.587 / 0.75), every
+hang (a stalled collective; the processes restart in their pods). A lost node and host
+maintenance take the node away."""
+
+REPLACE_SHARE: Mapping[str, float] = {
+    "crash": round(1 - IN_PLACE_SHARE["crash"], 3),
+    "silent_node_loss": 1.0,
+}
+"""Per symptom, the share whose faulty or lost node's pod is replaced while the others
+restart in place (the operator's `REPLACE_CLASSES`: a GPU fault, a lost node): the crashes
+that are GPU faults (0.587 / 0.75), every silent node loss. The replaced pod's memory is
+gone: without a peer replica it resumes from the durable tier (costed as the whole-world
+path); with one, from the fast step its holder copied. An eviction (host maintenance)
+re-creates the world."""
+
+SOAK_SAVE_EVERY, SOAK_FAST_EVERY = 100, 10
+"""The goodput soak's durable and fast-tier intervals (bench.goodput: `save_every`,
+`--fast-every`): the fast tier saves 10 times as often as the durable one."""
+
+IN_PLACE_RECOVERY = 1.2
+"""Measured (bench.goodput, every feature on, MTBF 45 s and 90 s, seed 4, 2 pods;
+bench/results/goodput.md and goodput-runs/all-features-mtbf90.md): the mean of the seven
+in-place restarts' control-plane time, from the failure seen (`detectedAt`) until every pod
+runs the new generation (`startedAt`): barrier, pin, run order. 1.06, 1.06, 1.55, 0.54 s
+and 1.43, 1.06, 1.61 s. At 2 pods, not at scale (the poller sends the orders: a round at
+1,250 pods costs what a progress poll costs)."""
+
+IN_PLACE_STARTUP = 20.0
+"""Assumed, not measured at scale: the trainer's restart inside its pod. No scheduling, image
+or container start, but the process starts again (framework import, CUDA context, NCCL
+communicators): in the soak, 4-8 s from every pod running the new generation to the first
+step on 2 CPUs (gloo), which says nothing of NCCL initialisation at 10k ranks."""
+
+MiB = float(1 << 20)
+RANK_STATE_BYTES = 4e9
+"""Llama 3: each GPU's checkpointed state is 1 MB to 4 GB; the largest, assumed."""
+RANKS_PER_POD = 8
+"""10,000 GPUs on 1,250 nodes, one pod of 8 ranks per node (`COMMON_STARTUP`)."""
+
+MEASURED_STATE = 573.7 * MiB
+"""bench/results/fast-tier.md, the largest model measured (50.1M parameters, AdamW):
+573.7 MiB of state. Every fast-tier term below is its median there, scaled per byte."""
+FAST_SAVE_STALLS: tuple[tuple[float, float], ...] = (
+    (11.7 * MiB, 1.3e-3),
+    (287.3 * MiB, 1.3e-3),
+    (MEASURED_STATE, 1.4e-3),
+)
+"""Measured (bench/results/fast-tier.md, section 1): the training thread's stall per fast
+save, staged and written in the background (the capture, the copies of what the next
+forward and backward may change into reused host buffers, the fence's wait at the next
+`optimizer.step()`), by state size: 1.3, 1.3 and 1.4 ms (medians, 8 rounds each)."""
+FAST_WRITTEN = 0.6367
+"""Measured: a fast step is published 636.7 ms after its `step_boundary` (573.7 MiB; the
+writer thread's serialization, SHA-256 and publish). A step due meanwhile is skipped."""
+FAST_KEEP = 2
+"""Fast steps each rank keeps (`spec.checkpoint.fastTier.keep`, its default and least)."""
+FAST_RESTORE_MEASURED = 0.3054
+"""Measured (section 2): a restarted trainer's restore from the fast tier, deep-verified,
+573.7 MiB: 305.4 ms (18.1 ms at 11.7 MiB, 155.1 ms at 287.3 MiB: nearly per byte)."""
+HTTP_RESTORE_MEASURED = 1.38
+"""Measured (section 2): the restore that moves the step over HTTP and hashes it (durable,
+S3 on the loopback moto server, deep), 573.7 MiB: 1.38 s; the copy-back's proxy."""
+
+
+def per_byte(measured_seconds: float, nbytes: float = RANK_STATE_BYTES) -> float:
+    """A figure measured on `MEASURED_STATE`, scaled to `nbytes` in proportion."""
+    return measured_seconds * nbytes / MEASURED_STATE
+
+
+def stall_line() -> tuple[float, float]:
+    """The least-squares line through `FAST_SAVE_STALLS`: (seconds, seconds per byte)."""
+    xs, ys = [x for x, _ in FAST_SAVE_STALLS], [y for _, y in FAST_SAVE_STALLS]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum(
+        (x - mx) ** 2 for x in xs
+    )
+    return my - slope * mx, slope
+
+
+FAST_SAVE_STALL = per_byte(FAST_SAVE_STALLS[-1][1])
+"""Seconds a fast save stalls training at `RANK_STATE_BYTES`: the largest measured point's
+stall charged per byte (1.4 ms x 4 GB / 573.7 MiB). The points are nearly flat (most of the
+stall is fixed), so this bounds the line through them (`stall_line`) from above."""
+FAST_RESTORE = per_byte(FAST_RESTORE_MEASURED)
+"""Each rank reads its own state from pod memory (no network), verifies and loads it."""
+FAST_WRITE = per_byte(FAST_WRITTEN)
+"""How long a fast step takes to be published: the shortest useful fast interval."""
+COPY_RANK = per_byte(HTTP_RESTORE_MEASURED)
+"""One rank's fast step over HTTP, hashed as it is written (the peer replica's copy)."""
+REPLICA_COPY = RANKS_PER_POD * COPY_RANK
+"""A pod's fast step copied by its sidecar, rank after rank (`rtj_shim.peer_pull`:
+`fetch_back` to a replaced pod, `ReplicaPuller.pull_once` to the holder)."""
+REPLICA_RESTORE = REPLICA_COPY + FAST_RESTORE
+"""A replaced pod's restore: its fast step copied back from the holder before its trainers
+start, then the trainers' fast restore."""
+
+EMERGENCY_SAVE = 30.0
+"""Host maintenance comes with notice: SIGTERM, and the trainer's emergency save at the next
+step boundary (`spec.checkpoint.emergencySaveSeconds`, 30 s by default; its whole deadline
+assumed, as the baseline's blocking save of the same state). The world resumes from that
+step: the soak's evictions trained 0 steps again (bench/results/goodput-comparison.md)."""
+
+
+COMMON_STARTUP = 90.0
+"""Assumed for both stacks at 1,250 nodes (image cached; CUDA + NCCL init at 10k ranks)."""
+COMMON_RESTORE = 5.0
+"""Assumed: ~1 GB of shards per node read in parallel from object storage."""
+NCCL_TIMEOUT = 600.0
+"""The NCCL watchdog's default collective timeout (ProcessGroupNCCL, 10 min)."""
+
+
+def interruptions_per_hour(gpus: int) -> float:
+    """Llama 3's rate, scaled linearly with the GPU count."""
+    per_gpu_hour = LLAMA3_INTERRUPTIONS / (LLAMA3_DAYS * 24 * LLAMA3_GPUS)
+    return per_gpu_hour * gpus
