@@ -41,6 +41,7 @@ from rtj_operator.node_leases import NodeLeases
 from rtj_operator.plan_apply import PlanApplier
 from rtj_operator.policy.platform import NodeHealthPolicy
 from rtj_operator.rank_polls import JobTargets, RankPolls
+from rtj_operator.reconcile.world import REPLICA_PATH
 from rtj_operator.store_reads import (
     Lane,
     StoreReader,
@@ -48,7 +49,7 @@ from rtj_operator.store_reads import (
     store_key,
 )
 from rtj_operator.work_queue import WorkQueue
-from rtj_shim.control import job_key, sign
+from rtj_shim.control import job_key
 
 MAX_RTJ_TOMBSTONES = 10_000
 """Deleted jobs remembered (by uid) so a late LIST cannot bring one back."""
@@ -353,11 +354,14 @@ class Controller:
             targets = rc.poll_targets(snap)
             if targets:
                 stragglers = snap.rtj.spec.progress.stragglers
-                order = rc.restart_order(snap)
-                signed = (order.encode(), sign(snap.control_key, order.encode())) if (
-                    order is not None and snap.control_key
-                ) else None  # fmt: skip
-                out.append(JobTargets(key, targets, stragglers.ratio, stragglers.windows, signed))
+                sent = rc.pod_messages(snap, targets)
+                if sent.ring_note and any(
+                    m.path == REPLICA_PATH for ms in sent.messages.values() for m in ms
+                ):  # said when assignments go out, not every round
+                    log.info("%s/%s: peer replica: %s", *key, sent.ring_note)
+                out.append(
+                    JobTargets(key, targets, stragglers.ratio, stragglers.windows, sent.messages)
+                )
         return out
 
     def _node_exists(self, name: str) -> bool:

@@ -33,7 +33,7 @@ _DROPPED = {"title", "$defs"}
 _ALLOWED = {
     "type", "format", "description", "properties", "required", "items", "enum", "default",
     "minimum", "maximum", "minLength", "maxLength", "minItems", "maxItems", "pattern",
-    "additionalProperties",
+    "additionalProperties", "maxProperties",
 }  # fmt: skip
 _X_KUBERNETES = {
     "x-kubernetes-preserve-unknown-fields", "x-kubernetes-validations",

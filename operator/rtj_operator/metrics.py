@@ -212,6 +212,9 @@ class ProgressFacts:
     seconds_without_progress: float | None
     ranks: int
     stragglers: int
+    fast_replicated_step: int | None = None
+    """The newest fast-tier step whose peer replica every pod has complete in another pod
+    (spec.checkpoint.fastTier.peerReplicas): what a replaced pod could copy back."""
 
 
 class _ProgressCollector(Collector):
@@ -242,6 +245,12 @@ class _ProgressCollector(Collector):
         slow = GaugeMetricFamily(
             "rtj_job_stragglers", "Ranks reported as stragglers.", labels=JOB_LABELS
         )
+        replicated = GaugeMetricFamily(
+            "rtj_checkpoint_fast_replicated_step",
+            "Newest fast-tier step whose peer replica every pod has complete in another pod "
+            "(spec.checkpoint.fastTier.peerReplicas): what a replaced pod resumes from.",
+            labels=JOB_LABELS,
+        )
         for (namespace, name), facts in items:
             labels = [namespace, name]
             ranks.add_metric(labels, facts.ranks)
@@ -252,7 +261,9 @@ class _ProgressCollector(Collector):
                 step_time.add_metric(labels, facts.step_seconds)
             if facts.seconds_without_progress is not None:
                 age.add_metric(labels, facts.seconds_without_progress)
-        yield from (step, step_time, age, ranks, slow)
+            if facts.fast_replicated_step is not None:
+                replicated.add_metric(labels, facts.fast_replicated_step)
+        yield from (step, step_time, age, ranks, slow, replicated)
 
 
 class Metrics:

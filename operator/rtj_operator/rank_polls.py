@@ -23,12 +23,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from rtj_operator.policy import progress as rank_progress
-from rtj_operator.reconcile.world import PollTarget, RankReadings
+from rtj_operator.reconcile.world import CONTROL_PATH, PollMessage, PollTarget, RankReadings
 from rtj_shim.control import SIGNATURE_HEADER
 
 log = logging.getLogger("rtj_operator.rank_polls")
@@ -89,27 +89,34 @@ class JobTargets:
     targets: tuple[PollTarget, ...]
     straggler_ratio: float = 0.7
     straggler_windows: int = 3
-    order: tuple[bytes, str] | None = None
-    """A restart order for every pod (body, signature), sent before each read until the
-    job's in-place restart moves on (orders are idempotent)."""
+    messages: Mapping[str, tuple[PollMessage, ...]] = field(default_factory=dict)
+    """Per pod, the signed messages posted before reading it, in order: a restart order
+    (``/control``) until the job's in-place restart moves on, a peer-replica assignment
+    (``/replica``) until the pod's report shows it. Both are idempotent."""
+
+    @property
+    def ordering(self) -> bool:
+        """Whether restart orders are out: every pod is read, and rounds come closely."""
+        return any(m.path == CONTROL_PATH for ms in self.messages.values() for m in ms)
 
 
 Fetch = Callable[[str, int, float], Any]
-Send = Callable[[str, int, float, bytes, str], None]
+Send = Callable[[str, int, float, PollMessage], None]
 
 
-def send_order(ip: str, port: int, timeout: float, body: bytes, signature: str) -> None:
-    """One ``POST /control`` (blocking); PollFailed unless the sidecar accepted it."""
+def post_signed(ip: str, port: int, timeout: float, message: PollMessage) -> None:
+    """One signed ``POST <path>`` (blocking); PollFailed unless the sidecar accepted it
+    (202)."""
     conn = http.client.HTTPConnection(ip, port, timeout=timeout)
     try:
-        headers = {"Content-Type": "application/json", SIGNATURE_HEADER: signature}
-        conn.request("POST", "/control", body, headers)
+        headers = {"Content-Type": "application/json", SIGNATURE_HEADER: message.signature}
+        conn.request("POST", message.path, message.body, headers)
         response = conn.getresponse()
         answer = response.read(MAX_BODY)
         if response.status != 202:
-            raise PollFailed(f"order refused: HTTP {response.status} {answer[:200]!r}")
+            raise PollFailed(f"{message.path}: refused: HTTP {response.status} {answer[:200]!r}")
     except (OSError, http.client.HTTPException) as exc:
-        raise PollFailed(f"order not sent: {type(exc).__name__}: {exc}") from exc
+        raise PollFailed(f"{message.path}: not sent: {type(exc).__name__}: {exc}") from exc
     finally:
         conn.close()
 
@@ -126,7 +133,7 @@ class RankPolls:
         timeout: float = 2.0,
         concurrency: int = 16,
         fetch: Fetch = fetch_progress,
-        send: Send = send_order,
+        send: Send = post_signed,
     ) -> None:
         self.clock = clock
         self.on_round = on_round
@@ -159,16 +166,19 @@ class RankPolls:
             self._stragglers.pop(key, None)
 
     def _get(
-        self, target: PollTarget, order: tuple[bytes, str] | None = None
+        self, target: PollTarget, messages: Sequence[PollMessage] = ()
     ) -> tuple[Any, str | None, float]:
         """The body (or why none) and when it arrived (the operator's clock, Unix s): each
-        report is dated by its own answer, not by the end of the round. An order goes
-        first: the answer then already tells whether the supervisor took it."""
-        if order is not None:
+        report is dated by its own answer, not by the end of the round. The pod's messages
+        go first: the answer then already tells whether it took them."""
+        for message in messages:
             try:
-                self.send(target.ip, target.port, self.timeout, *order)
-            except PollFailed as exc:
-                log.info("%s: %s", target.pod, exc)
+                self.send(target.ip, target.port, self.timeout, message)
+            except PollFailed as exc:  # an old sidecar without /replica: not worth a line each
+                level = logging.INFO if message.path == CONTROL_PATH else logging.DEBUG
+                log.log(level, "%s: %s", target.pod, exc)
+            except Exception as exc:  # a send must never take the poller down
+                log.info("%s: %s: %s: %s", target.pod, message.path, type(exc).__name__, exc)
         try:
             body = self.fetch(target.ip, target.port, self.timeout)
             return body, None, self.clock().timestamp()
@@ -180,16 +190,19 @@ class RankPolls:
     async def poll_once(self, jobs: Sequence[JobTargets]) -> None:
         """One round over every job's targets, then one `on_round(key)` per job."""
         loop = asyncio.get_running_loop()
-        orders = {job.key: job.order for job in jobs}
-        self._orders_out = any(order is not None for order in orders.values())
+        messages = {job.key: job.messages for job in jobs}
+        self._orders_out = any(job.ordering for job in jobs)
         flat = [
             (job.key, t)
             for job in jobs
             for t in job.targets
-            if job.order is not None or self._due(job.key, t)
+            if job.ordering or self._due(job.key, t)
         ]
         answers = await asyncio.gather(
-            *(loop.run_in_executor(self._executor, self._get, t, orders[k]) for k, t in flat)
+            *(
+                loop.run_in_executor(self._executor, self._get, t, messages[k].get(t.pod, ()))
+                for k, t in flat
+            )
         )
         received = self.clock().timestamp()
         by_pod = {
@@ -242,6 +255,7 @@ class RankPolls:
         quiet_since: dict[str, float] = {}
         supervisors: dict[str, Mapping[str, Any]] = {}
         fast_tiers: dict[str, Mapping[str, Any] | None] = {}
+        replicas: dict[str, Mapping[str, Any] | None] = {}
         for target in job.targets:
             body, error, arrived = answers.get(
                 (job.key, target.attempt, target.pod),
@@ -252,15 +266,18 @@ class RankPolls:
                 reports.append(report)
                 if isinstance(supervisor := body.get("supervisor"), Mapping):
                     supervisors[target.pod] = supervisor
-                if "fast_tier" in body:
-                    tier = body.get("fast_tier")
-                    fast_tiers[target.pod] = tier if isinstance(tier, Mapping) else None
+                for name, kept in (("fast_tier", fast_tiers), ("replica", replicas)):
+                    if name in body:
+                        value = body.get(name)
+                        kept[target.pod] = value if isinstance(value, Mapping) else None
                 continue
             unanswered.append(f"{target.pod}: {error or 'not a JSON object'}")
             if target.pod in previous:
                 reports.append(previous[target.pod])  # ages out of the evidence by itself
                 if held is not None and target.pod in held.fast_tiers:
                     fast_tiers[target.pod] = held.fast_tiers[target.pod]
+                if held is not None and target.pod in held.replicas:
+                    replicas[target.pod] = held.replicas[target.pod]
                 quiet = self._quiet.get((job.key, target.attempt, target.pod))
                 quiet_since[target.pod] = quiet[2] if quiet is not None else arrived
         # one window per round; a rank with no new step since the last one keeps its count
@@ -279,6 +296,8 @@ class RankPolls:
             quiet_since=quiet_since,
             supervisors=supervisors,
             fast_tiers=fast_tiers,
+            replicas=replicas,
+            indexes={t.pod: t.index for t in job.targets if t.index is not None},
             stragglers=verdict.stragglers,
         )
         if unanswered:

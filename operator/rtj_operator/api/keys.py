@@ -64,6 +64,9 @@ PROGRESS_PORT_NAME: Final = "rtj-progress"
 DEFAULT_PROGRESS_PORT: Final = 9478
 SUPERVISED_ANNOTATION: Final = "training.resilient.dev/supervised"
 """On pods whose trainer runs under `rtj-shim supervise` (spec.recovery.inPlace)."""
+PEER_REPLICA_ANNOTATION: Final = "training.resilient.dev/peer-replica"
+"""On pods whose progress sidecar keeps a peer replica (spec.checkpoint.fastTier.peerReplicas):
+only those are sent replica assignments (a pod rendered before has a read-only fast tier)."""
 CONTROL_VOLUME: Final = "rtj-control"
 CONTROL_DIR: Final = "/var/run/rtj-control"
 """Restart orders and the supervisor's reports (spec.recovery.inPlace, rtj_shim.control)."""

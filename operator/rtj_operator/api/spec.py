@@ -113,7 +113,8 @@ FAST_TIER_NEEDS_IN_PLACE = (
 class FastTier(ApiModel):
     """The fast checkpoint tier (issue 16): every `everySteps` steps each rank also saves
     its state into a pod-local emptyDir, so a restart in place loses at most those steps
-    (the durable store stays the fallback and the only tier a re-created pod sees)."""
+    (the durable store stays the fallback). With `peerReplicas` another pod keeps a copy,
+    which a pod replaced on another node copies back."""
 
     every_steps: int = Field(
         ge=1,
@@ -136,8 +137,19 @@ class FastTier(ApiModel):
         max_length=64,
         pattern=SIZE_PATTERN,
         description="The emptyDir's sizeLimit (e.g. 64Gi): keep + 1 copies of the training "
-        "state (a new step is written before the oldest goes) times the ranks per pod. "
+        "state (a new step is written before the oldest goes) times the ranks per pod, "
+        "twice that with peerReplicas (the source's copies too). "
         "Unset: no limit beyond the medium's.",
+    )
+    peer_replicas: int = Field(
+        default=1,
+        ge=0,
+        le=1,
+        description="Copies of each pod's fast-tier steps kept in another pod's fast-tier "
+        "volume (a ring over the pods' completion indexes, holder and source on different "
+        "nodes where the placement allows), so a pod re-created on another node after its "
+        "node was lost resumes from a fast step too. 0: none. The volume's sizeLimit must "
+        "hold both (the pod's own steps and its source's).",
     )
 
 

@@ -14,6 +14,10 @@ from pydantic import ConfigDict, Field
 from rtj_operator.api.base import ApiModel
 from rtj_operator.api.reasons import FailureCategory, FailureClass, Phase
 
+MAX_FAST_SOURCES = 64
+"""Pods served from a peer replica in one in-place restart (at most the replaced pods)."""
+MAX_FALLBACK_LENGTH = 512
+
 
 class StatusModel(ApiModel):
     model_config = ApiModel.model_config | ConfigDict(extra="ignore")
@@ -61,6 +65,19 @@ class InPlaceRestart(StatusModel):
         description="Pinned fast-tier step every pod held (spec.checkpoint.fastTier): the "
         "trainers resumed from it when every rank verified it, else from resumedFromStep.",
     )
+    fast_sources: dict[str, Annotated[str, Field(max_length=64)]] = Field(
+        default_factory=dict,
+        max_length=MAX_FAST_SOURCES,
+        description="Per completion index of a pod that did not hold resumedFromFastStep "
+        "itself (a replaced pod), the progress sidecar (ip:port) of the pod holding its "
+        "peer replica, from which it copied the step (spec.checkpoint.fastTier.peerReplicas).",
+    )
+    fast_tier_fallback: str | None = Field(
+        default=None,
+        max_length=MAX_FALLBACK_LENGTH,
+        description="Why no fast-tier step was pinned though the pods keep a fast tier (e.g. "
+        "a replaced pod holds none and no pod holds its replica): the durable step was.",
+    )
     replaced: list[str] = Field(
         default_factory=list,
         max_length=64,
@@ -89,6 +106,13 @@ class InPlacePhase(StatusModel):
         default=None,
         ge=0,
         description="The fast-tier step every pod holds, pinned beside `step` (the fallback).",
+    )
+    fast_sources: dict[str, Annotated[str, Field(max_length=64)]] = Field(
+        default_factory=dict,
+        max_length=MAX_FAST_SOURCES,
+        description="Per completion index (as a string) of a pod that does not hold fastStep "
+        "itself, the progress sidecar (ip:port) of the pod holding its peer replica: the run "
+        "order to that pod names it (fast_source), and the pod copies the step from there.",
     )
     replacing: list[Annotated[str, Field(max_length=253)]] = Field(
         default_factory=list,

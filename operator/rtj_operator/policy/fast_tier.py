@@ -1,31 +1,46 @@
 """The fast checkpoint tier (spec.checkpoint.fastTier, issue 16). Pure.
 
 Rendering: the trainer saves each rank's state every few steps into a pod-local emptyDir
-(:func:`render`); the progress sidecar mounts it read-only and reports the newest step every
-rank of its pod holds (``fast_tier`` in ``GET /progress``), which :func:`summary` turns into
-the job's fast-tier step and age. Deciding: at an in-place restart's barrier each pod's
-supervisor reports with ``stopped`` the fast steps every rank of its pod holds, and the step
-every pod holds is pinned beside the durable one (:func:`pin`), which stays the fallback.
+(:func:`render`); the progress sidecar mounts it (read-write with a peer replica, which it
+keeps under ``peer/``: `policy.peer_replica`) and reports the newest step every rank of its
+pod holds (``fast_tier`` in ``GET /progress``), which :func:`summary` turns into the job's
+fast-tier step and age. Deciding: at an in-place restart's barrier each pod's supervisor
+reports with ``stopped`` the fast steps every rank of its pod holds, each holder's sidecar
+the steps it keeps of its source, and the newest step held by or for every pod is pinned
+beside the durable one (:func:`pin`), which stays the fallback.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
 from rtj_operator.api import keys
 from rtj_operator.api.resource import ResilientTrainingJob
+from rtj_operator.policy import peer_replica
+from rtj_operator.policy.peer_replica import PeerView
 
 Obj = dict[str, Any]
 
 
+def replicated(rtj: ResilientTrainingJob) -> bool:
+    """Whether the job's pods keep a peer replica of each other's fast steps
+    (spec.checkpoint.fastTier.peerReplicas)."""
+    tier = rtj.spec.checkpoint.fast_tier
+    return tier is not None and tier.peer_replicas > 0
+
+
 def render(spec: Obj, rtj: ResilientTrainingJob, trainer_name: str) -> bool:
     """Give the trainer container the fast tier's emptyDir and the environment the shim
-    reads it from, and the progress sidecar the same volume read-only (the rendered pod
-    spec, changed in place); False (nothing changed) when
+    reads it from, and the progress sidecar the same volume (the rendered pod spec, changed
+    in place): read-only, or read-write with a peer replica (the sidecar writes its source's
+    copies under ``peer/`` and, in a replaced pod, the step it copies back; it also gets
+    ``RTJ_FAST_KEEP``, the steps it keeps of its source). False (nothing changed) when
     spec.checkpoint.fastTier is unset. Only with the supervisor: a re-created pod starts
-    with an empty emptyDir, so only a restart in place finds the fast tier again."""
+    with an empty emptyDir, so only a restart in place finds the fast tier again (its own,
+    or with a peer replica the copy another pod holds)."""
     tier = rtj.spec.checkpoint.fast_tier
     trainer = next((c for c in spec["containers"] if c.get("name") == trainer_name), None)
     if tier is None or trainer is None:
@@ -47,14 +62,16 @@ def render(spec: Obj, rtj: ResilientTrainingJob, trainer_name: str) -> bool:
         None,
     )
     if sidecar is not None:  # reads what the pod holds, for status and metrics
-        sidecar["env"] = [
-            *(e for e in sidecar.get("env", []) if e.get("name") != keys.ENV_FAST_TIER_DIR),
-            {"name": keys.ENV_FAST_TIER_DIR, "value": keys.FAST_TIER_DIR},
-        ]
+        replica = replicated(rtj)  # and writes its source's copies (peer/) and copies back
+        env = [{"name": keys.ENV_FAST_TIER_DIR, "value": keys.FAST_TIER_DIR}]
+        if replica:
+            env.append({"name": keys.ENV_FAST_KEEP, "value": str(tier.keep)})
+        mine = {e["name"] for e in env}
+        sidecar["env"] = [*(e for e in sidecar.get("env", []) if e.get("name") not in mine), *env]
         sidecar["volumeMounts"] = [
             *(m for m in sidecar.get("volumeMounts", [])
               if m.get("name") != keys.FAST_TIER_VOLUME),
-            {**mount, "readOnly": True},
+            dict(mount) if replica else {**mount, "readOnly": True},
         ]  # fmt: skip
     empty_dir: Obj = {}
     if tier.medium == "Memory":
@@ -68,29 +85,113 @@ def render(spec: Obj, rtj: ResilientTrainingJob, trainer_name: str) -> bool:
     return True
 
 
+MAX_NOTE = 480
+"""The fallback reason's length at most (status.inPlace's entry keeps 512)."""
+
+
+@dataclass(frozen=True)
+class FastPin:
+    """The fast-tier step pinned at an in-place restart's barrier (None: the durable step
+    alone), the peer replicas the pods that do not hold it copy it from (completion index
+    -> the holder's progress sidecar, ``ip:port``), and why none was pinned."""
+
+    step: int | None = None
+    sources: Mapping[int, str] = field(default_factory=dict)
+    note: str | None = None
+
+
 def pin(
     reports: Mapping[str, Mapping[str, Any]],
     pods: Sequence[str],
     durable_step: int | None,
     bad_steps: Collection[int],
-) -> int | None:
-    """The fast-tier step to pin beside `durable_step`: the newest step every pod's
-    supervisor reports holding (`fast_steps`), not marked bad, and no older than the durable
-    step (an older one would lose steps the store already has; None: the operator could not
-    read the store, and any common fast step goes). None when a pod has no report or no
-    list (no fast tier there: the durable step alone)."""
-    common: set[int] | None = None
-    for pod in pods:
-        held = (reports.get(pod) or {}).get("fast_steps")
-        if not isinstance(held, list):
-            return None
-        steps = {s for s in held if isinstance(s, int) and not isinstance(s, bool) and s >= 0}
-        common = steps if common is None else common & steps
-    usable = [
-        s for s in common or ()
-        if s not in bad_steps and (durable_step is None or s >= durable_step)
-    ]  # fmt: skip
-    return max(usable, default=None)
+    peers: PeerView | None = None,
+) -> FastPin:
+    """The fast-tier step to pin beside `durable_step`: the newest step every pod holds,
+    in its own fast tier (its supervisor's `fast_steps`) or, with `peers`, in the peer
+    replica a live pod keeps of it (the holder's ``replica.steps``; the pod then copies it
+    from there: `sources`); not marked bad, and no older than the durable step (an older
+    one would lose steps the store already has; None: the operator could not read the
+    store, and any goes). A pod's own copy is preferred. No step when none is held by or for
+    every pod; the note then says why, naming the pod (none when no pod keeps a fast tier)."""
+    if not pods:
+        return FastPin()
+    peers = peers or PeerView()
+    own = {pod: peer_replica.steps((reports.get(pod) or {}).get("fast_steps")) for pod in pods}
+    listed = any(isinstance((reports.get(p) or {}).get("fast_steps"), list) for p in pods)
+    held = peer_replica.holders(peers)
+    kept = {pod: held.get(peers.indexes[pod], []) if pod in peers.indexes else [] for pod in pods}
+
+    def usable(step: int) -> bool:
+        return step not in bad_steps and (durable_step is None or step >= durable_step)
+
+    candidates = {s for p in pods for s in own[p]} | {
+        s for p in pods for _, steps in kept[p] for s in steps
+    }
+    for step in sorted(filter(usable, candidates), reverse=True):
+        sources: dict[int, str] = {}
+        for pod in pods:
+            if step in own[pod]:
+                continue
+            holder = next(
+                (h for h, steps in kept[pod] if step in steps and h in peers.addresses), None
+            )
+            if holder is None:
+                break
+            sources[peers.indexes[pod]] = peers.addresses[holder]
+        else:
+            return FastPin(step, sources)
+    if not listed and not held:
+        return FastPin()  # no fast tier in these pods
+    return FastPin(note=_why(pods, own, kept, peers, usable, durable_step)[:MAX_NOTE])
+
+
+def _why(
+    pods: Sequence[str],
+    own: Mapping[str, frozenset[int]],
+    kept: Mapping[str, list[tuple[str, frozenset[int]]]],
+    peers: PeerView,
+    usable: Callable[[int], bool],
+    durable_step: int | None,
+) -> str:
+    """Why no fast step is held by or for every pod, in plain words naming the first pod
+    (by completion index) that has none."""
+
+    def name(pod: str) -> str:
+        index = peers.indexes.get(pod)
+        return f"pod index {index} ({pod})" if index is not None else f"pod {pod}"
+
+    good = "at least the durable step and not marked bad" if durable_step is not None else (
+        "not marked bad")  # fmt: skip
+    order = sorted(pods, key=lambda p: (peers.indexes.get(p, 1 << 30), p))
+    copies = {p: frozenset[int]().union(*(steps for _, steps in kept[p])) for p in pods}
+    for pod in order:
+        if any(map(usable, own[pod] | copies[pod])):
+            continue
+        mine = f"holds no fast step {good}" if own[pod] else "holds no fast step"
+        if kept[pod]:
+            held = f" {good}" if copies[pod] else ""
+            return f"{name(pod)} {mine} and its replica on {name(kept[pod][0][0])} holds none{held}"
+        return f"{name(pod)} {mine} and no pod holds its replica{_no_holder(peers, pod, name)}"
+    shown = "; ".join(
+        f"{name(p)} {', '.join(str(s) for s in sorted(filter(usable, own[p] | copies[p]))[-3:])}"
+        for p in order[:4]
+    )
+    return f"no fast step {good} is held by or for every pod ({shown})"
+
+
+def _no_holder(peers: PeerView, pod: str, name: Callable[[str], str]) -> str:
+    """Why no live pod holds `pod`'s replica, when the reports tell."""
+    if not any(isinstance(r, Mapping) for r in peers.replicas.values()):
+        return " (no pod keeps a peer replica)"
+    index = peers.indexes.get(pod)
+    holder = peer_replica.holder_index(peers, index) if index is not None else None
+    if holder is None:
+        return ""
+    if holder in peers.replaced:
+        return f" (its holder, pod index {holder}, was replaced too)"
+    by_index = {i: p for p, i in peers.indexes.items()}
+    return f" (its holder, {name(by_index[holder])}, does not report holding it)"
 
 
 def summary(

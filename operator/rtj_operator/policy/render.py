@@ -203,7 +203,8 @@ def pod_template(
     )  # fmt: skip
     if rtj.spec.recovery.in_place and key and in_place.supervise(spec, rtj, trainer["name"], key):
         meta["annotations"][keys.SUPERVISED_ANNOTATION] = "true"
-        fast_tier.render(spec, rtj, trainer["name"])
+        if fast_tier.render(spec, rtj, trainer["name"]) and fast_tier.replicated(rtj):
+            meta["annotations"][keys.PEER_REPLICA_ANNOTATION] = "true"
     return template
 
 

@@ -75,6 +75,7 @@ from rtj_operator.reconcile.detect import USER_FAILURE_SETTLE, plan_current_atte
 from rtj_operator.reconcile.failure import release_failed_job
 from rtj_operator.reconcile.finalizer import release_deleted_job
 from rtj_operator.reconcile.in_place import restart_order
+from rtj_operator.reconcile.pod_messages import PodMessages, pod_messages
 from rtj_operator.reconcile.progress import QUEUE_RECHECK
 from rtj_operator.reconcile.quarantine import (
     Claimant,
@@ -88,6 +89,7 @@ from rtj_operator.reconcile.ranks import poll_targets, progress_facts
 from rtj_operator.reconcile.trim import plain, trim_event, trim_jobset, trim_node, trim_pod
 from rtj_operator.reconcile.world import (
     JobSetView,
+    PollMessage,
     PollTarget,
     QueueReading,
     RankReadings,
@@ -121,6 +123,8 @@ __all__ = [
     "NodeEdit",
     "PatchStatus",
     "Plan",
+    "PodMessages",
+    "PollMessage",
     "PollTarget",
     "PostEvent",
     "QueueReading",
@@ -137,6 +141,7 @@ __all__ = [
     "merge_patch",
     "plain",
     "plan",
+    "pod_messages",
     "poll_targets",
     "progress_facts",
     "read_jobset",

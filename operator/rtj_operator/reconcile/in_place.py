@@ -10,8 +10,10 @@ sending every pod the order `policy.in_place.order` names on each round:
 2. `follow`, Stopping: once every pod's supervisor reports `stopped` for the generation
    (every process of the old one gone: the barrier), the step is pinned (the newest
    verified one the operator read, or none: the restored trainer resolves it), and beside
-   it, with spec.checkpoint.fastTier, the newest fast-tier step every pod holds
-   (`policy.fast_tier.pin`; the durable step is the fallback); the phase is `Starting`.
+   it, with spec.checkpoint.fastTier, the newest fast-tier step held by or for every pod
+   (`policy.fast_tier.pin`: its own copy, or the peer replica a live pod keeps of it, which
+   its run order then names; the durable step is the fallback, and why is recorded); the
+   phase is `Starting`.
 3. `follow`, Starting: once every pod reports the new generation started, `status.inPlace`
    is cleared and the restart recorded as `Running`.
 4. Past `spec.recovery.inPlaceDeadlineSeconds`: the whole world is re-created (the budget is
@@ -28,12 +30,13 @@ from typing import Any
 from rtj_operator.api import keys
 from rtj_operator.api.reasons import ConditionType, FailureClass, Phase, Reason
 from rtj_operator.api.status import (
+    MAX_FAST_SOURCES,
     FirstFailed,
     InPlacePhase,
     InPlaceRestart,
     ResilientTrainingJobStatus,
 )
-from rtj_operator.policy import fast_tier, in_place
+from rtj_operator.policy import fast_tier, in_place, peer_replica
 from rtj_operator.policy.classify import (
     Classification,
     Decision,
@@ -41,12 +44,14 @@ from rtj_operator.policy.classify import (
     classify_failure,
 )
 from rtj_operator.policy.decide import Restart, decide
+from rtj_operator.policy.peer_replica import PeerView
 from rtj_operator.policy.render import jobset_name, trainer_name
 from rtj_operator.reconcile.actions import DeleteJobSet, MetricRecord
 from rtj_operator.reconcile.builder import PlanBuilder, trim_evidence
 from rtj_operator.reconcile.converge import delete_pods
 from rtj_operator.reconcile.failure import MAX_BAD_STEPS
 from rtj_operator.reconcile.liveness import judged_nodes
+from rtj_operator.reconcile.ranks import completion_index, progress_port
 from rtj_operator.reconcile.world import Json, Snapshot, get_in, pod_name
 from rtj_shim.control import Order
 
@@ -265,10 +270,15 @@ def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
             b.requeue_in(1.0)
             return True
         step = _pin(b)
-        fast = fast_tier.pin(reports, names, step, b.status.bad_steps)
-        _update_entry(b, stopped_at=b.now, resumed_from_step=step, resumed_from_fast_step=fast)
-        b.update(in_place=state.model_copy(
-            update={"phase": "Starting", "step": step, "fast_step": fast}))  # fmt: skip
+        fast = fast_tier.pin(reports, names, step, b.status.bad_steps, _peers(b, live, state))
+        sources = {str(i): a for i, a in sorted(fast.sources.items())[:MAX_FAST_SOURCES]}
+        _update_entry(b, stopped_at=b.now, resumed_from_step=step, resumed_from_fast_step=fast.step,
+                      fast_sources=sources, fast_tier_fallback=fast.note)  # fmt: skip
+        if fast.note:
+            b.notes.append(f"in place: no fast-tier step: {fast.note}")
+        b.update(in_place=state.model_copy(update={
+            "phase": "Starting", "step": step, "fast_step": fast.step, "fast_sources": sources,
+        }))  # fmt: skip
         b.requeue_in(0.5)
         return True
     started = frozenset({"running", "exited", "finished"})
@@ -287,7 +297,13 @@ def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
     origin = f"step {state.step}" if state.step is not None else "the newest verified step"
     if state.fast_step is not None:
         durable = f"durable {origin}" if state.step is not None else origin
-        origin = f"fast-tier step {state.fast_step} ({durable} as fallback)"
+        copied = "".join(
+            f"; pod index {i} copies it from the peer replica on {a}"
+            for i, a in sorted(state.fast_sources.items())[:3]
+        )
+        origin = f"fast-tier step {state.fast_step} ({durable} as fallback{copied})"
+    elif entry is not None and entry.fast_tier_fallback:
+        origin = f"{origin} (no fast-tier step: {entry.fast_tier_fallback[:300]})"
     b.event(
         False,
         Reason.RESTARTED_IN_PLACE,
@@ -312,6 +328,36 @@ def _replace(b: PlanBuilder, pods: Sequence[Json]) -> None:
     briefly, as a broken world cannot save; by force once their node is fenced or gone
     (`converge.delete_pods`), so a lost node's pod does not hold the restart."""
     delete_pods(b, pods, grace_seconds=REPLACE_GRACE_SECONDS)
+
+
+def _peers(b: PlanBuilder, live: Sequence[Json], state: InPlacePhase) -> PeerView:
+    """What the barrier knows of the peer replicas: the live pods' indexes and sidecar
+    addresses, the holders' last reports, and the indexes this restart replaced."""
+    readings = b.snap.ranks
+    current = readings is not None and readings.attempt == b.status.attempt
+    indexes, addresses = {}, {}
+    for pod in live:
+        name, index = pod_name(pod), completion_index(pod)
+        ip, port = get_in(pod, "status", "podIP"), progress_port(pod)
+        if index is not None:
+            indexes[name] = index
+        if isinstance(ip, str) and ip and port is not None:
+            addresses[name] = peer_replica.address(ip, port)
+    old = {pod_name(p): completion_index(p) for p in (*b.snap.pods, *b.snap.gone_pods)}
+    replaced = {i for n in state.replacing if (i := old.get(n, _index_in_name(n))) is not None}
+    return PeerView(
+        indexes=indexes,
+        replicas=readings.replicas if readings is not None and current else {},
+        addresses=addresses,
+        replaced=frozenset(replaced),
+    )
+
+
+def _index_in_name(pod: str) -> int | None:
+    """The completion index in a worker pod's name (``<jobset>-worker-0-<index>-<suffix>``,
+    as the Job controller names it), for a replaced pod no longer seen."""
+    parts = pod.rsplit("-", 2)
+    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
 
 
 def _pin(b: PlanBuilder) -> int | None:
@@ -363,6 +409,7 @@ def _fall_back(b: PlanBuilder, why: str) -> None:
     b.notes.append(message)
 
 
-def restart_order(snap: Snapshot) -> Order | None:
-    """What the progress poller sends every pod of the job this round (None: nothing)."""
-    return in_place.order(snap.rtj)
+def restart_order(snap: Snapshot, index: int | None = None) -> Order | None:
+    """What the progress poller sends the job's pod with completion index `index` this
+    round (None: nothing; `reconcile.pod_messages`)."""
+    return in_place.order(snap.rtj, index)

@@ -18,7 +18,7 @@ from rtj_operator.api import keys
 from rtj_operator.api.reasons import ConditionType, FailureClass, Phase, Reason
 from rtj_operator.api.status import JobProgress, Straggler
 from rtj_operator.metrics import ProgressFacts
-from rtj_operator.policy import fast_tier
+from rtj_operator.policy import fast_tier, peer_replica
 from rtj_operator.policy import progress as rank_progress
 from rtj_operator.policy.classify import Classification, Decision, FirstFailedRank
 from rtj_operator.policy.render import trainer_name
@@ -75,8 +75,16 @@ def poll_targets(snap: Snapshot) -> tuple[PollTarget, ...]:
         port = progress_port(pod)
         wanted = running and (teardown or not deleting)
         if wanted and isinstance(ip, str) and ip and port is not None:
-            out.append(PollTarget(pod_name(pod), ip, port, status.attempt))
+            node = get_in(pod, "spec", "nodeName")
+            out.append(PollTarget(pod_name(pod), ip, port, status.attempt, completion_index(pod),
+                                  node if isinstance(node, str) else None))  # fmt: skip
     return tuple(sorted(out, key=lambda t: t.pod))
+
+
+def completion_index(pod: Json) -> int | None:
+    """The pod's completion index (its Job's annotation; None: not annotated)."""
+    index = get_in(pod, "metadata", "annotations", keys.JOB_COMPLETION_INDEX)
+    return int(index) if isinstance(index, str) and index.isdigit() else None
 
 
 def progress_port(pod: Json) -> int | None:
@@ -259,4 +267,9 @@ def progress_facts(readings: RankReadings, now: datetime) -> ProgressFacts:
         seconds_without_progress=max((r.in_section(at) for r in running), default=None),
         ranks=len(running),
         stragglers=len(readings.stragglers),
+        fast_replicated_step=(
+            peer_replica.replicated_step(readings.replicas, readings.indexes)
+            if readings.replicas
+            else None
+        ),
     )

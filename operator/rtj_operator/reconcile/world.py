@@ -155,6 +155,25 @@ class PollTarget:
     ip: str
     port: int
     attempt: int
+    index: int | None = None
+    """Its completion index (None: not annotated)."""
+    node: str | None = None
+
+
+CONTROL_PATH = "/control"
+"""Where a pod's progress sidecar takes restart orders (rtj_shim.control)."""
+REPLICA_PATH = "/replica"
+"""Where it takes its peer-replica assignment (rtj_shim.peer_replica)."""
+
+
+@dataclass(frozen=True)
+class PollMessage:
+    """A signed message the poller posts to a pod's progress sidecar before reading it
+    (``POST <path>``, header ``X-RTJ-Signature``; 202: accepted)."""
+
+    path: str
+    body: bytes
+    signature: str
 
 
 @dataclass(frozen=True)
@@ -180,6 +199,11 @@ class RankReadings:
     fast_tiers: Mapping[str, Mapping[str, Any] | None] = field(default_factory=dict)
     """Per pod, the newest fast-tier step every rank holds and when (spec.checkpoint.fastTier;
     `policy.fast_tier.summary`)."""
+    replicas: Mapping[str, Mapping[str, Any] | None] = field(default_factory=dict)
+    """Per pod, the peer replica its sidecar keeps (spec.checkpoint.fastTier.peerReplicas):
+    the source's index and address, the steps held, the last pull error; None: none."""
+    indexes: Mapping[str, int] = field(default_factory=dict)
+    """Per polled pod, its completion index."""
 
 
 @dataclass(frozen=True)

@@ -216,11 +216,11 @@ def test_the_poller_sends_each_pod_the_order_before_reading_it_and_keeps_its_rep
 
     from rtj_operator.rank_polls import JobTargets, RankPolls
 
-    sent: list[tuple[str, bytes, str]] = []
+    sent: list[tuple[str, rc.PollMessage]] = []
     state = {"generation": 0, "state": "running"}
 
-    def send(ip: str, port: int, timeout: float, body: bytes, signature: str) -> None:
-        sent.append((ip, body, signature))
+    def send(ip: str, port: int, timeout: float, message: rc.PollMessage) -> None:
+        sent.append((ip, message))
         state.update(generation=1, state="stopped")  # the supervisor carried it out
 
     def fetch(ip: str, port: int, timeout: float) -> Any:
@@ -229,8 +229,10 @@ def test_the_poller_sends_each_pod_the_order_before_reading_it_and_keeps_its_rep
     polls = RankPolls(lambda: NOW, lambda key: None, fetch=fetch, send=send)
     key = ("team-a", "llm")
     targets = (rc.PollTarget("p0", "10.0.0.1", 9478, 1), rc.PollTarget("p1", "10.0.0.2", 9478, 1))
-    asyncio.run(polls.poll_once([JobTargets(key, targets, order=(b"{}", "sha256=ab"))]))
-    assert sorted(ip for ip, _, _ in sent) == ["10.0.0.1", "10.0.0.2"]
+    order = (rc.PollMessage("/control", b"{}", "sha256=ab"),)
+    asyncio.run(polls.poll_once([JobTargets(key, targets, messages={"p0": order, "p1": order})]))
+    assert sorted(ip for ip, _ in sent) == ["10.0.0.1", "10.0.0.2"]
+    assert {m.path for _, m in sent} == {"/control"}
     reading = polls.reading(key)
     assert reading is not None
     assert reading.supervisors["p0"] == {"generation": 1, "state": "stopped"}

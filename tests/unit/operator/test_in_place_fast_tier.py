@@ -48,10 +48,10 @@ def test_fast_tier_defaults_and_wire_names() -> None:
     job = make_job(checkpoint=_checkpoint(everySteps=20), recovery=IN_PLACE)
     tier = job.spec.checkpoint.fast_tier
     assert tier is not None
-    assert (tier.every_steps, tier.keep, tier.medium, tier.size_limit) == (
-        20, FAST_TIER_MIN_KEEP, "Memory", None)  # fmt: skip
+    assert (tier.every_steps, tier.keep, tier.medium, tier.size_limit, tier.peer_replicas) == (
+        20, FAST_TIER_MIN_KEEP, "Memory", None, 1)  # fmt: skip
     wire = job.spec.to_json()["checkpoint"]["fastTier"]
-    assert wire == {"everySteps": 20, "keep": 2, "medium": "Memory"}
+    assert wire == {"everySteps": 20, "keep": 2, "medium": "Memory", "peerReplicas": 1}
     assert make_job().spec.checkpoint.fast_tier is None
 
 
@@ -75,6 +75,8 @@ def test_fast_tier_without_in_place_is_refused_naming_both_fields() -> None:
         ({"everySteps": 10, "sizeLimit": "lots"}, "sizeLimit", "should match pattern"),
         ({"everySteps": 10, "sizeLimit": "-1Gi"}, "sizeLimit", "should match pattern"),
         ({"everySteps": 10, "sizeLimit": "500m"}, "sizeLimit", "should match pattern"),
+        ({"everySteps": 10, "peerReplicas": -1}, "peerReplicas", "greater than or equal to 0"),
+        ({"everySteps": 10, "peerReplicas": 2}, "peerReplicas", "less than or equal to 1"),
     ],
 )
 def test_bad_fast_tier_fields_are_refused_by_name(
@@ -111,6 +113,8 @@ def test_the_crd_refuses_what_the_model_refuses() -> None:
     assert props["everySteps"]["minimum"] == 1 and props["keep"]["minimum"] == 2
     assert props["medium"]["enum"] == ["Memory", "Disk"] and props["medium"]["default"] == "Memory"
     assert props["sizeLimit"]["pattern"] == SIZE_PATTERN
+    replicas = props["peerReplicas"]
+    assert (replicas["minimum"], replicas["maximum"], replicas["default"]) == (0, 1, 1)
 
 
 # --- rendering --------------------------------------------------------------------------
@@ -118,7 +122,8 @@ def test_the_crd_refuses_what_the_model_refuses() -> None:
 
 def test_the_trainer_gets_the_fast_tier_volume_mount_and_environment() -> None:
     job = make_job(
-        checkpoint=_checkpoint(everySteps=25, keep=3, sizeLimit="64Gi"), recovery=IN_PLACE
+        checkpoint=_checkpoint(everySteps=25, keep=3, sizeLimit="64Gi", peerReplicas=0),
+        recovery=IN_PLACE,
     )
     pod = _pod_spec(job)
     volume = next(v for v in pod["volumes"] if v["name"] == keys.FAST_TIER_VOLUME)
@@ -147,6 +152,32 @@ def test_the_trainer_gets_the_fast_tier_volume_mount_and_environment() -> None:
             assert keys.ENV_FAST_EVERY_STEPS not in env
         else:
             assert not mounts and keys.ENV_FAST_TIER_DIR not in env, c["name"]
+    template = render_jobset(job, 1, None, KEY)["spec"]["replicatedJobs"][0]["template"]
+    annotations = template["spec"]["template"]["metadata"]["annotations"]
+    assert keys.PEER_REPLICA_ANNOTATION not in annotations, "peerReplicas 0: no assignment"
+
+
+def test_with_a_peer_replica_the_sidecar_writes_the_fast_tier_and_knows_keep() -> None:
+    job = make_job(checkpoint=_checkpoint(everySteps=25, keep=3), recovery=IN_PLACE)
+    pod = _pod_spec(job)
+    sidecar = next(c for c in pod["initContainers"] if c["name"] == keys.PROGRESS_SIDECAR)
+    mounts = [m for m in sidecar["volumeMounts"] if m["name"] == keys.FAST_TIER_VOLUME]
+    assert mounts == [{"name": "rtj-fast-tier", "mountPath": "/var/run/rtj-fast-tier"}]
+    env = {e["name"]: e.get("value") for e in sidecar["env"]}
+    assert (env[keys.ENV_FAST_TIER_DIR], env[keys.ENV_FAST_KEEP]) == ("/var/run/rtj-fast-tier",
+                                                                      "3")  # fmt: skip
+    assert keys.ENV_FAST_EVERY_STEPS not in env
+    trainer = pod["containers"][0]
+    assert {"name": "rtj-fast-tier", "mountPath": "/var/run/rtj-fast-tier"} in trainer[
+        "volumeMounts"]  # fmt: skip
+    template = render_jobset(job, 1, None, KEY)["spec"]["replicatedJobs"][0]["template"]
+    annotations = template["spec"]["template"]["metadata"]["annotations"]
+    assert annotations[keys.PEER_REPLICA_ANNOTATION] == "true"
+    # rendered twice (a re-render): one mount, one of each variable
+    again = _pod_spec(job)
+    sidecar = next(c for c in again["initContainers"] if c["name"] == keys.PROGRESS_SIDECAR)
+    names = [e["name"] for e in sidecar["env"]]
+    assert names.count(keys.ENV_FAST_KEEP) == 1 and names.count(keys.ENV_FAST_TIER_DIR) == 1
 
 
 def test_disk_has_no_medium_and_no_size_limit_renders_none() -> None:
@@ -193,47 +224,55 @@ def _reports(*held: list[int] | None) -> dict[str, dict[str, Any]]:
 
 def test_the_newest_step_every_pod_holds_is_pinned() -> None:
     reports = _reports([100, 120, 140], [100, 120, 140], [100, 120, 140])
-    assert fast_tier_policy.pin(reports, PODS, 100, []) == 140
-    assert fast_tier_policy.pin(reports, PODS, None, []) == 140, "durable unknown: any goes"
-    assert fast_tier_policy.pin(reports, PODS, 140, []) == 140, "equal to durable: still pinned"
+    assert fast_tier_policy.pin(reports, PODS, 100, []).step == 140
+    assert fast_tier_policy.pin(reports, PODS, None, []).step == 140, "durable unknown: any goes"
+    assert fast_tier_policy.pin(reports, PODS, 140, []).step == 140, (
+        "equal to durable: still pinned"
+    )
 
 
 def test_pods_that_disagree_pin_the_newest_step_they_share() -> None:
     # p2 had not published 140 yet when its rank was stopped; p1 already dropped 100
     reports = _reports([100, 120, 140], [120, 140], [100, 120])
-    assert fast_tier_policy.pin(reports, PODS, 80, []) == 120
-    assert fast_tier_policy.pin(_reports([140], [120], [140]), PODS, None, []) is None
+    assert fast_tier_policy.pin(reports, PODS, 80, []).step == 120
+    assert fast_tier_policy.pin(_reports([140], [120], [140]), PODS, None, []).step is None
 
 
 def test_a_pod_without_a_report_or_without_a_list_pins_nothing() -> None:
     reports = _reports([100, 120], [100, 120], [100, 120])
     assert (
-        fast_tier_policy.pin({k: v for k, v in reports.items() if k != "p1"}, PODS, 0, []) is None
+        fast_tier_policy.pin({k: v for k, v in reports.items() if k != "p1"}, PODS, 0, []).step
+        is None
     )
-    assert fast_tier_policy.pin(_reports([100], [100], None), PODS, 0, []) is None
-    assert fast_tier_policy.pin(_reports([100], [100], []), PODS, 0, []) is None
+    assert fast_tier_policy.pin(_reports([100], [100], None), PODS, 0, []).step is None
+    assert fast_tier_policy.pin(_reports([100], [100], []), PODS, 0, []).step is None
     garbage = _reports([100], [100], [100])
     garbage["p2"]["fast_steps"] = "100"
-    assert fast_tier_policy.pin(garbage, PODS, 0, []) is None
-    assert fast_tier_policy.pin(reports, (), 0, []) is None, "no pods, nothing held by all"
+    assert fast_tier_policy.pin(garbage, PODS, 0, []).step is None
+    assert fast_tier_policy.pin(reports, (), 0, []).step is None, "no pods, nothing held by all"
+    # the reason, when the pods keep a fast tier; none when no pod keeps one at all
+    assert fast_tier_policy.pin(_reports([100], [100], []), PODS, 0, []).note == (
+        "pod p2 holds no fast step and no pod holds its replica (no pod keeps a peer replica)"
+    )
+    assert fast_tier_policy.pin(_reports(None, None, None), PODS, 0, []).note is None
 
 
 def test_a_fast_step_older_than_the_durable_one_is_not_pinned() -> None:
     reports = _reports([100, 120], [100, 120], [100, 120])
-    assert fast_tier_policy.pin(reports, PODS, 121, []) is None
-    assert fast_tier_policy.pin(reports, PODS, 110, []) == 120
+    assert fast_tier_policy.pin(reports, PODS, 121, []).step is None
+    assert fast_tier_policy.pin(reports, PODS, 110, []).step == 120
 
 
 def test_a_bad_step_is_never_pinned() -> None:
     reports = _reports([100, 120], [100, 120], [100, 120])
-    assert fast_tier_policy.pin(reports, PODS, 100, [120]) == 100, "the next newest shared one"
-    assert fast_tier_policy.pin(reports, PODS, 110, [120]) is None, "the older one is too old"
-    assert fast_tier_policy.pin(reports, PODS, None, [100, 120]) is None
+    assert fast_tier_policy.pin(reports, PODS, 100, [120]).step == 100, "the next newest shared one"
+    assert fast_tier_policy.pin(reports, PODS, 110, [120]).step is None, "the older one is too old"
+    assert fast_tier_policy.pin(reports, PODS, None, [100, 120]).step is None
 
 
 def test_values_that_are_not_steps_are_ignored() -> None:
     reports = _reports([True, -5, 100, "120"], [100, 120], [100, 120])
-    assert fast_tier_policy.pin(reports, PODS, None, []) == 100
+    assert fast_tier_policy.pin(reports, PODS, None, []).step == 100
 
 
 # --- the order --------------------------------------------------------------------------
@@ -249,6 +288,13 @@ def test_the_run_order_carries_the_fast_step_and_the_supervisor_reads_it_back() 
     assert order is not None
     assert (order.action, order.attempt, order.step, order.fast_step) == ("run", 3, 100, 140)
     assert parse_order(order.encode()) == order
+    # the pod that does not hold the step itself is told where its peer replica is
+    sourced = state.model_copy(update={"fast_sources": {"1": "10.0.0.9:9478"}})
+    running = job.model_copy(update={"status": status.model_copy(update={"in_place": sourced})})
+    copies = in_place.order(running, 1)
+    assert copies is not None and copies.fast_source == "10.0.0.9:9478"
+    assert parse_order(copies.encode()) == copies
+    assert in_place.order(running, 0) == order and in_place.order(running) == order
     # without a fast step the order is as before (no fast_step key on the wire)
     plain = state.model_copy(update={"fast_step": None})
     running = job.model_copy(update={"status": job.status.model_copy(update={"in_place": plain})})

@@ -1,0 +1,85 @@
+"""What the progress poller posts to each pod's progress sidecar before reading it: the
+restart order of an in-place restart (``/control``, `reconcile.in_place`) and the pod's
+peer-replica assignment (``/replica``, `policy.peer_replica`), each signed with the job's
+control key. Pure: decided from the snapshot, sent by `rtj_operator.rank_polls`.
+
+Both are idempotent and bounded: a restart order is sent every round while the restart is
+under way (the sidecar takes the same one again); an assignment only to a holder whose last
+report does not show it (one small POST per such pod and round, until it does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from rtj_operator.api import keys
+from rtj_operator.api.reasons import Phase
+from rtj_operator.policy import fast_tier, peer_replica
+from rtj_operator.reconcile.in_place import restart_order
+from rtj_operator.reconcile.world import (
+    CONTROL_PATH,
+    REPLICA_PATH,
+    PollMessage,
+    PollTarget,
+    Snapshot,
+    get_in,
+    pod_name,
+)
+from rtj_shim.control import sign
+from rtj_shim.peer_replica import Assignment
+
+
+@dataclass(frozen=True)
+class PodMessages:
+    """Per pod, the signed messages to post before reading it; and what the ring says
+    about itself (a note when it cannot put every holder on another node)."""
+
+    messages: Mapping[str, tuple[PollMessage, ...]] = field(default_factory=dict)
+    ring_note: str | None = None
+
+
+def pod_messages(snap: Snapshot, targets: Sequence[PollTarget]) -> PodMessages:
+    """The messages for this round's `targets` (nothing without the job's control key)."""
+    key = snap.control_key
+    if not key:
+        return PodMessages()
+    out: dict[str, list[PollMessage]] = {}
+    for target in targets:
+        order = restart_order(snap, target.index)
+        if order is not None:
+            body = order.encode()
+            out.setdefault(target.pod, []).append(PollMessage(CONTROL_PATH, body, sign(key, body)))
+    ring = replica_ring(snap, targets)
+    readings = snap.ranks
+    reports = readings.replicas if readings is not None else {}
+    if readings is not None and readings.attempt != snap.rtj.status.attempt:
+        reports = {}
+    for holding in peer_replica.unassigned(ring.holdings, reports):
+        assignment = Assignment(snap.rtj.metadata.uid, holding.source_address, holding.source_index)
+        raw = assignment.encode()
+        out.setdefault(holding.holder, []).append(PollMessage(REPLICA_PATH, raw, sign(key, raw)))
+    return PodMessages({pod: tuple(ms) for pod, ms in out.items()}, ring.note)
+
+
+def replica_ring(snap: Snapshot, targets: Sequence[PollTarget]) -> peer_replica.Ring:
+    """Who holds whom among the running pods rendered with a peer replica, while the job
+    runs. None is (re)assigned while an in-place restart is under way: the holders' copies
+    are what its barrier pins from, and a replaced pod's holder must keep the old one."""
+    rtj = snap.rtj
+    if not fast_tier.replicated(rtj) or rtj.status.in_place is not None:
+        return peer_replica.Ring()
+    if rtj.status.phase not in (Phase.ADMITTED, Phase.RUNNING):
+        return peer_replica.Ring()
+    rendered = {
+        pod_name(p)
+        for p in snap.pods
+        if get_in(p, "metadata", "annotations", keys.PEER_REPLICA_ANNOTATION) == "true"
+        and get_in(p, "metadata", "deletionTimestamp") is None
+    }  # fmt: skip
+    members = [
+        peer_replica.Member(t.pod, t.index, t.node, peer_replica.address(t.ip, t.port))
+        for t in targets
+        if t.index is not None and t.pod in rendered and t.attempt == rtj.status.attempt
+    ]
+    return peer_replica.ring(members)
