@@ -9,6 +9,10 @@ cannot report for another job. Bounded: at most `concurrency` requests at once, 
 `timeout` and a `max_body` limit; per job, one report per polled pod. A pod that does not
 answer keeps its last report, which ages out of the evidence after 30 s
 (`policy.progress.DEFAULT_MAX_REPORT_AGE`); an unanswered poll is never a Hang by itself.
+
+Before reading a pod the poller posts it the signed messages the plan names for it
+(`reconcile.pod_messages`: an in-place restart's order, a peer-replica assignment), so the
+answer already tells whether it took them.
 """
 
 from __future__ import annotations
