@@ -43,14 +43,11 @@ the run, only an error exits non-zero.
 from __future__ import annotations
 
 import argparse
-import gc
-import hashlib
 import json
 import logging
 import os
 import platform
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -62,18 +59,22 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
+from bench.common import (
+    BENCH_DIR,
+    GiB,
+    MiB,
+    evict,
+    fsync_path,
+    med,
+    quiesce,
+    sha256_file,
+)
+from bench.torch_models import WIDTH, linear_stack, state_bytes, train_step
 from rtj_shim.layout import StepDirName
 from rtj_shim.resolver import resolve
 from rtj_shim.storage import open_store
 from rtj_shim.torch import Checkpointer
-
-REPO = Path(__file__).resolve().parent.parent
-BENCH_DIR = REPO / ".bench"
-MiB = 1 << 20
-GiB = 1 << 30
-WIDTH = 2048  # Linear(2048, 2048): 16 MiB of float32 weights per layer
 
 SAVE_MAX_RATIO = 1.15
 CPU_MAX_RATIO = 2.0
@@ -97,68 +98,22 @@ class Row:
         return {True: "PASS", False: "MISS", None: "info"}[self.passed]
 
 
-def med(xs: Sequence[float]) -> float:
-    return statistics.median(xs)
-
-
-def state_bytes(model: nn.Module, opt: torch.optim.Optimizer) -> int:
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
-    for st in opt.state.values():
-        total += sum(v.numel() * v.element_size() for v in st.values() if torch.is_tensor(v))
-    return total
-
-
-def build(size_gib: float) -> tuple[nn.Sequential, torch.optim.Optimizer, torch.Tensor]:
-    layer_bytes = WIDTH * WIDTH * 4
-    layers = max(1, round(size_gib * GiB / 3 / layer_bytes))
-    torch.manual_seed(0)
-    model = nn.Sequential(*(nn.Linear(WIDTH, WIDTH) for _ in range(layers)))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    batch = torch.randn(4, WIDTH)
-    train_step(model, opt, batch)  # materialize the AdamW moments
-    return model, opt, batch
-
-
-def train_step(model: nn.Module, opt: torch.optim.Optimizer, batch: torch.Tensor) -> None:
-    model(batch).square().mean().backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def baseline_save(state: dict[str, Any], path: Path) -> None:
     with path.open("wb") as fh:
         torch.save(state, fh)
         fh.flush()
         os.fsync(fh.fileno())
-    fsync_dir(path.parent)
+    fsync_path(path.parent, directory=True)
 
 
 CPU: dict[str, list[float]] = {}
-
-
-def prefault(nbytes: int) -> None:
-    """Touch and free ``nbytes`` of anonymous memory, so the run that follows fills memory
-    the VM still backs (see the module doc); the same for every method."""
-    if nbytes > 0:
-        block = b"\x01" * nbytes
-        del block
 
 
 def timed(fn: Callable[[], object], cpu_key: str | None = None, prefault_bytes: int = 0) -> float:
     """Wall seconds of ``fn``; every dirty page is flushed first, so no measurement pays
     for another's writeback. With ``cpu_key``, the process CPU seconds (all threads) are
     kept too: on a shared machine they say what the work costs regardless of load."""
-    gc.collect()
-    os.sync()
-    prefault(prefault_bytes)
+    quiesce(prefault_bytes, collect=True)
     cpu = time.process_time()
     start = time.perf_counter()
     fn()
@@ -168,34 +123,12 @@ def timed(fn: Callable[[], object], cpu_key: str | None = None, prefault_bytes: 
     return wall
 
 
-def evict(paths: list[Path]) -> None:
-    """Drop these files' pages from the page cache (they are clean: fsynced), so the next
-    read comes from the disk, as the first restore after a restart does; nothing else on
-    the machine is touched (no drop_caches)."""
-    files = [p for path in paths for p in ([path] if path.is_file() else path.rglob("*"))]
-    for path in files:
-        if path.is_file():
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb", buffering=0) as fh:
-        while chunk := fh.read(8 * MiB):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def run(args: argparse.Namespace, rows: list[Row], context: dict[str, Any]) -> None:
     BENCH_DIR.mkdir(exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="torch-state-", dir=BENCH_DIR))
     logging.getLogger("rtj_shim").setLevel(logging.WARNING)
     try:
-        model, opt, batch = build(args.size_gib)
+        model, opt, batch = linear_stack(args.size_gib)
         nbytes = state_bytes(model, opt)
         context.update(
             {
@@ -243,7 +176,7 @@ def run(args: argparse.Namespace, rows: list[Row], context: dict[str, Any]) -> N
                 else:
                     base_file = fresh_file(i)
                     base.append(timed(partial(torch_save, base_file), "torch.save+fsync", fill))
-            hashed.append(timed(partial(sha256_file, base_file), "sha256 pass"))
+            hashed.append(timed(partial(sha256_file, base_file, 8 * MiB), "sha256 pass"))
             print(
                 f"  save {i + 1}: checkpointer {cand[-1]:.3f} s (cpu {CPU['save'][-1]:.2f} s), "
                 f"baseline {base[-1]:.3f} s (cpu {CPU['torch.save+fsync'][-1]:.2f} s), "
@@ -282,9 +215,7 @@ def run(args: argparse.Namespace, rows: list[Row], context: dict[str, Any]) -> N
         for i in range(args.repeat):
             plain.append(timed(lambda: train_step(model, opt, batch)))
             step = fresh_step(step)
-            gc.collect()
-            os.sync()
-            prefault(fill)
+            quiesce(fill, collect=True)
             t0 = time.perf_counter()
             ckpt.save(step, objects, blocking=False)
             train_step(model, opt, batch)  # forward/backward overlap staging; step() fences

@@ -1,5 +1,6 @@
-"""bench/fast_tier.py: its lost-steps arithmetic, and a tiny run of the whole benchmark
-(every method and restore measured, the report's sections written). No timing is asserted."""
+"""bench/fast_tier.py and its fast_tier_* modules: the lost-steps arithmetic, and a tiny run
+of the whole benchmark (every method and restore measured, the report's sections written).
+No timing is asserted."""
 
 from __future__ import annotations
 
@@ -8,15 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.fast_tier import (
-    FAST_EVERY,
-    METHODS,
-    RESTORES,
-    SizeResult,
-    lost_rows,
-    main,
-    practical_interval,
-)
+from bench.fast_tier import main
+from bench.fast_tier_lost import lost_rows, practical_interval
+from bench.fast_tier_results import FAST_EVERY, METHODS, RESTORES, SizeResult
 
 
 def sized(step: float = 0.1) -> SizeResult:

@@ -1,0 +1,105 @@
+"""bench.fast_tier, section 2: restore time, a fresh Checkpointer each time (as a restarted
+trainer), from the fast tier, the durable filesystem store (page cache warm and evicted; the
+step the init container verified) and S3 on the loopback moto server."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from bench.common import evict, timed
+from bench.fast_tier_results import FAST_EVERY, FAST_KEEP, RESTORES, SizeResult, fmt_s
+from bench.torch_models import Trainer
+from rtj_shim.fast_tier import holdings
+from rtj_shim.torch import Checkpointer, SaveReport
+
+
+def resume_file(path: Path, body: dict[str, Any]) -> Path:
+    path.write_text(json.dumps({"skipped": [], "source": "bench.fast_tier", **body}))
+    return path
+
+
+@contextlib.contextmanager
+def s3_server(work: Path) -> Iterator[tuple[str, Any]]:
+    """The loopback moto server of the e2e tests, its credentials in this process's
+    environment while it runs; yields (bucket, server)."""
+    from e2e.s3server import S3Server, aws_env
+
+    server = S3Server(work).start()
+    saved = dict(os.environ)
+    try:
+        os.environ.update(aws_env(server.url, server.allowed))
+        yield server.create_bucket(), server
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        server.stop()
+
+
+def measure_restores(
+    tr: Trainer,
+    result: SizeResult,
+    work: Path,
+    fast_root: Path,
+    durable: SaveReport,
+    reps: int,
+    s3_root: str | None,
+) -> None:
+    fast_held = holdings(fast_root)
+    assert fast_held, "the fast tier holds no step"
+    fast_step = fast_held[-1]
+    durable_step = durable.step
+    durable_uri = durable.uri
+    pins = {
+        "fast": resume_file(
+            work / "resume-fast.json", {"step": durable_step, "fast_step": fast_step}
+        ),
+        "fs deep warm": resume_file(work / "resume-durable.json", {"step": durable_step}),
+        "fs shallow warm": resume_file(
+            work / "resume-verified.json",
+            {"step": durable_step, "uri": durable_uri, "verification": "deep"},
+        ),
+    }
+    pins["fs deep cold"] = pins["fs deep warm"]
+    expected = {"fast": fast_step}
+    kinds = [k for k in RESTORES if k != "s3 deep"]
+    if s3_root is not None:
+        s3 = Checkpointer(
+            s3_root, keep_last=FAST_KEEP, resume_file=work / "no-resume.json", restore_report=False
+        )
+        for n in (1, 2):  # the same state twice: a new step each time (two saves timed)
+            result.s3_save_s.append(timed(partial(s3.save, durable_step + n, tr.objects)))
+        s3.close()
+        pins["s3 deep"] = resume_file(work / "resume-s3.json", {"step": durable_step + 2})
+        expected["s3 deep"] = durable_step + 2
+        kinds.append("s3 deep")
+    result.restores = {k: [] for k in kinds}
+    for rep in range(reps):
+        order = kinds[rep % len(kinds) :] + kinds[: rep % len(kinds)]
+        for kind in order:
+            root: Any = s3_root if kind == "s3 deep" else work / "durable"
+            extra: dict[str, Any] = {}
+            if kind == "fast":
+                extra = {"fast_tier_dir": fast_root, "fast_every_steps": FAST_EVERY,
+                         "fast_keep": FAST_KEEP}  # fmt: skip
+            ckpt = Checkpointer(root, resume_file=pins[kind], restore_report=False, **extra)
+            if kind == "fs deep cold":
+                evict([work / "durable"])
+            took = timed(partial(ckpt.restore, tr.objects))
+            report = ckpt.last_restore
+            assert report is not None
+            want = expected.get(kind, durable_step)
+            if report.step != want or (kind == "fast") != (report.source == "fast-tier"):
+                raise RuntimeError(f"restore {kind}: got step {report.step} from {report.source}")
+            ckpt.close()
+            result.restores[kind].append(took)
+        print(
+            f"  restore {rep + 1}: "
+            + ", ".join(f"{k} {fmt_s(v[-1])}" for k, v in result.restores.items())
+            + f"; load {os.getloadavg()[0]:.2f}"
+        )
