@@ -198,7 +198,7 @@ OURS_NOW = Stack(
 
 def stages() -> list[Stack]:
     """This stage, then restart in place (issue 15), then the fast tier (issue 16) kept in
-    each pod's own memory, then with its peer replica (being built)."""
+    each pod's own memory, then with its peer replica (`fastTier.peerReplicas`, default 1)."""
     in_place = replace(
         OURS_NOW,
         name="+ restart in place (issue 15)",
@@ -209,7 +209,7 @@ def stages() -> list[Stack]:
     )
     interval = OURS_NOW.checkpoint_interval * SOAK_FAST_EVERY / SOAK_SAVE_EVERY
     own = with_fast_tier(in_place, interval, "+ fast tier (own memory only; issue 16)")
-    peer = with_peer_replica(own, "+ fast tier with a peer replica (being built)")
+    peer = with_peer_replica(own, "+ fast tier with a peer replica (issue 16)")
     return [OURS_NOW, in_place, own, peer]
 
 
