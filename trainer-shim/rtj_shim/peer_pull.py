@@ -25,6 +25,7 @@ import shutil
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -46,6 +47,9 @@ from rtj_shim.verification import check_commit
 
 log = logging.getLogger("rtj_shim.peer_pull")
 
+COPY_STREAMS = 4
+"""Ranks copied at once: a pod of 8 ranks copies in two rounds, not eight (one stream is
+bound by one connection's request/response turns and the hashing, not by the network)."""
 MAX_JSON_BYTES = 4 << 20
 """A holdings or manifest answer (a manifest lists every shard: thousands at most)."""
 COPY_ATTEMPT = "peer"
@@ -149,6 +153,18 @@ def copy_step(client: PeerClient, tier: str, rank: int, step: int, dest: Filesys
     return manifest.total_bytes
 
 
+def _copy_ranks(
+    client: PeerClient, tier: str, step: int, stores: dict[int, FilesystemStore]
+) -> dict[int, int]:
+    """Copy ``step`` of each rank into its store, ``COPY_STREAMS`` ranks at once; bytes per
+    rank. The first error is raised once every copy has ended (each publishes or not)."""
+    if not stores:
+        return {}
+    with ThreadPoolExecutor(min(COPY_STREAMS, len(stores)), "rtj-peer-copy") as pool:
+        futures = {r: pool.submit(copy_step, client, tier, r, step, s) for r, s in stores.items()}
+        return {rank: future.result() for rank, future in futures.items()}
+
+
 def _marker(store: FilesystemStore, step: int) -> bytes | None:
     try:
         raw = store.read(step_key(step, COMMITTED_FILE))
@@ -187,10 +203,9 @@ def fetch_back(fast_dir: Path, source: str, key: str, step: int) -> dict[str, An
         ranks = [r for r in held.get("ranks") or [] if isinstance(r, int) and r >= 0]
         if step not in (held.get("steps") or []):
             raise PeerError(f"{source} holds steps {held.get('steps')} of this pod, not {step}")
-        for rank in ranks:
-            report["bytes"] += copy_step(client, "replica", rank, step,
-                                         fast_tier.rank_store(fast_dir, rank))  # fmt: skip
-            report["ranks"].append(rank)
+        copied = _copy_ranks(client, "replica", step,
+                             {r: fast_tier.rank_store(fast_dir, r) for r in ranks})  # fmt: skip
+        report["ranks"], report["bytes"] = sorted(copied), sum(copied.values())
         report["ok"], report["error"] = True, None
     except (PeerError, StoreError, OSError) as exc:
         report["ok"], report["error"] = False, str(exc)[:500]
@@ -261,16 +276,17 @@ class ReplicaPuller:
         if not isinstance(newest, dict) or not isinstance(step := newest.get("step"), int):
             return None
         markers = newest.get("committed") or {}
-        copied = None
+        stores, wanted = {}, {}
         for rank_text, marker in sorted(markers.items()):
             if not rank_text.isdigit() or not isinstance(marker, str):
                 raise PeerError(f"{assignment.source}: holdings: bad rank entry {rank_text!r}")
-            store = fast_tier.rank_store(self.root, int(rank_text))
+            stores[int(rank_text)] = store = fast_tier.rank_store(self.root, int(rank_text))
             if _marker(store, step) != marker.encode().strip():
-                copy_step(client, "own", int(rank_text), step, store)
-                copied = step
+                wanted[int(rank_text)] = store
+        _copy_ranks(client, "own", step, wanted)
+        for store in stores.values():
             keep_newest(store, self._keep)
-        return copied
+        return step if wanted else None
 
     def run(self) -> None:
         while not self._stop.is_set():
