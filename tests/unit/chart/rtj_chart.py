@@ -29,6 +29,7 @@ ALERTS = (
     "RTJJobFailed",
     "RTJRecoverySlow",
     "RTJNodeQuarantined",
+    "RTJFastTierReplicaStalled",
     "RTJOperatorDown",
     "RTJOperatorReconcileErrors",
 )
