@@ -83,9 +83,10 @@ def plan_current_attempt(b: PlanBuilder) -> None:
 
     if hold_for_partition(b):
         return
+    nodes = list(judged_nodes(b).values())
     found = classify_failure(
         [*live, *gone],
-        list(judged_nodes(b).values()),
+        nodes,
         list(snap.events or ()),
         b.now,
         node_health=b.rtj.spec.node_health,
@@ -115,7 +116,7 @@ def plan_current_attempt(b: PlanBuilder) -> None:
             found = synthetic_failure(f"JobSet {name} failed: {current.failure_message}")
         else:
             progress(b, current, live)
-            found = in_place.supervisor_failure(b, live) or find_hang(b, live)
+            found = in_place.supervisor_failure(b, live, nodes) or find_hang(b, live)
             if found is None:
                 note_progress(b)
                 return

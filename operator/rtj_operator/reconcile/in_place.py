@@ -50,7 +50,6 @@ from rtj_operator.reconcile.actions import DeleteJobSet, MetricRecord
 from rtj_operator.reconcile.builder import PlanBuilder, trim_evidence
 from rtj_operator.reconcile.converge import delete_pods
 from rtj_operator.reconcile.failure import MAX_BAD_STEPS
-from rtj_operator.reconcile.liveness import judged_nodes
 from rtj_operator.reconcile.ranks import completion_index, progress_port
 from rtj_operator.reconcile.world import Json, Snapshot, get_in, pod_name
 from rtj_shim.control import Order
@@ -70,9 +69,12 @@ def _supervisors(b: PlanBuilder) -> Mapping[str, Mapping[str, Any]]:
     return readings.supervisors
 
 
-def supervisor_failure(b: PlanBuilder, live: Sequence[Json]) -> Classification | None:
+def supervisor_failure(
+    b: PlanBuilder, live: Sequence[Json], nodes: Sequence[Json]
+) -> Classification | None:
     """A supervised pod whose trainer command exited with an error in this generation (the
-    pod stays up: only its supervisor knows). The earliest exit is the first failed."""
+    pod stays up: only its supervisor knows). The earliest exit is the first failed.
+    `nodes`: the job's nodes as this plan judged them (`liveness.judged_nodes`)."""
     reports = _supervisors(b)
     generation = _attempt_generation(b)
     exited = [
@@ -112,7 +114,7 @@ def supervisor_failure(b: PlanBuilder, live: Sequence[Json]) -> Classification |
             Decision(signal=f"step {step} refused", source=f"pod {name}: supervisor",
                      rule="a pinned step the restore does not verify is bad"),
         )  # fmt: skip
-    cause = _node_cause(b, live, pod, code, first.finished_at)
+    cause = _node_cause(b, live, nodes, pod, code, first.finished_at)
     if cause is not None:  # a GPU fault or a lost node under the exit: replace, not restart
         return replace(cause, evidence=(*cause.evidence, *evidence))
     return Classification(
@@ -156,7 +158,12 @@ def _attempt_generation(b: PlanBuilder) -> int:
 
 
 def _node_cause(
-    b: PlanBuilder, live: Sequence[Json], pod: Json, code: object, at: datetime | None
+    b: PlanBuilder,
+    live: Sequence[Json],
+    nodes: Sequence[Json],
+    pod: Json,
+    code: object,
+    at: datetime | None,
 ) -> Classification | None:
     """What the classifier makes of the exit read as the trainer container's termination,
     beside the node's signals (an XID condition, a lost node), when that implicates a node;
@@ -175,7 +182,7 @@ def _node_cause(
     ended = {**pod, "status": {**(pod.get("status") or {}), "containerStatuses": statuses}}
     found = classify_failure(
         [ended if p is pod else p for p in live],
-        list(judged_nodes(b).values()),
+        list(nodes),
         list(b.snap.events or ()),
         b.now,
         node_health=b.rtj.spec.node_health,
