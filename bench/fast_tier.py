@@ -28,7 +28,12 @@ the trainer's own 1.6 GB and the async save's staging copy, over this machine's 
    the in-place supervisor writes it), from the durable filesystem store (a resume file
    with ``step``: deep verification in the trainer, page cache warm and evicted; and the
    step the init container verified, shallow in the trainer), and from S3 on the loopback
-   moto server of ``e2e.s3server`` (``--no-s3`` skips it).
+   moto server of ``e2e.s3server`` (``--no-s3`` skips it). From a buddy (the fast tier's
+   peer replica): the same fast step, held in a holder pod's replica, copied back over
+   loopback HTTP into an empty fast tier by ``peer_pull.fetch_back`` (as a replaced pod's
+   sidecar does), then restored from there as from the fast tier: the copy-back alone and
+   with the restore; and the holder's replication copy of one step
+   (``ReplicaPuller.pull_once``), each in the same rotation (``--no-buddy`` skips them).
 3. Lost steps per failure: arithmetic from the measured stalls (see
    ``bench.fast_tier_lost.lost_rows``).
 
@@ -36,11 +41,12 @@ Durable steps go under ``<repo>/.bench/`` (git-ignored), the fast tier under ``/
 both are removed afterwards. Figures only, no targets: nothing here fails on a number.
 
 This module runs them and writes the report; section 1 is bench.fast_tier_stalls, 2
-bench.fast_tier_restores, 3 bench.fast_tier_lost, the report bench.fast_tier_report, what
-they record bench.fast_tier_results, the model bench.torch_models.
+bench.fast_tier_restores (the buddy's pods and copies: bench.fast_tier_buddy), 3
+bench.fast_tier_lost, the report bench.fast_tier_report, what they record
+bench.fast_tier_results, the model bench.torch_models.
 
     python -m bench.fast_tier [--hidden 1000,5000,7070] [--rounds 8] [--restore-reps 3]
-        [--no-s3] [--quick] [--json FILE] [--markdown FILE]
+        [--no-s3] [--no-buddy] [--quick] [--json FILE] [--markdown FILE]
 """
 
 from __future__ import annotations
@@ -118,6 +124,11 @@ def run(args: argparse.Namespace, context: dict[str, Any]) -> list[SizeResult]:
             server = s3_server(work_top)
             bucket, _ = stack.enter_context(server)
             context["s3"] = "moto (e2e.s3server), auth enforced, loopback on this machine"
+        if args.buddy:
+            context["buddy"] = (
+                "two progress sidecars (`rtj-shim progress-server`, each its own process) on "
+                "127.0.0.1, the copies in this process"
+            )
         for hidden in args.hidden:
             tr = example_model(hidden)
             result = SizeResult(hidden, tr.params, tr.state_bytes())
@@ -130,7 +141,8 @@ def run(args: argparse.Namespace, context: dict[str, Any]) -> list[SizeResult]:
                 newest = measure_stalls(tr, result, work, fast_root, args.rounds)
                 gc.collect()
                 s3_root = None if bucket is None else f"s3://{bucket}/h{hidden}"
-                measure_restores(tr, result, work, fast_root, newest, args.restore_reps, s3_root)
+                measure_restores(tr, result, work, fast_root, newest, args.restore_reps, s3_root,
+                                 args.buddy)  # fmt: skip
             finally:
                 shutil.rmtree(work, ignore_errors=True)
                 shutil.rmtree(fast_root, ignore_errors=True)
@@ -158,6 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fast-every", type=int, default=5,
                         help="the fast interval beside it, in the example scenario")  # fmt: skip
     parser.add_argument("--no-s3", dest="s3", action="store_false")
+    parser.add_argument("--no-buddy", dest="buddy", action="store_false",
+                        help="no restore from a buddy (the peer replica's sidecars)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="tiny models, 2 rounds, no S3")
     parser.add_argument("--work-dir", type=Path, help="durable store's parent (.bench/)")
     parser.add_argument("--fast-dir", type=Path, help="fast tier's parent (/dev/shm)")

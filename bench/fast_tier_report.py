@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.common import med, p90
+from bench.common import MiB, med, p90
 from bench.fast_tier_lost import (
     contention_s,
     durable_options,
@@ -14,6 +14,8 @@ from bench.fast_tier_lost import (
     practical_interval,
 )
 from bench.fast_tier_results import (
+    BUDDY,
+    BUDDY_COPY,
     FAST_EVERY,
     FAST_KEEP,
     LABELS,
@@ -66,6 +68,33 @@ def restore_table(results: list[SizeResult]) -> list[str]:
                 f"| {model} | {RESTORE_LABELS[kind]} | {fmt_s(med(xs))} | {fmt_s(p90(xs))} | "
                 f"{med(xs) / base:.2f}x |"
             )
+    return out
+
+
+def mib_per_s(nbytes: float, seconds: float) -> str:
+    return f"{nbytes / MiB / seconds:.0f} MiB/s" if seconds > 0 else "-"
+
+
+def buddy_table(results: list[SizeResult]) -> list[str]:
+    """The peer replica's two copies of one fast step, per model: the holder's replication
+    and the replaced pod's copy-back, each with its rate."""
+    out = [
+        "| model (state) | a step's shards | holder's copy (`ReplicaPuller.pull_once`), "
+        "median | p90 | rate | copy-back (`fetch_back`), median | p90 | rate | the restore "
+        "after it (median of copy-back + restore, less the copy-back's) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        copy, back = r.replica_copy_s, r.restores.get(BUDDY_COPY)
+        if not copy or not back:
+            continue
+        after = med(r.restores[BUDDY]) - med(back)
+        out.append(
+            f"| {r.label} ({fmt_bytes(r.state_bytes)}) | {fmt_bytes(r.buddy_bytes)} | "
+            f"{fmt_s(med(copy))} | {fmt_s(p90(copy))} | {mib_per_s(r.buddy_bytes, med(copy))} | "
+            f"{fmt_s(med(back))} | {fmt_s(p90(back))} | {mib_per_s(r.buddy_bytes, med(back))} | "
+            f"{fmt_s(after)} |"
+        )
     return out
 
 
@@ -123,20 +152,26 @@ def arithmetic_text(results: list[SizeResult], budget: float) -> list[str]:
 def summary_table(results: list[SizeResult]) -> list[str]:
     out = [
         "| model (state) | step | fast-tier stall | ÷ durable blocking | ÷ durable async "
-        "stall | ÷ torch.save | fast restore | ÷ durable fs (deep, warm) | ÷ S3 | load |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "stall | ÷ torch.save | fast restore | ÷ durable fs (deep, warm) | ÷ S3 | buddy: "
+        "copy-back + restore | buddy ÷ S3 | holder's copy | load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         fast = med(r.stalls["fast"])
         restore = med(r.restores["fast"])
         s3 = r.restores.get("s3 deep")
+        buddy = r.restores.get(BUDDY)
+        buddy_cells = "- | - | -"
+        if buddy:
+            ratio = "-" if not s3 else f"{med(buddy) / med(s3):.2f}x"
+            buddy_cells = f"{fmt_s(med(buddy))} | {ratio} | {fmt_s(med(r.replica_copy_s))}"
         out.append(
             f"| {r.label} ({fmt_bytes(r.state_bytes)}) | {fmt_s(r.step_median)} | "
             f"{fmt_s(fast)} | {fast / med(r.stalls['durable']):.2f}x | "
             f"{fast / med(r.stalls['durable async']):.2f}x | "
             f"{fast / med(r.stalls['torch.save']):.2f}x | {fmt_s(restore)} | "
             f"{restore / med(r.restores['fs deep warm']):.2f}x | "
-            f"{'-' if not s3 else f'{restore / med(s3):.2f}x'} | "
+            f"{'-' if not s3 else f'{restore / med(s3):.2f}x'} | {buddy_cells} | "
             f"{r.load[0]:.2f} → {r.load[1]:.2f} |"
         )
     return out
@@ -148,6 +183,7 @@ def markdown(results: list[SizeResult], context: dict[str, Any]) -> str:
     budget, save_every = context["budget"], context["save_every"]
     fast_every = context["fast_every"]
     s3 = context.get("s3")
+    buddy = context.get("buddy")
     out = [
         "# Fast checkpoint tier benchmark (issue 16)",
         "",
@@ -208,7 +244,14 @@ def markdown(results: list[SizeResult], context: dict[str, Any]) -> str:
         "newest step into the live model, optimizer and scheduler. The fast tier is always "
         "in memory (tmpfs); the durable filesystem restore twice, with the step's pages in "
         "the page cache and evicted (`posix_fadvise(DONTNEED)`). "
-        + (f"S3: {s3}." if s3 else "S3: not measured in this run (`--no-s3`)."),
+        + (f"S3: {s3}." if s3 else "S3: not measured in this run (`--no-s3`).")
+        + (
+            " From a buddy (the fast tier's peer replica, below): the same fast step copied "
+            "back from a holder pod's replica into an empty fast tier, then restored from "
+            "there as from the fast tier; one turn of the rotation times both."
+            if buddy
+            else " From a buddy: not measured in this run (`--no-buddy`)."
+        ),
         "",
         *restore_table(results),
         "",
@@ -225,6 +268,33 @@ def markdown(results: list[SizeResult], context: dict[str, Any]) -> str:
             + "."
         )
         out.append("")
+    if buddy:
+        out += [
+            "### From a buddy: the peer replica's copies",
+            "",
+            f"Three pods of one job on this machine: {buddy}. The *source* is this process's "
+            "trainer, its fast tier the one of section 1 (newest step as in the fast-tier "
+            "row). A *holder*'s sidecar keeps a replica of that step in its own fast tier "
+            "(`<fast dir>/peer/rank-00000/...`, copied once from the source's sidecar with "
+            "`peer_pull.copy_step` before the timings). The *replaced* pod (the source's, "
+            "re-created on another node) starts with an empty fast tier: its sidecar's "
+            "`fetch_back` copies the step back from the holder's sidecar (the holdings, the "
+            "manifest, each shard streamed into a new step directory under the commit "
+            "protocol, SHA-256 as written, checked against the manifest, then the same "
+            "manifest and COMMITTED published), then the trainer restores from there as from "
+            "the fast tier (deep-verified again). The holder's copy is the replication itself: "
+            "`ReplicaPuller.pull_once` against the source's sidecar (holdings, the same copy, "
+            "then the replica's retention) into an empty replica (emptied after each copy, "
+            "untimed). "
+            "Everything in tmpfs (pod memory), over loopback HTTP: no network between nodes, "
+            "and the sender and the receiver share these two cores. World size 1: one rank, "
+            "so one copy stream (`peer_pull` copies up to `COPY_STREAMS` = 4 ranks of a pod "
+            f"at once). Medians and p90 of the {context['restore_reps']} repetitions of the "
+            "restore rotation; a rate is the step's shards over the median.",
+            "",
+            *buddy_table(results),
+            "",
+        ]
     out += [
         "## 3. Lost steps per failure",
         "",
@@ -271,5 +341,5 @@ def markdown(results: list[SizeResult], context: dict[str, Any]) -> str:
 
 def print_summary(results: list[SizeResult]) -> None:
     print()
-    for line in [*stall_table(results), "", *restore_table(results)]:
+    for line in [*stall_table(results), "", *restore_table(results), "", *buddy_table(results)]:
         print(line)

@@ -1,19 +1,32 @@
 """bench.fast_tier, section 2: restore time, a fresh Checkpointer each time (as a restarted
-trainer), from the fast tier, the durable filesystem store (page cache warm and evicted; the
-step the init container verified) and S3 on the loopback moto server."""
+trainer), from the fast tier, from a buddy (the fast step copied back from the holder of its
+peer replica into an empty fast tier, then restored from there: bench.fast_tier_buddy), the
+durable filesystem store (page cache warm and evicted; the step the init container verified)
+and S3 on the loopback moto server; and the holder's replication copy of one step."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from bench.common import evict, timed
-from bench.fast_tier_results import FAST_EVERY, FAST_KEEP, RESTORES, SizeResult, fmt_s
+from bench.fast_tier_buddy import buddy as buddy_pods
+from bench.fast_tier_results import (
+    BUDDY,
+    BUDDY_COPY,
+    FAST_EVERY,
+    FAST_KEEP,
+    HOLDER_COPY,
+    RESTORES,
+    SizeResult,
+    fmt_s,
+)
 from bench.torch_models import Trainer
 from rtj_shim.fast_tier import holdings
 from rtj_shim.torch import Checkpointer, SaveReport
@@ -49,6 +62,7 @@ def measure_restores(
     durable: SaveReport,
     reps: int,
     s3_root: str | None,
+    buddy: bool = True,
 ) -> None:
     fast_held = holdings(fast_root)
     assert fast_held, "the fast tier holds no step"
@@ -67,7 +81,9 @@ def measure_restores(
     }
     pins["fs deep cold"] = pins["fs deep warm"]
     expected = {"fast": fast_step}
-    kinds = [k for k in RESTORES if k != "s3 deep"]
+    kinds = [k for k in RESTORES if k not in ("s3 deep", BUDDY_COPY, BUDDY)]
+    if buddy:  # one turn of the rotation each: the copy-back then the restore; the holder's copy
+        kinds[1:1] = [BUDDY, HOLDER_COPY]
     if s3_root is not None:
         s3 = Checkpointer(
             s3_root, keep_last=FAST_KEEP, resume_file=work / "no-resume.json", restore_report=False
@@ -78,28 +94,49 @@ def measure_restores(
         pins["s3 deep"] = resume_file(work / "resume-s3.json", {"step": durable_step + 2})
         expected["s3 deep"] = durable_step + 2
         kinds.append("s3 deep")
-    result.restores = {k: [] for k in kinds}
-    for rep in range(reps):
-        order = kinds[rep % len(kinds) :] + kinds[: rep % len(kinds)]
-        for kind in order:
-            root: Any = s3_root if kind == "s3 deep" else work / "durable"
-            extra: dict[str, Any] = {}
-            if kind == "fast":
-                extra = {"fast_tier_dir": fast_root, "fast_every_steps": FAST_EVERY,
-                         "fast_keep": FAST_KEEP}  # fmt: skip
-            ckpt = Checkpointer(root, resume_file=pins[kind], restore_report=False, **extra)
-            if kind == "fs deep cold":
-                evict([work / "durable"])
-            took = timed(partial(ckpt.restore, tr.objects))
-            report = ckpt.last_restore
-            assert report is not None
-            want = expected.get(kind, durable_step)
-            if report.step != want or (kind == "fast") != (report.source == "fast-tier"):
-                raise RuntimeError(f"restore {kind}: got step {report.step} from {report.source}")
-            ckpt.close()
-            result.restores[kind].append(took)
-        print(
-            f"  restore {rep + 1}: "
-            + ", ".join(f"{k} {fmt_s(v[-1])}" for k, v in result.restores.items())
-            + f"; load {os.getloadavg()[0]:.2f}"
-        )
+    result.restores = {k: [] for k in RESTORES if k in kinds or (buddy and k == BUDDY_COPY)}
+    fast_tier = {"fast_every_steps": FAST_EVERY, "fast_keep": FAST_KEEP}
+
+    def restore(kind: str, root: Any, pin: Path, **extra: Any) -> float:
+        ckpt = Checkpointer(root, resume_file=pin, restore_report=False, **extra)
+        if kind == "fs deep cold":
+            evict([work / "durable"])
+        took = timed(partial(ckpt.restore, tr.objects))
+        report = ckpt.last_restore
+        assert report is not None
+        want = expected.get(kind, durable_step)
+        if report.step != want or (kind in ("fast", BUDDY)) != (report.source == "fast-tier"):
+            raise RuntimeError(f"restore {kind}: got step {report.step} from {report.source}")
+        ckpt.close()
+        return took
+
+    expected[BUDDY] = fast_step
+    with contextlib.ExitStack() as stack:
+        pods = stack.enter_context(buddy_pods(fast_root, fast_step)) if buddy else None
+        for rep in range(reps):
+            order = kinds[rep % len(kinds) :] + kinds[: rep % len(kinds)]
+            for kind in order:
+                if kind == HOLDER_COPY:
+                    assert pods is not None
+                    result.replica_copy_s.append(timed(pods.replicate))
+                    pods.reset_replica()  # untimed: the next copy starts from an empty one
+                elif kind == BUDDY:
+                    assert pods is not None
+                    dest = pods.new_tier(rep)
+                    copied = timed(partial(pods.copy_back, dest))
+                    result.buddy_bytes = pods.last_bytes
+                    took = restore(BUDDY, work / "durable", pins["fast"],
+                                   fast_tier_dir=dest, **fast_tier)  # fmt: skip
+                    shutil.rmtree(dest)  # untimed: the replaced pod's tier goes
+                    result.restores[BUDDY_COPY].append(copied)
+                    result.restores[BUDDY].append(copied + took)
+                else:
+                    root: Any = s3_root if kind == "s3 deep" else work / "durable"
+                    extra = {"fast_tier_dir": fast_root, **fast_tier} if kind == "fast" else {}
+                    result.restores[kind].append(restore(kind, root, pins[kind], **extra))
+            holder = f", holder's copy {fmt_s(result.replica_copy_s[-1])}" if buddy else ""
+            print(
+                f"  restore {rep + 1}: "
+                + ", ".join(f"{k} {fmt_s(v[-1])}" for k, v in result.restores.items())
+                + f"{holder}; load {os.getloadavg()[0]:.2f}"
+            )

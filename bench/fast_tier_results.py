@@ -18,9 +18,15 @@ LABELS = {
     "durable": "durable save, blocking, local fs",
     "durable async": "durable save(blocking=False): call + fence",
 }
-RESTORES = ("fast", "fs deep warm", "fs deep cold", "fs shallow warm", "s3 deep")
+BUDDY_COPY, BUDDY = "buddy copy-back", "buddy copy-back + restore"
+HOLDER_COPY = "holder's copy"  # the holder's replication of one step (not a restore)
+RESTORES = ("fast", BUDDY_COPY, BUDDY, "fs deep warm", "fs deep cold", "fs shallow warm",
+            "s3 deep")  # fmt: skip
 RESTORE_LABELS = {
     "fast": "fast tier (resume file `fast_step`; deep-verified in the trainer)",
+    BUDDY_COPY: "buddy: the copy-back alone (`peer_pull.fetch_back` from the holder's "
+    "sidecar, loopback HTTP, into an empty fast tier)",
+    BUDDY: "buddy: copy-back + the restore from the copied fast tier (as the fast tier's)",
     "fs deep warm": "durable local fs (resume file `step`; deep), page cache warm",
     "fs deep cold": "durable local fs (resume file `step`; deep), pages evicted",
     "fs shallow warm": "durable local fs, step the init container verified (shallow), warm",
@@ -59,6 +65,8 @@ class SizeResult:
     restores: dict[str, list[float]] = field(default_factory=dict)  # RESTORES
     load: tuple[float, float] = (0.0, 0.0)  # 1-minute load average before and after
     s3_save_s: list[float] = field(default_factory=list)
+    replica_copy_s: list[float] = field(default_factory=list)  # the holder's pull_once
+    buddy_bytes: int = 0  # the bytes one copy-back moved (the step's shards)
     notes: list[str] = field(default_factory=list)
 
     @property

@@ -11,7 +11,8 @@ import pytest
 
 from bench.fast_tier import main
 from bench.fast_tier_lost import lost_rows, practical_interval
-from bench.fast_tier_results import FAST_EVERY, METHODS, RESTORES, SizeResult
+from bench.fast_tier_report import mib_per_s
+from bench.fast_tier_results import BUDDY, BUDDY_COPY, FAST_EVERY, METHODS, RESTORES, SizeResult
 
 
 def sized(step: float = 0.1) -> SizeResult:
@@ -71,6 +72,11 @@ def test_a_tiny_run_measures_every_method_and_writes_the_report(tmp_path: Path) 
     assert set(result["stalls"]) == set(METHODS)
     assert all(len(v) == 1 and v[0] >= 0 for v in result["stalls"].values())
     assert set(result["restores"]) == set(RESTORES) - {"s3 deep"}
+    # from a buddy: the copy-back alone, and with the restore that followed it
+    (back,), (both,) = result["restores"][BUDDY_COPY], result["restores"][BUDDY]
+    assert 0 < back < both
+    assert len(result["replica_copy_s"]) == 1 and result["replica_copy_s"][0] > 0
+    assert 0 < result["buddy_bytes"] <= result["fast_step_bytes"]
     # the warm-up round and the timed one each saved one fast step; fast_keep=2 keeps both
     assert result["fast_held_steps"] == [FAST_EVERY, 2 * FAST_EVERY]
     assert result["fast_step_bytes"] == result["fast_held_bytes"] // 2 > 0
@@ -80,5 +86,11 @@ def test_a_tiny_run_measures_every_method_and_writes_the_report(tmp_path: Path) 
     for heading in ("## Summary", "## 1. Training-thread", "## 2. Restore", "## 3. Lost steps"):
         assert heading in report
     assert "not measured in this run (`--no-s3`)" in report
+    assert "### From a buddy: the peer replica's copies" in report
     assert list(fast_dir.iterdir()) == []  # the fast tier and the durable steps are gone
     assert list(work_dir.iterdir()) == []
+
+
+def test_a_copy_rate_is_mebibytes_over_the_median() -> None:
+    assert mib_per_s(300 * 2**20, 0.5) == "600 MiB/s"
+    assert mib_per_s(1, 0.0) == "-"
