@@ -361,6 +361,14 @@ def test_the_schema_is_valid_json_schema_and_covers_every_default() -> None:
     assert set(defaults) <= set(schema["properties"])
 
 
+def test_every_alert_can_be_disabled_by_name() -> None:
+    """The schema's disabledAlerts names exactly the alerts the chart renders (ALERTS is
+    checked against the rendered PrometheusRule above)."""
+    schema = json.loads((CHART / "values.schema.json").read_text(encoding="utf-8"))
+    rule = schema["properties"]["prometheusRule"]["properties"]["disabledAlerts"]
+    assert sorted(rule["items"]["enum"]) == sorted(ALERTS)
+
+
 # --- the CRD ----------------------------------------------------------------------------------
 
 
