@@ -207,8 +207,8 @@ def fetch_back(fast_dir: Path, source: str, key: str, step: int) -> dict[str, An
                              {r: fast_tier.rank_store(fast_dir, r) for r in ranks})  # fmt: skip
         report["ranks"], report["bytes"] = sorted(copied), sum(copied.values())
         report["ok"], report["error"] = True, None
-    except (PeerError, StoreError, OSError) as exc:
-        report["ok"], report["error"] = False, str(exc)[:500]
+    except Exception as exc:  # whatever it was, the order goes on (restored durable)
+        report["ok"], report["error"] = False, f"{type(exc).__name__}: {exc}"[:500]
     report["seconds"] = round(time.monotonic() - started, 3)
     return report
 
@@ -293,8 +293,8 @@ class ReplicaPuller:
             try:
                 self.pull_once()
                 error = None
-            except (PeerError, StoreError, OSError) as exc:
-                error = str(exc)[:300]
+            except Exception as exc:  # reported, and tried again: the thread never ends
+                error = f"{type(exc).__name__}: {exc}"[:300]
                 log.info("peer replica: %s", error)
             with self._lock:
                 self._error = error

@@ -371,7 +371,11 @@ class ProgressServer(ThreadingHTTPServer):
 
         def fetch() -> None:
             assert order.fast_source is not None and order.fast_step is not None
-            got = fetch_back(fast_dir, order.fast_source, self.control_key, order.fast_step)
+            try:
+                got = fetch_back(fast_dir, order.fast_source, self.control_key, order.fast_step)
+            except BaseException as exc:  # fetch_back reports its errors; this is the rest
+                got = {"step": order.fast_step, "source": order.fast_source, "ok": False,
+                       "error": f"{type(exc).__name__}: {exc}"[:500]}  # fmt: skip
             with self._order_lock:
                 self._fetch_report = {"generation": order.generation, **got}
                 held = control.read_json(control_dir / control.ORDER_FILE)
