@@ -1,7 +1,7 @@
 """The goodput soak: real training through the operator under a seeded fault schedule.
 
     python -m bench.goodput [--mtbf 60] [--seed 1] [--steps 3000] [--out bench/results]
-        [--in-place/--no-in-place] [--fast-every K] [--name goodput]
+        [--in-place/--no-in-place] [--fast-every K] [--preemption-hold S] [--name goodput]
 
 One local cluster with pod-runner nodes, the S3 server and the operator (the demo's
 platform, `e2e/demo/story.py`); the example trainer (examples/ddp_train.py under torchrun,
@@ -63,6 +63,12 @@ RANKS = 2
 # each takes a node out for good (quarantined, or powered off); one spare node stays
 CAPS = {"gpu_xid": NODES - RANKS - 2, "node_lost": 1}
 MAX_RESTARTS = 50
+PREEMPTION_HOLD = 5.0
+"""Seconds a preemption's urgent workload keeps the quota once admitted (`--preemption-hold`)."""
+PREEMPTION_PRIORITY = 1000
+"""Its WorkloadPriorityClass's value (the soak's job has none: 0)."""
+CLUSTER_QUEUE = story.NAMESPACE
+"""The platform's ClusterQueue (`story.start_platform` names it after the namespace)."""
 
 
 @dataclass
@@ -85,6 +91,8 @@ class SoakOptions:
     """spec.checkpoint.fastTier.everySteps (0: no fast tier; it needs in_place)."""
     in_place_deadline: int = 60
     """spec.recovery.inPlaceDeadlineSeconds."""
+    preemption_hold: float = PREEMPTION_HOLD
+    """How long a preemption's urgent workload keeps the quota once Kueue admitted it."""
 
     def __post_init__(self) -> None:
         if self.fast_every < 0 or (self.fast_every and not self.in_place):
@@ -143,10 +151,15 @@ def no_fault_run(opts: SoakOptions) -> dict[int, dict[int, float]]:
 
 
 class Injector:
-    """Applies one fault to the current attempt's world (pod-runner processes)."""
+    """Applies one fault to the current attempt's world (pod-runner processes; for a
+    preemption, Kueue)."""
 
-    def __init__(self, opts: story.Options, kube: Any, api: Any) -> None:
+    def __init__(
+        self, opts: story.Options, kube: Any, api: Any, preemption_hold: float = PREEMPTION_HOLD
+    ) -> None:
         self.opts, self.kube, self.api = opts, kube, api
+        self.preemption_hold = preemption_hold
+        self.preemptions: list[cluster_faults.Preemption] = []
 
     def _current(self, rank: int) -> dict[str, Any] | None:
         status = self.api.get_rtj(story.NAMESPACE, JOB).get("status") or {}
@@ -179,6 +192,8 @@ class Injector:
         pid = self._trainer(pod) if pod is not None else None
         if pod is None or pid is None:
             return "skipped: no running trainer for that rank"
+        if fault.kind == "preemption":
+            return self._preempt()
         node, name = pod["spec"]["nodeName"], pod["metadata"]["name"]
         if fault.kind == "hang":
             os.kill(pid, signal.SIGSTOP)
@@ -202,6 +217,17 @@ class Injector:
         os.kill(pid, signal.SIGKILL)
         return f"{'XID 79 on ' + node + '; ' if fault.kind == 'gpu_xid' else ''}SIGKILL " \
             f"rank {fault.rank} (pid {pid})"  # fmt: skip
+
+    def _preempt(self) -> str:
+        """Kueue preempts the job: an urgent workload needing the ClusterQueue's whole quota
+        (`cluster_faults.kueue_preempt`), gone `preemption_hold` s after its admission."""
+        p = cluster_faults.kueue_preempt(
+            self.kube, story.NAMESPACE, story.QUEUE, CLUSTER_QUEUE,
+            hold=self.preemption_hold, name=f"urgent-{len(self.preemptions) + 1}",
+            priority=PREEMPTION_PRIORITY,
+        )  # fmt: skip
+        self.preemptions.append(p)
+        return preemption_text(p)
 
     def _corrupt_newest(self) -> str:
         """Flip one byte of a data file of the newest committed step in the store (the
@@ -237,6 +263,34 @@ class Injector:
         return f"flipped a byte of {key}"
 
 
+def preemption_text(p: cluster_faults.Preemption) -> str:
+    """A preemption in words, for the report's list of what was injected."""
+    head = (f"Kueue: urgent Job {p.name} ({p.pods} pods x {p.gpus_per_pod} GPUs, the "
+            f"ClusterQueue's whole quota, priority {p.priority})")  # fmt: skip
+    if p.admitted is None:
+        return f"{head} not admitted: nothing preempted"
+    gone = f"{p.gone - p.released:.1f} s" if p.gone is not None else "not within the timeout"
+    return (f"{head} admitted {p.admitted - p.created:.1f} s after it arrived (ours evicted), "
+            f"held the quota {p.released - p.admitted:.1f} s, gone {gone} after its "
+            "deletion")  # fmt: skip
+
+
+def preemption_facts(p: cluster_faults.Preemption) -> dict[str, Any]:
+    """What the injected record keeps of a preemption (Unix times)."""
+    return {"preemptor": {"name": p.name, "created": p.created, "admitted": p.admitted,
+                          "released": p.released, "gone": p.gone}}  # fmt: skip
+
+
+def prepare_preemption(kube: Any, plan: list[Fault]) -> bool:
+    """Let the ClusterQueue preempt (`withinClusterQueue: LowerPriority`) when the schedule
+    holds a preemption. Only then: with one priority level it never preempts anything, but
+    a schedule without one keeps the platform exactly as before."""
+    if not any(f.kind == "preemption" for f in plan):
+        return False
+    cluster_faults.enable_kueue_preemption(kube, CLUSTER_QUEUE)
+    return True
+
+
 def run(opts: SoakOptions) -> dict[str, Any]:
     """One soak; returns the report's facts (raises if an invariant fails)."""
     shutil.rmtree(opts.work, ignore_errors=True)
@@ -261,19 +315,18 @@ def run(opts: SoakOptions) -> dict[str, Any]:
         operator_args += ("--control-secret-file", str(secret))
     try:
         _, kube, api = story.start_platform(platform, display, state, operator_args=operator_args)
+        prepare_preemption(kube, plan)
         created = time.time()
         api.create_rtj(story.NAMESPACE, job_body(opts))
         wait_for("the first step", lambda: _attempt_logs(platform), 600, 0.5)
         start = time.time()
-        injector = Injector(platform, kube, api)
+        injector = Injector(platform, kube, api, opts.preemption_hold)
         for fault in plan:
             while time.time() < start + fault.at and not _finished(api):
                 time.sleep(0.2)
             if _finished(api):
                 break
-            what = injector.apply(fault)
-            injected.append({"kind": fault.kind, "rank": fault.rank, "at": time.time(),
-                             "scheduled": fault.at, "what": what})  # fmt: skip
+            injected.append(inject(injector, fault))
         wait_for("the job to finish", lambda: _finished(api), 1800, 1.0)
         status = dict(api.get_rtj(story.NAMESPACE, JOB).get("status") or {})
         leaks = _leaks(api, kube, status)
@@ -286,6 +339,19 @@ def run(opts: SoakOptions) -> dict[str, Any]:
     facts["features"] = opts.features()
     facts["variant"] = opts.variant()
     return facts
+
+
+def inject(injector: Injector, fault: Fault) -> dict[str, Any]:
+    """Apply `fault` now; its record. `at`: when it was done (a preemption, which takes its
+    hold to apply: when the urgent workload arrived)."""
+    before = len(injector.preemptions)
+    what = injector.apply(fault)
+    out = {"kind": fault.kind, "rank": fault.rank, "at": time.time(), "scheduled": fault.at,
+           "what": what}  # fmt: skip
+    if len(injector.preemptions) > before:
+        p = injector.preemptions[-1]
+        out.update(at=p.created, **preemption_facts(p))
+    return out
 
 
 def _finished(api: Any) -> bool:
@@ -305,9 +371,10 @@ def _attempt_logs(platform: story.Options) -> dict[int, dict[int, list[str]]]:
 
 
 def _leaks(api: Any, kube: Any, status: dict[str, Any]) -> list[str]:
-    """JobSets and pods of earlier attempts, and taints the job does not record."""
+    """JobSets and pods of earlier attempts, taints the job does not record, and what a
+    preemption's urgent workload left."""
     final = status.get("attempt")
-    out = []
+    out = cluster_faults.kueue_preemptor_leaks(kube, story.NAMESPACE)
     for js in api.list_jobsets(story.NAMESPACE):
         if js["metadata"]["labels"].get("training.resilient.dev/attempt") != str(final):
             out.append(f"JobSet {js['metadata']['name']}")
@@ -363,7 +430,16 @@ def settings(opts: SoakOptions) -> dict[str, Any]:
             "restart in place": (f"on (deadline {opts.in_place_deadline} s)"
                                  if opts.in_place else "off"),
             "fast tier": f"every {opts.fast_every} steps" if opts.fast_every else "off",
+            **({"preemption hold": f"{opts.preemption_hold:g} s"}
+               if may_preempt(opts) else {}),
             "workers": RANKS, "nodes": NODES}  # fmt: skip
+
+
+def may_preempt(opts: SoakOptions) -> bool:
+    """Whether the run's schedule may hold a preemption."""
+    if opts.faults is not None:
+        return any(f.kind == "preemption" for f in opts.faults)
+    return opts.mix.get("preemption", 0) > 0
 
 
 def write_report(
@@ -398,6 +474,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="spec.recovery.inPlace (default: on)")  # fmt: skip
     p.add_argument("--fast-every", type=int, default=SoakOptions.fast_every,
                    help="spec.checkpoint.fastTier.everySteps, 0: off (%(default)s)")  # fmt: skip
+    p.add_argument("--preemption-hold", type=float, default=PREEMPTION_HOLD,
+                   help="seconds a preemption's urgent workload keeps the quota once "
+                   "admitted (%(default)s)")  # fmt: skip
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     p.add_argument("--name", default="goodput", help="the report's file names")
     p.add_argument("--work", type=Path, default=SoakOptions.work)
@@ -405,7 +484,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.fast_every and not args.in_place:
         p.error("--fast-every needs --in-place (give --fast-every 0 with --no-in-place)")
     opts = SoakOptions(mtbf=args.mtbf, seed=args.seed, steps=args.steps, work=args.work,
-                       in_place=args.in_place, fast_every=args.fast_every)  # fmt: skip
+                       in_place=args.in_place, fast_every=args.fast_every,
+                       preemption_hold=args.preemption_hold)  # fmt: skip
     command = "python -m bench.goodput " + " ".join(
         sys.argv[1:] if argv is None else argv
     )  # fmt: skip

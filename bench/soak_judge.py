@@ -18,7 +18,11 @@ Any invariant that fails is a *problem* and fails the run:
   `inPlaceRestarts` entry; whole world: one per later attempt, none for an in-place restart
   that fell back, already paid), within `maxRestarts`; `trainerGeneration` counts the
   in-place restarts;
-- the job succeeded; nothing leaked (the caller's list).
+- a Kueue preemption (the urgent workload admitted) is recorded `Preempted`, category
+  `preemption`, and the status counts every such attempt under `restarts.preemption`, none
+  under `maxRestarts`' infrastructure count;
+- the job succeeded; nothing leaked (the caller's list: the urgent workloads and their
+  priority classes included).
 """
 
 from __future__ import annotations
@@ -86,7 +90,11 @@ def judge(
         problems.append(f"the job ended {status.get('phase')}")
     problems += [f"leaked: {what}" for what in leaks]
     recs = acc.recoveries([(f["kind"], f["at"]) for f in injected], rank0)
-    recoveries = [_with_record(r.__dict__, records) for r in recs]
+    recoveries = [
+        _with_preemptor(_with_record(r.__dict__, records), f)
+        for r, f in zip(recs, injected, strict=True)
+    ]
+    problems += _preemptions(injected, recoveries, status)
     in_place = [e for r in records.values() for e in r.get("inPlaceRestarts") or []]
     return {
         "created": created,
@@ -205,6 +213,57 @@ def _budget(status: Mapping[str, Any], max_restarts: int | None) -> list[str]:
     if generation != len(entries):
         out.append(f"trainerGeneration {generation}, but {len(entries)} in-place restarts "
                    "recorded")  # fmt: skip
+    return out
+
+
+def _with_preemptor(r: dict[str, Any], fault: Mapping[str, Any]) -> dict[str, Any]:
+    """A preemption's recovery with the urgent workload's times: `evicted_seconds` (its
+    arrival to its admission: Kueue evicting ours), `quota_held_seconds` (admission to its
+    deletion) and `after_release_seconds` (its deletion to our next world's first step:
+    re-admission, pods, restore)."""
+    p = fault.get("preemptor")
+    if not p:
+        return r
+    out = dict(r)
+    admitted, released = p.get("admitted"), p.get("released")
+    out["evicted_seconds"] = admitted - p["created"] if admitted is not None else None
+    out["quota_held_seconds"] = released - admitted if admitted is not None else None
+    first = r.get("seconds_to_first_step")
+    out["after_release_seconds"] = (
+        r["injected_at"] + first - released if first is not None and released else None
+    )
+    return out
+
+
+def _preemptions(
+    injected: Sequence[Mapping[str, Any]],
+    recoveries: Sequence[Mapping[str, Any]],
+    status: Mapping[str, Any],
+) -> list[str]:
+    """Each applied preemption evicted the job through Kueue and was recorded Preempted,
+    and preempted attempts spend no infrastructure budget."""
+    out = []
+    for f, r in zip(injected, recoveries, strict=True):
+        if f["kind"] != "preemption" or str(f["what"]).startswith("skipped"):
+            continue
+        p = f.get("preemptor") or {}
+        if p.get("admitted") is None:
+            out.append(f"preemption at +{f['scheduled']:.0f} s: Kueue never admitted the "
+                       "urgent workload (nothing preempted)")  # fmt: skip
+        elif r.get("failure_class") != "Preempted":
+            out.append(f"preemption at +{f['scheduled']:.0f} s recorded as "
+                       f"{r.get('failure_class')}, not Preempted")  # fmt: skip
+        if p and p.get("gone") is None:
+            out.append(f"preemption at +{f['scheduled']:.0f} s: the urgent workload "
+                       f"{p.get('name')} was not gone within the timeout")  # fmt: skip
+    records = list(status.get("attempts") or [])
+    preempted = sum(r.get("failureCategory") == "preemption" for r in records)
+    counted = int((status.get("restarts") or {}).get("preemption") or 0)
+    # the status keeps the newest records only (32): with older ones gone, at least as many
+    complete = not records or int(records[0].get("attempt") or 1) == 1
+    if preempted != counted and (complete or preempted > counted):
+        out.append(f"budget: {preempted} attempts ended by a preemption, the status counts "
+                   f"{counted} preemption restarts")  # fmt: skip
     return out
 
 

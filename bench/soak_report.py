@@ -153,6 +153,7 @@ def markdown(
     worlds = (f", {facts['worlds']} worlds ({facts.get('in_place_restarts', 0)} restarts in "
               "place)" if "worlds" in facts else "")  # fmt: skip
     fallbacks = list(facts.get("fallbacks") or [])
+    preemptions = _preemptions(facts["recoveries"])
     return "\n".join(
         [
             "# Goodput soak (real training through the operator)",
@@ -181,19 +182,40 @@ def markdown(
             *rows,
             "",
             *([f"Fast-tier fallbacks: {'; '.join(fallbacks)}.", ""] if fallbacks else []),
+            *([preemptions, ""] if preemptions else []),
             "Invariants (final model bit for bit against a no-fault run, never two worlds "
             "at once, resumes only from pinned unflagged steps, nothing leaked): "
             + "; ".join(problems),
             "",
             f"Injected: {injected or 'nothing'}.",
             "",
-            "Not injected yet: Kueue preemption (the KWOK drills cover it). The same "
-            "schedule against a plain JobSet: goodput-comparison.md (`bench.goodput_baseline`).",
+            "Every fault class the operator handles is in the mix (`bench.soak_schedule."
+            "KINDS`), a Kueue preemption included (an urgent workload of a higher "
+            "WorkloadPriorityClass needing the ClusterQueue's whole quota: Kueue evicts the "
+            "job's Workload). The same schedule against a plain JobSet: "
+            "goodput-comparison.md (`bench.goodput_baseline`).",
             "",
             f"![timeline]({svg})",
             "",
         ]
     )
+
+
+def _preemptions(recoveries: Sequence[Mapping[str, Any]]) -> str:
+    """The Kueue preemptions' own figures, one sentence ("" when there were none)."""
+    parts = []
+    for r in recoveries:
+        if "quota_held_seconds" not in r:
+            continue
+        world = _world(r["attempt"], r.get("generation"))
+        evicted, held = _num(r["evicted_seconds"]), _num(r["quota_held_seconds"])
+        parts.append(f"attempt {world}: Kueue evicted it and admitted the urgent workload in "
+                     f"{evicted} s, which held the quota {held} s; the job trained again "
+                     f"{_num(r['after_release_seconds'])} s after it left")  # fmt: skip
+    if not parts:
+        return ""
+    return ("Kueue preemptions (the time not admitted is lost wall time, in the recovery's "
+            "seconds to the first step): " + "; ".join(parts) + ".")  # fmt: skip
 
 
 def _generated(facts: Mapping[str, Any], command: str) -> str:

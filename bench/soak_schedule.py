@@ -7,6 +7,9 @@ as a Poisson process of rate 1 / `mtbf` (exponential gaps), each fault's kind dr
 training world and each recovery can be measured on its own. `caps` bounds how often a
 kind may occur (a GPU fault quarantines its node for good: with few nodes the run would
 run out of them).
+
+`preemption` is the one kind that needs no rank (Kueue evicts the whole workload): it still
+draws one, so every kind consumes the generator alike.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-KINDS = ("rank_killed", "gpu_xid", "hang", "eviction", "corrupt_newest", "node_lost")
+KINDS = (
+    "rank_killed", "gpu_xid", "hang", "eviction", "corrupt_newest", "node_lost", "preemption",
+)  # fmt: skip
 """What the harness knows how to inject on pod-runner nodes:
 
 - rank_killed: SIGKILL of one rank's training process (the pod fails, torchrun reports it);
@@ -25,7 +30,10 @@ KINDS = ("rank_killed", "gpu_xid", "hang", "eviction", "corrupt_newest", "node_l
 - corrupt_newest: a byte of the newest committed step flipped in the store, then a rank
   killed: the pinned step fails verification and an older one is used;
 - node_lost: the rank's node loses power silently (the pod runner kills its processes and
-  stops renewing its Lease; its pods stay Running in the API): found from the stale Lease.
+  stops renewing its Lease; its pods stay Running in the API): found from the stale Lease;
+- preemption: a more urgent workload (a higher WorkloadPriorityClass) arrives in the job's
+  ClusterQueue needing all its quota, and Kueue itself evicts the job's Workload; the
+  urgent one leaves after a short hold and the job is admitted again.
 """
 
 DEFAULT_MIX: Mapping[str, float] = {
