@@ -2,7 +2,7 @@
 without the operator (issue 18 b).
 
     python -m bench.goodput_baseline [--mtbf 60] [--seed 1] [--steps 3000] [--cap S]
-        [--against bench/results/goodput.json] [--out bench/results]
+        [--against bench/results/goodput.json] [--preemption-hold S] [--out bench/results]
 
 What a user builds without us (`bench.baseline_jobset`): a JobSet with RestartJobSet
 (`maxRestarts` 1000), torchrun with the static rendezvous, examples/ddp_train.py with
@@ -13,7 +13,11 @@ is injected into the JobSet's current pods (`Injector` below): rank_killed, gpu_
 eviction fail a pod, so the JobSet restarts (nothing quarantines the XID node); node_lost
 powers the node off and the JobSet waits for whatever Kubernetes does; hang SIGSTOPs a
 rank; corrupt_newest kills a rank, then flips a byte in the largest tensor of the newest step
-file (before the restart reads it).
+file (before the restart reads it); preemption is Kueue's own, as for the operator (the
+baseline's JobSet is queued in the same ClusterQueue): Kueue suspends the JobSet, its Jobs'
+pods are deleted, and once the urgent workload leaves, the JobSet is admitted again and its
+trainers resume from the newest file (`split_restarts` tells the resumed pods' world from
+the suspended one's).
 
 It runs until the JobSet completes or a wall-clock cap (default 1.5x the operator's run,
 `--against`), and its goodput is over that wall time (`bench.baseline_judge`). A final model
@@ -35,7 +39,7 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +49,7 @@ from bench import baseline_jobset as bj
 from bench import baseline_judge, goodput, soak_compare
 from bench import soak_accounting as acc
 from bench.soak_schedule import KINDS, Fault, schedule
+from e2e.cluster import faults as cluster_faults
 from e2e.cluster.cluster import LocalCluster
 from e2e.demo import story
 from e2e.operator_proc import REPO, wait_for
@@ -55,8 +60,15 @@ CAP_FACTOR = 1.5
 class Injector(goodput.Injector):
     """The soak's injector, aimed at the JobSet's current pods and the plain files."""
 
-    def __init__(self, opts: story.Options, kube: Any, api: Any, claim_dir: Path) -> None:
-        super().__init__(opts, kube, api)
+    def __init__(
+        self,
+        opts: story.Options,
+        kube: Any,
+        api: Any,
+        claim_dir: Path,
+        preemption_hold: float = goodput.PREEMPTION_HOLD,
+    ) -> None:
+        super().__init__(opts, kube, api, preemption_hold)
         self.claim_dir = claim_dir
         self._newest = newest_plain_step_function()  # imports torch: not while a fault waits
 
@@ -106,14 +118,46 @@ def newest_plain_step_function() -> Callable[[list[str]], int | None]:
 
 
 def _attempt_logs(platform: story.Options) -> dict[int, dict[int, list[str]]]:
-    """restart attempt -> rank -> JSON lines, from the runner's per-pod directories."""
+    """attempt -> rank -> JSON lines, from the runner's per-pod directories
+    (`split_restarts`)."""
     root = platform.state / "runner" / "pods" / story.NAMESPACE
-    out: dict[int, dict[int, list[str]]] = {}
     pattern = f"{bj.NAME}-{bj.RJOB}-0-*/volumes/train-logs/restart-*/rank-*.jsonl"
-    for f in sorted(root.glob(pattern)):
-        attempt = int(f.parent.name.split("-")[1])
-        rank = int(f.stem.split("-")[1])
-        out.setdefault(attempt, {}).setdefault(rank, []).extend(f.read_text().splitlines())
+    return split_restarts(
+        (int(f.parent.name.split("-")[1]), int(f.stem.split("-")[1]), f.read_text().splitlines())
+        for f in sorted(root.glob(pattern))
+    )
+
+
+def split_restarts(
+    files: Iterable[tuple[int, int, list[str]]],
+) -> dict[int, dict[int, list[str]]]:
+    """Each pod's log `(restart attempt, rank, lines)` -> attempt -> rank -> lines.
+
+    The attempt is the JobSet's restart attempt, but for one case: a Kueue preemption
+    suspends the JobSet, whose Jobs delete their pods, and the re-admitted JobSet resumes the
+    same Jobs, whose new pods carry the same restart attempt. Those are worlds of their own
+    (their trainers resume from a file again), told apart by time: the pods of one world
+    train together, a later world starts after the earlier one's last record. A restart
+    attempt with several worlds numbers them on, and every later attempt moves up as many
+    (with none, the attempts are the restart attempts, as before)."""
+    by_restart: dict[int, list[tuple[float, float, int, list[str]]]] = {}
+    for restart, rank, lines in files:
+        times = [float(r["time"]) for r in acc.parse_records(lines) if "time" in r]
+        first, last = (min(times), max(times)) if times else (float("inf"), float("-inf"))
+        by_restart.setdefault(restart, []).append((first, last, rank, lines))
+    out: dict[int, dict[int, list[str]]] = {}
+    shift = 0
+    for restart in sorted(by_restart):
+        groups: list[dict[int, list[str]]] = []
+        end = float("-inf")
+        for first, last, rank, lines in sorted(by_restart[restart], key=lambda e: e[0]):
+            if not groups or (first > end and first != float("inf")):
+                groups.append({})
+            groups[-1].setdefault(rank, []).extend(lines)
+            end = max(end, last)
+        for k, group in enumerate(groups):
+            out[restart + shift + k] = group
+        shift += len(groups) - 1
     return out
 
 
@@ -154,6 +198,7 @@ def run(opts: goodput.SoakOptions, cap: float) -> dict[str, Any]:
         core.create_persistent_volume(pv)
         core.create_namespaced_persistent_volume_claim(story.NAMESPACE, pvc)
         wait_for("the checkpoint claim to bind", lambda: _bound(kube), 60, 0.5)
+        goodput.prepare_preemption(kube, plan)
         trainer = [f"--steps={opts.steps}", f"--save-every={opts.save_every}",
                    f"--step-sleep={opts.step_sleep}"]  # fmt: skip
         created = time.time()
@@ -163,7 +208,7 @@ def run(opts: goodput.SoakOptions, cap: float) -> dict[str, Any]:
         deadline = created + cap
         wait_for("the first step", lambda: _attempt_logs(platform), 600, 0.5)
         start = time.time()
-        injector = Injector(platform, kube, api, claim_dir)
+        injector = Injector(platform, kube, api, claim_dir, opts.preemption_hold)
 
         def done() -> bool:
             return time.time() >= deadline or _finished(kube) is not None
@@ -173,15 +218,14 @@ def run(opts: goodput.SoakOptions, cap: float) -> dict[str, Any]:
                 time.sleep(0.2)
             if done():
                 break
-            what = injector.apply(fault)
-            injected.append({"kind": fault.kind, "rank": fault.rank, "at": time.time(),
-                             "scheduled": fault.at, "what": what})  # fmt: skip
+            injected.append(goodput.inject(injector, fault))
         while not done():
             time.sleep(1.0)
         stopped = time.time()
         completed = _finished(kube)
         if completed != "Completed":
             stall = _stall(platform, kube, api, stopped)
+        leaks = cluster_faults.kueue_preemptor_leaks(kube, story.NAMESPACE)
     finally:
         left = story.down(platform, display)
         shutil.rmtree(LocalCluster(platform.cluster_name).dir, ignore_errors=True)
@@ -191,6 +235,7 @@ def run(opts: goodput.SoakOptions, cap: float) -> dict[str, Any]:
         created, stopped, completed, logs, injected, reference, stall, opts.steps
     )
     facts["problems"] += [f"left running: {what}" for what in left]
+    facts["problems"] += [f"leaked: {what}" for what in leaks]
     facts["cap_seconds"] = cap
     return facts
 
@@ -239,10 +284,14 @@ def main(argv: list[str] | None = None) -> int:
         choices=KINDS,
         help="leave this kind out of the seeded schedule (the rest keep their times)",
     )
+    p.add_argument("--preemption-hold", type=float, default=goodput.PREEMPTION_HOLD,
+                   help="seconds a preemption's urgent workload keeps the quota once "
+                   "admitted (%(default)s)")  # fmt: skip
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = p.parse_args(argv)
     opts = goodput.SoakOptions(
-        mtbf=args.mtbf, seed=args.seed, steps=args.steps, work=Path("/tmp/rtj-soak-baseline")
+        mtbf=args.mtbf, seed=args.seed, steps=args.steps, work=Path("/tmp/rtj-soak-baseline"),
+        preemption_hold=args.preemption_hold,
     )  # fmt: skip
     if args.drop:
         opts.faults = [f for f in seeded(opts) if f.kind not in args.drop]

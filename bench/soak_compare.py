@@ -40,7 +40,12 @@ HOW = (
     "**corrupt_newest** kills a rank, then flips one byte in the middle of the largest "
     "tensor of the newest `step-N.pt` (before the restart reads it): `torch.load` does not "
     "check the zip's CRC, the resume succeeds, and the model silently differs from the "
-    "no-fault run from then on."
+    "no-fault run from then on. **preemption** is Kueue's own, as for the operator (the "
+    "JobSet is queued in the same ClusterQueue): an urgent workload of a higher priority "
+    "needing the whole quota arrives, Kueue suspends the JobSet, whose Jobs delete their "
+    "pods (the plain trainer saves nothing on SIGTERM); once it leaves, Kueue admits the "
+    "JobSet again, its pods start over and resume from the newest file (counted as an "
+    "attempt of their own)."
 )
 
 
