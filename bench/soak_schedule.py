@@ -43,6 +43,7 @@ DEFAULT_MIX: Mapping[str, float] = {
     "eviction": 0.15,
     "corrupt_newest": 0.15,
     "node_lost": 0.1,
+    "preemption": 0.15,
 }
 
 
