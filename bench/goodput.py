@@ -338,6 +338,7 @@ def run(opts: SoakOptions) -> dict[str, Any]:
     facts = judge(created, status, logs, injected, baseline, leaks + left)
     facts["features"] = opts.features()
     facts["variant"] = opts.variant()
+    facts["mix"] = dict(opts.mix) if opts.faults is None else None  # the baseline re-seeds
     return facts
 
 

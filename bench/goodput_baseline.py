@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -39,7 +40,7 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,7 @@ from kubernetes.client.exceptions import ApiException
 from bench import baseline_jobset as bj
 from bench import baseline_judge, goodput, soak_compare
 from bench import soak_accounting as acc
-from bench.soak_schedule import KINDS, Fault, schedule
+from bench.soak_schedule import DEFAULT_MIX, KINDS, Fault, schedule
 from e2e.cluster import faults as cluster_faults
 from e2e.cluster.cluster import LocalCluster
 from e2e.demo import story
@@ -293,15 +294,19 @@ def main(argv: list[str] | None = None) -> int:
         mtbf=args.mtbf, seed=args.seed, steps=args.steps, work=Path("/tmp/rtj-soak-baseline"),
         preemption_hold=args.preemption_hold,
     )  # fmt: skip
+    ours = json.loads(args.against.read_text()) if args.against else None
+    if ours is not None:
+        opts.mix = mix_of(ours, opts)
     if args.drop:
         opts.faults = [f for f in seeded(opts) if f.kind not in args.drop]
-    ours = json.loads(args.against.read_text()) if args.against else None
     cap = args.cap or (
         CAP_FACTOR * ours["wall_seconds"] if ours else opts.steps * opts.expected_step_seconds * 2
     )
     before = goodput.machine()
     facts = run(opts, cap)
     facts["settings"] = soak_compare.settings(opts, cap)
+    if opts.mix != dict(DEFAULT_MIX):
+        facts["settings"]["fault mix"] = ", ".join(f"{k} {w:g}" for k, w in opts.mix.items())
     facts["machine"] = f"{before} at the start"
     name = "goodput-baseline"
     if args.drop:
@@ -314,6 +319,27 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.write(f"baseline goodput {facts['goodput'] * 100:.1f}%; findings: "
                      f"{facts['findings']}; problems: {facts['problems']}\n")  # fmt: skip
     return 1 if facts["problems"] else 0
+
+
+LEGACY_MIX = {k: w for k, w in DEFAULT_MIX.items() if k != "preemption"}
+"""The default fault mix before the preemption kind (issue 18): the runs of that time
+record no mix."""
+
+
+def mix_of(ours: Mapping[str, Any], opts: goodput.SoakOptions) -> dict[str, float]:
+    """The fault mix the operator's run drew its schedule from, so the same seed draws the
+    same schedule here (later faults included, which the operator's run may not have
+    reached): the one it records, else the default mix of today or of before the preemption
+    kind, whichever draws the faults it injected (today's when neither: the comparison
+    then says the schedules differ)."""
+    if ours.get("mix"):
+        return dict(ours["mix"])
+    done = [(float(f["scheduled"]), str(f["kind"]), int(f["rank"])) for f in ours["injected"]]
+    for mix in (dict(DEFAULT_MIX), LEGACY_MIX):
+        plan = seeded(dataclasses.replace(opts, mix=mix))
+        if [(f.at, f.kind, f.rank) for f in plan[: len(done)]] == done:
+            return mix
+    return dict(DEFAULT_MIX)
 
 
 def seeded(opts: goodput.SoakOptions) -> list[Fault]:

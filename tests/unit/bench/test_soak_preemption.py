@@ -312,3 +312,21 @@ def test_kueue_preemption_names_what_reaches_the_baseline() -> None:
 
     assert "**preemption** is Kueue's own" in soak_compare.HOW
     assert KILL < NODE_LOST
+
+
+def test_the_baseline_draws_the_schedule_the_operators_run_drew() -> None:
+    opts = goodput.SoakOptions(steps=4000, mtbf=90, seed=4)
+
+    def ran(mix: dict[str, float], faults: int) -> dict[str, Any]:
+        plan = goodput_baseline.seeded(goodput.SoakOptions(steps=4000, mtbf=90, seed=4, mix=mix))
+        injected = [{"scheduled": f.at, "kind": f.kind, "rank": f.rank} for f in plan[:faults]]
+        return {"injected": json.loads(json.dumps(injected))}
+
+    legacy = goodput_baseline.LEGACY_MIX
+    assert "preemption" not in legacy
+    # seed 4 draws a node_lost at +149 s under the old mix, a preemption under today's
+    old = ran(legacy, 3)
+    assert [f["kind"] for f in old["injected"]] == ["rank_killed", "rank_killed", "node_lost"]
+    assert goodput_baseline.mix_of(old, opts) == legacy
+    assert goodput_baseline.mix_of(ran(dict(DEFAULT_MIX), 3), opts) == dict(DEFAULT_MIX)
+    assert goodput_baseline.mix_of({"mix": {"hang": 1.0}, "injected": []}, opts) == {"hang": 1.0}
