@@ -1,12 +1,16 @@
 """The goodput model's inputs (bench/goodput_model.py): published failure rates, what the
 benches measured, what is assumed, each named with where it comes from. The fast tier's
 terms are medians of bench/results/fast-tier.md at its largest model, projected per byte to
-`RANK_STATE_BYTES` (`per_byte`).
+`RANK_STATE_BYTES` (`per_byte`); the peer replica's copies run `COPY_STREAMS` ranks of a pod
+at once, as `rtj_shim.peer_pull` does (`copy_rounds`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+
+from rtj_shim import peer_pull
 
 LLAMA3_INTERRUPTIONS = 419
 LLAMA3_DAYS = 54
@@ -80,27 +84,52 @@ RANKS_PER_POD = 8
 
 MEASURED_STATE = 573.7 * MiB
 """bench/results/fast-tier.md, the largest model measured (50.1M parameters, AdamW):
-573.7 MiB of state. Every fast-tier term below is its median there, scaled per byte."""
+573.7 MiB of state. Every fast-tier term below is its median there (the run of 2026-12-01
+02:55 UTC), scaled per byte."""
 FAST_SAVE_STALLS: tuple[tuple[float, float], ...] = (
-    (11.7 * MiB, 1.3e-3),
+    (11.7 * MiB, 1.2e-3),
     (287.3 * MiB, 1.3e-3),
-    (MEASURED_STATE, 1.4e-3),
+    (MEASURED_STATE, 1.2e-3),
 )
 """Measured (bench/results/fast-tier.md, section 1): the training thread's stall per fast
 save, staged and written in the background (the capture, the copies of what the next
 forward and backward may change into reused host buffers, the fence's wait at the next
-`optimizer.step()`), by state size: 1.3, 1.3 and 1.4 ms (medians, 8 rounds each)."""
-FAST_WRITTEN = 0.6367
-"""Measured: a fast step is published 636.7 ms after its `step_boundary` (573.7 MiB; the
-writer thread's serialization, SHA-256 and publish). A step due meanwhile is skipped."""
+`optimizer.step()`), by state size: 1.2, 1.3 and 1.2 ms (medians, 8 rounds each; 1.3, 1.3
+and 1.4 ms in the run before)."""
+FAST_WRITTEN = 0.8440
+"""Measured: a fast step is published 844.0 ms after its `step_boundary` (573.7 MiB; the
+writer thread's serialization, SHA-256 and publish; 636.7 ms in the run before). A step due
+meanwhile is skipped."""
 FAST_KEEP = 2
 """Fast steps each rank keeps (`spec.checkpoint.fastTier.keep`, its default and least)."""
-FAST_RESTORE_MEASURED = 0.3054
+FAST_RESTORE_MEASURED = 0.2811
 """Measured (section 2): a restarted trainer's restore from the fast tier, deep-verified,
-573.7 MiB: 305.4 ms (18.1 ms at 11.7 MiB, 155.1 ms at 287.3 MiB: nearly per byte)."""
-HTTP_RESTORE_MEASURED = 1.38
-"""Measured (section 2): the restore that moves the step over HTTP and hashes it (durable,
-S3 on the loopback moto server, deep), 573.7 MiB: 1.38 s; the copy-back's proxy."""
+573.7 MiB: 281.1 ms (14.5 ms at 11.7 MiB, 146.5 ms at 287.3 MiB: nearly per byte; 305.4 ms
+in the run before)."""
+BUDDY_COPY_BACK_MEASURED = 0.5110
+"""Measured (section 2, from a buddy): one rank's copy-back of its fast step from the holder's
+replica (`peer_pull.fetch_back`: loopback HTTP between two sidecars, hashed as written, under
+the commit protocol, into an empty fast tier), 573.7 MiB: 511.0 ms (19.1 ms at 11.7 MiB,
+263.1 ms at 287.3 MiB; ~1.1 GiB/s from 287.3 MiB on). Then the restore from the copy:
+804.4 ms in all."""
+BUDDY_REPLICATION_MEASURED = 0.5236
+"""Measured (section 2, from a buddy): the holder's copy of one rank's fast step from the
+source's sidecar (`ReplicaPuller.pull_once`, its retention included), 573.7 MiB: 523.6 ms
+(21.4 ms at 11.7 MiB, 249.8 ms at 287.3 MiB; the first of the three at 573.7 MiB took
+1.30 s)."""
+S3_RESTORE_MEASURED = 1.35
+"""Measured (section 2): the durable S3 restore (loopback moto, deep), 573.7 MiB: 1.35 s
+(1.38 s in the run before). What the previous version of this model assumed each rank's
+copy took, the ranks one after another (9.18 s a rank x 8 = 73.4 s a pod)."""
+COPY_STREAMS = peer_pull.COPY_STREAMS
+"""Ranks a sidecar copies at once (`rtj_shim.peer_pull.COPY_STREAMS`, 4): both the holder's
+copy and the copy-back run a pod's ranks in rounds of this many."""
+
+
+def copy_rounds(ranks: int = RANKS_PER_POD, streams: int = COPY_STREAMS) -> int:
+    """The rounds a sidecar's copy of a pod's `ranks` takes, `streams` at a time: a round
+    ends with its slowest rank, and the next starts then (8 ranks, 4 at once: 2)."""
+    return math.ceil(ranks / max(1, streams))
 
 
 def per_byte(measured_seconds: float, nbytes: float = RANK_STATE_BYTES) -> float:
@@ -126,14 +155,18 @@ FAST_RESTORE = per_byte(FAST_RESTORE_MEASURED)
 """Each rank reads its own state from pod memory (no network), verifies and loads it."""
 FAST_WRITE = per_byte(FAST_WRITTEN)
 """How long a fast step takes to be published: the shortest useful fast interval."""
-COPY_RANK = per_byte(HTTP_RESTORE_MEASURED)
-"""One rank's fast step over HTTP, hashed as it is written (the peer replica's copy)."""
-REPLICA_COPY = RANKS_PER_POD * COPY_RANK
-"""A pod's fast step copied by its sidecar, rank after rank (`rtj_shim.peer_pull`:
-`fetch_back` to a replaced pod, `ReplicaPuller.pull_once` to the holder)."""
-REPLICA_RESTORE = REPLICA_COPY + FAST_RESTORE
+COPY_BACK_RANK = per_byte(BUDDY_COPY_BACK_MEASURED)
+"""One rank's fast step copied back from the holder over HTTP, hashed as it is written."""
+REPLICATION_RANK = per_byte(BUDDY_REPLICATION_MEASURED)
+"""One rank's fast step copied by the holder from its source (the peer replica's copy)."""
+REPLICA_COPY = copy_rounds() * REPLICATION_RANK
+"""A pod's fast step copied by its holder's sidecar (`ReplicaPuller.pull_once`), its ranks
+`COPY_STREAMS` at a time: 2 rounds of 4 at 8 ranks a pod, each as long as one rank's copy
+(assumed: 4 streams at once no slower than one, what `COPY_STREAMS` is sized for; the bench
+has one rank on 2 cores, so this is not measured)."""
+REPLICA_RESTORE = copy_rounds() * COPY_BACK_RANK + FAST_RESTORE
 """A replaced pod's restore: its fast step copied back from the holder before its trainers
-start, then the trainers' fast restore."""
+start (`fetch_back`, the same rounds), then the trainers' fast restore (every rank at once)."""
 
 EMERGENCY_SAVE = 30.0
 """Host maintenance comes with notice: SIGTERM, and the trainer's emergency save at the next

@@ -32,8 +32,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.goodput_inputs import (
+    BUDDY_COPY_BACK_MEASURED,
+    BUDDY_REPLICATION_MEASURED,
     COMMON_RESTORE,
-    COPY_RANK,
+    COPY_BACK_RANK,
+    COPY_STREAMS,
     EMERGENCY_SAVE,
     FAST_RESTORE,
     FAST_RESTORE_MEASURED,
@@ -43,7 +46,6 @@ from bench.goodput_inputs import (
     FAST_WRITTEN,
     FAULT_MIX,
     GPU_SHARE,
-    HTTP_RESTORE_MEASURED,
     IN_PLACE_RECOVERY,
     IN_PLACE_SHARE,
     IN_PLACE_STARTUP,
@@ -54,11 +56,14 @@ from bench.goodput_inputs import (
     RANK_STATE_BYTES,
     RANKS_PER_POD,
     REPLACE_SHARE,
-    REPLICA_COPY,
     REPLICA_RESTORE,
+    REPLICATION_RANK,
+    S3_RESTORE_MEASURED,
     SOAK_FAST_EVERY,
     SOAK_SAVE_EVERY,
+    copy_rounds,
     interruptions_per_hour,
+    per_byte,
     stall_line,
 )
 from bench.goodput_stacks import (
@@ -123,8 +128,18 @@ def _fast_tier_terms(own: Stack, peer: Stack, rate: float) -> list[str]:
     fast_stall = FAST_SAVE_STALL / interval
     copy, keep = peer.replica_copy, peer.fast_keep
     held, age = peer.replica_window()
-    concurrent = replace(peer, replica_copy=COPY_RANK, replica_restore=COPY_RANK + FAST_RESTORE)
+    rounds = copy_rounds()
+    at_once = replace(
+        peer, replica_copy=REPLICATION_RANK, replica_restore=COPY_BACK_RANK + FAST_RESTORE
+    )
     instant = replace(peer, replica_copy=0.0, replica_restore=FAST_RESTORE)
+    s3_rank = per_byte(S3_RESTORE_MEASURED)
+    assumed = replace(
+        peer,
+        replica_copy=RANKS_PER_POD * s3_rank,
+        replica_restore=RANKS_PER_POD * s3_rank + FAST_RESTORE,
+    )
+    assumed_share = assumed.replicated() * assumed.replica_window()[0]
     if copy > interval:
         window = (
             f"longer than the {interval:.0f} s interval: the copies run back to back, each "
@@ -138,8 +153,11 @@ def _fast_tier_terms(own: Stack, peer: Stack, rate: float) -> list[str]:
         )
     else:
         window = (
-            f"within the {interval:.0f} s interval: the step a replaced pod finds is C + "
-            f"U[0, f) old, {age:.1f} s on average, and the others still hold it"
+            f"within the {interval:.0f} s interval: the holder starts a copy at each "
+            f"publication and holds each step from C after it until C after the next, so the "
+            f"step a replaced pod finds is C + U[0, f) old, {copy:.2f} + {interval:.0f} / 2 = "
+            f"{age:.1f} s on average, and the other pods still hold it ({keep} x "
+            f"{interval:.0f} s > C + {interval:.0f} s): every replaced pod resumes from it"
         )
     return [
         f"Every fast-tier term is a median of bench/results/fast-tier.md at its largest model "
@@ -153,7 +171,7 @@ def _fast_tier_terms(own: Stack, peer: Stack, rate: float) -> list[str]:
         f"a save, every {interval:.0f} s: {FAST_SAVE_STALL * 1e3:.2f} ms / {interval:.0f} s = "
         f"{fast_stall:.3%} of training time (the stall column: {OURS_NOW.stall_fraction:.2%} + "
         f"{fast_stall:.3%}). The points are nearly flat, most of the stall fixed (a line "
-        f"through them: {fixed * 1e3:.2f} ms + {slope * 2**30 * 1e3:.2f} ms per GiB, "
+        f"through them: {fixed * 1e3:.2f} ms, {slope * 2**30 * 1e3:+.3f} ms per GiB, "
         f"{(fixed + slope * RANK_STATE_BYTES) * 1e3:.2f} ms at {RANK_STATE_BYTES / 1e9:.0f} GB), "
         "so charging every measured millisecond per byte bounds it from above. The previous "
         "version charged the first fast tier's synchronous save (117.6 ms for 573.7 MiB, "
@@ -169,20 +187,37 @@ def _fast_tier_terms(own: Stack, peer: Stack, rate: float) -> list[str]:
         "only, the world resumes from the durable tier (the whole-world path's cost, as "
         "before); with a peer replica, from the fast step its holder copied (below).",
         f"- **Copy-back** (a replaced pod, from the pod holding its replica): its sidecar "
-        f"copies the pinned step of its {RANKS_PER_POD} ranks one after another over HTTP, "
-        "hashing as it writes (`rtj_shim.peer_pull.fetch_back`), before the trainers start. "
-        "The measured restore that moves a step over HTTP and hashes it is the S3 one "
-        f"(loopback moto, deep): {HTTP_RESTORE_MEASURED:.2f} s x {scale:.3f} = "
-        f"{COPY_RANK:.2f} s a rank, x {RANKS_PER_POD} = {REPLICA_COPY:.1f} s; then the "
-        f"trainers' fast restore, {FAST_RESTORE:.2f} s: {REPLICA_RESTORE:.1f} s.",
-        f"- **Replica lag**: the holder copies its source pod's newest fast step the same way "
-        f"(`ReplicaPuller.pull_once`), C = {copy:.1f} s a step, {window}. So "
-        f"{peer.replicated():.1%} x {held:.1%} = {peer.replicated() * held:.1%} of "
-        "interruptions resume from the peer replica. Were the ranks copied concurrently "
-        f"(C = {COPY_RANK:.2f} s a pod, if the HTTP path scales): every replaced pod from a step "
-        f"{concurrent.replica_window()[1]:.1f} s old, copy-back {concurrent.replica_restore:.1f}"
-        f" s: **{concurrent.goodput(rate):.2%}**. A replica with no lag and no copy-back time "
-        f"(a replaced pod loses what an in-place restart does; the upper bound): "
+        f"copies the pinned step of its {RANKS_PER_POD} ranks back over HTTP "
+        f"(`rtj_shim.peer_pull.fetch_back`), hashing as it writes, before the trainers start, "
+        f"{COPY_STREAMS} ranks at a time (`COPY_STREAMS`): ⌈{RANKS_PER_POD} / {COPY_STREAMS}⌉ "
+        f"= {rounds} rounds. Measured (bench/results/fast-tier.md, section 2, from a buddy): "
+        f"one rank's copy-back of {MEASURED_STATE / 2**20:.1f} MiB between two sidecars on "
+        f"loopback, {BUDDY_COPY_BACK_MEASURED * 1e3:.1f} ms x {scale:.3f} = "
+        f"{COPY_BACK_RANK:.2f} s a round (assumed: {COPY_STREAMS} streams at once take as long "
+        f"as one, what `COPY_STREAMS` is sized for; the bench has one rank on 2 cores, so not "
+        f"measured; nor is a network between nodes: {COPY_STREAMS} streams at the loopback "
+        f"rate are {COPY_STREAMS * MEASURED_STATE / BUDDY_COPY_BACK_MEASURED / 1e9:.1f} GB/s "
+        f"through the holder's NIC), x {rounds} = {rounds * COPY_BACK_RANK:.2f} s; then the "
+        f"trainers' fast restore, {FAST_RESTORE:.2f} s: {REPLICA_RESTORE:.2f} s. The previous "
+        f"version assumed the S3 restore instead (loopback moto, deep: "
+        f"{S3_RESTORE_MEASURED:.2f} s x {scale:.3f} = {s3_rank:.2f} s a rank) and the ranks one "
+        f"after another (x {RANKS_PER_POD} = {RANKS_PER_POD * s3_rank:.1f} s; 73.4 s with the "
+        "1.38 s of the run before).",
+        f"- **Replica lag**: the holder copies its source pod's newest fast step "
+        f"(`ReplicaPuller.pull_once`), in the same rounds. Measured: one rank's copy of "
+        f"{MEASURED_STATE / 2**20:.1f} MiB, {BUDDY_REPLICATION_MEASURED * 1e3:.1f} ms x "
+        f"{scale:.3f} = {REPLICATION_RANK:.2f} s a round, x {rounds}: C = {copy:.2f} s a step, "
+        f"{window}. So {peer.replicated():.1%} x {held:.1%} = "
+        f"{peer.replicated() * held:.1%} of interruptions resume from the peer replica. With "
+        f"the copies the previous version assumed (C = {assumed.replica_copy:.1f} s, copy-back "
+        f"{assumed.replica_restore:.1f} s): {assumed_share:.1%} of interruptions, "
+        f"**{assumed.goodput(rate):.2%}** (the previous version, with the run before's "
+        f"figures: 16.3%, 97.45%, and 97.77% at its best interval, 74 s). Were all "
+        f"{RANKS_PER_POD} ranks copied at once (one round, if the streams scale): every "
+        f"replaced pod from a step "
+        f"{at_once.replica_window()[1]:.1f} s old, copy-back {at_once.replica_restore:.2f} s: "
+        f"**{at_once.goodput(rate):.2%}**. A replica with no lag and no copy-back time (a "
+        f"replaced pod loses what an in-place restart does; the upper bound): "
         f"**{instant.goodput(rate):.2%}**.",
         f"- **Shortest interval**: a fast step takes {FAST_WRITTEN * 1e3:.1f} ms x {scale:.3f} "
         f"= {FAST_WRITE:.2f} s to publish (a step due meanwhile is skipped).",
