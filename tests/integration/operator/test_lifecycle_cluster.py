@@ -109,7 +109,8 @@ def test_a_fast_tier_needs_a_restart_in_place(rtj_api: Kube, rtj_ns: Any) -> Non
         rtj_api.create_rtj(ns, rtj_body("fast", ns, FILE_URI, checkpoint=checkpoint))
     assert "spec.checkpoint.fastTier needs spec.recovery.inPlace: true" in str(err.value)
     for name, fast in (("zero", {"everySteps": 0}), ("keep", {"everySteps": 5, "keep": 1}),
-                       ("size", {"everySteps": 5, "sizeLimit": "-1Gi"})):  # fmt: skip
+                       ("size", {"everySteps": 5, "sizeLimit": "-1Gi"}),
+                       ("peers", {"everySteps": 5, "peerReplicas": 2})):  # fmt: skip
         body = rtj_body(name, ns, FILE_URI, recovery={"inPlace": True},
                         checkpoint={"uri": FILE_URI, "fastTier": fast})  # fmt: skip
         with pytest.raises(Invalid):
@@ -117,7 +118,13 @@ def test_a_fast_tier_needs_a_restart_in_place(rtj_api: Kube, rtj_ns: Any) -> Non
     rtj_api.create_rtj(ns, rtj_body("fast", ns, FILE_URI, checkpoint=checkpoint,
                                     recovery={"inPlace": True}))  # fmt: skip
     stored = rtj_api.get_rtj(ns, "fast")["spec"]["checkpoint"]["fastTier"]
-    assert stored == {"everySteps": 20, "keep": 2, "medium": "Memory", "sizeLimit": "8Gi"}
+    assert stored == {
+        "everySteps": 20,
+        "keep": 2,
+        "medium": "Memory",
+        "peerReplicas": 1,
+        "sizeLimit": "8Gi",
+    }
     # turning inPlace off under it is refused too
     assert "fastTier" in _refused(rtj_api, ns, "fast", {"recovery": {"inPlace": False}},
                                   "checkpoint.fastTier")  # fmt: skip
