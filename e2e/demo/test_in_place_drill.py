@@ -316,7 +316,10 @@ def test_a_lost_node_replaces_only_its_pod_and_restarts_the_other_in_place(
     with _platform(tmp_path, "rtj-lost") as platform:
         opts, api = platform.opts, platform.api
         api.create_rtj(story.NAMESPACE, _replicated_job(LOST))
-        wait_for("both pods running", lambda: len(drills.pods(api, LOST, 1)) == 2, 300, 0.5)
+        wait_for("both pods scheduled", lambda: (
+            len(ps := drills.pods(api, LOST, 1)) == 2
+            and all(p["spec"].get("nodeName") for p in ps)
+        ), 300, 0.5)  # fmt: skip
         before = drills.pods(api, LOST, 1)
         survivor, victim = drills.rank_pod(before, 0), drills.rank_pod(before, 1)
         log0 = _rank_log(opts, survivor) / "rank-0.jsonl"
