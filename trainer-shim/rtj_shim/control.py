@@ -93,28 +93,21 @@ class Order:
 
 def parse_order(raw: bytes) -> Order:
     """An order from its JSON body; OrderError naming the field that is wrong."""
-    if len(raw) > MAX_ORDER_BYTES:
-        raise OrderError(f"order: at most {MAX_ORDER_BYTES} bytes, got {len(raw)}")
-    try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise OrderError(f"order: expected a JSON object ({exc})") from exc
-    if not isinstance(data, dict):
-        raise OrderError("order: expected a JSON object")
+    data = json_object(raw, MAX_ORDER_BYTES, "order", OrderError)
     uid, generation, action = data.get("job_uid"), data.get("generation"), data.get("action")
     if not isinstance(uid, str) or not uid:
         raise OrderError(f"order.job_uid: expected a non-empty string, got {uid!r}")
-    if not _count(generation):
+    if not count(generation):
         raise OrderError(f"order.generation: expected an integer >= 0, got {generation!r}")
     if action not in ACTIONS:
         raise OrderError(f"order.action: expected one of {', '.join(ACTIONS)}, got {action!r}")
     attempt, step, fast = data.get("attempt"), data.get("step"), data.get("fast_step")
     if action == "run":
-        if not _count(attempt) or attempt < 1:
+        if not count(attempt) or attempt < 1:
             raise OrderError(f"order.attempt: expected an integer >= 1, got {attempt!r}")
-        if step is not None and not _count(step):
+        if step is not None and not count(step):
             raise OrderError(f"order.step: expected null or an integer >= 0, got {step!r}")
-        if fast is not None and not _count(fast):
+        if fast is not None and not count(fast):
             raise OrderError(f"order.fast_step: expected null or an integer >= 0, got {fast!r}")
     source = data.get("fast_source")
     run = action == "run"
@@ -142,7 +135,22 @@ def is_address(value: object) -> TypeGuard[str]:
     return True
 
 
-def _count(value: object) -> TypeGuard[int]:
+def json_object(raw: bytes, limit: int, what: str, error: type[OrderError]) -> dict[str, Any]:
+    """A signed message's body as a JSON object of at most ``limit`` bytes, or ``error``
+    naming ``what`` (an order, a peer-replica assignment)."""
+    if len(raw) > limit:
+        raise error(f"{what}: at most {limit} bytes, got {len(raw)}")
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise error(f"{what}: expected a JSON object ({exc})") from exc
+    if not isinstance(data, dict):
+        raise error(f"{what}: expected a JSON object")
+    return data
+
+
+def count(value: object) -> TypeGuard[int]:
+    """An integer >= 0 (not a bool)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 

@@ -42,7 +42,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from rtj_shim.control import OrderError, is_address, sign, verify
+from rtj_shim.control import OrderError, count, is_address, json_object, sign, verify
 
 PEER_DIR = "peer"
 SOURCE_FILE = "source.json"
@@ -75,20 +75,13 @@ class Assignment:
 
 
 def parse_assignment(raw: bytes) -> Assignment:
-    if len(raw) > MAX_ASSIGNMENT_BYTES:
-        raise AssignmentError(f"assignment: at most {MAX_ASSIGNMENT_BYTES} bytes, got {len(raw)}")
-    try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise AssignmentError(f"assignment: expected a JSON object ({exc})") from exc
-    if not isinstance(data, dict):
-        raise AssignmentError("assignment: expected a JSON object")
+    data = json_object(raw, MAX_ASSIGNMENT_BYTES, "assignment", AssignmentError)
     uid, source, index = data.get("job_uid"), data.get("source"), data.get("source_index")
     if not isinstance(uid, str) or not uid:
         raise AssignmentError(f"assignment.job_uid: expected a non-empty string, got {uid!r}")
     if not is_address(source):
         raise AssignmentError(f"assignment.source: expected HOST:PORT, got {source!r}")
-    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+    if not count(index):
         raise AssignmentError(f"assignment.source_index: expected an integer >= 0, got {index!r}")
     return Assignment(uid, source, index)
 
