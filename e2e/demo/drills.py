@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import os
 import shutil
+import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +19,7 @@ import yaml
 
 from e2e.cluster.cluster import LocalCluster
 from e2e.demo import story
+from e2e.podrunner.pod import kill_tree
 from e2e.podrunner.runner import descendants
 
 RANK_LABEL = "batch.kubernetes.io/job-completion-index"
@@ -43,6 +45,16 @@ def trainer_pid(opts: story.Options, pod: dict[str, Any]) -> int:
     main = int((story._pod_dir(opts, pod) / "containers" / "trainer" / "pid").read_text())
     (child,) = [p for p in descendants(main) if is_trainer(p)]
     return child
+
+
+def freeze_pod(opts: story.Options, pod: dict[str, Any]) -> None:
+    """Stop every process of the pod's containers now (SIGSTOP), as the pod runner does for
+    a node cut off with ``freeze``, but at once rather than at the runner's next pass (up to
+    a second later, 20 training steps of the example): a drill that freezes a node at a
+    chosen step does this first, then writes the cut-off file (the runner stops the same
+    processes again and continues them when contact is back)."""
+    for pid_file in (story._pod_dir(opts, pod) / "containers").glob("*/pid"):
+        kill_tree(int(pid_file.read_text()), signal.SIGSTOP)
 
 
 def is_trainer(pid: int) -> bool:
