@@ -5,6 +5,9 @@ Rank 1 is SIGKILLed after step 47: the newest durable step is 40, the newest fas
 rank holds is 45. A restart pinned as an in-place restart pins it (``fast_step`` in the
 resume file) resumes from 45 and continues the no-fault run bit for bit; a corrupted
 fast-tier shard on one rank is skipped on every rank, with the reason, for the durable 40.
+Drained (``rtj_shim.drain``: rank 0's pod publishes fast step 45 into a durable root, rank 1's
+file read from its pod's real progress sidecar), step 45 is a durable step the trainer
+resumes from bit for bit, on a filesystem and on S3.
 """
 
 from __future__ import annotations
@@ -14,24 +17,38 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from rtj_shim.control import job_key
+from rtj_shim.drain import DrainReport, drain_step
 from rtj_shim.fast_tier import committed_steps, holdings, rank_store
+from rtj_shim.peer_pull import PeerError
+from rtj_shim.progress_server import ProgressServer
+from rtj_shim.protocol import CommitProtocol
+from rtj_shim.storage import open_store
+from rtj_shim.verification import Depth
+from rtj_shim.verifier import verify_step
 
 REPO = Path(__file__).resolve().parents[3]
 STEPS, DURABLE_EVERY, FAST_EVERY, KILL_AFTER = 60, 20, 5, 47
+RUN_ID = "run-fast-tier-test"  # the operator sets RTJ_RUN_ID in every pod
+UID = "0b6f3c8e-2d4a-4e1f-9a7b-5c3d2e1f0a9b"
+KEY = job_key(b"operator secret", UID)
 
 pytestmark = pytest.mark.timeout(600)
 
 
-def _train(work: Path, root: Path, logs: Path, *extra: str, env: dict[str, str]) -> int:
+def _train(work: Path, root: Path | str, logs: Path, *extra: str, env: dict[str, str]) -> int:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("RTJ_", "AWS_"))}
+    uri = f"file://{root}" if isinstance(root, Path) else root
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-         "--max-restarts=0", "examples/ddp_train.py", f"--root=file://{root}",
+         "--max-restarts=0", "examples/ddp_train.py", f"--root={uri}",
          f"--log-dir={logs}", f"--steps={STEPS}", f"--save-every={DURABLE_EVERY}", *extra],
         cwd=REPO, env={**clean, **env}, timeout=300, capture_output=True, text=True,
     )  # fmt: skip
@@ -67,7 +84,8 @@ def killed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         work, work / "ckpt", work / "killed-logs",
         f"--fault-kill-step={KILL_AFTER}", "--fault-kill-rank=1",
         "--step-sleep=0.05",  # the fast step written in the background is in before the kill
-        env={"RTJ_FAST_TIER_DIR": str(fast), "RTJ_FAST_EVERY_STEPS": str(FAST_EVERY)},
+        env={"RTJ_FAST_TIER_DIR": str(fast), "RTJ_FAST_EVERY_STEPS": str(FAST_EVERY),
+             "RTJ_RUN_ID": RUN_ID},
     )  # fmt: skip
     assert code != 0, "rank 1 was to be killed"
     return {"work": work, "fast": fast, "ckpt": work / "ckpt", "clean": work / "clean-logs"}
@@ -147,3 +165,85 @@ def test_a_fast_step_alone_pinned_falls_back_to_resolving_the_durable_store(
         assert (restore["step"], restore["source"]) == (40, "resolved")
         assert restore["skipped"][0]["step"] == 55
         assert restore["skipped"][0]["reason"].startswith("fast tier: rank 0: ")
+
+
+# -- the drain: a fast step published as a durable one, without the trainers ---------------
+
+
+@contextmanager
+def _sidecar(root: Path, fast: Path, key: str = KEY) -> Iterator[str]:
+    """A pod's progress sidecar serving its fast tier (signed, the job's key); its address."""
+    (root / "progress").mkdir(parents=True)
+    server = ProgressServer(
+        root / "progress", "127.0.0.1", 0, control_dir=root / "control",
+        fast_tier_dir=fast, control_key=key, job_uid=UID,
+    )  # fmt: skip
+    server.start_in_thread()
+    try:
+        yield f"127.0.0.1:{server.port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _drain(killed: dict[str, Path], work: Path, root: str, peer_key: str = KEY) -> DrainReport:
+    """The killed run's fast tier as two pods' volumes, one rank each; rank 0's pod drains
+    step 45 into ``root``, rank 1's file read from the other pod's sidecar."""
+    pod0, pod1 = work / "pod-0" / "fast", work / "pod-1" / "fast"
+    shutil.copytree(killed["fast"] / "rank-00000", pod0 / "rank-00000")
+    shutil.copytree(killed["fast"] / "rank-00001", pod1 / "rank-00001")
+    with _sidecar(work / "pod-1", pod1, peer_key) as peer:
+        # as the world whose fast step it is (attempt 0 here): a newer world may write on
+        protocol = CommitProtocol(open_store(root), run_id=RUN_ID, attempt="0", retention=None)
+        return drain_step(pod0, protocol, 45, [peer], KEY)
+
+
+def _resumes_the_drained_step_bit_for_bit(
+    killed: dict[str, Path], work: Path, root: str, env: dict[str, str]
+) -> None:
+    verdict = verify_step(open_store(root), 45, Depth.DEEP)
+    assert verdict.valid, verdict.reason
+    assert verdict.manifest is not None
+    assert verdict.manifest.extra["drained_from"] == "fast-tier"
+    assert "tier" not in verdict.manifest.extra  # never taken for a fast step
+    paths = sorted(f.path for f in verdict.manifest.files)
+    assert paths[-2:] == ["ranks/rank-00000.pt", "ranks/rank-00001.pt"], paths
+    code = _train(work, root, work / "logs", env=env)
+    assert code == 0, (work / "logs.stderr").read_text()[-3000:]
+    for rank in (0, 1):
+        restore = _restore(work / "logs", rank)
+        assert (restore["step"], restore["source"]) == (45, "resolved"), restore
+        resumed, clean = _losses(work / "logs", rank), _losses(killed["clean"], rank)
+        assert sorted(resumed) == list(range(46, STEPS + 1))
+        assert all(resumed[s] == clean[s] for s in resumed), f"rank {rank} diverged"
+
+
+def test_a_drained_fast_step_is_a_durable_step_the_trainer_resumes_bit_for_bit(
+    killed: dict[str, Path],
+) -> None:
+    work = killed["work"] / "drain-fs"
+    root = f"file://{work / 'durable'}"
+    report = _drain(killed, work, root)
+    assert (report.step, report.remote_ranks, report.uri) == (
+        45, (1,), f"{root}/steps/step-000000000045",
+    )  # fmt: skip
+    _resumes_the_drained_step_bit_for_bit(killed, work, root, env={})
+
+
+def test_a_fast_step_drains_into_s3(killed: dict[str, Path], s3_root: str) -> None:
+    work = killed["work"] / "drain-s3"
+    assert _drain(killed, work, s3_root).remote_ranks == (1,)
+    aws = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+    _resumes_the_drained_step_bit_for_bit(killed, work, s3_root, env=aws)
+
+
+def test_a_peer_of_another_job_hands_the_drain_nothing_and_nothing_is_published(
+    killed: dict[str, Path],
+) -> None:
+    work = killed["work"] / "drain-foreign"
+    root = f"file://{work / 'durable'}"
+    with pytest.raises(PeerError, match=r"HTTP 403.*missing or not this job"):
+        _drain(killed, work, root, peer_key=job_key(b"operator secret", "another-job-uid"))
+    assert not (work / "durable" / "steps").exists() or not any(
+        (work / "durable" / "steps").iterdir()
+    )
