@@ -268,6 +268,20 @@ def markdown(results: list[SizeResult], context: dict[str, Any]) -> str:
             + "."
         )
         out.append("")
+    if any(r.s3_drain_s for r in results):
+        out.append(
+            "The newest fast step drained into that S3 server (`rtj_shim.drain`: its files "
+            "read from the fast tier, hashed while uploaded, checked against its manifest, one "
+            "publish under the commit protocol; a world of one, so every file is this pod's; "
+            "a fresh root each time): "
+            + "; ".join(
+                f"{r.label} {', '.join(fmt_s(x) for x in r.s3_drain_s)}"
+                for r in results
+                if r.s3_drain_s
+            )
+            + ". No training step waits for it: the drain runs beside the trainer (issue 16)."
+        )
+        out.append("")
     if buddy:
         out += [
             "### From a buddy: the peer replica's copies",

@@ -28,7 +28,12 @@ from bench.fast_tier_results import (
     fmt_s,
 )
 from bench.torch_models import Trainer
-from rtj_shim.fast_tier import holdings
+from rtj_shim.drain import drain_step
+from rtj_shim.fast_tier import holdings, rank_store
+from rtj_shim.layout import MANIFEST_FILE, step_key
+from rtj_shim.manifest import decode_manifest
+from rtj_shim.protocol import CommitProtocol
+from rtj_shim.storage import open_store
 from rtj_shim.torch import Checkpointer, SaveReport
 
 
@@ -52,6 +57,16 @@ def s3_server(work: Path) -> Iterator[tuple[str, Any]]:
         os.environ.clear()
         os.environ.update(saved)
         server.stop()
+
+
+def drain_fast_step(fast_root: Path, step: int, root: str) -> None:
+    """Publish the fast step as a durable step in ``root`` (``rtj_shim.drain``; this pod
+    holds every rank of a world of one, so no peer is asked)."""
+    raw = rank_store(fast_root, 0).read(step_key(step, MANIFEST_FILE))
+    assert raw is not None, f"fast step {step} has no manifest"
+    run_id = decode_manifest(raw).run_id
+    protocol = CommitProtocol(open_store(root), run_id=run_id, attempt="0", retention=None)
+    drain_step(fast_root, protocol, step, [], key="")
 
 
 def measure_restores(
@@ -91,6 +106,9 @@ def measure_restores(
         for n in (1, 2):  # the same state twice: a new step each time (two saves timed)
             result.s3_save_s.append(timed(partial(s3.save, durable_step + n, tr.objects)))
         s3.close()
+        for n in (1, 2):  # a fresh root each time: a drained step is a published one
+            drain = partial(drain_fast_step, fast_root, fast_step, f"{s3_root}-drain{n}")
+            result.s3_drain_s.append(timed(drain))
         pins["s3 deep"] = resume_file(work / "resume-s3.json", {"step": durable_step + 2})
         expected["s3 deep"] = durable_step + 2
         kinds.append("s3 deep")
