@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from rtj_shim import fast_tier
 from rtj_shim.errors import ManifestError
@@ -51,6 +52,10 @@ UPLOAD_STREAMS = 4
 
 class DrainError(Exception):
     """A fast step that cannot be drained (the message names the rank and why)."""
+
+
+class LeftToTheTrainers(DrainError):
+    """The trainers publish this step durably themselves: the drain leaves it to them."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,28 @@ class DrainReport:
     bytes: int
     seconds: float
     remote_ranks: tuple[int, ...]  # ranks whose files came from another pod's sidecar
+
+
+def trainers_publish(step: int, extra: Mapping[str, Any]) -> bool:
+    """Pure: whether the trainers publish ``step`` durably themselves, from the schedule
+    their fast step records (``extra.durable_schedule``, `rtj_shim.torch.fast_save`). One
+    writer per step: a drain and a trainer's save of the same step would share its
+    in-progress area. DrainError when their schedule can pick any step (seconds, an
+    improved metric) or is not recorded (a trainer's shim older than the drain)."""
+    schedule = extra.get("durable_schedule")
+    if not isinstance(schedule, dict):
+        raise DrainError("the fast step does not record the trainers' durable schedule "
+                         "(their rtj-shim is older than the drain)")  # fmt: skip
+    if schedule.get("every_seconds") is not None:
+        raise DrainError("the trainers also save durably every_seconds: a drained step "
+                         "could race their save of the same step")  # fmt: skip
+    if schedule.get("by_metric"):
+        raise DrainError("the trainers also save durably when their metric improves: a "
+                         "drained step could race their save of the same step")  # fmt: skip
+    every = schedule.get("every_steps")
+    return (
+        isinstance(every, int) and not isinstance(every, bool) and every > 0 and (step % every == 0)
+    )
 
 
 def _own_file(rank: int, entry: FileEntry) -> bool:
@@ -167,6 +194,8 @@ def drain_step(
     complete step (nothing is published); a store error propagates (nothing is published)."""
     started = time.monotonic()
     local = _local(fast_dir, step)
+    if 0 in local and trainers_publish(step, local[0].extra):
+        raise LeftToTheTrainers(f"step {step} is one of the trainers' own durable saves")
     remote = _remote([PeerClient(p, key) for p in peers], step)
     both = sorted(set(local) & set(remote))
     if both:

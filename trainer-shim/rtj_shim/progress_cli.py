@@ -32,6 +32,7 @@ from types import FrameType
 from typing import Any
 
 from rtj_shim import fast_tier
+from rtj_shim.drain_sidecar import Drainer
 from rtj_shim.errors import UsageError
 from rtj_shim.progress import ENV_DIR, Progress
 from rtj_shim.progress_record import RecordError
@@ -143,6 +144,9 @@ def progress_server(args: argparse.Namespace) -> int:
         fast_tier_dir=args.fast_tier_dir,
         control_key=os.environ.get(ENV_CONTROL_KEY, ""),
         job_uid=os.environ.get(ENV_JOB_UID, ""),
+        drainer=Drainer.from_env(
+            args.fast_tier_dir, os.environ.get(ENV_CONTROL_KEY, ""), os.environ
+        ),
     )
 
     def stop(signum: int, frame: FrameType | None) -> None:

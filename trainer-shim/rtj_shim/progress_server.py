@@ -33,7 +33,10 @@ in the fast tier's peer replica (`rtj_shim.peer_replica`): ``POST /replica`` tak
 operator's signed assignment, the body carries ``"replica"`` (whose steps this pod holds a
 copy of, `peer_pull.ReplicaPuller.report`) and, after a copy back, ``"fast_fetch"``
 (`peer_pull.fetch_back`'s report); ``GET /fast-tier/...`` serves the job's other pods
-(`rtj_shim.peer_serve`, signed requests only).
+(`rtj_shim.peer_serve`, signed requests only). Where the pod has a store and a run
+(``RTJ_CHECKPOINT_URI``, ``RTJ_RUN_ID``), ``POST /drain`` takes the operator's signed order
+to drain the fast tier into the durable store (`rtj_shim.drain_sidecar`; the pod holding
+rank 0) and the body carries ``"drain"`` (the last step drained, the error if any).
 """
 
 from __future__ import annotations
@@ -51,7 +54,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
-from rtj_shim import control, fast_tier, peer_replica, peer_serve
+from rtj_shim import control, drain_order, fast_tier, peer_replica, peer_serve
+from rtj_shim.drain_sidecar import Drainer
 from rtj_shim.peer_pull import ReplicaPuller, fetch_back
 from rtj_shim.progress_record import (
     FILE_PREFIX,
@@ -244,6 +248,21 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.replica.assign(assignment)
             self._reply(202, {"accepted": assignment.to_json()})
             return
+        if path == "/drain" and self.server.drainer is not None:
+            raw = self._body(drain_order.MAX_DRAIN_ORDER_BYTES)
+            if raw is None:
+                return
+            try:
+                drain = drain_order.accept_drain_order(
+                    raw, self.headers.get(control.SIGNATURE_HEADER),
+                    key=self.server.control_key, job_uid=self.server.job_uid,
+                )  # fmt: skip
+            except control.OrderError as exc:
+                self._reply(403, {"error": str(exc)})
+                return
+            self.server.drainer.follow(drain)
+            self._reply(202, {"accepted": {"attempt": drain.attempt, "peers": len(drain.peers)}})
+            return
         if path != "/control" or self.server.control_dir is None:
             self._reply(404, {"error": f"no such path {path!r} here"})
             return
@@ -301,6 +320,7 @@ class ProgressServer(ThreadingHTTPServer):
         fast_tier_dir: Path | None = None,
         control_key: str = "",
         job_uid: str = "",
+        drainer: Drainer | None = None,
     ) -> None:
         self.directory = directory
         self.control_dir = control_dir
@@ -315,6 +335,7 @@ class ProgressServer(ThreadingHTTPServer):
         )
         if self.replica is not None and self.replica.assigned:
             self.replica.start()  # a restarted sidecar goes on with the copy it holds
+        self.drainer = drainer  # the fast tier's drain, where this pod's sidecar runs it
         self._fetches: dict[int, threading.Thread] = {}
         self._fetch_report: dict[str, Any] | None = None
         self._slots = threading.BoundedSemaphore(max_connections)
@@ -394,11 +415,15 @@ class ProgressServer(ThreadingHTTPServer):
         with self._order_lock:
             if self._fetch_report is not None:
                 out["fast_fetch"] = self._fetch_report
+        if self.drainer is not None:
+            out["drain"] = self.drainer.report()
         return out
 
     def server_close(self) -> None:
         if self.replica is not None:
             self.replica.stop()
+        if self.drainer is not None:
+            self.drainer.stop()
         super().server_close()
 
     @property

@@ -12,11 +12,13 @@ resumes from bit for bit, on a filesystem and on S3.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,8 +26,10 @@ from typing import Any
 
 import pytest
 
-from rtj_shim.control import job_key
+from rtj_shim.control import job_key, sign
 from rtj_shim.drain import DrainReport, drain_step
+from rtj_shim.drain_order import DrainOrder
+from rtj_shim.drain_sidecar import Drainer
 from rtj_shim.fast_tier import committed_steps, holdings, rank_store
 from rtj_shim.peer_pull import PeerError
 from rtj_shim.progress_server import ProgressServer
@@ -171,12 +175,14 @@ def test_a_fast_step_alone_pinned_falls_back_to_resolving_the_durable_store(
 
 
 @contextmanager
-def _sidecar(root: Path, fast: Path, key: str = KEY) -> Iterator[str]:
+def _sidecar(
+    root: Path, fast: Path, key: str = KEY, drainer: Drainer | None = None
+) -> Iterator[str]:
     """A pod's progress sidecar serving its fast tier (signed, the job's key); its address."""
     (root / "progress").mkdir(parents=True)
     server = ProgressServer(
         root / "progress", "127.0.0.1", 0, control_dir=root / "control",
-        fast_tier_dir=fast, control_key=key, job_uid=UID,
+        fast_tier_dir=fast, control_key=key, job_uid=UID, drainer=drainer,
     )  # fmt: skip
     server.start_in_thread()
     try:
@@ -186,12 +192,18 @@ def _sidecar(root: Path, fast: Path, key: str = KEY) -> Iterator[str]:
         server.server_close()
 
 
-def _drain(killed: dict[str, Path], work: Path, root: str, peer_key: str = KEY) -> DrainReport:
-    """The killed run's fast tier as two pods' volumes, one rank each; rank 0's pod drains
-    step 45 into ``root``, rank 1's file read from the other pod's sidecar."""
+def _two_pods(killed: dict[str, Path], work: Path) -> tuple[Path, Path]:
+    """The killed run's fast tier as two pods' volumes, one rank each."""
     pod0, pod1 = work / "pod-0" / "fast", work / "pod-1" / "fast"
     shutil.copytree(killed["fast"] / "rank-00000", pod0 / "rank-00000")
     shutil.copytree(killed["fast"] / "rank-00001", pod1 / "rank-00001")
+    return pod0, pod1
+
+
+def _drain(killed: dict[str, Path], work: Path, root: str, peer_key: str = KEY) -> DrainReport:
+    """Rank 0's pod drains step 45 into ``root``, rank 1's file read from the other pod's
+    sidecar."""
+    pod0, pod1 = _two_pods(killed, work)
     with _sidecar(work / "pod-1", pod1, peer_key) as peer:
         # as the world whose fast step it is (attempt 0 here): a newer world may write on
         protocol = CommitProtocol(open_store(root), run_id=RUN_ID, attempt="0", retention=None)
@@ -247,3 +259,74 @@ def test_a_peer_of_another_job_hands_the_drain_nothing_and_nothing_is_published(
     assert not (work / "durable" / "steps").exists() or not any(
         (work / "durable" / "steps").iterdir()
     )
+
+
+def _post(address: str, path: str, body: bytes, signature: str) -> int:
+    host, _, port = address.rpartition(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        conn.request("POST", path, body, {"X-RTJ-Signature": signature})
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def _drain_report(address: str) -> dict[str, Any]:
+    host, _, port = address.rpartition(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        conn.request("GET", "/progress")
+        body: dict[str, Any] = json.loads(conn.getresponse().read())
+    finally:
+        conn.close()
+    return dict(body.get("drain") or {})
+
+
+def _until(what: Any, timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := what():
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"not within {timeout} s")
+
+
+def test_rank_0s_sidecar_drains_on_the_operators_signed_order(killed: dict[str, Path]) -> None:
+    """Pod 0's sidecar, ordered to drain every 5th fast step, publishes fast step 45 (rank
+    1's file from pod 1's sidecar); an order signed with another job's key is refused."""
+    work = killed["work"] / "drain-sidecar"
+    pod0, pod1 = _two_pods(killed, work)
+    root = f"file://{work / 'durable'}"
+    with (
+        _sidecar(work / "pod-1", pod1) as peer,
+        _sidecar(work / "pod-0", pod0, drainer=Drainer(pod0, KEY, root, RUN_ID)) as me,
+    ):
+        other_job = job_key(b"operator secret", "another-job-uid")
+        order = DrainOrder(UID, "0", FAST_EVERY, (peer,)).encode()
+        assert _post(me, "/drain", order, sign(other_job, order)) == 403
+        assert _drain_report(me) == {}  # nothing followed
+        assert _post(me, "/drain", order, sign(KEY, order)) == 202
+        report = _until(lambda: (r := _drain_report(me)).get("step") == 45 and r)
+    assert report["error"] is None and report["peers"] == 1, report
+    assert report["last"]["bytes"] > 0, report
+    verdict = verify_step(open_store(root), 45, Depth.DEEP)
+    assert verdict.valid, verdict.reason
+
+
+def test_a_step_the_trainers_save_themselves_is_left_to_them(killed: dict[str, Path]) -> None:
+    """Ordered to drain every 20th fast step, the sidecar finds fast step 40, which the
+    trainers save durably themselves (every 20 steps, recorded in their fast manifests):
+    it publishes nothing (one writer per step)."""
+    work = killed["work"] / "drain-trainers"
+    pod0, pod1 = _two_pods(killed, work)
+    root = f"file://{work / 'durable'}"
+    with (
+        _sidecar(work / "pod-1", pod1) as peer,
+        _sidecar(work / "pod-0", pod0, drainer=Drainer(pod0, KEY, root, RUN_ID)) as me,
+    ):
+        order = DrainOrder(UID, "0", DURABLE_EVERY, (peer,)).encode()
+        assert _post(me, "/drain", order, sign(KEY, order)) == 202
+        report = _until(lambda: (r := _drain_report(me)).get("step") == 40 and r)
+    assert report["last"] == {"step": 40, "left_to_trainers": True}, report
+    assert report["error"] is None
+    assert not (work / "durable" / "steps").exists()

@@ -6,7 +6,8 @@ import hashlib
 
 import pytest
 
-from rtj_shim.drain import DRAINED_FROM, DrainError, compose
+from rtj_shim.drain import DRAINED_FROM, DrainError, compose, trainers_publish
+from rtj_shim.drain_sidecar import due_step
 from rtj_shim.manifest import FileEntry, Manifest, utc_now
 
 STEP = 45
@@ -65,3 +66,43 @@ def test_fast_steps_that_do_not_make_one_worlds_complete_step_are_refused(
 ) -> None:
     with pytest.raises(DrainError, match=message):
         compose(STEP, manifests)
+
+
+# -- whose step is it: the trainers' own saves are theirs --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("step", "schedule", "theirs"),
+    [
+        (40, {"every_steps": 20, "every_seconds": None, "by_metric": False}, True),
+        (45, {"every_steps": 20, "every_seconds": None, "by_metric": False}, False),
+        (45, {"every_steps": None, "every_seconds": None, "by_metric": False}, False),
+    ],
+)
+def test_the_drain_leaves_the_trainers_scheduled_steps_to_them(
+    step: int, schedule: dict[str, object], theirs: bool
+) -> None:
+    assert trainers_publish(step, {"durable_schedule": schedule}) is theirs
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({}, "does not record the trainers' durable schedule"),
+        ({"durable_schedule": {"every_steps": 20, "every_seconds": 600.0}}, "every_seconds"),
+        ({"durable_schedule": {"every_steps": 20, "by_metric": True}}, "metric improves"),
+    ],
+)
+def test_a_schedule_that_can_pick_any_step_is_not_drained(
+    extra: dict[str, object], message: str
+) -> None:
+    with pytest.raises(DrainError, match=message):
+        trainers_publish(45, extra)
+
+
+def test_the_due_step_is_the_newest_multiple_not_yet_drained() -> None:
+    assert due_step([40, 45], 5, None) == 45
+    assert due_step([40, 45], 20, None) == 40  # not the newest: the newest multiple
+    assert due_step([40, 45], 5, 45) is None
+    assert due_step([40, 45], 7, None) is None
+    assert due_step([], 5, None) is None

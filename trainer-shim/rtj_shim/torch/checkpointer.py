@@ -191,6 +191,12 @@ class Checkpointer:
             allow_unsafe_pickle=allow_unsafe_pickle, shard_bytes=shard_bytes,
             max_shards=max_shards,
         )  # fmt: skip
+        if self._fast is not None:
+            self._fast.durable_schedule = {
+                "every_steps": self.schedule.every_steps,
+                "every_seconds": self.schedule.every_seconds,
+                "by_metric": False,  # until a step_boundary passes a metric
+            }
         self._sources = ResumeSources(
             self.store, self._fast, self.resume_file, allow_unsafe_pickle=allow_unsafe_pickle,
             io_workers=self.io_workers, staging_dir=self.staging_dir,
@@ -418,6 +424,8 @@ class Checkpointer:
         self._sigterm.install()
         control = self._control_coordinator()
         value = None if metric is None else as_float(metric)
+        if value is not None and self._fast is not None:
+            self._fast.durable_schedule["by_metric"] = True
         mine = [
             1.0 if self._sigterm.requested else 0.0,
             1.0 if self.schedule.time_due(time.monotonic() - self._last_save_at) else 0.0,

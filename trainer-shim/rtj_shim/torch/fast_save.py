@@ -91,6 +91,9 @@ class FastTier:
         self._writer: threading.Thread | None = None
         self._staging = Staging(None, check_finite=False)  # its own buffers and fences
         self._writing: int | None = None
+        # the Checkpointer's durable schedule, recorded in every fast manifest: the drain
+        # leaves the steps the trainers publish themselves to them (rtj_shim.drain)
+        self.durable_schedule: dict[str, Any] = {}
 
     def save(self, step: int, entries: list[Entry], coord: _dist.Coordinator) -> None:
         """Take this rank's copy of ``step`` and write it in the background, staged as a
@@ -155,6 +158,7 @@ class FastTier:
                 files.append(ser.stream_to_store(job.rank_state, writer, rank_path(rank)))
                 metadata = step_metadata(job, world)
                 metadata.extra["tier"] = "fast"
+                metadata.extra["durable_schedule"] = dict(self.durable_schedule)
                 published = self.protocol.publish(writer, files, metadata)
             except BaseException:
                 writer.abort()
