@@ -215,6 +215,9 @@ class ProgressFacts:
     fast_replicated_step: int | None = None
     """The newest fast-tier step whose peer replica every pod has complete in another pod
     (spec.checkpoint.fastTier.peerReplicas): what a replaced pod could copy back."""
+    drained_step: int | None = None
+    """The newest fast-tier step the drain has made durable, or left to the trainers' own
+    save (spec.checkpoint.fastTier.drainEverySteps)."""
 
 
 class _ProgressCollector(Collector):
@@ -251,6 +254,12 @@ class _ProgressCollector(Collector):
             "(spec.checkpoint.fastTier.peerReplicas): what a replaced pod resumes from.",
             labels=JOB_LABELS,
         )
+        drained = GaugeMetricFamily(
+            "rtj_checkpoint_drained_step",
+            "Newest fast-tier step the drain has made durable, or left to the trainers' own "
+            "durable save (spec.checkpoint.fastTier.drainEverySteps).",
+            labels=JOB_LABELS,
+        )
         for (namespace, name), facts in items:
             labels = [namespace, name]
             ranks.add_metric(labels, facts.ranks)
@@ -263,7 +272,9 @@ class _ProgressCollector(Collector):
                 age.add_metric(labels, facts.seconds_without_progress)
             if facts.fast_replicated_step is not None:
                 replicated.add_metric(labels, facts.fast_replicated_step)
-        yield from (step, step_time, age, ranks, slow, replicated)
+            if facts.drained_step is not None:
+                drained.add_metric(labels, facts.drained_step)
+        yield from (step, step_time, age, ranks, slow, replicated, drained)
 
 
 class Metrics:

@@ -260,6 +260,8 @@ class RankPolls:
         supervisors: dict[str, Mapping[str, Any]] = {}
         fast_tiers: dict[str, Mapping[str, Any] | None] = {}
         replicas: dict[str, Mapping[str, Any] | None] = {}
+        drains: dict[str, Mapping[str, Any] | None] = {}
+        kept_parts = (("fast_tier", fast_tiers), ("replica", replicas), ("drain", drains))
         for target in job.targets:
             body, error, arrived = answers.get(
                 (job.key, target.attempt, target.pod),
@@ -270,7 +272,7 @@ class RankPolls:
                 reports.append(report)
                 if isinstance(supervisor := body.get("supervisor"), Mapping):
                     supervisors[target.pod] = supervisor
-                for name, kept in (("fast_tier", fast_tiers), ("replica", replicas)):
+                for name, kept in kept_parts:
                     if name in body:
                         value = body.get(name)
                         kept[target.pod] = value if isinstance(value, Mapping) else None
@@ -278,10 +280,13 @@ class RankPolls:
             unanswered.append(f"{target.pod}: {error or 'not a JSON object'}")
             if target.pod in previous:
                 reports.append(previous[target.pod])  # ages out of the evidence by itself
-                if held is not None and target.pod in held.fast_tiers:
-                    fast_tiers[target.pod] = held.fast_tiers[target.pod]
-                if held is not None and target.pod in held.replicas:
-                    replicas[target.pod] = held.replicas[target.pod]
+                if held is not None:
+                    for last, kept in zip(
+                        (held.fast_tiers, held.replicas, held.drains),
+                        (fast_tiers, replicas, drains), strict=True,
+                    ):  # fmt: skip
+                        if target.pod in last:
+                            kept[target.pod] = last[target.pod]
                 quiet = self._quiet.get((job.key, target.attempt, target.pod))
                 quiet_since[target.pod] = quiet[2] if quiet is not None else arrived
         # one window per round; a rank with no new step since the last one keeps its count
@@ -301,6 +306,7 @@ class RankPolls:
             supervisors=supervisors,
             fast_tiers=fast_tiers,
             replicas=replicas,
+            drains=drains,
             indexes={t.pod: t.index for t in job.targets if t.index is not None},
             stragglers=verdict.stragglers,
         )

@@ -104,6 +104,10 @@ SIZE_PATTERN = r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[kMGTPE])?$"
 of the resource.Quantity grammar (api/schemas/openapi.QUANTITY_PATTERN) with no sign, no
 exponent and no fraction-of-a-unit suffix (m, u, n)."""
 
+DRAIN_MULTIPLE = (
+    "fastTier.drainEverySteps must be a multiple of fastTier.everySteps: only fast steps "
+    "can be drained"
+)
 FAST_TIER_NEEDS_IN_PLACE = (
     "spec.checkpoint.fastTier needs spec.recovery.inPlace: true: only a restart inside the "
     "same pods finds the fast tier again"
@@ -114,7 +118,18 @@ class FastTier(ApiModel):
     """The fast checkpoint tier (issue 16): every `everySteps` steps each rank also saves
     its state into a pod-local emptyDir, so a restart in place loses at most those steps
     (the durable store stays the fallback). With `peerReplicas` another pod keeps a copy,
-    which a pod replaced on another node copies back."""
+    which a pod replaced on another node copies back. With `drainEverySteps` the progress
+    sidecar of the pod holding rank 0 publishes those fast steps to the durable store."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": validations(
+            cel(
+                "!has(self.drainEverySteps) || self.drainEverySteps % self.everySteps == 0",
+                DRAIN_MULTIPLE,
+                ".drainEverySteps",
+            )
+        )
+    }
 
     every_steps: int = Field(
         ge=1,
@@ -151,6 +166,23 @@ class FastTier(ApiModel):
         "node was lost resumes from a fast step too. 0: none. The volume's sizeLimit must "
         "hold both (the pod's own steps and its source's).",
     )
+    drain_every_steps: int | None = Field(
+        default=None,
+        ge=1,
+        description="Publish every fast step that is a multiple of this to the durable store "
+        "(checkpoint.uri), from the fast tier's bytes, by the progress sidecar of the pod "
+        "holding rank 0 (the other ranks' files read from their pods' sidecars), beside "
+        "the trainers: a hung trainer does not stop it. A multiple of everySteps. Steps the "
+        "trainer saves durably itself (a multiple of its own save interval) are left to it; "
+        "a trainer that also saves on a time or metric schedule is not drained. The sidecars "
+        "get the store's credentials (checkpoint.credentialsSecret). Unset: no drain.",
+    )
+
+    @model_validator(mode="after")
+    def _drain_multiple(self) -> FastTier:
+        if self.drain_every_steps is not None and self.drain_every_steps % self.every_steps:
+            raise ValueError(DRAIN_MULTIPLE)
+        return self
 
 
 class Checkpoint(ApiModel):

@@ -203,6 +203,12 @@ class JobProgress(StatusModel):
     fast_committed_at: datetime | None = Field(
         default=None, description="When every pod held fastStep (the fast tier's age)."
     )
+    drained_step: int | None = Field(
+        default=None,
+        ge=0,
+        description="The newest fast-tier step the drain made durable or left to the "
+        "trainers' own save (spec.checkpoint.fastTier.drainEverySteps).",
+    )
 
 
 class RestartCounts(StatusModel):

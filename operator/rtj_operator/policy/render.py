@@ -18,7 +18,7 @@ from typing import Any
 
 from rtj_operator.api import keys
 from rtj_operator.api.resource import ResilientTrainingJob
-from rtj_operator.policy import fast_tier, in_place
+from rtj_operator.policy import fast_drain, fast_tier, in_place
 from rtj_operator.policy.pod_security import (
     RESTRICTED_CONTAINER,
     operator_container_security,
@@ -44,6 +44,12 @@ PROGRESS_RESOURCES = {
     "limits": {"memory": "128Mi"},
 }
 PROGRESS_VOLUME_SIZE = "1Mi"
+DRAIN_ENV = frozenset({
+    keys.ENV_RUN_ID, keys.ENV_CHECKPOINT_URI, keys.ENV_KEEP_LAST, keys.ENV_KEEP_EVERY,
+    keys.ENV_PROTECT_STEP,
+})  # fmt: skip
+"""What the progress sidecar's drain reads of the shim's environment (the store, the run,
+the retention it applies after each publish, as a trainer's save does)."""
 """912 bytes per rank record (rtj_shim.progress_record): room for ~1,000 ranks per pod."""
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -203,8 +209,11 @@ def pod_template(
     )  # fmt: skip
     if rtj.spec.recovery.in_place and key and in_place.supervise(spec, rtj, trainer["name"], key):
         meta["annotations"][keys.SUPERVISED_ANNOTATION] = "true"
-        if fast_tier.render(spec, rtj, trainer["name"]) and fast_tier.replicated(rtj):
-            meta["annotations"][keys.PEER_REPLICA_ANNOTATION] = "true"
+        if fast_tier.render(spec, rtj, trainer["name"]):
+            if fast_tier.replicated(rtj):
+                meta["annotations"][keys.PEER_REPLICA_ANNOTATION] = "true"
+            store = [e for e in shim_env(rtj, attempt, resume) if e["name"] in DRAIN_ENV]
+            fast_drain.render(spec, rtj, store, trainer)
     return template
 
 

@@ -1,11 +1,13 @@
 """What the progress poller posts to each pod's progress sidecar before reading it: the
-restart order of an in-place restart (``/control``, `reconcile.in_place`) and the pod's
-peer-replica assignment (``/replica``, `policy.peer_replica`), each signed with the job's
+restart order of an in-place restart (``/control``, `reconcile.in_place`), the pod's
+peer-replica assignment (``/replica``, `policy.peer_replica`) and, to the pod holding rank 0,
+the fast tier's drain order (``/drain``, `policy.fast_drain`), each signed with the job's
 control key. Pure: decided from the snapshot, sent by `rtj_operator.rank_polls`.
 
-Both are idempotent and bounded: a restart order is sent every round while the restart is
-under way (the sidecar takes the same one again); an assignment only to a holder whose last
-report does not show it (one small POST per such pod and round, until it does).
+All are idempotent and bounded: a restart order is sent every round while the restart is
+under way (the sidecar takes the same one again); an assignment or a drain order only to a
+sidecar whose last report does not show it (one small POST per such pod and round, until it
+does).
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from dataclasses import dataclass, field
 
 from rtj_operator.api import keys
 from rtj_operator.api.reasons import Phase
-from rtj_operator.policy import fast_tier, peer_replica
+from rtj_operator.policy import fast_drain, fast_tier, peer_replica
 from rtj_operator.reconcile.in_place import restart_order
 from rtj_operator.reconcile.world import (
     CONTROL_PATH,
+    DRAIN_PATH,
     REPLICA_PATH,
     PollMessage,
     PollTarget,
@@ -27,6 +30,7 @@ from rtj_operator.reconcile.world import (
     pod_name,
 )
 from rtj_shim.control import sign
+from rtj_shim.drain_order import DrainOrder
 from rtj_shim.peer_replica import Assignment
 
 
@@ -59,7 +63,41 @@ def pod_messages(snap: Snapshot, targets: Sequence[PollTarget]) -> PodMessages:
         assignment = Assignment(snap.rtj.metadata.uid, holding.source_address, holding.source_index)
         raw = assignment.encode()
         out.setdefault(holding.holder, []).append(PollMessage(REPLICA_PATH, raw, sign(key, raw)))
+    drain = drain_order(snap, targets)
+    if drain is not None:
+        raw = DrainOrder(snap.rtj.metadata.uid, drain.attempt, drain.every_steps,
+                         drain.peers).encode()  # fmt: skip
+        out.setdefault(drain.pod, []).append(PollMessage(DRAIN_PATH, raw, sign(key, raw)))
     return PodMessages({pod: tuple(ms) for pod, ms in out.items()}, ring.note)
+
+
+def drain_order(snap: Snapshot, targets: Sequence[PollTarget]) -> fast_drain.DrainTarget | None:
+    """The drain order for the sidecar of the pod holding rank 0, when its last report does
+    not show it. None while an in-place restart runs (the trainers' attempt label changes
+    when it ends), before every pod of the attempt has an address, or without a drain."""
+    rtj = snap.rtj
+    if not fast_drain.drained(rtj) or rtj.status.in_place is not None:
+        return None
+    if rtj.status.phase not in (Phase.ADMITTED, Phase.RUNNING):
+        return None
+    members = {
+        t.index: (t.pod, peer_replica.address(t.ip, t.port))
+        for t in targets
+        if t.index is not None and t.attempt == rtj.status.attempt
+    }
+    record = rtj.status.current
+    current = record is not None and record.attempt == rtj.status.attempt
+    generation = record.in_place_restarts[-1].generation if (
+        current and record is not None and record.in_place_restarts
+    ) else 0  # fmt: skip
+    target = fast_drain.order(rtj, generation, members)
+    if target is None:
+        return None
+    readings = snap.ranks
+    report = None
+    if readings is not None and readings.attempt == rtj.status.attempt:
+        report = readings.drains.get(target.pod)
+    return None if fast_drain.shown(target, report) else target
 
 
 def replica_ring(snap: Snapshot, targets: Sequence[PollTarget]) -> peer_replica.Ring:

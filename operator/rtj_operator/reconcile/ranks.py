@@ -18,7 +18,7 @@ from rtj_operator.api import keys
 from rtj_operator.api.reasons import ConditionType, FailureClass, Phase, Reason
 from rtj_operator.api.status import JobProgress, Straggler
 from rtj_operator.metrics import ProgressFacts
-from rtj_operator.policy import fast_tier, peer_replica
+from rtj_operator.policy import fast_drain, fast_tier, peer_replica
 from rtj_operator.policy import progress as rank_progress
 from rtj_operator.policy.classify import Classification, Decision, FirstFailedRank
 from rtj_operator.policy.render import trainer_name
@@ -208,6 +208,7 @@ def note_progress(b: PlanBuilder) -> None:
         stragglers=stragglers,
         fast_step=fast[0] if fast is not None else None,
         fast_committed_at=fast[1] if fast is not None else None,
+        drained_step=fast_drain.drained_step(readings.drains),
     )
     before = {
         (s.rank, s.pod)
@@ -217,7 +218,9 @@ def note_progress(b: PlanBuilder) -> None:
     after = {(s.rank, s.pod) for s in stragglers}
     if was is None or was.attempt != fresh.attempt or before != after:
         b.update(progress=fresh)
-    elif (was.step, was.ranks, was.fast_step) != (fresh.step, fresh.ranks, fresh.fast_step):
+    elif (was.step, was.ranks, was.fast_step, was.drained_step) != (
+        fresh.step, fresh.ranks, fresh.fast_step, fresh.drained_step,
+    ):  # fmt: skip
         if b.now - was.observed_at >= SUMMARY_EVERY:
             b.update(progress=fresh)
         else:
@@ -272,4 +275,5 @@ def progress_facts(readings: RankReadings, now: datetime) -> ProgressFacts:
             if readings.replicas
             else None
         ),
+        drained_step=fast_drain.drained_step(readings.drains),
     )

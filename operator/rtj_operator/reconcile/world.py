@@ -164,6 +164,8 @@ CONTROL_PATH = "/control"
 """Where a pod's progress sidecar takes restart orders (rtj_shim.control)."""
 REPLICA_PATH = "/replica"
 """Where it takes its peer-replica assignment (rtj_shim.peer_replica)."""
+DRAIN_PATH = "/drain"
+"""Where the sidecar of the pod holding rank 0 takes its drain order (rtj_shim.drain_order)."""
 
 
 @dataclass(frozen=True)
@@ -202,6 +204,9 @@ class RankReadings:
     replicas: Mapping[str, Mapping[str, Any] | None] = field(default_factory=dict)
     """Per pod, the peer replica its sidecar keeps (spec.checkpoint.fastTier.peerReplicas):
     the source's index and address, the steps held, the last pull error; None: none."""
+    drains: Mapping[str, Mapping[str, Any] | None] = field(default_factory=dict)
+    """Per pod, the drain its sidecar runs (spec.checkpoint.fastTier.drainEverySteps; the
+    pod holding rank 0): the order followed, the last step drained, the error; None: none."""
     indexes: Mapping[str, int] = field(default_factory=dict)
     """Per polled pod, its completion index."""
 

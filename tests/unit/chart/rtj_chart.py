@@ -30,6 +30,7 @@ ALERTS = (
     "RTJRecoverySlow",
     "RTJNodeQuarantined",
     "RTJFastTierReplicaStalled",
+    "RTJFastTierDrainStalled",
     "RTJOperatorDown",
     "RTJOperatorReconcileErrors",
 )
