@@ -48,10 +48,10 @@ import socket
 import statistics
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
 from rtj_shim import control, drain_order, fast_tier, peer_replica, peer_serve
@@ -65,6 +65,8 @@ from rtj_shim.progress_record import (
     RecordError,
     read_file,
 )
+
+_Message = TypeVar("_Message")
 
 SCHEMA = 1
 MAX_FILES = 1024  # ranks per pod read per request; bounds the response and the work
@@ -233,35 +235,20 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         path = self.path.split("?", 1)[0]
-        if path == "/replica" and self.server.replica is not None:
-            raw = self._body(peer_replica.MAX_ASSIGNMENT_BYTES)
-            if raw is None:
-                return
-            try:
-                assignment = peer_replica.accept_assignment(
-                    raw, self.headers.get(control.SIGNATURE_HEADER),
-                    key=self.server.control_key, job_uid=self.server.job_uid,
-                )  # fmt: skip
-            except control.OrderError as exc:
-                self._reply(403, {"error": str(exc)})
-                return
-            self.server.replica.assign(assignment)
-            self._reply(202, {"accepted": assignment.to_json()})
+        server = self.server
+        if path == "/replica" and server.replica is not None:
+            assignment = self._signed(peer_replica.MAX_ASSIGNMENT_BYTES,
+                                      peer_replica.accept_assignment)  # fmt: skip
+            if assignment is not None:
+                server.replica.assign(assignment)
+                self._reply(202, {"accepted": assignment.to_json()})
             return
-        if path == "/drain" and self.server.drainer is not None:
-            raw = self._body(drain_order.MAX_DRAIN_ORDER_BYTES)
-            if raw is None:
-                return
-            try:
-                drain = drain_order.accept_drain_order(
-                    raw, self.headers.get(control.SIGNATURE_HEADER),
-                    key=self.server.control_key, job_uid=self.server.job_uid,
-                )  # fmt: skip
-            except control.OrderError as exc:
-                self._reply(403, {"error": str(exc)})
-                return
-            self.server.drainer.follow(drain)
-            self._reply(202, {"accepted": {"attempt": drain.attempt, "peers": len(drain.peers)}})
+        if path == "/drain" and server.drainer is not None:
+            drain = self._signed(drain_order.MAX_DRAIN_ORDER_BYTES, drain_order.accept_drain_order)
+            if drain is not None:
+                server.drainer.follow(drain)
+                self._reply(202, {"accepted": {"attempt": drain.attempt,
+                                               "peers": len(drain.peers)}})  # fmt: skip
             return
         if path != "/control" or self.server.control_dir is None:
             self._reply(404, {"error": f"no such path {path!r} here"})
@@ -275,6 +262,19 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(403, {"error": str(exc)})
             return
         self._reply(202, {"accepted": order.to_json()})
+
+    def _signed(self, limit: int, accept: Callable[..., _Message]) -> _Message | None:
+        """The body of a signed message from the operator, checked by ``accept`` (this job's
+        key and uid); None once refused (the reply says why)."""
+        raw = self._body(limit)
+        if raw is None:
+            return None
+        try:
+            return accept(raw, self.headers.get(control.SIGNATURE_HEADER),
+                          key=self.server.control_key, job_uid=self.server.job_uid)  # fmt: skip
+        except control.OrderError as exc:
+            self._reply(403, {"error": str(exc)})
+            return None
 
     def _body(self, limit: int) -> bytes | None:
         try:

@@ -5,13 +5,12 @@ metrics show of the drained step."""
 from __future__ import annotations
 
 import copy
-from dataclasses import replace
-from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from rtj_world import jobset, rtj_raw, snapshot
+from rtj_world import rtj_raw, snapshot
 from test_in_place import KEY, RUNNING, T
+from test_in_place_peer_replica import address, names, running_snap
 from test_in_place_replace import replaceable_pods
 
 from rtj_operator import reconcile as rc
@@ -33,20 +32,6 @@ DRAIN = {
         "fastTier": {"everySteps": 20, "drainEverySteps": 100},
     },
 }
-
-
-def names(pods: list[dict[str, Any]]) -> list[str]:
-    return [p["metadata"]["name"] for p in pods]
-
-
-def address(p: dict[str, Any]) -> str:
-    return f"{p['status']['podIP']}:9478"
-
-
-def running_snap(raw: dict[str, Any], pods: list[dict[str, Any]], **ranks: Any) -> rc.Snapshot:
-    snap = snapshot(raw, jobsets=[jobset(1)], pods=pods)
-    readings = rc.RankReadings(attempt=1, reports=(), polled_at=T, **ranks)
-    return replace(snap, ranks=readings, control_key=KEY)
 
 
 def drain_messages(snap: rc.Snapshot) -> dict[str, list[rc.PollMessage]]:
