@@ -5,9 +5,11 @@ status."""
 from __future__ import annotations
 
 import copy
+import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,6 +21,7 @@ import yaml
 
 from e2e.cluster.cluster import LocalCluster
 from e2e.demo import story
+from e2e.operator_proc import REPO
 from e2e.podrunner.pod import kill_tree
 from e2e.podrunner.runner import descendants
 
@@ -124,3 +127,37 @@ def running_platform(
 
 class LeftRunning(AssertionError):
     """A platform's processes survived its teardown."""
+
+
+def losses(lines: list[str]) -> dict[int, float]:
+    """Step -> loss from a rank's log lines (the example trainer's JSON lines; a step
+    trained again after a restart: the last one wins)."""
+    out: dict[int, float] = {}
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # the line a killed or frozen rank was writing
+        if "loss" in record and "event" not in record:
+            out[int(record["step"])] = float(record["loss"])
+    return out
+
+
+def no_fault_losses(work: Path, steps: int, save_every: int) -> dict[int, dict[int, float]]:
+    """The same training without faults (torchrun --standalone, 2 ranks): rank -> losses."""
+    logs = work / "clean-logs"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RTJ_", "AWS_"))}
+    subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+         "examples/ddp_train.py", f"--root=file://{work / 'clean-ckpt'}", f"--log-dir={logs}",
+         f"--steps={steps}", f"--save-every={save_every}"],
+        cwd=REPO, env=env, check=True, timeout=900, capture_output=True,
+    )  # fmt: skip
+    return {r: losses((logs / f"rank-{r}.jsonl").read_text().splitlines()) for r in (0, 1)}
+
+
+def first_restart(api: Any, name: str) -> dict[str, Any] | None:
+    """The attempt's first in-place restart once it has an outcome."""
+    record = (status(api, name).get("attempts") or [{}])[0]
+    entries = record.get("inPlaceRestarts") or []
+    return entries[0] if entries and entries[0].get("outcome") else None

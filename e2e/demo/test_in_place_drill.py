@@ -19,7 +19,6 @@ import json
 import os
 import secrets
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ import pytest
 from e2e.cluster import faults
 from e2e.cluster.testenv import TestNamespace
 from e2e.demo import drills, story
-from e2e.operator_proc import REPO, wait_for
+from e2e.operator_proc import wait_for
 from rtj_operator.api import keys
 from rtj_shim import fast_tier
 from rtj_shim.peer_replica import PEER_DIR
@@ -42,18 +41,6 @@ WAITING = "drill-waiting"
 STEPS, SAVE_EVERY, FAST_EVERY = 1200, 40, 5
 
 
-def _losses(lines: list[str]) -> dict[int, float]:
-    out: dict[int, float] = {}
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # the line a killed rank was writing
-        if "loss" in record and "event" not in record:
-            out[int(record["step"])] = float(record["loss"])  # the last one wins
-    return out
-
-
 def _rank_log(opts: story.Options, pod: dict[str, Any]) -> Path:
     return story._pod_dir(opts, pod) / "volumes" / "train-logs"
 
@@ -62,19 +49,6 @@ def _jobset(api: Any, job: str) -> dict[str, Any] | None:
     found = [js for js in api.list_jobsets(story.NAMESPACE)
              if js["metadata"]["labels"].get("training.resilient.dev/job") == job]  # fmt: skip
     return found[0] if found else None
-
-
-def _no_fault(work: Path) -> dict[int, dict[int, float]]:
-    """The same training without faults (torchrun --standalone, 2 ranks)."""
-    logs = work / "clean-logs"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RTJ_", "AWS_"))}
-    subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-         "examples/ddp_train.py", f"--root=file://{work / 'clean-ckpt'}", f"--log-dir={logs}",
-         f"--steps={STEPS}", f"--save-every={SAVE_EVERY}"],
-        cwd=REPO, env=env, check=True, timeout=900, capture_output=True,
-    )  # fmt: skip
-    return {r: _losses((logs / f"rank-{r}.jsonl").read_text().splitlines()) for r in (0, 1)}
 
 
 def _in_place_job(name: str) -> dict[str, Any]:
@@ -89,13 +63,6 @@ def _in_place_job(name: str) -> dict[str, Any]:
         f"--steps={STEPS}" if a == "--steps=100000" else a for a in container["command"]
     ]
     return body
-
-
-def _first_restart(api: Any, name: str) -> dict[str, Any] | None:
-    """The attempt's first in-place restart once it has an outcome."""
-    record = (drills.status(api, name).get("attempts") or [{}])[0]
-    entries = record.get("inPlaceRestarts") or []
-    return entries[0] if entries and entries[0].get("outcome") else None
 
 
 def _platform(tmp_path: Path, name: str) -> Any:
@@ -125,7 +92,7 @@ def test_a_killed_rank_restarts_in_place_without_recreating_a_pod(tmp_path: Path
         def step_now() -> int:  # from the trainer's own log: status lags up to 30 s
             log = _rank_log(opts, drills.rank_pod(list(pods.values()), 0)) / "rank-0.jsonl"
             try:
-                return max(_losses(log.read_text().splitlines()), default=0)
+                return max(drills.losses(log.read_text().splitlines()), default=0)
             except FileNotFoundError:
                 return 0
 
@@ -145,11 +112,11 @@ def test_a_killed_rank_restarts_in_place_without_recreating_a_pod(tmp_path: Path
         os.kill(drills.trainer_pid(opts, victim), signal.SIGKILL)
         killed = time.monotonic()
         log = _rank_log(opts, victim) / "rank-1.jsonl"
-        trained_before_kill = max(_losses(log.read_text().splitlines()))
+        trained_before_kill = max(drills.losses(log.read_text().splitlines()))
 
         def restarted() -> dict[str, Any] | None:
 
-            return _first_restart(api, JOB)
+            return drills.first_restart(api, JOB)
 
         entry = wait_for("the in-place restart", restarted, 180, 0.2)
         took = time.monotonic() - killed
@@ -172,7 +139,7 @@ def test_a_killed_rank_restarts_in_place_without_recreating_a_pod(tmp_path: Path
             text = (_rank_log(opts, pod) / f"rank-{rank}.jsonl").read_text().splitlines()
             restores = [json.loads(x) for x in text if '"restore"' in x]
             restored += [(r["step"], r["source"]) for r in restores[1:]]
-            got[rank] = _losses(text)
+            got[rank] = drills.losses(text)
         # the fast tier: newer than the durable step, at most FAST_EVERY steps trained again
         fast = entry.get("resumedFromFastStep")
         assert fast is not None and fast > entry["resumedFromStep"], entry
@@ -182,7 +149,7 @@ def test_a_killed_rank_restarts_in_place_without_recreating_a_pod(tmp_path: Path
         assert 0 <= lost <= 2 * FAST_EVERY + 1, (trained_before_kill, fast)
         sys.stdout.write(f"resumed from fast-tier step {fast} ({lost} steps trained again; "
                          f"durable step {entry['resumedFromStep']})\n")  # fmt: skip
-        want = _no_fault(tmp_path)
+        want = drills.no_fault_losses(tmp_path, STEPS, SAVE_EVERY)
         for rank in (0, 1):
             diff = sorted(s for s in want[rank] if got[rank].get(s) != want[rank][s])
             assert not diff, f"rank {rank}: {len(diff)} steps differ (first {diff[:5]})"
@@ -218,7 +185,7 @@ def test_a_gpu_fault_replaces_only_its_pod_and_restarts_the_other_in_place(
         def step_now() -> int:
             log = _rank_log(opts, survivor) / "rank-0.jsonl"
             try:
-                return max(_losses(log.read_text().splitlines()), default=0)
+                return max(drills.losses(log.read_text().splitlines()), default=0)
             except FileNotFoundError:
                 return 0
 
@@ -232,11 +199,11 @@ def test_a_gpu_fault_replaces_only_its_pod_and_restarts_the_other_in_place(
         os.kill(pid, signal.SIGKILL)
         hit = time.monotonic()
         victim_log = _rank_log(opts, victim) / "rank-1.jsonl"
-        trained_before = max(_losses(victim_log.read_text().splitlines()))
+        trained_before = max(drills.losses(victim_log.read_text().splitlines()))
 
         def restarted() -> dict[str, Any] | None:
 
-            return _first_restart(api, REPLACED)
+            return drills.first_restart(api, REPLACED)
 
         entry = wait_for("the replacement and the in-place restart", restarted, 240, 0.2)
         took = time.monotonic() - hit
@@ -269,8 +236,8 @@ def test_a_gpu_fault_replaces_only_its_pod_and_restarts_the_other_in_place(
         survivor_log = (_rank_log(opts, survivor) / "rank-0.jsonl").read_text().splitlines()
         replaced_log = (_rank_log(opts, replacement) / "rank-1.jsonl").read_text().splitlines()
         fast = _resumed_from_the_buddys_copy(entry, survivor_log, replaced_log, trained_before)
-        got = {0: _losses(survivor_log), 1: _losses(replaced_log)}
-        want = _no_fault(tmp_path)
+        got = {0: drills.losses(survivor_log), 1: drills.losses(replaced_log)}
+        want = drills.no_fault_losses(tmp_path, STEPS, SAVE_EVERY)
         for rank in (0, 1):
             diff = sorted(s for s in got[rank] if got[rank][s] != want[rank][s])
             assert not diff, f"rank {rank}: {len(diff)} steps differ (first {diff[:5]})"
@@ -342,7 +309,9 @@ def test_a_lost_node_replaces_only_its_pod_and_restarts_the_other_in_place(
         log0 = _rank_log(opts, survivor) / "rank-0.jsonl"
 
         def trained() -> int:
-            return max(_losses(log0.read_text().splitlines()), default=0) if log0.exists() else 0
+            return (
+                max(drills.losses(log0.read_text().splitlines()), default=0) if log0.exists() else 0
+            )
 
         wait_for("a replicated fast step past the durable one", lambda: (
             _replica_ahead(opts, survivor, trained())
@@ -358,7 +327,7 @@ def test_a_lost_node_replaces_only_its_pod_and_restarts_the_other_in_place(
 
             def restarted() -> dict[str, Any] | None:
 
-                return _first_restart(api, LOST)
+                return drills.first_restart(api, LOST)
 
             entry = wait_for("the replacement and the in-place restart", restarted, 240, 0.2)
             took = time.monotonic() - frozen
@@ -382,10 +351,10 @@ def test_a_lost_node_replaces_only_its_pod_and_restarts_the_other_in_place(
         assert replacement["spec"]["nodeName"] not in (lost, survivor["spec"]["nodeName"])
         survivor_log = log0.read_text().splitlines()
         replaced_log = (_rank_log(opts, replacement) / "rank-1.jsonl").read_text().splitlines()
-        trained_before = max(_losses(victim_log.read_text().splitlines()))
+        trained_before = max(drills.losses(victim_log.read_text().splitlines()))
         fast = _resumed_from_the_buddys_copy(entry, survivor_log, replaced_log, trained_before)
-        got = {0: _losses(survivor_log), 1: _losses(replaced_log)}
-        want = _no_fault(tmp_path)
+        got = {0: drills.losses(survivor_log), 1: drills.losses(replaced_log)}
+        want = drills.no_fault_losses(tmp_path, STEPS, SAVE_EVERY)
         for rank in (0, 1):
             diff = sorted(s for s in got[rank] if got[rank][s] != want[rank][s])
             assert not diff, f"rank {rank}: {len(diff)} steps differ (first {diff[:5]})"
