@@ -31,6 +31,7 @@ from rtj_shim.manifest import Framework
 from rtj_shim.protocol import StepMetadata
 from rtj_shim.torch import _dist, fsdp, rng
 from rtj_shim.torch import serialization as ser
+from rtj_shim.torch.plain import all_plain_leaves
 from rtj_shim.torch.resave import Snapshot
 from rtj_shim.torch.state import (
     COMMON,
@@ -193,9 +194,9 @@ def clone_tensors(value: Any) -> Any:
             setattr(out, "_metadata", value._metadata)  # noqa: B010
         return out
     if isinstance(value, list):
-        return [clone_tensors(v) for v in value]
+        return list(value) if all_plain_leaves(value) else [clone_tensors(v) for v in value]
     if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(clone_tensors(v) for v in value)
+        return value if all_plain_leaves(value) else tuple(clone_tensors(v) for v in value)
     return value
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import threading
 import time
 from dataclasses import dataclass
@@ -88,7 +89,12 @@ class FastTier:
         self.last: FastSaveReport | None = None
         self.failures = 0
         self.skipped = 0  # fast steps not taken: the previous one was still being written
+        # one long-lived writer thread (starting a thread per save cost the training thread
+        # up to a millisecond, waiting for it to run); idle while no fast step is written
         self._writer: threading.Thread | None = None
+        self._jobs: queue.SimpleQueue[tuple[SaveJob, int, int, float] | None] = queue.SimpleQueue()
+        self._idle = threading.Event()
+        self._idle.set()
         self._staging = Staging(None, check_finite=False)  # its own buffers and fences
         self._writing: int | None = None
         # the Checkpointer's durable schedule, recorded in every fast manifest: the drain
@@ -105,7 +111,7 @@ class FastTier:
         (counted), never waited for. A failure is logged, never raised: the durable tier is
         untouched and the next fast step tries again."""
         started = time.perf_counter()
-        if self._writer is not None and self._writer.is_alive():
+        if not self._idle.is_set():
             self.skipped += 1
             log.debug("rank %d: fast-tier step %d skipped (step %s still writing)",
                       self.rank, step, self._writing)  # fmt: skip
@@ -134,11 +140,18 @@ class FastTier:
             return
         stall = time.perf_counter() - started
         self._writing = step
-        self._writer = threading.Thread(
-            target=self._write, args=(job, coord.rank, coord.world, stall),
-            name=f"rtj-fast-{step}", daemon=True,
-        )  # fmt: skip
-        self._writer.start()
+        self._idle.clear()
+        if self._writer is None or not self._writer.is_alive():
+            self._writer = threading.Thread(target=self._run, name="rtj-fast-writer", daemon=True)
+            self._writer.start()
+        self._jobs.put((job, coord.rank, coord.world, stall))
+
+    def _run(self) -> None:
+        while (item := self._jobs.get()) is not None:
+            try:
+                self._write(*item)
+            finally:
+                self._idle.set()
 
     def _write(self, job: SaveJob, rank: int, world: int, stall: float) -> None:
         try:
@@ -175,12 +188,14 @@ class FastTier:
 
     def wait(self) -> None:
         """Until the fast step being written is published (or failed)."""
-        if self._writer is not None:
-            self._writer.join()
-            self._writer = None
+        self._idle.wait()
 
     def close(self) -> None:
         self.wait()
+        if self._writer is not None:
+            self._jobs.put(None)
+            self._writer.join()
+            self._writer = None
         self._staging.remove_fences()
 
     def problem(self, step: int) -> str | None:

@@ -37,7 +37,13 @@ import torch
 from rtj_shim.manifest import FileEntry
 from rtj_shim.storage.base import StepWriter
 from rtj_shim.torch.plain import UnsafeStateError as UnsafeStateError  # re-exported
-from rtj_shim.torch.plain import decode_array, encode_array, is_array_marker, is_plain_leaf
+from rtj_shim.torch.plain import (
+    all_plain_leaves,
+    decode_array,
+    encode_array,
+    is_array_marker,
+    is_plain_leaf,
+)
 
 TENSOR_REF = "__rtj_tensor__"
 _COALESCE_BELOW = 1 << 20
@@ -120,8 +126,12 @@ def _walk(
             out._metadata = metadata  # type: ignore[attr-defined]
         return out
     if isinstance(state, list):
+        if all_plain_leaves(state):
+            return list(state)
         return [_walk(v, f"{where}[{i}]", allow_unsafe, on_tensor) for i, v in enumerate(state)]
     if isinstance(state, tuple) and not hasattr(state, "_fields"):
+        if all_plain_leaves(state):
+            return tuple(state)
         return tuple(
             _walk(v, f"{where}[{i}]", allow_unsafe, on_tensor) for i, v in enumerate(state)
         )
