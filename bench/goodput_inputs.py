@@ -85,41 +85,40 @@ RANKS_PER_POD = 8
 MEASURED_STATE = 573.7 * MiB
 """bench/results/fast-tier.md, the largest model measured (50.1M parameters, AdamW):
 573.7 MiB of state. Every fast-tier term below is its median there (the run of 2026-12-01
-02:55 UTC), scaled per byte."""
+07:10 UTC), scaled per byte."""
 FAST_SAVE_STALLS: tuple[tuple[float, float], ...] = (
-    (11.7 * MiB, 1.2e-3),
-    (287.3 * MiB, 1.3e-3),
-    (MEASURED_STATE, 1.2e-3),
+    (11.7 * MiB, 0.797e-3),
+    (287.3 * MiB, 0.812e-3),
+    (MEASURED_STATE, 0.789e-3),
 )
 """Measured (bench/results/fast-tier.md, section 1): the training thread's stall per fast
 save, staged and written in the background (the capture, the copies of what the next
 forward and backward may change into reused host buffers, the fence's wait at the next
-`optimizer.step()`), by state size: 1.2, 1.3 and 1.2 ms (medians, 8 rounds each; 1.3, 1.3
-and 1.4 ms in the run before)."""
-FAST_WRITTEN = 0.8440
-"""Measured: a fast step is published 844.0 ms after its `step_boundary` (573.7 MiB; the
-writer thread's serialization, SHA-256 and publish; 636.7 ms in the run before). A step due
+`optimizer.step()`), by state size: 0.797, 0.812 and 0.789 ms (medians, 8 rounds each; 1.2,
+1.3 and 1.2 ms before the writer thread became long-lived and flat lists were copied whole)."""
+FAST_WRITTEN = 0.6470
+"""Measured: a fast step is published 647.0 ms after its `step_boundary` (573.7 MiB; the
+writer thread's serialization, SHA-256 and publish; 844.0 ms in the run before). A step due
 meanwhile is skipped."""
 FAST_KEEP = 2
 """Fast steps each rank keeps (`spec.checkpoint.fastTier.keep`, its default and least)."""
-FAST_RESTORE_MEASURED = 0.2811
+FAST_RESTORE_MEASURED = 0.3007
 """Measured (section 2): a restarted trainer's restore from the fast tier, deep-verified,
-573.7 MiB: 281.1 ms (14.5 ms at 11.7 MiB, 146.5 ms at 287.3 MiB: nearly per byte; 305.4 ms
+573.7 MiB: 300.7 ms (17.8 ms at 11.7 MiB, 160.4 ms at 287.3 MiB: nearly per byte; 281.1 ms
 in the run before)."""
-BUDDY_COPY_BACK_MEASURED = 0.5110
+BUDDY_COPY_BACK_MEASURED = 0.5505
 """Measured (section 2, from a buddy): one rank's copy-back of its fast step from the holder's
 replica (`peer_pull.fetch_back`: loopback HTTP between two sidecars, hashed as written, under
-the commit protocol, into an empty fast tier), 573.7 MiB: 511.0 ms (19.1 ms at 11.7 MiB,
-263.1 ms at 287.3 MiB; ~1.1 GiB/s from 287.3 MiB on). Then the restore from the copy:
-804.4 ms in all."""
-BUDDY_REPLICATION_MEASURED = 0.5236
+the commit protocol, into an empty fast tier), 573.7 MiB: 550.5 ms (22.7 ms at 11.7 MiB,
+256.9 ms at 287.3 MiB; ~1.0 GiB/s from 287.3 MiB on; 511.0 ms in the run before). Then the
+restore from the copy: 851.1 ms in all."""
+BUDDY_REPLICATION_MEASURED = 0.5261
 """Measured (section 2, from a buddy): the holder's copy of one rank's fast step from the
-source's sidecar (`ReplicaPuller.pull_once`, its retention included), 573.7 MiB: 523.6 ms
-(21.4 ms at 11.7 MiB, 249.8 ms at 287.3 MiB; the first of the three at 573.7 MiB took
-1.30 s)."""
-S3_RESTORE_MEASURED = 1.35
-"""Measured (section 2): the durable S3 restore (loopback moto, deep), 573.7 MiB: 1.35 s
-(1.38 s in the run before). What the previous version of this model assumed each rank's
+source's sidecar (`ReplicaPuller.pull_once`, its retention included), 573.7 MiB: 526.1 ms
+(21.7 ms at 11.7 MiB, 259.3 ms at 287.3 MiB; 523.6 ms in the run before)."""
+S3_RESTORE_MEASURED = 1.37
+"""Measured (section 2): the durable S3 restore (loopback moto, deep), 573.7 MiB: 1.37 s
+(1.35 s in the run before). What the previous version of this model assumed each rank's
 copy took, the ranks one after another (9.18 s a rank x 8 = 73.4 s a pod)."""
 COPY_STREAMS = peer_pull.COPY_STREAMS
 """Ranks a sidecar copies at once (`rtj_shim.peer_pull.COPY_STREAMS`, 4): both the holder's
@@ -149,7 +148,7 @@ def stall_line() -> tuple[float, float]:
 
 FAST_SAVE_STALL = per_byte(FAST_SAVE_STALLS[-1][1])
 """Seconds a fast save stalls training at `RANK_STATE_BYTES`: the largest measured point's
-stall charged per byte (1.4 ms x 4 GB / 573.7 MiB). The points are nearly flat (most of the
+stall charged per byte (0.789 ms x 4 GB / 573.7 MiB). The points are nearly flat (most of the
 stall is fixed), so this bounds the line through them (`stall_line`) from above."""
 FAST_RESTORE = per_byte(FAST_RESTORE_MEASURED)
 """Each rank reads its own state from pod memory (no network), verifies and loads it."""
