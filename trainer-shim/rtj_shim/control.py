@@ -58,6 +58,14 @@ ACTIONS = ("stop", "run")
 SUPERVISOR_STATES = ("running", "exited", "stopping", "stopped", "finished")
 
 
+def writer_attempt(attempt: int, generation: int) -> str:
+    """The attempt label the trainers of `attempt`, restarted in place `generation` times,
+    write checkpoints as (``rtj_shim.protocol.attempt_order`` reads it back): generation g
+    of attempt a is ``a.g``, so a rank of an earlier generation still running on a lost node
+    cannot publish; generation 0 is plain ``a``."""
+    return f"{attempt}.{generation}" if generation else str(attempt)
+
+
 class OrderError(ValueError):
     """An order that must not be carried out (the message says which field and why)."""
 

@@ -53,7 +53,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rtj_shim import fast_tier
-from rtj_shim.control import ORDER_FILE, STATE_FILE, Order, OrderError, read_json, write_json
+from rtj_shim.control import (
+    ORDER_FILE,
+    STATE_FILE,
+    Order,
+    OrderError,
+    read_json,
+    write_json,
+    writer_attempt,
+)
 from rtj_shim.control import parse_order as _parse_order
 from rtj_shim.progress import ENV_DIR
 from rtj_shim.progress_record import FILE_PREFIX, FILE_SUFFIX
@@ -206,8 +214,9 @@ class Supervisor:
             write_json(resume, body)
         else:  # nothing pinned: no resume file, so the restored trainer resolves the newest
             resume.unlink(missing_ok=True)
-        writer = f"{order.attempt}.{order.generation}" if order.generation else str(order.attempt)
-        return {**self.env, "RTJ_ATTEMPT": writer,
+        if order.attempt is None:  # parse_order refuses a run order without one
+            raise OrderError("order.attempt: a run order names its attempt")
+        return {**self.env, "RTJ_ATTEMPT": writer_attempt(order.attempt, order.generation),
                 "RTJ_RESTART_GENERATION": str(order.generation),
                 "RTJ_RESUME_FILE": str(resume)}  # fmt: skip
 

@@ -260,3 +260,13 @@ class ResilientTrainingJobStatus(StatusModel):
     def current(self) -> AttemptRecord | None:
         """The record of the attempt now running (or last run)."""
         return self.attempts[-1] if self.attempts else None
+
+    @property
+    def attempt_generation(self) -> int:
+        """The trainers' generation in the current attempt's pods: its newest in-place
+        restart's, or 0 (a new attempt's pods start at 0 whatever `trainerGeneration`
+        reached before)."""
+        record = self.current
+        if record is None or record.attempt != self.attempt or not record.in_place_restarts:
+            return 0
+        return record.in_place_restarts[-1].generation

@@ -20,6 +20,7 @@ from typing import Any
 
 from rtj_operator.api import keys
 from rtj_operator.api.resource import ResilientTrainingJob
+from rtj_shim.control import writer_attempt
 from rtj_shim.drain_order import peers_digest
 
 Obj = dict[str, Any]
@@ -75,11 +76,6 @@ class DrainTarget:
     attempt: str
     every_steps: int
     peers: tuple[str, ...]
-
-
-def writer_attempt(attempt: int, generation: int) -> str:
-    """The attempt label the trainers write checkpoints as (`rtj_shim.supervisor`)."""
-    return f"{attempt}.{generation}" if generation else str(attempt)
 
 
 def order(

@@ -58,7 +58,17 @@ MAX_IN_PLACE_RECORDS = 64
 QUIET_SETTLE = timedelta(seconds=12)
 """How long a supervised exit waits for a silent pod's node to be judged (the Lease is
 overdue 11 s after its last renewal; the pods' silence corroborates it at once)."""
-QUIET_CLASSES = frozenset({FailureClass.UNKNOWN, FailureClass.NETWORK_FAULT})
+LOST_NODE_QUIET_SETTLE = timedelta(seconds=24)
+"""How long, from a lost node's last renewal (its failure's onset), its verdict waits for
+another silent pod's node: two machines that die at one instant renewed their Leases up to
+one renewal interval apart (10 s for a kubelet), so the second is overdue up to 10 s after
+the first (11 s + 10 s, and a poll or two)."""
+QUIET_CLASSES = {
+    FailureClass.UNKNOWN: QUIET_SETTLE,
+    FailureClass.NETWORK_FAULT: QUIET_SETTLE,
+    FailureClass.NODE_LOST: LOST_NODE_QUIET_SETTLE,
+}
+"""The failures a silent pod may be part of, and how long each waits for its node."""
 REPLACE_GRACE_SECONDS = 2
 
 
@@ -76,7 +86,7 @@ def supervisor_failure(
     pod stays up: only its supervisor knows). The earliest exit is the first failed.
     `nodes`: the job's nodes as this plan judged them (`liveness.judged_nodes`)."""
     reports = _supervisors(b)
-    generation = _attempt_generation(b)
+    generation = b.status.attempt_generation
     exited = [
         (p, r) for p in live
         if (r := reports.get(pod_name(p))) is not None
@@ -114,7 +124,7 @@ def supervisor_failure(
             Decision(signal=f"step {step} refused", source=f"pod {name}: supervisor",
                      rule="a pinned step the restore does not verify is bad"),
         )  # fmt: skip
-    cause = _node_cause(b, live, nodes, pod, code, first.finished_at)
+    cause = _node_cause(b, live, nodes, exited)
     if cause is not None:  # a GPU fault or a lost node under the exit: replace, not restart
         return replace(cause, evidence=(*cause.evidence, *evidence))
     return Classification(
@@ -132,56 +142,38 @@ def supervisor_failure(
 
 def _quiet_settling(b: PlanBuilder, found: Classification, choice: in_place.InPlaceChoice) -> bool:
     """A rank that saw its peer's socket close exits before its peer's node can be judged
-    lost; while a pod that is silent too may be on such a node, wait (up to
-    QUIET_SETTLE after the exit) for the node's verdict, which replaces only that pod,
-    before re-creating the whole world. True while waiting."""
+    lost, and of two nodes that die together one is judged first; while a pod that is
+    silent too may be on such a node, wait (QUIET_CLASSES: up to QUIET_SETTLE after the
+    exit, LOST_NODE_QUIET_SETTLE after the lost node's last renewal) for the node's verdict,
+    which replaces that pod too, before re-creating the whole world. True while waiting."""
     failed_at = found.failed_at
-    if not choice.quiet or failed_at is None or found.failure_class not in QUIET_CLASSES:
+    settle = QUIET_CLASSES.get(found.failure_class)
+    if not choice.quiet or failed_at is None or settle is None:
         return False
-    if b.now - failed_at >= QUIET_SETTLE or b.snap.control_key is None:
+    if b.now - failed_at >= settle or b.snap.control_key is None:
         return False
     b.notes.append(
         f"in place: {', '.join(choice.quiet[:3])} silent after {found.failure_class.value}; "
-        f"waiting up to {QUIET_SETTLE.total_seconds():.0f} s for its node's verdict"
+        f"waiting up to {settle.total_seconds():.0f} s for its node's verdict"
     )
     b.requeue_in(1.0)
     return True
-
-
-def _attempt_generation(b: PlanBuilder) -> int:
-    """The trainers' generation in this attempt's pods: its newest in-place restart's, or 0
-    (a new attempt's pods start at 0 whatever `status.trainerGeneration` reached before)."""
-    record = b.status.current
-    if record is None or record.attempt != b.status.attempt or not record.in_place_restarts:
-        return 0
-    return record.in_place_restarts[-1].generation
 
 
 def _node_cause(
     b: PlanBuilder,
     live: Sequence[Json],
     nodes: Sequence[Json],
-    pod: Json,
-    code: object,
-    at: datetime | None,
+    exited: Sequence[tuple[Json, Mapping[str, Any]]],
 ) -> Classification | None:
-    """What the classifier makes of the exit read as the trainer container's termination,
-    beside the node's signals (an XID condition, a lost node), when that implicates a node;
-    None when nothing explains it better than the exit itself."""
-    terminated: dict[str, Any] = {
-        "exitCode": code if isinstance(code, int) else 1,
-        "reason": "Error",
-    }
-    if at is not None:
-        terminated["finishedAt"] = at.isoformat().replace("+00:00", "Z")
-    statuses = [
-        c for c in get_in(pod, "status", "containerStatuses") or []
-        if c.get("name") != trainer_name(b.rtj)
-    ]  # fmt: skip
-    statuses.append({"name": trainer_name(b.rtj), "state": {"terminated": terminated}})
-    ended = {**pod, "status": {**(pod.get("status") or {}), "containerStatuses": statuses}}
+    """What the classifier makes of the exits (each supervised pod whose trainer exited,
+    with its supervisor's report) read as the trainer containers' terminations, beside the
+    nodes' signals (an XID condition, a lost node), when that implicates a node; None when
+    nothing explains them better than the exits themselves. Every exit counts: two GPU
+    faults at once quarantine both nodes, not only the first exit's."""
+    ended = {id(pod): _terminated(b, pod, report) for pod, report in exited}
     found = classify_failure(
-        [ended if p is pod else p for p in live],
+        [ended.get(id(p), p) for p in live],
         list(nodes),
         list(b.snap.events or ()),
         b.now,
@@ -190,6 +182,26 @@ def _node_cause(
     if found is None or found.failure_class not in in_place.REPLACE_CLASSES:
         return None
     return found
+
+
+def _terminated(b: PlanBuilder, pod: Json, report: Mapping[str, Any]) -> Json:
+    """`pod` as if its trainer container had ended as its supervisor reports the command
+    did (exit code, time; now when it gives none)."""
+    code, when = report.get("exit_code"), report.get("updated_wall_time")
+    terminated: dict[str, Any] = {
+        "exitCode": code if isinstance(code, int) else 1,
+        "reason": "Error",
+    }
+    at = b.now
+    if isinstance(when, int | float) and not isinstance(when, bool) and when:
+        at = datetime.fromtimestamp(float(when), timezone.utc)
+    terminated["finishedAt"] = at.isoformat().replace("+00:00", "Z")
+    statuses = [
+        c for c in get_in(pod, "status", "containerStatuses") or []
+        if c.get("name") != trainer_name(b.rtj)
+    ]  # fmt: skip
+    statuses.append({"name": trainer_name(b.rtj), "state": {"terminated": terminated}})
+    return {**pod, "status": {**(pod.get("status") or {}), "containerStatuses": statuses}}
 
 
 def begin(b: PlanBuilder, found: Classification, live: Sequence[Json]) -> bool:

@@ -85,12 +85,7 @@ def drain_order(snap: Snapshot, targets: Sequence[PollTarget]) -> fast_drain.Dra
         for t in targets
         if t.index is not None and t.attempt == rtj.status.attempt
     }
-    record = rtj.status.current
-    current = record is not None and record.attempt == rtj.status.attempt
-    generation = record.in_place_restarts[-1].generation if (
-        current and record is not None and record.in_place_restarts
-    ) else 0  # fmt: skip
-    target = fast_drain.order(rtj, generation, members)
+    target = fast_drain.order(rtj, rtj.status.attempt_generation, members)
     if target is None:
         return None
     readings = snap.ranks

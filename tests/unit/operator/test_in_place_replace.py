@@ -6,16 +6,19 @@ waits for the old pod to be gone and the replacement to report."""
 from __future__ import annotations
 
 import copy
+from dataclasses import replace as dc_replace
+from datetime import timedelta
 from typing import Any
 
-from rtj_test_support import make_job
-from rtj_world import node, nodes_for, rtj_raw, snapshot, with_status
+from rtj_test_support import NOW, make_job
+from rtj_world import jobset, node, nodes_for, rtj_raw, snapshot, with_status
 from test_in_place import IN_PLACE, KEY, RUNNING, T, plan, supervised_pods
 
 from rtj_operator import reconcile as rc
 from rtj_operator.api import FailureClass, keys
 from rtj_operator.policy import in_place
 from rtj_operator.policy.classify import Classification
+from rtj_operator.policy.liveness import NodeLease
 from rtj_operator.policy.render import render_jobset
 
 XID = 79
@@ -171,3 +174,118 @@ def test_a_gpu_fault_under_a_trainers_exit_replaces_that_pod_and_restarts_the_ot
         later = plan(raw, pods_now, running, nodes=healthy, gone=gone)
         acted = [a for a in later.actions if isinstance(a, (rc.DeleteJobSet, rc.DeletePod))]
         assert not acted, later.summary
+
+
+def _two_lost(spec: dict[str, Any]) -> tuple[Any, ...]:
+    """Three replaceable pods; the machines of index 1 and 2 die at NOW. Their kubelets had
+    renewed their Leases 1 s and 10 s before (40 s Leases: overdue 11 s after a renewal),
+    so index 2's node is judged lost 1 s after the death, index 1's 10 s after."""
+    pods = replaceable_pods(3)
+    names = [p["metadata"]["name"] for p in pods]
+    late, early = pods[1]["spec"]["nodeName"], pods[2]["spec"]["nodeName"]
+    leases = {p["spec"]["nodeName"]: NodeLease(NOW) for p in pods}
+    leases[late], leases[early] = (
+        NodeLease(NOW - timedelta(seconds=1)),
+        NodeLease(NOW - timedelta(seconds=10)),
+    )
+
+    def step(
+        raw: dict[str, Any], seconds: float, late_renews: bool = False
+    ) -> tuple[rc.Plan, dict[str, Any]]:
+        """The plan `seconds` after the death, and the job after it. `late_renews`: index
+        1's kubelet renews on time (only its pod is silent)."""
+        now = NOW + timedelta(seconds=seconds)
+        dead = (early,) if late_renews else (late, early)
+        alive = {n: lease if n in dead else NodeLease(now) for n, lease in leases.items()}
+        ranks = rc.RankReadings(
+            attempt=1, reports=(), polled_at=now.timestamp(),
+            quiet_since={names[1]: NOW.timestamp(), names[2]: NOW.timestamp()},
+            supervisors={names[0]: {"generation": 0, "state": "running",
+                                    "updated_wall_time": now.timestamp() - 1}},
+        )  # fmt: skip
+        snap = snapshot(raw, jobsets=[jobset(1)], pods=pods, now=now)
+        p = rc.plan(dc_replace(snap, ranks=ranks, control_key=KEY, node_leases=alive))
+        return p, (raw if p.status_patch is None else with_status(raw, p))
+
+    return rtj_raw(RUNNING, **spec), names, late, early, step
+
+
+def test_two_nodes_lost_together_are_both_replaced_not_the_whole_world() -> None:
+    """Two machines die at one instant: one node is judged lost first while the other's pod
+    is only silent. The first verdict waits for the second (the silent pod may be on such a
+    node); then both nodes are quarantined, both pods replaced and the third pod restarted
+    in place (spec.recovery.inPlaceMaxReplacedPods: 2)."""
+    spec = {**IN_PLACE, "replicas": 3,
+            "recovery": {"inPlace": True, "inPlaceMaxReplacedPods": 2}}  # fmt: skip
+    raw, names, late, early, step = _two_lost(spec)
+    # 2 s after: the early node is judged lost and quarantined, then its verdict waits
+    _, raw = step(raw, 2)
+    assert [q["node"] for q in raw["status"]["quarantinedNodes"]] == [early]
+    held, raw = step(raw, 2.5)
+    assert held.status_patch is None and "inPlace" not in raw["status"], held.summary
+    assert not [a for a in held.actions if isinstance(a, (rc.DeleteJobSet, rc.DeletePod))]
+    assert f"{names[1]} silent after NodeLost; waiting up to 24 s" in held.summary
+    # 12 s after: the late node's verdict; it is quarantined, then both pods are replaced
+    _, raw = step(raw, 12)
+    assert [q["node"] for q in raw["status"]["quarantinedNodes"]] == [early, late]
+    begun, raw = step(raw, 12.5)
+    state = raw["status"]["inPlace"]
+    assert (state["phase"], sorted(state["replacing"])) == ("Stopping", names[1:]), state
+    entry = raw["status"]["attempts"][0]["inPlaceRestarts"][0]
+    assert entry["failureClass"] == "NodeLost"
+    assert sorted(entry["replaced"]) == [f"{names[1]} on {late}", f"{names[2]} on {early}"]
+    assert sorted(a.name for a in begun.actions if isinstance(a, rc.DeletePod)) == names[1:]
+    assert not [a for a in begun.actions if isinstance(a, rc.DeleteJobSet)]
+    assert raw["status"]["attempt"] == 1
+
+
+def test_a_second_silent_pod_past_the_wait_or_the_limit_recreates_the_whole_world() -> None:
+    # the default limit (one pod replaced): two lost nodes are the whole world's to redo
+    raw, _, late, early, step = _two_lost({**IN_PLACE, "replicas": 3})
+    _, raw = step(raw, 2)
+    _, raw = step(raw, 2.5)
+    _, raw = step(raw, 12)
+    assert [q["node"] for q in raw["status"]["quarantinedNodes"]] == [early, late]
+    over, raw = step(raw, 12.5)
+    assert raw["status"]["phase"] == "Restarting", over.summary
+    assert "inPlaceMaxReplacedPods is 1" in over.summary
+    # no second verdict within 24 s of the first node's last renewal (10 s before the
+    # death): the silent pod is not on a lost node after all (its kubelet renews), and the
+    # first verdict goes by the whole world
+    spec = {**IN_PLACE, "replicas": 3,
+            "recovery": {"inPlace": True, "inPlaceMaxReplacedPods": 2}}  # fmt: skip
+    raw, _, _, early, step = _two_lost(spec)
+    _, raw = step(raw, 2, late_renews=True)
+    waited, raw = step(raw, 13.5, late_renews=True)
+    assert "waiting up to 24 s" in waited.summary and "inPlace" not in raw["status"]
+    late_plan, raw = step(raw, 14.5, late_renews=True)
+    assert raw["status"]["phase"] == "Restarting", late_plan.summary
+    assert [q["node"] for q in raw["status"]["quarantinedNodes"]] == [early]
+
+
+def test_two_gpu_faults_at_once_quarantine_both_nodes() -> None:
+    """Two ranks exit together, each over an XID on its own node: both nodes are
+    quarantined (not only the first exit's, which would restart the second rank in place on
+    its faulty GPU), then both pods are replaced within the limit, else the whole world."""
+    pods = replaceable_pods(3)
+    names = [p["metadata"]["name"] for p in pods]
+    bad = [pods[i]["spec"]["nodeName"] for i in (1, 2)]
+    nodes = {**nodes_for(pods), **{n: node(n, xid=XID) for n in bad}}
+    exited = supervisors({names[0]: (0, "running", None), names[1]: (0, "exited", 1),
+                          names[2]: (0, "exited", 1)})  # fmt: skip
+    for limit, replaced in ((2, True), (1, False)):
+        spec = {**IN_PLACE, "replicas": 3,
+                "recovery": {"inPlace": True, "inPlaceMaxReplacedPods": limit}}  # fmt: skip
+        raw = rtj_raw(RUNNING, **spec)
+        first = plan(raw, pods, exited, nodes=nodes)
+        raw = with_status(raw, first)
+        assert sorted(q["node"] for q in raw["status"]["quarantinedNodes"]) == sorted(bad)
+        second = plan(raw, pods, exited, nodes=nodes)
+        raw = with_status(raw, second)
+        if replaced:
+            assert sorted(raw["status"]["inPlace"]["replacing"]) == names[1:], second.summary
+            entry = raw["status"]["attempts"][0]["inPlaceRestarts"][0]
+            assert entry["failureClass"] == "GPUFault" and len(entry["replaced"]) == 2
+        else:
+            assert raw["status"]["phase"] == "Restarting", second.summary
+            assert "inPlaceMaxReplacedPods is 1" in second.summary
