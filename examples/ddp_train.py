@@ -318,7 +318,12 @@ def main(argv: list[str] | None = None) -> int:
         fully_shard(model, mesh=mesh)
         wrapped: nn.Module = model
     elif world > 1:
-        wrapped = nn.parallel.DistributedDataParallel(model)
+        # DDP re-buckets the gradients by their ready order after its first step, so the
+        # first step after a resume all-reduces them in another layout than the no-fault
+        # run did at that step; with 3 or more ranks the sum's order then differs in the
+        # last bit (2 ranks: a + b == b + a). find_unused_parameters keeps the first
+        # layout for good (no rebuild), at the cost of one graph traversal per step.
+        wrapped = nn.parallel.DistributedDataParallel(model, find_unused_parameters=world > 2)
     else:
         wrapped = model
     opt = torch.optim.AdamW(wrapped.parameters(), lr=args.lr, weight_decay=0.01)

@@ -21,7 +21,7 @@ import yaml
 
 from e2e.cluster.cluster import LocalCluster
 from e2e.demo import story
-from e2e.operator_proc import REPO
+from e2e.operator_proc import REPO, wait_for
 from e2e.podrunner.pod import kill_tree
 from e2e.podrunner.runner import descendants
 
@@ -60,6 +60,21 @@ def freeze_pod(opts: story.Options, pod: dict[str, Any]) -> None:
         kill_tree(int(pid_file.read_text()), signal.SIGSTOP)
 
 
+def cut_off(opts: story.Options, victims: list[dict[str, Any]]) -> list[Path]:
+    """Freeze every victim pod's processes at once (`freeze_pod`), then cut their nodes off
+    from the API server with their processes frozen (the pod runner's cut-off files); the
+    files to remove when done (contact back: the runner ends what is left there)."""
+    for victim in victims:
+        freeze_pod(opts, victim)
+    cuts = []
+    for victim in victims:
+        cut = opts.state / "runner" / "cut-off" / victim["spec"]["nodeName"]
+        cut.parent.mkdir(parents=True, exist_ok=True)
+        cut.write_text("freeze")
+        cuts.append(cut)
+    return cuts
+
+
 def is_trainer(pid: int) -> bool:
     """A rank of the example trainer (not torchrun, nor a supervisor, naming the script)."""
     try:
@@ -76,6 +91,20 @@ def pods(api: Any, name: str, attempt: int) -> list[dict[str, Any]]:
     selector = f"training.resilient.dev/job={name},training.resilient.dev/attempt={attempt}"
     pods: list[dict[str, Any]] = api.list_pods(story.NAMESPACE, selector)
     return pods
+
+
+def scheduled(api: Any, name: str, count: int, attempt: int = 1) -> list[dict[str, Any]]:
+    """The attempt's pods, once `count` of them are bound to nodes."""
+    wait_for(f"{count} pods of {name} scheduled", lambda: (
+        len(ps := pods(api, name, attempt)) == count
+        and all(p["spec"].get("nodeName") for p in ps)
+    ), 300, 0.5)  # fmt: skip
+    return pods(api, name, attempt)
+
+
+def trained(log: Path) -> int:
+    """The newest step a rank's log shows (0 before it has one)."""
+    return max(losses(log.read_text().splitlines()), default=0) if log.exists() else 0
 
 
 def rank_pod(pods: list[dict[str, Any]], rank: int) -> dict[str, Any]:
@@ -143,17 +172,20 @@ def losses(lines: list[str]) -> dict[int, float]:
     return out
 
 
-def no_fault_losses(work: Path, steps: int, save_every: int) -> dict[int, dict[int, float]]:
-    """The same training without faults (torchrun --standalone, 2 ranks): rank -> losses."""
+def no_fault_losses(
+    work: Path, steps: int, save_every: int, ranks: int = 2
+) -> dict[int, dict[int, float]]:
+    """The same training without faults (torchrun --standalone, `ranks` ranks): rank ->
+    losses."""
     logs = work / "clean-logs"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RTJ_", "AWS_"))}
     subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
          "examples/ddp_train.py", f"--root=file://{work / 'clean-ckpt'}", f"--log-dir={logs}",
          f"--steps={steps}", f"--save-every={save_every}"],
         cwd=REPO, env=env, check=True, timeout=900, capture_output=True,
     )  # fmt: skip
-    return {r: losses((logs / f"rank-{r}.jsonl").read_text().splitlines()) for r in (0, 1)}
+    return {r: losses((logs / f"rank-{r}.jsonl").read_text().splitlines()) for r in range(ranks)}
 
 
 def first_restart(api: Any, name: str) -> dict[str, Any] | None:

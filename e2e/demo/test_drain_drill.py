@@ -98,11 +98,7 @@ def test_a_drained_step_is_what_a_replaced_pod_without_a_fast_step_resumes_from(
     ) as platform:  # fmt: skip
         opts, kube, api = platform.opts, platform.kube, platform.api
         api.create_rtj(story.NAMESPACE, _job())
-        wait_for("both pods scheduled", lambda: (
-            len(ps := drills.pods(api, JOB, 1)) == 2
-            and all(p["spec"].get("nodeName") for p in ps)
-        ), 300, 0.5)  # fmt: skip
-        before = drills.pods(api, JOB, 1)
+        before = drills.scheduled(api, JOB, 2)
         survivor, victim = drills.rank_pod(before, 0), drills.rank_pod(before, 1)
 
         def trained() -> int:
@@ -118,11 +114,7 @@ def test_a_drained_step_is_what_a_replaced_pod_without_a_fast_step_resumes_from(
             verified() > SAVE_EVERY + DRAIN_EVERY and trained() < 2 * SAVE_EVERY - 40
         ), 400, 0.2)  # fmt: skip
         drained_seen = verified()
-        lost = victim["spec"]["nodeName"]
-        drills.freeze_pod(opts, victim)
-        cut = opts.state / "runner" / "cut-off" / lost
-        cut.parent.mkdir(parents=True, exist_ok=True)
-        cut.write_text("freeze")
+        (cut,) = drills.cut_off(opts, [victim])
         frozen = time.monotonic()
         try:
 

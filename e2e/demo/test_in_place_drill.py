@@ -51,8 +51,8 @@ def _jobset(api: Any, job: str) -> dict[str, Any] | None:
     return found[0] if found else None
 
 
-def _in_place_job(name: str) -> dict[str, Any]:
-    """The example job with restart in place, ending after STEPS (its model is compared
+def _in_place_job(name: str, steps: int = STEPS) -> dict[str, Any]:
+    """The example job with restart in place, ending after `steps` (its model is compared
     with a no-fault run of as many steps)."""
     body = drills.job(
         name, f"--save-every={SAVE_EVERY}",
@@ -60,17 +60,18 @@ def _in_place_job(name: str) -> dict[str, Any]:
     )  # fmt: skip
     container = body["spec"]["template"]["spec"]["containers"][0]
     container["command"] = [
-        f"--steps={STEPS}" if a == "--steps=100000" else a for a in container["command"]
+        f"--steps={steps}" if a == "--steps=100000" else a for a in container["command"]
     ]
     return body
 
 
-def _platform(tmp_path: Path, name: str) -> Any:
-    """Three pod-runner nodes and an operator with a control secret."""
+def _platform(tmp_path: Path, name: str, nodes: int = 3) -> Any:
+    """Pod-runner nodes (one more than the job's pods) and an operator with a control
+    secret."""
     secret = tmp_path / "control-secret"
     secret.write_text(secrets.token_hex(32))
     return drills.running_platform(
-        tmp_path, name, 3, "--progress-poll-seconds", "1", "--control-secret-file", str(secret)
+        tmp_path, name, nodes, "--progress-poll-seconds", "1", "--control-secret-file", str(secret)
     )
 
 
@@ -244,9 +245,9 @@ def test_a_gpu_fault_replaces_only_its_pod_and_restarts_the_other_in_place(
         assert max(got[1]) == STEPS and min(got[1]) == fast + 1
 
 
-def _replicated_job(name: str) -> dict[str, Any]:
+def _replicated_job(name: str, steps: int = STEPS) -> dict[str, Any]:
     """Restart in place with the fast tier and its peer replica (the default, one copy)."""
-    body = _in_place_job(name)
+    body = _in_place_job(name, steps)
     body["spec"]["checkpoint"]["fastTier"] = {"everySteps": FAST_EVERY, "keep": 4}
     return body
 
@@ -300,27 +301,14 @@ def test_a_lost_node_replaces_only_its_pod_and_restarts_the_other_in_place(
     with _platform(tmp_path, "rtj-lost") as platform:
         opts, api = platform.opts, platform.api
         api.create_rtj(story.NAMESPACE, _replicated_job(LOST))
-        wait_for("both pods scheduled", lambda: (
-            len(ps := drills.pods(api, LOST, 1)) == 2
-            and all(p["spec"].get("nodeName") for p in ps)
-        ), 300, 0.5)  # fmt: skip
-        before = drills.pods(api, LOST, 1)
+        before = drills.scheduled(api, LOST, 2)
         survivor, victim = drills.rank_pod(before, 0), drills.rank_pod(before, 1)
         log0 = _rank_log(opts, survivor) / "rank-0.jsonl"
-
-        def trained() -> int:
-            return (
-                max(drills.losses(log0.read_text().splitlines()), default=0) if log0.exists() else 0
-            )
-
         wait_for("a replicated fast step past the durable one", lambda: (
-            _replica_ahead(opts, survivor, trained())
+            _replica_ahead(opts, survivor, drills.trained(log0))
         ), 300, 0.05)  # fmt: skip
         lost = victim["spec"]["nodeName"]
-        drills.freeze_pod(opts, victim)  # at this step, not at the runner's next pass
-        cut = opts.state / "runner" / "cut-off" / lost
-        cut.parent.mkdir(parents=True, exist_ok=True)
-        cut.write_text("freeze")
+        (cut,) = drills.cut_off(opts, [victim])  # frozen at this step, then cut off
         frozen = time.monotonic()
         victim_log = _rank_log(opts, victim) / "rank-1.jsonl"
         try:
@@ -359,3 +347,88 @@ def test_a_lost_node_replaces_only_its_pod_and_restarts_the_other_in_place(
             diff = sorted(s for s in got[rank] if got[rank][s] != want[rank][s])
             assert not diff, f"rank {rank}: {len(diff)} steps differ (first {diff[:5]})"
         assert max(got[1]) == STEPS and min(got[1]) == fast + 1
+
+
+BUDDY, BUDDY_STEPS = "drill-buddy", 400  # three ranks on two cores: a shorter run
+
+
+def test_a_lost_node_and_its_buddy_fall_back_to_the_durable_step_with_the_reason(
+    tmp_path: Path,
+) -> None:
+    """Three pods on five nodes, each pod's fast steps copied to the next index's pod (the
+    ring: 0 holds 2, 1 holds 0, 2 holds 1). The nodes of index 1 and of its buddy, index 2,
+    die at one instant: both judged lost (the first verdict waits for the second), both
+    quarantined, both pods replaced (inPlaceMaxReplacedPods: 2), index 0 restarted in
+    place. Index 2's copy survives on index 0, but index 1's was on the lost index 2: no
+    fast step is held for every rank, so every rank resumes from the newest durable step,
+    with that reason recorded; the finished model equals the no-fault run bit for bit."""
+    with _platform(tmp_path, "rtj-buddy", 5) as platform:
+        opts, api = platform.opts, platform.api
+        body = _replicated_job(BUDDY, BUDDY_STEPS)
+        body["spec"]["replicas"] = 3
+        body["spec"]["recovery"]["inPlaceMaxReplacedPods"] = 2
+        api.create_rtj(story.NAMESPACE, body)
+        before = drills.scheduled(api, BUDDY, 3)
+        survivor = drills.rank_pod(before, 0)
+        victims = [drills.rank_pod(before, r) for r in (1, 2)]
+        log0 = _rank_log(opts, survivor) / "rank-0.jsonl"
+        # index 0 holds a copy of index 2's fast steps past the durable one: the fallback
+        # below is for want of index 1's copy, not for want of any
+        wait_for("a replicated fast step past the durable one", lambda: (
+            _replica_ahead(opts, survivor, drills.trained(log0))
+        ), 300, 0.05)  # fmt: skip
+        lost = [v["spec"]["nodeName"] for v in victims]
+        cuts = drills.cut_off(opts, victims)  # both at one instant
+        frozen = time.monotonic()
+        try:
+
+            def restarted() -> dict[str, Any] | None:
+                return drills.first_restart(api, BUDDY)
+
+            entry = wait_for("the replacements and the in-place restart", restarted, 240, 0.2)
+            took = time.monotonic() - frozen
+            sys.stdout.write(f"\nfreeze -> every pod runs generation 1: {took:.1f} s ({entry})\n")
+            assert entry["outcome"] == "Running" and entry["failureClass"] == "NodeLost", entry
+            assert sorted(entry["replaced"]) == sorted(
+                f"{v['metadata']['name']} on {n}" for v, n in zip(victims, lost, strict=True)
+            ), entry
+
+            def succeeded() -> bool:
+                return drills.status(api, BUDDY).get("phase") == "Succeeded"
+
+            wait_for("the job to succeed", succeeded, 600, 1.0)
+        finally:
+            for cut in cuts:
+                cut.unlink(missing_ok=True)
+        status = drills.status(api, BUDDY)
+        assert status["attempt"] == 1 and len(status["attempts"]) == 1, status["attempts"]
+        assert sorted(q["node"] for q in status["quarantinedNodes"]) == sorted(lost)
+
+        # no fast step for index 1: its only copy was on index 2's lost node
+        assert entry.get("resumedFromFastStep") is None, entry
+        why = entry.get("fastTierFallback") or ""
+        assert why.startswith("pod index 1 (") and "holds no fast step" in why, why
+        assert "(its holder, pod index 2, was replaced too)" in why, why
+        resumed = entry["resumedFromStep"]
+        assert resumed is not None and resumed % SAVE_EVERY == 0, entry
+        sys.stdout.write(f"every rank resumed from durable step {resumed}: {why}\n")
+
+        after = drills.pods(api, BUDDY, 1)
+        assert drills.rank_pod(after, 0)["metadata"]["uid"] == survivor["metadata"]["uid"]
+        logs = {0: log0.read_text().splitlines()}
+        for rank in (1, 2):
+            replacement = drills.rank_pod(after, rank)
+            assert replacement["spec"]["nodeName"] not in (*lost, survivor["spec"]["nodeName"])
+            path = _rank_log(opts, replacement) / f"rank-{rank}.jsonl"
+            logs[rank] = path.read_text().splitlines()
+        for rank, lines in logs.items():
+            restores = [json.loads(x) for x in lines if '"restore"' in x]
+            last = restores[-1]
+            assert last["step"] == resumed and last["source"] != "fast-tier", (rank, restores)
+        got = {rank: drills.losses(lines) for rank, lines in logs.items()}
+        want = drills.no_fault_losses(tmp_path, BUDDY_STEPS, SAVE_EVERY, ranks=3)
+        for rank in (0, 1, 2):
+            diff = sorted(s for s in got[rank] if got[rank][s] != want[rank][s])
+            assert not diff, f"rank {rank}: {len(diff)} steps differ (first {diff[:5]})"
+            assert max(got[rank]) == BUDDY_STEPS
+        assert min(got[1]) == min(got[2]) == resumed + 1
