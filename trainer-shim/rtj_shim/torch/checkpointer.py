@@ -67,7 +67,7 @@ from rtj_shim.torch.schedule import (
     scores,
 )
 from rtj_shim.torch.schedule import decide as decide_save
-from rtj_shim.torch.staging import Staging
+from rtj_shim.torch.staging import Staging, mark_staged
 from rtj_shim.torch.state import COMMON, USER_KINDS, Entry, classify
 from rtj_shim.torch.validation import Probe, loss_problem, optimizer_moments, run_probe
 from rtj_shim.torch.writer import CollectiveWriter
@@ -478,8 +478,9 @@ class Checkpointer:
     @progress.reports_section("checkpoint")
     def _fast_save(self, step: int, objects: Mapping[str, Any]) -> None:
         assert self._fast is not None
+        started = time.perf_counter()  # the stall counts reading the objects too
         entries = classify(objects, self.rank_local, self.replicated)
-        self._fast.save(step, entries, self._coordinator())
+        self._fast.save(step, entries, self._coordinator(), started)
 
     def _decide(self, coord: _dist.Coordinator) -> dict[str, Any]:
         """Collective: the resume decision (the one peek() took, if it did)."""
@@ -499,7 +500,7 @@ class Checkpointer:
             try:
                 self._staging.stage_fenced(job)
             finally:
-                job.staged.set()
+                mark_staged(job)
             self._run(job, coord)
         except BaseException as exc:
             self._error = exc

@@ -44,7 +44,7 @@ from rtj_shim.torch.capture import (
     shard_path,
     step_metadata,
 )
-from rtj_shim.torch.staging import Staging
+from rtj_shim.torch.staging import Staging, mark_staged
 from rtj_shim.torch.state import SHARDED, Entry, optimizer_param_ptrs
 from rtj_shim.torch.validation import nonfinite_problem
 from rtj_shim.verification import Depth
@@ -101,7 +101,13 @@ class FastTier:
         # leaves the steps the trainers publish themselves to them (rtj_shim.drain)
         self.durable_schedule: dict[str, Any] = {}
 
-    def save(self, step: int, entries: list[Entry], coord: _dist.Coordinator) -> None:
+    def save(
+        self,
+        step: int,
+        entries: list[Entry],
+        coord: _dist.Coordinator,
+        started: float | None = None,
+    ) -> None:
         """Take this rank's copy of ``step`` and write it in the background, staged as a
         background durable save is (:mod:`rtj_shim.torch.staging`, its own reused buffers):
         the training thread captures the state and copies what the next forward and backward
@@ -109,8 +115,9 @@ class FastTier:
         fence holds the next ``optimizer.step()`` until it has), then serializes, hashes and
         publishes. While the previous fast step is still being written this one is skipped
         (counted), never waited for. A failure is logged, never raised: the durable tier is
-        untouched and the next fast step tries again."""
-        started = time.perf_counter()
+        untouched and the next fast step tries again. `started`: when the caller began the
+        save (its reading of the objects counts in the stall), else now."""
+        started = time.perf_counter() if started is None else started
         if not self._idle.is_set():
             self.skipped += 1
             log.debug("rank %d: fast-tier step %d skipped (step %s still writing)",
@@ -158,7 +165,7 @@ class FastTier:
             try:
                 self._staging.stage_fenced(job)
             finally:
-                job.staged.set()
+                mark_staged(job)
             problem = nonfinite_problem(finite_candidates(job))
             if problem is not None:
                 raise ValueError(f"non-finite state, not kept: {problem}")

@@ -36,14 +36,14 @@ import torch
 
 from rtj_shim.manifest import FileEntry
 from rtj_shim.storage.base import StepWriter
-from rtj_shim.torch.plain import UnsafeStateError as UnsafeStateError  # re-exported
 from rtj_shim.torch.plain import (
+    PLAIN_LEAVES,
     all_plain_leaves,
     decode_array,
     encode_array,
     is_array_marker,
-    is_plain_leaf,
 )
+from rtj_shim.torch.plain import UnsafeStateError as UnsafeStateError  # re-exported
 
 TENSOR_REF = "__rtj_tensor__"
 _COALESCE_BELOW = 1 << 20
@@ -63,20 +63,13 @@ def view_key(tensor: torch.Tensor) -> tuple[Any, ...] | None:
     None where that cannot be told (no dense storage, or no elements)."""
     if tensor.layout != torch.strided or tensor.numel() == 0:
         return None
-    try:
-        address = tensor.untyped_storage().data_ptr()
+    try:  # the first element's address: the storage's plus the offset (no storage object)
+        address = tensor.data_ptr()
     except (RuntimeError, NotImplementedError):  # tensors without a storage of their own
         return None
     if address == 0:
         return None
-    return (
-        tensor.device,
-        tensor.dtype,
-        address,
-        tensor.storage_offset(),
-        tuple(tensor.shape),
-        tensor.stride(),
-    )
+    return (tensor.device, tensor.dtype, address, tuple(tensor.shape), tensor.stride())
 
 
 def flatten(
@@ -114,12 +107,20 @@ def encode(state: Any, where: str, allow_unsafe: bool) -> Any:
 def _walk(
     state: Any, where: str, allow_unsafe: bool, on_tensor: Callable[[torch.Tensor], Any]
 ) -> Any:
+    """The walk behind `flatten` and `encode`. On the training thread of every save: plain
+    leaves (most of an optimizer's state) return first and are not descended into, and a
+    container's path for error messages is formatted only for what is walked further."""
+    if type(state) in PLAIN_LEAVES:
+        return state
     if isinstance(state, torch.Tensor):
         return on_tensor(state.detach() if state.requires_grad else state)
     if isinstance(state, np.ndarray | np.generic):
         return _walk(encode_array(state, where), where, allow_unsafe, on_tensor)
-    if isinstance(state, Mapping):
-        items = [(k, _walk(v, f"{where}.{k}", allow_unsafe, on_tensor)) for k, v in state.items()]
+    if type(state) in _DICTS or isinstance(state, Mapping):
+        items = [
+            (k, v if type(v) in PLAIN_LEAVES else _walk(v, f"{where}.{k}", allow_unsafe, on_tensor))
+            for k, v in state.items()
+        ]  # fmt: skip
         out: dict[Any, Any] = OrderedDict(items) if isinstance(state, OrderedDict) else dict(items)
         metadata = getattr(state, "_metadata", None)
         if metadata is not None:  # nn.Module version info used by _load_from_state_dict
@@ -135,7 +136,7 @@ def _walk(
         return tuple(
             _walk(v, f"{where}[{i}]", allow_unsafe, on_tensor) for i, v in enumerate(state)
         )
-    if is_plain_leaf(state) or allow_unsafe:
+    if allow_unsafe:
         return state
     raise UnsafeStateError(
         f"{where}: a {type(state).__module__}.{type(state).__qualname__} cannot be loaded with "
@@ -143,6 +144,9 @@ def _walk(
         "str, bytes, None) and dicts, lists and tuples of them, or pass "
         "Checkpointer(..., allow_unsafe_pickle=True) to both save and restore"
     )
+
+
+_DICTS = frozenset({dict, OrderedDict})
 
 
 def unflatten(skeleton: Any, tensors: Mapping[int, torch.Tensor]) -> Any:
@@ -172,14 +176,15 @@ def tensor_bytes(t: torch.Tensor) -> int:
 
 def plan_shards(tensors: list[torch.Tensor], target_bytes: int, max_shards: int) -> list[list[int]]:
     """Indices of ``tensors`` per shard: greedy, largest first, onto the lightest shard."""
-    total = sum(tensor_bytes(t) for t in tensors)
+    sizes = [tensor_bytes(t) for t in tensors]
+    total = sum(sizes)
     count = max(1, min(max_shards, -(-total // max(1, target_bytes)), len(tensors)))
     shards: list[list[int]] = [[] for _ in range(count)]
     loads = [0] * count
-    for i in sorted(range(len(tensors)), key=lambda i: -tensor_bytes(tensors[i])):
+    for i in sorted(range(len(tensors)), key=lambda i: -sizes[i]):
         lightest = loads.index(min(loads))
         shards[lightest].append(i)
-        loads[lightest] += tensor_bytes(tensors[i])
+        loads[lightest] += sizes[i]
     for shard in shards:
         shard.sort()
     return shards

@@ -97,6 +97,15 @@ class Staging:
         job.sharded = {}
 
 
+def mark_staged(job: SaveJob) -> None:
+    """Background thread: the fenced tensors are copied (or failed to be); release the
+    fence and hand the GIL to the training thread it may be holding at once. Otherwise this
+    thread keeps the GIL, serializing, until the interpreter's switch interval (5 ms) makes
+    it let go: up to that much stall in the next ``optimizer.step()``."""
+    job.staged.set()
+    time.sleep(0)
+
+
 def _make_fence(ref: weakref.ReferenceType[Staging]) -> Any:
     """Optimizer pre-step hook: wait until a background save has staged the parameters."""
 

@@ -125,14 +125,17 @@ def classify(
     if local & shared:
         raise ValueError(f"{sorted(local & shared)} named both rank_local and replicated")
     kinds = {name: kind_of(obj) for name, obj in objects.items()}
+    # once per module: every fast save classifies its objects on the training thread
+    sharded_modules = {
+        name for name, obj in objects.items() if kinds[name] == "module" and is_sharded_module(obj)
+    }
     sharded_params: set[int] = set()
-    for name, obj in objects.items():
-        if kinds[name] == "module" and is_sharded_module(obj):
-            sharded_params.update(id(p) for p in obj.parameters())
+    for name in sharded_modules:
+        sharded_params.update(id(p) for p in objects[name].parameters())
     entries = []
     for name, obj in objects.items():
         kind = kinds[name]
-        sharded = (kind == "module" and is_sharded_module(obj)) or (
+        sharded = name in sharded_modules or (
             kind == "optimizer"
             and any(id(p) in sharded_params for g in obj.param_groups for p in g["params"])
         )
