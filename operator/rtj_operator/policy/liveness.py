@@ -92,7 +92,9 @@ class NodeLease:
 class Liveness(enum.Enum):
     ALIVE = "alive"
     FLICKER = "flicker"
-    """Ready is not True, but only since less than FLICKER_WINDOW and the lease is renewed."""
+    """Ready is not True, but only since less than FLICKER_WINDOW and the lease is renewed;
+    or Ready is Unknown (no heartbeats, the controller said) from before the Lease's latest
+    renewal: the kubelet is back after a partition and has not posted its status yet."""
     SILENT = "silent"
     """The lease is not renewed: judged lost before the control plane says so."""
     LOST = "lost"
@@ -139,6 +141,14 @@ def judge_node(
     since = parse_time(ready.get("lastTransitionTime")) if ready is not None else None
     if since is not None and lease is not None and now - since < FLICKER_WINDOW:
         return NodeJudgement(Liveness.FLICKER, since, recheck_at=since + FLICKER_WINDOW)
+    if (
+        ready is not None and ready.get("status") == "Unknown"
+        and since is not None and lease is not None and lease.renewed_at > since
+    ):  # fmt: skip
+        # Unknown is the node lifecycle controller's word for missed heartbeats; a renewal
+        # since says the kubelet is back (a partition ended) and its own status post is on
+        # its way: no verdict while it keeps renewing
+        return NodeJudgement(Liveness.FLICKER, since, recheck_at=lease.overdue_at)
     return NodeJudgement(Liveness.LOST, since)
 
 

@@ -79,6 +79,39 @@ def test_a_short_ready_flicker_with_a_renewed_lease_is_ignored_then_counts() -> 
     assert judge_node(flickering("n1", 3), None, NOW).liveness is Liveness.LOST, "no lease"
 
 
+def unknown_since(name: str, seconds: float) -> dict[str, Any]:
+    """Ready=Unknown since `seconds` ago, as the node lifecycle controller writes it when
+    the kubelet's heartbeats stop (reason NodeStatusUnknown, "Kubelet stopped posting node
+    status."; kubernetes v1.35 pkg/controller/nodelifecycle/node_lifecycle_controller.go)."""
+    body = node(name, ready=False)
+    ready = body["status"]["conditions"][0]
+    ready.update(status="Unknown", reason="NodeStatusUnknown",
+                 message="Kubelet stopped posting node status.",
+                 lastTransitionTime=iso(NOW - timedelta(seconds=seconds)))  # fmt: skip
+    return body
+
+
+def test_a_kubelet_back_from_a_partition_is_not_lost_before_it_posts_its_status() -> None:
+    """Found by the partition drill: contact returns, the kubelet renews its Lease, and for
+    a moment the controller's Unknown from the partition is still on the Node."""
+    back = judge_node(unknown_since("n1", 15), fresh(0.5), NOW)
+    assert back.liveness is Liveness.FLICKER and back.recheck_at is not None
+    view = classifier_view(unknown_since("n1", 15), back, fresh(0.5))
+    (ready,) = [c for c in view["status"]["conditions"] if c["type"] == "Ready"]
+    assert ready["status"] == "True", "the classifier does not read the stale Unknown"
+    # no renewal since the controller's verdict: lost (and silent, by the Lease)
+    assert judge_node(unknown_since("n1", 15), fresh(25), NOW).liveness is Liveness.SILENT
+    # the kubelet's own NotReady (status False) after the window is a loss, renewed or not
+    assert judge_node(flickering("n1", 15), fresh(0.5), NOW).liveness is Liveness.LOST
+    pods = [pod(1, i) for i in range(2)]
+    nodes = {**nodes_for(pods), "gpu-node-001": unknown_since("gpu-node-001", 15)}
+    leases = {n: fresh(0.5) for n in nodes}
+    snap = replace(snapshot(rtj_raw(RUNNING), jobsets=[jobset(1)], pods=pods, nodes=nodes),
+                   node_leases=leases)  # fmt: skip
+    plan = rc.plan(snap)
+    assert plan.status_patch is None and not plan.actions, plan.summary
+
+
 def test_most_nodes_overdue_at_once_is_a_partition() -> None:
     assert partitioned(3, 4) and partitioned(50, 100)
     assert not partitioned(1, 4) and not partitioned(2, 2) and not partitioned(40, 100)
