@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -193,3 +194,14 @@ def first_restart(api: Any, name: str) -> dict[str, Any] | None:
     record = (status(api, name).get("attempts") or [{}])[0]
     entries = record.get("inPlaceRestarts") or []
     return entries[0] if entries and entries[0].get("outcome") else None
+
+
+def first_restart_after(
+    api: Any, name: str, since: float, what: str, timeout: float = 240
+) -> dict[str, Any]:
+    """Wait for the first in-place restart's outcome (`what` names the wait) and print how
+    long it took from `since` (a ``time.monotonic()`` reading: the fault)."""
+    entry = wait_for(what, lambda: first_restart(api, name), timeout, 0.2)
+    took = time.monotonic() - since
+    sys.stdout.write(f"\nfreeze -> every pod runs generation 1: {took:.1f} s ({entry})\n")
+    return entry

@@ -117,13 +117,9 @@ def test_a_drained_step_is_what_a_replaced_pod_without_a_fast_step_resumes_from(
         (cut,) = drills.cut_off(opts, [victim])
         frozen = time.monotonic()
         try:
-
-            def restarted() -> dict[str, Any] | None:
-                return drills.first_restart(api, JOB)
-
-            entry = wait_for("the replacement and the in-place restart", restarted, 240, 0.2)
-            took = time.monotonic() - frozen
-            sys.stdout.write(f"\nfreeze -> every pod runs generation 1: {took:.1f} s ({entry})\n")
+            entry = drills.first_restart_after(
+                api, JOB, frozen, "the replacement and the in-place restart"
+            )
             assert entry["outcome"] == "Running" and entry["failureClass"] == "NodeLost", entry
 
             def succeeded() -> bool:

@@ -312,14 +312,9 @@ def test_a_lost_node_replaces_only_its_pod_and_restarts_the_other_in_place(
         frozen = time.monotonic()
         victim_log = _rank_log(opts, victim) / "rank-1.jsonl"
         try:
-
-            def restarted() -> dict[str, Any] | None:
-
-                return drills.first_restart(api, LOST)
-
-            entry = wait_for("the replacement and the in-place restart", restarted, 240, 0.2)
-            took = time.monotonic() - frozen
-            sys.stdout.write(f"\nfreeze -> every pod runs generation 1: {took:.1f} s ({entry})\n")
+            entry = drills.first_restart_after(
+                api, LOST, frozen, "the replacement and the in-place restart"
+            )
             assert entry["outcome"] == "Running", entry
             assert entry["failureClass"] == "NodeLost", entry
             assert entry["replaced"] == [f"{victim['metadata']['name']} on {lost}"], entry
@@ -381,13 +376,9 @@ def test_a_lost_node_and_its_buddy_fall_back_to_the_durable_step_with_the_reason
         cuts = drills.cut_off(opts, victims)  # both at one instant
         frozen = time.monotonic()
         try:
-
-            def restarted() -> dict[str, Any] | None:
-                return drills.first_restart(api, BUDDY)
-
-            entry = wait_for("the replacements and the in-place restart", restarted, 240, 0.2)
-            took = time.monotonic() - frozen
-            sys.stdout.write(f"\nfreeze -> every pod runs generation 1: {took:.1f} s ({entry})\n")
+            entry = drills.first_restart_after(
+                api, BUDDY, frozen, "the replacements and the in-place restart"
+            )
             assert entry["outcome"] == "Running" and entry["failureClass"] == "NodeLost", entry
             assert sorted(entry["replaced"]) == sorted(
                 f"{v['metadata']['name']} on {n}" for v, n in zip(victims, lost, strict=True)

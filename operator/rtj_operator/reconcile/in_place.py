@@ -44,6 +44,7 @@ from rtj_operator.policy.classify import (
     classify_failure,
 )
 from rtj_operator.policy.decide import Restart, decide
+from rtj_operator.policy.findings import iso
 from rtj_operator.policy.peer_replica import PeerView
 from rtj_operator.policy.render import jobset_name, trainer_name
 from rtj_operator.reconcile.actions import DeleteJobSet, MetricRecord
@@ -195,7 +196,7 @@ def _terminated(b: PlanBuilder, pod: Json, report: Mapping[str, Any]) -> Json:
     at = b.now
     if isinstance(when, int | float) and not isinstance(when, bool) and when:
         at = datetime.fromtimestamp(float(when), timezone.utc)
-    terminated["finishedAt"] = at.isoformat().replace("+00:00", "Z")
+    terminated["finishedAt"] = iso(at)
     statuses = [
         c for c in get_in(pod, "status", "containerStatuses") or []
         if c.get("name") != trainer_name(b.rtj)
