@@ -59,6 +59,7 @@ _NO_KERNEL_COPY = frozenset(
     {errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.ESPIPE}
 )
 _SYNC_FILE_RANGE_WRITE = 2
+HASH_INLINE_BELOW = 64 << 10  # ~60 us of SHA-256 here: about what a handoff costs
 _sync_file_range: Any = None
 with contextlib.suppress(OSError, AttributeError):
     _sync_file_range = ctypes.CDLL(None, use_errno=True).sync_file_range
@@ -83,11 +84,18 @@ def write_hashed(
     fd: int, chunks: Iterable[bytes | memoryview], pool: ThreadPoolExecutor
 ) -> tuple[str, int]:
     """Write ``chunks`` to ``fd`` while ``pool`` (one thread) hashes each one; returns
-    (sha256 hex, bytes). A chunk is done, written and hashed, before the next is taken."""
+    (sha256 hex, bytes). A chunk is done, written and hashed, before the next is taken.
+    A chunk under ``HASH_INLINE_BELOW`` is hashed here: handing it over cost more than
+    hashing it (a manifest, a skeleton, a small fast-tier step's files)."""
     digest = hashlib.sha256()
     size = started = 0
     for chunk in chunks:
         view = memoryview(chunk).cast("B")
+        if view.nbytes < HASH_INLINE_BELOW:
+            digest.update(view)
+            write_all(fd, view)
+            size += view.nbytes
+            continue
         hashed = pool.submit(digest.update, view)
         try:
             write_all(fd, view)

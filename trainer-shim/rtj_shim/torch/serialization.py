@@ -196,10 +196,14 @@ def plan_shards(tensors: list[torch.Tensor], target_bytes: int, max_shards: int)
 class _Rendezvous(io.RawIOBase):
     """File-like ``torch.save`` writes into; each large write is handed to the consumer
     and the call returns only after the consumer is done with it (no copy, no lifetime
-    question about torch's buffer). Small writes are coalesced into 8 MiB chunks."""
+    question about torch's buffer). Small writes are coalesced into 8 MiB chunks.
 
-    def __init__(self) -> None:
+    ``on_first_chunk`` runs before the first hand-over (it starts the consumer), so a file
+    that never fills a chunk never needs one: :meth:`small_file` returns its bytes whole."""
+
+    def __init__(self, on_first_chunk: Callable[[], None]) -> None:
         super().__init__()
+        self._on_first_chunk: Callable[[], None] | None = on_first_chunk
         self._slot: queue.Queue[Any] = queue.Queue(maxsize=1)
         self._ack = threading.Semaphore(0)
         self._buffer = bytearray()
@@ -231,6 +235,9 @@ class _Rendezvous(io.RawIOBase):
             self._hand_over(chunk)
 
     def _hand_over(self, chunk: Any) -> None:
+        if self._on_first_chunk is not None:
+            start, self._on_first_chunk = self._on_first_chunk, None
+            start()
         self._put(chunk)
         while not self._ack.acquire(timeout=_STALL_POLL_S):
             if self._consumer_failed.is_set():
@@ -245,6 +252,12 @@ class _Rendezvous(io.RawIOBase):
                 return
             except queue.Full:
                 continue
+
+    def small_file(self) -> bytes | None:
+        """The whole file, when nothing was handed over (no consumer was started)."""
+        if self._on_first_chunk is None:
+            return None
+        return bytes(self._buffer)
 
     def finish(self) -> None:
         self._flush_buffer()
@@ -293,9 +306,15 @@ def save_without_crc32(obj: Any, buffer: IO[bytes]) -> bool:
 
 
 def stream_to_store(obj: Any, writer: StepWriter, path: str) -> FileEntry:
-    """``torch.save(obj)`` into ``path`` of the in-progress step, hashed while written."""
-    pipe = _Rendezvous()
+    """``torch.save(obj)`` into ``path`` of the in-progress step, hashed while written.
+
+    A file smaller than one coalesced chunk (8 MiB: a skeleton, a rank's RNG state, a small
+    model's shard) is written from the calling thread in one piece; a larger one streams
+    through a consumer thread started at its first chunk. Starting and joining that thread
+    was most of a small fast save's writing time, all of it holding the GIL the training
+    thread needs."""
     result: dict[str, Any] = {}
+    thread: threading.Thread | None = None
 
     def consume() -> None:
         try:
@@ -304,17 +323,27 @@ def stream_to_store(obj: Any, writer: StepWriter, path: str) -> FileEntry:
             result["error"] = exc
             pipe._consumer_failed.set()
 
-    thread = threading.Thread(target=consume, name=f"rtj-write-{path}", daemon=True)
-    thread.start()
+    def start() -> None:
+        nonlocal thread
+        thread = threading.Thread(target=consume, name=f"rtj-write-{path}", daemon=True)
+        thread.start()
+
+    pipe = _Rendezvous(start)
     try:
         save_without_crc32(obj, cast(IO[bytes], pipe))
+        whole = pipe.small_file()
+        if whole is not None:
+            return writer.write_file(path, [whole])
         pipe.finish()
     except BaseException as exc:
+        if thread is None:
+            raise
         pipe.fail(exc)  # the writer sees an error and never returns an entry
         thread.join()
         if isinstance(exc, _WriterStopped) and "error" in result:
             raise result["error"] from None
         raise
+    assert thread is not None
     thread.join()
     if "error" in result:
         raise result["error"]
