@@ -47,7 +47,19 @@ def stall_table(results: list[SizeResult]) -> list[str]:
                 f"| | {LABELS[m]} | {fmt_s(med(xs))} | {fmt_s(p90(xs))} | "
                 f"{100 * med(xs) / step:.1f}% | {med(xs) / base:.2f}x |"
             )
+            if m == "fast" and r.fast_cost:
+                cost = r.fast_cost_s
+                out.append(
+                    f"| | {COST_LABEL} | {fmt_s(med(cost))} | {fmt_s(p90(cost))} | "
+                    f"{100 * med(cost) / step:.1f}% | {med(cost) / base:.2f}x |"
+                )
     return out
+
+
+COST_LABEL = (
+    "fast tier, its whole cost to training: the saving step_boundary and the steps trained "
+    "while it is written, less as many plain steps"
+)
 
 
 def restore_table(results: list[SizeResult]) -> list[str]:
@@ -218,6 +230,14 @@ def markdown(results: list[SizeResult], context: dict[str, Any]) -> str:
         "COMMITTED, rename and retention run on the writer thread. Durable async: the "
         "`save()` call plus the wait for staging at the next `optimizer.step()` "
         "(`SaveReport.stall_seconds`).",
+        "",
+        "The stall is not all a fast save costs. Its writer thread's Python work (pickling, "
+        "the manifest, the commit, retention) holds the GIL the training thread needs, so "
+        "the steps trained while it is written are slower: the row 'its whole cost to "
+        "training' adds that slowdown (the saving `step_boundary` less a non-saving one, "
+        "plus the steps trained until the step is published, less as many median plain "
+        "steps). For a trainer whose Python thread is its bottleneck (a GPU trainer "
+        "launching kernels is one) that row, not the stall, is the fast tier's overhead.",
         "",
         *stall_table(results),
         "",

@@ -56,6 +56,10 @@ class SizeResult:
     boundary_idle_s: list[float] = field(default_factory=list)  # step_boundary, not due
     async_published_s: list[float] = field(default_factory=list)  # save() to published
     fast_written_s: list[float] = field(default_factory=list)  # fast save to published
+    # what a fast save costs the training, all of it: (the saving step_boundary less a
+    # non-saving one, the steps trained until the writer is done, how many): the writer
+    # thread's Python work holds the GIL the training thread needs
+    fast_cost: list[tuple[float, float, int]] = field(default_factory=list)
     # (steps trained while the save was in flight, their seconds less the stall)
     async_overlap: list[tuple[int, float]] = field(default_factory=list)
     fast_step_bytes: int = 0
@@ -77,3 +81,9 @@ class SizeResult:
     @property
     def step_median(self) -> float:
         return med(self.step_s)
+
+    @property
+    def fast_cost_s(self) -> list[float]:
+        """Per fast save: the training time it cost beyond the plain steps (median step)."""
+        step = self.step_median
+        return [boundary + trained - n * step for boundary, trained, n in self.fast_cost]

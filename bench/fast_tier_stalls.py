@@ -73,10 +73,12 @@ def measure_stalls(
                 idle = timed(partial(fast.step_boundary, fast_step, tr.objects))
                 train()
                 fast_step += 1
-                timed(partial(fast.step_boundary, fast_step, tr.objects))
-                train()  # its optimizer.step() passes the fence (waits if not yet staged)
+                saving = timed(partial(fast.step_boundary, fast_step, tr.objects))
                 tier = fast.fast_tier
                 assert tier is not None
+                after = [train()]  # its optimizer.step() passes the fence (waits if not staged)
+                while tier.busy and len(after) < MAX_OVERLAP:  # train while it is written
+                    after.append(train())
                 tier.wait()
                 fast_report = tier.last
                 assert fast_report is not None and fast_report.step == fast_step
@@ -84,6 +86,7 @@ def measure_stalls(
                     result.boundary_idle_s.append(idle)
                     result.stalls["fast"].append(fast_report.stall)
                     result.fast_written_s.append(fast_report.seconds)
+                    result.fast_cost.append((saving - idle, sum(after), len(after)))
             elif method in ("torch.save", "torch.save+fsync"):
                 path = work / f"baseline-{len(base_files)}.pt"
                 base_files.append(path)

@@ -106,7 +106,7 @@ class FastTier:
         step: int,
         entries: list[Entry],
         coord: _dist.Coordinator,
-        started: float | None = None,
+        started: float,
     ) -> None:
         """Take this rank's copy of ``step`` and write it in the background, staged as a
         background durable save is (:mod:`rtj_shim.torch.staging`, its own reused buffers):
@@ -116,8 +116,7 @@ class FastTier:
         publishes. While the previous fast step is still being written this one is skipped
         (counted), never waited for. A failure is logged, never raised: the durable tier is
         untouched and the next fast step tries again. `started`: when the caller began the
-        save (its reading of the objects counts in the stall), else now."""
-        started = time.perf_counter() if started is None else started
+        save (its reading of the objects counts in the stall)."""
         if not self._idle.is_set():
             self.skipped += 1
             log.debug("rank %d: fast-tier step %d skipped (step %s still writing)",
@@ -192,6 +191,11 @@ class FastTier:
         self.last = FastSaveReport(job.step, stall, seconds, published.bytes, published.uri)
         log.debug("rank %d: fast-tier step %d: %.4fs stall, %.4fs in all",
                   self.rank, job.step, stall, seconds)  # fmt: skip
+
+    @property
+    def busy(self) -> bool:
+        """A fast step is being written."""
+        return not self._idle.is_set()
 
     def wait(self) -> None:
         """Until the fast step being written is published (or failed)."""
