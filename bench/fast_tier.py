@@ -3,8 +3,9 @@ plain ``torch.save``, side by side on the same model, in one process (world size
 
 The model is the example trainer's own (``examples/ddp_train.py``: ``make_model(hidden)``,
 an MLP with GELU, dropout and LayerNorm, AdamW, the warm-up + cosine ``LambdaLR``) at
-several widths (``--hidden``; the default 1000, 5000, 7070 is ~1M, ~25M and ~50M
-parameters, so ~12 MB, ~300 MB and ~600 MB of state with AdamW's two moments). One
+several widths (``--hidden``; the default 64, 1000, 5000, 7070 is the example's own ~5k,
+then ~1M, ~25M and ~50M parameters, so ~0.1 MB, ~12 MB, ~300 MB and ~600 MB of state with
+AdamW's two moments). One
 training step is forward + backward + ``optimizer.step()`` + ``scheduler.step()`` on a
 fixed batch of 16 (the example's 8 x 2 accumulation). Not ~100M: with ``fast_keep=2`` the
 tmpfs holds two copies of the state and three while a save runs (3.6 GB at 100M), beside
@@ -78,7 +79,7 @@ from bench.fast_tier_stalls import measure_stalls
 from bench.torch_models import example_model, example_trainer
 
 SHM = Path("/dev/shm")  # the tmpfs the fast tier is meant for
-DEFAULT_HIDDEN = (1000, 5000, 7070)
+DEFAULT_HIDDEN = (64, 1000, 5000, 7070)  # 64: the example trainer's default
 QUICK_HIDDEN = (64, 256)
 
 

@@ -237,7 +237,10 @@ def markdown(results: list[SizeResult], context: dict[str, Any]) -> str:
         "training' adds that slowdown (the saving `step_boundary` less a non-saving one, "
         "plus the steps trained until the step is published, less as many median plain "
         "steps). For a trainer whose Python thread is its bottleneck (a GPU trainer "
-        "launching kernels is one) that row, not the stall, is the fast tier's overhead.",
+        "launching kernels is one) that row, not the stall, is the fast tier's overhead. For "
+        "the large states here it also counts the writer's hashing and copying (GIL "
+        "released) competing for the two cores this CPU trainer's two torch threads use: a "
+        "GPU node's spare cores would absorb that part.",
         "",
         *stall_table(results),
         "",
