@@ -142,9 +142,12 @@ def test_an_unreachable_store_holds_the_restart_until_it_is_back(
         _fail_world(hkube, ns, pods)
 
         def blocked() -> dict[str, Any] | None:
-            return condition_true(rtj_status(rtj_api, ns, JOB), "CheckpointUnreadable")
+            # the store may be found unreadable while attempt 1 still runs ("restarts are
+            # blocked until it is"), before the failure is seen: wait for the blocked restart
+            cond = condition_true(rtj_status(rtj_api, ns, JOB), "CheckpointUnreadable")
+            return cond if cond is not None and "attempt 2 is blocked" in cond["message"] else None
 
-        cond = wait_for("the CheckpointUnreadable condition", blocked, WAIT)
+        cond = wait_for("the CheckpointUnreadable condition of attempt 2", blocked, WAIT)
         assert "cannot be read" in cond["message"] and "attempt 2 is blocked" in cond["message"]
         assert "EndpointConnectionError" in cond["message"], cond
         status = rtj_status(rtj_api, ns, JOB)
