@@ -113,9 +113,15 @@ def test_a_spoofed_pod_cannot_get_another_teams_node_tainted(
 
     # the same words from the job's own rank, with its node's agent reporting the XID, do
     # quarantine that node (the operator was watching all along)
-    attempt = rtj_status(rtj_api, ns, "llm")["attempt"]
-    current = wait_for("the current attempt running",
-                       lambda: running_pods(rtj_api, ns, "llm", attempt, 2), WAIT)  # fmt: skip
+    def settled() -> list[dict[str, Any]] | None:
+        # the adopted copy may have failed the job: while it converges before its next
+        # attempt, status.attempt is still the old one and the old pods may still run
+        status = rtj_status(rtj_api, ns, "llm")
+        if status.get("phase") != "Running":
+            return None
+        return running_pods(rtj_api, ns, "llm", status["attempt"], 2)
+
+    current = wait_for("the current attempt running", settled, WAIT)
     victim = current[0]
     faults.gpu_xid(hkube, victim["spec"]["nodeName"], 79)
     faults.terminate_container(hkube, ns, victim["metadata"]["name"], exit_code=1,
