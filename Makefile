@@ -39,7 +39,7 @@ fmt: install ## apply ruff formatting and safe fixes
 	$(BIN)/ruff check --fix .
 
 test: install cluster-build node-packages ## every test level (unit, property, crash, S3, torch drill, cluster); skips fail
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest --durations=40 $(PYTEST_ARGS)
 
 test-unit: install cluster-build ## unit and property tests only (chart tests need helm/promtool)
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
