@@ -84,18 +84,38 @@ RANKS_PER_POD = 8
 
 MEASURED_STATE = 573.7 * MiB
 """bench/results/fast-tier.md, the largest model measured (50.1M parameters, AdamW):
-573.7 MiB of state. Every fast-tier term below is its median there (the run of 2026-12-01
-07:10 UTC), scaled per byte."""
+573.7 MiB of state. Every fast-tier term below is its median there, scaled per byte; the
+save's stall and whole cost from the run of 2026-12-01 14:09 UTC, the restores and copies
+from the run of 07:10 UTC."""
 FAST_SAVE_STALLS: tuple[tuple[float, float], ...] = (
-    (11.7 * MiB, 0.797e-3),
-    (287.3 * MiB, 0.812e-3),
-    (MEASURED_STATE, 0.789e-3),
+    (0.1 * MiB, 1.7e-3),
+    (11.7 * MiB, 1.7e-3),
+    (287.3 * MiB, 1.9e-3),
+    (MEASURED_STATE, 2.1e-3),
 )
 """Measured (bench/results/fast-tier.md, section 1): the training thread's stall per fast
 save, staged and written in the background (the capture, the copies of what the next
 forward and backward may change into reused host buffers, the fence's wait at the next
-`optimizer.step()`), by state size: 0.797, 0.812 and 0.789 ms (medians, 8 rounds each; 1.2,
-1.3 and 1.2 ms before the writer thread became long-lived and flat lists were copied whole)."""
+`optimizer.step()`), by state size: 1.7, 1.7, 1.9 and 2.1 ms (medians, 8 rounds each; 0.8 ms
+at 11.7 to 573.7 MiB in the run of 07:10, before the writer thread wrote its small files
+itself and so holds the GIL more while the next capture runs)."""
+FAST_SAVE_WHOLE_COSTS: tuple[tuple[float, float], ...] = (
+    (0.1 * MiB, 18.9e-3),
+    (11.7 * MiB, 29.9e-3),
+    (287.3 * MiB, 275.3e-3),
+    (MEASURED_STATE, 609.1e-3),
+)
+"""Measured (bench/results/fast-tier.md, section 1, 'its whole cost to training'): the
+saving `step_boundary` less a non-saving one, plus the steps trained until the step is
+published less as many plain steps. The writer thread's Python (pickling, manifest, commit,
+retention) holds the GIL the training thread needs; on this 2-core CPU trainer its hashing
+and copying (GIL released) also take the cores the trainer's two torch threads use."""
+FAST_WRITER_GIL = FAST_SAVE_WHOLE_COSTS[0][1] - FAST_SAVE_STALLS[0][1]
+"""The writer thread's GIL-held work per fast save beyond the stall, 17.2 ms: the whole cost
+at the smallest state (0.1 MiB: no hashing or copying to speak of, all fixed Python work)
+less its stall. Assumed fixed in the state's size: it grows with the number of tensors
+pickled, not their bytes (the 50.1M model has 8 parameter tensors; an LLM shard of 4 GB has
+hundreds)."""
 FAST_WRITTEN = 0.6470
 """Measured: a fast step is published 647.0 ms after its `step_boundary` (573.7 MiB; the
 writer thread's serialization, SHA-256 and publish; 844.0 ms in the run before). A step due
@@ -148,8 +168,17 @@ def stall_line() -> tuple[float, float]:
 
 FAST_SAVE_STALL = per_byte(FAST_SAVE_STALLS[-1][1])
 """Seconds a fast save stalls training at `RANK_STATE_BYTES`: the largest measured point's
-stall charged per byte (0.789 ms x 4 GB / 573.7 MiB). The points are nearly flat (most of the
+stall charged per byte (2.1 ms x 4 GB / 573.7 MiB). The points are nearly flat (most of the
 stall is fixed), so this bounds the line through them (`stall_line`) from above."""
+FAST_SAVE_COST = FAST_SAVE_STALL + FAST_WRITER_GIL
+"""What a fast save costs training on a GPU node, the model's charge: the stall per byte
+plus the writer's GIL-held Python (`FAST_WRITER_GIL`). Assumed: a GPU node's spare cores
+(tens per GPU) take the writer's hashing and copying, which release the GIL; a trainer whose
+Python thread launches the kernels pays only what holds the GIL."""
+FAST_SAVE_COST_CPU = per_byte(FAST_SAVE_WHOLE_COSTS[-1][1])
+"""The whole cost measured on this 2-core CPU trainer at its largest state, charged per byte
+(609.1 ms x 4 GB / 573.7 MiB = 4.05 s): the bound for a node with no spare cores, where the
+writer's hashing and copying take the trainer's own."""
 FAST_RESTORE = per_byte(FAST_RESTORE_MEASURED)
 """Each rank reads its own state from pod memory (no network), verifies and loads it."""
 FAST_WRITE = per_byte(FAST_WRITTEN)

@@ -15,7 +15,7 @@ from bench.goodput_inputs import (
     EMERGENCY_SAVE,
     FAST_KEEP,
     FAST_RESTORE,
-    FAST_SAVE_STALL,
+    FAST_SAVE_COST,
     FAST_WRITE,
     FAULT_MIX,
     IN_PLACE_RECOVERY,
@@ -78,6 +78,8 @@ class Stack:
     replica_copy: float = 0.0
     """Seconds the holder takes to copy one fast step of its source pod (`replica_window`)."""
     fast_keep: int = FAST_KEEP
+    fast_save_cost: float = FAST_SAVE_COST
+    """Seconds of training each fast save costs (`with_fast_tier` adds it per interval)."""
     emergency_save: float | None = None
     """Seconds of the emergency save on notice (host maintenance), which then loses no work
     (None: no emergency save: half the durable interval, as any other interruption)."""
@@ -191,7 +193,11 @@ OURS_NOW = Stack(
     startup=COMMON_STARTUP,
     restore=COMMON_RESTORE,
     checkpoint_interval=600.0,
-    stall_fraction=0.01,  # assumed: an async save blocks only while staging to CPU memory
+    # assumed: an async save blocks only while staging to CPU memory. Its whole cost as
+    # measured on the 2-core CPU trainer (bench/results/fast-tier.md, 573.7 MiB: the 8.1 ms
+    # stall and 649.5 ms of slower steps while it is written), per byte to 4 GB: 4.37 s a
+    # save, 0.73% of training time every 10 min, fits under it
+    stall_fraction=0.01,
     emergency_save=EMERGENCY_SAVE,
 )
 
@@ -213,15 +219,20 @@ def stages() -> list[Stack]:
     return [OURS_NOW, in_place, own, peer]
 
 
-def with_fast_tier(stack: Stack, interval: float, name: str) -> Stack:
+def with_fast_tier(
+    stack: Stack, interval: float, name: str, save_cost: float | None = None
+) -> Stack:
     """`stack` with a fast tier every `interval` seconds: in-place restarts resume from it,
-    and each of its saves stalls training `FAST_SAVE_STALL` seconds."""
+    and each of its saves costs training `save_cost` seconds (default: the stack's own,
+    `FAST_SAVE_COST` unless set)."""
+    cost = stack.fast_save_cost if save_cost is None else save_cost
     return replace(
         stack,
         name=name,
         fast_interval=interval,
+        fast_save_cost=cost,
         in_place_restore=FAST_RESTORE,
-        stall_fraction=OURS_NOW.stall_fraction + FAST_SAVE_STALL / interval,
+        stall_fraction=OURS_NOW.stall_fraction + cost / interval,
     )
 
 
@@ -238,11 +249,12 @@ def with_peer_replica(stack: Stack, name: str) -> Stack:
 
 
 def best_fast_interval(stack: Stack, rate: float) -> float:
-    """The fast-tier interval f that minimises lost work + stall when only in-place restarts
-    resume from it: rate x share x f / 2 / 3600 + stall / f is least at
-    f = sqrt(2 x stall x 3600 / (rate x share)); at least `FAST_WRITE` (a fast step due
+    """The fast-tier interval f that minimises lost work + cost when only in-place restarts
+    resume from it: rate x share x f / 2 / 3600 + cost / f is least at
+    f = sqrt(2 x cost x 3600 / (rate x share)); at least `FAST_WRITE` (a fast step due
     while the previous one is written is skipped)."""
-    return max(FAST_WRITE, math.sqrt(2 * FAST_SAVE_STALL * 3600 / (rate * stack.share())))
+    cost = stack.fast_save_cost
+    return max(FAST_WRITE, math.sqrt(2 * cost * 3600 / (rate * stack.share())))
 
 
 def fast_tier_break_even(stack: Stack, without: Stack, rate: float) -> float:
