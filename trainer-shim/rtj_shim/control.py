@@ -16,6 +16,8 @@ An order::
      "fast_step": 1260}
     {"job_uid": "0c2f...", "generation": 3, "action": "run", "attempt": 4, "step": 1200,
      "fast_step": 1260, "fast_source": "10.0.3.7:9478"}
+    {"job_uid": "0c2f...", "generation": 3, "action": "run", "attempt": 4, "step": 1200,
+     "rank": 1, "master_addr": "llm-a1-worker-0-0.llm-a1"}
 
 ``stop`` ends generation ``generation - 1`` (every process of the trainer's command gone);
 ``run`` starts generation ``generation`` (only after the pod reported ``stopped`` for it)
@@ -25,7 +27,10 @@ trainer resumes from it when every rank verifies it, else from ``step``. ``fast_
 only in the order to a pod that does not hold ``fast_step`` itself (it replaced a pod on a
 broken node), is the progress sidecar of the pod that holds this pod's peer replica
 (``rtj_shim.peer_replica``): the sidecar copies the step from there before it hands the
-order to the supervisor.
+order to the supervisor. ``rank`` and ``master_addr``, in a run order, start the command as
+that node rank and with that rendezvous host (``RANK``, ``NODE_RANK``, ``PET_NODE_RANK``;
+``MASTER_ADDR``, ``PET_MASTER_ADDR``) instead of the pod's own: a warm spare taking a
+replaced pod's rank, and every pod of a world whose rank 0 moved to a spare.
 
 Authenticity: the body is signed with HMAC-SHA256 under the job's control key (header
 ``X-RTJ-Signature: sha256=<hex>``). The operator derives the key from its own secret and the
@@ -45,6 +50,7 @@ import hmac
 import ipaddress
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,6 +85,8 @@ class Order:
     step: int | None = None
     fast_step: int | None = None
     fast_source: str | None = None
+    rank: int | None = None
+    master_addr: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -93,6 +101,10 @@ class Order:
                 body["fast_step"] = self.fast_step
                 if self.fast_source is not None:
                     body["fast_source"] = self.fast_source
+            if self.rank is not None:
+                body["rank"] = self.rank
+            if self.master_addr is not None:
+                body["master_addr"] = self.master_addr
         return body
 
     def encode(self) -> bytes:
@@ -123,8 +135,32 @@ def parse_order(raw: bytes) -> Order:
         raise OrderError(f"order.fast_source: expected null or HOST:PORT, got {source!r}")
     if not (run and fast is not None):
         source = None
+    rank, master = data.get("rank"), data.get("master_addr")
+    if run and rank is not None and not count(rank):
+        raise OrderError(f"order.rank: expected null or an integer >= 0, got {rank!r}")
+    if run and master is not None and not is_host(master):
+        raise OrderError(
+            f"order.master_addr: expected null, a DNS name or an IP address, got {master!r}"
+        )
     return Order(uid, generation, action, attempt if run else None, step if run else None,
-                 fast if run else None, source)  # fmt: skip
+                 fast if run else None, source, rank if run else None,
+                 master if run else None)  # fmt: skip
+
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def is_host(value: object) -> TypeGuard[str]:
+    """A rendezvous host: a DNS name (RFC 1123 labels, lower case, as Kubernetes names pods'
+    hostnames and Services) or an IP address."""
+    if not isinstance(value, str) or not 1 <= len(value) <= 253:
+        return False
+    try:
+        ipaddress.ip_address(value)
+        return True
+    except ValueError:
+        pass
+    return all(_DNS_LABEL.fullmatch(label) for label in value.split("."))
 
 
 def is_address(value: object) -> TypeGuard[str]:

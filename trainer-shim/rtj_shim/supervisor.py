@@ -31,6 +31,12 @@ issue 15). Orders and reports travel through the pod's control directory (`rtj_s
   operator replaced a broken pod while the others restart in place, and only its ``run``
   order, after the barrier, starts it with the rest. Held past ``order_deadline`` with no
   order, it exits 1 (the index fails; the operator re-creates the world).
+- A *warm spare* (``RTJ_SPARE=1``) starts held too, and waits for as long as it takes: its
+  first ``run`` order names the rank it takes (``rank``) and, when rank 0 moved, the new
+  rendezvous host (``master_addr``). They replace the pod's own ``RANK``, ``NODE_RANK``,
+  ``PET_NODE_RANK`` and ``MASTER_ADDR``, ``PET_MASTER_ADDR`` for this and every later
+  generation (a pod keeps the rank it was given until an order names another), and the
+  report says which rank the pod runs as.
 - Generation g > 0 writes checkpoints as attempt ``a.g`` (``RTJ_ATTEMPT``): a rank of an
   earlier generation still running on a lost node (a zombie) is older than ``a.g`` and may
   not publish (`rtj_shim.protocol.check_ownership`).
@@ -68,6 +74,9 @@ from rtj_shim.progress_record import FILE_PREFIX, FILE_SUFFIX
 
 PR_SET_CHILD_SUBREAPER = 36
 ENV_INDEX_FAILURES = "RTJ_INDEX_FAILURES"
+ENV_SPARE = "RTJ_SPARE"
+RANK_ENV = ("RANK", "NODE_RANK", "PET_NODE_RANK")
+MASTER_ENV = ("MASTER_ADDR", "PET_MASTER_ADDR")
 POLL_SECONDS = 0.1
 
 
@@ -142,7 +151,9 @@ class Supervisor:
         self._terminated = False
         self._exited_at: float | None = None
         failures = self.env.get(ENV_INDEX_FAILURES, "")
-        self.held = failures.isdigit() and int(failures) > 0
+        self.spare = self.env.get(ENV_SPARE) == "1"
+        self.held = self.spare or (failures.isdigit() and int(failures) > 0)
+        self.assigned: dict[str, str] = {}  # the rank and rendezvous host orders gave it
 
     # --- the loop ------------------------------------------------------------------------
     def run(self) -> int:
@@ -154,7 +165,11 @@ class Supervisor:
             self._exited_at = time.monotonic()  # the order deadline counts from now
             self._set(self.current)
             count = self.env.get(ENV_INDEX_FAILURES)
-            self._say(f"a replacement pod ({ENV_INDEX_FAILURES}={count}): held until ordered")
+            self._say(
+                f"a warm spare ({ENV_SPARE}=1): held until a run order gives it a rank"
+                if self.spare
+                else f"a replacement pod ({ENV_INDEX_FAILURES}={count}): held until ordered"
+            )
         else:
             self._start(self.env, self.current.attempt)
         while True:
@@ -172,7 +187,7 @@ class Supervisor:
                 self._start(self._env_for(order), order.attempt)
             elif self.current.state == "exited" and self._given_up():
                 return self.current.exit_code or 1
-            elif self.held and self.child is None and self._given_up():
+            elif self.held and not self.spare and self.child is None and self._given_up():
                 return 1
             time.sleep(POLL_SECONDS)
 
@@ -216,7 +231,12 @@ class Supervisor:
             resume.unlink(missing_ok=True)
         if order.attempt is None:  # parse_order refuses a run order without one
             raise OrderError("order.attempt: a run order names its attempt")
-        return {**self.env, "RTJ_ATTEMPT": writer_attempt(order.attempt, order.generation),
+        if order.rank is not None:
+            self.assigned.update(dict.fromkeys(RANK_ENV, str(order.rank)))
+        if order.master_addr is not None:
+            self.assigned.update(dict.fromkeys(MASTER_ENV, order.master_addr))
+        return {**self.env, **self.assigned,
+                "RTJ_ATTEMPT": writer_attempt(order.attempt, order.generation),
                 "RTJ_RESTART_GENERATION": str(order.generation),
                 "RTJ_RESUME_FILE": str(resume)}  # fmt: skip
 
@@ -306,7 +326,8 @@ class Supervisor:
         write_json(self.dir / STATE_FILE, {
             "generation": state.generation, "state": state.state, "attempt": state.attempt,
             "exit_code": state.exit_code, "fast_steps": list(state.fast_steps),
-            "rejected": state.rejected,
+            "rejected": state.rejected, "spare": self.spare,
+            "rank": int(self.assigned["RANK"]) if "RANK" in self.assigned else None,
             "pid": self.child.pid if self.child is not None and state.state == "running" else None,
             "updated_wall_time": round(time.time(), 6),
         })  # fmt: skip

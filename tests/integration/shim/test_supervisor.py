@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from supervised_pod import UID, Pod, alive, until
 
 from rtj_shim.control import Order, job_key
@@ -129,3 +131,52 @@ def _read(path: Path) -> str | None:
         return path.read_text()
     except FileNotFoundError:
         return None
+
+
+RANKED = """
+import json, os, sys, time
+keys = ("RANK", "NODE_RANK", "PET_NODE_RANK", "MASTER_ADDR", "PET_MASTER_ADDR",
+        "RTJ_RESTART_GENERATION")
+out = {k: os.environ.get(k) for k in keys}
+path = sys.argv[1] + "/gen-" + (out["RTJ_RESTART_GENERATION"] or "0") + ".json"
+open(path + ".tmp", "w").write(json.dumps(out)); os.replace(path + ".tmp", path)
+time.sleep(300)
+"""
+
+
+def test_a_warm_spare_waits_past_the_deadline_and_takes_the_rank_it_is_given(pod: Pod) -> None:
+    """A spare (``RTJ_SPARE=1``) starts nothing and, unlike a replacement, never gives up
+    waiting; its run order's rank and rendezvous host replace the pod's own, and stay for
+    the next generation."""
+    host = "llm-a1-worker-0-0.llm-a1"
+    own = {"RANK": "2", "NODE_RANK": "2", "PET_NODE_RANK": "2", "MASTER_ADDR": host,
+           "PET_MASTER_ADDR": host}  # fmt: skip
+    sup = pod.supervise(sys.executable, "-c", RANKED, str(pod.out), deadline=1,
+                        env={"RTJ_SPARE": "1", **own})  # fmt: skip
+    held = until("held", lambda: pod.supervisor())
+    assert (held["generation"], held["state"], held["spare"], held["rank"]) == (
+        0,
+        "stopped",
+        True,
+        None,
+    )
+    with pytest.raises(subprocess.TimeoutExpired):
+        sup.wait(3)  # three times the order deadline: a spare is still waiting
+    assert not (pod.out / "gen-0.json").exists(), "a spare starts nothing on its own"
+
+    assert pod.post(Order(UID, 4, "stop"))[0] == 202
+    until("stopped for 4", lambda: (pod.supervisor() or {}).get("generation") == 4)
+    run = Order(UID, 4, "run", attempt=2, step=40, rank=1, master_addr="llm-a1-spare-0-0.llm-a1")
+    assert pod.post(run)[0] == 202
+    first = json.loads(until("generation 4", lambda: _read(pod.out / "gen-4.json")))
+    assert [first[k] for k in ("RANK", "NODE_RANK", "PET_NODE_RANK")] == ["1"] * 3
+    assert first["MASTER_ADDR"] == first["PET_MASTER_ADDR"] == "llm-a1-spare-0-0.llm-a1"
+    assert (pod.supervisor() or {})["rank"] == 1
+
+    # the next generation's order names neither: the pod keeps the rank it was given
+    assert pod.post(Order(UID, 5, "stop"))[0] == 202
+    until("stopped for 5", lambda: (s := pod.supervisor() or {}).get("generation") == 5
+          and s.get("state") == "stopped")  # fmt: skip
+    assert pod.post(Order(UID, 5, "run", attempt=2, step=80))[0] == 202
+    second = json.loads(until("generation 5", lambda: _read(pod.out / "gen-5.json")))
+    assert (second["RANK"], second["MASTER_ADDR"]) == ("1", "llm-a1-spare-0-0.llm-a1")

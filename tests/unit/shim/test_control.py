@@ -119,3 +119,35 @@ def test_a_fast_source_that_is_not_an_address_is_refused(source: object) -> None
     raw = body(generation=2, action="run", attempt=1, step=4, fast_step=8, fast_source=source)
     with pytest.raises(OrderError, match=r"order\.fast_source"):
         parse_order(raw)
+
+
+def test_a_run_order_may_name_the_rank_and_the_rendezvous_host() -> None:
+    """A warm spare takes a replaced pod's rank; when rank 0 moved, every pod gets the new
+    rendezvous host. Both travel signed, only in a run order."""
+    order = Order(
+        UID, 2, "run", attempt=3, step=1200, rank=1, master_addr="llm-a1-spare-0-0.llm-a1"
+    )
+    assert parse_order(order.encode()) == order
+    assert (order.to_json()["rank"], order.to_json()["master_addr"]) == (1, order.master_addr)
+    plain = Order(UID, 2, "run", attempt=3, step=1200)
+    assert "rank" not in plain.to_json() and "master_addr" not in plain.to_json()
+    assert (
+        parse_order(body(generation=2, action="run", attempt=1, master_addr="10.0.3.7")).master_addr
+        == "10.0.3.7"
+    )
+    stop = parse_order(body(generation=2, action="stop", rank=1, master_addr="x"))
+    assert (stop.rank, stop.master_addr) == (None, None)
+    wrong: list[tuple[dict[str, object], str]] = [
+        ({"rank": -1}, "order.rank"),
+        ({"rank": "1"}, "order.rank"),
+        ({"rank": True}, "order.rank"),
+        ({"master_addr": "Upper.Case"}, "order.master_addr"),
+        ({"master_addr": "a_b.svc"}, "order.master_addr"),
+        ({"master_addr": "-x.svc"}, "order.master_addr"),
+        ({"master_addr": ""}, "order.master_addr"),
+        ({"master_addr": "x" * 64 + ".svc"}, "order.master_addr"),
+        ({"master_addr": 7}, "order.master_addr"),
+    ]
+    for fields, field in wrong:
+        with pytest.raises(OrderError, match=re.escape(field)):
+            parse_order(body(generation=2, action="run", attempt=1, **fields))
