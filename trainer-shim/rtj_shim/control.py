@@ -20,6 +20,8 @@ An order::
      "rank": 1, "master_addr": "llm-a1-worker-0-0.llm-a1"}
 
 ``stop`` ends generation ``generation - 1`` (every process of the trainer's command gone);
+``finish``, to an idle pod (a warm spare, or a pod whose rank a spare took) once the world's
+trainers finished, ends its supervisor with 0, so its Job completes as the workers' do;
 ``run`` starts generation ``generation`` (only after the pod reported ``stopped`` for it)
 from ``step`` (None: from scratch), writing checkpoints as ``attempt``. ``fast_step``, when
 present, is the newer step every pod holds in its fast tier (``rtj_shim.fast_tier``): the
@@ -60,7 +62,7 @@ ORDER_FILE = "order.json"
 STATE_FILE = "supervisor.json"
 SIGNATURE_HEADER = "X-RTJ-Signature"
 MAX_ORDER_BYTES = 4096
-ACTIONS = ("stop", "run")
+ACTIONS = ("stop", "run", "finish")
 SUPERVISOR_STATES = ("running", "exited", "stopping", "stopped", "finished")
 
 

@@ -30,13 +30,16 @@ issue 15). Orders and reports travel through the pod's control directory (`rtj_s
   downward API) starts *held*: generation 0, ``stopped``, the command not started. The
   operator replaced a broken pod while the others restart in place, and only its ``run``
   order, after the barrier, starts it with the rest. Held past ``order_deadline`` with no
-  order, it exits 1 (the index fails; the operator re-creates the world).
+  order at all, it exits 1 (the index fails; the operator re-creates the world); once an
+  order reached it, the operator knows it is there, and it waits (a pod whose rank a spare
+  took is an idle spare itself, held by the current generation's stop order).
 - A *warm spare* (``RTJ_SPARE=1``) starts held too, and waits for as long as it takes: its
   first ``run`` order names the rank it takes (``rank``) and, when rank 0 moved, the new
   rendezvous host (``master_addr``). They replace the pod's own ``RANK``, ``NODE_RANK``,
   ``PET_NODE_RANK`` and ``MASTER_ADDR``, ``PET_MASTER_ADDR`` for this and every later
   generation (a pod keeps the rank it was given until an order names another), and the
-  report says which rank the pod runs as.
+  report says which rank the pod runs as. ``finish`` ends an idle pod with 0 once the
+  world's trainers finished (its Job completes, and with it the JobSet).
 - Generation g > 0 writes checkpoints as attempt ``a.g`` (``RTJ_ATTEMPT``): a rank of an
   earlier generation still running on a lost node (a zombie) is older than ``a.g`` and may
   not publish (`rtj_shim.protocol.check_ownership`).
@@ -93,13 +96,16 @@ class Supervised:
 
 
 def next_action(current: Supervised, order: Order | None) -> str:
-    """``wait``, ``stop`` or ``start`` for the last order read. The barrier between stop and
-    run is the operator's (it orders ``run`` only once every pod reported ``stopped``); a
-    ``run`` that finds this pod not yet stopped for it stops it first."""
+    """``wait``, ``stop``, ``start`` or ``finish`` for the last order read. The barrier
+    between stop and run is the operator's (it orders ``run`` only once every pod reported
+    ``stopped``); a ``run`` that finds this pod not yet stopped for it stops it first. Only a
+    pod whose command is not running (held, idle) finishes on order."""
     if order is None or order.generation < current.generation:
         return "wait"
     if current.state == "finished":
         return "wait"
+    if order.action == "finish":
+        return "finish" if current.state == "stopped" else "wait"
     stopped_for_it = current.state == "stopped" and current.generation == order.generation
     if order.action == "stop":
         return "wait" if stopped_for_it or order.generation == current.generation else "stop"
@@ -154,6 +160,7 @@ class Supervisor:
         self.spare = self.env.get(ENV_SPARE) == "1"
         self.held = self.spare or (failures.isdigit() and int(failures) > 0)
         self.assigned: dict[str, str] = {}  # the rank and rendezvous host orders gave it
+        self.addressed = self.spare  # an order reached it: the operator knows it is held
 
     # --- the loop ------------------------------------------------------------------------
     def run(self) -> int:
@@ -180,14 +187,19 @@ class Supervisor:
             if self.current.state == "finished":
                 return 0
             order = self._order()
+            self.addressed = self.addressed or order is not None
             action = next_action(self.current, order)
+            if action == "finish":
+                self._set(replace(self.current, state="finished", exit_code=0))
+                self._say("finished on order: the world's trainers are done")
+                return 0
             if action == "stop" and order is not None:
                 self._stop(order.generation)
             elif action == "start" and order is not None:
                 self._start(self._env_for(order), order.attempt)
             elif self.current.state == "exited" and self._given_up():
                 return self.current.exit_code or 1
-            elif self.held and not self.spare and self.child is None and self._given_up():
+            elif self.held and not self.addressed and self.child is None and self._given_up():
                 return 1
             time.sleep(POLL_SECONDS)
 

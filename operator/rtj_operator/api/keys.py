@@ -24,6 +24,11 @@ JOBSET_API_VERSION: Final = "jobset.x-k8s.io/v1alpha2"
 JOBSET_KIND: Final = "JobSet"
 WORKER_REPLICATED_JOB: Final = "worker"
 """replicatedJobs[].name; pods are named <jobset>-worker-0-<index>-<suffix>."""
+SPARE_REPLICATED_JOB: Final = "spare"
+"""replicatedJobs[].name of the warm spares (spec.spares): <jobset>-spare-0-<index>-<suffix>."""
+REPLICATED_JOB_LABEL: Final = "jobset.sigs.k8s.io/replicatedjob-name"
+"""Set by the JobSet controller on its Jobs and their pods: the replicated Job's name
+(sigs.k8s.io/jobset api/jobset/v1alpha2/jobset_types.go, ReplicatedJobNameKey, v0.11.1)."""
 
 # --- labels and annotations other controllers own ---------------------------------------
 KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
@@ -33,6 +38,9 @@ JOB_INDEX_FAILURE_COUNT: Final = "batch.kubernetes.io/job-index-failure-count"
 pod's index failed before (kubernetes pkg/controller/job/indexed_job_utils.go, v1.35)."""
 ENV_INDEX_FAILURES: Final = "RTJ_INDEX_FAILURES"
 """rtj_shim.supervisor.ENV_INDEX_FAILURES: > 0 marks a replacement pod, held until ordered."""
+ENV_SPARE: Final = "RTJ_SPARE"
+"""rtj_shim.supervisor.ENV_SPARE: "1" marks a warm spare, held until a run order names its
+rank."""
 JOBSET_NAME_LABEL: Final = "jobset.sigs.k8s.io/jobset-name"
 JOBSET_UID_LABEL: Final = "jobset.sigs.k8s.io/jobset-uid"
 """Set by the JobSet controller on its Jobs and their pods (labelAndAnnotateObject in

@@ -69,6 +69,12 @@ SPEC_TRANSITION_RULES = (
         ".replicas",
     ),
     cel(
+        f"{SUSPENDED} || ({_unchanged_optional('spares')})",
+        "spares may change only while the job is suspended (set spec.suspend: true in the "
+        "same or an earlier update); the next attempt after the resume has them",
+        ".spares",
+    ),
+    cel(
         f"{SUSPENDED} || self.template == oldSelf.template",
         "template may change only while the job is suspended (set spec.suspend: true in the "
         "same or an earlier update): a restart must not silently run other code",
@@ -107,6 +113,10 @@ exponent and no fraction-of-a-unit suffix (m, u, n)."""
 DRAIN_MULTIPLE = (
     "fastTier.drainEverySteps must be a multiple of fastTier.everySteps: only fast steps "
     "can be drained"
+)
+SPARES_NEED_REPLACING = (
+    "spec.spares needs spec.recovery.inPlace: true and spec.recovery.inPlaceMaxReplacedPods "
+    ">= 1: a spare takes the rank of a pod replaced while the others restart in place"
 )
 FAST_TIER_NEEDS_IN_PLACE = (
     "spec.checkpoint.fastTier needs spec.recovery.inPlace: true: only a restart inside the "
@@ -428,6 +438,14 @@ SPEC_RULES = (
         FAST_TIER_NEEDS_IN_PLACE,
         ".checkpoint.fastTier",
     ),
+    cel(
+        "!has(self.spares) || self.spares == 0 || (has(self.recovery) && "
+        "has(self.recovery.inPlace) && self.recovery.inPlace && "
+        "(!has(self.recovery.inPlaceMaxReplacedPods) || "
+        "self.recovery.inPlaceMaxReplacedPods >= 1))",
+        SPARES_NEED_REPLACING,
+        ".spares",
+    ),
 )
 """Rules across spec fields (the matching pydantic validator is on the spec model)."""
 
@@ -444,6 +462,18 @@ class ResilientTrainingJobSpec(ApiModel):
         le=MAX_REPLICAS,
         description="Worker pods, one per node. May change only while the job is suspended "
         "(the next attempt has the new size).",
+    )
+    spares: int = Field(
+        default=0,
+        ge=0,
+        le=64,
+        description="Warm spares: pods admitted with the workers (Kueue counts them in the "
+        "quota), started and idle, their trainer held by `rtj-shim supervise`. When a pod is "
+        "replaced (a GPU fault, a lost node: spec.recovery.inPlaceMaxReplacedPods), a spare "
+        "on another node takes its rank at once, with no wait for the Job controller to "
+        "create the pod again (10 s of back-off, doubling per failure of the index), and the "
+        "pod created again becomes a spare. Needs spec.recovery.inPlace. May change only "
+        "while the job is suspended.",
     )
     queue_name: str = Field(
         min_length=1,
@@ -531,4 +561,8 @@ class ResilientTrainingJobSpec(ApiModel):
     def _fast_tier_in_place(self) -> ResilientTrainingJobSpec:
         if self.checkpoint.fast_tier is not None and not self.recovery.in_place:
             raise ValueError(FAST_TIER_NEEDS_IN_PLACE)
+        if self.spares and not (
+            self.recovery.in_place and self.recovery.in_place_max_replaced_pods >= 1
+        ):
+            raise ValueError(SPARES_NEED_REPLACING)
         return self

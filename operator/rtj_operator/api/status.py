@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field
 
 from rtj_operator.api.base import ApiModel
+from rtj_operator.api.keys import MAX_REPLICAS
 from rtj_operator.api.reasons import FailureCategory, FailureClass, Phase
 
 MAX_FAST_SOURCES = 64
@@ -84,6 +85,12 @@ class InPlaceRestart(StatusModel):
         description="Pods replaced (`<pod> on <node>`): deleted, and created again by their Job "
         "on another node (spec.recovery.inPlaceMaxReplacedPods); the others restarted in place.",
     )
+    spares: list[Annotated[str, Field(max_length=512)]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Warm spares that took a replaced pod's rank (spec.spares): `<spare> on "
+        "<node> took rank <r> of <pod>`. Without a ready spare, the Job created the pod again.",
+    )
     stopped_at: datetime | None = None
     started_at: datetime | None = None
     outcome: str | None = Field(
@@ -119,6 +126,12 @@ class InPlacePhase(StatusModel):
         max_length=64,
         description="Pods being replaced: deleted and not counted; their Job creates them again.",
     )
+    replaced_ranks: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="The ranks the pods being replaced served (their replacement or a warm "
+        "spare takes each).",
+    )
 
 
 class AttemptRecord(StatusModel):
@@ -138,6 +151,13 @@ class AttemptRecord(StatusModel):
     recovery_seconds: float | None = Field(default=None, ge=0)
     quarantined_nodes: list[str] = Field(default_factory=list)
     in_place_restarts: list[InPlaceRestart] = Field(default_factory=list, max_length=64)
+    spare_ranks: dict[str, Annotated[int, Field(ge=0)]] = Field(
+        default_factory=dict,
+        max_length=MAX_REPLICAS,
+        description="Which pod serves which rank where it is not the pod's own (spec.spares): "
+        "a warm spare that took a replaced pod's rank in an in-place restart. A worker pod "
+        "whose rank a spare took serves none (the pod its Job creates again is a spare).",
+    )
     end_reason: str | None = Field(
         default=None,
         max_length=64,
@@ -260,6 +280,15 @@ class ResilientTrainingJobStatus(StatusModel):
     def current(self) -> AttemptRecord | None:
         """The record of the attempt now running (or last run)."""
         return self.attempts[-1] if self.attempts else None
+
+    @property
+    def spare_ranks(self) -> dict[str, int]:
+        """The current attempt's pods that serve another rank than their own: warm spares
+        that took a replaced pod's rank (`AttemptRecord.spare_ranks`; `policy.spares`)."""
+        record = self.current
+        if record is None or record.attempt != self.attempt:
+            return {}
+        return dict(record.spare_ranks)
 
     @property
     def attempt_generation(self) -> int:

@@ -172,11 +172,18 @@ def _node(pod: Mapping[str, Any]) -> str | None:
     return node if isinstance(node, str) else None
 
 
-def order(rtj: ResilientTrainingJob, index: int | None = None) -> Order | None:
-    """The order the job's pod with completion index `index` is to carry out now (None: no
-    in-place restart). Every pod gets the same one, except that a run order with a fast step
-    names, for a pod that does not hold the step itself, the peer replica it copies it from
-    (`status.inPlace.fastSources`)."""
+def order(
+    rtj: ResilientTrainingJob,
+    index: int | None = None,
+    *,
+    rank: bool = False,
+    master_addr: str | None = None,
+) -> Order | None:
+    """The order the job's pod serving rank `index` is to carry out now (None: no in-place
+    restart). Every pod gets the same one, except that a run order with a fast step names,
+    for a pod that does not hold the step itself, the peer replica it copies it from
+    (`status.inPlace.fastSources`); with `rank`, the rank it takes (a warm spare serving a
+    replaced pod's); with `master_addr`, the rendezvous host (rank 0 moved to a spare)."""
     state = rtj.status.in_place
     if state is None:
         return None
@@ -184,7 +191,8 @@ def order(rtj: ResilientTrainingJob, index: int | None = None) -> Order | None:
         return Order(rtj.metadata.uid, state.generation, "stop")
     source = state.fast_sources.get(str(index)) if index is not None else None
     return Order(rtj.metadata.uid, state.generation, "run", rtj.status.attempt, state.step,
-                 state.fast_step, source if state.fast_step is not None else None)  # fmt: skip
+                 state.fast_step, source if state.fast_step is not None else None,
+                 index if rank else None, master_addr)  # fmt: skip
 
 
 def reported(reports: Mapping[str, Mapping[str, Any]], pods: Sequence[str],

@@ -5,7 +5,10 @@ or none of it. JobSet's own restarts are off (`failurePolicy.maxRestarts: 0`, Jo
 `backoffLimit: 0`, pod `restartPolicy: Never`): the first failed pod fails the attempt, and
 the operator decides what happens next. One replicated Job of `replicas` Indexed pods gives
 every worker a stable rank (its completion index) and a stable DNS name through JobSet's
-headless Service: `<jobset>-worker-0-<index>.<jobset>`.
+headless Service: `<jobset>-worker-0-<index>.<jobset>`. With spec.spares, a second replicated
+Job of `spares` pods (`<jobset>-spare-0-<index>`) holds the warm spares: the workers' pod, its
+trainer held by its supervisor until an in-place restart gives it a replaced pod's rank
+(`policy.spares`).
 
 Nothing here mutates the job; the user's pod template is deep-copied, then completed.
 """
@@ -110,6 +113,21 @@ def render_jobset(
     with `control_key` and spec.recovery.inPlace, its trainers run under the supervisor."""
     name = jobset_name(rtj.metadata.name, attempt)
     labels = attempt_labels(rtj, attempt)
+    replicated = [
+        {
+            "name": keys.WORKER_REPLICATED_JOB,
+            "replicas": 1,
+            "template": _job_template(rtj, attempt, resume, name, control_key),
+        }
+    ]
+    if rtj.spec.spares and rtj.spec.recovery.in_place and control_key:
+        replicated.append(
+            {
+                "name": keys.SPARE_REPLICATED_JOB,
+                "replicas": 1,
+                "template": _spare_job_template(rtj, attempt, resume, name, control_key),
+            }
+        )
     return {
         "apiVersion": keys.JOBSET_API_VERSION,
         "kind": keys.JOBSET_KIND,
@@ -125,13 +143,7 @@ def render_jobset(
             "failurePolicy": {"maxRestarts": 0},
             "successPolicy": {"operator": "All"},
             "network": {"enableDNSHostnames": True, "subdomain": name},
-            "replicatedJobs": [
-                {
-                    "name": keys.WORKER_REPLICATED_JOB,
-                    "replicas": 1,
-                    "template": _job_template(rtj, attempt, resume, name, control_key),
-                }
-            ],
+            "replicatedJobs": replicated,
         },
     }
 
@@ -160,6 +172,36 @@ def _job_template(
         spec["backoffLimitPerIndex"] = max(1, rtj.spec.failure_policy.max_restarts)
         spec["maxFailedIndexes"] = 0
     return {"metadata": {"labels": attempt_labels(rtj, attempt)}, "spec": spec}
+
+
+SPARE_BACKOFF_LIMIT = 2**31 - 1
+"""A spare that fails is created again by its Job (with the Job controller's back-off, up to
+6 min): a spare never fails the JobSet."""
+
+
+def _spare_job_template(
+    rtj: ResilientTrainingJob, attempt: int, resume: int | None, js: str, key: str
+) -> Obj:
+    """The warm spares' Job: the workers' pod, its trainer held (``RTJ_SPARE=1``) until a
+    run order names the rank it takes, and no resolver (its trainer never runs the first
+    generation; the run order pins the step it restores, verified as it loads)."""
+    template = pod_template(rtj, attempt, resume, js, key)
+    spec = template["spec"]
+    spec["initContainers"] = [
+        c for c in spec["initContainers"] if c.get("name") != keys.RESUME_INIT_CONTAINER
+    ]
+    trainer = next(c for c in spec["containers"] if c.get("name") == trainer_name(rtj))
+    trainer["env"] = [*trainer.get("env", []), _env_var(keys.ENV_SPARE, 1)]
+    return {
+        "metadata": {"labels": attempt_labels(rtj, attempt)},
+        "spec": {
+            "parallelism": rtj.spec.spares,
+            "completions": rtj.spec.spares,
+            "completionMode": "Indexed",
+            "backoffLimit": SPARE_BACKOFF_LIMIT,
+            "template": template,
+        },
+    }
 
 
 def pod_template(

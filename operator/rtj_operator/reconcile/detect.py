@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from rtj_operator.api.reasons import FailureCategory, FailureClass
+from rtj_operator.policy import spares
 from rtj_operator.policy.classify import Classification, classify_failure
 from rtj_operator.policy.render import jobset_name
 from rtj_operator.reconcile import in_place
@@ -78,6 +79,12 @@ def plan_current_attempt(b: PlanBuilder) -> None:
         # quarantined and their Job created them again; the others restarted in place
         live = [p for p in live if pod_name(p) not in replaced]
         gone = [p for p in gone if pod_name(p) not in replaced]
+    # the world: the pods that serve a rank, each read under it; idle warm spares (and the
+    # pods whose rank a spare took) are no evidence of the world's failure
+    assigned = status.spare_ranks
+    idle = spares.idle(live, assigned)
+    live = [spares.as_serving(p, assigned) for p in spares.serving(live, assigned)]
+    gone = [spares.as_serving(p, assigned) for p in spares.serving(gone, assigned)]
     read_init_results(b, live)
     refresh_checkpoint(b)
 
@@ -122,7 +129,7 @@ def plan_current_attempt(b: PlanBuilder) -> None:
                 return
     if _settling(b, found):
         return
-    if b.status.in_place is None and in_place.begin(b, found, live):
+    if b.status.in_place is None and in_place.begin(b, found, live, idle):
         return
     on_failure(b, found, current)
 

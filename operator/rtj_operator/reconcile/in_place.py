@@ -36,7 +36,7 @@ from rtj_operator.api.status import (
     InPlaceRestart,
     ResilientTrainingJobStatus,
 )
-from rtj_operator.policy import fast_tier, in_place, peer_replica
+from rtj_operator.policy import fast_tier, in_place, peer_replica, spares
 from rtj_operator.policy.classify import (
     Classification,
     Decision,
@@ -52,7 +52,7 @@ from rtj_operator.reconcile.builder import PlanBuilder, trim_evidence
 from rtj_operator.reconcile.converge import delete_pods
 from rtj_operator.reconcile.failure import MAX_BAD_STEPS
 from rtj_operator.reconcile.ranks import completion_index, progress_port
-from rtj_operator.reconcile.world import Json, Snapshot, get_in, pod_name
+from rtj_operator.reconcile.world import Json, PollTarget, Snapshot, get_in, pod_name
 from rtj_shim.control import Order
 
 MAX_IN_PLACE_RECORDS = 64
@@ -205,8 +205,11 @@ def _terminated(b: PlanBuilder, pod: Json, report: Mapping[str, Any]) -> Json:
     return {**pod, "status": {**(pod.get("status") or {}), "containerStatuses": statuses}}
 
 
-def begin(b: PlanBuilder, found: Classification, live: Sequence[Json]) -> bool:
-    """Restart in place when the job and the failure allow it; True if it began."""
+def begin(
+    b: PlanBuilder, found: Classification, live: Sequence[Json], idle: Sequence[Json] = ()
+) -> bool:
+    """Restart in place when the job and the failure allow it; True if it began. `idle`:
+    the attempt's idle pods, of which a ready warm spare takes each replaced pod's rank."""
     quarantined = [q.node for q in b.status.quarantined_nodes]
     choice = in_place.choose(b.rtj, found, live, _supervisors(b), quarantined)
     why = choice.refused
@@ -223,6 +226,11 @@ def begin(b: PlanBuilder, found: Classification, live: Sequence[Json]) -> bool:
         return False  # the budget is spent: on_failure fails the job
     generation = b.status.trainer_generation + 1
     first = found.first_failed
+    victims = [p for p in live if pod_name(p) in choice.replace]
+    ranks = {pod_name(p): r for p in victims if (r := completion_index(p)) is not None}
+    avoid = {*quarantined, *found.nodes_to_quarantine, *(n for p in victims if (n := _node(p)))}
+    picked = spares.pick(idle, _supervisors(b), ranks, avoid) if victims else None
+    took = _took(victims, ranks, idle, picked or {})
     entry = InPlaceRestart(
         generation=generation,
         failure_class=found.failure_class,
@@ -230,23 +238,31 @@ def begin(b: PlanBuilder, found: Classification, live: Sequence[Json]) -> bool:
         first_failed=FirstFailed(**first.to_json()) if first is not None else None,
         evidence=trim_evidence(found.evidence),
         detected_at=b.now,
-        replaced=[
-            f"{pod_name(p)} on {get_in(p, 'spec', 'nodeName')}"
-            for p in live
-            if pod_name(p) in choice.replace
-        ],
+        replaced=[f"{pod_name(p)} on {_node(p)}" for p in victims],
+        spares=took,
     )
     _record(b, entry)
+    if picked:
+        assigned = b.status.spare_ranks
+        by_name = {pod_name(p): p for p in idle}
+        for spare, rank in picked.items():
+            assigned = spares.assign(assigned, by_name[spare], rank)
+        record = b.status.current
+        if record is not None:
+            b.replace_current(record.model_copy(update={"spare_ranks": assigned}))
     b.update(
         restarts=action.restarts,
         bad_steps=sorted(action.bad_steps)[-MAX_BAD_STEPS:],
         trainer_generation=generation,
         in_place=InPlacePhase(
-            generation=generation, phase="Stopping", since=b.now, replacing=list(choice.replace)
+            generation=generation, phase="Stopping", since=b.now, replacing=list(choice.replace),
+            replaced_ranks=sorted(ranks.values()),
         ),
-    )
+    )  # fmt: skip
     what = found.evidence[0][:200] if found.evidence else ""
     replacing = f"replacing {', '.join(entry.replaced)}; " if entry.replaced else ""
+    if took:
+        replacing += f"{'; '.join(took)}; "
     b.event(
         True,
         Reason.RESTARTING_IN_PLACE,
@@ -254,7 +270,7 @@ def begin(b: PlanBuilder, found: Classification, live: Sequence[Json]) -> bool:
         f"trainers of {len(live) - len(choice.replace)} pods for generation {generation} "
         f"({what})",
     )
-    _replace(b, [p for p in live if pod_name(p) in choice.replace])
+    _replace(b, victims)
     b.metrics.append(MetricRecord("failure", found.failure_class))
     b.metrics.append(MetricRecord("restart", found.failure_class))
     if found.failed_at is not None:
@@ -262,6 +278,24 @@ def begin(b: PlanBuilder, found: Classification, live: Sequence[Json]) -> bool:
         b.metrics.append(MetricRecord("detection", found.failure_class, seconds))
     b.requeue_in(1.0)
     return True
+
+
+def _took(
+    victims: Sequence[Json], ranks: Mapping[str, int], idle: Sequence[Json],
+    picked: Mapping[str, int],
+) -> list[str]:  # fmt: skip
+    """The record's lines: which spare took which replaced pod's rank."""
+    by_rank = {r: pod_name(p) for p in victims if (r := ranks.get(pod_name(p))) is not None}
+    nodes = {pod_name(p): _node(p) for p in idle}
+    return [
+        f"{spare} on {nodes.get(spare)} took rank {rank} of {by_rank.get(rank)}"
+        for spare, rank in sorted(picked.items(), key=lambda kv: kv[1])
+    ]
+
+
+def _node(pod: Json) -> str | None:
+    node = get_in(pod, "spec", "nodeName")
+    return node if isinstance(node, str) else None
 
 
 def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
@@ -364,7 +398,9 @@ def _peers(b: PlanBuilder, live: Sequence[Json], state: InPlacePhase) -> PeerVie
         if isinstance(ip, str) and ip and port is not None:
             addresses[name] = peer_replica.address(ip, port)
     old = {pod_name(p): completion_index(p) for p in (*b.snap.pods, *b.snap.gone_pods)}
-    replaced = {i for n in state.replacing if (i := old.get(n, _index_in_name(n))) is not None}
+    replaced = set(state.replaced_ranks) or {
+        i for n in state.replacing if (i := old.get(n, _index_in_name(n))) is not None
+    }  # a status written before the ranks were recorded: the pods' own indexes
     return PeerView(
         indexes=indexes,
         replicas=readings.replicas if readings is not None and current else {},
@@ -429,7 +465,31 @@ def _fall_back(b: PlanBuilder, why: str) -> None:
     b.notes.append(message)
 
 
-def restart_order(snap: Snapshot, index: int | None = None) -> Order | None:
-    """What the progress poller sends the job's pod with completion index `index` this
-    round (None: nothing; `reconcile.pod_messages`)."""
-    return in_place.order(snap.rtj, index)
+def restart_order(snap: Snapshot, target: PollTarget | None = None) -> Order | None:
+    """What the progress poller sends the job's pod `target` this round (None: nothing;
+    `reconcile.pod_messages`). A pod of the world gets the restart's order, a spare serving
+    a replaced pod's rank with that rank, every pod the new rendezvous host once rank 0
+    moved to a spare; an idle pod is held (the current generation's stop), and told to
+    finish once every pod of the world has."""
+    rtj = snap.rtj
+    if target is None:
+        return in_place.order(rtj)
+    assigned = rtj.status.spare_ranks
+    if target.idle:
+        return _idle_order(snap, assigned)
+    moved = spares.moved_master(snap.pods, assigned) if assigned else None
+    return in_place.order(rtj, target.index, rank=target.pod in assigned, master_addr=moved)
+
+
+def _idle_order(snap: Snapshot, assigned: Mapping[str, int]) -> Order | None:
+    rtj = snap.rtj
+    status = rtj.status
+    world = [
+        p for p in spares.serving(snap.pods, assigned)
+        if get_in(p, "metadata", "labels", keys.ATTEMPT_LABEL) == str(status.attempt)
+    ]  # fmt: skip
+    done = bool(world) and all(get_in(p, "status", "phase") == "Succeeded" for p in world)
+    if done and status.in_place is None:
+        return Order(rtj.metadata.uid, status.attempt_generation, "finish")
+    generation = status.in_place.generation if status.in_place else status.attempt_generation
+    return Order(rtj.metadata.uid, generation, "stop")

@@ -50,7 +50,7 @@ def pod_messages(snap: Snapshot, targets: Sequence[PollTarget]) -> PodMessages:
         return PodMessages()
     out: dict[str, list[PollMessage]] = {}
     for target in targets:
-        order = restart_order(snap, target.index)
+        order = restart_order(snap, target)
         if order is not None:
             body = order.encode()
             out.setdefault(target.pod, []).append(PollMessage(CONTROL_PATH, body, sign(key, body)))

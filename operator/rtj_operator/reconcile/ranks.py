@@ -18,7 +18,7 @@ from rtj_operator.api import keys
 from rtj_operator.api.reasons import ConditionType, FailureClass, Phase, Reason
 from rtj_operator.api.status import JobProgress, Straggler
 from rtj_operator.metrics import ProgressFacts
-from rtj_operator.policy import fast_drain, fast_tier, peer_replica
+from rtj_operator.policy import fast_drain, fast_tier, peer_replica, spares
 from rtj_operator.policy import progress as rank_progress
 from rtj_operator.policy.classify import Classification, Decision, FirstFailedRank
 from rtj_operator.policy.render import trainer_name
@@ -65,6 +65,7 @@ def poll_targets(snap: Snapshot) -> tuple[PollTarget, ...]:
     ):
         return ()
     owned = owned_jobset_uids(snap)
+    assigned = status.spare_ranks
     out = []
     for pod in snap.pods:
         if attempt_of(pod) != status.attempt or not trusted_pod(pod, owned):
@@ -76,8 +77,10 @@ def poll_targets(snap: Snapshot) -> tuple[PollTarget, ...]:
         wanted = running and (teardown or not deleting)
         if wanted and isinstance(ip, str) and ip and port is not None:
             node = get_in(pod, "spec", "nodeName")
-            out.append(PollTarget(pod_name(pod), ip, port, status.attempt, completion_index(pod),
-                                  node if isinstance(node, str) else None))  # fmt: skip
+            out.append(PollTarget(pod_name(pod), ip, port, status.attempt,
+                                  spares.rank_of(pod, assigned),
+                                  node if isinstance(node, str) else None,
+                                  spares.is_idle(pod, assigned)))  # fmt: skip
     return tuple(sorted(out, key=lambda t: t.pod))
 
 

@@ -156,8 +156,11 @@ class PollTarget:
     port: int
     attempt: int
     index: int | None = None
-    """Its completion index (None: not annotated)."""
+    """The rank it serves: its completion index, or the rank a restart gave a spare (None:
+    not annotated, or idle)."""
     node: str | None = None
+    idle: bool = False
+    """A warm spare, or a pod whose rank a spare took: held, serving no rank (`policy.spares`)."""
 
 
 CONTROL_PATH = "/control"

@@ -180,3 +180,21 @@ def test_a_warm_spare_waits_past_the_deadline_and_takes_the_rank_it_is_given(pod
     assert pod.post(Order(UID, 5, "run", attempt=2, step=80))[0] == 202
     second = json.loads(until("generation 5", lambda: _read(pod.out / "gen-5.json")))
     assert (second["RANK"], second["MASTER_ADDR"]) == ("1", "llm-a1-spare-0-0.llm-a1")
+
+
+def test_a_held_pod_the_operator_addressed_waits_and_finishes_on_order(pod: Pod) -> None:
+    """A replacement whose rank a spare took is an idle spare itself: the current
+    generation's stop order holds it past the order deadline; ``finish`` ends it with 0
+    (its Job completes with the world's)."""
+    sup = pod.supervise(
+        sys.executable, "-c", TRAINER, str(pod.out), deadline=1,
+        env={"RTJ_INDEX_FAILURES": "1"},
+    )  # fmt: skip
+    assert pod.post(Order(UID, 2, "stop"))[0] == 202
+    until("stopped for 2", lambda: (pod.supervisor() or {}).get("generation") == 2)
+    with pytest.raises(subprocess.TimeoutExpired):
+        sup.wait(3)  # three times the order deadline
+    assert pod.post(Order(UID, 2, "finish"))[0] == 202
+    assert sup.wait(20) == 0
+    assert (pod.supervisor() or {})["state"] == "finished"
+    assert not (pod.out / "gen-0.json").exists() and not (pod.out / "gen-2.json").exists()

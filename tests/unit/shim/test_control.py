@@ -151,3 +151,12 @@ def test_a_run_order_may_name_the_rank_and_the_rendezvous_host() -> None:
     for fields, field in wrong:
         with pytest.raises(OrderError, match=re.escape(field)):
             parse_order(body(generation=2, action="run", attempt=1, **fields))
+
+
+def test_only_an_idle_pod_finishes_on_order() -> None:
+    finish = Order(UID, 3, "finish")
+    assert parse_order(finish.encode()) == finish
+    assert next_action(Supervised(3, "stopped", 1), finish) == "finish"
+    assert next_action(Supervised(0, "stopped", 1), finish) == "finish"  # a spare, held
+    assert next_action(Supervised(3, "running", 1), finish) == "wait", "a world pod runs on"
+    assert next_action(Supervised(4, "stopped", 1), finish) == "wait", "an older order"

@@ -1,0 +1,230 @@
+"""Warm spares (spec.spares, issue 15), decided without a cluster: how they are rendered and
+admitted, which pod serves which rank, and a GPU fault whose pod a ready spare replaces at
+once (no wait for the Job controller to create it again), the pod created again becoming a
+spare, and every idle pod told to finish once the world has."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+from rtj_test_support import make_job
+from rtj_world import node, nodes_for, rtj_raw, snapshot, with_status
+from test_in_place import IN_PLACE, KEY, RUNNING, plan
+from test_in_place_replace import XID, replaceable_pods, supervisors
+
+from rtj_operator import reconcile as rc
+from rtj_operator.api import keys
+from rtj_operator.policy import spares
+from rtj_operator.policy.render import render_jobset
+from rtj_operator.reconcile.world import PollTarget
+
+SPARES = {**IN_PLACE, "spares": 1, "recovery": {"inPlace": True, "inPlaceMaxReplacedPods": 1}}
+
+
+def spare_pod(index: int = 0, node_name: str = "gpu-node-005") -> dict[str, Any]:
+    """A pod of the spares' replicated Job as the JobSet and Job controllers create it."""
+    pod = copy.deepcopy(replaceable_pods(1)[0])
+    meta = pod["metadata"]
+    meta["name"] = f"llm-a1-spare-0-{index}-zzzzz"
+    meta["labels"][keys.REPLICATED_JOB_LABEL] = keys.SPARE_REPLICATED_JOB
+    meta["labels"][keys.JOB_COMPLETION_INDEX] = str(index)
+    meta["annotations"][keys.JOB_COMPLETION_INDEX] = str(index)
+    del meta["annotations"][keys.JOB_INDEX_FAILURE_COUNT]  # a plain backoffLimit Job
+    meta["ownerReferences"][0].update(name="llm-a1-spare-0", uid="job-uid-llm-a1-spare-0")
+    pod["spec"].update(nodeName=node_name, hostname=f"llm-a1-spare-0-{index}",
+                       subdomain="llm-a1")  # fmt: skip
+    pod["status"]["podIP"] = "10.0.0.9"
+    return pod
+
+
+def test_spares_are_rendered_as_a_second_replicated_job_held_by_their_supervisor() -> None:
+    job = make_job(**SPARES)
+    replicated = render_jobset(job, 1, 40, KEY)["spec"]["replicatedJobs"]
+    assert [r["name"] for r in replicated] == ["worker", "spare"]
+    spare = replicated[1]["template"]["spec"]
+    assert (spare["parallelism"], spare["completions"], spare["completionMode"]) == (
+        1, 1, "Indexed",
+    )  # fmt: skip
+    assert spare["backoffLimit"] == 2**31 - 1, "a failed spare is created again, never fails"
+    pod = spare["template"]["spec"]
+    trainer = pod["containers"][0]
+    assert {"name": keys.ENV_SPARE, "value": "1"} in trainer["env"]
+    assert trainer["command"][:2] == ["rtj-shim", "supervise"]
+    init = [c["name"] for c in pod["initContainers"]]
+    assert keys.RESUME_INIT_CONTAINER not in init and keys.PROGRESS_SIDECAR in init
+    # on distinct nodes from every pod of the JobSet, workers and spares alike
+    rule = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert rule[0]["labelSelector"]["matchLabels"] == {keys.JOBSET_NAME_LABEL: "llm-a1"}
+    worker = replicated[0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    assert all(e["name"] != keys.ENV_SPARE for e in worker["env"])
+    # no control key (the operator cannot order them): no spares
+    assert len(render_jobset(job, 1, 40, None)["spec"]["replicatedJobs"]) == 1
+
+
+def test_spares_need_in_place_restarts_that_replace_pods() -> None:
+    for recovery in ({"inPlace": False}, {"inPlace": True, "inPlaceMaxReplacedPods": 0}):
+        with pytest.raises(ValidationError, match=r"spec\.spares needs spec\.recovery\.inPlace"):
+            make_job(**{**SPARES, "recovery": recovery})
+    assert make_job(**SPARES).spec.spares == 1
+    with pytest.raises(ValidationError, match="spares"):
+        make_job(**{**SPARES, "spares": -1})
+
+
+def test_which_pod_serves_which_rank() -> None:
+    w0, w1 = replaceable_pods(2)
+    spare = spare_pod()
+    names = [w0["metadata"]["name"], w1["metadata"]["name"], spare["metadata"]["name"]]
+    assert [spares.rank_of(p, {}) for p in (w0, w1, spare)] == [0, 1, None]
+    assert spares.serving([w0, w1, spare], {}) == [w0, w1]
+    # the spare took rank 1: the worker created again for index 1 is idle, a spare itself
+    again = copy.deepcopy(w1)
+    again["metadata"]["name"] = "llm-a1-worker-0-1-fghij"
+    assigned = spares.assign({}, spare, 1)
+    assert assigned == {names[2]: 1}
+    assert [spares.rank_of(p, assigned) for p in (w0, again, spare)] == [0, None, 1]
+    assert spares.idle([w0, again, spare], assigned) == [again]
+    view = spares.as_serving(spare, assigned)
+    assert view["metadata"]["annotations"][keys.JOB_COMPLETION_INDEX] == "1"
+    assert spare["metadata"]["annotations"][keys.JOB_COMPLETION_INDEX] == "0", "not changed"
+    # the worker given its own index back needs no entry; a rank has one holder at a time
+    assert spares.assign(assigned, again, 1) == {}
+    other = spare_pod(1, "gpu-node-006")
+    assert spares.assign(assigned, other, 1) == {other["metadata"]["name"]: 1}
+    # rank 0 on a spare moves the rendezvous host to the spare's DNS name
+    assert spares.moved_master([w0, spare], assigned) is None
+    assert spares.moved_master([w0, spare], {names[2]: 0}) == "llm-a1-spare-0-0.llm-a1"
+
+
+def test_a_spare_is_picked_only_ready_and_off_the_bad_nodes() -> None:
+    held = {"generation": 0, "state": "stopped"}
+    a, b = spare_pod(0, "gpu-node-005"), spare_pod(1, "gpu-node-006")
+    na, nb = a["metadata"]["name"], b["metadata"]["name"]
+    reports = {na: held, nb: held}
+    assert spares.pick([b, a], reports, {"victim": 1}, ()) == {na: 1}
+    assert spares.pick([a, b], reports, {"victim": 1}, {"gpu-node-005"}) == {nb: 1}
+    assert spares.pick([a, b], reports, {"v1": 1, "v2": 3}, ()) == {na: 1, nb: 3}
+    assert spares.pick([a], reports, {"v1": 1, "v2": 3}, ()) is None, "not enough: none"
+    running = {na: {"generation": 0, "state": "running"}}
+    assert spares.pick([a], running, {"victim": 1}, ()) is None
+    assert spares.pick([a], {}, {"victim": 1}, ()) is None, "never reported"
+    going = copy.deepcopy(a)
+    going["metadata"]["deletionTimestamp"] = "2025-03-14T12:00:30Z"
+    assert spares.pick([going], reports, {"victim": 1}, ()) is None
+    same_node = spare_pod(1, "gpu-node-005")
+    assert len(spares.pick([a, same_node], {**reports, same_node["metadata"]["name"]: held},
+                           {"v1": 1, "v2": 2}, ()) or {}) == 0  # fmt: skip
+
+
+def _target(pod: dict[str, Any], raw: dict[str, Any]) -> PollTarget:
+    assigned = with_assigned(raw)
+    return PollTarget(pod["metadata"]["name"], "10.0.0.1", 9478, 1,
+                      spares.rank_of(pod, assigned), pod["spec"]["nodeName"],
+                      spares.is_idle(pod, assigned))  # fmt: skip
+
+
+def with_assigned(raw: dict[str, Any]) -> dict[str, int]:
+    attempts = raw["status"].get("attempts") or [{}]
+    return dict(attempts[-1].get("spareRanks") or {})
+
+
+def test_a_gpu_fault_is_replaced_by_a_ready_spare_at_once() -> None:
+    pods = replaceable_pods()
+    spare = spare_pod()
+    names = [p["metadata"]["name"] for p in pods]
+    sname = spare["metadata"]["name"]
+    bad = pods[1]["spec"]["nodeName"]
+    nodes = {**nodes_for([*pods, spare]), bad: node(bad, xid=XID)}
+    raw = rtj_raw(RUNNING, **SPARES)
+    exited = supervisors({names[0]: (0, "running", None), names[1]: (0, "exited", 1),
+                          sname: (0, "stopped", None)})  # fmt: skip
+    world = [*pods, spare]
+
+    # an idle spare's own state is no failure of the world: nothing happens while all run
+    calm = supervisors({names[0]: (0, "running", None), names[1]: (0, "running", None),
+                        sname: (0, "stopped", None)})  # fmt: skip
+    quiet = plan(raw, world, calm, nodes=nodes_for(world))
+    assert not [a for a in quiet.actions if isinstance(a, (rc.DeleteJobSet, rc.DeletePod))]
+    assert quiet.status_patch is None or "inPlace" not in with_status(raw, quiet)["status"]
+
+    # 1. quarantine; 2. the pod on the bad node is replaced and the spare takes its rank
+    raw = with_status(raw, plan(raw, world, exited, nodes=nodes))
+    assert [q["node"] for q in raw["status"]["quarantinedNodes"]] == [bad]
+    second = plan(raw, world, exited, nodes=nodes)
+    raw = with_status(raw, second)
+    state = raw["status"]["inPlace"]
+    assert (state["phase"], state["replacing"], state["replacedRanks"]) == (
+        "Stopping", [names[1]], [1],
+    )  # fmt: skip
+    record = raw["status"]["attempts"][0]
+    assert record["spareRanks"] == {sname: 1}
+    entry = record["inPlaceRestarts"][0]
+    assert entry["spares"] == [f"{sname} on gpu-node-005 took rank 1 of {names[1]}"]
+    assert [a.name for a in second.actions if isinstance(a, rc.DeletePod)] == [names[1]]
+
+    # every pod of the world is ordered to stop, the spare too
+    snap = snapshot(raw, pods=world)
+    for pod in (pods[0], spare):
+        order = rc.restart_order(snap, _target(pod, raw))
+        assert order is not None and (order.action, order.generation) == ("stop", 1)
+
+    # 3. the old pod gone; the Job's pod for index 1 not even created yet: the survivor and
+    # the spare stopped for generation 1 are the world, pinned, Starting
+    both = supervisors({names[0]: (1, "stopped", None), sname: (1, "stopped", None)})
+    now = [pods[0], spare]
+    starting = plan(raw, now, both, nodes=nodes)
+    raw = with_status(raw, starting)
+    assert raw["status"]["inPlace"]["phase"] == "Starting", starting.summary
+    snap = snapshot(raw, pods=now)
+    run_spare = rc.restart_order(snap, _target(spare, raw))
+    run_worker = rc.restart_order(snap, _target(pods[0], raw))
+    assert run_spare is not None and (run_spare.action, run_spare.rank) == ("run", 1)
+    assert run_worker is not None and run_worker.rank is None
+    assert run_spare.master_addr is None and run_worker.master_addr is None, "rank 0 stayed"
+
+    # 4. the Job creates index 1 again: an idle spare, held by the current generation
+    again = copy.deepcopy(pods[1])
+    again["metadata"]["name"] = names[1].replace("abcde", "fghij")
+    again["metadata"]["annotations"][keys.JOB_INDEX_FAILURE_COUNT] = "1"
+    again["spec"]["nodeName"] = "gpu-node-009"
+    later = [pods[0], spare, again]
+    running = supervisors({names[0]: (1, "running", None), sname: (1, "running", None),
+                           again["metadata"]["name"]: (0, "stopped", None)})  # fmt: skip
+    healthy = {**nodes, "gpu-node-009": node("gpu-node-009")}
+    done = plan(raw, later, running, nodes=healthy)
+    raw = with_status(raw, done)
+    assert "inPlace" not in raw["status"] and raw["status"]["attempt"] == 1, done.summary
+    hold = rc.restart_order(snapshot(raw, pods=later), _target(again, raw))
+    assert hold is not None and (hold.action, hold.generation) == ("stop", 1)
+
+    # 5. the world's trainers finish: the idle pod is told to finish (its Job completes)
+    finished = copy.deepcopy(later)
+    for pod in finished[:2]:
+        pod["status"]["phase"] = "Succeeded"
+    end = rc.restart_order(snapshot(raw, pods=finished), _target(again, raw))
+    assert end is not None and end.action == "finish"
+
+
+def test_a_spare_that_takes_rank_0_moves_the_rendezvous_host() -> None:
+    pods = replaceable_pods()
+    spare = spare_pod()
+    sname = spare["metadata"]["name"]
+    raw = rtj_raw(
+        {**RUNNING, "inPlace": {"generation": 1, "phase": "Starting",
+                                "since": "2025-03-14T12:00:00Z", "step": 40},
+         "attempts": [{"attempt": 1, "jobSet": "llm-a1", "spareRanks": {sname: 0},
+                       "inPlaceRestarts": [{"generation": 1, "failureClass": "GPUFault",
+                                            "failureCategory": "infrastructure",
+                                            "detectedAt": "2025-03-14T12:00:00Z"}]}]},
+        **SPARES,
+    )  # fmt: skip
+    snap = snapshot(raw, pods=[pods[1], spare])
+    to_spare = rc.restart_order(snap, _target(spare, raw))
+    to_worker = rc.restart_order(snap, _target(pods[1], raw))
+    assert to_spare is not None and (to_spare.rank, to_spare.master_addr) == (
+        0, "llm-a1-spare-0-0.llm-a1",
+    )  # fmt: skip
+    assert to_worker is not None and to_worker.master_addr == "llm-a1-spare-0-0.llm-a1"
+    assert to_worker.rank is None
