@@ -166,21 +166,40 @@ def test_a_killed_rank_restarts_in_place_without_recreating_a_pod(tmp_path: Path
 REPLACED = "drill-replace"
 
 
-def test_a_gpu_fault_replaces_only_its_pod_and_restarts_the_other_in_place(
+def _of(pods: list[dict[str, Any]], replicated_job: str, index: int) -> dict[str, Any]:
+    """The pod of `replicated_job` (worker, spare) with completion index `index`."""
+    return next(
+        p for p in pods
+        if p["metadata"]["labels"].get(keys.REPLICATED_JOB_LABEL) == replicated_job
+        and p["metadata"]["labels"][drills.RANK_LABEL] == str(index)
+    )  # fmt: skip
+
+
+def test_a_gpu_fault_is_replaced_by_a_warm_spare_and_the_other_restarts_in_place(
     tmp_path: Path,
 ) -> None:
     """A GPU fault on one node (the health agent's XID condition, the rank's process killed
-    with it): the node is quarantined, only its pod is replaced (deleted; its Job creates it
-    again on another node, held until ordered), the other pod restarts in place; one attempt,
-    one JobSet, and the finished model equals the no-fault run bit for bit. With the fast
-    tier's peer replica (issue 16), the replacement copies the pinned fast step of its rank
-    back from the other pod's copy and both resume from it, not from the durable step."""
-    with _platform(tmp_path, "rtj-replace") as platform:
+    with it): the node is quarantined, its pod deleted, and the warm spare (spec.spares: 1,
+    admitted and idle on a third node) takes its rank at once, with no wait for its Job to
+    create the pod again; the other pod restarts in place. One attempt, one JobSet. With the
+    fast tier's peer replica (issue 16), the spare copies the pinned fast step of the rank
+    back from the other pod's copy and both resume from it, not from the durable step. The
+    pod the Job creates again for the index is a spare itself, held, and finishes when the
+    world does, so the JobSet completes; the finished model equals the no-fault run bit for
+    bit."""
+    with _platform(tmp_path, "rtj-replace", nodes=4) as platform:
         opts, kube, api = platform.opts, platform.kube, platform.api
-        api.create_rtj(story.NAMESPACE, _replicated_job(REPLACED))
-        wait_for("both pods running", lambda: len(drills.pods(api, REPLACED, 1)) == 2, 300, 0.5)
+        body = _replicated_job(REPLACED)
+        body["spec"]["spares"] = 1
+        body["spec"]["recovery"]["inPlaceMaxReplacedPods"] = 1
+        api.create_rtj(story.NAMESPACE, body)
+        wait_for("both pods and the spare running", lambda: (
+            len(ps := drills.pods(api, REPLACED, 1)) == 3
+            and all(p.get("status", {}).get("phase") == "Running" for p in ps)
+        ), 300, 0.5)  # fmt: skip
         before = drills.pods(api, REPLACED, 1)
-        survivor, victim = drills.rank_pod(before, 0), drills.rank_pod(before, 1)
+        survivor, victim = _of(before, "worker", 0), _of(before, "worker", 1)
+        spare = _of(before, "spare", 0)
         jobset_uid = (_jobset(api, REPLACED) or {})["metadata"]["uid"]
 
         def step_now() -> int:
@@ -203,19 +222,23 @@ def test_a_gpu_fault_replaces_only_its_pod_and_restarts_the_other_in_place(
         trained_before = max(drills.losses(victim_log.read_text().splitlines()))
 
         def restarted() -> dict[str, Any] | None:
-
             return drills.first_restart(api, REPLACED)
 
-        entry = wait_for("the replacement and the in-place restart", restarted, 240, 0.2)
+        entry = wait_for("the spare's takeover and the in-place restart", restarted, 240, 0.2)
         took = time.monotonic() - hit
-        sys.stdout.write(f"\nXID + SIGKILL -> every pod runs generation 1: {took:.1f} s "
-                         f"({entry})\n")  # fmt: skip
+        sys.stdout.write(f"\nXID + SIGKILL -> every pod runs generation 1, the spare as rank "
+                         f"1: {took:.1f} s ({entry})\n")  # fmt: skip
         assert entry["outcome"] == "Running", entry
         assert entry["failureClass"] == "GPUFault", entry
         assert entry["replaced"] == [f"{victim['metadata']['name']} on {bad}"], entry
+        assert entry["spares"] == [
+            f"{spare['metadata']['name']} on {spare['spec']['nodeName']} took rank 1 of "
+            f"{victim['metadata']['name']}"
+        ], entry
         assert entry["stoppedAt"] <= entry["startedAt"]
         status = drills.status(api, REPLACED)
         assert [q["node"] for q in status["quarantinedNodes"]] == [bad]
+        assert status["attempts"][0]["spareRanks"] == {spare["metadata"]["name"]: 1}
 
         def succeeded() -> bool:
             return drills.status(api, REPLACED).get("phase") == "Succeeded"
@@ -225,17 +248,17 @@ def test_a_gpu_fault_replaces_only_its_pod_and_restarts_the_other_in_place(
         assert status["attempt"] == 1 and len(status["attempts"]) == 1, status["attempts"]
         assert (_jobset(api, REPLACED) or {}).get("metadata", {}).get("uid") == jobset_uid
         after = drills.pods(api, REPLACED, 1)
-        assert drills.rank_pod(after, 0)["metadata"]["uid"] == survivor["metadata"]["uid"]
-        replacement = drills.rank_pod(after, 1)
-        assert replacement["metadata"]["uid"] != victim["metadata"]["uid"]
-        assert replacement["spec"]["nodeName"] != bad, "the replacement avoided the bad node"
-        failures = replacement["metadata"]["annotations"][
-            "batch.kubernetes.io/job-index-failure-count"
-        ]
-        assert failures == "1"
+        assert _of(after, "worker", 0)["metadata"]["uid"] == survivor["metadata"]["uid"]
+        assert _of(after, "spare", 0)["metadata"]["uid"] == spare["metadata"]["uid"]
+        again = _of(after, "worker", 1)  # created again by its Job: a spare, it finished
+        assert again["metadata"]["uid"] != victim["metadata"]["uid"]
+        assert again["spec"]["nodeName"] not in (bad, spare["spec"]["nodeName"])
+        assert again["metadata"]["annotations"][keys.JOB_INDEX_FAILURE_COUNT] == "1"
+        assert again["status"]["phase"] == "Succeeded"
+        assert not (_rank_log(opts, again) / "rank-1.jsonl").exists(), "it never trained"
 
         survivor_log = (_rank_log(opts, survivor) / "rank-0.jsonl").read_text().splitlines()
-        replaced_log = (_rank_log(opts, replacement) / "rank-1.jsonl").read_text().splitlines()
+        replaced_log = (_rank_log(opts, spare) / "rank-1.jsonl").read_text().splitlines()
         fast = _resumed_from_the_buddys_copy(entry, survivor_log, replaced_log, trained_before)
         got = {0: drills.losses(survivor_log), 1: drills.losses(replaced_log)}
         want = drills.no_fault_losses(tmp_path, STEPS, SAVE_EVERY)

@@ -323,6 +323,23 @@ class PodWorker(threading.Thread):
         """Post the pod's status now (its node is back in contact)."""
         self._report()
 
+    def report_final(self) -> None:
+        """Post the status of a deleted pod whose processes are all gone: every container
+        terminated, so the phase is terminal (Failed, or Succeeded when every main container
+        exited 0). The kubelet does so before the final deletion since Kubernetes 1.27
+        (kubernetes/kubernetes#115331, `syncTerminatedPod`), which is what lets the Job
+        controller, and the operator, see a deleted pod's processes end before its tracking
+        finalizer is removed."""
+        if self.runner.cut_off(self.node):
+            return
+        status = render_status(self.run_state, self.pod, now())
+        ns, name = self.key
+        try:
+            self.runner.core.patch_namespaced_pod_status(name, ns, {"status": status})
+        except ApiException as exc:
+            if exc.status != 404:
+                self.runner.say(f"final status of {name}: {exc.status} {exc.reason}")
+
     def _report(self) -> None:
         if self.stopping.is_set() and self.runner.gone(self.uid):
             return

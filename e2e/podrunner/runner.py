@@ -353,9 +353,11 @@ class PodRunner:
             worker.start()
 
     def _finalize(self, worker: PodWorker | None, pod: Obj, grace: float) -> None:
-        """Stop the processes within the grace period, then let the pod object go."""
+        """Stop the processes within the grace period, report the terminal status, then let
+        the pod object go (as the kubelet's syncTerminatedPod does)."""
         if worker is not None:
             worker.stop(grace)
+            worker.report_final()
         meta = pod["metadata"]
         body = client.V1DeleteOptions(
             grace_period_seconds=0, preconditions=client.V1Preconditions(uid=meta["uid"])

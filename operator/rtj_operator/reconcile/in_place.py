@@ -311,6 +311,7 @@ def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
     reports = _supervisors(b)
     if state.phase == "Stopping":
         old = [p for p in b.snap.pods if pod_name(p) in state.replacing]
+        old = [p for p in old if not _ended(p)]
         _replace(b, old)
         waiting = in_place.reported(reports, names, state.generation, frozenset({"stopped"}))
         if old or len(names) != b.rtj.spec.replicas:
@@ -375,6 +376,16 @@ def replaced_pods(status: ResilientTrainingJobStatus) -> frozenset[str]:
         for entry in record.in_place_restarts:
             names.update(line.split(" on ", 1)[0] for line in entry.replaced)
     return frozenset(names)
+
+
+def _ended(pod: Json) -> bool:
+    """A pod being deleted whose processes have all ended: its kubelet reported the terminal
+    phase, which it does only once every container stopped, before the final deletion
+    (Kubernetes 1.27 and later, kubernetes/kubernetes#115331). The object may stay a while
+    after (the Job controller removes its tracking finalizer up to its back-off later, 10 s
+    for a first failure); the old world on it is gone already."""
+    deleting = get_in(pod, "metadata", "deletionTimestamp") is not None
+    return deleting and get_in(pod, "status", "phase") in ("Failed", "Succeeded")
 
 
 def _replace(b: PlanBuilder, pods: Sequence[Json]) -> None:

@@ -170,10 +170,18 @@ def test_a_gpu_fault_is_replaced_by_a_ready_spare_at_once() -> None:
         order = rc.restart_order(snap, _target(pod, raw))
         assert order is not None and (order.action, order.generation) == ("stop", 1)
 
-    # 3. the old pod gone; the Job's pod for index 1 not even created yet: the survivor and
-    # the spare stopped for generation 1 are the world, pinned, Starting
+    # 3. the old pod still there, being deleted: the barrier holds while it runs; once its
+    # kubelet reports the terminal phase (every container stopped) it is gone for the
+    # barrier, though its Job's tracking finalizer keeps the object a while. The Job's pod
+    # for index 1 not even created yet: the survivor and the spare stopped for generation 1
+    # are the world, pinned, Starting
     both = supervisors({names[0]: (1, "stopped", None), sname: (1, "stopped", None)})
-    now = [pods[0], spare]
+    going = copy.deepcopy(pods[1])
+    going["metadata"]["deletionTimestamp"] = "2025-03-14T12:00:02Z"
+    held = plan(raw, [pods[0], spare, going], both, nodes=nodes)
+    assert held.status_patch is None and "still there" in held.summary, held.summary
+    going["status"]["phase"] = "Failed"
+    now = [pods[0], spare, going]
     starting = plan(raw, now, both, nodes=nodes)
     raw = with_status(raw, starting)
     assert raw["status"]["inPlace"]["phase"] == "Starting", starting.summary
