@@ -13,9 +13,12 @@ per trial a job of the example trainer (`--workers` pods, one rank each) trains 
   world re-created (`inPlace` off), in place, in place with the fast tier (every 5 steps).
 - `gpu`: an XID 79 condition on its node, then its training process SIGKILLed (as
   `e2e/demo/test_in_place_drill.py` does). Paths: the whole world re-created (`inPlace` off),
-  in place with only that pod replaced (`inPlace` on, `inPlaceMaxReplacedPods` 1). The node
+  in place with only that pod replaced (`inPlace` on, `inPlaceMaxReplacedPods` 1: its Job
+  creates it again), and the same with a warm spare (`spares: 1`) taking its rank, without
+  and with the fast tier (its peer replica gives the spare the rank's fast step). The node
   is quarantined by the job and then cordoned by the bench, so every trial's fault hits a
-  fresh node: the platform runs `--workers` + one node per GPU-fault trial + 1 nodes.
+  fresh node: the platform runs `--workers` + one node per GPU-fault trial + 2 nodes (the
+  spare's, and one for a pod its Job creates again).
 
 Recovery = from the fault to the first training step completed after the resume (the
 trainers' own logs, wall clock), as the issue defines it; also the steps recomputed (the
@@ -60,8 +63,16 @@ PATHS: dict[str, dict[str, tuple[str, dict[str, Any], dict[str, Any] | None]]] =
     "gpu": {
         "whole world": ("whole", {"inPlace": False}, None),
         "in place, pod replaced": ("replaced", {"inPlace": True}, None),
+        "in place, warm spare": ("spare", {"inPlace": True}, None),
+        "in place, warm spare + fast tier": (
+            "sparefast",
+            {"inPlace": True},
+            {"everySteps": FAST_EVERY},
+        ),
     },
 }
+SPARE_PATHS = frozenset({"in place, warm spare", "in place, warm spare + fast tier"})
+"""Paths run with `spec.spares: 1` (a warm spare takes the replaced pod's rank)."""
 BASELINE = "whole world"
 # kept as history: the same bench before the in-place path's own latencies were cut
 HISTORY = [
@@ -158,6 +169,8 @@ def trial(platform: drills.Platform, fault: str, path: str, n: int, workers: int
     body = drills.job(job, replicas=workers, recovery=dict(recovery))
     if fast is not None:
         body["spec"]["checkpoint"]["fastTier"] = dict(fast)
+    if path in SPARE_PATHS:
+        body["spec"]["spares"] = 1
     api.create_rtj(story.NAMESPACE, body)
     wait_for(f"{job} past step 90", lambda: _last_step(opts, job) >= 90, 600, 0.2)
     before = {p["metadata"]["uid"] for p in drills.pods(api, job, 1)}
@@ -292,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     secret.write_text(secrets.token_hex(32))
     # a GPU fault's node is quarantined and then cordoned: one fresh node per such trial
     gpu_trials = args.trials * len(PATHS["gpu"]) if "gpu" in chosen else 0
-    nodes = args.workers + gpu_trials + 1
+    nodes = args.workers + gpu_trials + 2
     before = os.getloadavg()[0]
     started = time.monotonic()
     trials: list[Trial] = []

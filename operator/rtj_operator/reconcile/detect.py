@@ -18,6 +18,7 @@ from rtj_operator.reconcile.failure import on_failure
 from rtj_operator.reconcile.liveness import hold_for_partition, judged_nodes
 from rtj_operator.reconcile.progress import progress, succeed
 from rtj_operator.reconcile.ranks import find_hang, note_progress
+from rtj_operator.reconcile.supervised_exits import supervisor_failure
 from rtj_operator.reconcile.world import (
     attempt_of,
     owned_jobset_uids,
@@ -123,7 +124,7 @@ def plan_current_attempt(b: PlanBuilder) -> None:
             found = synthetic_failure(f"JobSet {name} failed: {current.failure_message}")
         else:
             progress(b, current, live)
-            found = in_place.supervisor_failure(b, live, nodes) or find_hang(b, live)
+            found = supervisor_failure(b, live, nodes) or find_hang(b, live)
             if found is None:
                 note_progress(b)
                 return

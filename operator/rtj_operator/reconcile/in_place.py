@@ -18,14 +18,18 @@ sending every pod the order `policy.in_place.order` names on each round:
    is cleared and the restart recorded as `Running`.
 4. Past `spec.recovery.inPlaceDeadlineSeconds`: the whole world is re-created (the budget is
    not spent twice), recorded as `FellBack`.
+
+A pod replaced (its node quarantined or lost) is deleted; with spec.spares, a ready warm spare
+on another node takes its rank at `begin` (`policy.spares`, recorded in the attempt's
+`spareRanks` before any order names it), so the barrier need not wait for the Job to create
+the pod again; a pod being deleted counts as gone once its kubelet reports the terminal
+phase. What a supervised exit means: `reconcile.supervised_exits`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
-from datetime import datetime, timedelta, timezone
-from typing import Any
+from datetime import timedelta
 
 from rtj_operator.api import keys
 from rtj_operator.api.reasons import ConditionType, FailureClass, Phase, Reason
@@ -39,19 +43,16 @@ from rtj_operator.api.status import (
 from rtj_operator.policy import fast_tier, in_place, peer_replica, spares
 from rtj_operator.policy.classify import (
     Classification,
-    Decision,
-    FirstFailedRank,
-    classify_failure,
 )
 from rtj_operator.policy.decide import Restart, decide
-from rtj_operator.policy.findings import iso
 from rtj_operator.policy.peer_replica import PeerView
-from rtj_operator.policy.render import jobset_name, trainer_name
+from rtj_operator.policy.render import jobset_name
 from rtj_operator.reconcile.actions import DeleteJobSet, MetricRecord
 from rtj_operator.reconcile.builder import PlanBuilder, trim_evidence
 from rtj_operator.reconcile.converge import delete_pods
 from rtj_operator.reconcile.failure import MAX_BAD_STEPS
 from rtj_operator.reconcile.ranks import completion_index, progress_port
+from rtj_operator.reconcile.supervised_exits import supervisors
 from rtj_operator.reconcile.world import Json, PollTarget, Snapshot, get_in, pod_name
 from rtj_shim.control import Order
 
@@ -71,74 +72,6 @@ QUIET_CLASSES = {
 }
 """The failures a silent pod may be part of, and how long each waits for its node."""
 REPLACE_GRACE_SECONDS = 2
-
-
-def _supervisors(b: PlanBuilder) -> Mapping[str, Mapping[str, Any]]:
-    readings = b.snap.ranks
-    if readings is None or readings.attempt != b.status.attempt:
-        return {}
-    return readings.supervisors
-
-
-def supervisor_failure(
-    b: PlanBuilder, live: Sequence[Json], nodes: Sequence[Json]
-) -> Classification | None:
-    """A supervised pod whose trainer command exited with an error in this generation (the
-    pod stays up: only its supervisor knows). The earliest exit is the first failed.
-    `nodes`: the job's nodes as this plan judged them (`liveness.judged_nodes`)."""
-    reports = _supervisors(b)
-    generation = b.status.attempt_generation
-    exited = [
-        (p, r) for p in live
-        if (r := reports.get(pod_name(p))) is not None
-        and r.get("state") == "exited" and r.get("generation") == generation
-    ]  # fmt: skip
-    if not exited:
-        return None
-    pod, report = min(exited, key=lambda pr: float(pr[1].get("updated_wall_time") or 0))
-    code = report.get("exit_code")
-    when = report.get("updated_wall_time")
-    index = get_in(pod, "metadata", "annotations", keys.JOB_COMPLETION_INDEX)
-    name, node = pod_name(pod), get_in(pod, "spec", "nodeName")
-    first = FirstFailedRank(
-        pod=name,
-        rank=None,
-        node_rank=int(index) if isinstance(index, str) and index.isdigit() else None,
-        node=node if isinstance(node, str) else None,
-        container=trainer_name(b.rtj),
-        exit_code=code if isinstance(code, int) else None,
-        finished_at=datetime.fromtimestamp(float(when), timezone.utc) if when else b.now,
-    )
-    others = [pod_name(p) for p, _ in exited if p is not pod]
-    evidence = [
-        f"pod {name} on node {node}: the trainer's command exited with code {code} "
-        "(rtj-shim supervise keeps the pod up for an in-place restart)"
-    ]
-    if others:
-        evidence.append(f"also exited: {', '.join(others[:5])}")
-    rejected = report.get("rejected")
-    if isinstance(rejected, Mapping) and isinstance(step := rejected.get("step"), int):
-        evidence.insert(0, f"pod {name}: the restarted trainers refused pinned step {step}: "
-                           f"{str(rejected.get('reason') or '')[:300]}")  # fmt: skip
-        return Classification(
-            FailureClass.CHECKPOINT_CORRUPT, first, (), tuple(evidence),
-            Decision(signal=f"step {step} refused", source=f"pod {name}: supervisor",
-                     rule="a pinned step the restore does not verify is bad"),
-        )  # fmt: skip
-    cause = _node_cause(b, live, nodes, exited)
-    if cause is not None:  # a GPU fault or a lost node under the exit: replace, not restart
-        return replace(cause, evidence=(*cause.evidence, *evidence))
-    return Classification(
-        FailureClass.UNKNOWN,
-        first,
-        (),
-        tuple(evidence),
-        Decision(
-            signal=f"exit code {code}",
-            source=f"pod {name}: {keys.PROGRESS_SIDECAR} GET /progress (supervisor)",
-            rule="a supervised trainer that exits with an error is a failure of the attempt",
-        ),
-    )
 
 
 def _quiet_settling(b: PlanBuilder, found: Classification, choice: in_place.InPlaceChoice) -> bool:
@@ -161,57 +94,13 @@ def _quiet_settling(b: PlanBuilder, found: Classification, choice: in_place.InPl
     return True
 
 
-def _node_cause(
-    b: PlanBuilder,
-    live: Sequence[Json],
-    nodes: Sequence[Json],
-    exited: Sequence[tuple[Json, Mapping[str, Any]]],
-) -> Classification | None:
-    """What the classifier makes of the exits (each supervised pod whose trainer exited,
-    with its supervisor's report) read as the trainer containers' terminations, beside the
-    nodes' signals (an XID condition, a lost node), when that implicates a node; None when
-    nothing explains them better than the exits themselves. Every exit counts: two GPU
-    faults at once quarantine both nodes, not only the first exit's."""
-    ended = {id(pod): _terminated(b, pod, report) for pod, report in exited}
-    found = classify_failure(
-        [ended.get(id(p), p) for p in live],
-        list(nodes),
-        list(b.snap.events or ()),
-        b.now,
-        node_health=b.rtj.spec.node_health,
-    )
-    if found is None or found.failure_class not in in_place.REPLACE_CLASSES:
-        return None
-    return found
-
-
-def _terminated(b: PlanBuilder, pod: Json, report: Mapping[str, Any]) -> Json:
-    """`pod` as if its trainer container had ended as its supervisor reports the command
-    did (exit code, time; now when it gives none)."""
-    code, when = report.get("exit_code"), report.get("updated_wall_time")
-    terminated: dict[str, Any] = {
-        "exitCode": code if isinstance(code, int) else 1,
-        "reason": "Error",
-    }
-    at = b.now
-    if isinstance(when, int | float) and not isinstance(when, bool) and when:
-        at = datetime.fromtimestamp(float(when), timezone.utc)
-    terminated["finishedAt"] = iso(at)
-    statuses = [
-        c for c in get_in(pod, "status", "containerStatuses") or []
-        if c.get("name") != trainer_name(b.rtj)
-    ]  # fmt: skip
-    statuses.append({"name": trainer_name(b.rtj), "state": {"terminated": terminated}})
-    return {**pod, "status": {**(pod.get("status") or {}), "containerStatuses": statuses}}
-
-
 def begin(
     b: PlanBuilder, found: Classification, live: Sequence[Json], idle: Sequence[Json] = ()
 ) -> bool:
     """Restart in place when the job and the failure allow it; True if it began. `idle`:
     the attempt's idle pods, of which a ready warm spare takes each replaced pod's rank."""
     quarantined = [q.node for q in b.status.quarantined_nodes]
-    choice = in_place.choose(b.rtj, found, live, _supervisors(b), quarantined)
+    choice = in_place.choose(b.rtj, found, live, supervisors(b), quarantined)
     why = choice.refused
     if why is None and b.snap.control_key is None:
         why = "the operator has no control secret (--control-secret-file)"
@@ -229,7 +118,7 @@ def begin(
     victims = [p for p in live if pod_name(p) in choice.replace]
     ranks = {pod_name(p): r for p in victims if (r := completion_index(p)) is not None}
     avoid = {*quarantined, *found.nodes_to_quarantine, *(n for p in victims if (n := _node(p)))}
-    picked = spares.pick(idle, _supervisors(b), ranks, avoid) if victims else None
+    picked = spares.pick(idle, supervisors(b), ranks, avoid) if victims else None
     took = _took(victims, ranks, idle, picked or {})
     entry = InPlaceRestart(
         generation=generation,
@@ -308,7 +197,7 @@ def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
         _fall_back(b, f"not every pod had {state.phase.lower()} within {deadline}s")
         return True
     names = [pod_name(p) for p in live]
-    reports = _supervisors(b)
+    reports = supervisors(b)
     if state.phase == "Stopping":
         old = [p for p in b.snap.pods if pod_name(p) in state.replacing]
         old = [p for p in old if not _ended(p)]
