@@ -16,7 +16,7 @@ from rtj_operator.reconcile.checkpoints import read_init_results, refresh_checkp
 from rtj_operator.reconcile.converge import delete_orphans
 from rtj_operator.reconcile.failure import on_failure
 from rtj_operator.reconcile.liveness import hold_for_partition, judged_nodes
-from rtj_operator.reconcile.progress import progress, succeed
+from rtj_operator.reconcile.progress import finish_with_idle_pods, progress, succeed
 from rtj_operator.reconcile.ranks import find_hang, note_progress
 from rtj_operator.reconcile.supervised_exits import supervisor_failure
 from rtj_operator.reconcile.world import (
@@ -122,6 +122,8 @@ def plan_current_attempt(b: PlanBuilder) -> None:
                 b.requeue_in((JOBSET_FAILED_GRACE - (b.now - failed_at)).total_seconds())
                 return
             found = synthetic_failure(f"JobSet {name} failed: {current.failure_message}")
+        elif finish_with_idle_pods(b, n, name, live):
+            return
         else:
             progress(b, current, live)
             found = supervisor_failure(b, live, nodes) or find_hang(b, live)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from rtj_operator.api.reasons import ConditionType, Phase, Reason
+from rtj_operator.policy.observed import parse_time
+from rtj_operator.reconcile.actions import DeleteJobSet
 from rtj_operator.reconcile.builder import PlanBuilder, condition_true
 from rtj_operator.reconcile.world import JobSetView, Json, get_in, pod_name
 
@@ -143,12 +145,49 @@ def _awaiting_admission(b: PlanBuilder, js: JobSetView) -> None:
         )
 
 
-def succeed(b: PlanBuilder, n: int, name: str) -> None:
+IDLE_FINISH_GRACE = timedelta(seconds=30)
+"""How long after every pod of the world succeeded the idle pods (warm spares, and the pods
+whose rank a spare took) have to finish on order so the JobSet completes; past it (one could
+not run: its Job's pod for a rank a spare took found no node), the job succeeds and the
+JobSet is deleted, so it holds no quota."""
+
+
+def finish_with_idle_pods(b: PlanBuilder, n: int, name: str, world: Sequence[Json]) -> bool:
+    """With warm spares in the world (`status.spareRanks`): once every pod of the world
+    succeeded, the idle pods are told to finish (`reconcile.in_place.restart_order`) and
+    the JobSet completes. True when the job succeeded here instead (past
+    IDLE_FINISH_GRACE), or while waiting for that."""
+    if not b.status.spare_ranks or not world:
+        return False
+    if any(get_in(p, "status", "phase") != "Succeeded" for p in world):
+        return False
+    ended = [_finished_at(p) for p in world]
+    last = max((t for t in ended if t is not None), default=b.now)
+    if b.now - last < IDLE_FINISH_GRACE:
+        b.notes.append("every pod of the world succeeded; waiting for the idle pods to finish")
+        b.requeue_in((IDLE_FINISH_GRACE - (b.now - last)).total_seconds() + 0.5)
+        return True
+    succeed(b, n, name, f"attempt {n}: every pod of the world succeeded; the idle pods did "
+            f"not all finish within {IDLE_FINISH_GRACE.total_seconds():.0f}s, so JobSet "
+            f"{name} is deleted (it holds no quota)")  # fmt: skip
+    b.after.append(DeleteJobSet(name))
+    return True
+
+
+def _finished_at(pod: Json) -> datetime | None:
+    times = [
+        parse_time(get_in(c, "state", "terminated", "finishedAt"))
+        for c in get_in(pod, "status", "containerStatuses") or []
+    ]
+    return max((t for t in times if t is not None), default=None)
+
+
+def succeed(b: PlanBuilder, n: int, name: str, message: str | None = None) -> None:
     record = b.status.current
     if record is not None:
         b.replace_current(record.model_copy(update={"ended_at": b.now}))
     b.update(phase=Phase.SUCCEEDED)
-    message = f"attempt {n}: JobSet {name} completed"
+    message = message or f"attempt {n}: JobSet {name} completed"
     b.condition(ConditionType.SUCCEEDED, True, Reason.JOB_SUCCEEDED, message)
     b.condition(ConditionType.RUNNING, False, Reason.JOB_SUCCEEDED, message)
     b.event(False, Reason.JOB_SUCCEEDED, message)

@@ -6,12 +6,13 @@ spare, and every idle pod told to finish once the world has."""
 from __future__ import annotations
 
 import copy
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from rtj_test_support import make_job
-from rtj_world import node, nodes_for, rtj_raw, snapshot, with_status
+from rtj_test_support import NOW, make_job
+from rtj_world import jobset, node, nodes_for, pod, rtj_raw, snapshot, with_status
 from test_in_place import IN_PLACE, KEY, RUNNING, plan
 from test_in_place_replace import XID, replaceable_pods, supervisors
 
@@ -166,8 +167,8 @@ def test_a_gpu_fault_is_replaced_by_a_ready_spare_at_once() -> None:
 
     # every pod of the world is ordered to stop, the spare too
     snap = snapshot(raw, pods=world)
-    for pod in (pods[0], spare):
-        order = rc.restart_order(snap, _target(pod, raw))
+    for member in (pods[0], spare):
+        order = rc.restart_order(snap, _target(member, raw))
         assert order is not None and (order.action, order.generation) == ("stop", 1)
 
     # 3. the old pod still there, being deleted: the barrier holds while it runs; once its
@@ -209,8 +210,8 @@ def test_a_gpu_fault_is_replaced_by_a_ready_spare_at_once() -> None:
 
     # 5. the world's trainers finish: the idle pod is told to finish (its Job completes)
     finished = copy.deepcopy(later)
-    for pod in finished[:2]:
-        pod["status"]["phase"] = "Succeeded"
+    for member in finished[:2]:
+        member["status"]["phase"] = "Succeeded"
     end = rc.restart_order(snapshot(raw, pods=finished), _target(again, raw))
     assert end is not None and end.action == "finish"
 
@@ -236,3 +237,34 @@ def test_a_spare_that_takes_rank_0_moves_the_rendezvous_host() -> None:
     )  # fmt: skip
     assert to_worker is not None and to_worker.master_addr == "llm-a1-spare-0-0.llm-a1"
     assert to_worker.rank is None
+
+
+def test_the_job_succeeds_without_an_idle_pod_that_cannot_finish() -> None:
+    """The world succeeded; the pod its Job created again for the rank a spare took found no
+    node (Pending), so it cannot be told to finish and the JobSet cannot complete. The
+    operator waits 30 s for the idle pods, then records the success and deletes the JobSet,
+    which would otherwise hold its quota for ever."""
+    w0 = pod(1, 0, exit_code=0, finished=NOW - timedelta(seconds=5))
+    spare = spare_pod()
+    spare["status"]["phase"] = "Succeeded"
+    spare["status"]["containerStatuses"] = w0["status"]["containerStatuses"]
+    again = pod(1, 1, phase="Pending")
+    again["metadata"]["name"] = "llm-a1-worker-0-1-fghij"
+    sname = spare["metadata"]["name"]
+    status = {**RUNNING, "attempts": [{**RUNNING["attempts"][0], "spareRanks": {sname: 1}}]}
+    raw = rtj_raw(status, **SPARES)
+    world = [w0, spare, again]
+    calm = supervisors({})
+
+    early = plan(raw, world, calm)
+    assert early.status_patch is None, early.summary
+    assert "waiting for the idle pods to finish" in early.summary
+    assert not [a for a in early.actions if isinstance(a, rc.DeleteJobSet)]
+    late = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=world, now=NOW + timedelta(seconds=30)))
+    raw = with_status(raw, late)
+    assert raw["status"]["phase"] == "Succeeded", late.summary
+    assert [a.name for a in late.actions if isinstance(a, rc.DeleteJobSet)] == ["llm-a1"]
+    # without spares in the world, a succeeded pod waits for the JobSet as ever
+    plain = rtj_raw(RUNNING, **SPARES)
+    waiting = plan(plain, [w0, pod(1, 1, exit_code=0)], calm)
+    assert "idle pods" not in waiting.summary
