@@ -93,20 +93,30 @@ class SoakOptions:
     """spec.recovery.inPlaceDeadlineSeconds."""
     preemption_hold: float = PREEMPTION_HOLD
     """How long a preemption's urgent workload keeps the quota once Kueue admitted it."""
+    spares: int = 0
+    """spec.spares (warm spares; they need in_place). The platform gets as many more nodes,
+    and one per GPU fault or lost node (the pod its Job creates again is the new spare), so
+    the faults have the nodes they have without spares."""
 
     def __post_init__(self) -> None:
         if self.fast_every < 0 or (self.fast_every and not self.in_place):
             raise ValueError("the fast tier (fast_every > 0) needs in-place restarts")
+        if self.spares < 0 or (self.spares and not self.in_place):
+            raise ValueError("warm spares (spares > 0) need in-place restarts")
 
     def features(self) -> dict[str, Any]:
-        return {"in_place": self.in_place, "fast_every": self.fast_every}
+        return {"in_place": self.in_place, "fast_every": self.fast_every, "spares": self.spares}
+
+    def nodes(self) -> int:
+        return NODES + (self.spares + sum(CAPS.values()) if self.spares else 0)
 
     def variant(self) -> str:
         """In words, for reports."""
         if not self.in_place:
             return "whole world only"
         tier = f"fast tier every {self.fast_every} steps" if self.fast_every else "no fast tier"
-        return f"in place, {tier}"
+        spares = f", {self.spares} warm spare(s)" if self.spares else ""
+        return f"in place, {tier}{spares}"
 
 
 def _trainer_args(opts: SoakOptions) -> list[str]:
@@ -126,6 +136,8 @@ def job_body(opts: SoakOptions) -> dict[str, Any]:
         spec["recovery"] = {"inPlace": True, "inPlaceDeadlineSeconds": opts.in_place_deadline}
     if opts.fast_every:
         spec["checkpoint"]["fastTier"] = {"everySteps": opts.fast_every}
+    if opts.spares:
+        spec["spares"] = opts.spares
     container = spec["template"]["spec"]["containers"][0]
     keep = [a for a in container["command"] if not a.startswith(("--steps", "--save-every",
                                                                  "--step-sleep"))]  # fmt: skip
@@ -297,7 +309,7 @@ def run(opts: SoakOptions) -> dict[str, Any]:
     opts.work.mkdir(parents=True)
     platform = story.Options(
         out=opts.work / "out", state=opts.work / "state",
-        cluster_name=f"rtj-soak-{os.getpid()}", nodes=NODES, timeout=600,
+        cluster_name=f"rtj-soak-{os.getpid()}", nodes=opts.nodes(), timeout=600,
     )  # fmt: skip
     (platform.state / "logs").mkdir(parents=True)
     lines: list[str] = []
@@ -433,7 +445,7 @@ def settings(opts: SoakOptions) -> dict[str, Any]:
             "fast tier": f"every {opts.fast_every} steps" if opts.fast_every else "off",
             **({"preemption hold": f"{opts.preemption_hold:g} s"}
                if may_preempt(opts) else {}),
-            "workers": RANKS, "nodes": NODES}  # fmt: skip
+            "workers": RANKS, "nodes": opts.nodes()}  # fmt: skip
 
 
 def may_preempt(opts: SoakOptions) -> bool:
@@ -475,6 +487,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="spec.recovery.inPlace (default: on)")  # fmt: skip
     p.add_argument("--fast-every", type=int, default=SoakOptions.fast_every,
                    help="spec.checkpoint.fastTier.everySteps, 0: off (%(default)s)")  # fmt: skip
+    p.add_argument("--spares", type=int, default=0,
+                   help="spec.spares: warm spares (needs --in-place; %(default)s)")  # fmt: skip
     p.add_argument("--preemption-hold", type=float, default=PREEMPTION_HOLD,
                    help="seconds a preemption's urgent workload keeps the quota once "
                    "admitted (%(default)s)")  # fmt: skip
@@ -484,9 +498,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.fast_every and not args.in_place:
         p.error("--fast-every needs --in-place (give --fast-every 0 with --no-in-place)")
+    if args.spares and not args.in_place:
+        p.error("--spares needs --in-place")
     opts = SoakOptions(mtbf=args.mtbf, seed=args.seed, steps=args.steps, work=args.work,
                        in_place=args.in_place, fast_every=args.fast_every,
-                       preemption_hold=args.preemption_hold)  # fmt: skip
+                       preemption_hold=args.preemption_hold, spares=args.spares)  # fmt: skip
     command = "python -m bench.goodput " + " ".join(
         sys.argv[1:] if argv is None else argv
     )  # fmt: skip
