@@ -188,6 +188,35 @@ def test_deleting_a_pod_terminates_its_process_tree_then_finalizes_it(
         assert not Path(f"/proc/{pid}").exists() or "Z" in _state(pid), f"pid {pid} survived"
 
 
+def test_a_deleted_pod_reports_its_terminal_phase_before_its_finalizer_lets_it_go(
+    rtj_cluster: Any, rtj_ns: Any, runner: PodRunner
+) -> None:
+    """As the kubelet since Kubernetes 1.27 (kubernetes/kubernetes#115331): a deleted pod's
+    status turns terminal (every container terminated, phase Failed) once its processes are
+    gone, while a finalizer (a Job's tracking finalizer) still keeps the object."""
+    kube, ns = rtj_cluster.kube, rtj_ns.name
+    main = {"name": "main", "image": "local", "command": ["sleep", "300"]}
+    body = _pod("held", runner.node_names[0], [main])
+    body["metadata"]["finalizers"] = ["example.com/hold"]
+    kube.core.create_namespaced_pod(ns, body)
+    _until("the pod to run", lambda: _status(kube, ns, "held").get("phase") == "Running")
+    kube.core.delete_namespaced_pod("held", ns)
+    _until("the terminal phase", lambda: _status(kube, ns, "held").get("phase") == "Failed", 30)
+    status = _status(kube, ns, "held")
+    (container,) = status["containerStatuses"]
+    assert container["state"]["terminated"]["exitCode"] == 128 + 15, container  # SIGTERM
+    kube.core.patch_namespaced_pod("held", ns, {"metadata": {"finalizers": None}})
+
+    def gone() -> bool:
+        try:
+            kube.core.read_namespaced_pod("held", ns)
+            return False
+        except Exception:
+            return True
+
+    _until("the pod to go", gone, 30)
+
+
 def _state(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
