@@ -20,6 +20,11 @@ per trial a job of the example trainer (`--workers` pods, one rank each) trains 
   fresh node: the platform runs `--workers` + one node per GPU-fault trial + 2 nodes (the
   spare's, and one for a pod its Job creates again).
 
+Both faults also run the path a user has without the operator, `JobSet RestartJobSet`
+(`bench.in_place_jobset`: a JobSet restarting every Job on any failure, torchrun, plain
+`torch.save` every 40 steps to a shared volume, resume from the newest file; it knows
+nothing of node health, so its new pods may land on the GPU-faulted node again).
+
 Recovery = from the fault to the first training step completed after the resume (the
 trainers' own logs, wall clock), as the issue defines it; also the steps recomputed (the
 fault's step minus the resumed one) and the pods created for the recovery. The paths
@@ -42,6 +47,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from bench import in_place_jobset
 from e2e.cluster import faults
 from e2e.demo import drills, story
 from e2e.operator_proc import REPO, wait_for
@@ -59,6 +65,7 @@ PATHS: dict[str, dict[str, tuple[str, dict[str, Any], dict[str, Any] | None]]] =
         "whole world": ("whole", {"inPlace": False}, None),
         "in place": ("inplace", {"inPlace": True}, None),
         "in place + fast tier": ("fast", {"inPlace": True}, {"everySteps": FAST_EVERY}),
+        "JobSet RestartJobSet": ("jobset", {}, None),
     },
     "gpu": {
         "whole world": ("whole", {"inPlace": False}, None),
@@ -71,6 +78,9 @@ PATHS: dict[str, dict[str, tuple[str, dict[str, Any], dict[str, Any] | None]]] =
         ),
     },
 }
+JOBSET_PATH = "JobSet RestartJobSet"
+"""Without the operator: `bench.in_place_jobset` (a JobSet with RestartJobSet, torchrun, plain
+torch.save every 40 steps, resume from the newest file)."""
 SPARE_PATHS = frozenset({"in place, warm spare", "in place, warm spare + fast tier"})
 """Paths run with `spec.spares: 1` (a warm spare takes the replaced pod's rank)."""
 BASELINE = "whole world"
@@ -163,6 +173,10 @@ def _evidence(work: Path, job: str, status: dict[str, Any]) -> Path:
 
 def trial(platform: drills.Platform, fault: str, path: str, n: int, workers: int,
           work: Path) -> Trial:  # fmt: skip
+    if path == JOBSET_PATH:
+        t = in_place_jobset.trial(platform, fault, n, workers, XID)
+        return Trial(fault, path, t.recovery, t.restored, t.killed_at_step, t.pods_created,
+                     t.source, t.restarts + 1, "-", 0, os.getloadavg()[0])  # fmt: skip
     api, opts = platform.api, platform.opts
     slug, recovery, fast = PATHS[fault][path]
     job = f"{fault}-{slug}-{n}"
@@ -324,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
                         trials.append(trial(platform, fault, path, n, args.workers, args.work))
                     except TimeoutError as exc:  # reported, with its status saved
                         failed.append(f"{fault}, {path}, round {n}: {exc}")
-                        _drop(platform, f"{fault}-{PATHS[fault][path][0]}-{n}")
+                        if path != JOBSET_PATH:  # a JobSet trial deletes its own
+                            _drop(platform, f"{fault}-{PATHS[fault][path][0]}-{n}")
                         continue
                     sys.stdout.write(f"{trials[-1]}\n")
                     sys.stdout.flush()
