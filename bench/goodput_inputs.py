@@ -70,6 +70,13 @@ runs the new generation (`startedAt`): barrier, pin, run order. 1.06, 1.06, 1.55
 and 1.43, 1.06, 1.61 s. At 2 pods, not at scale (the poller sends the orders: a round at
 1,250 pods costs what a progress poll costs)."""
 
+SPARE_RECOVERY = 1.7
+"""Measured (bench.in_place --faults gpu, bench/results/in-place-spares.md, 2 pods and a warm
+spare): from the GPU fault seen (`detectedAt`) until every pod, the spare serving the
+replaced pod's rank, runs the new generation (`startedAt`): 1.63, 1.70, 1.66, 1.68 s (1.70,
+1.68 s in the run before), against 12.1-13.9 s when the Job creates the replaced pod again
+(its 10 s back-off). At 2 pods, not at scale."""
+
 IN_PLACE_STARTUP = 20.0
 """Assumed, not measured at scale: the trainer's restart inside its pod. No scheduling, image
 or container start, but the process starts again (framework import, CUDA context, NCCL
@@ -81,6 +88,8 @@ RANK_STATE_BYTES = 4e9
 """Llama 3: each GPU's checkpointed state is 1 MB to 4 GB; the largest, assumed."""
 RANKS_PER_POD = 8
 """10,000 GPUs on 1,250 nodes, one pod of 8 ranks per node (`COMMON_STARTUP`)."""
+WORLD_PODS = 1250
+"""The 10,000-GPU job's pods (one per node): what a warm spare's idle GPUs are a share of."""
 
 MEASURED_STATE = 573.7 * MiB
 """bench/results/fast-tier.md, the largest model measured (50.1M parameters, AdamW):

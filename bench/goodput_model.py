@@ -65,6 +65,8 @@ from bench.goodput_inputs import (
     S3_RESTORE_MEASURED,
     SOAK_FAST_EVERY,
     SOAK_SAVE_EVERY,
+    SPARE_RECOVERY,
+    WORLD_PODS,
     copy_rounds,
     interruptions_per_hour,
     per_byte,
@@ -80,6 +82,7 @@ from bench.goodput_stacks import (
     stages,
     tuned,
     with_fast_tier,
+    with_spares,
 )
 
 
@@ -96,8 +99,7 @@ def _paths(stack: Stack) -> list[str]:
         if stack.noticed() else "-",
         _sum(stack.in_place_recovery, stack.in_place_startup, stack.in_place_restore,
              interval / 2) if stack.share() else "-",
-        _sum(stack.recovery, stack.startup, stack.replica_restore,
-             stack.replica_window()[1]) if stack.replicated() else "-",
+        _sum(*stack.replaced_terms()) if stack.replicated() else "-",
     ]  # fmt: skip
 
 
@@ -117,8 +119,10 @@ def _rows(stacks: Sequence[Stack], rate: float) -> tuple[list[str], list[str]]:
         terms = " + ".join(f"{share:.3f} x {seconds:.1f}" for _, share, seconds in stack.terms())
         arithmetic.append(
             f"- {stack.name}: {stack.detect():.1f} + {terms} = {lost:.1f} s per interruption; "
-            f"1 - {rate:.4f} x {lost:.1f} / 3600 - {stack.stall_fraction:.5f} = "
-            f"{stack.goodput(rate):.2%}"
+            f"{'(' if stack.spare_share else ''}1 - {rate:.4f} x {lost:.1f} / 3600 - "
+            f"{stack.stall_fraction:.5f}"
+            + (f") x (1 - {stack.spare_share:.5f})" if stack.spare_share else "")
+            + f" = {stack.goodput(rate):.2%}"
         )
     return rows, arithmetic
 
@@ -265,7 +269,8 @@ def _fast_tier_terms(own: Stack, peer: Stack, rate: float) -> list[str]:
 def report(gpus: int) -> str:
     rate = interruptions_per_hour(gpus)
     ours, in_place, own, peer = stages()
-    rows, arithmetic = _rows([BASELINE, ours, in_place, own, peer, cpu_bound(peer)], rate)
+    spares = with_spares(peer, "+ warm spares (issue 15)")
+    rows, arithmetic = _rows([BASELINE, ours, in_place, own, peer, spares, cpu_bound(peer)], rate)
     own_f, own_tuned = best_fast_interval(own, rate), retimed(own, best_fast_interval(own, rate))
     peer_f, peer_tuned = tuned(peer, rate)
     cpu_f, cpu_tuned = tuned(cpu_bound(peer), rate)
@@ -332,6 +337,24 @@ def report(gpus: int) -> str:
         f"{peer.checkpoint_interval:.0f} s, since the lag changes at f = C) it is "
         f"{peer_f:.0f} s: **{peer_tuned.goodput(rate):.2%}**; charged the CPU trainer's whole "
         f"cost, {cpu_f:.0f} s: **{cpu_tuned.goodput(rate):.2%}**.",
+        "",
+        "## Warm spares",
+        "",
+        f"With `spec.spares: 1` a replaced pod's rank goes to a spare already running on "
+        f"another node: the control plane is the spare's takeover, {SPARE_RECOVERY} s measured "
+        "(`SPARE_RECOVERY`: bench/results/in-place-spares.md, 2 pods; 12-14 s when the Job "
+        "creates the pod again, its 10 s back-off), and the start-up an in-place restart's "
+        f"({IN_PLACE_STARTUP:.0f} s assumed: the spare's container runs, its trainer "
+        f"starts), not a new pod's ({OURS_NOW.startup:.0f} s). Its price: one node of "
+        f"{WORLD_PODS + 1:,} idle, {spares.spare_share:.3%} of the GPU time, charged as a "
+        "factor on goodput. One spare is enough at this rate (an interruption every "
+        f"{1 / rate:.1f} h): the pod its Job creates again is the next spare. "
+        f"{peer.replaced():.1f} -> {spares.replaced():.1f} s per replaced pod: "
+        f"**{spares.goodput(rate):.2%}**. Measured on the pod runner (2 pods), where a new "
+        "pod costs nothing to schedule or start, the whole recovery of a GPU fault, fault to "
+        "first step, is dominated by the trainer's own start (torchrun and the worker each "
+        "import torch: ~12 s on 2 CPUs), so a spare recovers in about three quarters of the "
+        "whole world's time there, not a third (bench/results/in-place-spares.md).",
         "",
         "Not counted: the time a step takes to be published (the fast tier's "
         f"{FAST_WRITE:.2f} s; the durable tier's background save likewise), the holder's CPU "

@@ -27,6 +27,8 @@ from bench.goodput_inputs import (
     REPLICA_RESTORE,
     SOAK_FAST_EVERY,
     SOAK_SAVE_EVERY,
+    SPARE_RECOVERY,
+    WORLD_PODS,
 )
 
 
@@ -80,6 +82,13 @@ class Stack:
     fast_keep: int = FAST_KEEP
     fast_save_cost: float = FAST_SAVE_COST
     """Seconds of training each fast save costs (`with_fast_tier` adds it per interval)."""
+    spare_recovery: float | None = None
+    """With warm spares (spec.spares): the control plane of a replacement, a spare taking the
+    replaced pod's rank, and no new pod to schedule, pull and start: its trainer starts as
+    an in-place restart's does (`in_place_startup`). None: no spares."""
+    spare_share: float = 0.0
+    """The share of the job's GPUs that are idle spares (spares / (pods + spares)): GPU time
+    that never trains, charged against goodput."""
     emergency_save: float | None = None
     """Seconds of the emergency save on notice (host maintenance), which then loses no work
     (None: no emergency save: half the durable interval, as any other interruption)."""
@@ -133,9 +142,17 @@ class Stack:
 
     def replaced(self) -> float:
         """A replaced pod resuming from its peer replica (the others restart in place and
-        wait for it): control plane, a new pod's start-up, copy-back and fast restore, and
-        the work since the fast step its holder had (`replica_window`)."""
-        return self.recovery + self.startup + self.replica_restore + self.replica_window()[1]
+        wait for it): control plane, a new pod's start-up (a warm spare's trainer start
+        instead, with spares), copy-back and fast restore, and the work since the fast step
+        its holder had (`replica_window`)."""
+        return sum(self.replaced_terms())
+
+    def replaced_terms(self) -> tuple[float, float, float, float]:
+        """`replaced`'s four terms: control plane, start-up, restore, lost work."""
+        control, start = self.recovery, self.startup
+        if self.spare_recovery is not None:
+            control, start = self.spare_recovery, self.in_place_startup
+        return control, start, self.replica_restore, self.replica_window()[1]
 
     def terms(self) -> list[tuple[str, float, float]]:
         """(path, share of interruptions, seconds): what `lost_per_interruption` sums."""
@@ -158,7 +175,7 @@ class Stack:
 
     def goodput(self, interruptions_per_hour: float) -> float:
         lost = interruptions_per_hour * self.lost_per_interruption() / 3600
-        return max(0.0, 1.0 - lost - self.stall_fraction)
+        return max(0.0, 1.0 - lost - self.stall_fraction) * (1.0 - self.spare_share)
 
 
 BASELINE = Stack(
@@ -234,6 +251,14 @@ def with_fast_tier(
         in_place_restore=FAST_RESTORE,
         stall_fraction=OURS_NOW.stall_fraction + cost / interval,
     )
+
+
+def with_spares(stack: Stack, name: str, spares: int = 1, pods: int = WORLD_PODS) -> Stack:
+    """`stack` (with a peer replica) whose replaced pods' ranks go to `spares` warm spares
+    beside `pods` worker pods; their GPUs idle is the price. One is enough at Llama 3's rate
+    (an interruption every few hours): the pod its Job creates again is the next spare."""
+    return replace(stack, name=name, spare_recovery=SPARE_RECOVERY,
+                   spare_share=spares / (pods + spares))  # fmt: skip
 
 
 def with_peer_replica(stack: Stack, name: str) -> Stack:

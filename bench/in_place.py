@@ -76,6 +76,7 @@ PATHS: dict[str, dict[str, tuple[str, dict[str, Any], dict[str, Any] | None]]] =
             {"inPlace": True},
             {"everySteps": FAST_EVERY},
         ),
+        "JobSet RestartJobSet": ("jobset", {}, None),
     },
 }
 JOBSET_PATH = "JobSet RestartJobSet"

@@ -12,6 +12,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from bench import baseline_jobset as bj
@@ -102,7 +103,8 @@ def trial(platform: drills.Platform, fault: str, n: int, workers: int, xid: int)
                        .get("restarts") or 0)  # fmt: skip
         if fault == "gpu":
             core.patch_node(node, {"spec": {"unschedulable": True}})
-        return JobSetTrial(first - hit, restored, step, len(after - before), source, restarts)
+        label = f"plain file ({Path(source).name})" if source else "plain file"
+        return JobSetTrial(first - hit, restored, step, len(after - before), label, restarts)
     finally:
         _delete(kube, name, claim)
 

@@ -33,6 +33,7 @@ from bench.goodput_inputs import (
     REPLACE_SHARE,
     REPLICA_COPY,
     REPLICA_RESTORE,
+    SPARE_RECOVERY,
     copy_rounds,
     interruptions_per_hour,
     per_byte,
@@ -50,6 +51,7 @@ from bench.goodput_stacks import (
     tuned,
     uniform_sum_below,
     with_fast_tier,
+    with_spares,
 )
 
 
@@ -234,3 +236,23 @@ def test_the_report_shows_every_row_and_its_arithmetic() -> None:
         assert f"- {stack.name}: " in text
     assert "| **" in text and "2.1 ms x 6.649 = 13.96 ms" in text
     assert f"| {cpu_bound(stages()[3]).name} |" in text and "17.2 ms" in text
+
+
+def test_warm_spares_spare_a_replaced_pod_the_new_pods_start() -> None:
+    """With spares a replaced pod's rank goes to a running spare: the control plane is the
+    spare's takeover (measured) and the start-up an in-place restart's, not a new pod's."""
+    rate = interruptions_per_hour(10_000)
+    peer = stages()[3]
+    spares = with_spares(peer, "+ warm spares (issue 15)")
+    assert spares.spare_recovery == SPARE_RECOVERY
+    control, start, restore, lag = spares.replaced_terms()
+    assert (control, start) == (SPARE_RECOVERY, peer.in_place_startup)
+    assert (restore, lag) == peer.replaced_terms()[2:]
+    assert peer.replaced_terms()[:2] == (peer.recovery, peer.startup)
+    assert spares.replaced() < peer.replaced()
+    assert spares.goodput(rate) > peer.goodput(rate)
+    assert f"| {spares.name} |" in report(10_000)
+    # the spare's idle GPUs are charged: one of 1,251 pods never trains
+    assert spares.spare_share == pytest.approx(1 / 1251)
+    free = replace(spares, spare_share=0.0)
+    assert spares.goodput(rate) == pytest.approx(free.goodput(rate) * (1 - 1 / 1251))
