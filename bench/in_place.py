@@ -47,7 +47,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench import in_place_jobset
+from bench import in_place_jobset, rank0_logs
 from e2e.cluster import faults
 from e2e.demo import drills, story
 from e2e.operator_proc import REPO, wait_for
@@ -124,34 +124,15 @@ class Trial:
 def _records(opts: story.Options, job: str) -> list[dict[str, Any]]:
     """Rank 0's log records of every pod of the job (any attempt), in time order."""
     root = opts.state / "runner" / "pods" / story.NAMESPACE
-    out = []
-    for log in root.glob(f"{job}-a*-worker-0-0-*/volumes/train-logs/rank-0.jsonl"):
-        for line in log.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue
-    return sorted((r for r in out if "time" in r), key=lambda r: float(r["time"]))
+    return rank0_logs.records(root, f"{job}-a*-worker-0-0-*/volumes/train-logs/rank-0.jsonl")
 
 
 def _last_step(opts: story.Options, job: str) -> int:
-    steps = [int(r["step"]) for r in _records(opts, job) if "loss" in r and "event" not in r]
-    return max(steps, default=0)
+    return rank0_logs.last_step(_records(opts, job))
 
 
 def _resumed(opts: story.Options, job: str, after: float) -> tuple[int, float, str] | None:
-    """(the step restored after `after`, when the first step after it completed, the
-    restore's source)."""
-    records = _records(opts, job)
-    restore = next((r for r in records
-                    if r.get("event") == "restore" and float(r["time"]) > after), None)  # fmt: skip
-    if restore is None:
-        return None
-    first = next((r for r in records if "loss" in r and "event" not in r
-                  and float(r["time"]) > float(restore["time"])), None)  # fmt: skip
-    if first is None:
-        return None
-    return int(restore["step"]), float(first["time"]), str(restore.get("source", ""))
+    return rank0_logs.resumed(_records(opts, job), after)
 
 
 def _failure(status: dict[str, Any]) -> tuple[str, int] | None:

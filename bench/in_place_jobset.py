@@ -7,7 +7,6 @@ completed after the resume, from rank 0's own log.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import baseline_jobset as bj
+from bench import rank0_logs
 from e2e.cluster import faults
 from e2e.demo import drills, story
 from e2e.operator_proc import wait_for
@@ -38,32 +38,16 @@ def _records(opts: story.Options, name: str) -> list[dict[str, Any]]:
     """Rank 0's log records over every JobSet restart (each restart logs into its own
     directory), in time order."""
     root = opts.state / "runner" / "pods" / story.NAMESPACE
-    out = []
-    for log in root.glob(f"{name}-{bj.RJOB}-0-0-*/volumes/train-logs/restart-*/rank-0.jsonl"):
-        for line in log.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue
-    return sorted((r for r in out if "time" in r), key=lambda r: float(r["time"]))
+    pattern = f"{name}-{bj.RJOB}-0-0-*/volumes/train-logs/restart-*/rank-0.jsonl"
+    return rank0_logs.records(root, pattern)
 
 
 def _last_step(opts: story.Options, name: str) -> int:
-    steps = [int(r["step"]) for r in _records(opts, name) if "loss" in r and "event" not in r]
-    return max(steps, default=0)
+    return rank0_logs.last_step(_records(opts, name))
 
 
 def _resumed(opts: story.Options, name: str, after: float) -> tuple[int, float, str] | None:
-    records = _records(opts, name)
-    restore = next((r for r in records
-                    if r.get("event") == "restore" and float(r["time"]) > after), None)  # fmt: skip
-    if restore is None:
-        return None
-    first = next((r for r in records if "loss" in r and "event" not in r
-                  and float(r["time"]) > float(restore["time"])), None)  # fmt: skip
-    if first is None:
-        return None
-    return int(restore["step"]), float(first["time"]), str(restore.get("source", ""))
+    return rank0_logs.resumed(_records(opts, name), after)
 
 
 def _pods(kube: Any, name: str) -> list[dict[str, Any]]:

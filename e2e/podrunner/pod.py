@@ -330,19 +330,14 @@ class PodWorker(threading.Thread):
         (kubernetes/kubernetes#115331, `syncTerminatedPod`), which is what lets the Job
         controller, and the operator, see a deleted pod's processes end before its tracking
         finalizer is removed."""
-        if self.runner.cut_off(self.node):
-            return
-        status = render_status(self.run_state, self.pod, now())
-        ns, name = self.key
-        try:
-            self.runner.core.patch_namespaced_pod_status(name, ns, {"status": status})
-        except ApiException as exc:
-            if exc.status != 404:
-                self.runner.say(f"final status of {name}: {exc.status} {exc.reason}")
+        self._post_status()
 
     def _report(self) -> None:
         if self.stopping.is_set() and self.runner.gone(self.uid):
             return
+        self._post_status()
+
+    def _post_status(self) -> None:
         if self.runner.cut_off(self.node):
             return  # out of contact: nothing reaches the API server
         status = render_status(self.run_state, self.pod, now())

@@ -174,15 +174,7 @@ def test_deleting_a_pod_terminates_its_process_tree_then_finalizes_it(
     entry, worker = (int(x) for x in pids.read_text().split())
     t0 = time.monotonic()
     kube.core.delete_namespaced_pod("p", ns)
-
-    def gone() -> bool:
-        try:
-            kube.core.read_namespaced_pod("p", ns)
-            return False
-        except Exception:
-            return True
-
-    _until("the pod to be finalized", gone, 30)
+    _until("the pod to be finalized", lambda: _gone(kube, ns, "p"), 30)
     assert time.monotonic() - t0 >= 2.5, "the grace period (3 s) was honored"
     for pid in (entry, worker):
         assert not Path(f"/proc/{pid}").exists() or "Z" in _state(pid), f"pid {pid} survived"
@@ -206,15 +198,15 @@ def test_a_deleted_pod_reports_its_terminal_phase_before_its_finalizer_lets_it_g
     (container,) = status["containerStatuses"]
     assert container["state"]["terminated"]["exitCode"] == 128 + 15, container  # SIGTERM
     kube.core.patch_namespaced_pod("held", ns, {"metadata": {"finalizers": None}})
+    _until("the pod to go", lambda: _gone(kube, ns, "held"), 30)
 
-    def gone() -> bool:
-        try:
-            kube.core.read_namespaced_pod("held", ns)
-            return False
-        except Exception:
-            return True
 
-    _until("the pod to go", gone, 30)
+def _gone(kube: Kube, ns: str, name: str) -> bool:
+    try:
+        kube.core.read_namespaced_pod(name, ns)
+        return False
+    except Exception:
+        return True
 
 
 def _state(pid: int) -> str:
@@ -470,15 +462,7 @@ def test_deleting_a_pod_stops_its_sidecars_after_its_main_containers(
     kube.core.create_namespaced_pod(ns, _pod("p", runner.node_names[0], [main], [side]))
     _until("the pod to run", lambda: _running(kube, ns, "p"))
     kube.core.delete_namespaced_pod("p", ns)
-
-    def gone() -> bool:
-        try:
-            kube.core.read_namespaced_pod("p", ns)
-            return False
-        except Exception:
-            return True
-
-    _until("the pod to be finalized", gone, 30)
+    _until("the pod to be finalized", lambda: _gone(kube, ns, "p"), 30)
     assert order.read_text().split() == ["main-exit", "sidecar-term"]
 
 
