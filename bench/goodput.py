@@ -373,10 +373,11 @@ def _finished(api: Any) -> bool:
 
 
 def _attempt_logs(platform: story.Options) -> dict[int, dict[int, list[str]]]:
-    """attempt -> rank -> JSON lines, from the runner's per-pod directories."""
+    """attempt -> rank -> JSON lines, from the runner's per-pod directories: the workers' and
+    the warm spares' (a spare that took a rank logs under it)."""
     root = platform.state / "runner" / "pods" / story.NAMESPACE
     out: dict[int, dict[int, list[str]]] = {}
-    for f in sorted(root.glob(f"{JOB}-a*-worker-*/volumes/train-logs/rank-*.jsonl")):
+    for f in sorted(root.glob(f"{JOB}-a*-*/volumes/train-logs/rank-*.jsonl")):
         attempt = int(f.parts[-4].split("-a")[1].split("-")[0])
         rank = int(f.stem.split("-")[1])
         out.setdefault(attempt, {}).setdefault(rank, []).extend(f.read_text().splitlines())
