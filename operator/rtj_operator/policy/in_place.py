@@ -123,7 +123,7 @@ def choose(
         return InPlaceChoice(
             f"{found.failure_class.value} needs more than a restart in the same pods"
         )
-    replace = tuple(sorted(_name(p) for p in pods if _node(p) in nodes))
+    replace = tuple(sorted(_name(p) for p in pods if node_of(p) in nodes))
     if nodes:
         limit = recovery.in_place_max_replaced_pods
         if len(replace) > limit:
@@ -167,7 +167,8 @@ def _name(pod: Mapping[str, Any]) -> str:
     return str((pod.get("metadata") or {}).get("name", ""))
 
 
-def _node(pod: Mapping[str, Any]) -> str | None:
+def node_of(pod: Mapping[str, Any]) -> str | None:
+    """The node a pod is bound to (None: not scheduled yet)."""
     node = (pod.get("spec") or {}).get("nodeName")
     return node if isinstance(node, str) else None
 

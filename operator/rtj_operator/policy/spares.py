@@ -16,6 +16,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from rtj_operator.api import keys
+from rtj_operator.policy.in_place import node_of
 
 Json = Mapping[str, Any]
 
@@ -119,8 +120,8 @@ def pick(
     taken: set[str] = set()
     chosen: list[Json] = []
     for pod in sorted(candidates, key=_name):
-        node = (pod.get("spec") or {}).get("nodeName")
-        if not isinstance(node, str) or node in avoid or node in taken:
+        node = node_of(pod)
+        if node is None or node in avoid or node in taken:
             continue
         if ready(pod, reports.get(_name(pod))):
             chosen.append(pod)

@@ -31,7 +31,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 
-from rtj_operator.api import keys
 from rtj_operator.api.reasons import ConditionType, FailureClass, Phase, Reason
 from rtj_operator.api.status import (
     MAX_FAST_SOURCES,
@@ -53,7 +52,14 @@ from rtj_operator.reconcile.converge import delete_pods
 from rtj_operator.reconcile.failure import MAX_BAD_STEPS
 from rtj_operator.reconcile.ranks import completion_index, progress_port
 from rtj_operator.reconcile.supervised_exits import supervisors
-from rtj_operator.reconcile.world import Json, PollTarget, Snapshot, get_in, pod_name
+from rtj_operator.reconcile.world import (
+    Json,
+    PollTarget,
+    Snapshot,
+    attempt_of,
+    get_in,
+    pod_name,
+)
 from rtj_shim.control import Order
 
 MAX_IN_PLACE_RECORDS = 64
@@ -117,7 +123,11 @@ def begin(
     first = found.first_failed
     victims = [p for p in live if pod_name(p) in choice.replace]
     ranks = {pod_name(p): r for p in victims if (r := completion_index(p)) is not None}
-    avoid = {*quarantined, *found.nodes_to_quarantine, *(n for p in victims if (n := _node(p)))}
+    avoid = {
+        *quarantined,
+        *found.nodes_to_quarantine,
+        *(n for p in victims if (n := in_place.node_of(p))),
+    }
     picked = spares.pick(idle, supervisors(b), ranks, avoid) if victims else None
     took = _took(victims, ranks, idle, picked or {})
     entry = InPlaceRestart(
@@ -127,7 +137,7 @@ def begin(
         first_failed=FirstFailed(**first.to_json()) if first is not None else None,
         evidence=trim_evidence(found.evidence),
         detected_at=b.now,
-        replaced=[f"{pod_name(p)} on {_node(p)}" for p in victims],
+        replaced=[f"{pod_name(p)} on {in_place.node_of(p)}" for p in victims],
         spares=took,
     )
     _record(b, entry)
@@ -175,16 +185,11 @@ def _took(
 ) -> list[str]:  # fmt: skip
     """The record's lines: which spare took which replaced pod's rank."""
     by_rank = {r: pod_name(p) for p in victims if (r := ranks.get(pod_name(p))) is not None}
-    nodes = {pod_name(p): _node(p) for p in idle}
+    nodes = {pod_name(p): in_place.node_of(p) for p in idle}
     return [
         f"{spare} on {nodes.get(spare)} took rank {rank} of {by_rank.get(rank)}"
         for spare, rank in sorted(picked.items(), key=lambda kv: kv[1])
     ]
-
-
-def _node(pod: Json) -> str | None:
-    node = get_in(pod, "spec", "nodeName")
-    return node if isinstance(node, str) else None
 
 
 def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
@@ -386,7 +391,7 @@ def _idle_order(snap: Snapshot, assigned: Mapping[str, int]) -> Order | None:
     status = rtj.status
     world = [
         p for p in spares.serving(snap.pods, assigned)
-        if get_in(p, "metadata", "labels", keys.ATTEMPT_LABEL) == str(status.attempt)
+        if attempt_of(p) == status.attempt
     ]  # fmt: skip
     done = bool(world) and all(get_in(p, "status", "phase") == "Succeeded" for p in world)
     if done and status.in_place is None:
