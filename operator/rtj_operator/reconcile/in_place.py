@@ -29,7 +29,7 @@ phase. What a supervised exit means: `reconcile.supervised_exits`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from rtj_operator.api.reasons import ConditionType, FailureClass, Phase, Reason
 from rtj_operator.api.status import (
@@ -60,6 +60,7 @@ from rtj_operator.reconcile.world import (
     get_in,
     pod_name,
 )
+from rtj_operator.selection import operator_reads_store
 from rtj_shim.control import Order
 
 MAX_IN_PLACE_RECORDS = 64
@@ -218,6 +219,9 @@ def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
             b.notes.append(f"in place: waiting for {', '.join(waiting[:5])} to stop")
             b.requeue_in(1.0)
             return True
+        if _store_older_than(b, state.since):
+            b.needs_store = True  # pin what the store holds now: a step committed just
+            return True  # before the failure (its reading still under way) counts
         step = _pin(b)
         fast = fast_tier.pin(reports, names, step, b.status.bad_steps, _peers(b, live, state))
         sources = {str(i): a for i, a in sorted(fast.sources.items())[:MAX_FAST_SOURCES]}
@@ -319,6 +323,15 @@ def _index_in_name(pod: str) -> int | None:
     as the Job controller names it), for a replaced pod no longer seen."""
     parts = pod.rsplit("-", 2)
     return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
+
+
+def _store_older_than(b: PlanBuilder, since: datetime) -> bool:
+    """The operator reads this job's store, and has no reading of it begun after ``since``
+    (the failure) that covers every step marked bad."""
+    if not operator_reads_store(b.rtj.spec.checkpoint.uri):
+        return False
+    store = b.snap.store
+    return store is None or store.read_at < since or not store.covers(b.status.bad_steps)
 
 
 def _pin(b: PlanBuilder) -> int | None:

@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 from rtj_test_support import NOW, make_job
-from rtj_world import jobset, node, nodes_for, rtj_raw, snapshot, with_status
+from rtj_world import jobset, node, nodes_for, reading, rtj_raw, snapshot, with_status
 from test_in_place import IN_PLACE, KEY, RUNNING, T, plan, supervised_pods
 
 from rtj_operator import reconcile as rc
@@ -148,11 +148,19 @@ def test_a_gpu_fault_under_a_trainers_exit_replaces_that_pod_and_restarts_the_ot
     world = [pods[0], new]
     fresh = new["metadata"]["name"]
     both = supervisors({names[0]: (1, "stopped", None), fresh: (1, "stopped", None)})
-    starting = plan(raw, world, both, nodes={**nodes, "gpu-node-009": node("gpu-node-009")})
+    at_nine = {**nodes, "gpu-node-009": node("gpu-node-009")}
+    unread = plan(raw, world, both, nodes=at_nine)
+    assert unread.needs_store, "the step is pinned from a reading begun after the failure"
+    assert plan(
+        raw, world, both, nodes=at_nine, store=reading(1160, NOW - timedelta(seconds=5))
+    ).needs_store
+    starting = plan(raw, world, both, nodes=at_nine, store=reading(1200, NOW))
     raw = with_status(raw, starting)
-    assert raw["status"]["inPlace"]["phase"] == "Starting"
+    assert (raw["status"]["inPlace"]["phase"], raw["status"]["inPlace"]["step"]) == (
+        "Starting", 1200,
+    )  # fmt: skip
     order = rc.restart_order(snapshot(raw, pods=world))
-    assert order is not None and (order.action, order.generation) == ("run", 1)
+    assert order is not None and (order.action, order.generation, order.step) == ("run", 1, 1200)
 
     # 5. both run generation 1: done, one attempt, the replacement recorded
     running = supervisors({names[0]: (1, "running", None), fresh: (1, "running", None)})
