@@ -65,6 +65,7 @@ PATHS: dict[str, dict[str, tuple[str, dict[str, Any], dict[str, Any] | None]]] =
         "whole world": ("whole", {"inPlace": False}, None),
         "in place": ("inplace", {"inPlace": True}, None),
         "in place + fast tier": ("fast", {"inPlace": True}, {"everySteps": FAST_EVERY}),
+        "in place + preload": ("warm", {"inPlace": True}, None),
         "JobSet RestartJobSet": ("jobset", {}, None),
     },
     "gpu": {
@@ -76,14 +77,20 @@ PATHS: dict[str, dict[str, tuple[str, dict[str, Any], dict[str, Any] | None]]] =
             {"inPlace": True},
             {"everySteps": FAST_EVERY},
         ),
+        "in place, warm spare + preload": ("sparewarm", {"inPlace": True}, None),
         "JobSet RestartJobSet": ("jobset", {}, None),
     },
 }
 JOBSET_PATH = "JobSet RestartJobSet"
 """Without the operator: `bench.in_place_jobset` (a JobSet with RestartJobSet, torchrun, plain
 torch.save every 40 steps, resume from the newest file)."""
-SPARE_PATHS = frozenset({"in place, warm spare", "in place, warm spare + fast tier"})
+SPARE_PATHS = frozenset(
+    {"in place, warm spare", "in place, warm spare + fast tier", "in place, warm spare + preload"}
+)
 """Paths run with `spec.spares: 1` (a warm spare takes the replaced pod's rank)."""
+PRELOAD_PATHS = frozenset({"in place + preload", "in place, warm spare + preload"})
+"""Paths run with a warm standby interpreter per pod (`drills.preloaded`: the trainer under
+`python`, not torchrun, `spec.recovery.inPlacePreload` torch and rtj_shim.torch)."""
 BASELINE = "whole world"
 # kept as history: the same bench before the in-place path's own latencies were cut
 HISTORY = [
@@ -167,6 +174,8 @@ def trial(platform: drills.Platform, fault: str, path: str, n: int, workers: int
         body["spec"]["checkpoint"]["fastTier"] = dict(fast)
     if path in SPARE_PATHS:
         body["spec"]["spares"] = 1
+    if path in PRELOAD_PATHS:
+        drills.preloaded(body)
     api.create_rtj(story.NAMESPACE, body)
     wait_for(f"{job} past step 90", lambda: _last_step(opts, job) >= 90, 600, 0.2)
     before = {p["metadata"]["uid"] for p in drills.pods(api, job, 1)}
@@ -289,10 +298,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--faults", default=",".join(FAULTS), help="comma-separated: rank, gpu")
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument(
+        "--paths", default="", help="comma-separated path slugs, e.g. whole,spare (default: all)"
+    )
     p.add_argument("--work", type=Path, default=Path("/tmp/rtj-in-place"))
     p.add_argument("--markdown", type=Path, default=REPO / "bench" / "results" / "in-place.md")
     args = p.parse_args(argv)
     chosen = [f.strip() for f in args.faults.split(",") if f.strip()]
+    only = {w.strip() for w in args.paths.split(",") if w.strip()}
+    known = {slug for paths in PATHS.values() for slug, _, _ in paths.values()} | {"jobset"}
+    if only - known:
+        p.error(f"--paths: unknown {sorted(only - known)}; choose from {sorted(known)}")
     if not chosen or any(f not in FAULTS for f in chosen):
         p.error(f"--faults: choose from {', '.join(FAULTS)}")
     shutil.rmtree(args.work, ignore_errors=True)
@@ -300,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     secret.parent.mkdir(parents=True, exist_ok=True)
     secret.write_text(secrets.token_hex(32))
     # a GPU fault's node is quarantined and then cordoned: one fresh node per such trial
-    gpu_trials = args.trials * len(PATHS["gpu"]) if "gpu" in chosen else 0
+    gpu_paths = [path for path, (slug, _, _) in PATHS["gpu"].items() if not only or slug in only]
+    gpu_trials = args.trials * len(gpu_paths) if "gpu" in chosen else 0
     nodes = args.workers + gpu_trials + 2
     before = os.getloadavg()[0]
     started = time.monotonic()
@@ -315,7 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     ) as platform:  # fmt: skip
         for n in range(args.trials):
             for fault in (f for f in FAULTS if f in chosen):
-                for path in PATHS[fault]:
+                for path, (slug, _, _) in PATHS[fault].items():
+                    if only and slug not in only:
+                        continue
                     try:
                         trials.append(trial(platform, fault, path, n, args.workers, args.work))
                     except TimeoutError as exc:  # reported, with its status saved
@@ -326,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
                     sys.stdout.write(f"{trials[-1]}\n")
                     sys.stdout.flush()
     shown = ["--trials", str(args.trials), "--faults", ",".join(chosen),
-             "--workers", str(args.workers)]  # fmt: skip
+             "--workers", str(args.workers),
+             *(["--paths", ",".join(sorted(only))] if only else [])]  # fmt: skip
     text = markdown(trials, args.workers, nodes, shown, (before, os.getloadavg()[0]),
                     (time.monotonic() - started) / 60)  # fmt: skip
     if failed:

@@ -44,6 +44,24 @@ def job(name: str, *args: str, **spec: Any) -> dict[str, Any]:
     return body
 
 
+PRELOAD = ("torch", "rtj_shim.torch")
+"""What the example trainer's warm standby imports (spec.recovery.inPlacePreload)."""
+
+
+def preloaded(body: dict[str, Any]) -> dict[str, Any]:
+    """The job with a warm standby interpreter per pod: its trainer run by ``python``
+    directly (one rank per pod, from the operator's RANK/WORLD_SIZE/MASTER_* as torchrun
+    would set them), not under torchrun, which a standby cannot run."""
+    container = body["spec"]["template"]["spec"]["containers"][0]
+    command = container["command"]
+    if command[:2] != ["torchrun", "--nproc-per-node=1"]:
+        raise ValueError(f"preloaded: expected the example's torchrun command, got {command}")
+    container["command"] = ["python", *command[2:]]
+    recovery = body["spec"].setdefault("recovery", {})
+    recovery["inPlacePreload"] = list(PRELOAD)
+    return body
+
+
 def trainer_pid(opts: story.Options, pod: dict[str, Any]) -> int:
     """The training process (torchrun's child) of a pod run by the pod runner."""
     main = int((story._pod_dir(opts, pod) / "containers" / "trainer" / "pid").read_text())
@@ -77,7 +95,8 @@ def cut_off(opts: story.Options, victims: list[dict[str, Any]]) -> list[Path]:
 
 
 def is_trainer(pid: int) -> bool:
-    """A rank of the example trainer (not torchrun, nor a supervisor, naming the script)."""
+    """A rank of the example trainer (not torchrun, nor a supervisor, nor a warm standby
+    still waiting for its generation, naming the script)."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
@@ -85,7 +104,18 @@ def is_trainer(pid: int) -> bool:
     launcher = any(
         word in cmdline for word in (b"torchrun", b"torch.distributed.run", b"supervise")
     )
-    return b"ddp_train.py" in cmdline and not launcher
+    return b"ddp_train.py" in cmdline and not launcher and not _waiting_standby(pid, cmdline)
+
+
+def _waiting_standby(pid: int, cmdline: bytes) -> bool:
+    """A `rtj_shim.preload` standby reads its generation from a pipe on stdin; once handed
+    over, its stdin is /dev/null (and it is the trainer)."""
+    if b"rtj_shim.preload" not in cmdline:
+        return False
+    try:
+        return os.readlink(f"/proc/{pid}/fd/0").startswith("pipe:")
+    except OSError:
+        return False
 
 
 def pods(api: Any, name: str, attempt: int) -> list[dict[str, Any]]:

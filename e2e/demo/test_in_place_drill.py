@@ -32,6 +32,7 @@ from e2e.demo import drills, story
 from e2e.operator_proc import wait_for
 from rtj_operator.api import keys
 from rtj_shim import fast_tier
+from rtj_shim.control import STATE_FILE
 from rtj_shim.peer_replica import PEER_DIR
 
 pytestmark = [pytest.mark.demo, pytest.mark.timeout(900)]
@@ -190,10 +191,12 @@ def test_a_gpu_fault_is_replaced_by_a_warm_spare_and_the_other_restarts_in_place
     back from the other pod's copy and both resume from it, not from the durable step. The
     pod the Job creates again for the index is a spare itself, held, and finishes when the
     world does, so the JobSet completes; the finished model equals the no-fault run bit for
-    bit."""
+    bit. Every pod keeps a warm standby interpreter (spec.recovery.inPlacePreload, the
+    trainer under python directly): the spare and the survivor start generation 1 in theirs,
+    torch already imported."""
     with _platform(tmp_path, "rtj-replace", nodes=4) as platform:
         opts, kube, api = platform.opts, platform.kube, platform.api
-        body = _replicated_job(REPLACED)
+        body = drills.preloaded(_replicated_job(REPLACED))
         body["spec"]["spares"] = 1
         body["spec"]["recovery"]["inPlaceMaxReplacedPods"] = 1
         api.create_rtj(story.NAMESPACE, body)
@@ -270,6 +273,10 @@ def test_a_gpu_fault_is_replaced_by_a_warm_spare_and_the_other_restarts_in_place
             diff = sorted(s for s in got[rank] if got[rank][s] != want[rank][s])
             assert not diff, f"rank {rank}: {len(diff)} steps differ (first {diff[:5]})"
         assert max(got[1]) == REPLACE_STEPS and min(got[1]) == fast + 1
+        for pod in (survivor, spare):  # generation 1 began in the pod's warm standby
+            report = json.loads((story._pod_dir(opts, pod) / "volumes" / keys.CONTROL_VOLUME
+                                 / STATE_FILE).read_text())  # fmt: skip
+            assert (report["generation"], report["preloaded"]) == (1, True), report
 
 
 def _replicated_job(name: str, steps: int = REPLACE_STEPS) -> dict[str, Any]:

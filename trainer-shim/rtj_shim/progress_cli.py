@@ -31,7 +31,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from rtj_shim import fast_tier
+from rtj_shim import fast_tier, preload
 from rtj_shim.drain_sidecar import Drainer
 from rtj_shim.errors import UsageError
 from rtj_shim.progress import ENV_DIR, Progress
@@ -125,6 +125,13 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="after the command fails, wait this long for a restart order, then exit with "
         "its code (the pod fails as without a supervisor)",
     )
+    sup.add_argument(
+        "--preload",
+        default="",
+        metavar="MODULE,...",
+        help="keep a warm standby interpreter with these modules imported for the next "
+        "generation (a Python interpreter's command only; others start cold)",
+    )
     sup.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
     beat = sub.add_parser("heartbeat", help="report a step (and section) from a shell loop")
@@ -194,7 +201,15 @@ def supervise(args: argparse.Namespace) -> int:
         grace=args.grace,
         stop_grace=args.stop_grace,
         order_deadline=args.order_deadline,
+        preload_modules=_modules(args.preload),
     ).run()
+
+
+def _modules(text: str) -> tuple[str, ...]:
+    try:
+        return preload.parse_modules(text)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {

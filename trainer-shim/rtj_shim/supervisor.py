@@ -44,6 +44,12 @@ issue 15). Orders and reports travel through the pod's control directory (`rtj_s
   earlier generation still running on a lost node (a zombie) is older than ``a.g`` and may
   not publish (`rtj_shim.protocol.check_ownership`).
 
+- With ``preload`` (``--preload torch,...``) every start goes through a warm standby
+  interpreter (`rtj_shim.preload`): the next generation's Python process, its modules
+  imported ahead of the order, kept one per pod and started again once a generation has
+  run ``STANDBY_AFTER_SECONDS`` (at once while the command is not running). A command that
+  is not a Python interpreter's starts cold. The report's ``preloaded`` says which it was.
+
 `next_action` is the pure decision; `Supervisor` is the I/O around it.
 """
 
@@ -61,7 +67,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from rtj_shim import fast_tier
+from rtj_shim import fast_tier, preload
 from rtj_shim.control import (
     ORDER_FILE,
     STATE_FILE,
@@ -81,6 +87,9 @@ ENV_SPARE = "RTJ_SPARE"
 RANK_ENV = ("RANK", "NODE_RANK", "PET_NODE_RANK")
 MASTER_ENV = ("MASTER_ADDR", "PET_MASTER_ADDR")
 POLL_SECONDS = 0.1
+# a running generation's standby waits this long before it imports: it takes CPU from the
+# trainer's own start (a node's cores are the trainer's then; later they are mostly idle)
+STANDBY_AFTER_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -142,6 +151,7 @@ class Supervisor:
         stop_grace: float = 3.0,
         order_deadline: float = 60.0,
         env: Mapping[str, str] | None = None,
+        preload_modules: Sequence[str] = (),
     ) -> None:
         if not argv:
             raise OrderError("supervise: expected the trainer's command after --")
@@ -161,10 +171,24 @@ class Supervisor:
         self.held = self.spare or (failures.isdigit() and int(failures) > 0)
         self.assigned: dict[str, str] = {}  # the rank and rendezvous host orders gave it
         self.addressed = self.spare  # an order reached it: the operator knows it is held
+        self.modules = tuple(preload_modules)
+        self.command = preload.split_command(self.argv) if self.modules else None
+        self.standby: preload.Standby | None = None
+        self.preloaded = False  # the running generation started from a standby
+        self._started_at = 0.0
 
     # --- the loop ------------------------------------------------------------------------
     def run(self) -> int:
         """Supervise until the command finishes or is given up on; the exit code."""
+        if self.modules and self.command is None:
+            self._say(f"--preload: {self.argv[0]} is not a Python interpreter; every "
+                      "generation starts cold")  # fmt: skip
+        try:
+            return self._supervise()
+        finally:
+            self._drop_standby()
+
+    def _supervise(self) -> int:
         self.dir.mkdir(parents=True, exist_ok=True)
         _become_subreaper()
         signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -184,6 +208,7 @@ class Supervisor:
                 return self._stop_for_good()
             self._reap_orphans()
             self._reap_child()
+            self._keep_standby()
             if self.current.state == "finished":
                 return 0
             order = self._order()
@@ -224,10 +249,53 @@ class Supervisor:
     # --- transitions -----------------------------------------------------------------------
     def _start(self, env: Mapping[str, str], attempt: int | None) -> None:
         generation = self.current.generation
-        self.child = subprocess.Popen(self.argv, env=dict(env), start_new_session=True)
+        child = self._from_standby(env)
+        self.preloaded = child is not None
+        if child is None:
+            child = subprocess.Popen(
+                self.argv, env=dict(env), stdin=subprocess.DEVNULL, start_new_session=True
+            )  # stdin: nothing, as a standby's (a container's has none unless it asks)
+        self.child, self._started_at = child, time.monotonic()
         self._set(replace(self.current, state="running", attempt=attempt, exit_code=None,
                           rejected=None))  # fmt: skip
-        self._say(f"generation {generation}: started {self.argv[0]} (pid {self.child.pid})")
+        how = "from its warm standby" if self.preloaded else "cold"
+        self._say(f"generation {generation}: started {self.argv[0]} {how} (pid {child.pid})")
+
+    # --- the warm standby (rtj_shim.preload) -----------------------------------------------
+    def _from_standby(self, env: Mapping[str, str]) -> subprocess.Popen[bytes] | None:
+        if self.command is None:
+            return None
+        standby = self.standby or preload.Standby(self.command, self.modules, self.env)
+        self.standby = None
+        child = standby.hand_over(env)
+        if child is None:
+            self._say(f"the warm standby ended ({standby.proc.returncode}): starting cold")
+            standby.drop()
+        return child
+
+    def _keep_standby(self) -> None:
+        """Start the next generation's standby when none is waiting: at once while nothing
+        runs, ``STANDBY_AFTER_SECONDS`` into a running generation."""
+        if self.command is None:
+            return
+        if self.standby is not None:
+            if self.standby.alive():
+                return
+            self._say(f"the warm standby ended ({self.standby.proc.returncode}) before it "
+                      "was used: later generations start cold")  # fmt: skip
+            self.standby, self.command = None, None
+            return
+        running = self.current.state == "running"
+        if self.current.state in ("finished", "stopping") or (
+            running and time.monotonic() - self._started_at < STANDBY_AFTER_SECONDS
+        ):
+            return
+        self.standby = preload.Standby(self.command, self.modules, self.env)
+
+    def _drop_standby(self) -> None:
+        if self.standby is not None:
+            self.standby.drop()
+            self.standby = None
 
     def _env_for(self, order: Order) -> dict[str, str]:
         resume = self.dir / f"resume-{order.generation}.json"
@@ -289,19 +357,18 @@ class Supervisor:
 
     def _kill_all(self, grace: float) -> None:
         """SIGTERM the group and every descendant, SIGKILL what is left after ``grace``,
-        then reap until no descendant remains."""
-        me = os.getpid()
+        then reap until no descendant remains (but the warm standby, which never ran)."""
         if self.child is not None and self.child.poll() is None:  # a reaped pid may be reused
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.child.pid, signal.SIGTERM)
-        for pid in descendants(me):
+        for pid in self._descendants():
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace
-        while descendants(me) and time.monotonic() < deadline:
+        while self._descendants() and time.monotonic() < deadline:
             self._reap_orphans()
             time.sleep(POLL_SECONDS)
-        while left := descendants(me):
+        while left := self._descendants():
             for pid in left:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
@@ -311,22 +378,29 @@ class Supervisor:
             self.child.wait()
         self._reap_orphans()
 
+    def _descendants(self) -> list[int]:
+        """Every live process below us but the standby (which has none of its own)."""
+        standby = self.standby.pid if self.standby is not None else -1
+        return [pid for pid in descendants(os.getpid()) if pid != standby]
+
     def _reap_orphans(self) -> None:
         """Collect exited descendants reparented to us (we are their subreaper)."""
-        child = self.child.pid if self.child is not None else -1
+        ours = [p for p in (self.child, self.standby.proc if self.standby else None) if p]
         with contextlib.suppress(ChildProcessError):
             while True:
                 pid, status = os.waitpid(-1, os.WNOHANG)
                 if pid == 0:
                     return
-                if pid == child and self.child is not None and self.child.returncode is None:
-                    self.child.returncode = _exit_code(status)  # reaped here, not by Popen
+                for proc in ours:
+                    if pid == proc.pid and proc.returncode is None:
+                        proc.returncode = _exit_code(status)  # reaped here, not by Popen
 
     def _on_sigterm(self, signum: int, frame: object) -> None:
         self._terminated = True
 
     def _stop_for_good(self) -> int:
         """The pod is being deleted: pass SIGTERM on, give the command its grace."""
+        self._drop_standby()
         self._kill_all(self.grace)
         code = self.child.returncode if self.child is not None else None
         self._set(replace(self.current, state="stopped"))
@@ -341,6 +415,7 @@ class Supervisor:
             "rejected": state.rejected, "spare": self.spare,
             "rank": int(self.assigned["RANK"]) if "RANK" in self.assigned else None,
             "pid": self.child.pid if self.child is not None and state.state == "running" else None,
+            "preloaded": self.preloaded,
             "updated_wall_time": round(time.time(), 6),
         })  # fmt: skip
 

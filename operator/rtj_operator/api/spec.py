@@ -118,6 +118,13 @@ SPARES_NEED_REPLACING = (
     "spec.spares needs spec.recovery.inPlace: true and spec.recovery.inPlaceMaxReplacedPods "
     ">= 1: a spare takes the rank of a pod replaced while the others restart in place"
 )
+PRELOAD_NEEDS_IN_PLACE = (
+    "spec.recovery.inPlacePreload needs spec.recovery.inPlace: true: the standby interpreter "
+    "is the supervisor's, which runs only for restarts in place"
+)
+MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+"""A dotted Python module name (rtj_shim.preload.MODULE_NAME, which the API may not import;
+a unit test holds them equal)."""
 FAST_TIER_NEEDS_IN_PLACE = (
     "spec.checkpoint.fastTier needs spec.recovery.inPlace: true: only a restart inside the "
     "same pods finds the fast tier again"
@@ -421,6 +428,19 @@ class Recovery(ApiModel):
         "re-admission), and every other pod restarts in place. More implicated pods, or 0, "
         "re-create the whole world.",
     )
+    in_place_preload: list[Annotated[str, Field(pattern=MODULE_PATTERN, max_length=200)]] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Modules a warm standby interpreter imports ahead of each restart "
+        "in place (for example [torch]): the supervisor keeps one per pod, and a "
+        "restarted generation, a warm spare's first run included, starts in it with "
+        "its imports done instead of in a new interpreter. Only for a trainer command "
+        "that runs a Python interpreter directly (`python train.py`, `python -m pkg`, "
+        "which then reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT as torchrun "
+        "would set them); any other command (torchrun, a shell) starts cold, and the "
+        "supervisor says so in the pod's log. Costs one idle interpreter's memory per "
+        "pod. Needs inPlace. Takes effect with the next attempt.",
+    )
 
 
 class Provenance(ApiModel):
@@ -437,6 +457,13 @@ SPEC_RULES = (
         "&& self.recovery.inPlace)",
         FAST_TIER_NEEDS_IN_PLACE,
         ".checkpoint.fastTier",
+    ),
+    cel(
+        "!has(self.recovery) || !has(self.recovery.inPlacePreload) || "
+        "size(self.recovery.inPlacePreload) == 0 || (has(self.recovery.inPlace) && "
+        "self.recovery.inPlace)",
+        PRELOAD_NEEDS_IN_PLACE,
+        ".recovery.inPlacePreload",
     ),
     cel(
         "!has(self.spares) || self.spares == 0 || (has(self.recovery) && "
@@ -561,6 +588,8 @@ class ResilientTrainingJobSpec(ApiModel):
     def _fast_tier_in_place(self) -> ResilientTrainingJobSpec:
         if self.checkpoint.fast_tier is not None and not self.recovery.in_place:
             raise ValueError(FAST_TIER_NEEDS_IN_PLACE)
+        if self.recovery.in_place_preload and not self.recovery.in_place:
+            raise ValueError(PRELOAD_NEEDS_IN_PLACE)
         if self.spares and not (
             self.recovery.in_place and self.recovery.in_place_max_replaced_pods >= 1
         ):

@@ -59,6 +59,8 @@ def supervise(spec: Obj, rtj: ResilientTrainingJob, trainer_name: str, key: str)
     trainer["command"] = [
         "rtj-shim", "supervise", "--control-dir", keys.CONTROL_DIR, "--grace", str(grace),
         "--stop-grace", str(STOP_GRACE_SECONDS), "--order-deadline", str(deadline),
+        *(["--preload", ",".join(preload)] if (preload := rtj.spec.recovery.in_place_preload)
+          else []),
         "--", *trainer["command"],
     ]  # fmt: skip
     mount = {"name": keys.CONTROL_VOLUME, "mountPath": keys.CONTROL_DIR}

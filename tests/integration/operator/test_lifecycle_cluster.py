@@ -130,6 +130,23 @@ def test_a_fast_tier_needs_a_restart_in_place(rtj_api: Kube, rtj_ns: Any) -> Non
                                   "checkpoint.fastTier")  # fmt: skip
 
 
+def test_a_preload_needs_a_restart_in_place_and_module_names(rtj_api: Kube, rtj_ns: Any) -> None:
+    """spec.recovery.inPlacePreload (issue 15): only with inPlace, only dotted module names."""
+    ns = rtj_ns.name
+    with pytest.raises(Invalid) as err:
+        rtj_api.create_rtj(ns, rtj_body("warm", ns, FILE_URI,
+                                        recovery={"inPlacePreload": ["torch"]}))  # fmt: skip
+    assert "spec.recovery.inPlacePreload needs spec.recovery.inPlace: true" in str(err.value)
+    for bad in (["torch; rm -rf /"], ["1torch"], ["torch."]):
+        with pytest.raises(Invalid):
+            rtj_api.create_rtj(ns, rtj_body("bad", ns, FILE_URI,
+                               recovery={"inPlace": True, "inPlacePreload": bad}))  # fmt: skip
+    warm = {"inPlace": True, "inPlacePreload": ["torch", "rtj_shim.torch"]}
+    rtj_api.create_rtj(ns, rtj_body("warm", ns, FILE_URI, recovery=warm))
+    stored = rtj_api.get_rtj(ns, "warm")["spec"]["recovery"]["inPlacePreload"]
+    assert stored == ["torch", "rtj_shim.torch"]
+
+
 # --- suspend, resume, deadline and TTL with the operator -------------------------------------
 
 

@@ -49,11 +49,16 @@ class Pod:
             conn.close()
 
     def supervise(
-        self, *argv: str, deadline: float = 30, env: dict[str, str] | None = None
+        self,
+        *argv: str,
+        deadline: float = 30,
+        env: dict[str, str] | None = None,
+        preload: str = "",
     ) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(
             [RTJ_SHIM, "supervise", "--control-dir", str(self.control), "--grace", "1",
-             "--stop-grace", "1", "--order-deadline", str(deadline), "--", *argv],
+             "--stop-grace", "1", "--order-deadline", str(deadline), "--preload", preload,
+             "--", *argv],
             env={**os.environ, "RTJ_ATTEMPT": "1", **(env or {})},
         )  # fmt: skip
         self.procs.append(proc)

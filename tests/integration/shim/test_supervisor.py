@@ -20,6 +20,7 @@ from supervised_pod import UID, Pod, alive, until
 from rtj_shim.control import Order, job_key
 from rtj_shim.fast_tier import ENV_DIR, rank_store
 from rtj_shim.protocol import CommitProtocol
+from rtj_shim.supervisor import descendants
 
 # the "trainer": starts a worker in a session of its own (as torchrun does), ignores
 # SIGTERM (so only SIGKILL ends it), and writes its pids, attempt and resume file
@@ -198,3 +199,70 @@ def test_a_held_pod_the_operator_addressed_waits_and_finishes_on_order(pod: Pod)
     assert sup.wait(20) == 0
     assert (pod.supervisor() or {})["state"] == "finished"
     assert not (pod.out / "gen-0.json").exists() and not (pod.out / "gen-2.json").exists()
+
+
+# records whether the preloaded module was imported before its own code ran
+PRELOADED = """
+import json, os, sys, time
+out = {"pid": os.getpid(), "preloaded": "decimal" in sys.modules, "argv": sys.argv,
+       "attempt": os.environ.get("RTJ_ATTEMPT"), "stdin": sys.stdin.read(),
+       "generation": os.environ.get("RTJ_RESTART_GENERATION")}
+path = sys.argv[1] + "/gen-" + (out["generation"] or "0") + ".json"
+open(path + ".tmp", "w").write(json.dumps(out)); os.replace(path + ".tmp", path)
+time.sleep(300)
+"""
+
+
+def _standbys(supervisor: int) -> list[int]:
+    """The supervisor's descendants started as a warm standby (`rtj_shim.preload`)."""
+    out = []
+    for pid in descendants(supervisor):
+        try:
+            if b"rtj_shim.preload" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append(pid)
+        except OSError:
+            continue
+    return out
+
+
+def test_with_preload_each_generation_starts_from_a_standby_that_imported_ahead(
+    pod: Pod,
+) -> None:
+    """``--preload``: the command runs in a standby interpreter that imported the modules
+    before it was handed the generation's environment; while stopped, the next standby waits,
+    and it is the process the run order starts; a pod's deletion ends the standby too."""
+    sup = pod.supervise(sys.executable, "-c", PRELOADED, str(pod.out), preload="decimal")
+    first = json.loads(until("generation 0", lambda: _read(pod.out / "gen-0.json")))
+    assert first["preloaded"] and first["argv"] == ["-c", str(pod.out)]
+    assert (first["attempt"], first["stdin"]) == ("1", ""), "its own env; stdin empty"
+    assert (pod.supervisor() or {})["preloaded"] is True
+
+    assert pod.post(Order(UID, 1, "stop"))[0] == 202
+    until("stopped", lambda: (pod.supervisor() or {}).get("state") == "stopped")
+    assert not alive(first["pid"])
+    standby = until("the next standby", lambda: _standbys(sup.pid))
+    assert len(standby) == 1 and alive(standby[0]), "the stop left the standby alone"
+
+    assert pod.post(Order(UID, 1, "run", attempt=2, step=40))[0] == 202
+    second = json.loads(until("generation 1", lambda: _read(pod.out / "gen-1.json")))
+    assert second["pid"] == standby[0], "the standby became the command"
+    assert second["preloaded"] and (second["attempt"], second["generation"]) == ("2.1", "1")
+
+    sup.send_signal(signal.SIGTERM)
+    sup.wait(20)
+    assert not alive(second["pid"]) and not _standbys(sup.pid)
+
+
+def test_a_module_that_does_not_import_starts_the_generation_cold(pod: Pod) -> None:
+    """The standby fails before it is ready: the generation starts cold and runs."""
+    pod.supervise(sys.executable, "-c", PRELOADED, str(pod.out), preload="no_such_module_rtj")
+    first = json.loads(until("generation 0", lambda: _read(pod.out / "gen-0.json")))
+    assert not first["preloaded"] and first["argv"] == ["-c", str(pod.out)]
+    assert (pod.supervisor() or {})["preloaded"] is False
+
+
+def test_preload_starts_a_command_that_is_not_a_python_interpreters_cold(pod: Pod) -> None:
+    sup = pod.supervise("sh", "-c", f"touch {pod.out}/ran; exec sleep 300", preload="decimal")
+    until("the shell ran", lambda: (pod.out / "ran").exists())
+    assert (pod.supervisor() or {})["preloaded"] is False
+    assert not _standbys(sup.pid)

@@ -12,15 +12,17 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 from rtj_test_support import NOW, make_job
-from rtj_world import jobset, node, nodes_for, pod, rtj_raw, snapshot, with_status
+from rtj_world import jobset, node, nodes_for, pod, reading, rtj_raw, snapshot, with_status
 from test_in_place import IN_PLACE, KEY, RUNNING, plan
 from test_in_place_replace import XID, replaceable_pods, supervisors
 
 from rtj_operator import reconcile as rc
 from rtj_operator.api import keys
+from rtj_operator.api.spec import MODULE_PATTERN
 from rtj_operator.policy import spares
 from rtj_operator.policy.render import render_jobset
 from rtj_operator.reconcile.world import PollTarget
+from rtj_shim import preload
 
 SPARES = {**IN_PLACE, "spares": 1, "recovery": {"inPlace": True, "inPlaceMaxReplacedPods": 1}}
 
@@ -183,7 +185,7 @@ def test_a_gpu_fault_is_replaced_by_a_ready_spare_at_once() -> None:
     assert held.status_patch is None and "still there" in held.summary, held.summary
     going["status"]["phase"] = "Failed"
     now = [pods[0], spare, going]
-    starting = plan(raw, now, both, nodes=nodes)
+    starting = plan(raw, now, both, nodes=nodes, store=reading(1200))
     raw = with_status(raw, starting)
     assert raw["status"]["inPlace"]["phase"] == "Starting", starting.summary
     snap = snapshot(raw, pods=now)
@@ -268,3 +270,22 @@ def test_the_job_succeeds_without_an_idle_pod_that_cannot_finish() -> None:
     plain = rtj_raw(RUNNING, **SPARES)
     waiting = plan(plain, [w0, pod(1, 1, exit_code=0)], calm)
     assert "idle pods" not in waiting.summary
+
+
+def test_a_preload_is_passed_to_the_supervisor_and_needs_in_place() -> None:
+    """spec.recovery.inPlacePreload: the supervisor's --preload, on workers and spares."""
+    warm = {**SPARES, "recovery": {**SPARES["recovery"], "inPlacePreload": ["torch", "a.b"]}}
+    replicated = render_jobset(make_job(**warm), 1, 40, KEY)["spec"]["replicatedJobs"]
+    for job in replicated:
+        command = job["template"]["spec"]["template"]["spec"]["containers"][0]["command"]
+        at = command.index("--preload")
+        assert command[at + 1] == "torch,a.b" and command.index("--") > at + 1
+    plain = render_jobset(make_job(**SPARES), 1, 40, KEY)["spec"]["replicatedJobs"][0]
+    assert (
+        "--preload" not in plain["template"]["spec"]["template"]["spec"]["containers"][0]["command"]
+    )
+    with pytest.raises(ValidationError, match=r"inPlacePreload needs spec\.recovery\.inPlace"):
+        make_job(**{**IN_PLACE, "recovery": {"inPlacePreload": ["torch"]}})
+    with pytest.raises(ValidationError, match="inPlacePreload"):
+        make_job(**{**IN_PLACE, "recovery": {"inPlace": True, "inPlacePreload": ["os; rm"]}})
+    assert MODULE_PATTERN.strip("^$") == preload.MODULE_NAME.pattern, "the API's copy is the shim's"
