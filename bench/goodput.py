@@ -97,15 +97,21 @@ class SoakOptions:
     """spec.spares (warm spares; they need in_place). The platform gets as many more nodes,
     and one per GPU fault or lost node (the pod its Job creates again is the new spare), so
     the faults have the nodes they have without spares."""
+    preload: bool = False
+    """spec.recovery.inPlacePreload (`drills.preloaded`: a warm standby interpreter per pod,
+    the trainer under python directly instead of torchrun; it needs in_place)."""
 
     def __post_init__(self) -> None:
         if self.fast_every < 0 or (self.fast_every and not self.in_place):
             raise ValueError("the fast tier (fast_every > 0) needs in-place restarts")
         if self.spares < 0 or (self.spares and not self.in_place):
             raise ValueError("warm spares (spares > 0) need in-place restarts")
+        if self.preload and not self.in_place:
+            raise ValueError("a warm standby interpreter (preload) needs in-place restarts")
 
     def features(self) -> dict[str, Any]:
-        return {"in_place": self.in_place, "fast_every": self.fast_every, "spares": self.spares}
+        return {"in_place": self.in_place, "fast_every": self.fast_every, "spares": self.spares,
+                "preload": self.preload}  # fmt: skip
 
     def nodes(self) -> int:
         return NODES + (self.spares + sum(CAPS.values()) if self.spares else 0)
@@ -116,7 +122,8 @@ class SoakOptions:
             return "whole world only"
         tier = f"fast tier every {self.fast_every} steps" if self.fast_every else "no fast tier"
         spares = f", {self.spares} warm spare(s)" if self.spares else ""
-        return f"in place, {tier}{spares}"
+        preload = ", warm standby interpreters" if self.preload else ""
+        return f"in place, {tier}{spares}{preload}"
 
 
 def _trainer_args(opts: SoakOptions) -> list[str]:
@@ -142,6 +149,8 @@ def job_body(opts: SoakOptions) -> dict[str, Any]:
     keep = [a for a in container["command"] if not a.startswith(("--steps", "--save-every",
                                                                  "--step-sleep"))]  # fmt: skip
     container["command"] = [*keep, *_trainer_args(opts)]
+    if opts.preload:
+        drills.preloaded(body)
     return dict(body)
 
 
@@ -490,6 +499,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="spec.checkpoint.fastTier.everySteps, 0: off (%(default)s)")  # fmt: skip
     p.add_argument("--spares", type=int, default=0,
                    help="spec.spares: warm spares (needs --in-place; %(default)s)")  # fmt: skip
+    p.add_argument("--preload", action="store_true",
+                   help="spec.recovery.inPlacePreload: a warm standby interpreter per pod, "
+                   "the trainer under python, not torchrun (needs --in-place)")  # fmt: skip
     p.add_argument("--preemption-hold", type=float, default=PREEMPTION_HOLD,
                    help="seconds a preemption's urgent workload keeps the quota once "
                    "admitted (%(default)s)")  # fmt: skip
@@ -501,9 +513,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--fast-every needs --in-place (give --fast-every 0 with --no-in-place)")
     if args.spares and not args.in_place:
         p.error("--spares needs --in-place")
+    if args.preload and not args.in_place:
+        p.error("--preload needs --in-place")
     opts = SoakOptions(mtbf=args.mtbf, seed=args.seed, steps=args.steps, work=args.work,
                        in_place=args.in_place, fast_every=args.fast_every,
-                       preemption_hold=args.preemption_hold, spares=args.spares)  # fmt: skip
+                       preemption_hold=args.preemption_hold, spares=args.spares,
+                       preload=args.preload)  # fmt: skip
     command = "python -m bench.goodput " + " ".join(
         sys.argv[1:] if argv is None else argv
     )  # fmt: skip

@@ -3,19 +3,23 @@ re-creating the whole world and by restarting in place (with the fast tier, or w
 broken node's pod replaced).
 
     python -m bench.in_place [--trials 3] [--faults rank,gpu] [--workers 2]
-                             [--markdown bench/results/in-place.md]
+                             [--paths whole,inplace,...] [--markdown bench/results/in-place.md]
 
 One local platform (control plane, S3 server, pod runner, operator with a control secret);
 per trial a job of the example trainer (`--workers` pods, one rank each) trains past step
 90 (durable saves every 40), then the fault hits rank 1:
 
 - `rank`: its training process is SIGKILLed (nothing implicates a node). Paths: the whole
-  world re-created (`inPlace` off), in place, in place with the fast tier (every 5 steps).
+  world re-created (`inPlace` off), in place, in place with the fast tier (every 5 steps),
+  in place with a warm standby interpreter per pod (`+ preload`: `inPlacePreload` torch and
+  rtj_shim.torch, the trainer under python instead of torchrun; the fault waits until every
+  pod's standby reports ready, the steady state of a fault long after the last start).
 - `gpu`: an XID 79 condition on its node, then its training process SIGKILLed (as
   `e2e/demo/test_in_place_drill.py` does). Paths: the whole world re-created (`inPlace` off),
   in place with only that pod replaced (`inPlace` on, `inPlaceMaxReplacedPods` 1: its Job
   creates it again), and the same with a warm spare (`spares: 1`) taking its rank, without
-  and with the fast tier (its peer replica gives the spare the rank's fast step). The node
+  and with the fast tier (its peer replica gives the spare the rank's fast step), and with a
+  warm standby interpreter in every pod, the spare's included (`+ preload`). The node
   is quarantined by the job and then cordoned by the bench, so every trial's fault hits a
   fresh node: the platform runs `--workers` + one node per GPU-fault trial + 2 nodes (the
   spare's, and one for a pod its Job creates again).
@@ -178,6 +182,11 @@ def trial(platform: drills.Platform, fault: str, path: str, n: int, workers: int
         drills.preloaded(body)
     api.create_rtj(story.NAMESPACE, body)
     wait_for(f"{job} past step 90", lambda: _last_step(opts, job) >= 90, 600, 0.2)
+    if path in PRELOAD_PATHS:  # the steady state: a fault long after the last start
+        wait_for(f"{job}'s warm standbys ready", lambda: all(
+            drills.supervisor_report(opts, p).get("standby") == "ready"
+            for p in drills.pods(api, job, 1)
+        ), 120, 0.2)  # fmt: skip
     before = {p["metadata"]["uid"] for p in drills.pods(api, job, 1)}
     victim = drills.rank_pod(drills.pods(api, job, 1), 1)
     node = victim["spec"]["nodeName"]

@@ -25,6 +25,8 @@ from e2e.demo import story
 from e2e.operator_proc import REPO, wait_for
 from e2e.podrunner.pod import kill_tree
 from e2e.podrunner.runner import descendants
+from rtj_operator.api import keys
+from rtj_shim.control import STATE_FILE
 
 RANK_LABEL = "batch.kubernetes.io/job-completion-index"
 
@@ -60,6 +62,17 @@ def preloaded(body: dict[str, Any]) -> dict[str, Any]:
     recovery = body["spec"].setdefault("recovery", {})
     recovery["inPlacePreload"] = list(PRELOAD)
     return body
+
+
+def supervisor_report(opts: story.Options, pod: dict[str, Any]) -> dict[str, Any]:
+    """What the pod's `rtj-shim supervise` reports (its control volume's state file; {}:
+    none yet)."""
+    path = story._pod_dir(opts, pod) / "volumes" / keys.CONTROL_VOLUME / STATE_FILE
+    try:
+        report: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return report
 
 
 def trainer_pid(opts: story.Options, pod: dict[str, Any]) -> int:

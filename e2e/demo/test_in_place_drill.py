@@ -32,7 +32,6 @@ from e2e.demo import drills, story
 from e2e.operator_proc import wait_for
 from rtj_operator.api import keys
 from rtj_shim import fast_tier
-from rtj_shim.control import STATE_FILE
 from rtj_shim.peer_replica import PEER_DIR
 
 pytestmark = [pytest.mark.demo, pytest.mark.timeout(900)]
@@ -274,8 +273,7 @@ def test_a_gpu_fault_is_replaced_by_a_warm_spare_and_the_other_restarts_in_place
             assert not diff, f"rank {rank}: {len(diff)} steps differ (first {diff[:5]})"
         assert max(got[1]) == REPLACE_STEPS and min(got[1]) == fast + 1
         for pod in (survivor, spare):  # generation 1 began in the pod's warm standby
-            report = json.loads((story._pod_dir(opts, pod) / "volumes" / keys.CONTROL_VOLUME
-                                 / STATE_FILE).read_text())  # fmt: skip
+            report = drills.supervisor_report(opts, pod)
             assert (report["generation"], report["preloaded"]) == (1, True), report
 
 

@@ -101,6 +101,7 @@ class Standby:
         self._ready, ready = os.pipe()
         argv = [command.interpreter, *command.flags, "-m", __name__, "--modules",
                 ",".join(modules), "--ready-fd", str(ready), "--", *command.target]  # fmt: skip
+        self.ready: bool | None = None  # None: importing; False: it ended before it was ready
         try:
             self.proc: subprocess.Popen[bytes] = subprocess.Popen(
                 argv, env=dict(env), stdin=subprocess.PIPE, start_new_session=True,
@@ -116,22 +117,25 @@ class Standby:
     def alive(self) -> bool:
         return self.proc.returncode is None and self.proc.poll() is None
 
-    def _wait_ready(self, timeout: float) -> bool:
-        """Its modules imported (False: it ended, or did not say so within ``timeout``)."""
-        if self._ready < 0:
-            return True
+    def check(self, timeout: float = 0.0) -> bool | None:
+        """Whether its modules are imported, waiting up to ``timeout`` seconds: True, False
+        (it ended first), None (still importing)."""
+        if self.ready is not None:
+            return self.ready
         readable, _, _ = select.select([self._ready], [], [], timeout)
-        word = os.read(self._ready, 1) if readable else b""
+        if not readable:
+            return None
+        self.ready = os.read(self._ready, 1) == READY
         os.close(self._ready)
         self._ready = -1
-        return word == READY
+        return self.ready
 
     def hand_over(self, env: Mapping[str, str]) -> subprocess.Popen[bytes] | None:
         """Give the standby the command's environment once its imports are done: the process
         is the command from now on. None when the standby failed or is gone (the caller
         starts the command cold)."""
         stdin = self.proc.stdin
-        if stdin is None or not self._wait_ready(READY_WAIT_SECONDS) or not self.alive():
+        if stdin is None or self.check(READY_WAIT_SECONDS) is not True or not self.alive():
             return None
         try:
             stdin.write(json.dumps({"env": dict(env)}).encode() + b"\n")

@@ -46,9 +46,11 @@ issue 15). Orders and reports travel through the pod's control directory (`rtj_s
 
 - With ``preload`` (``--preload torch,...``) every start goes through a warm standby
   interpreter (`rtj_shim.preload`): the next generation's Python process, its modules
-  imported ahead of the order, kept one per pod and started again once a generation has
-  run ``STANDBY_AFTER_SECONDS`` (at once while the command is not running). A command that
-  is not a Python interpreter's starts cold. The report's ``preloaded`` says which it was.
+  imported ahead of the order, kept one per pod and started again once a generation's
+  trainer has written its progress record (its own imports are done) or has run
+  ``STANDBY_AFTER_SECONDS``, at once while the command is not running. A command that is
+  not a Python interpreter's starts cold. The report's ``preloaded`` says which it was, and
+  ``standby`` whether the next one is ``importing`` or ``ready``.
 
 `next_action` is the pure decision; `Supervisor` is the I/O around it.
 """
@@ -87,8 +89,8 @@ ENV_SPARE = "RTJ_SPARE"
 RANK_ENV = ("RANK", "NODE_RANK", "PET_NODE_RANK")
 MASTER_ENV = ("MASTER_ADDR", "PET_MASTER_ADDR")
 POLL_SECONDS = 0.1
-# a running generation's standby waits this long before it imports: it takes CPU from the
-# trainer's own start (a node's cores are the trainer's then; later they are mostly idle)
+# a running generation's standby waits for the trainer's progress record, or this long, before
+# it imports: it would take CPU from the trainer's own start
 STANDBY_AFTER_SECONDS = 10.0
 
 
@@ -265,12 +267,19 @@ class Supervisor:
     def _from_standby(self, env: Mapping[str, str]) -> subprocess.Popen[bytes] | None:
         if self.command is None:
             return None
-        standby = self.standby or preload.Standby(self.command, self.modules, self.env)
+        try:
+            standby = self.standby or preload.Standby(self.command, self.modules, self.env)
+        except OSError as exc:
+            self._say(f"no warm standby ({exc}): starting cold")
+            self.command = None
+            return None
         self.standby = None
         child = standby.hand_over(env)
         if child is None:
-            self._say(f"the warm standby ended ({standby.proc.returncode}): starting cold")
             standby.drop()
+            self._say(f"the warm standby ended ({standby.proc.returncode}) before it was "
+                      "ready: starting cold, and the later generations too")  # fmt: skip
+            self.command = None
         return child
 
     def _keep_standby(self) -> None:
@@ -279,18 +288,31 @@ class Supervisor:
         if self.command is None:
             return
         if self.standby is not None:
-            if self.standby.alive():
+            was = self.standby.ready
+            if self.standby.alive() and self.standby.check() is not False:
+                if self.standby.ready != was:
+                    self._set(self.current)  # report it ready
                 return
             self._say(f"the warm standby ended ({self.standby.proc.returncode}) before it "
                       "was used: later generations start cold")  # fmt: skip
             self.standby, self.command = None, None
             return
         running = self.current.state == "running"
+        early = time.monotonic() - self._started_at < STANDBY_AFTER_SECONDS
         if self.current.state in ("finished", "stopping") or (
-            running and time.monotonic() - self._started_at < STANDBY_AFTER_SECONDS
+            running and early and not self._progress_recorded()
         ):
             return
-        self.standby = preload.Standby(self.command, self.modules, self.env)
+        try:
+            self.standby = preload.Standby(self.command, self.modules, self.env)
+        except OSError as exc:  # the interpreter cannot be started: nor can a cold start
+            self._say(f"no warm standby ({exc}): later generations start cold")
+            self.command = None
+        self._set(self.current)  # report it importing
+
+    def _progress_recorded(self) -> bool:
+        directory = self.env.get(ENV_DIR)
+        return directory is not None and any(Path(directory).glob(f"{FILE_PREFIX}*{FILE_SUFFIX}"))
 
     def _drop_standby(self) -> None:
         if self.standby is not None:
@@ -416,6 +438,8 @@ class Supervisor:
             "rank": int(self.assigned["RANK"]) if "RANK" in self.assigned else None,
             "pid": self.child.pid if self.child is not None and state.state == "running" else None,
             "preloaded": self.preloaded,
+            "standby": None if self.standby is None else
+                       {None: "importing", True: "ready", False: "failed"}[self.standby.ready],
             "updated_wall_time": round(time.time(), 6),
         })  # fmt: skip
 

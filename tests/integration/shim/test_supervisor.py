@@ -242,6 +242,7 @@ def test_with_preload_each_generation_starts_from_a_standby_that_imported_ahead(
     assert not alive(first["pid"])
     standby = until("the next standby", lambda: _standbys(sup.pid))
     assert len(standby) == 1 and alive(standby[0]), "the stop left the standby alone"
+    until("reported ready", lambda: (pod.supervisor() or {}).get("standby") == "ready")
 
     assert pod.post(Order(UID, 1, "run", attempt=2, step=40))[0] == 202
     second = json.loads(until("generation 1", lambda: _read(pod.out / "gen-1.json")))
@@ -258,7 +259,8 @@ def test_a_module_that_does_not_import_starts_the_generation_cold(pod: Pod) -> N
     pod.supervise(sys.executable, "-c", PRELOADED, str(pod.out), preload="no_such_module_rtj")
     first = json.loads(until("generation 0", lambda: _read(pod.out / "gen-0.json")))
     assert not first["preloaded"] and first["argv"] == ["-c", str(pod.out)]
-    assert (pod.supervisor() or {})["preloaded"] is False
+    report = pod.supervisor() or {}
+    assert (report["preloaded"], report["standby"]) == (False, None), "no standby after it"
 
 
 def test_preload_starts_a_command_that_is_not_a_python_interpreters_cold(pod: Pod) -> None:
