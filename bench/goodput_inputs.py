@@ -83,6 +83,13 @@ or container start, but the process starts again (framework import, CUDA context
 communicators): in the soak, 4-8 s from every pod running the new generation to the first
 step on 2 CPUs (gloo), which says nothing of NCCL initialisation at 10k ranks."""
 
+PRELOAD_SAVING = 3.15 + 3.78
+"""Measured (2026-12-01, this machine alone, medians of 3): what a warm standby interpreter
+(spec.recovery.inPlacePreload) spares a restarted trainer: torchrun's own import
+(`python -c "import torch.distributed.run"`: 2.55, 3.21, 3.15 s) and the worker's (`import
+torch, rtj_shim.torch`: 3.58, 3.78, 3.90 s). Taken off IN_PLACE_STARTUP. Under load it is
+more: bench/results/in-place-spares.md, 2 trainers on 2 CPUs, saw 14.3 -> 3.9 s."""
+
 MiB = float(1 << 20)
 RANK_STATE_BYTES = 4e9
 """Llama 3: each GPU's checkpointed state is 1 MB to 4 GB; the largest, assumed."""

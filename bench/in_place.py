@@ -107,8 +107,9 @@ HISTORY = [
     "are out. After that cut (19:13, 3 trials each): whole world 9.2 s, in place 7.7 s "
     "(0.84x), 12 steps recomputed by both.",
     "",
-    "What is left is the trainer's own restart (a new Python process: importing torch, "
-    "gloo's rendezvous, the restore; ~5 s here), which every path pays. On this harness a pod "
+    "What was left then is the trainer's own restart (a new Python process: importing "
+    "torch, gloo's rendezvous, the restore; ~5 s here), which every path without a warm "
+    "standby interpreter (`+ preload`) pays. On this harness a pod "
     "costs nothing to create (no scheduling delay, no image pull, no CUDA initialisation, no "
     "Kueue wait), so re-creating the world is cheap; on a real cluster those are the minutes "
     "in-place restart saves, and the job keeps its Kueue admission. Detection of a trainer's "
@@ -281,8 +282,11 @@ def markdown(trials: list[Trial], workers: int, nodes: int, argv: list[str],
         "(one pod per node), durable saves every 40 steps; the fault hits rank 1 after step "
         "90. Recovery: the fault to the first step completed after the resume (rank 0's own "
         "log). Steps recomputed: the step rank 0 had completed at the fault minus the step "
-        "resumed from. Pods created: pods of the job that did not exist before the fault. "
-        "The paths alternate within each round.",
+        "resumed from. Pods created: pods of the job that did not exist before the fault, "
+        "counted at that first step (the pod a Job creates again for a rank a warm spare "
+        "took comes after the Job's 10 s back-off, usually later: 0 then). With `+ preload` "
+        "the fault waits, past step 90, until every pod's warm standby reports ready. The "
+        "paths alternate within each round.",
         "",
     ]
     for fault in FAULTS:

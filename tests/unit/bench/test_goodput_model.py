@@ -24,10 +24,12 @@ from bench.goodput_inputs import (
     FAULT_MIX,
     GPU_SHARE,
     IN_PLACE_SHARE,
+    IN_PLACE_STARTUP,
     LLAMA3_DAYS,
     LLAMA3_GPUS,
     LLAMA3_INTERRUPTIONS,
     MEASURED_STATE,
+    PRELOAD_SAVING,
     RANK_STATE_BYTES,
     RANKS_PER_POD,
     REPLACE_SHARE,
@@ -51,6 +53,7 @@ from bench.goodput_stacks import (
     tuned,
     uniform_sum_below,
     with_fast_tier,
+    with_preload,
     with_spares,
 )
 
@@ -256,3 +259,17 @@ def test_warm_spares_spare_a_replaced_pod_the_new_pods_start() -> None:
     assert spares.spare_share == pytest.approx(1 / 1251)
     free = replace(spares, spare_share=0.0)
     assert spares.goodput(rate) == pytest.approx(free.goodput(rate) * (1 - 1 / 1251))
+
+
+def test_warm_standby_interpreters_take_the_measured_imports_off_a_restarts_start() -> None:
+    """spec.recovery.inPlacePreload: a trainer restarted in place, or on a spare, starts
+    with its imports done; a new pod's start is unchanged."""
+    rate = interruptions_per_hour(10_000)
+    spares = with_spares(stages()[3], "+ warm spares (issue 15)")
+    warm = with_preload(spares, "+ warm standby interpreters (issue 15)")
+    assert warm.in_place_startup == pytest.approx(IN_PLACE_STARTUP - PRELOAD_SAVING)
+    assert warm.startup == spares.startup
+    assert warm.in_place() == pytest.approx(spares.in_place() - PRELOAD_SAVING)
+    assert warm.replaced() == pytest.approx(spares.replaced() - PRELOAD_SAVING)
+    assert spares.goodput(rate) < warm.goodput(rate) < 1.0
+    assert f"| {warm.name} |" in report(10_000)
