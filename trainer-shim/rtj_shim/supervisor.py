@@ -284,7 +284,8 @@ class Supervisor:
 
     def _keep_standby(self) -> None:
         """Start the next generation's standby when none is waiting: at once while nothing
-        runs, ``STANDBY_AFTER_SECONDS`` into a running generation."""
+        runs; in a running generation once its trainer wrote its progress record (its own
+        imports done), or ``STANDBY_AFTER_SECONDS`` into it. Report it ready when it is."""
         if self.command is None:
             return
         if self.standby is not None:
