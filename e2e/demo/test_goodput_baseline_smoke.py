@@ -54,6 +54,7 @@ def test_plain_checkpoints_resume_exactly(tmp_path: Path) -> None:
 def test_the_baseline_restarts_and_resumes_from_a_corrupt_file_unnoticed(tmp_path: Path) -> None:
     opts = goodput.SoakOptions(
         steps=700,
+        save_every=50,  # a file before the second fault even when the first world was slow
         work=tmp_path / "soak",
         faults=[Fault(8.0, "rank_killed", 1), Fault(25.0, "corrupt_newest", 0)],
     )
