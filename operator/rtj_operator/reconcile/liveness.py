@@ -77,13 +77,18 @@ def fenced_nodes(snap: Snapshot) -> frozenset[str]:
 
 
 def _recorded_lost_at(snap: Snapshot, node: str) -> datetime | None:
-    """When an attempt of this job recorded `node` lost (the newest such record)."""
+    """When this job recorded `node` lost (the newest such record): an attempt ended by it,
+    or a restart in place that replaced the node's pod (its `detectedAt`: the verdict)."""
     found = None
     for record in snap.rtj.status.attempts:
         first = record.first_failed
         named = (first is not None and first.node == node) or node in record.quarantined_nodes
         if record.failure_class is FailureClass.NODE_LOST and named and record.ended_at:
             found = record.ended_at
+        for entry in record.in_place_restarts:
+            on_it = any(r.endswith(f" on {node}") for r in entry.replaced)
+            if entry.failure_class is FailureClass.NODE_LOST and on_it:
+                found = max(found, entry.detected_at) if found else entry.detected_at
     return found
 
 

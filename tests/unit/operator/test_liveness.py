@@ -19,6 +19,7 @@ from rtj_operator.policy.liveness import (
     lease_of,
     partitioned,
 )
+from rtj_operator.reconcile.liveness import fenced_nodes
 
 RUNNING = {"phase": "Running", "attempt": 1, "attempts": [{"attempt": 1, "jobSet": "llm-a1"}]}
 
@@ -206,6 +207,29 @@ def test_a_node_recorded_lost_is_fenced_from_the_record_while_its_lease_stays_st
     assert deleted(leases, NOW - timedelta(seconds=2)) == [], "recorded 9 s ago: not yet"
     leases["gpu-node-001"] = fresh(5)  # renewed since the record: alive after all
     assert deleted(leases) == []
+
+
+def test_a_node_lost_under_a_restart_in_place_is_fenced_from_its_verdict() -> None:
+    """A restart in place that replaced a lost node's pod dates the fence from its verdict
+    (`detectedAt`), as an attempt's record does: the barrier waited for the node's Lease
+    silence to be judged first, 9 s later in the soak, and then 10 s more."""
+    replaced = pod(1, 1, deleting=True)
+    name = replaced["metadata"]["name"]
+
+    def fenced(detected_ago: float, lease: NodeLease) -> frozenset[str]:
+        entry = {"generation": 1, "failureClass": "NodeLost", "failureCategory": "infrastructure",
+                 "detectedAt": iso(NOW - timedelta(seconds=detected_ago)),
+                 "replaced": [f"{name} on gpu-node-001"]}  # fmt: skip
+        record = {"attempt": 1, "jobSet": "llm-a1", "inPlaceRestarts": [entry]}
+        raw = rtj_raw({**RUNNING, "attempts": [record]})
+        pods = [pod(1, 0), replaced]
+        snap = snapshot(raw, jobsets=[jobset(1)], pods=pods, nodes=nodes_for(pods))
+        leases = {"gpu-node-000": fresh(), "gpu-node-001": lease}
+        return fenced_nodes(replace(snap, node_leases=leases))
+
+    assert fenced(11, fresh(19)) == {"gpu-node-001"}, "overdue, the verdict 11 s old"
+    assert fenced(9, fresh(19)) == frozenset(), "the verdict 9 s old: not yet"
+    assert fenced(11, fresh(5)) == frozenset(), "renewed since: alive after all"
 
 
 def test_a_ready_flicker_causes_no_restart_and_no_taint() -> None:
