@@ -64,14 +64,14 @@ def fenced_nodes(snap: Snapshot) -> frozenset[str]:
     for name, node in snap.nodes.items():
         lease = snap.node_leases.get(name)
         judgement = judge_node(node, lease, snap.now, pods_quiet_since(snap, name))
-        since = judgement.since
-        if judgement.liveness is not Liveness.SILENT or since is None:
-            since = _recorded_lost_at(snap, name)
-            if since is None or lease is None or lease.renewed_at >= since:
-                continue
-            if not lease.overdue(snap.now):
-                continue
-        if snap.now - since >= FENCE_AFTER:
+        starts = []  # the earlier of the two counts: each alone fences
+        if judgement.liveness is Liveness.SILENT and judgement.since is not None:
+            starts.append(judgement.since)
+        recorded = _recorded_lost_at(snap, name)
+        if (recorded is not None and lease is not None and lease.renewed_at < recorded
+                and lease.overdue(snap.now)):  # fmt: skip
+            starts.append(recorded)
+        if starts and snap.now - min(starts) >= FENCE_AFTER:
             out.add(name)
     return frozenset(out)
 

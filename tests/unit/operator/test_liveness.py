@@ -230,6 +230,8 @@ def test_a_node_lost_under_a_restart_in_place_is_fenced_from_its_verdict() -> No
     assert fenced(11, fresh(19)) == {"gpu-node-001"}, "overdue, the verdict 11 s old"
     assert fenced(9, fresh(19)) == frozenset(), "the verdict 9 s old: not yet"
     assert fenced(11, fresh(5)) == frozenset(), "renewed since: alive after all"
+    # the Lease's silence judged since (after the verdict): the verdict still dates it
+    assert fenced(11, fresh(21)) == {"gpu-node-001"}, "silent for 1 s, the verdict 11 s"
 
 
 def test_a_ready_flicker_causes_no_restart_and_no_taint() -> None:
