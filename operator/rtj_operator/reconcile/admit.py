@@ -16,6 +16,7 @@ from rtj_operator.reconcile.builder import PlanBuilder
 from rtj_operator.reconcile.checkpoints import (
     lost_steps,
     note_verified,
+    read_since,
     store_readable,
     store_retry_at,
     store_stale,
@@ -69,12 +70,7 @@ def plan_next_attempt(b: PlanBuilder) -> None:
     if operator_reads_store(uri):
         store = snap.store
         failed = status.current.ended_at if status.current is not None else None
-        if (
-            store is None
-            or store_stale(b, store)
-            or (failed and store.read_at < failed)  # a step published just before counts
-            or not store.covers(status.bad_steps)  # a step marked bad since is never pinned
-        ):
+        if store is None or store_stale(b, store) or not read_since(b, store, failed):
             b.needs_store = True
             return
         if store.error is not None:

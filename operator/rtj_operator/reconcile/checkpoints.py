@@ -57,6 +57,15 @@ def note_verified(
     )
 
 
+def read_since(b: PlanBuilder, store: StoreReading | None, since: datetime | None) -> bool:
+    """Whether a pin may come from ``store``: a reading begun after ``since`` (the failure: a
+    step published just before it counts) that covers every step marked bad since (a step
+    marked bad is never pinned)."""
+    if store is None or (since is not None and store.read_at < since):
+        return False
+    return store.covers(b.status.bad_steps)
+
+
 def store_stale(b: PlanBuilder, store: StoreReading) -> bool:
     """Whether to read the store again before deciding: a good reading after STORE_FRESH,
     an error when its retry is due."""

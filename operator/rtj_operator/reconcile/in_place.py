@@ -29,7 +29,7 @@ phase. What a supervised exit means: `reconcile.supervised_exits`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from rtj_operator.api.reasons import ConditionType, FailureClass, Phase, Reason
 from rtj_operator.api.status import (
@@ -48,6 +48,7 @@ from rtj_operator.policy.peer_replica import PeerView
 from rtj_operator.policy.render import jobset_name
 from rtj_operator.reconcile.actions import DeleteJobSet, MetricRecord
 from rtj_operator.reconcile.builder import PlanBuilder, trim_evidence
+from rtj_operator.reconcile.checkpoints import read_since
 from rtj_operator.reconcile.converge import delete_pods
 from rtj_operator.reconcile.failure import MAX_BAD_STEPS
 from rtj_operator.reconcile.ranks import completion_index, progress_port
@@ -219,7 +220,9 @@ def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
             b.notes.append(f"in place: waiting for {', '.join(waiting[:5])} to stop")
             b.requeue_in(1.0)
             return True
-        if _store_older_than(b, state.since):
+        if operator_reads_store(b.rtj.spec.checkpoint.uri) and not read_since(
+            b, b.snap.store, state.since
+        ):
             b.needs_store = True  # pin what the store holds now: a step committed just
             return True  # before the failure (its reading still under way) counts
         step = _pin(b)
@@ -323,15 +326,6 @@ def _index_in_name(pod: str) -> int | None:
     as the Job controller names it), for a replaced pod no longer seen."""
     parts = pod.rsplit("-", 2)
     return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
-
-
-def _store_older_than(b: PlanBuilder, since: datetime) -> bool:
-    """The operator reads this job's store, and has no reading of it begun after ``since``
-    (the failure) that covers every step marked bad."""
-    if not operator_reads_store(b.rtj.spec.checkpoint.uri):
-        return False
-    store = b.snap.store
-    return store is None or store.read_at < since or not store.covers(b.status.bad_steps)
 
 
 def _pin(b: PlanBuilder) -> int | None:
