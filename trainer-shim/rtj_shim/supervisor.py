@@ -45,12 +45,12 @@ issue 15). Orders and reports travel through the pod's control directory (`rtj_s
   not publish (`rtj_shim.protocol.check_ownership`).
 
 - With ``preload`` (``--preload torch,...``) every start goes through a warm standby
-  interpreter (`rtj_shim.preload`): the next generation's Python process, its modules
-  imported ahead of the order, kept one per pod and started again once a generation's
-  trainer has written its progress record (its own imports are done) or has run
-  ``STANDBY_AFTER_SECONDS``, at once while the command is not running. A command that is
-  not a Python interpreter's starts cold. The report's ``preloaded`` says which it was, and
-  ``standby`` whether the next one is ``importing`` or ``ready``.
+  interpreter (`rtj_shim.preload`, kept by `rtj_shim.standby`): the next generation's
+  Python process, its modules imported ahead of the order, kept one per pod and started
+  again once a generation's trainer has written its progress record (its own imports are
+  done) or has run ``STANDBY_AFTER_SECONDS``, at once while the command is not running. A
+  command that is not a Python interpreter's starts cold. The report's ``preloaded`` says
+  which it was, and ``standby`` whether the next one is ``importing`` or ``ready``.
 
 `next_action` is the pure decision; `Supervisor` is the I/O around it.
 """
@@ -69,7 +69,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from rtj_shim import fast_tier, preload
+from rtj_shim import fast_tier
 from rtj_shim.control import (
     ORDER_FILE,
     STATE_FILE,
@@ -82,6 +82,7 @@ from rtj_shim.control import (
 from rtj_shim.control import parse_order as _parse_order
 from rtj_shim.progress import ENV_DIR
 from rtj_shim.progress_record import FILE_PREFIX, FILE_SUFFIX
+from rtj_shim.standby import StandbyKeeper
 
 PR_SET_CHILD_SUBREAPER = 36
 ENV_INDEX_FAILURES = "RTJ_INDEX_FAILURES"
@@ -173,22 +174,17 @@ class Supervisor:
         self.held = self.spare or (failures.isdigit() and int(failures) > 0)
         self.assigned: dict[str, str] = {}  # the rank and rendezvous host orders gave it
         self.addressed = self.spare  # an order reached it: the operator knows it is held
-        self.modules = tuple(preload_modules)
-        self.command = preload.split_command(self.argv) if self.modules else None
-        self.standby: preload.Standby | None = None
+        self.standbys = StandbyKeeper(self.argv, preload_modules, self.env, self._say)
         self.preloaded = False  # the running generation started from a standby
         self._started_at = 0.0
 
     # --- the loop ------------------------------------------------------------------------
     def run(self) -> int:
         """Supervise until the command finishes or is given up on; the exit code."""
-        if self.modules and self.command is None:
-            self._say(f"--preload: {self.argv[0]} is not a Python interpreter; every "
-                      "generation starts cold")  # fmt: skip
         try:
             return self._supervise()
         finally:
-            self._drop_standby()
+            self.standbys.drop()
 
     def _supervise(self) -> int:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -210,7 +206,8 @@ class Supervisor:
                 return self._stop_for_good()
             self._reap_orphans()
             self._reap_child()
-            self._keep_standby()
+            if self.standbys.keep(self._standby_wanted()):
+                self._set(self.current)  # report it importing, ready or given up on
             if self.current.state == "finished":
                 return 0
             order = self._order()
@@ -251,7 +248,7 @@ class Supervisor:
     # --- transitions -----------------------------------------------------------------------
     def _start(self, env: Mapping[str, str], attempt: int | None) -> None:
         generation = self.current.generation
-        child = self._from_standby(env)
+        child = self.standbys.take(env)
         self.preloaded = child is not None
         if child is None:
             child = subprocess.Popen(
@@ -263,62 +260,19 @@ class Supervisor:
         how = "from its warm standby" if self.preloaded else "cold"
         self._say(f"generation {generation}: started {self.argv[0]} {how} (pid {child.pid})")
 
-    # --- the warm standby (rtj_shim.preload) -----------------------------------------------
-    def _from_standby(self, env: Mapping[str, str]) -> subprocess.Popen[bytes] | None:
-        if self.command is None:
-            return None
-        try:
-            standby = self.standby or preload.Standby(self.command, self.modules, self.env)
-        except OSError as exc:
-            self._say(f"no warm standby ({exc}): starting cold")
-            self.command = None
-            return None
-        self.standby = None
-        child = standby.hand_over(env)
-        if child is None:
-            standby.drop()
-            self._say(f"the warm standby ended ({standby.proc.returncode}) before it was "
-                      "ready: starting cold, and the later generations too")  # fmt: skip
-            self.command = None
-        return child
-
-    def _keep_standby(self) -> None:
-        """Start the next generation's standby when none is waiting: at once while nothing
-        runs; in a running generation once its trainer wrote its progress record (its own
-        imports done), or ``STANDBY_AFTER_SECONDS`` into it. Report it ready when it is."""
-        if self.command is None:
-            return
-        if self.standby is not None:
-            was = self.standby.ready
-            if self.standby.alive() and self.standby.check() is not False:
-                if self.standby.ready != was:
-                    self._set(self.current)  # report it ready
-                return
-            self._say(f"the warm standby ended ({self.standby.proc.returncode}) before it "
-                      "was used: later generations start cold")  # fmt: skip
-            self.standby, self.command = None, None
-            return
-        running = self.current.state == "running"
+    # --- the warm standby (rtj_shim.standby) -----------------------------------------------
+    def _standby_wanted(self) -> bool:
+        """The next generation's standby starts at once while nothing runs; in a running
+        generation once its trainer wrote its progress record (its own imports done), or
+        ``STANDBY_AFTER_SECONDS`` into it."""
+        if self.current.state in ("finished", "stopping"):
+            return False
         early = time.monotonic() - self._started_at < STANDBY_AFTER_SECONDS
-        if self.current.state in ("finished", "stopping") or (
-            running and early and not self._progress_recorded()
-        ):
-            return
-        try:
-            self.standby = preload.Standby(self.command, self.modules, self.env)
-        except OSError as exc:  # the interpreter cannot be started: nor can a cold start
-            self._say(f"no warm standby ({exc}): later generations start cold")
-            self.command = None
-        self._set(self.current)  # report it importing
+        return self.current.state != "running" or not early or self._progress_recorded()
 
     def _progress_recorded(self) -> bool:
         directory = self.env.get(ENV_DIR)
         return directory is not None and any(Path(directory).glob(f"{FILE_PREFIX}*{FILE_SUFFIX}"))
-
-    def _drop_standby(self) -> None:
-        if self.standby is not None:
-            self.standby.drop()
-            self.standby = None
 
     def _env_for(self, order: Order) -> dict[str, str]:
         resume = self.dir / f"resume-{order.generation}.json"
@@ -403,12 +357,12 @@ class Supervisor:
 
     def _descendants(self) -> list[int]:
         """Every live process below us but the standby (which has none of its own)."""
-        standby = self.standby.pid if self.standby is not None else -1
-        return [pid for pid in descendants(os.getpid()) if pid != standby]
+        standby = self.standbys.proc
+        return [pid for pid in descendants(os.getpid()) if standby is None or pid != standby.pid]
 
     def _reap_orphans(self) -> None:
         """Collect exited descendants reparented to us (we are their subreaper)."""
-        ours = [p for p in (self.child, self.standby.proc if self.standby else None) if p]
+        ours = [p for p in (self.child, self.standbys.proc) if p]
         with contextlib.suppress(ChildProcessError):
             while True:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -423,7 +377,7 @@ class Supervisor:
 
     def _stop_for_good(self) -> int:
         """The pod is being deleted: pass SIGTERM on, give the command its grace."""
-        self._drop_standby()
+        self.standbys.drop()
         self._kill_all(self.grace)
         code = self.child.returncode if self.child is not None else None
         self._set(replace(self.current, state="stopped"))
@@ -439,8 +393,7 @@ class Supervisor:
             "rank": int(self.assigned["RANK"]) if "RANK" in self.assigned else None,
             "pid": self.child.pid if self.child is not None and state.state == "running" else None,
             "preloaded": self.preloaded,
-            "standby": None if self.standby is None else
-                       {None: "importing", True: "ready", False: "failed"}[self.standby.ready],
+            "standby": self.standbys.report(),
             "updated_wall_time": round(time.time(), 6),
         })  # fmt: skip
 
