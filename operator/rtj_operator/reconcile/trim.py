@@ -36,11 +36,15 @@ def _trim_meta(meta: Json, *extra: str) -> dict[str, Any]:
     return kept
 
 
+_KEPT_POD_SPEC = ("nodeName", "hostname", "subdomain")
+
+
 def trim_pod(body: Json) -> dict[str, Any]:
     """The part of a pod the classifier and the planner read (indexes keep only this)."""
     meta = body.get("metadata") or {}
     spec = body.get("spec") or {}
-    kept: dict[str, Any] = {"nodeName": spec["nodeName"]} if "nodeName" in spec else {}
+    # the node, and the pod's stable DNS name (a spare given rank 0 is the new rendezvous host)
+    kept: dict[str, Any] = {k: spec[k] for k in _KEPT_POD_SPEC if isinstance(spec.get(k), str)}
     sidecar = _progress_sidecar(spec)
     if sidecar is not None:
         kept["initContainers"] = [sidecar]

@@ -239,6 +239,11 @@ def test_a_spare_that_takes_rank_0_moves_the_rendezvous_host() -> None:
     )  # fmt: skip
     assert to_worker is not None and to_worker.master_addr == "llm-a1-spare-0-0.llm-a1"
     assert to_worker.rank is None
+    # the same from the watch cache's trimmed pods (it once dropped the DNS name: no order
+    # moved the rendezvous host, and the world waited for rank 0 on the deleted pod)
+    snap = snapshot(raw, pods=[rc.trim_pod(pods[1]), rc.trim_pod(spare)])
+    order = rc.restart_order(snap, _target(rc.trim_pod(pods[1]), raw))
+    assert order is not None and order.master_addr == "llm-a1-spare-0-0.llm-a1"
 
 
 def test_the_job_succeeds_without_an_idle_pod_that_cannot_finish() -> None:
