@@ -100,8 +100,12 @@ class JobTargets:
 
     @property
     def ordering(self) -> bool:
-        """Whether restart orders are out: every pod is read, and rounds come closely."""
-        return any(m.path == CONTROL_PATH for ms in self.messages.values() for m in ms)
+        """Whether restart orders are out: every pod is read, and rounds come closely (an
+        idle spare's standing order alone does not: it would hold the rounds close for as
+        long as the job keeps a spare)."""
+        return any(
+            m.path == CONTROL_PATH and not m.standing for ms in self.messages.values() for m in ms
+        )
 
 
 Fetch = Callable[[str, int, float], Any]

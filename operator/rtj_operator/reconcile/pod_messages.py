@@ -5,7 +5,8 @@ the fast tier's drain order (``/drain``, `policy.fast_drain`), each signed with 
 control key. Pure: decided from the snapshot, sent by `rtj_operator.rank_polls`.
 
 All are idempotent and bounded: a restart order is sent every round while the restart is
-under way (the sidecar takes the same one again); an assignment or a drain order only to a
+under way (the sidecar takes the same one again), an idle pod's standing order (held, or
+finish) whenever the pod is read; an assignment or a drain order only to a
 sidecar whose last report does not show it (one small POST per such pod and round, until it
 does).
 """
@@ -53,7 +54,8 @@ def pod_messages(snap: Snapshot, targets: Sequence[PollTarget]) -> PodMessages:
         order = restart_order(snap, target)
         if order is not None:
             body = order.encode()
-            out.setdefault(target.pod, []).append(PollMessage(CONTROL_PATH, body, sign(key, body)))
+            message = PollMessage(CONTROL_PATH, body, sign(key, body), standing=target.idle)
+            out.setdefault(target.pod, []).append(message)
     ring = replica_ring(snap, targets)
     readings = snap.ranks
     reports = readings.replicas if readings is not None else {}

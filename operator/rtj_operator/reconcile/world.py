@@ -179,6 +179,10 @@ class PollMessage:
     path: str
     body: bytes
     signature: str
+    standing: bool = False
+    """An idle pod's standing order (held at the current generation, or finish): posted
+    whenever the pod is read, at the usual pace; only a restart's orders bring the rounds
+    close together."""
 
 
 @dataclass(frozen=True)

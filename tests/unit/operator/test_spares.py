@@ -6,6 +6,7 @@ spare, and every idle pod told to finish once the world has."""
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -21,8 +22,11 @@ from rtj_operator.api import keys
 from rtj_operator.api.spec import MODULE_PATTERN
 from rtj_operator.policy import spares
 from rtj_operator.policy.render import render_jobset
+from rtj_operator.rank_polls import JobTargets
 from rtj_operator.reconcile.world import PollTarget
 from rtj_shim import preload
+
+JOB_KEY = ("team-a", "llm")
 
 SPARES = {**IN_PLACE, "spares": 1, "recovery": {"inPlace": True, "inPlaceMaxReplacedPods": 1}}
 
@@ -156,7 +160,7 @@ def test_a_gpu_fault_is_replaced_by_a_ready_spare_at_once() -> None:
     raw = with_status(raw, plan(raw, world, exited, nodes=nodes))
     assert [q["node"] for q in raw["status"]["quarantinedNodes"]] == [bad]
     second = plan(raw, world, exited, nodes=nodes)
-    raw = with_status(raw, second)
+    raw = stopping_raw = with_status(raw, second)
     state = raw["status"]["inPlace"]
     assert (state["phase"], state["replacing"], state["replacedRanks"]) == (
         "Stopping", [names[1]], [1],
@@ -209,6 +213,20 @@ def test_a_gpu_fault_is_replaced_by_a_ready_spare_at_once() -> None:
     assert "inPlace" not in raw["status"] and raw["status"]["attempt"] == 1, done.summary
     hold = rc.restart_order(snapshot(raw, pods=later), _target(again, raw))
     assert hold is not None and (hold.action, hold.generation) == ("stop", 1)
+    # the idle pod's hold is a standing order: it does not keep the poller's rounds close
+    # together (every pod read every 0.25 s, for as long as the job keeps a spare)
+    steady = replace(snapshot(raw, pods=later), control_key=KEY)
+    targets = tuple(_target(p, raw) for p in later)
+    sent = rc.pod_messages(steady, targets).messages
+    assert [(m.path, m.standing) for m in sent[again["metadata"]["name"]]] == [("/control", True)]
+    assert not JobTargets(JOB_KEY, targets, messages=sent).ordering
+    # while a restart is under way its orders do
+    stopping = replace(snapshot(stopping_raw, pods=world), control_key=KEY)
+    world_targets = tuple(_target(p, stopping_raw) for p in world)
+    under_way = rc.pod_messages(stopping, world_targets).messages
+    for member in (pods[0], spare):  # the world's stop orders (the replaced pod is idle)
+        assert [m.standing for m in under_way[member["metadata"]["name"]]] == [False]
+    assert JobTargets(JOB_KEY, world_targets, messages=under_way).ordering
 
     # 5. the world's trainers finish: the idle pod is told to finish (its Job completes)
     finished = copy.deepcopy(later)
