@@ -12,6 +12,7 @@ the current generation), and told to finish once the world has.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -133,13 +134,26 @@ def pick(
 
 
 def host(pod: Json) -> str | None:
-    """The pod's stable DNS name (`<hostname>.<subdomain>`, which JobSet sets with
-    `network.enableDNSHostnames`); None without one."""
+    """Where the pod's rendezvous store is reached when it holds rank 0: its IP
+    (``status.podIP``, fixed for the pod's life, no DNS record to wait for), else its stable
+    DNS name (``<hostname>.<subdomain>``, which JobSet sets with
+    ``network.enableDNSHostnames``); None without either."""
+    ip = (pod.get("status") or {}).get("podIP")
+    if isinstance(ip, str) and _is_ip(ip):
+        return ip
     spec = pod.get("spec") or {}
     hostname, subdomain = spec.get("hostname"), spec.get("subdomain")
     if isinstance(hostname, str) and hostname and isinstance(subdomain, str) and subdomain:
         return f"{hostname}.{subdomain}"
     return None
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def moved_master(pods: Iterable[Json], assigned: Mapping[str, int]) -> str | None:

@@ -102,7 +102,10 @@ def test_which_pod_serves_which_rank() -> None:
     assert spares.assign(assigned, other, 1) == {other["metadata"]["name"]: 1}
     # rank 0 on a spare moves the rendezvous host to the spare's DNS name
     assert spares.moved_master([w0, spare], assigned) is None
-    assert spares.moved_master([w0, spare], {names[2]: 0}) == "llm-a1-spare-0-0.llm-a1"
+    assert spares.moved_master([w0, spare], {names[2]: 0}) == "10.0.0.9", "its pod IP"
+    no_ip = copy.deepcopy(spare)
+    del no_ip["status"]["podIP"]
+    assert spares.moved_master([w0, no_ip], {names[2]: 0}) == "llm-a1-spare-0-0.llm-a1"
 
 
 def test_a_spare_is_picked_only_ready_and_off_the_bad_nodes() -> None:
@@ -252,16 +255,17 @@ def test_a_spare_that_takes_rank_0_moves_the_rendezvous_host() -> None:
     snap = snapshot(raw, pods=[pods[1], spare])
     to_spare = rc.restart_order(snap, _target(spare, raw))
     to_worker = rc.restart_order(snap, _target(pods[1], raw))
-    assert to_spare is not None and (to_spare.rank, to_spare.master_addr) == (
-        0, "llm-a1-spare-0-0.llm-a1",
-    )  # fmt: skip
-    assert to_worker is not None and to_worker.master_addr == "llm-a1-spare-0-0.llm-a1"
+    assert to_spare is not None and (to_spare.rank, to_spare.master_addr) == (0, "10.0.0.9")
+    assert to_worker is not None and to_worker.master_addr == "10.0.0.9"
     assert to_worker.rank is None
-    # the same from the watch cache's trimmed pods (it once dropped the DNS name: no order
-    # moved the rendezvous host, and the world waited for rank 0 on the deleted pod)
-    snap = snapshot(raw, pods=[rc.trim_pod(pods[1]), rc.trim_pod(spare)])
-    order = rc.restart_order(snap, _target(rc.trim_pod(pods[1]), raw))
-    assert order is not None and order.master_addr == "llm-a1-spare-0-0.llm-a1"
+    # the same from the watch cache's trimmed pods, down to the DNS name for a pod without
+    # an IP (the cache once dropped it: no order would have moved the rendezvous host)
+    for ip, want in (("10.0.0.9", "10.0.0.9"), (None, "llm-a1-spare-0-0.llm-a1")):
+        holder = copy.deepcopy(spare)
+        holder["status"]["podIP"] = ip
+        snap = snapshot(raw, pods=[rc.trim_pod(pods[1]), rc.trim_pod(holder)])
+        order = rc.restart_order(snap, _target(rc.trim_pod(pods[1]), raw))
+        assert order is not None and order.master_addr == want
 
 
 def test_the_job_succeeds_without_an_idle_pod_that_cannot_finish() -> None:
