@@ -1,11 +1,12 @@
 """The goodput soak, short (`python -m bench.goodput` is the long one, in `make bench`):
 real training through the operator with every feature on (restart in place, the fast
-checkpoint tier every 10 steps), a hang and a corrupted newest checkpoint with a rank killed
-(both restarted in place from the fast tier: the corrupted durable step is never read),
-then an eviction (the whole world re-created, from the durable tier), and every invariant
-the soak checks: the final model equals a no-fault run bit for bit, never two worlds at
-once (per attempt and trainer generation), resumes only from the steps the operator pinned,
-budgets, nothing leaked, and a goodput figure computed from the trainer's own logs."""
+checkpoint tier every 10 steps, a warm standby interpreter per pod), a hang and a corrupted
+newest checkpoint with a rank killed (both restarted in place from the fast tier: the
+corrupted durable step is never read), then an eviction (the whole world re-created, from
+the durable tier), and every invariant the soak checks: the final model equals a no-fault
+run bit for bit, never two worlds at once (per attempt and trainer generation), resumes only
+from the steps the operator pinned, budgets, nothing leaked, and a goodput figure computed
+from the trainer's own logs."""
 
 from __future__ import annotations
 
@@ -25,10 +26,11 @@ def test_the_soak_restarts_in_place_and_whole_world_bit_for_bit(tmp_path: Path) 
         steps=1500,
         save_every=100,
         work=tmp_path / "soak",
+        preload=True,
         faults=[Fault(15.0, "hang", 1), Fault(60.0, "corrupt_newest", 0),
                 Fault(100.0, "eviction", 1)],
     )  # fmt: skip
-    assert opts.in_place and opts.fast_every == 10, "the defaults: every feature on"
+    assert opts.in_place and opts.fast_every == 10, "the defaults: in place, the fast tier"
     facts = goodput.run(opts)
     goodput.write_report(tmp_path / "report", facts, opts, goodput.machine())
     sys.stdout.write((tmp_path / "report" / "goodput.md").read_text())

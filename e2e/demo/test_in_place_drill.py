@@ -32,6 +32,7 @@ from e2e.demo import drills, story
 from e2e.operator_proc import wait_for
 from rtj_operator.api import keys
 from rtj_shim import fast_tier
+from rtj_shim.control import ORDER_FILE
 from rtj_shim.peer_replica import PEER_DIR
 
 pytestmark = [pytest.mark.demo, pytest.mark.timeout(900)]
@@ -192,7 +193,8 @@ def test_a_gpu_fault_is_replaced_by_a_warm_spare_and_the_other_restarts_in_place
     world does, so the JobSet completes; the finished model equals the no-fault run bit for
     bit. Every pod keeps a warm standby interpreter (spec.recovery.inPlacePreload, the
     trainer under python directly): the spare and the survivor start generation 1 in theirs,
-    torch already imported."""
+    torch already imported. The fault is on rank 0's node: the spare becomes rank 0, and the
+    run orders move the rendezvous host to it (its pod IP), where the survivor finds it."""
     with _platform(tmp_path, "rtj-replace", nodes=4) as platform:
         opts, kube, api = platform.opts, platform.kube, platform.api
         body = drills.preloaded(_replicated_job(REPLACED))
@@ -204,12 +206,12 @@ def test_a_gpu_fault_is_replaced_by_a_warm_spare_and_the_other_restarts_in_place
             and all(p.get("status", {}).get("phase") == "Running" for p in ps)
         ), 300, 0.5)  # fmt: skip
         before = drills.pods(api, REPLACED, 1)
-        survivor, victim = _of(before, "worker", 0), _of(before, "worker", 1)
+        survivor, victim = _of(before, "worker", 1), _of(before, "worker", 0)
         spare = _of(before, "spare", 0)
         jobset_uid = (_jobset(api, REPLACED) or {})["metadata"]["uid"]
 
         def step_now() -> int:
-            log = _rank_log(opts, survivor) / "rank-0.jsonl"
+            log = _rank_log(opts, survivor) / "rank-1.jsonl"
             try:
                 return max(drills.losses(log.read_text().splitlines()), default=0)
             except FileNotFoundError:
@@ -224,7 +226,7 @@ def test_a_gpu_fault_is_replaced_by_a_warm_spare_and_the_other_restarts_in_place
         faults.gpu_xid(kube, bad, 79)
         os.kill(pid, signal.SIGKILL)
         hit = time.monotonic()
-        victim_log = _rank_log(opts, victim) / "rank-1.jsonl"
+        victim_log = _rank_log(opts, victim) / "rank-0.jsonl"
         trained_before = max(drills.losses(victim_log.read_text().splitlines()))
 
         def restarted() -> dict[str, Any] | None:
@@ -233,18 +235,18 @@ def test_a_gpu_fault_is_replaced_by_a_warm_spare_and_the_other_restarts_in_place
         entry = wait_for("the spare's takeover and the in-place restart", restarted, 240, 0.2)
         took = time.monotonic() - hit
         sys.stdout.write(f"\nXID + SIGKILL -> every pod runs generation 1, the spare as rank "
-                         f"1: {took:.1f} s ({entry})\n")  # fmt: skip
+                         f"0: {took:.1f} s ({entry})\n")  # fmt: skip
         assert entry["outcome"] == "Running", entry
         assert entry["failureClass"] == "GPUFault", entry
         assert entry["replaced"] == [f"{victim['metadata']['name']} on {bad}"], entry
         assert entry["spares"] == [
-            f"{spare['metadata']['name']} on {spare['spec']['nodeName']} took rank 1 of "
+            f"{spare['metadata']['name']} on {spare['spec']['nodeName']} took rank 0 of "
             f"{victim['metadata']['name']}"
         ], entry
         assert entry["stoppedAt"] <= entry["startedAt"]
         status = drills.status(api, REPLACED)
         assert [q["node"] for q in status["quarantinedNodes"]] == [bad]
-        assert status["attempts"][0]["spareRanks"] == {spare["metadata"]["name"]: 1}
+        assert status["attempts"][0]["spareRanks"] == {spare["metadata"]["name"]: 0}
 
         def succeeded() -> bool:
             return drills.status(api, REPLACED).get("phase") == "Succeeded"
@@ -254,27 +256,42 @@ def test_a_gpu_fault_is_replaced_by_a_warm_spare_and_the_other_restarts_in_place
         assert status["attempt"] == 1 and len(status["attempts"]) == 1, status["attempts"]
         assert (_jobset(api, REPLACED) or {}).get("metadata", {}).get("uid") == jobset_uid
         after = drills.pods(api, REPLACED, 1)
-        assert _of(after, "worker", 0)["metadata"]["uid"] == survivor["metadata"]["uid"]
+        assert _of(after, "worker", 1)["metadata"]["uid"] == survivor["metadata"]["uid"]
         assert _of(after, "spare", 0)["metadata"]["uid"] == spare["metadata"]["uid"]
-        again = _of(after, "worker", 1)  # created again by its Job: a spare, it finished
+        again = _of(after, "worker", 0)  # created again by its Job: a spare, it finished
         assert again["metadata"]["uid"] != victim["metadata"]["uid"]
         assert again["spec"]["nodeName"] not in (bad, spare["spec"]["nodeName"])
         assert again["metadata"]["annotations"][keys.JOB_INDEX_FAILURE_COUNT] == "1"
         assert again["status"]["phase"] == "Succeeded"
-        assert not (_rank_log(opts, again) / "rank-1.jsonl").exists(), "it never trained"
+        assert not (_rank_log(opts, again) / "rank-0.jsonl").exists(), "it never trained"
 
-        survivor_log = (_rank_log(opts, survivor) / "rank-0.jsonl").read_text().splitlines()
-        replaced_log = (_rank_log(opts, spare) / "rank-1.jsonl").read_text().splitlines()
-        fast = _resumed_from_the_buddys_copy(entry, survivor_log, replaced_log, trained_before)
-        got = {0: drills.losses(survivor_log), 1: drills.losses(replaced_log)}
+        survivor_log = (_rank_log(opts, survivor) / "rank-1.jsonl").read_text().splitlines()
+        replaced_log = (_rank_log(opts, spare) / "rank-0.jsonl").read_text().splitlines()
+        fast = _resumed_from_the_buddys_copy(
+            entry, survivor_log, replaced_log, trained_before, replaced_rank=0
+        )
+        got = {1: drills.losses(survivor_log), 0: drills.losses(replaced_log)}
         want = drills.no_fault_losses(tmp_path, REPLACE_STEPS, SAVE_EVERY)
         for rank in (0, 1):
             diff = sorted(s for s in got[rank] if got[rank][s] != want[rank][s])
             assert not diff, f"rank {rank}: {len(diff)} steps differ (first {diff[:5]})"
-        assert max(got[1]) == REPLACE_STEPS and min(got[1]) == fast + 1
+        assert max(got[0]) == REPLACE_STEPS and min(got[0]) == fast + 1
+        # rank 0 moved: both pods' run orders named the spare's pod IP as the rendezvous host
+        spare_ip = spare["status"]["podIP"]
+        for pod in (survivor, spare):
+            order = _last_order(opts, pod)
+            assert (order["action"], order["generation"]) == ("run", 1), order
+            assert order.get("master_addr") == spare_ip, order
         for pod in (survivor, spare):  # generation 1 began in the pod's warm standby
             report = drills.supervisor_report(opts, pod)
             assert (report["generation"], report["preloaded"]) == (1, True), report
+
+
+def _last_order(opts: story.Options, pod: dict[str, Any]) -> dict[str, Any]:
+    """The last order the pod's progress sidecar accepted (its control volume's order file)."""
+    path = story._pod_dir(opts, pod) / "volumes" / keys.CONTROL_VOLUME / ORDER_FILE
+    order: dict[str, Any] = json.loads(path.read_text())
+    return order
 
 
 def _replicated_job(name: str, steps: int = REPLACE_STEPS) -> dict[str, Any]:
@@ -298,14 +315,19 @@ def _replica_ahead(opts: story.Options, holder: dict[str, Any], trained: int) ->
 
 
 def _resumed_from_the_buddys_copy(
-    entry: dict[str, Any], survivor_log: list[str], replaced_log: list[str], trained: int
+    entry: dict[str, Any],
+    survivor_log: list[str],
+    replaced_log: list[str],
+    trained: int,
+    replaced_rank: int = 1,
 ) -> int:
     """Both ranks resumed from the pinned fast step, newer than the durable one; the
     replacement (a new pod on another node: its own fast tier began empty) could only have
     it from the survivor's copy of its rank. The pinned step, after checks."""
     fast = entry.get("resumedFromFastStep")
     assert fast is not None and fast > entry["resumedFromStep"], entry
-    assert list(entry.get("fastSources") or {}) == ["1"], entry  # rank 1's pod copies it back
+    # the replaced rank's pod copies it back
+    assert list(entry.get("fastSources") or {}) == [str(replaced_rank)], entry
     replaced = [json.loads(x) for x in replaced_log if '"restore"' in x]
     assert [(r["step"], r["source"]) for r in replaced] == [(fast, "fast-tier")], replaced
     survived = [json.loads(x) for x in survivor_log if '"restore"' in x][1:]
@@ -329,10 +351,11 @@ def test_a_lost_node_replaces_only_its_pod_and_restarts_the_other_in_place(
     lost from its Lease and its quiet pod, quarantined, its pod force-deleted once fenced and
     created again elsewhere by its Job, the other pod restarted in place; one attempt, and
     the finished model equals the no-fault run bit for bit. The lost pod's fast step comes
-    from the survivor's copy of it (the peer replica, issue 16)."""
+    from the survivor's copy of it (the peer replica, issue 16). Preloaded: the survivor's
+    generation 1 and the replacement's first start (a held pod) begin in warm standbys."""
     with _platform(tmp_path, "rtj-lost") as platform:
         opts, api = platform.opts, platform.api
-        api.create_rtj(story.NAMESPACE, _replicated_job(LOST))
+        api.create_rtj(story.NAMESPACE, drills.preloaded(_replicated_job(LOST)))
         before = drills.scheduled(api, LOST, 2)
         survivor, victim = drills.rank_pod(before, 0), drills.rank_pod(before, 1)
         log0 = _rank_log(opts, survivor) / "rank-0.jsonl"
@@ -374,6 +397,14 @@ def test_a_lost_node_replaces_only_its_pod_and_restarts_the_other_in_place(
             diff = sorted(s for s in got[rank] if got[rank][s] != want[rank][s])
             assert not diff, f"rank {rank}: {len(diff)} steps differ (first {diff[:5]})"
         assert max(got[1]) == REPLACE_STEPS and min(got[1]) == fast + 1
+        _began_in_standbys(opts, [survivor, replacement], generation=1)
+
+
+def _began_in_standbys(opts: story.Options, pods: list[dict[str, Any]], generation: int) -> None:
+    """Each pod ran ``generation`` last, and it began in the pod's warm standby."""
+    for pod in pods:
+        report = drills.supervisor_report(opts, pod)
+        assert (report["generation"], report["preloaded"]) == (generation, True), report
 
 
 BUDDY, BUDDY_STEPS = "drill-buddy", 400  # three ranks on two cores: a shorter run
@@ -388,10 +419,11 @@ def test_a_lost_node_and_its_buddy_fall_back_to_the_durable_step_with_the_reason
     quarantined, both pods replaced (inPlaceMaxReplacedPods: 2), index 0 restarted in
     place. Index 2's copy survives on index 0, but index 1's was on the lost index 2: no
     fast step is held for every rank, so every rank resumes from the newest durable step,
-    with that reason recorded; the finished model equals the no-fault run bit for bit."""
+    with that reason recorded; the finished model equals the no-fault run bit for bit.
+    Preloaded: three trainers and their standbys on two cores."""
     with _platform(tmp_path, "rtj-buddy", 5) as platform:
         opts, api = platform.opts, platform.api
-        body = _replicated_job(BUDDY, BUDDY_STEPS)
+        body = drills.preloaded(_replicated_job(BUDDY, BUDDY_STEPS))
         body["spec"]["replicas"] = 3
         body["spec"]["recovery"]["inPlaceMaxReplacedPods"] = 2
         api.create_rtj(story.NAMESPACE, body)
@@ -455,3 +487,5 @@ def test_a_lost_node_and_its_buddy_fall_back_to_the_durable_step_with_the_reason
             assert not diff, f"rank {rank}: {len(diff)} steps differ (first {diff[:5]})"
             assert max(got[rank]) == BUDDY_STEPS
         assert min(got[1]) == min(got[2]) == resumed + 1
+        replacements = [drills.rank_pod(after, rank) for rank in (1, 2)]
+        _began_in_standbys(opts, [survivor, *replacements], generation=1)
