@@ -110,14 +110,29 @@ class LocalCluster:
         nodes: int = 8,
         gpus_per_node: int = 8,
         state_dir: Path | None = None,
+        *,
+        node_lease_seconds: int = NODE_LEASE_SECONDS,
+        loopback_pods: bool = False,
     ) -> None:
+        """``node_lease_seconds``: KWOK's node Lease duration (renewed at a quarter of it; the
+        node controller's grace grows with it); longer spares a small machine's CPU at
+        1,000+ nodes. ``loopback_pods``: pods get 127.x addresses (`kwok.loopback_pod_cidr`)."""
         self.name = name
         self.n_nodes = nodes
+        self.node_lease_seconds = node_lease_seconds
+        self.loopback_pods = loopback_pods
         self.shape = kwok.NodeShape(gpus=gpus_per_node)
         self.dir = state_dir or state_root() / name
         self.versions = load_versions()
         self.state = ClusterState(name=name, dir=self.dir, kubeconfig=self.dir / "kubeconfig")
         self._bins: dict[str, Path] = {}
+
+    def _monitor_grace(self) -> str:
+        """The node controller's grace: the harness's at the default Lease, else 1.25x the
+        Lease (it must outlast a renewal, a quarter of the Lease, with room for a late one)."""
+        if self.node_lease_seconds == NODE_LEASE_SECONDS:
+            return NODE_MONITOR_GRACE
+        return f"{int(self.node_lease_seconds * 1.25)}s"
 
     # --- public --------------------------------------------------------------------------
     @property
@@ -406,7 +421,7 @@ class LocalCluster:
                 f"--cluster-name={self.name}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--node-monitor-period=2s",
-                f"--node-monitor-grace-period={NODE_MONITOR_GRACE}",
+                f"--node-monitor-grace-period={self._monitor_grace()}",
                 "--profiling=false",
             ],
             [ports["kcm"]],
@@ -436,7 +451,7 @@ class LocalCluster:
                 f"--kubeconfig={kwok_kc}",
                 f"--config={kwok_cfg}",
                 f"--manage-nodes-with-label-selector={kwok.MANAGED_LABEL}={kwok.MANAGED_VALUE}",
-                f"--node-lease-duration-seconds={NODE_LEASE_SECONDS}",
+                f"--node-lease-duration-seconds={self.node_lease_seconds}",
             ],
             [],
             logs,
@@ -550,7 +565,8 @@ class LocalCluster:
 
             # simulated GPU nodes
             for i in range(self.n_nodes):
-                kube.apply(kwok.node_manifest(i, self.n_nodes, self.shape))
+                cidr = kwok.loopback_pod_cidr(i) if self.loopback_pods else None
+                kube.apply(kwok.node_manifest(i, self.n_nodes, self.shape, cidr))
             self.state.nodes = self.n_nodes
             self.state.save()
 

@@ -137,8 +137,18 @@ def gpu_node_labels(name: str, gpus: int) -> dict[str, str]:
     }
 
 
-def node_manifest(i: int, n_nodes: int, shape: NodeShape = NodeShape()) -> dict[str, Any]:
-    """Node ``i`` of ``n_nodes``: zones and racks spread evenly, 8 GPUs by default."""
+def loopback_pod_cidr(i: int) -> str:
+    """Node ``i``'s pod range on loopback (127.4.0.0/24, 127.4.1.0/24, ...): every pod's
+    address is this machine's, so one listener on 0.0.0.0 can stand in for every pod's."""
+    return f"127.{4 + i // 256}.{i % 256}.0/24"
+
+
+def node_manifest(
+    i: int, n_nodes: int, shape: NodeShape = NodeShape(), pod_cidr: str | None = None
+) -> dict[str, Any]:
+    """Node ``i`` of ``n_nodes``: zones and racks spread evenly, 8 GPUs by default. With
+    ``pod_cidr``, KWOK gives its pods addresses from it (pod_controller.go `PodIPsWith`:
+    the node's podCIDRs first, else its ``--cidr``)."""
     racks = max(1, shape.zones * shape.racks_per_zone)
     per_rack = max(1, -(-n_nodes // racks))
     rack = i // per_rack
@@ -166,7 +176,7 @@ def node_manifest(i: int, n_nodes: int, shape: NodeShape = NodeShape()) -> dict[
             },
             "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
         },
-        "spec": {},
+        "spec": {"podCIDR": pod_cidr, "podCIDRs": [pod_cidr]} if pod_cidr else {},
         "status": {
             "allocatable": resources,
             "capacity": resources,

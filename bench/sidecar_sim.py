@@ -1,0 +1,250 @@
+"""Stand-ins for the progress sidecar and `rtj-shim supervise` of every pod KWOK "runs" (it
+starts no container): one process answers every pod's address on one port, as each pod's
+sidecar would, so the operator's in-place restart runs at KWOK scale against the product's
+own order checks and supervisor decisions.
+
+- Pods get loopback addresses (`LocalCluster(loopback_pods=True)`: each node's podCIDR is a
+  127.x.y.0/24), so one server bound to 0.0.0.0 receives every pod's connections; the
+  address a connection arrived on says which pod it is for.
+- The pods come from a watch of the namespace (`scale_probes.RawWatch`): the address, the
+  job's control key and uid from the sidecar's environment (as the real sidecar reads them),
+  a spare (``RTJ_SPARE=1``) or a replacement (`job-index-failure-count` > 0) held.
+- ``POST /control``: `rtj_shim.control.accept` (signature, job, not older than the last),
+  then `rtj_shim.supervisor.next_action` on the pod's state: stop, start (with the rank an
+  order gives), finish, at once (a trainer that stops and starts in no time: what is
+  measured is the control plane). 202, or 403 with the reason, like the sidecar.
+- ``GET /progress``: the sidecar's body with no ranks and the supervisor's report, the
+  fields `rtj_shim.supervisor` writes.
+- Commands from the bench over a pipe: ``("exit", pod, code)`` (the pod's command exits),
+  ``("stats",)`` (requests served, orders taken, and when the last pod started each
+  generation).
+
+Not simulated: a trainer's own stop and start (the pod runner's `bench.in_place` measures
+those with real training), the kubelet, and the network between nodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import resource
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from bench.scale_probes import RawWatch
+from e2e.cluster.kube import Kube as HarnessKube
+from rtj_operator.api import keys
+from rtj_shim import control
+from rtj_shim.supervisor import Supervised, next_action
+
+HEAD = (
+    b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+    b"Connection: close\r\n\r\n"
+)
+REASONS = {200: b"OK", 202: b"Accepted", 403: b"Forbidden", 404: b"Not Found", 413: b"Too Large"}
+MAX_ORDER = 4096
+
+
+@dataclass
+class SimPod:
+    """One pod's sidecar and supervisor."""
+
+    name: str
+    uid: str
+    key: str
+    job_uid: str
+    current: Supervised
+    spare: bool = False
+    rank: int | None = None
+    last: control.Order | None = None
+    updated: float = field(default_factory=time.time)
+
+    def report(self) -> dict[str, Any]:
+        s = self.current
+        return {
+            "generation": s.generation, "state": s.state, "attempt": s.attempt,
+            "exit_code": s.exit_code, "fast_steps": [], "rejected": None, "spare": self.spare,
+            "rank": self.rank, "pid": 1 if s.state == "running" else None, "preloaded": False,
+            "standby": None, "updated_wall_time": round(self.updated, 6),
+        }  # fmt: skip
+
+    def progress(self) -> dict[str, Any]:
+        return {"schema": 1, "pod_wall_time": time.time(), "hostname": self.name, "ranks": [],
+                "errors": [], "supervisor": self.report()}  # fmt: skip
+
+    def take(self, raw: bytes, signature: str | None) -> control.Order:
+        """The sidecar's check, then the supervisor's step (raises control.OrderError)."""
+        order = control.accept(raw, signature, key=self.key, job_uid=self.job_uid, last=self.last)
+        self.last = order
+        action = next_action(self.current, order)
+        if action == "stop":
+            self._set(replace(self.current, generation=order.generation, state="stopped"))
+        elif action == "start":
+            if order.rank is not None:
+                self.rank = order.rank
+            self._set(replace(self.current, state="running", attempt=order.attempt,
+                              exit_code=None))  # fmt: skip
+        elif action == "finish":
+            self._set(replace(self.current, state="finished", exit_code=0))
+        return order
+
+    def exit(self, code: int) -> None:
+        self._set(replace(self.current, state="exited", exit_code=code))
+
+    def _set(self, state: Supervised) -> None:
+        self.current, self.updated = state, time.time()
+
+
+def _env(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in container.get("env") or [] if "name" in e}
+
+
+def sim_pod(body: dict[str, Any]) -> tuple[str, SimPod] | None:
+    """(pod IP, its stand-in) for a running pod rendered with the supervisor; None before it
+    has an address, or for a pod without one."""
+    meta, spec, status = body.get("metadata") or {}, body.get("spec") or {}, body.get("status")
+    ip = (status or {}).get("podIP")
+    if not ip or meta.get("deletionTimestamp"):
+        return None
+    sidecar = next((c for c in spec.get("initContainers") or []
+                    if c.get("name") == keys.PROGRESS_SIDECAR), None)  # fmt: skip
+    trainer = (spec.get("containers") or [{}])[0]
+    if sidecar is None:
+        return None
+    env, trainer_env = _env(sidecar), _env(trainer)
+    spare = trainer_env.get(keys.ENV_SPARE) == "1"
+    failures = (meta.get("annotations") or {}).get(keys.JOB_INDEX_FAILURE_COUNT, "0")
+    held = spare or (failures.isdigit() and int(failures) > 0)
+    attempt = (meta.get("labels") or {}).get(keys.ATTEMPT_LABEL, "")
+    state = Supervised(0, "stopped" if held else "running",
+                       int(attempt) if attempt.isdigit() else None)  # fmt: skip
+    return ip, SimPod(meta["name"], meta["uid"], env.get(keys.ENV_CONTROL_KEY, ""),
+                      env.get(keys.ENV_JOB_UID, ""), state, spare)  # fmt: skip
+
+
+class Sidecars:
+    """Every pod's stand-in, by address (kept by the watch thread, read by the server)."""
+
+    def __init__(self) -> None:
+        self.by_ip: dict[str, SimPod] = {}
+        self.lock = threading.Lock()
+        self.served: Counter[str] = Counter()
+        self.started: dict[int, float] = {}  # generation -> when the last pod started it
+
+    def on_pod(self, kind: str, body: dict[str, Any], _at: float) -> None:
+        found = sim_pod(body)
+        uid = (body.get("metadata") or {}).get("uid")
+        with self.lock:
+            if kind == "DELETED" or found is None:
+                for ip in [ip for ip, p in self.by_ip.items() if p.uid == uid]:
+                    del self.by_ip[ip]
+                return
+            ip, pod = found
+            held = self.by_ip.get(ip)
+            if held is None or held.uid != pod.uid:  # a new pod (an address can be reused)
+                self.by_ip[ip] = pod
+
+    def answer(self, ip: str, method: str, path: str, raw: bytes,
+               signature: str | None) -> tuple[int, dict[str, Any]]:  # fmt: skip
+        with self.lock:
+            pod = self.by_ip.get(ip)
+            if pod is None:
+                return 404, {"error": f"no pod at {ip}"}
+            if method == "GET" and path == "/progress":
+                self.served["progress"] += 1
+                return 200, pod.progress()
+            if method == "POST" and path == "/control":
+                try:
+                    order = pod.take(raw, signature)
+                except control.OrderError as exc:
+                    self.served["refused"] += 1
+                    return 403, {"error": str(exc)}
+                self.served[f"order {order.action}"] += 1
+                if pod.current.state == "running" and pod.current.generation == order.generation:
+                    self.started[order.generation] = max(
+                        self.started.get(order.generation, 0.0), pod.updated
+                    )
+                return 202, {"accepted": order.to_json()}
+            return 404, {"error": f"{method} {path}"}
+
+    def exit(self, name: str, code: int) -> float | None:
+        with self.lock:
+            pod = next((p for p in self.by_ip.values() if p.name == name), None)
+            if pod is None:
+                return None
+            pod.exit(code)
+            return pod.updated
+
+    def stats(self) -> dict[str, Any]:
+        with self.lock:
+            states = Counter(f"{p.current.generation} {p.current.state}"
+                             for p in self.by_ip.values())  # fmt: skip
+            return {"served": dict(self.served), "started": dict(self.started),
+                    "pods": len(self.by_ip), "states": dict(states)}  # fmt: skip
+
+
+async def _handle(sidecars: Sidecars, reader: asyncio.StreamReader,
+                  writer: asyncio.StreamWriter) -> None:  # fmt: skip
+    try:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
+        lines = head.decode("latin-1").split("\r\n")
+        method, path, _ = lines[0].split(" ", 2)
+        headers = {k.strip().lower(): v.strip()
+                   for k, _, v in (line.partition(":") for line in lines[1:] if line)}  # fmt: skip
+        length = int(headers.get("content-length") or 0)
+        if not 0 <= length <= MAX_ORDER:
+            code, body = 413, {"error": f"Content-Length {length}"}
+        else:
+            raw = await asyncio.wait_for(reader.readexactly(length), 5.0) if length else b""
+            ip = writer.get_extra_info("sockname")[0]
+            signature = headers.get(control.SIGNATURE_HEADER.lower())
+            code, body = sidecars.answer(ip, method, path, raw, signature)
+        data = json.dumps(body, separators=(",", ":")).encode()
+        writer.write(HEAD % (code, REASONS.get(code, b"?"), len(data)) + data)
+        await writer.drain()
+    except (OSError, ValueError, asyncio.IncompleteReadError, asyncio.TimeoutError,
+            asyncio.LimitOverrunError):  # fmt: skip
+        pass
+    finally:
+        writer.close()
+
+
+def serve(kubeconfig: str, namespace: str, port: int, conn: Any) -> None:
+    """The simulator's process: the pod watch, the server on 0.0.0.0:`port`, and the
+    bench's commands on `conn` (a multiprocessing pipe end)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
+    sidecars = Sidecars()
+    harness = HarnessKube(kubeconfig)
+    watch = RawWatch(harness.api, f"/api/v1/namespaces/{namespace}/pods", sidecars.on_pod,
+                     keys.JOB_LABEL)  # fmt: skip
+    watch.start()
+    watch.synced.wait(60)
+
+    async def main() -> None:
+        server = await asyncio.start_server(
+            lambda r, w: _handle(sidecars, r, w), "0.0.0.0", port, backlog=4096
+        )
+        conn.send(("ok", port))
+        loop = asyncio.get_running_loop()
+        async with server:
+            while True:
+                command = await loop.run_in_executor(None, conn.recv)
+                if command[0] == "exit":
+                    conn.send(("exited", sidecars.exit(command[1], command[2])))
+                elif command[0] == "stats":
+                    conn.send(("stats", sidecars.stats()))
+                elif command[0] == "stop":
+                    conn.send(("stopped", None))
+                    return
+
+    try:
+        asyncio.run(main())
+    except OSError as exc:
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        watch.stop()
+        harness.close()

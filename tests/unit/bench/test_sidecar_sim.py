@@ -1,0 +1,86 @@
+"""The KWOK stand-in for a pod's sidecar and supervisor (`bench.sidecar_sim`): which pods it
+stands in for, and that it takes orders as the product does (signed, for its job, never
+older than the last) and steps through the supervisor's own decisions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from bench.sidecar_sim import Sidecars, sim_pod
+from rtj_operator.api import keys
+from rtj_shim import control
+
+KEY = control.job_key(b"s" * 32, "job-uid")
+
+
+def _pod(name: str, ip: str | None, *, spare: bool = False, failures: str = "0") -> dict[str, Any]:
+    trainer_env = [{"name": keys.ENV_SPARE, "value": "1"}] if spare else []
+    return {
+        "metadata": {"name": name, "uid": f"uid-{name}",
+                     "labels": {keys.ATTEMPT_LABEL: "1"},
+                     "annotations": {keys.JOB_INDEX_FAILURE_COUNT: failures}},
+        "spec": {"initContainers": [{"name": keys.PROGRESS_SIDECAR, "env": [
+                     {"name": keys.ENV_CONTROL_KEY, "value": KEY},
+                     {"name": keys.ENV_JOB_UID, "value": "job-uid"}]}],
+                 "containers": [{"name": "trainer", "env": trainer_env}]},
+        "status": {"podIP": ip} if ip else {},
+    }  # fmt: skip
+
+
+def _post(sidecars: Sidecars, ip: str, order: control.Order, key: str = KEY) -> int:
+    raw = order.encode()
+    code, _ = sidecars.answer(ip, "POST", "/control", raw, control.sign(key, raw))
+    return code
+
+
+def _report(sidecars: Sidecars, ip: str) -> dict[str, Any]:
+    code, body = sidecars.answer(ip, "GET", "/progress", b"", None)
+    assert code == 200
+    report: dict[str, Any] = body["supervisor"]
+    return report
+
+
+def test_which_pods_it_stands_in_for() -> None:
+    assert sim_pod(_pod("w0", None)) is None, "no address yet"
+    found = sim_pod(_pod("w0", "127.4.0.2"))
+    assert found is not None and found[0] == "127.4.0.2"
+    assert (found[1].current.state, found[1].current.attempt) == ("running", 1)
+    for held in (_pod("s0", "127.4.1.2", spare=True), _pod("w1", "127.4.2.2", failures="1")):
+        got = sim_pod(held)
+        assert got is not None and got[1].current.state == "stopped"
+
+
+def test_orders_are_checked_and_carried_out_as_the_supervisor_would() -> None:
+    sidecars = Sidecars()
+    for pod in (_pod("w0", "127.4.0.2"), _pod("s0", "127.4.1.2", spare=True)):
+        sidecars.on_pod("ADDED", pod, 0.0)
+    assert sidecars.exit("w0", 1) is not None
+    assert (
+        _report(sidecars, "127.4.0.2")["state"],
+        _report(sidecars, "127.4.0.2")["exit_code"],
+    ) == ("exited", 1)
+    stop = control.Order("job-uid", 1, "stop")
+    assert _post(sidecars, "127.4.0.2", stop, key="0" * 64) == 403, "not this job's key"
+    assert _post(sidecars, "127.4.0.2", control.Order("other", 1, "stop")) == 403
+    assert _post(sidecars, "127.4.0.2", stop) == 202
+    assert _post(sidecars, "127.4.1.2", stop) == 202
+    assert _report(sidecars, "127.4.1.2")["generation"] == 1
+    assert {_report(sidecars, ip)["state"] for ip in ("127.4.0.2", "127.4.1.2")} == {"stopped"}
+    run = control.Order("job-uid", 1, "run", attempt=1, rank=1)
+    assert _post(sidecars, "127.4.1.2", run) == 202
+    spare = _report(sidecars, "127.4.1.2")
+    assert (spare["state"], spare["rank"], spare["generation"]) == ("running", 1, 1)
+    assert _post(sidecars, "127.4.1.2", stop) == 403, "older than the last accepted"
+    assert sidecars.stats()["started"].keys() == {1}
+    code, _ = sidecars.answer("127.9.9.9", "GET", "/progress", b"", None)
+    assert code == 404
+
+
+@pytest.mark.parametrize("kind", ["DELETED", "MODIFIED"])
+def test_a_pod_gone_or_without_an_address_is_forgotten(kind: str) -> None:
+    sidecars = Sidecars()
+    sidecars.on_pod("ADDED", _pod("w0", "127.4.0.2"), 0.0)
+    sidecars.on_pod(kind, _pod("w0", None if kind == "MODIFIED" else "127.4.0.2"), 0.0)
+    assert sidecars.stats()["pods"] == 0
