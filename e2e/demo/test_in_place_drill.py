@@ -39,11 +39,12 @@ pytestmark = [pytest.mark.demo, pytest.mark.timeout(900)]
 
 JOB = "drill-in-place"
 WAITING = "drill-waiting"
-STEPS, SAVE_EVERY, FAST_EVERY = 1200, 40, 5
+STEPS, SAVE_EVERY, FAST_EVERY = 800, 40, 5
+"""The killed-rank drill waits for a fast step in status.progress, rewritten every 30 s (at
+most ~500 steps on a fast machine) before it strikes: 800 steps leave it room."""
 REPLACE_STEPS = 500
 """The GPU-fault and lost-node drills strike by step ~90 (the first fast step past the
-durable one that the peer replica holds): 500 steps leave 400 to train after the resume.
-(The killed-rank drill waits for status.progress, rewritten every 30 s: it needs STEPS.)"""
+durable one that the peer replica holds): 500 steps leave 400 to train after the resume."""
 
 
 def _rank_log(opts: story.Options, pod: dict[str, Any]) -> Path:
