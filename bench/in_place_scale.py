@@ -21,7 +21,10 @@ measured from the exit the stand-in reported:
   sidecar requests it made (orders and progress reads) in that window.
 
 Each size starts its own cluster (N + 3 nodes: the spare, and the node the Job's replacement
-pod lands on; pods on loopback addresses, `LocalCluster(loopback_pods=True)`), with KWOK's
+pod lands on; pods on loopback addresses, `LocalCluster(loopback_pods=True)`; a deleted pod
+turns Failed before it goes, as a kubelet writes it: the barrier counts a replaced pod gone
+at its terminal phase, and KWOK's plain delete leaves it Running until the Job controller's
+10 s index back-off lets it go), with KWOK's
 node Lease at ``--lease`` seconds (120 by default: 1,250 nodes renewing every 5 s starve a
 2-CPU machine, hang-detection.md).
 
@@ -115,7 +118,8 @@ def trial(workers: int, lease: int, logs: Path) -> dict[str, Any]:
     """One size on its own cluster: the figures, or the problem that stopped it."""
     nodes = workers + 3
     cluster = LocalCluster(f"rtj-bench-inplace-{os.getpid()}-{workers}", nodes=nodes,
-                           node_lease_seconds=lease, loopback_pods=True)  # fmt: skip
+                           node_lease_seconds=lease, loopback_pods=True,
+                           terminal_phase_on_delete=True)  # fmt: skip
     out: dict[str, Any] = {"workers": workers, "nodes": nodes, "lease": lease,
                            "load_start": os.getloadavg()[0]}  # fmt: skip
     started = time.monotonic()

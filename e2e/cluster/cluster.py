@@ -113,14 +113,18 @@ class LocalCluster:
         *,
         node_lease_seconds: int = NODE_LEASE_SECONDS,
         loopback_pods: bool = False,
+        terminal_phase_on_delete: bool = False,
     ) -> None:
         """``node_lease_seconds``: KWOK's node Lease duration (renewed at a quarter of it; the
         node controller's grace grows with it); longer spares a small machine's CPU at
-        1,000+ nodes. ``loopback_pods``: pods get 127.x addresses (`kwok.loopback_pod_cidr`)."""
+        1,000+ nodes. ``loopback_pods``: pods get 127.x addresses (`kwok.loopback_pod_cidr`).
+        ``terminal_phase_on_delete``: a deleted running pod turns Failed before it goes, as a
+        kubelet writes it (`kwok.kwok_config_yaml`)."""
         self.name = name
         self.n_nodes = nodes
         self.node_lease_seconds = node_lease_seconds
         self.loopback_pods = loopback_pods
+        self.terminal_phase_on_delete = terminal_phase_on_delete
         self.shape = kwok.NodeShape(gpus=gpus_per_node)
         self.dir = state_dir or state_root() / name
         self.versions = load_versions()
@@ -443,7 +447,7 @@ class LocalCluster:
             logs,
         )
         kwok_cfg = d / "kwok.yaml"
-        kwok_cfg.write_text(kwok.kwok_config_yaml())
+        kwok_cfg.write_text(kwok.kwok_config_yaml(self.terminal_phase_on_delete))
         kwok_proc = self._start(
             "kwok",
             [

@@ -91,13 +91,56 @@ def _pod_ready() -> dict[str, Any]:
     )
 
 
-def _pod_delete() -> dict[str, Any]:
+def _pod_delete(after_terminal_phase: bool = False) -> dict[str, Any]:
     # Applies to ignored pods too: a kubelet finalizes a deleted pod whatever its status.
+    match = [{"key": ".metadata.deletionTimestamp", "operator": "Exists"}]
+    if after_terminal_phase:
+        live = ["Pending", "Running"]
+        match.append({"key": ".status.phase", "operator": "NotIn", "values": live})
+    return _stage("pod-delete", "Pod", match, {"delete": True})
+
+
+_POD_TERMINATED_TEMPLATE = """\
+{{ $now := Now }}
+phase: Failed
+conditions:
+- lastTransitionTime: {{ $now | Quote }}
+  status: "False"
+  type: Ready
+- lastTransitionTime: {{ $now | Quote }}
+  status: "False"
+  type: ContainersReady
+containerStatuses:
+{{ range .spec.containers }}
+- image: {{ .image | Quote }}
+  name: {{ .name | Quote }}
+  ready: false
+  started: false
+  restartCount: 0
+  state:
+    terminated:
+      exitCode: 137
+      reason: Error
+      finishedAt: {{ $now | Quote }}
+      startedAt: {{ $now | Quote }}
+{{ end }}
+"""
+"""A deleted running pod once its kubelet killed its containers: the terminal phase, written
+before the object goes. The kubelet does so for every deleted pod since Kubernetes 1.27
+(kubernetes/kubernetes#115331, "Give terminal phase correctly to all pods that will not be
+restarted", KEP-3329; pkg/kubelet/kubelet_pods.go `generateAPIPodStatus`); 137 is the code
+its TerminatePod gives a container it killed (kubernetes/kubernetes#108366)."""
+
+
+def _pod_terminate() -> dict[str, Any]:
     return _stage(
-        "pod-delete",
+        "pod-terminate-on-delete",
         "Pod",
-        [{"key": ".metadata.deletionTimestamp", "operator": "Exists"}],
-        {"delete": True},
+        [
+            {"key": ".metadata.deletionTimestamp", "operator": "Exists"},
+            {"key": ".status.phase", "operator": "In", "values": ["Pending", "Running"]},
+        ],
+        {"statusTemplate": _POD_TERMINATED_TEMPLATE},
     )
 
 
@@ -105,10 +148,15 @@ POD_CIDR = "10.0.0.1/16"
 NODE_IP = "10.255.0.1"
 
 
-def kwok_config_yaml() -> str:
+def kwok_config_yaml(terminal_phase_on_delete: bool = False) -> str:
     """The Stage documents (the controller options are passed as flags: a partial
-    KwokConfiguration document would leave the other options at zero)."""
-    docs = [_node_initialize(), _node_heartbeat(), _pod_ready(), _pod_delete()]
+    KwokConfiguration document would leave the other options at zero). With
+    ``terminal_phase_on_delete`` a deleted running pod first turns Failed, as a kubelet
+    writes it, and only then goes (off: it goes at once, its phase unchanged)."""
+    docs = [_node_initialize(), _node_heartbeat(), _pod_ready()]
+    if terminal_phase_on_delete:
+        docs.append(_pod_terminate())
+    docs.append(_pod_delete(terminal_phase_on_delete))
     return yaml.safe_dump_all(docs, sort_keys=False)
 
 

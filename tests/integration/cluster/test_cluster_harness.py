@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import yaml
+
 from e2e.cluster import build, kwok, manifests
 from e2e.cluster.versions import GOMOD_DIR, PROGRAMS, load_versions
 
@@ -29,6 +31,23 @@ def test_nodes_spread_over_zones_and_racks() -> None:
     zones = {n["metadata"]["labels"][kwok.ZONE_LABEL] for n in nodes}
     assert len(set(racks)) == 4 and len(zones) == 2
     assert all(n["status"]["capacity"][kwok.GPU_RESOURCE] == "8" for n in nodes)
+
+
+def test_loopback_pod_ranges_and_the_kubelets_terminal_phase_are_opt_in() -> None:
+    assert "podCIDR" not in kwok.node_manifest(0, 8)["spec"]
+    cidrs = [kwok.node_manifest(i, 600, pod_cidr=kwok.loopback_pod_cidr(i))["spec"]["podCIDR"]
+             for i in (0, 1, 255, 256, 599)]  # fmt: skip
+    assert cidrs == ["127.4.0.0/24", "127.4.1.0/24", "127.4.255.0/24", "127.5.0.0/24",
+                     "127.6.87.0/24"]  # fmt: skip
+    plain = [d["metadata"]["name"] for d in yaml.safe_load_all(kwok.kwok_config_yaml())]
+    assert plain == ["node-initialize", "node-heartbeat-with-lease", "pod-ready", "pod-delete"]
+    staged = list(yaml.safe_load_all(kwok.kwok_config_yaml(terminal_phase_on_delete=True)))
+    names = [d["metadata"]["name"] for d in staged]
+    assert names[-2:] == ["pod-terminate-on-delete", "pod-delete"]
+    # a deleted pod goes only once it is Failed (or Succeeded): never straight from Running
+    delete = staged[-1]["spec"]["selector"]["matchExpressions"]
+    assert {"key": ".status.phase", "operator": "NotIn", "values": ["Pending", "Running"]} in delete
+    assert "phase: Failed" in staged[-2]["spec"]["next"]["statusTemplate"]
 
 
 def test_webhooks_point_at_loopback_with_the_ca() -> None:
