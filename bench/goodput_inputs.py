@@ -62,20 +62,27 @@ SOAK_SAVE_EVERY, SOAK_FAST_EVERY = 100, 10
 """The goodput soak's durable and fast-tier intervals (bench.goodput: `save_every`,
 `--fast-every`): the fast tier saves 10 times as often as the durable one."""
 
-IN_PLACE_RECOVERY = 1.2
-"""Measured (bench.goodput, every feature on, MTBF 45 s and 90 s, seed 4, 2 pods;
-bench/results/goodput.md and goodput-runs/all-features-mtbf90.md): the mean of the seven
-in-place restarts' control-plane time, from the failure seen (`detectedAt`) until every pod
-runs the new generation (`startedAt`): barrier, pin, run order. 1.06, 1.06, 1.55, 0.54 s
-and 1.43, 1.06, 1.61 s. At 2 pods, not at scale (the poller sends the orders: a round at
-1,250 pods costs what a progress poll costs)."""
+KWOK_SPARE_RECOVERY: tuple[tuple[int, float], ...] = ((9, 1.12 - 0.93), (129, 7.56 - 1.30))
+"""Measured (bench.in_place_scale, bench/results/in-place-scale.md, KWOK, stand-in sidecars
+that answer at once): pods (workers and a spare) -> seconds from the restart's `detectedAt`
+to `startedAt` (every pod runs the new generation, the spare serving the GPU fault's rank):
+the operator's barrier rounds, each posting an order to every pod and reading every pod
+back. 1,250 pods not measured yet."""
 
-SPARE_RECOVERY = 1.7
-"""Measured (bench.in_place --faults gpu, bench/results/in-place-spares.md, 2 pods and a warm
-spare): from the GPU fault seen (`detectedAt`) until every pod, the spare serving the
-replaced pod's rank, runs the new generation (`startedAt`): 1.63, 1.70, 1.66, 1.68 s (1.70,
-1.68 s in the run before), against 12.1-13.9 s when the Job creates the replaced pod again
-(its 10 s back-off). At 2 pods, not at scale."""
+
+IN_PLACE_RECOVERY = round(KWOK_SPARE_RECOVERY[-1][1], 1)
+"""The in-place restart's control plane, fault seen to every pod running the new generation,
+at 129 pods on KWOK (KWOK_SPARE_RECOVERY): the scale of the whole-world figure the model
+uses (bench.operator_scale at 128 workers, 13.4 s), so both paths are charged at one scale.
+Neither is measured at 1,250 pods: both grow with the pod count (the whole world took 95 s
+at 512 workers, recovery-cost.md; the in-place rounds read every pod). At 2 pods the goodput
+soak's seven restarts took 0.54-1.61 s (mean 1.2 s); the same barrier with no spare costs
+the same rounds."""
+
+SPARE_RECOVERY = IN_PLACE_RECOVERY
+"""The same with a warm spare taking the replaced pod's rank (the KWOK trials' case; 1.63-
+1.70 s on the pod runner with 2 pods, bench/results/in-place-spares.md, against 12.1-13.9 s
+when the Job creates the replaced pod again, its 10 s back-off)."""
 
 IN_PLACE_STARTUP = 20.0
 """Assumed, not measured at scale: the trainer's restart inside its pod. No scheduling, image

@@ -315,7 +315,8 @@ def report(gpus: int) -> str:
         "",
         "Goodput = 1 - rate x per-interruption seconds / 3600 - stall. Measured: detection and "
         "whole-world recovery (bench.operator_scale, 128 workers); the in-place control-plane "
-        f"recovery, {IN_PLACE_RECOVERY} s (the goodput soak, 2 pods: `IN_PLACE_RECOVERY`); "
+        f"recovery, {IN_PLACE_RECOVERY} s (`IN_PLACE_RECOVERY`: bench.in_place_scale on "
+        "KWOK at 129 pods, the whole world's scale; 1.2 s in the goodput soak's 2 pods); "
         f"the fast tier's interval, {SOAK_FAST_EVERY} of the durable tier's "
         f"{SOAK_SAVE_EVERY} steps as in the soak ({OURS_NOW.checkpoint_interval:.0f} s x "
         f"{SOAK_FAST_EVERY} / {SOAK_SAVE_EVERY} = {own.fast_interval:.0f} s); the fast tier's "
@@ -346,9 +347,11 @@ def report(gpus: int) -> str:
         "## Warm spares",
         "",
         f"With `spec.spares: 1` a replaced pod's rank goes to a spare already running on "
-        f"another node: the control plane is the spare's takeover, {SPARE_RECOVERY} s measured "
-        "(`SPARE_RECOVERY`: bench/results/in-place-spares.md, 2 pods; 12-14 s when the Job "
-        "creates the pod again, its 10 s back-off), and the start-up an in-place restart's "
+        f"another node: the control plane is the spare's takeover, {SPARE_RECOVERY} s "
+        "(`SPARE_RECOVERY`: KWOK at 129 pods, "
+        "bench/results/in-place-scale.md; 1.7 s with 2 pods on the pod runner, 12-14 s when "
+        "the Job creates the pod again, its 10 s back-off), and the start-up an in-place "
+        "restart's "
         f"({IN_PLACE_STARTUP:.0f} s assumed: the spare's container runs, its trainer "
         f"starts), not a new pod's ({OURS_NOW.startup:.0f} s). Its price: one node of "
         f"{WORLD_PODS + 1:,} idle, {spares.spare_share:.3%} of the GPU time, charged as a "
