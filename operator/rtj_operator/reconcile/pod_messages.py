@@ -5,16 +5,17 @@ the fast tier's drain order (``/drain``, `policy.fast_drain`), each signed with 
 control key. Pure: decided from the snapshot, sent by `rtj_operator.rank_polls`.
 
 All are idempotent and bounded: a restart order is sent every round while the restart is
-under way (the sidecar takes the same one again), an idle pod's standing order (held, or
-finish) whenever the pod is read; an assignment or a drain order only to a
-sidecar whose last report does not show it (one small POST per such pod and round, until it
-does).
+under way (the sidecar takes the same one again); an idle pod's standing order (held, or
+finish) whenever the pod is read, in close rounds only until its report shows it; an
+assignment or a drain order only to a sidecar whose last report does not show it (one small
+POST per such pod and round, until it does).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from rtj_operator.api import keys
 from rtj_operator.api.reasons import Phase
@@ -30,7 +31,7 @@ from rtj_operator.reconcile.world import (
     get_in,
     pod_name,
 )
-from rtj_shim.control import sign
+from rtj_shim.control import Order, sign
 from rtj_shim.drain_order import DrainOrder
 from rtj_shim.peer_replica import Assignment
 
@@ -50,14 +51,17 @@ def pod_messages(snap: Snapshot, targets: Sequence[PollTarget]) -> PodMessages:
     if not key:
         return PodMessages()
     out: dict[str, list[PollMessage]] = {}
+    readings = snap.ranks
+    current = readings is not None and readings.attempt == snap.rtj.status.attempt
+    supervisors = readings.supervisors if readings is not None and current else {}
     for target in targets:
         order = restart_order(snap, target)
         if order is not None:
             body = order.encode()
-            message = PollMessage(CONTROL_PATH, body, sign(key, body), standing=target.idle)
+            standing = target.idle and not _unheeded(order, supervisors.get(target.pod))
+            message = PollMessage(CONTROL_PATH, body, sign(key, body), standing=standing)
             out.setdefault(target.pod, []).append(message)
     ring = replica_ring(snap, targets)
-    readings = snap.ranks
     reports = readings.replicas if readings is not None else {}
     if readings is not None and readings.attempt != snap.rtj.status.attempt:
         reports = {}
@@ -71,6 +75,18 @@ def pod_messages(snap: Snapshot, targets: Sequence[PollTarget]) -> PodMessages:
                          drain.peers).encode()  # fmt: skip
         out.setdefault(drain.pod, []).append(PollMessage(DRAIN_PATH, raw, sign(key, raw)))
     return PodMessages({pod: tuple(ms) for pod, ms in out.items()}, ring.note)
+
+
+def _unheeded(order: Order, report: Mapping[str, Any] | None) -> bool:
+    """An idle pod answers but does not yet show its order (a pod the Job just created again,
+    held at generation 0; a finish not yet carried out): the order goes out in close rounds
+    until it does, as a restart's do. One that has not answered at all waits for the usual
+    pace (a dead pod must not keep the rounds close for ever)."""
+    if report is None:
+        return False
+    if order.action == "finish":
+        return report.get("state") != "finished"
+    return report.get("generation") != order.generation or report.get("state") != "stopped"
 
 
 def drain_order(snap: Snapshot, targets: Sequence[PollTarget]) -> fast_drain.DrainTarget | None:

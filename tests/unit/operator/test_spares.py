@@ -106,6 +106,10 @@ def test_which_pod_serves_which_rank() -> None:
     no_ip = copy.deepcopy(spare)
     del no_ip["status"]["podIP"]
     assert spares.moved_master([w0, no_ip], {names[2]: 0}) == "llm-a1-spare-0-0.llm-a1"
+    only_v6 = copy.deepcopy(no_ip)
+    only_v6["status"]["podIP"] = "fd00::9"
+    del only_v6["spec"]["hostname"]
+    assert spares.moved_master([w0, only_v6], {names[2]: 0}) == "fd00::9"
 
 
 def test_a_spare_is_picked_only_ready_and_off_the_bad_nodes() -> None:
@@ -223,6 +227,14 @@ def test_a_gpu_fault_is_replaced_by_a_ready_spare_at_once() -> None:
     sent = rc.pod_messages(steady, targets).messages
     assert [(m.path, m.standing) for m in sent[again["metadata"]["name"]]] == [("/control", True)]
     assert not JobTargets(JOB_KEY, targets, messages=sent).ordering
+    # ... once it shows it: the new pod answers held at generation 0 until the hold reaches
+    # it, and until then its order goes out in close rounds (a held pod that gets no order
+    # in time exits, and fails its index)
+    aname = again["metadata"]["name"]
+    for shown, standing in (((0, "stopped", None), False), ((1, "stopped", None), True)):
+        heard = replace(steady, ranks=supervisors({aname: shown}))
+        idle = rc.pod_messages(heard, targets).messages[aname]
+        assert [m.standing for m in idle] == [standing], shown
     # while a restart is under way its orders do
     stopping = replace(snapshot(stopping_raw, pods=world), control_key=KEY)
     world_targets = tuple(_target(p, stopping_raw) for p in world)
@@ -237,6 +249,11 @@ def test_a_gpu_fault_is_replaced_by_a_ready_spare_at_once() -> None:
         member["status"]["phase"] = "Succeeded"
     end = rc.restart_order(snapshot(raw, pods=finished), _target(again, raw))
     assert end is not None and end.action == "finish"
+    for shown, standing in (((1, "stopped", None), False), ((1, "finished", 0), True)):
+        heard = replace(snapshot(raw, pods=finished), ranks=supervisors({aname: shown}),
+                        control_key=KEY)  # fmt: skip
+        told = rc.pod_messages(heard, [_target(again, raw)]).messages[aname]
+        assert [m.standing for m in told] == [standing], shown
 
 
 def test_a_spare_that_takes_rank_0_moves_the_rendezvous_host() -> None:
@@ -259,8 +276,10 @@ def test_a_spare_that_takes_rank_0_moves_the_rendezvous_host() -> None:
     assert to_worker is not None and to_worker.master_addr == "10.0.0.9"
     assert to_worker.rank is None
     # the same from the watch cache's trimmed pods, down to the DNS name for a pod without
-    # an IP (the cache once dropped it: no order would have moved the rendezvous host)
-    for ip, want in (("10.0.0.9", "10.0.0.9"), (None, "llm-a1-spare-0-0.llm-a1")):
+    # an IPv4 address (the cache once dropped it: no order would have moved the host); a
+    # bare IPv6 address only without a DNS name (commands build "host:port" from it)
+    dns = "llm-a1-spare-0-0.llm-a1"
+    for ip, want in (("10.0.0.9", "10.0.0.9"), (None, dns), ("fd00::9", dns)):
         holder = copy.deepcopy(spare)
         holder["status"]["podIP"] = ip
         snap = snapshot(raw, pods=[rc.trim_pod(pods[1]), rc.trim_pod(holder)])
