@@ -134,26 +134,26 @@ def pick(
 
 
 def host(pod: Json) -> str | None:
-    """Where the pod's rendezvous store is reached when it holds rank 0: its IP
+    """Where the pod's rendezvous store is reached when it holds rank 0: its IPv4 address
     (``status.podIP``, fixed for the pod's life, no DNS record to wait for), else its stable
     DNS name (``<hostname>.<subdomain>``, which JobSet sets with
-    ``network.enableDNSHostnames``); None without either."""
-    ip = (pod.get("status") or {}).get("podIP")
-    if isinstance(ip, str) and _is_ip(ip):
-        return ip
+    ``network.enableDNSHostnames``: a bare IPv6 address breaks commands that build
+    ``host:port``), else an IPv6 address; None without any."""
+    ip = _ip((pod.get("status") or {}).get("podIP"))
+    if ip is not None and ip.version == 4:
+        return str(ip)
     spec = pod.get("spec") or {}
     hostname, subdomain = spec.get("hostname"), spec.get("subdomain")
     if isinstance(hostname, str) and hostname and isinstance(subdomain, str) and subdomain:
         return f"{hostname}.{subdomain}"
-    return None
+    return str(ip) if ip is not None else None
 
 
-def _is_ip(text: str) -> bool:
+def _ip(text: Any) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     try:
-        ipaddress.ip_address(text)
+        return ipaddress.ip_address(text) if isinstance(text, str) else None
     except ValueError:
-        return False
-    return True
+        return None
 
 
 def moved_master(pods: Iterable[Json], assigned: Mapping[str, int]) -> str | None:
