@@ -74,6 +74,7 @@ class StandbyKeeper:
             was = self.standby.ready
             if self.standby.alive() and self.standby.check() is not False:
                 return self.standby.ready != was
+            self.standby.drop()  # its pipes closed, the process reaped
             self._give_up(f"the warm standby ended ({self.standby.proc.returncode}) before it "
                           "was used: later generations start cold")  # fmt: skip
             return True
