@@ -60,7 +60,7 @@ bench: install ## benchmarks, reported as ratios against a side-by-side baseline
 	$(BIN)/python -m bench.hang_detection --markdown bench/results/hang-detection.md
 	$(BIN)/python -m bench.node_loss --markdown bench/results/node-loss.md
 	$(BIN)/python -m bench.in_place --markdown bench/results/in-place.md
-	$(BIN)/python -m bench.in_place_scale --markdown bench/results/in-place-scale.md
+	$(BIN)/python -m bench.in_place_scale --markdown bench/results/in-place-scale-latest.md
 	$(BIN)/python -m bench.goodput_model --markdown bench/results/goodput-model.md
 	$(BIN)/python -m bench.goodput --steps 6000 --mtbf 60 $(GOODPUT_ARGS)
 	$(BIN)/python -m bench.goodput_baseline --steps 6000 --mtbf 60 --against bench/results/goodput.json

@@ -238,8 +238,11 @@ def markdown(results: list[dict[str, Any]], command: str) -> str:
         "spare; the fault is an XID 79 on worker 1's node with its command exiting 1. "
         "Seconds from the exit (as the stand-in sidecar reported it) to the record's "
         "timestamps; CPU and requests from the exit to 3 s after every pod ran the new "
-        "generation. The sidecars and supervisors are stand-ins (`bench.sidecar_sim`) that "
-        "answer at once: the control plane alone.",
+        "generation. The sidecars and supervisors are stand-ins (`bench.sidecar_sim`): a "
+        "supervisor carries out an order `POLL_SECONDS` after its sidecar took it, and its "
+        "trainer stops and starts in no time: the control plane alone. The operator polls "
+        "every 1 s (`--progress-poll-seconds 1`; the default is 5 s, which lengthens "
+        "detection, not the restart after it).",
         "",
         "| pods (N + spare) | nodes | detect s | every pod stopped s | every pod running s "
         "| operator CPU s (less quiet) | operator API requests | orders / progress reads "

@@ -10,9 +10,12 @@ own order checks and supervisor decisions.
   job's control key and uid from the sidecar's environment (as the real sidecar reads them),
   a spare (``RTJ_SPARE=1``) or a replacement (`job-index-failure-count` > 0) held.
 - ``POST /control``: `rtj_shim.control.accept` (signature, job, not older than the last),
-  then `rtj_shim.supervisor.next_action` on the pod's state: stop, start (with the rank an
-  order gives), finish, at once (a trainer that stops and starts in no time: what is
-  measured is the control plane). 202, or 403 with the reason, like the sidecar.
+  202 or 403 with the reason, like the sidecar; then, `supervisor.POLL_SECONDS` later (the
+  supervisor reads the order file that often), `rtj_shim.supervisor.next_action` on the
+  pod's state: stop, start (with the rank an order gives), finish, with nothing to wait for
+  (a trainer that stops and starts in no time: what is measured is the control plane). As
+  with the real pair, the read that follows a POST in the same poll round still shows the
+  state before it.
 - ``GET /progress``: the sidecar's body with no ranks and the supervisor's report, the
   fields `rtj_shim.supervisor` writes.
 - Commands from the bench over a pipe: ``("exit", pod, code)`` (the pod's command exits),
@@ -38,7 +41,7 @@ from bench.scale_probes import RawWatch
 from e2e.cluster.kube import Kube as HarnessKube
 from rtj_operator.api import keys
 from rtj_shim import control
-from rtj_shim.supervisor import Supervised, next_action
+from rtj_shim.supervisor import POLL_SECONDS, Supervised, next_action
 
 HEAD = (
     b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
@@ -60,9 +63,11 @@ class SimPod:
     spare: bool = False
     rank: int | None = None
     last: control.Order | None = None
+    written: float = 0.0
     updated: float = field(default_factory=time.time)
 
     def report(self) -> dict[str, Any]:
+        self.settle()
         s = self.current
         return {
             "generation": s.generation, "state": s.state, "attempt": s.attempt,
@@ -76,9 +81,22 @@ class SimPod:
                 "errors": [], "supervisor": self.report()}  # fmt: skip
 
     def take(self, raw: bytes, signature: str | None) -> control.Order:
-        """The sidecar's check, then the supervisor's step (raises control.OrderError)."""
+        """The sidecar's check (raises control.OrderError); the order is the supervisor's to
+        carry out, as the sidecar's order file is, once it looks (`settle`)."""
+        self.settle()
         order = control.accept(raw, signature, key=self.key, job_uid=self.job_uid, last=self.last)
-        self.last = order
+        if order != self.last:
+            self.last, self.written = order, time.time()
+        return order
+
+    def settle(self, now: float | None = None) -> str:
+        """The supervisor's step on the last accepted order, once it has looked: it reads
+        the order file every `supervisor.POLL_SECONDS`, so a change shows at the earliest in
+        the poll round after the one that posted it, as with the real pair."""
+        now = time.time() if now is None else now
+        if self.last is None or now - self.written < POLL_SECONDS:
+            return "wait"
+        order = self.last
         action = next_action(self.current, order)
         if action == "stop":
             self._set(replace(self.current, generation=order.generation, state="stopped"))
@@ -89,7 +107,7 @@ class SimPod:
                               exit_code=None))  # fmt: skip
         elif action == "finish":
             self._set(replace(self.current, state="finished", exit_code=0))
-        return order
+        return action
 
     def exit(self, code: int) -> None:
         self._set(replace(self.current, state="exited", exit_code=code))
@@ -155,7 +173,12 @@ class Sidecars:
                 return 404, {"error": f"no pod at {ip}"}
             if method == "GET" and path == "/progress":
                 self.served["progress"] += 1
-                return 200, pod.progress()
+                body = pod.progress()
+                s = pod.current
+                if s.state == "running" and s.generation > 0:
+                    self.started[s.generation] = max(self.started.get(s.generation, 0.0),
+                                                     pod.updated)  # fmt: skip
+                return 200, body
             if method == "POST" and path == "/control":
                 try:
                     order = pod.take(raw, signature)
@@ -163,10 +186,6 @@ class Sidecars:
                     self.served["refused"] += 1
                     return 403, {"error": str(exc)}
                 self.served[f"order {order.action}"] += 1
-                if pod.current.state == "running" and pod.current.generation == order.generation:
-                    self.started[order.generation] = max(
-                        self.started.get(order.generation, 0.0), pod.updated
-                    )
                 return 202, {"accepted": order.to_json()}
             return 404, {"error": f"{method} {path}"}
 

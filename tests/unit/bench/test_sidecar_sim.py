@@ -4,6 +4,7 @@ older than the last) and steps through the supervisor's own decisions."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from bench.sidecar_sim import Sidecars, sim_pod
 from rtj_operator.api import keys
 from rtj_shim import control
+from rtj_shim.supervisor import POLL_SECONDS
 
 KEY = control.job_key(b"s" * 32, "job-uid")
 
@@ -42,6 +44,12 @@ def _report(sidecars: Sidecars, ip: str) -> dict[str, Any]:
     return report
 
 
+def _later(sidecars: Sidecars) -> None:
+    """Every supervisor has looked at its order file since the last POST."""
+    for pod in sidecars.by_ip.values():
+        pod.settle(time.time() + POLL_SECONDS)
+
+
 def test_which_pods_it_stands_in_for() -> None:
     assert sim_pod(_pod("w0", None)) is None, "no address yet"
     found = sim_pod(_pod("w0", "127.4.0.2"))
@@ -66,14 +74,19 @@ def test_orders_are_checked_and_carried_out_as_the_supervisor_would() -> None:
     assert _post(sidecars, "127.4.0.2", control.Order("other", 1, "stop")) == 403
     assert _post(sidecars, "127.4.0.2", stop) == 202
     assert _post(sidecars, "127.4.1.2", stop) == 202
+    # the read right after the POST still shows the state before it, as with the real pair
+    # (the supervisor looks at the order file every POLL_SECONDS)
+    assert _report(sidecars, "127.4.1.2")["generation"] == 0
+    _later(sidecars)
     assert _report(sidecars, "127.4.1.2")["generation"] == 1
     assert {_report(sidecars, ip)["state"] for ip in ("127.4.0.2", "127.4.1.2")} == {"stopped"}
     run = control.Order("job-uid", 1, "run", attempt=1, rank=1)
     assert _post(sidecars, "127.4.1.2", run) == 202
+    _later(sidecars)
     spare = _report(sidecars, "127.4.1.2")
     assert (spare["state"], spare["rank"], spare["generation"]) == ("running", 1, 1)
     assert _post(sidecars, "127.4.1.2", stop) == 403, "older than the last accepted"
-    assert sidecars.stats()["started"].keys() == {1}
+    assert sidecars.stats()["started"].keys() == {1}, "seen running by a read"
     code, _ = sidecars.answer("127.9.9.9", "GET", "/progress", b"", None)
     assert code == 404
 
