@@ -129,7 +129,10 @@ containerStatuses:
 before the object goes. The kubelet does so for every deleted pod since Kubernetes 1.27
 (kubernetes/kubernetes#115331, "Give terminal phase correctly to all pods that will not be
 restarted", KEP-3329; pkg/kubelet/kubelet_pods.go `generateAPIPodStatus`); 137 is the code
-its TerminatePod gives a container it killed (kubernetes/kubernetes#108366)."""
+its TerminatePod gives a container it killed (kubernetes/kubernetes#108366). Not faithful
+for a node that has lost contact (`faults.node_lost`): its kubelet could write nothing, yet
+this stage, which has no node selector, still turns its deleted pods Failed; the clusters
+that use it (`bench.in_place_scale`) lose no node."""
 
 
 def _pod_terminate() -> dict[str, Any]:
