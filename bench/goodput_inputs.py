@@ -62,7 +62,7 @@ SOAK_SAVE_EVERY, SOAK_FAST_EVERY = 100, 10
 """The goodput soak's durable and fast-tier intervals (bench.goodput: `save_every`,
 `--fast-every`): the fast tier saves 10 times as often as the durable one."""
 
-KWOK_SPARE_RECOVERY: tuple[tuple[int, float], ...] = ((9, 1.12 - 0.93), (129, 7.56 - 1.30))
+KWOK_SPARE_RECOVERY: tuple[tuple[int, float], ...] = ((9, 1.61 - 0.93), (129, 6.36 - 0.75))
 """Measured (bench.in_place_scale, bench/results/in-place-scale.md, KWOK, stand-in sidecars
 that answer at once): pods (workers and a spare) -> seconds from the restart's `detectedAt`
 to `startedAt` (every pod runs the new generation, the spare serving the GPU fault's rank):
