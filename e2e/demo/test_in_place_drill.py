@@ -71,14 +71,21 @@ def _in_place_job(name: str, steps: int = STEPS) -> dict[str, Any]:
     return body
 
 
+SINGLE_REPLICA_LEASE = ("--lease-duration", "15", "--renew-deadline", "10", "--retry-period", "2")
+"""The operator's own defaults, not the harness's fail-over timings (4 / 3 / 1 s): these
+drills run one replica, and in CI a renewal that took over 3 s while a replaced pod started
+made it step down mid-drill with no one to take over (the GPU-fault drill hung)."""
+
+
 def _platform(tmp_path: Path, name: str, nodes: int = 3) -> Any:
     """Pod-runner nodes (one more than the job's pods) and an operator with a control
     secret."""
     secret = tmp_path / "control-secret"
     secret.write_text(secrets.token_hex(32))
     return drills.running_platform(
-        tmp_path, name, nodes, "--progress-poll-seconds", "1", "--control-secret-file", str(secret)
-    )
+        tmp_path, name, nodes, "--progress-poll-seconds", "1", "--control-secret-file", str(secret),
+        *SINGLE_REPLICA_LEASE,
+    )  # fmt: skip
 
 
 def test_a_killed_rank_restarts_in_place_without_recreating_a_pod(tmp_path: Path) -> None:
