@@ -324,13 +324,6 @@ def collect_losses(opts: Options, attempts: int) -> tuple[report.Losses, dict[in
     return losses, restored
 
 
-SINGLE_REPLICA_LEASE = ("--lease-duration", "15", "--renew-deadline", "10", "--retry-period", "2")
-"""The operator's own defaults, not the harness's fail-over timings (4 / 3 / 1 s): the story's
-platform runs one replica, so a short lease buys no fail-over, and on a loaded 2-CPU CI
-machine an operator whose renewal took over 3 s stepped down mid-drill with no one to take
-over (the GPU-fault drill hung until its timeout)."""
-
-
 def start_platform(
     opts: Options,
     d: Display,
@@ -378,7 +371,7 @@ def start_platform(
         NAMESPACE,
         opts.state / "logs",
         lease_name="rtj-demo-operator",
-        extra=(*SINGLE_REPLICA_LEASE, *operator_args),
+        extra=operator_args,
     )
     op.start()
     assert op.proc is not None
