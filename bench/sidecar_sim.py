@@ -45,7 +45,7 @@ from rtj_shim.supervisor import POLL_SECONDS, Supervised, next_action
 
 HEAD = (
     b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
-    b"Connection: close\r\n\r\n"
+    b"Connection: %s\r\n\r\n"
 )
 REASONS = {200: b"OK", 202: b"Accepted", 403: b"Forbidden", 404: b"Not Found", 413: b"Too Large"}
 MAX_ORDER = 4096
@@ -207,23 +207,31 @@ class Sidecars:
 
 async def _handle(sidecars: Sidecars, reader: asyncio.StreamReader,
                   writer: asyncio.StreamWriter) -> None:  # fmt: skip
+    """One connection: requests until the client closes it or is idle 5 s (HTTP/1.1 keep-alive,
+    as the sidecar serves it); a body too large to read ends it."""
     try:
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
-        lines = head.decode("latin-1").split("\r\n")
-        method, path, _ = lines[0].split(" ", 2)
-        headers = {k.strip().lower(): v.strip()
-                   for k, _, v in (line.partition(":") for line in lines[1:] if line)}  # fmt: skip
-        length = int(headers.get("content-length") or 0)
-        if not 0 <= length <= MAX_ORDER:
-            code, body = 413, {"error": f"Content-Length {length}"}
-        else:
+        while True:
+            try:
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
+            except asyncio.IncompleteReadError:
+                return  # the client closed it
+            lines = head.decode("latin-1").split("\r\n")
+            method, path, _ = lines[0].split(" ", 2)
+            fields = (line.partition(":") for line in lines[1:] if line)
+            headers = {k.strip().lower(): v.strip() for k, _, v in fields}
+            length = int(headers.get("content-length") or 0)
+            if not 0 <= length <= MAX_ORDER:
+                data = json.dumps({"error": f"Content-Length {length}"}).encode()
+                writer.write(HEAD % (413, REASONS[413], len(data), b"close") + data)
+                await writer.drain()
+                return
             raw = await asyncio.wait_for(reader.readexactly(length), 5.0) if length else b""
             ip = writer.get_extra_info("sockname")[0]
             signature = headers.get(control.SIGNATURE_HEADER.lower())
             code, body = sidecars.answer(ip, method, path, raw, signature)
-        data = json.dumps(body, separators=(",", ":")).encode()
-        writer.write(HEAD % (code, REASONS.get(code, b"?"), len(data)) + data)
-        await writer.drain()
+            data = json.dumps(body, separators=(",", ":")).encode()
+            writer.write(HEAD % (code, REASONS.get(code, b"?"), len(data), b"keep-alive") + data)
+            await writer.drain()
     except (OSError, ValueError, asyncio.IncompleteReadError, asyncio.TimeoutError,
             asyncio.LimitOverrunError):  # fmt: skip
         pass

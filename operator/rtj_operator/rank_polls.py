@@ -25,7 +25,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -56,6 +56,13 @@ def fetch_progress(ip: str, port: int, timeout: float, max_body: int = MAX_BODY)
     """One `GET /progress` (blocking): the parsed JSON body, or PollFailed. `timeout` bounds
     the whole request, not each socket read: a server that drips bytes is cut off."""
     conn = http.client.HTTPConnection(ip, port, timeout=timeout)
+    try:
+        return _read_progress(conn, timeout, max_body)
+    finally:
+        conn.close()
+
+
+def _read_progress(conn: http.client.HTTPConnection, timeout: float, max_body: int) -> Any:
     watchdog = threading.Timer(timeout, _cut, (conn,))
     watchdog.daemon = True
     watchdog.start()
@@ -74,7 +81,6 @@ def fetch_progress(ip: str, port: int, timeout: float, max_body: int = MAX_BODY)
         raise PollFailed(f"not JSON: {exc}") from exc
     finally:
         watchdog.cancel()
-        conn.close()
 
 
 def _cut(conn: http.client.HTTPConnection) -> None:
@@ -100,16 +106,30 @@ class JobTargets:
 
     @property
     def ordering(self) -> bool:
-        """Whether restart orders are out: every pod is read, and rounds come closely (an
-        idle spare's standing order alone does not: it would hold the rounds close for as
-        long as the job keeps a spare)."""
-        return any(
-            m.path == CONTROL_PATH and not m.standing for ms in self.messages.values() for m in ms
-        )
+        """Whether restart orders are out that some pod has not yet carried out: rounds then
+        come closely (a standing order alone does not: an idle spare's hold would keep them
+        close for as long as the job keeps a spare)."""
+        return any(self.pressing(pod) for pod in self.messages)
+
+    def pressing(self, pod: str) -> bool:
+        """Whether `pod` has a restart order its last report does not show carried out: it
+        is read in every close round; the others only at the usual pace."""
+        return any(m.path == CONTROL_PATH and not m.standing for m in self.messages.get(pod, ()))
 
 
 Fetch = Callable[[str, int, float], Any]
 Send = Callable[[str, int, float, PollMessage], None]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One pod's answer in a round: its body (or why none), when it arrived (the operator's
+    clock, Unix s), and the messages its sidecar did not take."""
+
+    body: Any
+    error: str | None
+    arrived: float
+    refused: tuple[PollMessage, ...] = ()
 
 
 def post_signed(ip: str, port: int, timeout: float, message: PollMessage) -> None:
@@ -117,16 +137,75 @@ def post_signed(ip: str, port: int, timeout: float, message: PollMessage) -> Non
     (202)."""
     conn = http.client.HTTPConnection(ip, port, timeout=timeout)
     try:
+        _post(conn, message)
+    finally:
+        conn.close()
+
+
+def _post(conn: http.client.HTTPConnection, message: PollMessage) -> None:
+    try:
         headers = {"Content-Type": "application/json", SIGNATURE_HEADER: message.signature}
         conn.request("POST", message.path, message.body, headers)
         response = conn.getresponse()
         answer = response.read(MAX_BODY)
+        if response.status != 202 or not response.isclosed():
+            conn.close()  # refused, or an answer past the bound: the next request on a new one
         if response.status != 202:
             raise PollFailed(f"{message.path}: refused: HTTP {response.status} {answer[:200]!r}")
     except (OSError, http.client.HTTPException) as exc:
+        conn.close()  # whatever is left on it is not read: the next request opens a new one
         raise PollFailed(f"{message.path}: not sent: {type(exc).__name__}: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class Exchanged:
+    """What one pod answered in a round: its progress body (or why none) and the messages
+    its sidecar did not take (with why)."""
+
+    body: Any
+    error: str | None = None
+    refused: tuple[tuple[PollMessage, str], ...] = ()
+
+
+Exchange = Callable[[str, int, float, Sequence[PollMessage]], Exchanged]
+
+
+def exchange_http(ip: str, port: int, timeout: float, messages: Sequence[PollMessage]) -> Exchanged:
+    """The pod's messages, then `GET /progress`, on one connection (the sidecar serves HTTP/1.1
+    and keeps it open): a round with orders out opens one connection per pod, not two.
+    Each request has `timeout`; a refused message does not stop the read."""
+    conn = http.client.HTTPConnection(ip, port, timeout=timeout)
+    refused: list[tuple[PollMessage, str]] = []
+    try:
+        for message in messages:
+            try:
+                _post(conn, message)
+            except PollFailed as exc:
+                refused.append((message, str(exc)))
+        try:
+            return Exchanged(_read_progress(conn, timeout, MAX_BODY), None, tuple(refused))
+        except PollFailed as exc:
+            return Exchanged(None, str(exc), tuple(refused))
     finally:
         conn.close()
+
+
+def separately(fetch: Fetch, send: Send) -> Exchange:
+    """An exchange made of a `send` per message and a `fetch` (each its own connection)."""
+
+    def exchange(ip: str, port: int, timeout: float, messages: Sequence[PollMessage]) -> Exchanged:
+        refused = []
+        for message in messages:
+            try:
+                send(ip, port, timeout, message)
+            except PollFailed as exc:
+                refused.append((message, str(exc)))
+        try:
+            return Exchanged(fetch(ip, port, timeout), None, tuple(refused))
+        except PollFailed as exc:
+            return Exchanged(None, str(exc), tuple(refused))
+
+    return exchange
 
 
 class RankPolls:
@@ -140,21 +219,31 @@ class RankPolls:
         interval: float = 5.0,
         timeout: float = 2.0,
         concurrency: int = 16,
-        fetch: Fetch = fetch_progress,
-        send: Send = post_signed,
+        fetch: Fetch | None = None,
+        send: Send | None = None,
     ) -> None:
+        """`fetch` and `send` replace the HTTP halves (a test's, a bench's); without them
+        each pod is asked on one connection (`exchange_http`)."""
         self.clock = clock
         self.on_round = on_round
         self.interval = interval
         self.timeout = timeout
-        self.fetch = fetch
-        self.send = send
+        self.exchange: Exchange = (
+            exchange_http
+            if fetch is None and send is None
+            else separately(fetch or fetch_progress, send or post_signed)
+        )
         self._executor = ThreadPoolExecutor(concurrency, thread_name_prefix="rtj-progress")
         self._readings: dict[Key, RankReadings] = {}
         self._stragglers: dict[Key, rank_progress.StragglerState] = {}
         self._quiet: dict[tuple[Key, int, str], tuple[int, int, float]] = {}
         """(job, attempt, pod) -> (failures in a row, the round it is asked again, when the
         first of them went unanswered)."""
+        self._read_at: dict[tuple[Key, int, str], float] = {}
+        """(job, attempt, pod) -> when it was last asked (monotonic s)."""
+        self._taken: dict[tuple[Key, int, str, str], tuple[str, float]] = {}
+        """(job, attempt, pod, path) -> the signature of the message its sidecar last took
+        (202), and when it was sent (monotonic s)."""
         self._lock = threading.Lock()
         self._poked: asyncio.Event | None = None
         self._orders_out = False
@@ -173,49 +262,71 @@ class RankPolls:
             self._readings.pop(key, None)
             self._stragglers.pop(key, None)
 
-    def _get(
-        self, target: PollTarget, messages: Sequence[PollMessage] = ()
-    ) -> tuple[Any, str | None, float]:
-        """The body (or why none) and when it arrived (the operator's clock, Unix s): each
+    def _get(self, target: PollTarget, messages: Sequence[PollMessage] = ()) -> Answer:
+        """The pod's answer, dated when it arrived (the operator's clock, Unix s): each
         report is dated by its own answer, not by the end of the round. The pod's messages
         go first: the answer then already tells whether it took them."""
-        for message in messages:
-            try:
-                self.send(target.ip, target.port, self.timeout, message)
-            except PollFailed as exc:  # an old sidecar without /replica: not worth a line each
-                level = logging.INFO if message.path == CONTROL_PATH else logging.DEBUG
-                log.log(level, "%s: %s", target.pod, exc)
-            except Exception as exc:  # a send must never take the poller down
-                log.info("%s: %s: %s: %s", target.pod, message.path, type(exc).__name__, exc)
         try:
-            body = self.fetch(target.ip, target.port, self.timeout)
-            return body, None, self.clock().timestamp()
-        except PollFailed as exc:
-            return None, str(exc), self.clock().timestamp()
+            exchanged = self.exchange(target.ip, target.port, self.timeout, messages)
         except Exception as exc:  # a poll must never take the poller down
-            return None, f"{type(exc).__name__}: {exc}", self.clock().timestamp()
+            exchanged = Exchanged(None, f"{type(exc).__name__}: {exc}", ())
+        for message, why in exchanged.refused:  # an old sidecar without /replica: no line each
+            level = logging.INFO if message.path == CONTROL_PATH else logging.DEBUG
+            log.log(level, "%s: %s", target.pod, why)
+        return Answer(exchanged.body, exchanged.error, self.clock().timestamp(),
+                      tuple(m for m, _ in exchanged.refused))  # fmt: skip
+
+    def _to_send(
+        self, ident: tuple[Key, int, str], messages: Sequence[PollMessage], now: float
+    ) -> tuple[PollMessage, ...]:
+        """The messages for a pod, less those its sidecar took less than half a period ago:
+        a restart's close rounds post each order once and then only read the pod back
+        (posted again after that, in case a new sidecar lost it; all are idempotent)."""
+        out = []
+        for message in messages:
+            signature, sent = self._taken.get((*ident, message.path), ("", -self.interval))
+            if signature != message.signature or now - sent >= self.interval / 2:
+                out.append(message)
+        return tuple(out)
 
     async def poll_once(self, jobs: Sequence[JobTargets]) -> None:
         """One round over every job's targets, then one `on_round(key)` per job."""
         loop = asyncio.get_running_loop()
         messages = {job.key: job.messages for job in jobs}
         self._orders_out = any(job.ordering for job in jobs)
-        flat = [
-            (job.key, t)
-            for job in jobs
-            for t in job.targets
-            if job.ordering or self._due(job.key, t)
-        ]
+        now = time.monotonic()
+        flat: list[tuple[Key, PollTarget]] = []
+        rested: set[tuple[Key, int, str]] = set()
+        for job in jobs:
+            ordering = job.ordering
+            for t in job.targets:
+                ident = (job.key, t.attempt, t.pod)
+                if not ordering:
+                    if self._due(job.key, t):
+                        flat.append((job.key, t))
+                elif job.pressing(t.pod) or not self._fresh(ident, now):
+                    flat.append((job.key, t))
+                else:  # carried its order out: its last answer stands until the usual pace
+                    rested.add(ident)
+        sending = []
+        for key, t in flat:
+            ident = (key, t.attempt, t.pod)
+            self._read_at[ident] = now
+            sending.append(self._to_send(ident, messages[key].get(t.pod, ()), now))
         answers = await asyncio.gather(
             *(
-                loop.run_in_executor(self._executor, self._get, t, messages[k].get(t.pod, ()))
-                for k, t in flat
+                loop.run_in_executor(self._executor, self._get, t, sent)
+                for (_, t), sent in zip(flat, sending, strict=True)
             )
         )
         received = self.clock().timestamp()
-        by_pod = {
-            (key, t.attempt, t.pod): answer for (key, t), answer in zip(flat, answers, strict=True)
-        }
+        by_pod: dict[tuple[Key, int, str], tuple[Any, str | None, float]] = {}
+        for (key, t), sent, answer in zip(flat, sending, answers, strict=True):
+            ident = (key, t.attempt, t.pod)
+            by_pod[ident] = (answer.body, answer.error, answer.arrived)
+            for message in sent:
+                if message not in answer.refused:
+                    self._taken[(*ident, message.path)] = (message.signature, now)
         self._note_answers([(key, t, *by_pod[(key, t.attempt, t.pod)][1:]) for key, t in flat])
         wanted = {job.key for job in jobs}
         with self._lock:
@@ -226,13 +337,19 @@ class RankPolls:
         for key in dropped:  # no longer running: its readings (and gauges) go
             self.on_round(key)
         for job in jobs:
-            self._keep(job, by_pod, received)
+            self._keep(job, by_pod, received, rested)
             self.on_round(job.key)
         self.rounds += 1
 
     def _due(self, key: Key, target: PollTarget) -> bool:
         held = self._quiet.get((key, target.attempt, target.pod))
         return held is None or held[1] <= self.rounds
+
+    def _fresh(self, ident: tuple[Key, int, str], now: float) -> bool:
+        """Answered when last asked, less than a period ago: in close rounds it need not be
+        asked again (its last answer still stands)."""
+        asked = self._read_at.get(ident)
+        return asked is not None and now - asked < self.interval and ident not in self._quiet
 
     def _note_answers(self, answers: Sequence[tuple[Key, PollTarget, str | None, float]]) -> None:
         polled = set()
@@ -247,13 +364,20 @@ class RankPolls:
             self._quiet[ident] = (failures + 1, self.rounds + 1 + skip, first)
         if len(self._quiet) > 4 * max(len(polled), 1024):  # pods long gone: bounded
             self._quiet = {k: v for k, v in self._quiet.items() if k in polled}
+        if len(self._read_at) > 4 * max(len(polled), 1024):
+            self._read_at = {k: v for k, v in self._read_at.items() if k in polled}
+        if len(self._taken) > 8 * max(len(polled), 1024):
+            self._taken = {k: v for k, v in self._taken.items() if k[:3] in polled}
 
     def _keep(
         self,
         job: JobTargets,
         answers: Mapping[tuple[Key, int, str], tuple[Any, str | None, float]],
         received: float,
+        rested: Collection[tuple[Key, int, str]] = (),
     ) -> None:
+        """The job's reading from this round's answers; a `rested` pod (not asked in a close
+        round: it answered less than a period ago) keeps its last report as an answer."""
         attempt = job.targets[0].attempt if job.targets else 0
         with self._lock:
             held = self._readings.get(job.key)
@@ -267,10 +391,14 @@ class RankPolls:
         drains: dict[str, Mapping[str, Any] | None] = {}
         kept_parts = (("fast_tier", fast_tiers), ("replica", replicas), ("drain", drains))
         for target in job.targets:
-            body, error, arrived = answers.get(
-                (job.key, target.attempt, target.pod),
-                (None, "not asked this round (did not answer)", received),
-            )
+            ident = (job.key, target.attempt, target.pod)
+            last = previous.get(target.pod)
+            if ident in rested and last is not None:
+                body, error, arrived = last.body, None, last.received_at
+            else:
+                body, error, arrived = answers.get(
+                    ident, (None, "not asked this round (did not answer)", received)
+                )
             if isinstance(body, Mapping):
                 report = rank_progress.PodReport(target.pod, arrived, body)
                 reports.append(report)

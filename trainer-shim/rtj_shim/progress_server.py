@@ -251,6 +251,7 @@ class _Handler(BaseHTTPRequestHandler):
                                                "peers": len(drain.peers)}})  # fmt: skip
             return
         if path != "/control" or self.server.control_dir is None:
+            self.close_connection = True  # its body is not read: the connection cannot go on
             self._reply(404, {"error": f"no such path {path!r} here"})
             return
         raw = self._body(control.MAX_ORDER_BYTES)
@@ -282,6 +283,7 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             length = -1
         if not 0 <= length <= limit:
+            self.close_connection = True  # its body is not read: the connection cannot go on
             self._reply(413, {"error": f"Content-Length: 0..{limit} bytes"})
             return None
         return self.rfile.read(length)
@@ -296,6 +298,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(raw)))
         self.send_header("Cache-Control", "no-store")
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(raw)
 

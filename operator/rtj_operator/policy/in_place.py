@@ -198,6 +198,13 @@ def order(
                  index if rank else None, master_addr)  # fmt: skip
 
 
+STOPPED = frozenset({"stopped"})
+"""A supervisor's states that show a stop order carried out."""
+STARTED = frozenset({"running", "exited", "finished"})
+"""A supervisor's states that show a run order carried out (its trainer started; it may
+already have ended)."""
+
+
 def reported(reports: Mapping[str, Mapping[str, Any]], pods: Sequence[str],
              generation: int, states: frozenset[str]) -> list[str]:  # fmt: skip
     """The pods whose supervisor has not yet reported one of `states` for `generation`."""

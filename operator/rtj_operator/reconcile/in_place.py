@@ -209,7 +209,7 @@ def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
         old = [p for p in b.snap.pods if pod_name(p) in state.replacing]
         old = [p for p in old if not _ended(p)]
         _replace(b, old)
-        waiting = in_place.reported(reports, names, state.generation, frozenset({"stopped"}))
+        waiting = in_place.reported(reports, names, state.generation, in_place.STOPPED)
         if old or len(names) != b.rtj.spec.replicas:
             gone = ", ".join(pod_name(p) for p in old) or "-"
             b.notes.append(f"in place: replacing: still there {gone}; {len(names)} of "
@@ -237,8 +237,7 @@ def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
         }))  # fmt: skip
         b.requeue_in(0.5)
         return True
-    started = frozenset({"running", "exited", "finished"})
-    waiting = in_place.reported(reports, names, state.generation, started)
+    waiting = in_place.reported(reports, names, state.generation, in_place.STARTED)
     if waiting:
         b.notes.append(f"in place: waiting for {', '.join(waiting[:5])} to start")
         b.requeue_in(1.0)

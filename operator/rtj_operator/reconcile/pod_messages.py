@@ -4,9 +4,10 @@ peer-replica assignment (``/replica``, `policy.peer_replica`) and, to the pod ho
 the fast tier's drain order (``/drain``, `policy.fast_drain`), each signed with the job's
 control key. Pure: decided from the snapshot, sent by `rtj_operator.rank_polls`.
 
-All are idempotent and bounded: a restart order is sent every round while the restart is
-under way (the sidecar takes the same one again); an idle pod's standing order (held, or
-finish) whenever the pod is read, in close rounds only until its report shows it; an
+All are idempotent and bounded: a restart order goes out in the close rounds of a restart
+until the pod's report shows it carried out, then stands (sent whenever the pod is read, at
+the usual pace; the sidecar takes the same one again), as an idle pod's (held, or finish)
+does; an
 assignment or a drain order only to a sidecar whose last report does not show it (one small
 POST per such pod and round, until it does).
 """
@@ -20,6 +21,7 @@ from typing import Any
 from rtj_operator.api import keys
 from rtj_operator.api.reasons import Phase
 from rtj_operator.policy import fast_drain, fast_tier, peer_replica
+from rtj_operator.policy.in_place import STARTED, STOPPED
 from rtj_operator.reconcile.in_place import restart_order
 from rtj_operator.reconcile.world import (
     CONTROL_PATH,
@@ -58,7 +60,7 @@ def pod_messages(snap: Snapshot, targets: Sequence[PollTarget]) -> PodMessages:
         order = restart_order(snap, target)
         if order is not None:
             body = order.encode()
-            standing = target.idle and not _unheeded(order, supervisors.get(target.pod))
+            standing = not _unheeded(order, supervisors.get(target.pod), idle=target.idle)
             message = PollMessage(CONTROL_PATH, body, sign(key, body), standing=standing)
             out.setdefault(target.pod, []).append(message)
     ring = replica_ring(snap, targets)
@@ -77,16 +79,20 @@ def pod_messages(snap: Snapshot, targets: Sequence[PollTarget]) -> PodMessages:
     return PodMessages({pod: tuple(ms) for pod, ms in out.items()}, ring.note)
 
 
-def _unheeded(order: Order, report: Mapping[str, Any] | None) -> bool:
-    """An idle pod answers but does not yet show its order (a pod the Job just created again,
-    held at generation 0; a finish not yet carried out): the order goes out in close rounds
-    until it does, as a restart's do. One that has not answered at all waits for the usual
-    pace (a dead pod must not keep the rounds close for ever)."""
+def _unheeded(order: Order, report: Mapping[str, Any] | None, *, idle: bool) -> bool:
+    """Whether the pod's last report does not yet show `order` carried out: its order then
+    goes out in close rounds (and the pod is read in each); once it does, the order stands
+    (posted whenever the pod is read, at the usual pace), so a round of a restart costs
+    what the pods still to move cost, not what the world costs. A pod of the world that
+    has not answered is waited for (the restart's deadline bounds it); an idle one (a pod
+    the Job just created again, held at generation 0; a finish not yet carried out) waits
+    for the usual pace, since a dead idle pod must not keep the rounds close for ever."""
     if report is None:
-        return False
+        return not idle
     if order.action == "finish":
         return report.get("state") != "finished"
-    return report.get("generation") != order.generation or report.get("state") != "stopped"
+    shown = STOPPED if order.action == "stop" else STARTED
+    return report.get("generation") != order.generation or report.get("state") not in shown
 
 
 def drain_order(snap: Snapshot, targets: Sequence[PollTarget]) -> fast_drain.DrainTarget | None:

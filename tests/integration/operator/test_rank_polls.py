@@ -4,10 +4,13 @@ real rank records (rtj_shim.progress): what it reads is what the hang decision n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -15,8 +18,16 @@ from pathlib import Path
 import pytest
 
 from rtj_operator.policy import progress as rank_progress
-from rtj_operator.rank_polls import JobTargets, PollFailed, RankPolls, fetch_progress
-from rtj_operator.reconcile import PollTarget
+from rtj_operator.rank_polls import (
+    JobTargets,
+    PollFailed,
+    RankPolls,
+    exchange_http,
+    fetch_progress,
+)
+from rtj_operator.reconcile import PollMessage, PollTarget
+from rtj_operator.reconcile.world import CONTROL_PATH, REPLICA_PATH
+from rtj_shim.control import ORDER_FILE, Order, job_key, sign
 from rtj_shim.progress import Progress
 
 RTJ_SHIM = str(Path(sys.executable).with_name("rtj-shim"))
@@ -110,3 +121,80 @@ def test_a_server_that_drips_bytes_is_cut_off_at_the_request_deadline() -> None:
     assert time.monotonic() - started < 5.0
     stop.set()
     listener.close()
+
+
+def test_a_pods_orders_and_its_read_share_one_connection_and_a_refusal_stops_nothing(
+    tmp_path: Path,
+) -> None:
+    uid = "0c2f-exchange"
+    key = job_key(b"the operator's secret", uid)
+    control = tmp_path / "control"
+    control.mkdir()
+    proc = subprocess.Popen(
+        [RTJ_SHIM, "progress-server", "--dir", str(tmp_path / "progress"), "--port", "0",
+         "--host", "127.0.0.1", "--control-dir", str(control)],
+        stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "RTJ_CONTROL_KEY": key, "RTJ_JOB_UID": uid},
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        port = int(json.loads(proc.stdout.readline())["listening"]["port"])
+        stop = Order(uid, 1, "stop").encode()
+        forged = Order(uid, 2, "stop").encode()
+        messages = [
+            PollMessage(CONTROL_PATH, forged, sign("not the job's key", forged)),  # 403
+            PollMessage(REPLICA_PATH, b"{}", sign(key, b"{}")),  # no replica here: 404
+            PollMessage(CONTROL_PATH, stop, sign(key, stop)),  # taken
+        ]
+        with _CountingProxy(port) as proxy:
+            answer = exchange_http("127.0.0.1", proxy.port, 5.0, messages)
+            first = proxy.accepted  # each answer needed its connection accepted first
+            taken = exchange_http("127.0.0.1", proxy.port, 5.0, messages[2:])
+            connections = [first, proxy.accepted - first]
+        assert answer.error is None and isinstance(answer.body, dict) and "ranks" in answer.body
+        assert [m.path for m, _ in answer.refused] == [CONTROL_PATH, REPLICA_PATH], answer.refused
+        assert "HTTP 403" in answer.refused[0][1] and "HTTP 404" in answer.refused[1][1]
+        assert json.loads((control / ORDER_FILE).read_text())["generation"] == 1
+        assert taken.error is None and not taken.refused and isinstance(taken.body, dict)
+        # a refusal costs a new connection (what is left of it is not trusted); a pod that
+        # takes its order is posted and read on one
+        assert connections == [3, 1]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+class _CountingProxy:
+    """A TCP relay to the sidecar that counts the connections each `exchange_http` opens."""
+
+    def __init__(self, port: int) -> None:
+        self.target = port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.accepted = 0
+
+    def __enter__(self) -> _CountingProxy:
+        threading.Thread(target=self._accept, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)

@@ -242,3 +242,57 @@ def test_the_poller_sends_each_pod_the_order_before_reading_it_and_keeps_its_rep
     asyncio.run(polls.poll_once([JobTargets(key, targets)]))
     assert not sent, "no order, nothing sent"
     polls.close()
+
+
+def test_close_rounds_read_only_the_pods_still_to_carry_out_their_order() -> None:
+    import asyncio
+
+    from rtj_operator.rank_polls import JobTargets, RankPolls
+
+    read: list[str] = []
+    states = {"10.0.0.1": "stopped", "10.0.0.2": "stopped", "10.0.0.3": "running"}
+
+    def fetch(ip: str, port: int, timeout: float) -> Any:
+        read.append(ip)
+        return {"schema": 1, "ranks": [], "supervisor": {"generation": 1, "state": states[ip]}}
+
+    posted: list[str] = []
+
+    def send(ip: str, port: int, timeout: float, message: rc.PollMessage) -> None:
+        posted.append(ip)
+
+    key = ("team-a", "llm")
+    targets = tuple(rc.PollTarget(f"p{i}", f"10.0.0.{i}", 9478, 1) for i in (1, 2, 3))
+    stop = rc.PollMessage("/control", b"{}", "sha256=ab")
+    stands = rc.PollMessage("/control", b"{}", "sha256=ab", standing=True)
+    # p1 and p2 show the stop carried out (their order stands), p3 does not yet
+    job = JobTargets(key, targets, messages={"p1": (stands,), "p2": (stands,), "p3": (stop,)})
+    assert job.ordering and [t.pod for t in targets if job.pressing(t.pod)] == ["p3"]
+
+    polls = RankPolls(lambda: NOW, lambda key: None, interval=3600.0, fetch=fetch, send=send)
+    asyncio.run(polls.poll_once([job]))  # the first round reads everyone
+    assert sorted(read) == ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
+    read.clear()
+    states["10.0.0.3"] = "stopped"
+    assert len(posted) == 3
+    asyncio.run(polls.poll_once([job]))  # the next close round: only the pod still to move
+    assert read == ["10.0.0.3"]
+    assert len(posted) == 3, "an order its sidecar took this half period is not posted again"
+    reading = polls.reading(key)
+    assert reading is not None and not reading.unanswered and not reading.quiet_since
+    assert {p: s["state"] for p, s in reading.supervisors.items()} == dict.fromkeys(
+        ("p1", "p2", "p3"), "stopped"
+    ), "a pod not asked again keeps its last answer, supervisor included"
+    assert len(reading.reports) == 3
+    polls.close()
+
+    # a pod's last answer stands for one period only: past it, every pod is read again
+    read.clear()
+    posted.clear()
+    every = RankPolls(lambda: NOW, lambda key: None, interval=0.0, fetch=fetch, send=send)
+    for _ in range(2):
+        asyncio.run(every.poll_once([job]))
+    assert sorted(read) == ["10.0.0.1", "10.0.0.1", "10.0.0.2", "10.0.0.2", "10.0.0.3",
+                            "10.0.0.3"]  # fmt: skip
+    assert len(posted) == 6, "past half a period, orders are posted again (idempotent)"
+    every.close()

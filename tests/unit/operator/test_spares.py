@@ -242,6 +242,22 @@ def test_a_gpu_fault_is_replaced_by_a_ready_spare_at_once() -> None:
     for member in (pods[0], spare):  # the world's stop orders (the replaced pod is idle)
         assert [m.standing for m in under_way[member["metadata"]["name"]]] == [False]
     assert JobTargets(JOB_KEY, world_targets, messages=under_way).ordering
+    # ... until each pod's report shows its order carried out: then it stands, and the
+    # close rounds read only the pods still to move
+    generation = stopping_raw["status"]["inPlace"]["generation"]
+    first, second = names[0], spare["metadata"]["name"]
+    for shown, still in (({first: (generation, "stopped", None)}, {second}),
+                         ({first: (generation, "stopped", None),
+                           second: (generation, "stopped", None)}, set())):  # fmt: skip
+        heard = replace(stopping, ranks=supervisors(shown))
+        told = rc.pod_messages(heard, world_targets).messages
+        pressing = JobTargets(JOB_KEY, world_targets, messages=told)
+        assert {p for p in (first, second) if pressing.pressing(p)} == still, shown
+        assert pressing.ordering == bool(still)
+    ran = replace(stopping, ranks=supervisors({first: (generation, "running", None)}))
+    assert rc.pod_messages(ran, world_targets).messages[first][0].standing is False, (
+        "a run state does not show a stop order carried out"
+    )
 
     # 5. the world's trainers finish: the idle pod is told to finish (its Job completes)
     finished = copy.deepcopy(later)
