@@ -53,7 +53,14 @@ from bench.scale_probes import cpu_seconds, delta, operator_requests
 from e2e.cluster import faults, testenv
 from e2e.cluster.cluster import LocalCluster
 from e2e.cluster.kube import Kube as HarnessKube
-from e2e.operator_proc import OperatorProcess, client, install_crd, rtj_body, wait_for
+from e2e.operator_proc import (
+    SINGLE_REPLICA_LEASE,
+    OperatorProcess,
+    client,
+    install_crd,
+    rtj_body,
+    wait_for,
+)
 from rtj_operator.api import keys
 
 PORT = 9479
@@ -64,7 +71,6 @@ VICTIM_RANK = 1
 SETTLE_SECONDS = 5.0
 AFTER_SECONDS = 3.0
 JOB = "big"
-LEADER_LEASE = ("--lease-duration", "15", "--renew-deadline", "10", "--retry-period", "2")
 """The operator's defaults (the harness's OperatorProcess runs 4 / 3 / 1 s: at 129 pods'
 start on 2 shared CPUs its event loop missed a 3 s renewal, and it stepped down)."""
 
@@ -141,7 +147,8 @@ def trial(workers: int, lease: int, logs: Path) -> dict[str, Any]:
         sim = Sim(kubeconfig, ns)
         op = OperatorProcess(kubeconfig, ns, logs, lease_name=f"inplace-{uuid.uuid4().hex[:6]}",
                              extra=("--control-secret-file", str(secret),
-                                    "--progress-poll-seconds", "1", *LEADER_LEASE))  # fmt: skip
+                                    "--progress-poll-seconds", "1",
+                                    *SINGLE_REPLICA_LEASE))  # fmt: skip
         op.start()
         assert op.proc is not None
         created = time.monotonic()

@@ -104,6 +104,16 @@ def rtj_body(name: str, namespace: str, uri: str, *, replicas: int = 2, **spec: 
     return body
 
 
+FAIL_OVER_LEASE = ("--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "1")
+"""The harness's leader lease: short, so the fail-over tests see a second replica take over
+in seconds. A replica whose event loop misses a renewal for 3 s steps down."""
+SINGLE_REPLICA_LEASE = ("--lease-duration", "15", "--renew-deadline", "10", "--retry-period", "2")
+"""The operator's own defaults, for a platform of one replica under load (trainers, or a
+hundred KWOK pods starting, on a small machine): with no one to take over, the fail-over
+lease buys nothing, and in CI a renewal that took over 3 s made the only replica step down
+mid-drill (the GPU-fault drill hung). Passed after the harness's, it wins."""
+
+
 class OperatorProcess:
     """`python -m rtj_operator run` on the harness's kubeconfig, logging to a file."""
 
@@ -141,7 +151,7 @@ class OperatorProcess:
             "--health-port", str(self.health_port), "--health-addr", "127.0.0.1",
             "--log-format", "text",  # the tests read and print these logs
             "--lease-namespace", self.namespace, "--lease-name", self.lease_name,
-            "--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "1",
+            *FAIL_OVER_LEASE,
             "--identity", f"{self.lease_name}-{id(self) % 100000}-{self.starts}",
             "--checkpoint-refresh-seconds", "2",
             # the harness's loopback S3 buckets are the platform's: jobs without a

@@ -29,7 +29,7 @@ import pytest
 from e2e.cluster import faults
 from e2e.cluster.testenv import TestNamespace
 from e2e.demo import drills, story
-from e2e.operator_proc import wait_for
+from e2e.operator_proc import SINGLE_REPLICA_LEASE, wait_for
 from rtj_operator.api import keys
 from rtj_shim import fast_tier
 from rtj_shim.control import ORDER_FILE
@@ -69,12 +69,6 @@ def _in_place_job(name: str, steps: int = STEPS) -> dict[str, Any]:
         f"--steps={steps}" if a == "--steps=100000" else a for a in container["command"]
     ]
     return body
-
-
-SINGLE_REPLICA_LEASE = ("--lease-duration", "15", "--renew-deadline", "10", "--retry-period", "2")
-"""The operator's own defaults, not the harness's fail-over timings (4 / 3 / 1 s): these
-drills run one replica, and in CI a renewal that took over 3 s while a replaced pod started
-made it step down mid-drill with no one to take over (the GPU-fault drill hung)."""
 
 
 def _platform(tmp_path: Path, name: str, nodes: int = 3) -> Any:
