@@ -36,6 +36,7 @@ import contextlib
 import copy
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -360,6 +361,7 @@ def run(opts: SoakOptions) -> dict[str, Any]:
     facts["features"] = opts.features()
     facts["variant"] = opts.variant()
     facts["mix"] = dict(opts.mix) if opts.faults is None else None  # the baseline re-seeds
+    facts["generation_starts"] = generation_starts(platform)
     return facts
 
 
@@ -390,6 +392,23 @@ def _attempt_logs(platform: story.Options) -> dict[int, dict[int, list[str]]]:
         attempt = int(f.parts[-4].split("-a")[1].split("-")[0])
         rank = int(f.stem.split("-")[1])
         out.setdefault(attempt, {}).setdefault(rank, []).extend(f.read_text().splitlines())
+    return out
+
+
+STARTED = re.compile(
+    r"rtj-shim supervise: generation (\d+): started \S+ (from its warm standby|cold)"
+)
+"""The supervisor's line for each generation it starts (`rtj_shim.supervisor.Supervisor`)."""
+
+
+def generation_starts(platform: story.Options) -> list[dict[str, Any]]:
+    """Every trainer generation the pods' supervisors started, and whether from the pod's warm
+    standby (`spec.recovery.inPlacePreload`) or cold, from the containers' logs."""
+    root = platform.state / "runner" / "pods" / story.NAMESPACE
+    out = []
+    for f in sorted(root.glob(f"{JOB}-a*-*/containers/trainer/log")):
+        for m in STARTED.finditer(f.read_text(errors="replace")):
+            out.append({"pod": f.parts[-4], "generation": int(m[1]), "warm": m[2] != "cold"})
     return out
 
 

@@ -52,5 +52,9 @@ def test_the_soak_restarts_in_place_and_whole_world_bit_for_bit(tmp_path: Path) 
     fast = [r for r in facts["resumes"] if r["source"] == "fast-tier"]
     assert [r["world"] for r in fast] == ["1 g1", "1 g2"]
     assert all(r["step"] == r["entry"]["resumedFromFastStep"] for r in fast)
+    # each in-place generation began in its pod's warm standby (the trainers' import paid
+    # ahead, beside the running generation)
+    restarted = [s for s in facts["generation_starts"] if s["generation"] >= 1]
+    assert len(restarted) >= 4 and all(s["warm"] for s in restarted), facts["generation_starts"]
     assert 0.0 < facts["goodput"] < 1.0
     assert (tmp_path / "report" / "goodput-timeline.svg").read_text().count("<polyline") >= 4
