@@ -43,6 +43,11 @@ MAX_BODY = 1 << 20
 ORDER_INTERVAL = 0.25
 """Seconds between rounds while a job has restart orders out (an in-place restart): each
 supervisor's progress is seen within this, not within the poll period."""
+RESTING_SECONDS = 5.0
+"""In close rounds, a pod whose report shows its order carried out is not read again for
+this long, nor an order its sidecar took posted again (a round at 1,000+ pods takes longer
+than a short poll period, so the period cannot be the measure). Whatever stands longer is
+read or posted again: a trainer that ends after it started shows within this."""
 MAX_SKIPPED_ROUNDS = 8
 """A pod that keeps not answering is asked every 2, 4, ... up to 1 + 8 rounds: a dead pod
 (or one whose image has no progress server) must not cost a connection timeout per round."""
@@ -279,13 +284,13 @@ class RankPolls:
     def _to_send(
         self, ident: tuple[Key, int, str], messages: Sequence[PollMessage], now: float
     ) -> tuple[PollMessage, ...]:
-        """The messages for a pod, less those its sidecar took less than half a period ago:
+        """The messages for a pod, less those its sidecar took less than RESTING_SECONDS ago:
         a restart's close rounds post each order once and then only read the pod back
         (posted again after that, in case a new sidecar lost it; all are idempotent)."""
         out = []
         for message in messages:
-            signature, sent = self._taken.get((*ident, message.path), ("", -self.interval))
-            if signature != message.signature or now - sent >= self.interval / 2:
+            signature, sent = self._taken.get((*ident, message.path), ("", -RESTING_SECONDS))
+            if signature != message.signature or now - sent >= RESTING_SECONDS:
                 out.append(message)
         return tuple(out)
 
@@ -346,10 +351,10 @@ class RankPolls:
         return held is None or held[1] <= self.rounds
 
     def _fresh(self, ident: tuple[Key, int, str], now: float) -> bool:
-        """Answered when last asked, less than a period ago: in close rounds it need not be
+        """Answered when last asked, less than RESTING_SECONDS ago: in close rounds it need not be
         asked again (its last answer still stands)."""
         asked = self._read_at.get(ident)
-        return asked is not None and now - asked < self.interval and ident not in self._quiet
+        return asked is not None and now - asked < RESTING_SECONDS and ident not in self._quiet
 
     def _note_answers(self, answers: Sequence[tuple[Key, PollTarget, str | None, float]]) -> None:
         polled = set()
@@ -377,7 +382,7 @@ class RankPolls:
         rested: Collection[tuple[Key, int, str]] = (),
     ) -> None:
         """The job's reading from this round's answers; a `rested` pod (not asked in a close
-        round: it answered less than a period ago) keeps its last report as an answer."""
+        round: it answered less than RESTING_SECONDS ago) keeps its last report as an answer."""
         attempt = job.targets[0].attempt if job.targets else 0
         with self._lock:
             held = self._readings.get(job.key)

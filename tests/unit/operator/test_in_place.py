@@ -8,6 +8,7 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from rtj_test_support import NOW, make_job
 from rtj_world import jobset, node, nodes_for, reading, rtj_raw, snapshot, with_status
 from test_rank_progress import running_pods
@@ -244,9 +245,12 @@ def test_the_poller_sends_each_pod_the_order_before_reading_it_and_keeps_its_rep
     polls.close()
 
 
-def test_close_rounds_read_only_the_pods_still_to_carry_out_their_order() -> None:
+def test_close_rounds_read_only_the_pods_still_to_carry_out_their_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import asyncio
 
+    from rtj_operator import rank_polls
     from rtj_operator.rank_polls import JobTargets, RankPolls
 
     read: list[str] = []
@@ -269,7 +273,7 @@ def test_close_rounds_read_only_the_pods_still_to_carry_out_their_order() -> Non
     job = JobTargets(key, targets, messages={"p1": (stands,), "p2": (stands,), "p3": (stop,)})
     assert job.ordering and [t.pod for t in targets if job.pressing(t.pod)] == ["p3"]
 
-    polls = RankPolls(lambda: NOW, lambda key: None, interval=3600.0, fetch=fetch, send=send)
+    polls = RankPolls(lambda: NOW, lambda key: None, fetch=fetch, send=send)
     asyncio.run(polls.poll_once([job]))  # the first round reads everyone
     assert sorted(read) == ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
     read.clear()
@@ -277,7 +281,7 @@ def test_close_rounds_read_only_the_pods_still_to_carry_out_their_order() -> Non
     assert len(posted) == 3
     asyncio.run(polls.poll_once([job]))  # the next close round: only the pod still to move
     assert read == ["10.0.0.3"]
-    assert len(posted) == 3, "an order its sidecar took this half period is not posted again"
+    assert len(posted) == 3, "an order its sidecar took is not posted again for a while"
     reading = polls.reading(key)
     assert reading is not None and not reading.unanswered and not reading.quiet_since
     assert {p: s["state"] for p, s in reading.supervisors.items()} == dict.fromkeys(
@@ -286,13 +290,14 @@ def test_close_rounds_read_only_the_pods_still_to_carry_out_their_order() -> Non
     assert len(reading.reports) == 3
     polls.close()
 
-    # a pod's last answer stands for one period only: past it, every pod is read again
+    # a pod's last answer stands for a while only: past it, every pod is read again
+    monkeypatch.setattr(rank_polls, "RESTING_SECONDS", 0.0)
     read.clear()
     posted.clear()
-    every = RankPolls(lambda: NOW, lambda key: None, interval=0.0, fetch=fetch, send=send)
+    every = RankPolls(lambda: NOW, lambda key: None, fetch=fetch, send=send)
     for _ in range(2):
         asyncio.run(every.poll_once([job]))
     assert sorted(read) == ["10.0.0.1", "10.0.0.1", "10.0.0.2", "10.0.0.2", "10.0.0.3",
                             "10.0.0.3"]  # fmt: skip
-    assert len(posted) == 6, "past half a period, orders are posted again (idempotent)"
+    assert len(posted) == 6, "past that, orders are posted again (idempotent)"
     every.close()
