@@ -172,10 +172,14 @@ class Exchanged:
     refused: tuple[tuple[PollMessage, str], ...] = ()
 
 
-Exchange = Callable[[str, int, float, Sequence[PollMessage]], Exchanged]
+Exchange = Callable[[str, int, float, Sequence[PollMessage], bool], Exchanged]
+"""(ip, port, timeout, messages, read): post the messages, then read the pod unless `read`
+is False (its body and error are then None)."""
 
 
-def exchange_http(ip: str, port: int, timeout: float, messages: Sequence[PollMessage]) -> Exchanged:
+def exchange_http(
+    ip: str, port: int, timeout: float, messages: Sequence[PollMessage], read: bool = True
+) -> Exchanged:
     """The pod's messages, then `GET /progress`, on one connection (the sidecar serves HTTP/1.1
     and keeps it open): a round with orders out opens one connection per pod, not two.
     Each request has `timeout`; a refused message does not stop the read."""
@@ -187,6 +191,8 @@ def exchange_http(ip: str, port: int, timeout: float, messages: Sequence[PollMes
                 _post(conn, message)
             except PollFailed as exc:
                 refused.append((message, str(exc)))
+        if not read:
+            return Exchanged(None, None, tuple(refused))
         try:
             return Exchanged(_read_progress(conn, timeout, MAX_BODY), None, tuple(refused))
         except PollFailed as exc:
@@ -198,13 +204,17 @@ def exchange_http(ip: str, port: int, timeout: float, messages: Sequence[PollMes
 def separately(fetch: Fetch, send: Send) -> Exchange:
     """An exchange made of a `send` per message and a `fetch` (each its own connection)."""
 
-    def exchange(ip: str, port: int, timeout: float, messages: Sequence[PollMessage]) -> Exchanged:
+    def exchange(
+        ip: str, port: int, timeout: float, messages: Sequence[PollMessage], read: bool = True
+    ) -> Exchanged:
         refused = []
         for message in messages:
             try:
                 send(ip, port, timeout, message)
             except PollFailed as exc:
                 refused.append((message, str(exc)))
+        if not read:
+            return Exchanged(None, None, tuple(refused))
         try:
             return Exchanged(fetch(ip, port, timeout), None, tuple(refused))
         except PollFailed as exc:
@@ -267,12 +277,14 @@ class RankPolls:
             self._readings.pop(key, None)
             self._stragglers.pop(key, None)
 
-    def _get(self, target: PollTarget, messages: Sequence[PollMessage] = ()) -> Answer:
+    def _get(
+        self, target: PollTarget, messages: Sequence[PollMessage] = (), read: bool = True
+    ) -> Answer:
         """The pod's answer, dated when it arrived (the operator's clock, Unix s): each
         report is dated by its own answer, not by the end of the round. The pod's messages
         go first: the answer then already tells whether it took them."""
         try:
-            exchanged = self.exchange(target.ip, target.port, self.timeout, messages)
+            exchanged = self.exchange(target.ip, target.port, self.timeout, messages, read)
         except Exception as exc:  # a poll must never take the poller down
             exchanged = Exchanged(None, f"{type(exc).__name__}: {exc}", ())
         for message, why in exchanged.refused:  # an old sidecar without /replica: no line each
@@ -313,26 +325,38 @@ class RankPolls:
                     flat.append((job.key, t))
                 else:  # carried its order out: its last answer stands until the usual pace
                     rested.add(ident)
-        sending = []
+        sending, reads = [], []
         for key, t in flat:
             ident = (key, t.attempt, t.pod)
-            self._read_at[ident] = now
-            sending.append(self._to_send(ident, messages[key].get(t.pod, ()), now))
+            sent = self._to_send(ident, messages[key].get(t.pod, ()), now)
+            # a pod given a restart order now cannot show it yet (its supervisor reads the
+            # order after the POST): its read waits for the next close round
+            read = ident in self._quiet or not any(
+                m.path == CONTROL_PATH and not m.standing for m in sent
+            )
+            if read:
+                self._read_at[ident] = now
+            else:
+                rested.add(ident)
+            sending.append(sent)
+            reads.append(read)
         answers = await asyncio.gather(
             *(
-                loop.run_in_executor(self._executor, self._get, t, sent)
-                for (_, t), sent in zip(flat, sending, strict=True)
+                loop.run_in_executor(self._executor, self._get, t, sent, read)
+                for (_, t), sent, read in zip(flat, sending, reads, strict=True)
             )
         )
         received = self.clock().timestamp()
         by_pod: dict[tuple[Key, int, str], tuple[Any, str | None, float]] = {}
-        for (key, t), sent, answer in zip(flat, sending, answers, strict=True):
+        for (key, t), sent, read, answer in zip(flat, sending, reads, answers, strict=True):
             ident = (key, t.attempt, t.pod)
-            by_pod[ident] = (answer.body, answer.error, answer.arrived)
+            if read:
+                by_pod[ident] = (answer.body, answer.error, answer.arrived)
             for message in sent:
                 if message not in answer.refused:
                     self._taken[(*ident, message.path)] = (message.signature, now)
-        self._note_answers([(key, t, *by_pod[(key, t.attempt, t.pod)][1:]) for key, t in flat])
+        self._note_answers([(key, t, *by_pod[ident][1:]) for key, t in flat
+                            if (ident := (key, t.attempt, t.pod)) in by_pod])  # fmt: skip
         wanted = {job.key for job in jobs}
         with self._lock:
             dropped = [k for k in self._readings if k not in wanted]
@@ -381,8 +405,9 @@ class RankPolls:
         received: float,
         rested: Collection[tuple[Key, int, str]] = (),
     ) -> None:
-        """The job's reading from this round's answers; a `rested` pod (not asked in a close
-        round: it answered less than RESTING_SECONDS ago) keeps its last report as an answer."""
+        """The job's reading from this round's answers; a `rested` pod (not read this round:
+        it answered less than RESTING_SECONDS ago, or was just given its order) keeps its last
+        report as an answer."""
         attempt = job.targets[0].attempt if job.targets else 0
         with self._lock:
             held = self._readings.get(job.key)
@@ -398,7 +423,9 @@ class RankPolls:
         for target in job.targets:
             ident = (job.key, target.attempt, target.pod)
             last = previous.get(target.pod)
-            if ident in rested and last is not None:
+            if ident in rested:
+                if last is None:
+                    continue  # not read this round, and nothing heard from it before
                 body, error, arrived = last.body, None, last.received_at
             else:
                 body, error, arrived = answers.get(
