@@ -37,8 +37,8 @@ from rtj_operator.reconcile.world import (
 
 SUMMARY_EVERY = timedelta(seconds=30)
 """status.progress is rewritten at most this often while only the step moves (a change of
-attempt or of the stragglers is written at once): one write per job per 30 s, whatever the
-number of ranks."""
+attempt or of the stragglers, and the attempt's first fast-tier step, are written at once):
+one write per job per 30 s, whatever the number of ranks."""
 AUTO_TIMEOUT_FLOOR = 30.0
 """The automatic step allowance is never below this (seconds)."""
 
@@ -219,8 +219,9 @@ def note_progress(b: PlanBuilder) -> None:
         if s.attempt == readings.attempt
     }
     after = {(s.rank, s.pod) for s in stragglers}
-    if was is None or was.attempt != fresh.attempt or before != after:
-        b.update(progress=fresh)
+    first_fast = (was is not None and was.fast_step is None) and fresh.fast_step is not None
+    if was is None or was.attempt != fresh.attempt or before != after or first_fast:
+        b.update(progress=fresh)  # the attempt's first fast step shows at once, as its start
     elif (was.step, was.ranks, was.fast_step, was.drained_step) != (
         fresh.step, fresh.ranks, fresh.fast_step, fresh.drained_step,
     ):  # fmt: skip

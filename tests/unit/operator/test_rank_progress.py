@@ -142,8 +142,20 @@ def test_the_progress_summary_carries_the_fast_step_every_pod_holds() -> None:
     assert summary["fastCommittedAt"] == iso(NOW - timedelta(seconds=3))
     # a pod with no fast step yet: none for the job
     waiting = replace(fine, fast_tiers={**tiers, names[1]: None})
-    patch = plan(pods, waiting, **spec).status_patch
+    none_yet = plan(pods, waiting, **spec)
+    patch = none_yet.status_patch
     assert patch is not None and patch.status["progress"].get("fastStep") is None
+    # the attempt's first fast step is written at once, not up to 30 s later with the step
+    raw = with_status(rtj_raw(RUNNING, replicas=2, **spec), none_yet)
+    snap = snapshot(raw, jobsets=[jobset(1)], pods=pods, now=NOW + timedelta(seconds=5))
+    first = rc.plan(replace(snap, ranks=replace(fine, polled_at=fine.polled_at + 5)))
+    assert first.status_patch is not None, first.summary
+    assert first.status_patch.status["progress"]["fastStep"] == 805
+    moved = {names[0]: {**tiers[names[0]], "step": 815}, names[1]: {**tiers[names[1]], "step": 810}}
+    raw = with_status(raw, first)
+    later = replace(snap, now=NOW + timedelta(seconds=10), rtj=snapshot(raw).rtj)
+    again = rc.plan(replace(later, ranks=replace(fine, fast_tiers=moved)))
+    assert again.status_patch is None, "a later fast step waits for the summary's 30 s"
 
 
 def test_the_progress_summary_is_rewritten_at_most_every_30_seconds() -> None:
