@@ -127,8 +127,8 @@ def trial(workers: int, lease: int, logs: Path, spares: int = 1) -> dict[str, An
     cluster = LocalCluster(f"rtj-bench-inplace-{os.getpid()}-{workers}", nodes=nodes,
                            node_lease_seconds=lease, loopback_pods=True,
                            terminal_phase_on_delete=True)  # fmt: skip
-    out: dict[str, Any] = {"workers": workers, "nodes": nodes, "lease": lease, "spares": spares,
-                           "load_start": os.getloadavg()[0]}  # fmt: skip
+    out: dict[str, Any] = {"workers": workers, "nodes": nodes, "lease": lease,
+                           "spare_count": spares, "load_start": os.getloadavg()[0]}  # fmt: skip
     started = time.monotonic()
     sim: Sim | None = None
     op: OperatorProcess | None = None
@@ -263,7 +263,7 @@ def markdown(results: list[dict[str, Any]], command: str) -> str:
         served = r.get("sidecar_requests") or {}
         orders = sum(v for k, v in served.items() if k.startswith("order"))
         lines.append(
-            f"| {r['workers']} + {r.get('spares', 1)} | {r['nodes']} | {_f(r['detect'])} "
+            f"| {r['workers']} + {r.get('spare_count', 1)} | {r['nodes']} | {_f(r['detect'])} "
             f"| {_f(r['stopped'])} "
             f"| **{_f(r['running'])}** | {_f(r['operator_cpu'])} "
             f"({_f(r['operator_cpu_less_quiet'])}) | {r['operator_requests']:.0f} "
