@@ -259,6 +259,9 @@ class RankPolls:
         self._taken: dict[tuple[Key, int, str, str], tuple[str, float]] = {}
         """(job, attempt, pod, path) -> the signature of the message its sidecar last took
         (202), and when it was sent (monotonic s)."""
+        self._tried: dict[tuple[Key, int, str, str], str] = {}
+        """(job, attempt, pod, path) -> the signature of the message last posted to it,
+        taken or not."""
         self._lock = threading.Lock()
         self._poked: asyncio.Event | None = None
         self._orders_out = False
@@ -329,11 +332,16 @@ class RankPolls:
         for key, t in flat:
             ident = (key, t.attempt, t.pod)
             sent = self._to_send(ident, messages[key].get(t.pod, ()), now)
-            # a pod given a restart order now cannot show it yet (its supervisor reads the
-            # order after the POST): its read waits for the next close round
+            # a pod given a restart order for the first time cannot show it yet (its
+            # supervisor reads the order after the POST): its read waits for the next close
+            # round (an order posted again, refused or lost before, is read back at once)
             read = ident in self._quiet or not any(
-                m.path == CONTROL_PATH and not m.standing for m in sent
-            )
+                m.path == CONTROL_PATH and not m.standing
+                and self._tried.get((*ident, m.path)) != m.signature
+                for m in sent
+            )  # fmt: skip
+            for m in sent:
+                self._tried[(*ident, m.path)] = m.signature
             if read:
                 self._read_at[ident] = now
             else:
@@ -397,6 +405,8 @@ class RankPolls:
             self._read_at = {k: v for k, v in self._read_at.items() if k in polled}
         if len(self._taken) > 8 * max(len(polled), 1024):
             self._taken = {k: v for k, v in self._taken.items() if k[:3] in polled}
+        if len(self._tried) > 8 * max(len(polled), 1024):
+            self._tried = {k: v for k, v in self._tried.items() if k[:3] in polled}
 
     def _keep(
         self,

@@ -304,6 +304,38 @@ def test_close_rounds_read_only_the_pods_still_to_carry_out_their_order(
     every = RankPolls(lambda: NOW, lambda key: None, fetch=fetch, send=send)
     for _ in range(2):
         asyncio.run(every.poll_once([job]))
-    assert sorted(read) == ["10.0.0.1", "10.0.0.1", "10.0.0.2", "10.0.0.2"]
-    assert len(posted) == 6, "past that, orders are posted again (idempotent)"
+    assert sorted(read) == ["10.0.0.1", "10.0.0.1", "10.0.0.2", "10.0.0.2", "10.0.0.3"]
+    assert len(posted) == 6, "past that, orders are posted again (idempotent), p3's read back"
     every.close()
+
+
+def test_a_pod_that_refuses_its_order_is_still_read_back() -> None:
+    import asyncio
+
+    from rtj_operator.rank_polls import JobTargets, PollFailed, RankPolls
+
+    read: list[str] = []
+    posted: list[str] = []
+
+    def fetch(ip: str, port: int, timeout: float) -> Any:
+        read.append(ip)
+        return {"schema": 1, "ranks": [], "supervisor": {"generation": 2, "state": "running"}}
+
+    def send(ip: str, port: int, timeout: float, message: rc.PollMessage) -> None:
+        posted.append(ip)
+        raise PollFailed("/control: refused: HTTP 403 order.generation: 1 stop is older")
+
+    key = ("team-a", "llm")
+    target = rc.PollTarget("p1", "10.0.0.1", 9478, 1)
+    stop = rc.PollMessage("/control", b"{}", "sha256=ab")
+    job = JobTargets(key, (target,), messages={"p1": (stop,)})
+    polls = RankPolls(lambda: NOW, lambda key: None, fetch=fetch, send=send)
+    asyncio.run(polls.poll_once([job]))
+    assert (posted, read) == (["10.0.0.1"], []), "first posted alone"
+    asyncio.run(polls.poll_once([job]))
+    assert (posted, read) == (["10.0.0.1"] * 2, ["10.0.0.1"]), (
+        "refused, so posted again; and read back, so its report shows why it stays"
+    )
+    reading = polls.reading(key)
+    assert reading is not None and reading.supervisors["p1"]["generation"] == 2
+    polls.close()
