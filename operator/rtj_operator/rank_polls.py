@@ -184,19 +184,11 @@ def exchange_http(
     and keeps it open): a round with orders out opens one connection per pod, not two.
     Each request has `timeout`; a refused message does not stop the read."""
     conn = http.client.HTTPConnection(ip, port, timeout=timeout)
-    refused: list[tuple[PollMessage, str]] = []
     try:
-        for message in messages:
-            try:
-                _post(conn, message)
-            except PollFailed as exc:
-                refused.append((message, str(exc)))
-        if not read:
-            return Exchanged(None, None, tuple(refused))
-        try:
-            return Exchanged(_read_progress(conn, timeout, MAX_BODY), None, tuple(refused))
-        except PollFailed as exc:
-            return Exchanged(None, str(exc), tuple(refused))
+        return _exchange(
+            lambda m: _post(conn, m), lambda: _read_progress(conn, timeout, MAX_BODY),
+            messages, read,
+        )  # fmt: skip
     finally:
         conn.close()
 
@@ -207,20 +199,31 @@ def separately(fetch: Fetch, send: Send) -> Exchange:
     def exchange(
         ip: str, port: int, timeout: float, messages: Sequence[PollMessage], read: bool = True
     ) -> Exchanged:
-        refused = []
-        for message in messages:
-            try:
-                send(ip, port, timeout, message)
-            except PollFailed as exc:
-                refused.append((message, str(exc)))
-        if not read:
-            return Exchanged(None, None, tuple(refused))
-        try:
-            return Exchanged(fetch(ip, port, timeout), None, tuple(refused))
-        except PollFailed as exc:
-            return Exchanged(None, str(exc), tuple(refused))
+        return _exchange(
+            lambda m: send(ip, port, timeout, m), lambda: fetch(ip, port, timeout), messages, read
+        )
 
     return exchange
+
+
+def _exchange(
+    post: Callable[[PollMessage], None],
+    get: Callable[[], Any],
+    messages: Sequence[PollMessage],
+    read: bool,
+) -> Exchanged:
+    refused: list[tuple[PollMessage, str]] = []
+    for message in messages:
+        try:
+            post(message)
+        except PollFailed as exc:
+            refused.append((message, str(exc)))
+    if not read:
+        return Exchanged(None, None, tuple(refused))
+    try:
+        return Exchanged(get(), None, tuple(refused))
+    except PollFailed as exc:
+        return Exchanged(None, str(exc), tuple(refused))
 
 
 class RankPolls:
