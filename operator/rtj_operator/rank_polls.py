@@ -218,6 +218,8 @@ def _exchange(
             post(message)
         except PollFailed as exc:
             refused.append((message, str(exc)))
+        except Exception as exc:  # one message's failure must not stop the others
+            refused.append((message, f"{message.path}: {type(exc).__name__}: {exc}"))
     if not read:
         return Exchanged(None, None, tuple(refused))
     try:
@@ -292,7 +294,8 @@ class RankPolls:
         try:
             exchanged = self.exchange(target.ip, target.port, self.timeout, messages, read)
         except Exception as exc:  # a poll must never take the poller down
-            exchanged = Exchanged(None, f"{type(exc).__name__}: {exc}", ())
+            why = f"{type(exc).__name__}: {exc}"
+            exchanged = Exchanged(None, why, tuple((m, why) for m in messages))
         for message, why in exchanged.refused:  # an old sidecar without /replica: no line each
             level = logging.INFO if message.path == CONTROL_PATH else logging.DEBUG
             log.log(level, "%s: %s", target.pod, why)
@@ -324,12 +327,13 @@ class RankPolls:
             ordering = job.ordering
             for t in job.targets:
                 ident = (job.key, t.attempt, t.pod)
-                if not ordering:
-                    if self._due(job.key, t):
-                        flat.append((job.key, t))
-                elif job.pressing(t.pod) or not self._fresh(ident, now):
+                if ordering and job.pressing(t.pod):
+                    flat.append((job.key, t))  # still to carry its order out: every round
+                elif not self._due(job.key, t):
+                    continue  # not answering: asked again after its back-off
+                elif not self._orders_out or not self._fresh(ident, now, ordering):
                     flat.append((job.key, t))
-                else:  # carried its order out: its last answer stands until the usual pace
+                else:  # close rounds: its last answer stands until the usual pace
                     rested.add(ident)
         sending, reads = [], []
         for key, t in flat:
@@ -345,9 +349,7 @@ class RankPolls:
             )  # fmt: skip
             for m in sent:
                 self._tried[(*ident, m.path)] = m.signature
-            if read:
-                self._read_at[ident] = now
-            else:
+            if not read:
                 rested.add(ident)
             sending.append(sent)
             reads.append(read)
@@ -363,11 +365,14 @@ class RankPolls:
             ident = (key, t.attempt, t.pod)
             if read:
                 by_pod[ident] = (answer.body, answer.error, answer.arrived)
+                if isinstance(answer.body, Mapping):  # a usable answer: it may rest a while
+                    self._read_at[ident] = now
             for message in sent:
                 if message not in answer.refused:
                     self._taken[(*ident, message.path)] = (message.signature, now)
         self._note_answers([(key, t, *by_pod[ident][1:]) for key, t in flat
                             if (ident := (key, t.attempt, t.pod)) in by_pod])  # fmt: skip
+        self._prune({(job.key, t.attempt, t.pod) for job in jobs for t in job.targets})
         wanted = {job.key for job in jobs}
         with self._lock:
             dropped = [k for k in self._readings if k not in wanted]
@@ -385,16 +390,16 @@ class RankPolls:
         held = self._quiet.get((key, target.attempt, target.pod))
         return held is None or held[1] <= self.rounds
 
-    def _fresh(self, ident: tuple[Key, int, str], now: float) -> bool:
-        """Answered when last asked, less than RESTING_SECONDS ago: in close rounds it need not be
-        asked again (its last answer still stands)."""
+    def _fresh(self, ident: tuple[Key, int, str], now: float, ordering: bool) -> bool:
+        """Answered when last asked, recently enough that a close round need not ask again
+        (its last answer still stands): RESTING_SECONDS for a pod of the job under restart,
+        the poll period for another job's (close rounds are not its pace)."""
         asked = self._read_at.get(ident)
-        return asked is not None and now - asked < RESTING_SECONDS and ident not in self._quiet
+        rest = RESTING_SECONDS if ordering else self.interval
+        return asked is not None and now - asked < rest and ident not in self._quiet
 
     def _note_answers(self, answers: Sequence[tuple[Key, PollTarget, str | None, float]]) -> None:
-        polled = set()
         for key, target, error, arrived in answers:
-            polled.add((key, target.attempt, target.pod))
             ident = (key, target.attempt, target.pod)
             if error is None:
                 self._quiet.pop(ident, None)
@@ -402,14 +407,17 @@ class RankPolls:
             failures, _, first = self._quiet.get(ident, (0, 0, arrived))
             skip = min(2**failures, MAX_SKIPPED_ROUNDS)
             self._quiet[ident] = (failures + 1, self.rounds + 1 + skip, first)
-        if len(self._quiet) > 4 * max(len(polled), 1024):  # pods long gone: bounded
-            self._quiet = {k: v for k, v in self._quiet.items() if k in polled}
-        if len(self._read_at) > 4 * max(len(polled), 1024):
-            self._read_at = {k: v for k, v in self._read_at.items() if k in polled}
-        if len(self._taken) > 8 * max(len(polled), 1024):
-            self._taken = {k: v for k, v in self._taken.items() if k[:3] in polled}
-        if len(self._tried) > 8 * max(len(polled), 1024):
-            self._tried = {k: v for k, v in self._tried.items() if k[:3] in polled}
+
+    def _prune(self, current: set[tuple[Key, int, str]]) -> None:
+        """Forget pods no job polls any more (their attempt ended, or they went): bounded."""
+        if len(self._quiet) > 2 * max(len(current), 1024):
+            self._quiet = {k: v for k, v in self._quiet.items() if k in current}
+        if len(self._read_at) > 2 * max(len(current), 1024):
+            self._read_at = {k: v for k, v in self._read_at.items() if k in current}
+        if len(self._taken) > 4 * max(len(current), 1024):
+            self._taken = {k: v for k, v in self._taken.items() if k[:3] in current}
+        if len(self._tried) > 4 * max(len(current), 1024):
+            self._tried = {k: v for k, v in self._tried.items() if k[:3] in current}
 
     def _keep(
         self,

@@ -180,9 +180,9 @@ class PollMessage:
     body: bytes
     signature: str
     standing: bool = False
-    """An idle pod's standing order (held at the current generation, or finish): posted
-    whenever the pod is read, at the usual pace; only a restart's orders bring the rounds
-    close together."""
+    """An order the pod's report already shows carried out (a restart's stop or run, an idle
+    pod's hold or finish): posted whenever the pod is read, at the usual pace; only orders
+    still to be carried out bring the rounds close together (`reconcile.pod_messages`)."""
 
 
 @dataclass(frozen=True)

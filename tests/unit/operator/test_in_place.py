@@ -339,3 +339,66 @@ def test_a_pod_that_refuses_its_order_is_still_read_back() -> None:
     reading = polls.reading(key)
     assert reading is not None and reading.supervisors["p1"]["generation"] == 2
     polls.close()
+
+
+def test_an_exchange_that_fails_leaves_its_orders_to_be_sent_again() -> None:
+    import asyncio
+
+    from rtj_operator.rank_polls import JobTargets, RankPolls
+
+    posted: list[str] = []
+
+    def fetch(ip: str, port: int, timeout: float) -> Any:
+        raise RuntimeError("the read broke")  # not a PollFailed: any failure
+
+    def send(ip: str, port: int, timeout: float, message: rc.PollMessage) -> None:
+        posted.append(message.path)
+        if message.path == "/replica":
+            raise RuntimeError("the post broke")
+
+    key = ("team-a", "llm")
+    target = rc.PollTarget("p1", "10.0.0.1", 9478, 1)
+    order = rc.PollMessage("/control", b"{}", "sha256=ab", standing=True)
+    replica = rc.PollMessage("/replica", b"{}", "sha256=cd")
+    job = JobTargets(key, (target,), messages={"p1": (replica, order)})
+    polls = RankPolls(lambda: NOW, lambda key: None, fetch=fetch, send=send)
+    asyncio.run(polls.poll_once([job]))
+    assert posted == ["/replica", "/control"], "one message's failure does not stop the next"
+    asyncio.run(polls.poll_once([job]))
+    assert posted[2:] == [], "a pod whose read failed waits for its back-off"
+    asyncio.run(polls.poll_once([job]))
+    assert posted[2:] == ["/replica", "/control"], "nothing counted as taken: sent again"
+    reading = polls.reading(key)
+    assert reading is not None and not reading.reports
+    polls.close()
+
+
+def test_close_rounds_of_one_job_do_not_read_another_jobs_pods_every_round() -> None:
+    import asyncio
+
+    from rtj_operator.rank_polls import JobTargets, RankPolls
+
+    read: list[str] = []
+
+    def fetch(ip: str, port: int, timeout: float) -> Any:
+        read.append(ip)
+        return {"schema": 1, "ranks": [], "supervisor": {"generation": 1, "state": "running"}}
+
+    def send(ip: str, port: int, timeout: float, message: rc.PollMessage) -> None:
+        pass
+
+    restarting = JobTargets(
+        ("team-a", "llm"),
+        (rc.PollTarget("a0", "10.0.0.1", 9478, 1),),
+        messages={"a0": (rc.PollMessage("/control", b"{}", "sha256=ab"),)},
+    )
+    other = JobTargets(("team-b", "vit"), (rc.PollTarget("b0", "10.0.1.1", 9478, 1),))
+    polls = RankPolls(lambda: NOW, lambda key: None, interval=3600.0, fetch=fetch, send=send)
+    for _ in range(3):
+        asyncio.run(polls.poll_once([restarting, other]))
+    assert read.count("10.0.1.1") == 1, "the other job's pod: once a poll period"
+    assert read.count("10.0.0.1") == 2, "the pod under restart: every close round after its post"
+    reading = polls.reading(("team-b", "vit"))
+    assert reading is not None and [r.pod for r in reading.reports] == ["b0"]
+    assert not reading.unanswered
+    polls.close()

@@ -204,6 +204,14 @@ def test_a_gpu_fault_is_replaced_by_a_ready_spare_at_once() -> None:
     run_worker = rc.restart_order(snap, _target(pods[0], raw))
     assert run_spare is not None and (run_spare.action, run_spare.rank) == ("run", 1)
     assert run_worker is not None and run_worker.rank is None
+    # a run order stands once the pod reports running (or already exited) at generation 1,
+    # not while it still reports the stop it carried out
+    world_now = tuple(_target(p, raw) for p in (pods[0], spare))
+    for shown, standing in (((1, "stopped", None), False), ((1, "running", None), True),
+                            ((1, "exited", 1), True), ((0, "running", None), False)):  # fmt: skip
+        heard = replace(snap, ranks=supervisors({names[0]: shown}), control_key=KEY)
+        told = rc.pod_messages(heard, world_now).messages[names[0]]
+        assert [(m.path, m.standing) for m in told] == [("/control", standing)], shown
     assert run_spare.master_addr is None and run_worker.master_addr is None, "rank 0 stayed"
 
     # 4. the Job creates index 1 again: an idle spare, held by the current generation
