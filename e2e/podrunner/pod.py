@@ -92,6 +92,7 @@ class PodWorker(threading.Thread):
         self._ran: set[str] = set()  # the containers that have started once
         self._mains_started = False
         self._changed = False
+        self._phase = "Pending"  # the phase of the status patched last
 
     # --- lifecycle ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -340,7 +341,8 @@ class PodWorker(threading.Thread):
     def _post_status(self) -> None:
         if self.runner.cut_off(self.node):
             return  # out of contact: nothing reaches the API server
-        status = render_status(self.run_state, self.pod, now())
+        status = render_status(self.run_state, self.pod, now(), self._phase)
+        self._phase = status["phase"]
         ns, name = self.key
         try:
             self.runner.core.patch_namespaced_pod_status(name, ns, {"status": status})

@@ -20,6 +20,11 @@ kubernetes/kubernetes):
   init container exited 0 and every sidecar has started (or once a main container has
   started, or the pod Succeeded); ``ContainersReady``/``Ready`` when the sidecars and the
   main containers are all ready;
+- a terminal phase waits for every container to stop: while one still runs (the sidecars a
+  failed init container leaves, before they are stopped), the status keeps the phase it
+  reported last, with the new container states (``mergePodStatus`` of
+  ``pkg/kubelet/status/status_manager.go``, "Delay transitioning a pod to a terminal status
+  unless the pod is actually terminal", since v1.27, kubernetes/kubernetes#115331);
 - ``podIP``/``podIPs`` are the pod's own address (``convertStatusToAPIStatus``), absent
   until the pod has one; ``hostIP``/``hostIPs`` are the node's, loopback.
 
@@ -38,6 +43,7 @@ from typing import Any
 
 Obj = dict[str, Any]
 LOOPBACK = "127.0.0.1"
+TERMINAL = ("Succeeded", "Failed")
 MESSAGE_LIMIT = 4096
 LOG_TAIL_LINES = 80
 LOG_TAIL_BYTES = 2048
@@ -252,15 +258,19 @@ def initialized(run: PodRun, current: str) -> bool:
     return all(c.running if c.sidecar else c.succeeded for c in run.inits)
 
 
-def render_status(run: PodRun, pod: Obj, now: str) -> Obj:
-    """The whole status object the runner patches (conditions merge by type server-side)."""
+def render_status(run: PodRun, pod: Obj, now: str, previous: str = "Pending") -> Obj:
+    """The whole status object the runner patches (conditions merge by type server-side);
+    ``previous`` is the phase of the status patched before (kept while a terminal phase
+    waits for a container still running)."""
     spec = pod.get("spec") or {}
     images = {c["name"]: c.get("image", "") for key in ("initContainers", "containers")
               for c in spec.get(key) or []}  # fmt: skip
     current = phase(run)
+    if current in TERMINAL and any(c.running for c in run.containers):
+        current = previous  # couldHaveRunningContainers: not terminal yet
     sidecars = [c for c in run.inits if c.sidecar]
     ready = current == "Running" and all(_ready(c) for c in [*sidecars, *run.mains])
-    not_ready = "PodCompleted" if current in ("Succeeded", "Failed") else "ContainersNotReady"
+    not_ready = "PodCompleted" if current in TERMINAL else "ContainersNotReady"
     status: Obj = {
         "phase": current,
         "hostIP": LOOPBACK,

@@ -59,6 +59,33 @@ def test_a_failed_init_container_fails_the_pod() -> None:
     assert all("waiting" in c["state"] for c in status["containerStatuses"])
 
 
+def test_a_terminal_phase_waits_for_the_sidecars_to_stop() -> None:
+    """An init container failed after a sidecar started: the pod is done, but the kubelet
+    keeps the phase it reported until the sidecar has stopped (status_manager.go
+    mergePodStatus, v1.27+), with the failed init container's state already shown."""
+    spec = {
+        "metadata": {"name": "p", "uid": "u"},
+        "spec": {
+            "initContainers": [
+                {"name": "side", "image": "s", "restartPolicy": "Always"},
+                {"name": "check", "image": "c"},
+            ],
+            "containers": [{"name": "main", "image": "m"}],
+        },
+    }
+    run = PodRun.of(spec, T0)
+    run.start("side", T0)
+    run.start("check", T0)
+    assert render_status(run, spec, T1)["phase"] == "Pending"
+    run.finish("check", term(2))
+    assert phase(run) == "Failed"
+    held = render_status(run, spec, T1, "Pending")
+    assert held["phase"] == "Pending", "the sidecar still runs"
+    assert held["initContainerStatuses"][1]["state"]["terminated"]["exitCode"] == 2
+    run.finish("side", term(0))
+    assert render_status(run, spec, T1, "Pending")["phase"] == "Failed"
+
+
 def test_all_zero_exits_succeed() -> None:
     run = PodRun.of(pod(), T0)
     for name in ("init", "a", "b"):
