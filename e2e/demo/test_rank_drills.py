@@ -80,7 +80,7 @@ def test_a_frozen_rank_is_a_hang_and_a_slow_one_a_straggler(tmp_path: Path) -> N
         record = wait_for("the Hang record", recorded, 120, 0.2)
         seen = time.time() - frozen
         assert record["failureClass"] == "Hang" and record["failureCategory"] == "unknown"
-        assert record["firstFailed"]["rank"] == 1
+        assert record["firstFailed"]["rank"] == 1, record
         assert record["firstFailed"]["pod"] == victim["metadata"]["name"]
         evidence = " ".join(record["evidence"])
         assert "rank 1" in evidence and "(> 10s)" in evidence, evidence

@@ -39,6 +39,9 @@ PHASES: Mapping[str, int] = {  # order inside one step, after step N completed
     "allreduce": 4,
     "optimizer": 5,
 }
+# the sections a rank waits in for the others (rtj_shim.progress.WAITING_SECTIONS, its
+# default): at one step, a rank in one of them is ahead of a rank working in any other
+WAITING_SECTIONS = frozenset({"allreduce", "barrier", "collective", "wait", "sync"})
 DEFAULT_MAX_REPORT_AGE = 30.0
 DEFAULT_SAME_TIME = 1.0
 
@@ -250,8 +253,16 @@ class Hang:
 
 
 def _furthest_behind(ranks: Sequence[RankProgress]) -> RankProgress:
+    """Of the ranks at the lowest step, the one not waiting for the others: the earliest
+    phase of the step, else (user sections) the one longest in its section. A rank in a
+    waiting section is never chosen while one at its step works: it entered its wait
+    before the frozen rank entered the section it froze in whenever it finished the
+    previous step first (rank 0 in the next step's ``barrier``, rank 1 stopped in the
+    ``step`` between two steps)."""
     lowest = min(r.behind_key()[0] for r in ranks)
     at_lowest = [r for r in ranks if r.behind_key()[0] == lowest]
+    working = [r for r in at_lowest if r.section not in WAITING_SECTIONS]
+    at_lowest = working or at_lowest
     if all(r.section in PHASES for r in at_lowest):
         return min(at_lowest, key=lambda r: (PHASES[r.section], r.section_since, r.rank))
     return min(at_lowest, key=lambda r: (r.section_since, r.rank))

@@ -89,6 +89,18 @@ def test_with_user_sections_the_one_longest_in_its_section_is_behind() -> None:
     assert hang is not None and (hang.rank, hang.section) == (0, "tokenize")
 
 
+@pytest.mark.parametrize("section", ["step", "checkpoint", "tokenize"])
+def test_at_the_same_step_a_rank_waiting_is_ahead_of_one_working(section: str) -> None:
+    """Rank 0 finished step 45 first and waits in step 46's barrier; rank 1 froze after
+    finishing step 45, between steps (or in a save, or a user section): it entered that
+    section later than rank 0 entered its barrier, and it is the culprit (the flake of CI
+    stop 31: the earlier entry blamed rank 0)."""
+    reports = [pod("w-0", rank(0, 45, "barrier", 14.0)), pod("w-1", rank(1, 45, section, 13.5))]
+    hang = hang_verdict(reports, 10.0, NOW)
+    assert hang is not None and (hang.rank, hang.pod, hang.section) == (1, "w-1", section)
+    assert hang.ahead == (0,) and not hang.all_ranks_equally_stuck
+
+
 def test_long_waits_of_ranks_ahead_are_no_hang_while_the_one_behind_moves() -> None:
     reports = [pod("w-0", rank(0, 813, "allreduce", 75.0), rank(1, 812, "forward", 2.0))]
     assert hang_verdict(reports, 60.0, NOW) is None
