@@ -120,6 +120,29 @@ def test_async_save_publishes_the_state_at_the_call_not_later(tmp_path: Path) ->
         assert torch.equal(a, b)
 
 
+def test_a_fast_save_keeps_the_state_at_its_boundary_not_later(tmp_path: Path) -> None:
+    """The fast tier stages as a background save does (the optimizer's tensors behind the
+    fence), and an in-place restart's resume file (``fast_step``) brings back the state of
+    that boundary, not of the steps trained while it was written."""
+    job, resume = Job(), tmp_path / "resume.json"
+    settings: dict[str, Any] = dict(
+        resume_file=resume, fast_tier_dir=tmp_path / "fast", fast_every_steps=3
+    )
+    ckpt = Checkpointer(tmp_path / "durable", **settings)
+    job.train(3)
+    at_save = params(job.model)
+    ckpt.step_boundary(3, job.objects)
+    job.train(5)  # optimizer.step() waits for the staging, then changes the parameters
+    ckpt.close()
+    resume.write_text(json.dumps({"fast_step": 3}))
+    other = Job(seed=1)
+    fresh = Checkpointer(tmp_path / "durable", **settings)
+    assert fresh.restore(other.objects) == 3
+    assert fresh.last_restore is not None and fresh.last_restore.source == "fast-tier"
+    for a, b in zip(at_save, params(other.model), strict=True):
+        assert torch.equal(a, b)
+
+
 class TiedLM(nn.Module):
     """Embedding and output layer share one weight (as in most language models)."""
 

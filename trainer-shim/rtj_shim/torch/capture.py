@@ -92,8 +92,10 @@ def capture(
     allow_unsafe_pickle: bool,
     shard_bytes: int,
     max_shards: int,
+    every_shard: bool = False,
 ) -> SaveJob:
-    """The state of ``entries`` at ``step`` as one rank's part of a save (no copies)."""
+    """The state of ``entries`` at ``step`` as one rank's part of a save (no copies): the
+    shards ``i % world == rank``, or ``every_shard`` (a fast save: each rank keeps all)."""
     sharded = any(e.placement == SHARDED for e in entries)
     tensors: list[torch.Tensor] = []
     seen: dict[tuple[Any, ...], int] = {}  # one reference per shared tensor, across objects
@@ -117,7 +119,7 @@ def capture(
         for e in entries
         if e.kind == "value" and e.placement == COMMON
     }
-    mine = [i for i in range(len(shards)) if i % coord.world == coord.rank]
+    mine = [i for i in range(len(shards)) if every_shard or i % coord.world == coord.rank]
     fenced: set[int] = set()
     if not blocking:
         ptrs = optimizer_param_ptrs(entries)

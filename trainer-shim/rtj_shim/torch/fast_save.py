@@ -45,7 +45,7 @@ from rtj_shim.torch.capture import (
     step_metadata,
 )
 from rtj_shim.torch.staging import Staging, mark_staged
-from rtj_shim.torch.state import SHARDED, Entry, optimizer_param_ptrs
+from rtj_shim.torch.state import SHARDED, Entry
 from rtj_shim.torch.validation import nonfinite_problem
 from rtj_shim.verification import Depth
 from rtj_shim.verifier import verify_step
@@ -130,13 +130,8 @@ class FastTier:
             job = capture(
                 step, entries, coord, blocking=False, started=started, problem=None, loss=None,
                 allow_unsafe_pickle=self.allow_unsafe_pickle, shard_bytes=self.shard_bytes,
-                max_shards=self.max_shards,
+                max_shards=self.max_shards, every_shard=True,  # this rank keeps them all
             )  # fmt: skip
-            job.mine = list(range(len(job.shards)))  # this rank keeps every shard
-            owned = optimizer_param_ptrs(entries)
-            job.fenced = {
-                i for s in job.mine for i in job.shards[s] if job.tensors[i].data_ptr() in owned
-            }
             self._staging.stage_unfenced(job)
             self._staging.install_fences(entries)
             self._staging.inflight = job
