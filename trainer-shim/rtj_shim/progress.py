@@ -35,6 +35,14 @@ durations are kept apart: saves get their own timeout allowance.
 
 Sections belong to the thread that trains; calls from other threads keep the record
 consistent (a lock) but interleave the section stack.
+
+A *pulse* (``from_env``: every ``RTJ_PROGRESS_PULSE_SECONDS``, 1 s by default; 0 turns it
+off) refreshes the record's update time from a daemon thread. It is no progress; it says
+the process runs: a rank blocked in a collective releases the GIL and keeps pulsing,
+while one stopped by SIGSTOP, wedged in the kernel, or whose whole interpreter is stuck
+goes silent. Two ranks stuck in the same section of the same step (DDP's allreduce runs
+inside ``backward``, so the one waiting sits where the frozen one froze) are told apart
+by it (``policy.progress`` in the operator).
 """
 
 from __future__ import annotations
@@ -67,6 +75,8 @@ log = logging.getLogger("rtj_shim.progress")
 
 ENV_DIR = "RTJ_PROGRESS_DIR"
 ENV_WAITING = "RTJ_PROGRESS_WAIT_SECTIONS"  # comma-separated; replaces the default set
+ENV_PULSE = "RTJ_PROGRESS_PULSE_SECONDS"  # 0: no pulse
+DEFAULT_PULSE_SECONDS = 1.0
 START = "start"  # before the first completed step: imports, restore, compilation
 STEP = "step"  # inside a step, in no named section
 CHECKPOINT = "checkpoint"
@@ -114,10 +124,12 @@ class Progress:
         waiting_sections: Iterable[str] = WAITING_SECTIONS,
         pid: int | None = None,
         reuse: bool = False,
+        pulse_seconds: float | None = None,
     ) -> None:
         """``reuse``: continue the record already in the file (its step, durations and
         section), as ``rtj-shim heartbeat`` does from one short-lived process to the next;
-        otherwise the file is replaced by a fresh record."""
+        otherwise the file is replaced by a fresh record. ``pulse_seconds``: refresh the
+        update time that often from a daemon thread (see the module doc; None: never)."""
         self.path = Path(directory) / file_name(rank)
         self._lock = threading.Lock()
         self._writer = RecordWriter(self.path, reuse=reuse)
@@ -164,6 +176,14 @@ class Progress:
         self._closed = False
         self._publish(now)
         _LIVE.add(self)
+        self._pulse_stop = threading.Event()
+        if pulse_seconds:
+            threading.Thread(
+                target=_pulse,
+                args=(weakref.ref(self), pulse_seconds, self._pulse_stop),
+                name=f"rtj-progress-pulse-{rank}",
+                daemon=True,
+            ).start()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Progress | None:
@@ -177,6 +197,11 @@ class Progress:
             return None
         rank = int(env.get("RANK") or 0)
         waiting = env.get(ENV_WAITING)
+        pulse = env.get(ENV_PULSE)
+        try:
+            pulse_seconds = DEFAULT_PULSE_SECONDS if pulse is None else float(pulse)
+        except ValueError:
+            raise ValueError(f"{ENV_PULSE}={pulse!r}: expected seconds (0: no pulse)") from None
         progress = cls(
             directory,
             rank,
@@ -185,6 +210,7 @@ class Progress:
             waiting_sections=WAITING_SECTIONS
             if waiting is None
             else {w.strip() for w in waiting.split(",") if w.strip()},
+            pulse_seconds=pulse_seconds if pulse_seconds > 0 else None,
         )
         atexit.register(_close_at_exit, weakref.ref(progress))
         return progress
@@ -261,6 +287,7 @@ class Progress:
     def close(self, *, exited: bool = True) -> None:
         """Stop reporting. ``exited``: mark the record so the server says ``exited`` (a
         finished process is not a hung one); False leaves it as it is (``heartbeat``)."""
+        self._pulse_stop.set()
         with self._lock:
             if self._closed:
                 return
@@ -275,6 +302,8 @@ class Progress:
         """In a forked child (DataLoader workers): stop writing, never touch the record."""
         self._closed = True
         self._lock = threading.Lock()
+        self._pulse_stop = threading.Event()  # the parent's may be held; no pulse here
+        self._pulse_stop.set()
 
     # ------------------------------------------------------------------ internals
 
@@ -351,6 +380,17 @@ NULL = NullProgress()
 _LIVE: weakref.WeakSet[Progress] = weakref.WeakSet()
 _current: Progress | NullProgress | None = None
 _current_lock = threading.Lock()
+
+
+def _pulse(ref: weakref.ReferenceType[Progress], seconds: float, stop: threading.Event) -> None:
+    """The pulse thread: ``heartbeat()`` (the update time only) every ``seconds`` until
+    the Progress is closed or gone."""
+    while not stop.wait(seconds):
+        progress = ref()
+        if progress is None:
+            return
+        progress.heartbeat()
+        del progress
 
 
 def _close_at_exit(ref: weakref.ReferenceType[Progress]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -243,3 +244,53 @@ def test_long_and_unicode_section_names(tmp_path: Path) -> None:
     with p.section("préparation des données, étape longue"):
         assert record(p).section == "préparation des données, étap"  # 32 bytes
     p.close()
+
+
+def test_the_pulse_refreshes_the_update_time_while_the_training_thread_waits(
+    tmp_path: Path,
+) -> None:
+    """A rank blocked in a collective (here: asleep, the GIL released) keeps pulsing; the
+    pulse is no progress (section and its start stay), and closing stops it."""
+    p = Progress(tmp_path, pulse_seconds=0.05)
+    p.step_done(7)
+    with p.section("backward"):
+        entered = record(p)
+        time.sleep(0.4)
+        pulsed = record(p)
+    assert pulsed.section == "backward" and pulsed.step == 7
+    assert pulsed.section_started_ns == entered.section_started_ns, "a pulse is no progress"
+    assert pulsed.updated_ns - entered.updated_ns >= 200_000_000
+    p.close()
+    closed = record(p)
+    time.sleep(0.2)
+    assert record(p).updated_ns == closed.updated_ns and closed.state == STATE_EXITED
+
+
+def test_without_a_pulse_the_update_time_is_the_last_report(tmp_path: Path) -> None:
+    p = Progress(tmp_path)  # the constructor's default; from_env pulses (below)
+    with p.section("backward"):
+        entered = record(p)
+        time.sleep(0.15)
+        assert record(p).updated_ns == entered.updated_ns
+    p.close()
+
+
+@pytest.mark.parametrize(("value", "pulses"), [(None, True), ("0.05", True), ("0", False)])
+def test_from_env_pulses_every_second_unless_told(
+    tmp_path: Path, value: str | None, pulses: bool
+) -> None:
+    env = {"RTJ_PROGRESS_DIR": str(tmp_path)}
+    if value is not None:
+        env["RTJ_PROGRESS_PULSE_SECONDS"] = value
+    before = set(threading.enumerate())
+    p = Progress.from_env(env)
+    assert p is not None
+    started = [t for t in threading.enumerate() if t not in before]
+    assert [t.name for t in started] == (["rtj-progress-pulse-0"] if pulses else [])
+    p.close()
+
+
+def test_a_bad_pulse_setting_names_the_variable(tmp_path: Path) -> None:
+    env = {"RTJ_PROGRESS_DIR": str(tmp_path), "RTJ_PROGRESS_PULSE_SECONDS": "often"}
+    with pytest.raises(ValueError, match="RTJ_PROGRESS_PULSE_SECONDS='often': expected seconds"):
+        Progress.from_env(env)
