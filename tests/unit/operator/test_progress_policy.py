@@ -33,13 +33,17 @@ def rank(
     busy: float | None = None,
     checkpoint: float | None = None,
     completed: int = 100,
+    since_update: float | None = None,
 ) -> dict[str, Any]:
-    """One rank as rtj-shim progress-server reports it."""
+    """One rank as rtj-shim progress-server reports it (``since_update``: its record's age,
+    which a pulsing shim keeps under a second; by default, updated when it entered its
+    section, as without a pulse)."""
     median = sorted(steps)[len(steps) // 2] if steps else None
     return {
         "rank": r, "local_rank": r % 8, "pid": 100 + r, "restart": 0, "state": state,
         "step": step, "steps_completed": completed, "section": section,
-        "seconds_in_section": in_section, "seconds_since_update": in_section,
+        "seconds_in_section": in_section,
+        "seconds_since_update": in_section if since_update is None else since_update,
         "seconds_since_step": in_section, "seconds_since_start": 1000.0,
         "last_step_seconds": steps[-1] if steps else None, "median_step_seconds": median,
         "median_busy_seconds": busy if busy is not None else median,
@@ -99,6 +103,31 @@ def test_at_the_same_step_a_rank_waiting_is_ahead_of_one_working(section: str) -
     hang = hang_verdict(reports, 10.0, NOW)
     assert hang is not None and (hang.rank, hang.pod, hang.section) == (1, "w-1", section)
     assert hang.ahead == (0,) and not hang.all_ranks_equally_stuck
+
+
+@pytest.mark.parametrize("section", ["backward", "barrier", "collective"])
+def test_in_one_section_the_silent_rank_is_behind_the_one_that_pulses(section: str) -> None:
+    """Both ranks sit in the same section of the same step (DDP's allreduce runs inside
+    backward; a barrier; step_boundary's reduction), rank 0 having entered first. Rank 0's
+    shim pulses (it waits, its process runs); rank 1's record went silent when it froze:
+    rank 1 is the culprit, not "all ranks equally stuck"."""
+    reports = [
+        pod("w-0", rank(0, 45, section, 14.0, since_update=0.4)),
+        pod("w-1", rank(1, 45, section, 13.5)),
+    ]
+    hang = hang_verdict(reports, 10.0, NOW)
+    assert hang is not None and (hang.rank, hang.pod, hang.section) == (1, "w-1", section)
+    assert hang.ahead == (0,) and not hang.all_ranks_equally_stuck
+    assert "silent for 14s (its process does not run); 1 rank(s) ahead of it wait" in hang.message
+
+
+def test_without_pulses_a_silent_record_tells_nothing() -> None:
+    """No rank pulses (an older shim, a shell reporter): both are silent, and the verdict
+    is the phase and entry order's, without the word."""
+    reports = [pod("w-0", rank(0, 45, "backward", 14.0)), pod("w-1", rank(1, 45, "backward", 13.8))]
+    hang = hang_verdict(reports, 10.0, NOW)
+    assert hang is not None and hang.rank == 0 and hang.all_ranks_equally_stuck
+    assert "silent" not in hang.message
 
 
 def test_long_waits_of_ranks_ahead_are_no_hang_while_the_one_behind_moves() -> None:
