@@ -42,9 +42,12 @@ PHASES: Mapping[str, int] = {  # order inside one step, after step N completed
 # the sections a rank waits in for the others (rtj_shim.progress.WAITING_SECTIONS, its
 # default): at one step, a rank in one of them is ahead of a rank working in any other
 WAITING_SECTIONS = frozenset({"allreduce", "barrier", "collective", "wait", "sync"})
-# a record not updated for this long, while another rank's is: its process does not run
-# (the shim pulses every second from a thread, even while the training thread waits)
+# a record this old when read, while another rank's shows a pulse: its process does not
+# run (the shim pulses every second from a thread, even while the training thread waits)
 SILENT_SECONDS = 5.0
+# a record refreshed this long after its rank entered its section shows a pulse (entering
+# a section or completing a step restarts that clock; only a pulse or a heartbeat does not)
+PULSE_PROOF_SECONDS = 2.0
 DEFAULT_MAX_REPORT_AGE = 30.0
 DEFAULT_SAME_TIME = 1.0
 
@@ -74,14 +77,23 @@ class RankProgress:
     median_busy: float | None = None
     recent_steps: tuple[float, ...] = ()
     max_checkpoint: float | None = None
-    updated_at: float | None = None  # the record's last update (a pulse, or a report)
+    since_update: float | None = None  # the record's age when read (seconds)
 
     def in_section(self, now: float) -> float:
         return max(0.0, now - self.section_since)
 
-    def silent(self, now: float) -> bool:
-        """No update for SILENT_SECONDS: with a pulse, its process does not run."""
-        return self.updated_at is not None and now - self.updated_at > SILENT_SECONDS
+    def silent(self) -> bool:
+        """Its record was SILENT_SECONDS old when read (the report's own age aside: a
+        report kept from an earlier poll says nothing about silence since)."""
+        return self.since_update is not None and self.since_update > SILENT_SECONDS
+
+    def pulses(self) -> bool:
+        """Its record was refreshed while it sat in its section, and recently: its process
+        runs (a pulse; without one, a record is only written on a change)."""
+        if self.since_update is None or self.silent():
+            return False
+        in_section_at_read = self.received_at - self.section_since
+        return in_section_at_read - self.since_update > PULSE_PROOF_SECONDS
 
     def behind_key(self) -> tuple[int, float]:
         return (-1 if self.step is None else self.step, self.section_since)
@@ -131,7 +143,7 @@ def _rank(pod: PodReport, entry: Any) -> RankProgress | str:
         median_busy=_number(entry, "median_busy_seconds"),
         recent_steps=steps,
         max_checkpoint=_number(entry, "max_checkpoint_seconds"),
-        updated_at=None if since_update is None else pod.received_at - max(0.0, since_update),
+        since_update=None if since_update is None else max(0.0, since_update),
     )
 
 
@@ -262,22 +274,24 @@ class Hang:
     message: str = ""
 
 
-def _furthest_behind(ranks: Sequence[RankProgress], now: float) -> RankProgress:
-    """Of the ranks at the lowest step, the one not waiting for the others: a silent one
-    while others pulse (its process does not run: SIGSTOP, the kernel, a stuck
-    interpreter), then one working rather than in a waiting section, then the earliest
+def _furthest_behind(ranks: Sequence[RankProgress]) -> RankProgress:
+    """Of the ranks at the lowest step, the one not waiting for the others: one working
+    rather than in a waiting section; among those, a silent one while another pulses (its
+    process does not run: SIGSTOP, the kernel, a stuck interpreter); then the earliest
     phase of the step, else (user sections) the one longest in its section. A waiting
     rank entered its wait before the frozen rank entered the section it froze in whenever
     it finished the previous step first (rank 0 in the next step's ``barrier``, rank 1
     stopped in the ``step`` between two steps); and in ``backward`` both sit in the same
-    section (DDP's allreduce runs inside it): only the pulse tells them apart there."""
+    section (DDP's allreduce runs inside it): only the pulse tells them apart there.
+    Without a rank that shows a pulse, silence tells nothing (every record of a rank
+    stuck in a section is as old as its entry) and is not used."""
     lowest = min(r.behind_key()[0] for r in ranks)
     at_lowest = [r for r in ranks if r.behind_key()[0] == lowest]
-    silent = [r for r in at_lowest if r.silent(now)]
-    if len(silent) < len(at_lowest):
-        at_lowest = silent or at_lowest
     working = [r for r in at_lowest if r.section not in WAITING_SECTIONS]
     at_lowest = working or at_lowest
+    silent = [r for r in at_lowest if r.silent()]
+    if silent and any(r.pulses() for r in at_lowest):
+        at_lowest = silent
     if all(r.section in PHASES for r in at_lowest):
         return min(at_lowest, key=lambda r: (PHASES[r.section], r.section_since, r.rank))
     return min(at_lowest, key=lambda r: (r.section_since, r.rank))
@@ -304,14 +318,14 @@ def hang_verdict(
     running = [r for r in parsed.ranks if not r.exited]
     if not running:
         return None
-    culprit = _furthest_behind(running, now)
+    culprit = _furthest_behind(running)
     stuck_for = culprit.in_section(now)
     allowance = limits.for_section(culprit.section)
     if stuck_for <= allowance:
         return None
     # silent while another rank pulses: its process does not run (without pulses, every
     # rank stuck in a section is "silent", which tells nothing)
-    silent = culprit.silent(now) and any(not r.silent(now) for r in running if r is not culprit)
+    silent = culprit.silent() and any(r.pulses() for r in running if r is not culprit)
     ahead = tuple(
         r.rank
         for r in running
@@ -320,7 +334,7 @@ def hang_verdict(
             r.behind_key()[0] > culprit.behind_key()[0]
             or r.section != culprit.section
             or r.section_since - culprit.section_since > same_time_s
-            or (silent and not r.silent(now))
+            or (silent and r.pulses())
         )
     )
     equal = not ahead and not parsed.bad_pods and len(running) > 1
@@ -335,8 +349,9 @@ def hang_verdict(
             f"rank {culprit.rank} ({culprit.pod}) has been in {where} for "
             f"{stuck_for:.0f}s (> {allowance:.0f}s)"
         )
-        if silent and culprit.updated_at is not None:
-            message += f", silent for {now - culprit.updated_at:.0f}s (its process does not run)"
+        if silent and culprit.since_update is not None:
+            quiet = culprit.since_update + max(0.0, now - culprit.received_at)
+            message += f", silent for {quiet:.0f}s (its process does not run)"
         if ahead:
             message += f"; {len(ahead)} rank(s) ahead of it wait"
     if parsed.bad_pods:

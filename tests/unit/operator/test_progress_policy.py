@@ -130,6 +130,27 @@ def test_without_pulses_a_silent_record_tells_nothing() -> None:
     assert "silent" not in hang.message
 
 
+def test_without_pulses_a_rank_that_moves_keeps_the_one_waiting_for_it_from_a_hang() -> None:
+    """Review of the first version: rank 0 waits in backward (14 s, its record as old),
+    rank 1 entered forward 3 s ago. With no pulse, rank 0's old record is no silence: the
+    rank behind (rank 1) moves, so there is no hang."""
+    reports = [pod("w-0", rank(0, 45, "backward", 14.0)), pod("w-1", rank(1, 45, "forward", 3.0))]
+    assert hang_verdict(reports, 10.0, NOW) is None
+    barrier = [pod("w-0", rank(0, 45, "barrier", 14.0)), pod("w-1", rank(1, 45, "step", 3.0))]
+    assert hang_verdict(barrier, 10.0, NOW) is None
+
+
+def test_an_old_report_of_a_pulsing_rank_is_no_silence() -> None:
+    """Review of the first version: silence is the record's age when read, not the
+    report's age (a report kept from a poll 7 s ago, its pulse 0.4 s old then)."""
+    reports = [
+        pod("w-0", rank(0, 45, "backward", 7.0, since_update=0.4), received_at=NOW - 7.0),
+        pod("w-1", rank(1, 45, "backward", 13.8, since_update=0.1)),
+    ]
+    hang = hang_verdict(reports, 10.0, NOW)
+    assert hang is not None and hang.all_ranks_equally_stuck and "silent" not in hang.message
+
+
 def test_long_waits_of_ranks_ahead_are_no_hang_while_the_one_behind_moves() -> None:
     reports = [pod("w-0", rank(0, 813, "allreduce", 75.0), rank(1, 812, "forward", 2.0))]
     assert hang_verdict(reports, 60.0, NOW) is None
