@@ -51,6 +51,7 @@ import atexit
 import contextlib
 import functools
 import logging
+import math
 import os
 import threading
 import time
@@ -178,12 +179,15 @@ class Progress:
         _LIVE.add(self)
         self._pulse_stop = threading.Event()
         if pulse_seconds:
-            threading.Thread(
-                target=_pulse,
-                args=(weakref.ref(self), pulse_seconds, self._pulse_stop),
-                name=f"rtj-progress-pulse-{rank}",
-                daemon=True,
-            ).start()
+            try:
+                threading.Thread(
+                    target=_pulse,
+                    args=(weakref.ref(self), pulse_seconds, self._pulse_stop),
+                    name=f"rtj-progress-pulse-{rank}",
+                    daemon=True,
+                ).start()
+            except RuntimeError as exc:  # no thread to be had: report without a pulse
+                log.warning("progress: no pulse (%s); a frozen rank is judged by position", exc)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Progress | None:
@@ -201,7 +205,9 @@ class Progress:
         try:
             pulse_seconds = DEFAULT_PULSE_SECONDS if pulse is None else float(pulse)
         except ValueError:
-            raise ValueError(f"{ENV_PULSE}={pulse!r}: expected seconds (0: no pulse)") from None
+            pulse_seconds = math.nan
+        if not math.isfinite(pulse_seconds) or pulse_seconds < 0:
+            raise ValueError(f"{ENV_PULSE}={pulse!r}: expected seconds >= 0 (0: no pulse)")
         progress = cls(
             directory,
             rank,

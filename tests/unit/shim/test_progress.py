@@ -290,7 +290,8 @@ def test_from_env_pulses_every_second_unless_told(
     p.close()
 
 
-def test_a_bad_pulse_setting_names_the_variable(tmp_path: Path) -> None:
-    env = {"RTJ_PROGRESS_DIR": str(tmp_path), "RTJ_PROGRESS_PULSE_SECONDS": "often"}
-    with pytest.raises(ValueError, match="RTJ_PROGRESS_PULSE_SECONDS='often': expected seconds"):
+@pytest.mark.parametrize("value", ["often", "inf", "nan", "-1"])
+def test_a_bad_pulse_setting_names_the_variable(tmp_path: Path, value: str) -> None:
+    env = {"RTJ_PROGRESS_DIR": str(tmp_path), "RTJ_PROGRESS_PULSE_SECONDS": value}
+    with pytest.raises(ValueError, match=f"RTJ_PROGRESS_PULSE_SECONDS='{value}': expected sec"):
         Progress.from_env(env)
