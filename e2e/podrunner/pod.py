@@ -330,7 +330,9 @@ class PodWorker(threading.Thread):
         exited 0). The kubelet does so before the final deletion since Kubernetes 1.27
         (kubernetes/kubernetes#115331, `syncTerminatedPod`), which is what lets the Job
         controller, and the operator, see a deleted pod's processes end before its tracking
-        finalizer is removed."""
+        finalizer is removed. Exits the worker has not reaped yet are recorded first (a
+        sidecar still recorded as running would hold the phase)."""
+        self._reap()
         self._post_status()
 
     def _report(self) -> None:
@@ -342,10 +344,10 @@ class PodWorker(threading.Thread):
         if self.runner.cut_off(self.node):
             return  # out of contact: nothing reaches the API server
         status = render_status(self.run_state, self.pod, now(), self._phase)
-        self._phase = status["phase"]
         ns, name = self.key
         try:
             self.runner.core.patch_namespaced_pod_status(name, ns, {"status": status})
+            self._phase = status["phase"]  # what the API server holds now
         except ApiException as exc:
             if exc.status != 404:
                 self.runner.say(f"{self._who()}: status update failed: {exc.status} {exc.reason}")
