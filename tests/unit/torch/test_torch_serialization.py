@@ -221,6 +221,36 @@ def test_rng_capture_restore_roundtrip_is_weights_only_loadable() -> None:
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
 
 
+def test_python_rng_state_is_one_tensor_and_keeps_a_pending_gauss() -> None:
+    random.seed(5)
+    random.gauss(0.0, 1.0)  # leaves the second normal of the pair pending (gauss_next)
+    state = rng.capture()
+    assert isinstance(state["python"]["internal"], torch.Tensor)
+    assert state["python"]["internal"].shape == (625,)
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=True)
+    expected = (random.gauss(0.0, 1.0), random.random())
+    random.seed(9)
+    rng.restore(loaded)
+    assert (random.gauss(0.0, 1.0), random.random()) == expected
+
+
+def test_python_rng_state_saved_as_a_tuple_by_earlier_versions_restores() -> None:
+    random.seed(6)
+    state = rng.capture()
+    state["python"] = random.getstate()  # the form steps were saved in before
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=True)
+    expected = random.random()
+    random.seed(9)
+    rng.restore(loaded)
+    assert random.random() == expected
+
+
 def test_rng_isolated_leaves_generators_untouched() -> None:
     torch.manual_seed(0)
     with rng.isolated():
