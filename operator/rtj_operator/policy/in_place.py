@@ -7,8 +7,10 @@ sidecar's environment only.
 
 Deciding: a failure that implicates no node (a rank's process dying, a hang) is restarted
 inside the attempt's pods when every pod runs, answers the progress poll and has a
-supervisor. Anything else (a node lost or faulty, a pod gone, an eviction, a user error) is
-the whole-world path as before.
+supervisor. A failure that implicates nodes (a GPU fault, a lost node) or takes pods away (an
+eviction: a node drain, a NoExecute taint, the Eviction API) replaces the pods concerned and
+restarts the others in place. Anything else (a pod deleted by hand, a user error, a Kueue
+preemption of the whole workload) is the whole-world path as before.
 
 The fast checkpoint tier that an in-place restart resumes from: `policy.fast_tier`.
 """
@@ -95,6 +97,10 @@ def supervised(pod: Mapping[str, Any]) -> bool:
 
 REPLACE_CLASSES = frozenset({FailureClass.GPU_FAULT, FailureClass.NODE_LOST})
 """What replacing the pods of the implicated nodes cures (the others restart in place)."""
+EVICTION_CLASSES = frozenset({FailureClass.EVICTED})
+"""What replacing the evicted pods cures (the others restart in place): the platform took
+those pods, not the world's health. No node is quarantined: a drain cordons its node itself,
+and the replacement avoids it (a warm spare on another node, or the Job's new pod)."""
 
 
 @dataclass(frozen=True)
@@ -112,34 +118,44 @@ def choose(
     pods: Sequence[Mapping[str, Any]],
     reports: Mapping[str, Mapping[str, Any]],
     quarantined: Collection[str] = (),
+    gone: Sequence[Mapping[str, Any]] = (),
 ) -> InPlaceChoice:
     """A failure that implicates no node restarts every pod in place; one that implicates
-    nodes (a GPU fault, a lost node), once they are quarantined, replaces the pods on them
-    (at most spec.recovery.inPlaceMaxReplacedPods) and restarts the others in place."""
+    nodes (a GPU fault, a lost node), once they are quarantined, replaces the pods on them,
+    and an eviction replaces the evicted pods (`gone`: the world's pods already deleted), at
+    most spec.recovery.inPlaceMaxReplacedPods; the others restart in place."""
     recovery = rtj.spec.recovery
     if not recovery.in_place:
         return InPlaceChoice("spec.recovery.inPlace is off")
     nodes = set(found.nodes_to_quarantine)
-    curable = IN_PLACE_CLASSES | (REPLACE_CLASSES if nodes else frozenset())
+    evicted = found.failure_class in EVICTION_CLASSES
+    curable = IN_PLACE_CLASSES | EVICTION_CLASSES | (REPLACE_CLASSES if nodes else frozenset())
     if found.failure_class not in curable or found.category is FailureCategory.USER:
         return InPlaceChoice(
             f"{found.failure_class.value} needs more than a restart in the same pods"
         )
-    replace = tuple(sorted(_name(p) for p in pods if node_of(p) in nodes))
-    if nodes:
+    world = {**{_name(p): p for p in gone}, **{_name(p): p for p in pods}}
+    if evicted:
+        taken = sorted(n for n, p in world.items() if n not in _names(pods) or disrupted(p))
+        if not taken:
+            return InPlaceChoice("no evicted pod of the world is known yet")
+        replace = tuple(taken)
+        what = f"it evicts {len(replace)} pods"
+    else:
+        replace = tuple(sorted(_name(p) for p in pods if node_of(p) in nodes))
+        what = f"it implicates nodes {', '.join(sorted(nodes))} with {len(replace)} pods on them"
+    if nodes or evicted:
         limit = recovery.in_place_max_replaced_pods
         if len(replace) > limit:
-            return InPlaceChoice(
-                f"it implicates nodes {', '.join(sorted(nodes))} with {len(replace)} pods on "
-                f"them; spec.recovery.inPlaceMaxReplacedPods is {limit}"
-            )
+            return InPlaceChoice(f"{what}; spec.recovery.inPlaceMaxReplacedPods is {limit}")
         if waiting := sorted(nodes - set(quarantined)):
             return InPlaceChoice(f"nodes {', '.join(waiting)} are not quarantined yet")
-        for pod in pods:
-            if _name(pod) in replace and not replaceable(pod):
-                return InPlaceChoice(f"pod {_name(pod)} cannot be replaced by its Job")
-    if len(pods) != rtj.spec.replicas:
-        return InPlaceChoice(f"{len(pods)} of {rtj.spec.replicas} pods are there")
+        for name in replace:
+            if not replaceable(world[name]):
+                return InPlaceChoice(f"pod {name} cannot be replaced by its Job")
+    there = len(world) if evicted else len(pods)  # an evicted pod may be gone already
+    if there != rtj.spec.replicas:
+        return InPlaceChoice(f"{there} of {rtj.spec.replicas} pods are there")
     quiet = []
     for pod in pods:
         name = _name(pod)
@@ -156,6 +172,23 @@ def choose(
     if quiet:
         return InPlaceChoice(f"pod {quiet[0]}'s supervisor has not reported", quiet=tuple(quiet))
     return InPlaceChoice(None, replace)
+
+
+def disrupted(pod: Mapping[str, Any]) -> bool:
+    """A pod the platform is taking away: marked for it (the DisruptionTarget condition,
+    which the Eviction API and the taint manager add before they delete the pod), being
+    deleted, or failed by its kubelet's eviction (`status.reason: Evicted`)."""
+    status = pod.get("status") or {}
+    if (pod.get("metadata") or {}).get("deletionTimestamp") or status.get("reason") == "Evicted":
+        return True
+    return any(
+        c.get("type") == "DisruptionTarget" and c.get("status") == "True"
+        for c in status.get("conditions") or ()
+    )
+
+
+def _names(pods: Sequence[Mapping[str, Any]]) -> set[str]:
+    return {_name(p) for p in pods}
 
 
 def replaceable(pod: Mapping[str, Any]) -> bool:

@@ -132,7 +132,7 @@ def plan_current_attempt(b: PlanBuilder) -> None:
                 return
     if _settling(b, found):
         return
-    if b.status.in_place is None and in_place.begin(b, found, live, idle):
+    if b.status.in_place is None and in_place.begin(b, found, live, idle, gone):
         return
     on_failure(b, found, current)
 

@@ -103,12 +103,17 @@ def _quiet_settling(b: PlanBuilder, found: Classification, choice: in_place.InPl
 
 
 def begin(
-    b: PlanBuilder, found: Classification, live: Sequence[Json], idle: Sequence[Json] = ()
+    b: PlanBuilder,
+    found: Classification,
+    live: Sequence[Json],
+    idle: Sequence[Json] = (),
+    gone: Sequence[Json] = (),
 ) -> bool:
     """Restart in place when the job and the failure allow it; True if it began. `idle`:
-    the attempt's idle pods, of which a ready warm spare takes each replaced pod's rank."""
+    the attempt's idle pods, of which a ready warm spare takes each replaced pod's rank;
+    `gone`: the world's pods already deleted (an evicted pod may be)."""
     quarantined = [q.node for q in b.status.quarantined_nodes]
-    choice = in_place.choose(b.rtj, found, live, supervisors(b), quarantined)
+    choice = in_place.choose(b.rtj, found, live, supervisors(b), quarantined, gone)
     why = choice.refused
     if why is None and b.snap.control_key is None:
         why = "the operator has no control secret (--control-secret-file)"
@@ -123,7 +128,7 @@ def begin(
         return False  # the budget is spent: on_failure fails the job
     generation = b.status.trainer_generation + 1
     first = found.first_failed
-    victims = [p for p in live if pod_name(p) in choice.replace]
+    victims = [p for p in (*live, *gone) if pod_name(p) in choice.replace]
     ranks = {pod_name(p): r for p in victims if (r := completion_index(p)) is not None}
     avoid = {
         *quarantined,
@@ -168,10 +173,11 @@ def begin(
         True,
         Reason.RESTARTING_IN_PLACE,
         f"attempt {b.status.attempt}: {found.failure_class.value}; {replacing}stopping the "
-        f"trainers of {len(live) - len(choice.replace)} pods for generation {generation} "
+        f"trainers of {sum(pod_name(p) not in choice.replace for p in live)} pods for "
+        f"generation {generation} "
         f"({what})",
     )
-    _replace(b, victims)
+    _replace(b, [p for p in victims if any(p is q for q in live)])
     b.metrics.append(MetricRecord("failure", found.failure_class))
     b.metrics.append(MetricRecord("restart", found.failure_class))
     if found.failed_at is not None:

@@ -297,3 +297,103 @@ def test_two_gpu_faults_at_once_quarantine_both_nodes() -> None:
         else:
             assert raw["status"]["phase"] == "Restarting", second.summary
             assert "inPlaceMaxReplacedPods is 1" in second.summary
+
+
+def _evicted(pod: dict[str, Any]) -> dict[str, Any]:
+    """`pod` as the Eviction API leaves it: deleting, with the DisruptionTarget condition the
+    API server adds (kubernetes pkg/registry/core/pod/storage/eviction.go, v1.26+: reason
+    EvictionByEvictionAPI, message "Eviction API: evicting"; seen from a real API server in
+    tests/integration/cluster/test_cluster_faults.py)."""
+    out = copy.deepcopy(pod)
+    out["metadata"]["deletionTimestamp"] = "2025-03-14T12:00:00Z"
+    out["status"].setdefault("conditions", []).append({
+        "type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
+        "message": "Eviction API: evicting", "lastTransitionTime": "2025-03-14T11:59:59Z",
+    })  # fmt: skip
+    return out
+
+
+def test_an_evicted_pod_is_replaced_and_the_others_restart_in_place() -> None:
+    """A node drain evicts one pod of the world: that pod is replaced (no node quarantined:
+    the drain cordons its node itself), the other restarts in place in the same attempt,
+    whether the evicted pod is still terminating or already gone when the operator looks."""
+    pods = replaceable_pods()
+    names = [p["metadata"]["name"] for p in pods]
+    running = supervisors({names[0]: (0, "running", None), names[1]: (0, "running", None)})
+    for world, gone in (([pods[0], _evicted(pods[1])], []), ([pods[0]], [_evicted(pods[1])])):
+        raw = rtj_raw(RUNNING, **IN_PLACE)
+        first = plan(raw, world, running, gone=gone)
+        raw = with_status(raw, first)
+        state = raw["status"].get("inPlace")
+        assert state is not None, first.summary
+        assert (state["phase"], state["replacing"]) == ("Stopping", [names[1]])
+        entry = raw["status"]["attempts"][0]["inPlaceRestarts"][0]
+        assert entry["failureClass"] == "Evicted", entry
+        assert entry["replaced"] == [f"{names[1]} on {pods[1]['spec']['nodeName']}"]
+        assert "quarantinedNodes" not in raw["status"] or not raw["status"]["quarantinedNodes"]
+        assert not [a for a in first.actions if isinstance(a, rc.DeleteJobSet)]
+        # already being deleted: not deleted again (its trainer ends with the world's stop)
+        assert not [a for a in first.actions if isinstance(a, rc.DeletePod)]
+        assert raw["status"]["attempt"] == 1
+        # the evicted pod, still terminating or gone, is no second failure: the barrier holds
+        stopped = supervisors({names[0]: (1, "stopped", None)})
+        held = plan(raw, world, stopped, gone=gone)
+        assert not [a for a in held.actions if isinstance(a, rc.DeleteJobSet)], held.summary
+        assert held.status_patch is None and "in place: replacing" in held.summary
+        # gone, and its Job's new pod (same index, another node) stopped for generation 1
+        # beside the survivor: pinned, Starting, still attempt 1
+        new = copy.deepcopy(pods[1])
+        new["metadata"]["name"] = names[1].replace("abcde", "fghij")
+        new["metadata"]["annotations"][keys.JOB_INDEX_FAILURE_COUNT] = "1"
+        new["spec"]["nodeName"] = "gpu-node-009"
+        fresh = new["metadata"]["name"]
+        both = supervisors({names[0]: (1, "stopped", None), fresh: (1, "stopped", None)})
+        starting = plan(raw, [pods[0], new], both, gone=[_evicted(pods[1])],
+                        store=reading(1200, NOW))  # fmt: skip
+        raw = with_status(raw, starting)
+        assert (raw["status"]["inPlace"]["phase"], raw["status"]["inPlace"]["step"]) == (
+            "Starting", 1200,
+        )  # fmt: skip
+        assert raw["status"]["attempt"] == 1
+
+
+def test_an_eviction_goes_whole_world_when_in_place_cannot_cover_it() -> None:
+    pods = replaceable_pods(3)
+    names = [p["metadata"]["name"] for p in pods]
+    job = make_job(**{**IN_PLACE, "replicas": 3})
+    reports = {n: {"generation": 0, "state": "running"} for n in names}
+    found = Classification(FailureClass.EVICTED, None, (), ("evicted",))
+    one = [pods[0], _evicted(pods[1]), pods[2]]
+    assert in_place.choose(job, found, one, reports) == in_place.InPlaceChoice(None, (names[1],))
+    assert in_place.choose(job, found, [pods[0], pods[2]], reports, gone=[_evicted(pods[1])]) == (
+        in_place.InPlaceChoice(None, (names[1],))
+    )
+    # a drain of two pods' nodes with a limit of one; replacement off; an old pod
+    two = [pods[0], _evicted(pods[1]), _evicted(pods[2])]
+    assert "it evicts 2 pods; spec.recovery.inPlaceMaxReplacedPods is 1" in (
+        in_place.choose(job, found, two, reports).refused or ""
+    )
+    off = make_job(**{**IN_PLACE, "replicas": 3,
+                      "recovery": {"inPlace": True, "inPlaceMaxReplacedPods": 0}})  # fmt: skip
+    assert "inPlaceMaxReplacedPods is 0" in (in_place.choose(off, found, one, reports).refused
+                                              or "")  # fmt: skip
+    old = copy.deepcopy(one)
+    del old[1]["metadata"]["annotations"][keys.JOB_INDEX_FAILURE_COUNT]
+    assert "cannot be replaced by its Job" in (in_place.choose(job, found, old, reports).refused
+                                               or "")  # fmt: skip
+    # marked for eviction, not yet deleted (the API server adds the condition first)
+    marked = copy.deepcopy(one)
+    del marked[1]["metadata"]["deletionTimestamp"]
+    assert in_place.choose(job, found, marked, reports).refused is None
+    # the evidence names an eviction but no pod of the world is going: nothing to replace
+    assert "no evicted pod" in (in_place.choose(job, found, pods, reports).refused or "")
+    # the Job already made the evicted index's pod again: not the world the restart knows
+    again = copy.deepcopy(pods[1])
+    again["metadata"]["name"] = names[1] + "-new"
+    assert "4 of 3 pods are there" in (
+        in_place.choose(job, found, [*one, again], reports).refused or ""
+    )
+    # a kubelet's eviction for the pod's own limit is the user's: never in place
+    user = Classification(FailureClass.USER_ERROR, None, (), ("evicted for its own limit",))
+    assert "needs more than a restart" in (in_place.choose(job, user, one, reports).refused
+                                           or "")  # fmt: skip
