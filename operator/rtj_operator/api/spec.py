@@ -423,8 +423,9 @@ class Recovery(ApiModel):
         ge=0,
         le=64,
         description="A failure that implicates a node (a GPU fault, a lost node) replaces only "
-        "the pods on it, when they are at most this many: the node is quarantined, the pods "
-        "are deleted and created again by their Job elsewhere (same index, no Kueue "
+        "the pods on it, and an eviction (a drain, a NoExecute taint, the Eviction API) only "
+        "the evicted pods, when they are at most this many: a faulty node is quarantined, the "
+        "pods are deleted and created again by their Job elsewhere (same index, no Kueue "
         "re-admission), and every other pod restarts in place. More implicated pods, or 0, "
         "re-create the whole world.",
     )
