@@ -177,7 +177,7 @@ def begin(
         f"generation {generation} "
         f"({what})",
     )
-    _replace(b, [p for p in victims if any(p is q for q in live)])
+    _replace(b, [p for p in live if pod_name(p) in choice.replace])  # the gone need nothing
     b.metrics.append(MetricRecord("failure", found.failure_class))
     b.metrics.append(MetricRecord("restart", found.failure_class))
     if found.failed_at is not None:
