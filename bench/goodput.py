@@ -51,6 +51,7 @@ import yaml
 
 from bench import soak_accounting as acc
 from bench import soak_judge, soak_report
+from bench.cpu_account import CpuSampler
 from bench.soak_schedule import DEFAULT_MIX, Fault, schedule
 from e2e.cluster import faults as cluster_faults
 from e2e.cluster.cluster import LocalCluster
@@ -345,6 +346,8 @@ def run(opts: SoakOptions) -> dict[str, Any]:
         secret = opts.work / "control-secret"
         secret.write_text(secrets.token_hex(32))
         operator_args += ("--control-secret-file", str(secret))
+    cpu = CpuSampler()
+    cpu.start()
     try:
         _, kube, api = story.start_platform(platform, display, state, operator_args=operator_args)
         prepare_preemption(kube, plan)
@@ -363,6 +366,7 @@ def run(opts: SoakOptions) -> dict[str, Any]:
         status = dict(api.get_rtj(story.NAMESPACE, JOB).get("status") or {})
         leaks = _leaks(api, kube, status)
     finally:
+        cpu_seconds = cpu.stop()
         left = story.down(platform, display)
         shutil.rmtree(LocalCluster(platform.cluster_name).dir, ignore_errors=True)
     logs = _attempt_logs(platform)
@@ -372,6 +376,7 @@ def run(opts: SoakOptions) -> dict[str, Any]:
     facts["variant"] = opts.variant()
     facts["mix"] = dict(opts.mix) if opts.faults is None else None  # the baseline re-seeds
     facts["generation_starts"] = generation_starts(platform)
+    facts["cpu_seconds"] = cpu_seconds
     return facts
 
 

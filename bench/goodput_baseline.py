@@ -49,6 +49,7 @@ from kubernetes.client.exceptions import ApiException
 from bench import baseline_jobset as bj
 from bench import baseline_judge, goodput, soak_compare
 from bench import soak_accounting as acc
+from bench.cpu_account import CpuSampler
 from bench.soak_schedule import DEFAULT_MIX, KINDS, Fault, schedule
 from e2e.cluster import faults as cluster_faults
 from e2e.cluster.cluster import LocalCluster
@@ -215,6 +216,8 @@ def run(opts: goodput.SoakOptions, cap: float) -> dict[str, Any]:
     injected: list[dict[str, Any]] = []
     claim_dir = platform.state / "runner" / "claims" / story.NAMESPACE / bj.CLAIM
     stall: str | None = None
+    cpu = CpuSampler()
+    cpu.start()
     try:  # the operator starts with the platform and stays idle: no RTJ is created
         _, kube, api = story.start_platform(platform, display, state)
         pv, pvc = bj.shared_volume(story.NAMESPACE)
@@ -253,6 +256,7 @@ def run(opts: goodput.SoakOptions, cap: float) -> dict[str, Any]:
             stall = _stall(platform, kube, api, stopped)
         leaks = cluster_faults.kueue_preemptor_leaks(kube, story.NAMESPACE)
     finally:
+        cpu_seconds = cpu.stop()
         left = story.down(platform, display)
         shutil.rmtree(LocalCluster(platform.cluster_name).dir, ignore_errors=True)
     logs = _attempt_logs(platform)
@@ -261,6 +265,7 @@ def run(opts: goodput.SoakOptions, cap: float) -> dict[str, Any]:
         created, stopped, completed, logs, injected, reference, stall, opts.steps
     )
     facts["problems"] += [f"left running: {what}" for what in left]
+    facts["cpu_seconds"] = cpu_seconds
     facts["problems"] += [f"leaked: {what}" for what in leaks]
     facts["cap_seconds"] = cap
     return facts

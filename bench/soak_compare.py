@@ -137,6 +137,9 @@ def markdown(
             + ("; ".join(base["problems"]) or "none")
             + ".",
             "",
+            *soak_report.cpu_section(
+                {"(a)": ours.get("cpu_seconds") or {}, "(b)": base.get("cpu_seconds") or {}}
+            ),
             "The baseline: a JobSet (one replicated job of 2 indexed pods, `backoffLimit: 0`, "
             f"`restartPolicy: Never`, `failurePolicy.maxRestarts: {MAX_RESTARTS}`, the default "
             "RestartJobSet action and Recreate strategy), torchrun with the static rendezvous "

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any
 
+from bench import cpu_account
+
 W, H, PAD = 900, 360, 50
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2")
 
@@ -189,6 +191,7 @@ def markdown(
             "",
             f"Injected: {injected or 'nothing'}.",
             "",
+            *cpu_section({"this run": facts.get("cpu_seconds") or {}}),
             "Every fault class the operator handles is in the mix (`bench.soak_schedule."
             "KINDS`), a Kueue preemption included (an urgent workload of a higher "
             "WorkloadPriorityClass needing the ClusterQueue's whole quota: Kueue evicts the "
@@ -230,3 +233,18 @@ def _generated(facts: Mapping[str, Any], command: str) -> str:
 
 def _num(value: Any) -> str:
     return f"{value:.1f}" if isinstance(value, int | float) else "?"
+
+
+def cpu_section(runs: Mapping[str, Mapping[str, float]]) -> list[str]:
+    """Where the CPU went (`bench.cpu_account`), one column per run; nothing when a run
+    has no figures (a report from before they were sampled)."""
+    if not runs or not all(runs.values()):
+        return []
+    return [
+        "Where the CPU went: CPU seconds by component while the platform ran (sampled from "
+        "/proc every 2 s; a process living shorter than that, or the last interval of one "
+        "that exits, is missed).",
+        "",
+        *cpu_account.markdown_rows(runs),
+        "",
+    ]

@@ -1,0 +1,146 @@
+"""Where a soak's CPU went: CPU seconds by component, sampled from /proc while it runs.
+
+On a machine whose cores the trainers fill, every CPU second spent beside them (the
+operator, the shim's sidecars and supervisors, the warm standby interpreters, the control
+plane) is taken from training: the operator run's steps were 6-11% slower than the JobSet
+baseline's (stop 25) with the cause unmeasured. The soak harnesses run a `CpuSampler`
+beside the run and report its totals, both systems alike, so the difference has names.
+
+A process is counted from its first sample to its last: one that lives shorter than the
+sampling interval, or the last interval of one that exits, is missed (at most `every`
+seconds of CPU per process; the report says so). Classification is a pure function of the
+command line.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+TICKS = os.sysconf("SC_CLK_TCK")
+LAUNCHERS = ("torchrun", "torch.distributed.run")
+CONTROL_PLANE = (
+    "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
+    "jobset", "kueue",
+)  # fmt: skip
+MODULES = {"e2e.podrunner": "pod runner", "moto.server": "S3 server (moto)"}
+
+
+def component(argv: Sequence[str]) -> str | None:
+    """The component a process belongs to, from its command line; None: not the soak's."""
+    if not argv:
+        return None
+    words = [os.path.basename(a) for a in argv]
+    joined = " ".join(argv)
+    if any(w in LAUNCHERS for w in words) or "torch.distributed.run" in argv:
+        return "torchrun agent"
+    if "supervise" in argv and any("rtj-shim" in w for w in words[:3]):
+        return "rtj-shim supervise"
+    if "ddp_train.py" in joined:  # the trainer, directly or handed to a warm standby
+        return "trainer" if "rtj_shim.preload" not in argv else "trainer (warm standby)"
+    if "rtj_operator" in joined:
+        return "operator"
+    for i, w in enumerate(words[:3]):
+        if w == "rtj-shim" and i + 1 < len(argv):
+            return f"rtj-shim {argv[i + 1]}"
+    if "-m" in argv and (i := argv.index("-m")) + 1 < len(argv):
+        module = argv[i + 1]
+        if module in MODULES:
+            return MODULES[module]
+        if module.startswith(("rtj_shim", "e2e.", "bench.")):
+            return module
+    if words[0] in CONTROL_PLANE:
+        return f"control plane: {words[0]}"
+    return None
+
+
+def _sample(proc: Path) -> tuple[int, int, list[str]] | None:
+    """(start time, utime + stime in clock ticks, argv) of one /proc/<pid>."""
+    try:
+        stat = (proc / "stat").read_text()
+        argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
+    # fields[0] is field 3 (state): utime 14, stime 15, starttime 22 (proc(5))
+    return int(fields[19]), int(fields[11]) + int(fields[12]), [a for a in argv if a]
+
+
+class CpuSampler(threading.Thread):
+    """Samples every `every` seconds the processes started after it; `totals()` once
+    stopped. The process that runs it is counted as `harness` from its start."""
+
+    def __init__(self, every: float = 2.0, root: Path = Path("/proc")) -> None:
+        super().__init__(name="cpu-sampler", daemon=True)
+        self.every, self.root = every, root
+        self._halt = threading.Event()
+        self._seen: dict[tuple[int, int], tuple[str, int]] = {}
+        own = _sample(root / str(os.getpid()))
+        self._harness_from = own[1] if own else 0
+        self._after = self._boot_ticks_now()
+
+    def _boot_ticks_now(self) -> int:
+        """Now, in clock ticks since boot (the unit of a process's start time)."""
+        try:
+            uptime = float((self.root / "uptime").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return 0
+        return int(uptime * TICKS)
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            self.sample()
+            self._halt.wait(self.every)
+
+    def sample(self) -> None:
+        for proc in self.root.iterdir():
+            if not proc.name.isdigit() or int(proc.name) == os.getpid():
+                continue
+            got = _sample(proc)
+            if got is None or got[0] < self._after:
+                continue
+            start, ticks, argv = got
+            name = component(argv)
+            if name is not None:
+                self._seen[(int(proc.name), start)] = (name, ticks)
+        own = _sample(self.root / str(os.getpid()))
+        if own is not None:
+            self._seen[(os.getpid(), -1)] = ("harness", own[1] - self._harness_from)
+
+    def stop(self) -> dict[str, float]:
+        self._halt.set()
+        if self.is_alive():
+            self.join(timeout=10)
+        self.sample()
+        return self.totals()
+
+    def totals(self) -> dict[str, float]:
+        return totals(self._seen.values())
+
+
+def totals(seen: Iterable[tuple[str, int]]) -> dict[str, float]:
+    """CPU seconds per component, largest first."""
+    out: dict[str, float] = {}
+    for name, ticks in seen:
+        out[name] = out.get(name, 0.0) + ticks / TICKS
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def markdown_rows(runs: Mapping[str, Mapping[str, float]]) -> list[str]:
+    """A table, one column per run: component -> CPU seconds."""
+    names = list(runs)
+    components: list[str] = []
+    for cpu in runs.values():
+        components += [c for c in cpu if c not in components]
+    rows = [
+        "| component | " + " | ".join(f"{n} CPU s" for n in names) + " |",
+        "|---|" + "---:|" * len(names),
+    ]
+    for c in components:
+        rows.append(f"| {c} | " + " | ".join(
+            f"{runs[n][c]:.1f}" if c in runs[n] else "-" for n in names) + " |")  # fmt: skip
+    rows.append("| **all** | " + " | ".join(
+        f"**{sum(runs[n].values()):.1f}**" for n in names) + " |")  # fmt: skip
+    return rows
