@@ -15,6 +15,7 @@ command line.
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -25,6 +26,7 @@ CONTROL_PLANE = (
     "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
     "jobset", "kueue",
 )  # fmt: skip
+VERSIONED = re.compile(r"-v\d+(\.\d+)*$")
 MODULES = {"e2e.podrunner": "pod runner", "moto.server": "S3 server (moto)"}
 
 
@@ -51,8 +53,9 @@ def component(argv: Sequence[str]) -> str | None:
             return MODULES[module]
         if module.startswith(("rtj_shim", "e2e.", "bench.")):
             return module
-    if words[0] in CONTROL_PLANE:
-        return f"control plane: {words[0]}"
+    program = VERSIONED.sub("", words[0])  # the harness's binaries: kube-apiserver-v1.35.4
+    if program in CONTROL_PLANE:
+        return f"control plane: {program}"
     return None
 
 
@@ -69,8 +72,9 @@ def _sample(proc: Path) -> tuple[int, int, list[str]] | None:
 
 
 class CpuSampler(threading.Thread):
-    """Samples every `every` seconds the processes started after it; `totals()` once
-    stopped. The process that runs it is counted as `harness` from its start."""
+    """Samples every `every` seconds the processes started after it (one that `component`
+    does not know counts as `other: <program>`); `totals()` once stopped. The process that
+    runs it is counted as `harness` from its start."""
 
     def __init__(self, every: float = 2.0, root: Path = Path("/proc")) -> None:
         super().__init__(name="cpu-sampler", daemon=True)
@@ -102,9 +106,8 @@ class CpuSampler(threading.Thread):
             if got is None or got[0] < self._after:
                 continue
             start, ticks, argv = got
-            name = component(argv)
-            if name is not None:
-                self._seen[(int(proc.name), start)] = (name, ticks)
+            name = component(argv) or f"other: {os.path.basename(argv[0]) if argv else '?'}"
+            self._seen[(int(proc.name), start)] = (name, ticks)
         own = _sample(self.root / str(os.getpid()))
         if own is not None:
             self._seen[(os.getpid(), -1)] = ("harness", own[1] - self._harness_from)

@@ -25,6 +25,7 @@ from typing import Any
 
 from rtj_operator.policy.init_result import InitResult as InitResult
 from rtj_operator.policy.init_result import parse_init_result as parse_init_result
+from rtj_operator.s3_clients import S3Clients
 
 S3_SCHEME = "s3://"
 FILE_SCHEME = "file://"
@@ -151,20 +152,16 @@ def read_store(
 
 
 def _open(uri: str, credentials: Mapping[str, str] | None) -> Any:
+    """The store at `uri`; an S3 root through the client for its credentials, made once
+    (`s3_clients`)."""
     from rtj_shim.storage import open_store
 
-    if not credentials or not operator_reads_store(uri):
+    if not operator_reads_store(uri):
         return open_store(uri)
-    import boto3
+    from rtj_shim.storage.s3 import S3Store
 
-    from rtj_shim.storage.s3 import S3Store, client_config
+    return S3Store.from_uri(uri, client=S3_CLIENTS.client(credentials))
 
-    session = boto3.session.Session(
-        aws_access_key_id=credentials.get("AWS_ACCESS_KEY_ID"),
-        aws_secret_access_key=credentials.get("AWS_SECRET_ACCESS_KEY"),
-        aws_session_token=credentials.get("AWS_SESSION_TOKEN"),
-        region_name=credentials.get("AWS_REGION") or credentials.get("AWS_DEFAULT_REGION"),
-    )
-    endpoint = credentials.get("AWS_ENDPOINT_URL_S3") or credentials.get("AWS_ENDPOINT_URL")
-    client = session.client("s3", endpoint_url=endpoint or None, config=client_config())
-    return S3Store.from_uri(uri, client=client)
+
+S3_CLIENTS = S3Clients()
+"""The operator's S3 clients, shared by every read of every job (thread-safe)."""

@@ -37,6 +37,10 @@ def test_each_process_of_a_soak_has_its_component() -> None:
     assert component(["/root/.cache/rtj/bin/kube-apiserver", "--etcd-servers=x"]) == (
         "control plane: kube-apiserver"
     )
+    assert component(["/root/.cache/rtj/bin/kube-apiserver-v1.35.4", "--etcd-servers=x"]) == (
+        "control plane: kube-apiserver"
+    )  # the harness's binaries carry their version (e2e/cluster/build.py)
+    assert component(["/root/.cache/rtj/bin/etcd-v3.6.5"]) == "control plane: etcd"
     assert component(["/usr/sbin/sshd", "-D"]) is None
     assert component([]) is None
 
