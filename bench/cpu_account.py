@@ -30,8 +30,9 @@ VERSIONED = re.compile(r"-v\d+(\.\d+)*$")
 MODULES = {"e2e.podrunner": "pod runner", "moto.server": "S3 server (moto)"}
 
 
-def component(argv: Sequence[str]) -> str | None:
-    """The component a process belongs to, from its command line; None: not the soak's."""
+def component(argv: Sequence[str], waiting: bool = False) -> str | None:
+    """The component a process belongs to, from its command line (`waiting`: a warm
+    standby not yet handed its generation); None: not the soak's."""
     if not argv:
         return None
     words = [os.path.basename(a) for a in argv]
@@ -41,7 +42,9 @@ def component(argv: Sequence[str]) -> str | None:
     if "supervise" in argv and any("rtj-shim" in w for w in words[:3]):
         return "rtj-shim supervise"
     if "ddp_train.py" in joined:  # the trainer, directly or handed to a warm standby
-        return "trainer" if "rtj_shim.preload" not in argv else "trainer (warm standby)"
+        if "rtj_shim.preload" not in argv:
+            return "trainer"
+        return "warm standby (waiting)" if waiting else "trainer (handed from a warm standby)"
     if "rtj_operator" in joined:
         return "operator"
     for i, w in enumerate(words[:3]):
@@ -73,16 +76,21 @@ def _sample(proc: Path) -> tuple[int, int, list[str]] | None:
 
 class CpuSampler(threading.Thread):
     """Samples every `every` seconds the processes started after it (one that `component`
-    does not know counts as `other: <program>`); `totals()` once stopped. The process that
-    runs it is counted as `harness` from its start."""
+    does not know counts as `other: <program>`); `totals()` once stopped. The CPU a process
+    used since its previous sample goes to its component at this sample, so a warm standby
+    interpreter's import counts as `warm standby (waiting)` and its training, once handed
+    its generation, as `trainer (handed from a warm standby)`. The process that runs the
+    sampler is counted as `harness` from its start."""
 
     def __init__(self, every: float = 2.0, root: Path = Path("/proc")) -> None:
         super().__init__(name="cpu-sampler", daemon=True)
         self.every, self.root = every, root
         self._halt = threading.Event()
-        self._seen: dict[tuple[int, int], tuple[str, int]] = {}
+        self._ticks: dict[tuple[int, int], int] = {}
+        self._spent: dict[str, int] = {}
         own = _sample(root / str(os.getpid()))
         self._harness_from = own[1] if own else 0
+        self._harness = 0
         self._after = self._boot_ticks_now()
 
     def _boot_ticks_now(self) -> int:
@@ -106,11 +114,14 @@ class CpuSampler(threading.Thread):
             if got is None or got[0] < self._after:
                 continue
             start, ticks, argv = got
-            name = component(argv) or f"other: {os.path.basename(argv[0]) if argv else '?'}"
-            self._seen[(int(proc.name), start)] = (name, ticks)
+            name = component(argv, waiting=_waiting_standby(proc, argv))
+            name = name or f"other: {os.path.basename(argv[0]) if argv else '?'}"
+            key = (int(proc.name), start)
+            self._spent[name] = self._spent.get(name, 0) + ticks - self._ticks.get(key, 0)
+            self._ticks[key] = ticks
         own = _sample(self.root / str(os.getpid()))
         if own is not None:
-            self._seen[(os.getpid(), -1)] = ("harness", own[1] - self._harness_from)
+            self._harness = own[1] - self._harness_from
 
     def stop(self) -> dict[str, float]:
         self._halt.set()
@@ -120,7 +131,18 @@ class CpuSampler(threading.Thread):
         return self.totals()
 
     def totals(self) -> dict[str, float]:
-        return totals(self._seen.values())
+        return totals([*self._spent.items(), ("harness", self._harness)])
+
+
+def _waiting_standby(proc: Path, argv: Sequence[str]) -> bool:
+    """A `rtj_shim.preload` standby reads its generation from a pipe on stdin; once handed
+    over, its stdin is /dev/null (`e2e/demo/drills.py`)."""
+    if "rtj_shim.preload" not in argv:
+        return False
+    try:
+        return os.readlink(proc / "fd" / "0").startswith("pipe:")
+    except OSError:
+        return False
 
 
 def totals(seen: Iterable[tuple[str, int]]) -> dict[str, float]:

@@ -23,9 +23,9 @@ def test_each_process_of_a_soak_has_its_component() -> None:
     assert component([f"{VENV}/python", f"{VENV}/rtj-shim", "supervise", "--control-dir", "/c",
                       "--", "python", "examples/ddp_train.py"]) == "rtj-shim supervise"  # fmt: skip
     assert component([f"{VENV}/python", "-u", "examples/ddp_train.py", "--steps=10"]) == "trainer"
-    assert component([f"{VENV}/python", "-m", "rtj_shim.preload", "examples/ddp_train.py"]) == (
-        "trainer (warm standby)"
-    )
+    standby = [f"{VENV}/python", "-m", "rtj_shim.preload", "examples/ddp_train.py"]
+    assert component(standby, waiting=True) == "warm standby (waiting)"
+    assert component(standby) == "trainer (handed from a warm standby)"
     assert component([f"{VENV}/python", f"{VENV}/rtj-shim", "progress-server", "--dir", "/p"]) == (
         "rtj-shim progress-server"
     )
