@@ -58,6 +58,7 @@ class Drainer:
         self.fast_dir = fast_dir
         self._key, self._uri, self._run_id = key, uri, run_id
         self._open = open_root
+        self._store: CheckpointStore | None = None
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -98,6 +99,15 @@ class Drainer:
                 "error": self._error,
             }
 
+    def _durable(self) -> CheckpointStore:
+        """The durable store, opened at the first drain and kept: an S3 store's client is
+        made once, not for every drained step (making one parses botocore's service model,
+        tens of milliseconds of CPU beside the trainers). A failed open is tried again at
+        the next drain."""
+        if self._store is None:
+            self._store = self._open(self._uri)
+        return self._store
+
     def drain_once(self) -> int | None:
         """Drain the due fast step, if any; the step drained."""
         with self._lock:
@@ -107,7 +117,7 @@ class Drainer:
         step = due_step(fast_tier.holdings(self.fast_dir), order.every_steps, drained)
         if step is None:
             return None
-        protocol = CommitProtocol(self._open(self._uri), run_id=self._run_id,
+        protocol = CommitProtocol(self._durable(), run_id=self._run_id,
                                   attempt=order.attempt)  # fmt: skip
         try:
             done = drain_step(self.fast_dir, protocol, step, order.peers, self._key)
