@@ -20,7 +20,10 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from e2e.demo.drills import waiting_standby
+
 TICKS = os.sysconf("SC_CLK_TCK")
+PROC = Path("/proc")
 LAUNCHERS = ("torchrun", "torch.distributed.run")
 CONTROL_PLANE = (
     "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
@@ -62,16 +65,16 @@ def component(argv: Sequence[str], waiting: bool = False) -> str | None:
     return None
 
 
-def _sample(proc: Path) -> tuple[int, int, list[str]] | None:
-    """(start time, utime + stime in clock ticks, argv) of one /proc/<pid>."""
+def _sample(proc: Path) -> tuple[int, int, bytes] | None:
+    """(start time, utime + stime in clock ticks, raw cmdline) of one /proc/<pid>."""
     try:
         stat = (proc / "stat").read_text()
-        argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        cmdline = (proc / "cmdline").read_bytes()
     except OSError:
         return None
     fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
     # fields[0] is field 3 (state): utime 14, stime 15, starttime 22 (proc(5))
-    return int(fields[19]), int(fields[11]) + int(fields[12]), [a for a in argv if a]
+    return int(fields[19]), int(fields[11]) + int(fields[12]), cmdline
 
 
 class CpuSampler(threading.Thread):
@@ -82,13 +85,13 @@ class CpuSampler(threading.Thread):
     its generation, as `trainer (handed from a warm standby)`. The process that runs the
     sampler is counted as `harness` from its start."""
 
-    def __init__(self, every: float = 2.0, root: Path = Path("/proc")) -> None:
+    def __init__(self, every: float = 2.0) -> None:
         super().__init__(name="cpu-sampler", daemon=True)
-        self.every, self.root = every, root
+        self.every, self.root = every, PROC
         self._halt = threading.Event()
         self._ticks: dict[tuple[int, int], int] = {}
         self._spent: dict[str, int] = {}
-        own = _sample(root / str(os.getpid()))
+        own = _sample(PROC / str(os.getpid()))
         self._harness_from = own[1] if own else 0
         self._harness = 0
         self._after = self._boot_ticks_now()
@@ -113,8 +116,9 @@ class CpuSampler(threading.Thread):
             got = _sample(proc)
             if got is None or got[0] < self._after:
                 continue
-            start, ticks, argv = got
-            name = component(argv, waiting=_waiting_standby(proc, argv))
+            start, ticks, cmdline = got
+            argv = [a for a in cmdline.decode(errors="replace").split("\0") if a]
+            name = component(argv, waiting=waiting_standby(int(proc.name), cmdline))
             name = name or f"other: {os.path.basename(argv[0]) if argv else '?'}"
             key = (int(proc.name), start)
             self._spent[name] = self._spent.get(name, 0) + ticks - self._ticks.get(key, 0)
@@ -132,17 +136,6 @@ class CpuSampler(threading.Thread):
 
     def totals(self) -> dict[str, float]:
         return totals([*self._spent.items(), ("harness", self._harness)])
-
-
-def _waiting_standby(proc: Path, argv: Sequence[str]) -> bool:
-    """A `rtj_shim.preload` standby reads its generation from a pipe on stdin; once handed
-    over, its stdin is /dev/null (`e2e/demo/drills.py`)."""
-    if "rtj_shim.preload" not in argv:
-        return False
-    try:
-        return os.readlink(proc / "fd" / "0").startswith("pipe:")
-    except OSError:
-        return False
 
 
 def totals(seen: Iterable[tuple[str, int]]) -> dict[str, float]:

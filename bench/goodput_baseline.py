@@ -265,9 +265,9 @@ def run(opts: goodput.SoakOptions, cap: float) -> dict[str, Any]:
         created, stopped, completed, logs, injected, reference, stall, opts.steps
     )
     facts["problems"] += [f"left running: {what}" for what in left]
-    facts["cpu_seconds"] = cpu_seconds
     facts["problems"] += [f"leaked: {what}" for what in leaks]
     facts["cap_seconds"] = cap
+    facts["cpu_seconds"] = cpu_seconds
     return facts
 
 

@@ -54,7 +54,7 @@ from typing import Any
 from bench import in_place_jobset, rank0_logs
 from e2e.cluster import faults
 from e2e.demo import drills, story
-from e2e.operator_proc import REPO, SINGLE_REPLICA_LEASE, wait_for
+from e2e.operator_proc import REPO, wait_for
 
 FAST_EVERY = 5
 XID = 79
@@ -339,7 +339,6 @@ def main(argv: list[str] | None = None) -> int:
     with drills.running_platform(
         args.work, "rtj-inplace-bench", nodes,
         "--progress-poll-seconds", "1", "--control-secret-file", str(secret),
-        *SINGLE_REPLICA_LEASE,
         timeout=300,
     ) as platform:  # fmt: skip
         for n in range(args.trials):

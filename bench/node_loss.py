@@ -32,7 +32,7 @@ from typing import Any
 from bench import soak_accounting as acc
 from e2e.cluster.cluster import NODE_MONITOR_GRACE
 from e2e.demo import drills, story
-from e2e.operator_proc import REPO, SINGLE_REPLICA_LEASE, wait_for
+from e2e.operator_proc import REPO, wait_for
 
 JOB = "node-loss"
 K8S = "k8s.io/kubernetes v1.35.4"
@@ -75,7 +75,6 @@ def trial(workers: int, progress: bool, work: Path) -> Trial:
     with drills.running_platform(
         work, "rtj-nodeloss", workers + 1,
         "--progress-poll-seconds", "1",
-        *SINGLE_REPLICA_LEASE,
         timeout=300,
     ) as platform:  # fmt: skip
         opts, kube, api = platform.opts, platform.kube, platform.api

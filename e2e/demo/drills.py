@@ -117,12 +117,12 @@ def is_trainer(pid: int) -> bool:
     launcher = any(
         word in cmdline for word in (b"torchrun", b"torch.distributed.run", b"supervise")
     )
-    return b"ddp_train.py" in cmdline and not launcher and not _waiting_standby(pid, cmdline)
+    return b"ddp_train.py" in cmdline and not launcher and not waiting_standby(pid, cmdline)
 
 
-def _waiting_standby(pid: int, cmdline: bytes) -> bool:
+def waiting_standby(pid: int, cmdline: bytes) -> bool:
     """A `rtj_shim.preload` standby reads its generation from a pipe on stdin; once handed
-    over, its stdin is /dev/null (and it is the trainer)."""
+    over, its stdin is /dev/null (and it is the trainer). `cmdline`: its /proc cmdline."""
     if b"rtj_shim.preload" not in cmdline:
         return False
     try:

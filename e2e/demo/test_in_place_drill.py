@@ -29,7 +29,7 @@ import pytest
 from e2e.cluster import faults
 from e2e.cluster.testenv import TestNamespace
 from e2e.demo import drills, story
-from e2e.operator_proc import SINGLE_REPLICA_LEASE, wait_for
+from e2e.operator_proc import wait_for
 from rtj_operator.api import keys
 from rtj_shim import fast_tier
 from rtj_shim.control import ORDER_FILE
@@ -79,7 +79,6 @@ def _platform(tmp_path: Path, name: str, nodes: int = 3) -> Any:
     secret.write_text(secrets.token_hex(32))
     return drills.running_platform(
         tmp_path, name, nodes, "--progress-poll-seconds", "1", "--control-secret-file", str(secret),
-        *SINGLE_REPLICA_LEASE,
     )  # fmt: skip
 
 
