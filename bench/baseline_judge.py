@@ -70,6 +70,7 @@ def judge(
         "goodput": productive / (end - created) if end > created else 0.0,
         "wall_seconds": end - created,
         "productive_seconds": productive,
+        "checkpoint_stall_seconds": acc.stall_seconds(attempts, line),
         "attempts": len(attempts),
         "injected": list(injected),
         "recoveries": [r.__dict__ for r in recoveries],

@@ -20,7 +20,9 @@ backwards from the final world: it contributes the steps after the one it resume
 that step was produced by the latest earlier world that logged it, which contributes the
 steps after *its* resume point up to it; and so on down to step 0. A step's time is from
 the previous step's completion in the same world (for the first step after a resume, from
-the restore), so start-up, restore, recomputed steps and every stall between are lost time.
+the restore), less the checkpoint stall the trainer logged with it (`ckpt_s`: the time its
+loop spent in the checkpointer's calls since the previous step, a blocking save's whole
+duration), so start-up, restore, recomputed steps and every checkpoint stall are lost time.
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ class AttemptLog:
     restore_source: str | None = None
     """The restore record's `source`: `fast-tier`, `resume-file` (a pinned durable step),
     `resolved`, `fresh`, or the baseline's file path."""
+    stalls: Mapping[int, float] = field(default_factory=dict)
+    """Step -> seconds the loop spent in checkpoint calls before it (`ckpt_s`, when > 0)."""
 
     @property
     def first_time(self) -> float | None:
@@ -102,14 +106,21 @@ def from_records(
     source: str | None = None
     steps: dict[int, float] = {}
     losses: dict[int, float] = {}
+    stalls: dict[int, float] = {}
     for record in records:
         if record.get("event") == "restore":
             restored, restore_time = int(record["step"]), record.get("time")
             source = record.get("source")
         elif "loss" in record and "event" not in record and "time" in record:
-            steps[int(record["step"])] = float(record["time"])
-            losses[int(record["step"])] = float(record["loss"])
-    return AttemptLog(attempt, restored, restore_time, steps, losses, generation, source)
+            step = int(record["step"])
+            steps[step] = float(record["time"])
+            losses[step] = float(record["loss"])
+            stall = float(record.get("ckpt_s") or 0.0)
+            if stall > 0:
+                stalls[step] = stall
+            else:
+                stalls.pop(step, None)  # a step trained again without one
+    return AttemptLog(attempt, restored, restore_time, steps, losses, generation, source, stalls)
 
 
 def parse_attempt(attempt: int, lines: Iterable[str]) -> AttemptLog:
@@ -185,18 +196,30 @@ def productive_seconds(attempts: Mapping[K, AttemptLog], line: Lineage[K]) -> fl
     for attempt, after, upto in line.ranges:
         log = attempts[attempt]
         times = log.steps
-        durations = [times[s] - times[s - 1] for s in times if s - 1 in times]
+        durations = [
+            times[s] - times[s - 1] - log.stalls.get(s, 0.0) for s in times if s - 1 in times
+        ]
         typical = statistics.median(durations) if durations else 0.0
         for step in range(after + 1, upto + 1):
             if step not in times:
                 continue
             if step - 1 in times:
-                total += times[step] - times[step - 1]
+                spent = times[step] - times[step - 1]
             elif log.restore_time is not None and step == (log.restored or 0) + 1:
-                total += max(times[step] - log.restore_time, 0.0)
+                spent = times[step] - log.restore_time
             else:
                 total += typical
+                continue
+            total += max(spent - log.stalls.get(step, 0.0), 0.0)
     return total
+
+
+def stall_seconds(attempts: Mapping[K, AttemptLog], line: Lineage[K]) -> float:
+    """The checkpoint stalls logged with the surviving steps (lost time, not productive)."""
+    return sum(
+        attempts[w].stalls.get(s, 0.0) for w, after, upto in line.ranges
+        for s in range(after + 1, upto + 1)
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -104,8 +104,9 @@ def markdown(
             + ".",
             "",
             *warning,
-            "| | goodput | productive s | wall s | attempts | faults injected |",
-            "|---|---|---|---|---|---|",
+            "| | goodput | productive s | wall s | checkpoint stalls s | attempts "
+            "| faults injected |",
+            "|---|---|---|---|---|---|---|",
             _summary(
                 "(a) the operator (ResilientTrainingJob)"
                 + (f": {variant_name(ours)}" if "features" in ours else ""),
@@ -162,7 +163,15 @@ def markdown(
 def _summary(name: str, facts: Mapping[str, Any]) -> str:
     return (
         f"| {name} | **{facts['goodput'] * 100:.1f}%** | {facts['productive_seconds']:.1f} | "
-        f"{facts['wall_seconds']:.1f} | {facts['attempts']} | {len(facts['injected'])} |"
+        f"{facts['wall_seconds']:.1f} | {_stalls(facts)} | {facts['attempts']} | "
+        f"{len(facts['injected'])} |"
+    )
+
+
+def _stalls(facts: Mapping[str, Any]) -> str:
+    """Results from before the trainer logged its checkpoint stalls have none recorded."""
+    return (
+        f"{facts['checkpoint_stall_seconds']:.1f}" if "checkpoint_stall_seconds" in facts else "-"
     )
 
 

@@ -102,6 +102,7 @@ def judge(
         "goodput": productive / (end - created) if end > created else 0.0,
         "wall_seconds": end - created,
         "productive_seconds": productive,
+        "checkpoint_stall_seconds": acc.stall_seconds(rank0, line),
         "phase": status.get("phase"),
         "reached_step": line.ranges[0][2] if line.ranges else 0,
         "attempts": len({w[0] for w in rank0}),

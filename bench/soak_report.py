@@ -167,7 +167,8 @@ def markdown(
             "",
             f"**Goodput {facts['goodput'] * 100:.1f}%**: {facts['productive_seconds']:.1f} s "
             f"on steps that survive into the final model, of {facts['wall_seconds']:.1f} s "
-            f"from the job's creation to its last step; {len(facts['injected'])} faults "
+            f"from the job's creation to its last step (checkpoint stalls, lost: "
+            f"{facts.get('checkpoint_stall_seconds', 0.0):.1f} s); {len(facts['injected'])} faults "
             f"injected, {facts['attempts']} attempts{worlds}.",
             "",
             "Per fault: the world it hit and the next that trained (attempt, `gN`: trainer "

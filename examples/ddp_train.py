@@ -386,6 +386,7 @@ def main(argv: list[str] | None = None) -> int:
             sampler.set_epoch(sampler.epoch + 1)
 
     batches = micro_batches()
+    ckpt_s = 0.0
     while step < args.steps:
         wrapped.train()
         total = 0.0
@@ -420,6 +421,7 @@ def main(argv: list[str] | None = None) -> int:
                 "samples": ids,
                 "epoch": sampler.epoch,
                 "seen": objects["samples_seen"],
+                "ckpt_s": ckpt_s,  # the checkpointer's calls since the last line (below)
             }
         )
         if args.step_sleep:
@@ -430,10 +432,14 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.write(f"fault: SIGKILL rank {rank} after step {step}\n")
             sys.stderr.flush()
             os.kill(os.getpid(), signal.SIGKILL)
-        # saves every --save-every steps, and makes a SIGTERM's emergency save
+        # saves every --save-every steps, and makes a SIGTERM's emergency save; the time
+        # the loop spends here is the checkpoint stall, logged with the next step (the
+        # goodput soaks count it as lost time: bench.soak_accounting)
+        boundary = time.perf_counter()
         ckpt.step_boundary(step, objects, loss=total, blocking=not args.async_save)
         if step == args.steps and step % args.save_every:  # the last step, off schedule
             ckpt.save(step, objects, blocking=not args.async_save, loss=total)
+        ckpt_s = round(time.perf_counter() - boundary, 6)
         report = ckpt.last_save
         if report is not None and (step % args.save_every == 0 or step == args.steps):
             emit({"event": "save", "step": step, "seconds": report.seconds})

@@ -57,6 +57,32 @@ def test_goodput_counts_only_the_steps_that_survive_into_the_final_model() -> No
     assert recovery.lost_steps == 2
 
 
+def test_checkpoint_stalls_are_lost_time_only_on_the_surviving_steps() -> None:
+    """The trainer logs with each step the time its loop spent in the checkpointer's calls
+    since the previous step (`ckpt_s`): a blocking save's stall is not productive."""
+
+    def world(restored: int, steps: dict[int, float], stalls: dict[int, float]) -> list[str]:
+        out = [json.dumps({"event": "restore", "step": restored, "time": steps[restored + 1] - 1})]
+        out += [json.dumps({"step": s, "loss": float(s), "time": t, "ckpt_s": stalls.get(s, 0.0)})
+                for s, t in steps.items()]  # fmt: skip
+        return out
+
+    # attempt 1: steps 1-6, 1 s each, but step 5 took 1.5 s: 0.5 s of it the save of step 4
+    times = {1: 1.0, 2: 2.0, 3: 3.0, 4: 4.0, 5: 5.5, 6: 6.5}
+    one = acc.parse_attempt(1, world(0, times, {5: 0.5, 6: 0.0}))
+    # attempt 2 resumed from 4 (the saved step): attempt 1's steps 5-6 and their stall are lost
+    two = acc.parse_attempt(2, world(4, {5: 20.0, 6: 21.0, 7: 22.25}, {7: 0.25}))
+    attempts = {1: one, 2: two}
+    line = acc.lineage(attempts)
+    assert one.stalls == {5: 0.5} and two.stalls == {7: 0.25}
+    # surviving: attempt 1's steps 1-4 (4 s), attempt 2's 5-7 (3.25 s less 0.25 s of stall)
+    assert acc.productive_seconds(attempts, line) == pytest.approx(7.0)
+    assert acc.stall_seconds(attempts, line) == pytest.approx(0.25)
+    # a stall longer than its step's own time (a clock step) never counts negative
+    skew = acc.parse_attempt(3, world(0, {1: 1.0, 2: 2.0}, {2: 5.0}))
+    assert acc.productive_seconds({3: skew}, acc.lineage({3: skew})) == pytest.approx(1.0)
+
+
 def test_a_resume_from_a_step_no_attempt_logged_is_an_error() -> None:
     one = acc.parse_attempt(1, lines(0, {1: 1.0, 2: 2.0}))
     two = acc.parse_attempt(2, lines(5, {6: 9.0}))
