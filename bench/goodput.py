@@ -107,6 +107,10 @@ class SoakOptions:
     written, hashed and committed by a thread) instead of blocking every `save_every` steps:
     the example's `--async-save`. Off: the durable save to S3 holds the step (~0.55 s for
     the soak's model on this machine, every 100 steps)."""
+    drain_every: int = 0
+    """spec.checkpoint.fastTier.drainEverySteps (0: no drain). With a drain the durable tier
+    is fed by pod 0's progress sidecar publishing every `drain_every`-th fast step, off the
+    training processes; the trainers' own durable save is then only their last step."""
 
     def __post_init__(self) -> None:
         if self.fast_every < 0 or (self.fast_every and not self.in_place):
@@ -115,10 +119,16 @@ class SoakOptions:
             raise ValueError("warm spares (spares > 0) need in-place restarts")
         if self.preload and not self.in_place:
             raise ValueError("a warm standby interpreter (preload) needs in-place restarts")
+        if self.drain_every < 0 or (
+            self.drain_every and (not self.fast_every or self.drain_every % self.fast_every)
+        ):
+            raise ValueError("a drain (drain_every > 0) needs the fast tier, every "
+                             "fast_every-th step a multiple of it")  # fmt: skip
 
     def features(self) -> dict[str, Any]:
         return {"in_place": self.in_place, "fast_every": self.fast_every, "spares": self.spares,
-                "preload": self.preload, "async_save": self.async_save}  # fmt: skip
+                "preload": self.preload, "async_save": self.async_save,
+                "drain_every": self.drain_every}  # fmt: skip
 
     def nodes(self) -> int:
         return NODES + (self.spares + sum(CAPS.values()) if self.spares else 0)
@@ -129,15 +139,20 @@ class SoakOptions:
             return "whole world only"
         tier = f"fast tier every {self.fast_every} steps" if self.fast_every else "no fast tier"
         spares = f", {self.spares} warm spare(s)" if self.spares else ""
-        preload = ", warm standby interpreters" if self.preload else ""
+        preload = ", warm interpreters (a fork server per pod)" if self.preload else ""
         background = ", background durable saves" if self.async_save else ""
-        return f"in place, {tier}{spares}{preload}{background}"
+        drain = f", drained to S3 every {self.drain_every} steps" if self.drain_every else ""
+        return f"in place, {tier}{drain}{spares}{preload}{background}"
+
+    def trainer_save_every(self) -> int:
+        """The trainers' own durable interval: with a drain, only their last step."""
+        return self.steps if self.drain_every else self.save_every
 
 
 def _trainer_args(opts: SoakOptions) -> list[str]:
     return [
         f"--steps={opts.steps}",
-        f"--save-every={opts.save_every}",
+        f"--save-every={opts.trainer_save_every()}",
         f"--step-sleep={opts.step_sleep}",
         *(["--async-save"] if opts.async_save else []),
     ]
@@ -155,6 +170,8 @@ def job_body(opts: SoakOptions) -> dict[str, Any]:
         spec["recovery"] = {"inPlace": True, "inPlaceDeadlineSeconds": opts.in_place_deadline}
     if opts.fast_every:
         spec["checkpoint"]["fastTier"] = {"everySteps": opts.fast_every}
+    if opts.drain_every:
+        spec["checkpoint"]["fastTier"]["drainEverySteps"] = opts.drain_every
     if opts.spares:
         spec["spares"] = opts.spares
     container = spec["template"]["spec"]["containers"][0]
@@ -411,19 +428,22 @@ def _attempt_logs(platform: story.Options) -> dict[int, dict[int, list[str]]]:
 
 
 STARTED = re.compile(
-    r"rtj-shim supervise: generation (\d+): started \S+ (from its warm standby|cold)"
+    r"rtj-shim supervise: generation (\d+): started \S+ "
+    r"(from its warm standby|from the pod's fork server|cold)"
 )
 """The supervisor's line for each generation it starts (`rtj_shim.supervisor.Supervisor`)."""
 
 
 def generation_starts(platform: story.Options) -> list[dict[str, Any]]:
-    """Every trainer generation the pods' supervisors started, and whether from the pod's warm
-    standby (`spec.recovery.inPlacePreload`) or cold, from the containers' logs."""
+    """Every trainer generation the pods' supervisors started, and whether warm (forked from
+    the pod's fork server or handed to a standby: `spec.recovery.inPlacePreload`) or cold,
+    from the containers' logs."""
     root = platform.state / "runner" / "pods" / story.NAMESPACE
     out = []
     for f in sorted(root.glob(f"{JOB}-a*-*/containers/trainer/log")):
         for m in STARTED.finditer(f.read_text(errors="replace")):
-            out.append({"pod": f.parts[-4], "generation": int(m[1]), "warm": m[2] != "cold"})
+            out.append({"pod": f.parts[-4], "generation": int(m[1]), "warm": m[2] != "cold",
+                        "forked": m[2].endswith("fork server")})  # fmt: skip
     return out
 
 
@@ -483,8 +503,10 @@ def machine() -> str:
 def settings(opts: SoakOptions) -> dict[str, Any]:
     return {"steps": opts.steps, "mean time between faults": f"{opts.mtbf:.0f} s",
             "seed": opts.seed, "hangTimeoutSeconds": opts.hang_timeout,
-            "checkpoint every": f"{opts.save_every} steps"
-            + (" (in the background)" if opts.async_save else ""),
+            "checkpoint every": (f"{opts.drain_every} steps, drained from the fast tier "
+                                 "by pod 0's sidecar" if opts.drain_every else
+                                 f"{opts.save_every} steps"
+                                 + (" (in the background)" if opts.async_save else "")),
             "restart in place": (f"on (deadline {opts.in_place_deadline} s)"
                                  if opts.in_place else "off"),
             "fast tier": f"every {opts.fast_every} steps" if opts.fast_every else "off",
@@ -542,6 +564,10 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the trainer's durable saves in the background (save(blocking=False))",
     )
+    p.add_argument("--drain-every", type=int, default=0,
+                   help="spec.checkpoint.fastTier.drainEverySteps: the durable tier fed by "
+                   "the sidecar from the fast tier, the trainers saving only their last "
+                   "step (a multiple of --fast-every; 0: off)")  # fmt: skip
     p.add_argument("--preemption-hold", type=float, default=PREEMPTION_HOLD,
                    help="seconds a preemption's urgent workload keeps the quota once "
                    "admitted (%(default)s)")  # fmt: skip
@@ -558,7 +584,8 @@ def main(argv: list[str] | None = None) -> int:
     opts = SoakOptions(mtbf=args.mtbf, seed=args.seed, steps=args.steps, work=args.work,
                        in_place=args.in_place, fast_every=args.fast_every,
                        preemption_hold=args.preemption_hold, spares=args.spares,
-                       preload=args.preload, async_save=args.async_save)  # fmt: skip
+                       preload=args.preload, async_save=args.async_save,
+                       drain_every=args.drain_every)  # fmt: skip
     command = "python -m bench.goodput " + " ".join(
         sys.argv[1:] if argv is None else argv
     )  # fmt: skip
