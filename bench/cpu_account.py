@@ -33,6 +33,11 @@ VERSIONED = re.compile(r"-v\d+(\.\d+)*$")
 MODULES = {"e2e.podrunner": "pod runner", "moto.server": "S3 server (moto)"}
 
 
+WAITING = "fork server / warm standby (waiting)"
+"""A warm interpreter not running a trainer: its imports (once per pod for a fork server)."""
+WARM_TRAINER = "trainer (forked or handed over warm)"
+
+
 def component(argv: Sequence[str], waiting: bool = False) -> str | None:
     """The component a process belongs to, from its command line (`waiting`: a warm
     standby not yet handed its generation); None: not the soak's."""
@@ -47,7 +52,7 @@ def component(argv: Sequence[str], waiting: bool = False) -> str | None:
     if "ddp_train.py" in joined:  # the trainer, directly or handed to a warm standby
         if "rtj_shim.preload" not in argv:
             return "trainer"
-        return "warm standby (waiting)" if waiting else "trainer (handed from a warm standby)"
+        return WAITING if waiting else WARM_TRAINER
     if "rtj_operator" in joined:
         return "operator"
     for i, w in enumerate(words[:3]):
@@ -81,8 +86,8 @@ class CpuSampler(threading.Thread):
     """Samples every `every` seconds the processes started after it (one that `component`
     does not know counts as `other: <program>`); `totals()` once stopped. The CPU a process
     used since its previous sample goes to its component at this sample, so a warm standby
-    interpreter's import counts as `warm standby (waiting)` and its training, once handed
-    its generation, as `trainer (handed from a warm standby)`. The process that runs the
+    interpreter's import counts as `WAITING` and its training, once forked from it or handed
+    its generation, as `WARM_TRAINER`. The process that runs the
     sampler is counted as `harness` from its start."""
 
     def __init__(self, every: float = 2.0) -> None:

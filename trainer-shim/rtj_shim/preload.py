@@ -19,6 +19,21 @@ Only a Python interpreter's command can be preloaded (``python``, ``python3``,
 before, and the supervisor says so once. PyTorch's own forkserver preloading
 (``set_forkserver_preload``) is the same idea for multiprocessing.
 
+**Fork server** (``--fork``; what the supervisor uses first): a standby used once costs a
+whole import per generation, paid by every pod while the previous generation trains (on a
+node whose cores the trainers use, that CPU is theirs). A fork server imports once per pod
+and stays: for each start it reads the line, forks a child that forks the trainer and exits
+at once, and writes the trainer's pid as a line on fd N. The trainer, orphaned, is
+reparented to the supervisor (its subreaper, ``PR_SET_CHILD_SUBREAPER``), so the supervisor
+waits for it, signals its session and reaps it as if it had started it (`ForkedTrainer`).
+The trainer starts a session of its own, reads nothing (stdin is ``/dev/null``), takes the
+environment and runs the target as a standby does. Forking is safe only while the server
+started no GPU context and no thread of its own: it imports and waits, nothing else (torch's
+and NumPy's imports are fork-safe, as every ``DataLoader`` worker forked after them is); a
+server that finds CUDA initialized (a preloaded module did it) refuses (pid ``0``) and the
+supervisor falls back to a standby per generation. This is PyTorch's forkserver preloading
+(``set_forkserver_preload``) with the supervisor, not multiprocessing, as the parent.
+
 The environment travels as JSON over a pipe only the supervisor holds: no pickle, nothing
 from outside the pod. A module that fails to import ends the standby with 2 and a message
 before it is ready; the supervisor then starts that generation cold, and the later ones.
@@ -35,6 +50,7 @@ import runpy
 import select
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -44,6 +60,7 @@ MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 EXIT_IMPORT_FAILED = 2
 READY = b"r"
 READY_WAIT_SECONDS = 300.0  # a standby still importing after this is taken for hung
+FORK_WAIT_SECONDS = 30.0  # a fork server that has not said a forked trainer's pid by then
 
 
 @dataclass(frozen=True)
@@ -158,6 +175,139 @@ class Standby:
             self.proc.wait(5)
 
 
+class ForkedTrainer:
+    """A trainer the fork server forked, now the supervisor's child (reparented to it, the
+    subreaper): what the supervisor uses of a ``Popen``."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None  # as Popen's: negative for a signal
+
+    def poll(self) -> int | None:
+        if self.returncode is not None:
+            return self.returncode
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:  # reaped by the supervisor's orphan reaping, which sets
+            if self.returncode is None and not _exists(self.pid):  # returncode; or not ours
+                self.returncode = 1
+            return self.returncode
+        if pid:
+            self.returncode = exit_code(status)
+        return self.returncode
+
+    def wait(self) -> int:
+        while (code := self.poll()) is None:
+            time.sleep(0.02)
+        return code
+
+
+class ForkServer:
+    """The supervisor's side of a fork server: started once, then asked for each trainer."""
+
+    def __init__(self, command: PythonCommand, modules: Sequence[str], env: Mapping[str, str]):
+        self._reply, reply = os.pipe()
+        argv = [command.interpreter, *command.flags, "-m", __name__, "--modules",
+                ",".join(modules), "--ready-fd", str(reply), "--fork", "--",
+                *command.target]  # fmt: skip
+        self.ready: bool | None = None
+        self._buffer = b""
+        try:
+            self.proc: subprocess.Popen[bytes] = subprocess.Popen(
+                argv, env=dict(env), stdin=subprocess.PIPE, start_new_session=True,
+                pass_fds=(reply,),
+            )  # fmt: skip
+        finally:
+            os.close(reply)
+
+    def alive(self) -> bool:
+        return self.proc.returncode is None and self.proc.poll() is None
+
+    def check(self, timeout: float = 0.0) -> bool | None:
+        """Whether its modules are imported: True, False (it ended first), None (importing)."""
+        if self.ready is None:
+            word = self._read(1, timeout)
+            if word is not None:
+                self.ready = word == READY
+        return self.ready
+
+    def fork(self, env: Mapping[str, str]) -> ForkedTrainer | None:
+        """A trainer forked with ``env`` (waiting for the imports if still importing), or
+        None: the server refused or is gone (the caller gives it up)."""
+        stdin = self.proc.stdin
+        if stdin is None or self.check(READY_WAIT_SECONDS) is not True or not self.alive():
+            return None
+        try:
+            stdin.write(json.dumps({"env": dict(env)}).encode() + b"\n")
+            stdin.flush()
+        except (BrokenPipeError, OSError):
+            return None
+        line = self._line(FORK_WAIT_SECONDS)
+        try:
+            pid = int(line) if line is not None else 0
+        except ValueError:
+            pid = 0
+        return ForkedTrainer(pid) if pid > 0 else None
+
+    def drop(self) -> None:
+        """End the server (its stdin closed: it exits by itself; killed if not)."""
+        if self._reply >= 0:
+            os.close(self._reply)
+            self._reply = -1
+        if self.proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired, ChildProcessError):
+            self.proc.wait(2)
+        if self.alive():
+            self.proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired, ChildProcessError):
+            self.proc.wait(5)
+
+    def _read(self, size: int, timeout: float) -> bytes | None:
+        """``size`` bytes from the reply pipe within ``timeout`` (b"": it closed)."""
+        deadline = time.monotonic() + timeout
+        while len(self._buffer) < size:
+            if self._reply < 0:
+                return b""
+            left = max(0.0, deadline - time.monotonic())
+            readable, _, _ = select.select([self._reply], [], [], left)
+            if not readable:
+                return None
+            chunk = os.read(self._reply, 64)
+            if not chunk:
+                return b""
+            self._buffer += chunk
+        out, self._buffer = self._buffer[:size], self._buffer[size:]
+        return out
+
+    def _line(self, timeout: float) -> bytes | None:
+        line = b""
+        while not line.endswith(b"\n"):
+            char = self._read(1, timeout)
+            if not char:
+                return None
+            line += char
+        return line.strip()
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def exit_code(status: int) -> int:
+    """A wait status as ``Popen.returncode`` has it (negative: the signal)."""
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)
+    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1
+
+
 def _environment(line: bytes) -> dict[str, str]:
     body = json.loads(line)
     env = body.get("env") if isinstance(body, dict) else None
@@ -185,9 +335,12 @@ def _run(target: Sequence[str]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    fork = len(args) > 4 and args[4] == "--fork"
+    if fork:
+        del args[4]
     if len(args) < 6 or (args[0], args[2], args[4]) != ("--modules", "--ready-fd", "--"):
-        sys.stderr.write("usage: python -m rtj_shim.preload --modules A,B --ready-fd N -- "
-                         "TARGET...\n")  # fmt: skip
+        sys.stderr.write("usage: python -m rtj_shim.preload --modules A,B --ready-fd N "
+                         "[--fork] -- TARGET...\n")  # fmt: skip
         return EXIT_IMPORT_FAILED
     modules, ready, target = parse_modules(args[1]), int(args[3]), args[5:]
     for name in modules:
@@ -197,22 +350,101 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stderr.write(f"rtj-shim preload: importing {name} failed: {exc!r}\n")
             return EXIT_IMPORT_FAILED
     os.write(ready, READY)
-    os.close(ready)
-    line = sys.stdin.buffer.readline()
-    if not line:
-        return 0  # dropped unused
-    try:
-        env = _environment(line)
-    except ValueError as exc:
-        sys.stderr.write(f"rtj-shim preload: {exc}\n")
-        return EXIT_IMPORT_FAILED
+    if fork:
+        if not _serve(ready):
+            return 0  # the supervisor closed our stdin: the pod ends or gave us up
+    else:
+        os.close(ready)
+        line = sys.stdin.buffer.readline()
+        if not line:
+            return 0  # dropped unused
+        try:
+            env = _environment(line)
+        except ValueError as exc:
+            sys.stderr.write(f"rtj-shim preload: {exc}\n")
+            return EXIT_IMPORT_FAILED
+        _become_command(env)
+    _run(target)
+    return 0
+
+
+def _become_command(env: Mapping[str, str]) -> None:
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)  # the command's stdin: nothing, as the supervisor gives a cold one
     os.close(devnull)
     os.environ.clear()
     os.environ.update(env)
-    _run(target)
-    return 0
+
+
+def _serve(reply: int) -> bool:
+    """The fork server's loop: one trainer per line read. Returns False when stdin closes
+    (the server exits), True in a forked trainer (which then runs the target)."""
+    while line := sys.stdin.buffer.readline():
+        try:
+            env = _environment(line)
+        except ValueError as exc:
+            sys.stderr.write(f"rtj-shim preload: {exc}\n")
+            os.write(reply, b"0\n")
+            continue
+        refused = fork_refusal()
+        if refused is not None:
+            sys.stderr.write(f"rtj-shim preload: not forking: {refused}\n")
+            os.write(reply, b"0\n")
+            continue
+        pid = _fork_trainer()
+        if pid == 0:  # the trainer
+            os.close(reply)
+            os.setsid()
+            _become_command(env)
+            return True
+        os.write(reply, f"{max(pid, 0)}\n".encode())
+    return False
+
+
+def fork_refusal() -> str | None:
+    """Why this process must not fork a trainer (None: it may): a CUDA context a child
+    could not use (a preloaded module initialized it)."""
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if cuda is not None and cuda.is_initialized():
+        return "CUDA is initialized in the fork server (a forked child cannot use it)"
+    return None
+
+
+def _fork_trainer() -> int:
+    """Fork twice: 0 in the trainer; in the server, the trainer's pid once the middle
+    process exited (the trainer is then the supervisor's child), or -1 if a fork failed."""
+    sys.stdout.flush()  # nothing buffered is written twice
+    sys.stderr.flush()
+    r, w = os.pipe()
+    try:
+        middle = os.fork()
+    except OSError:
+        os.close(r)
+        os.close(w)
+        return -1
+    if middle == 0:  # the middle process: fork the trainer, say its pid, exit
+        trainer = -1
+        try:
+            os.close(r)
+            trainer = os.fork()
+            if trainer == 0:
+                os.close(w)
+                return 0
+            os.write(w, f"{trainer}".encode())
+        finally:
+            if trainer != 0:
+                os._exit(0)
+    os.close(w)
+    said = b""
+    while chunk := os.read(r, 64):  # until the middle process exits
+        said += chunk
+    os.close(r)
+    os.waitpid(middle, 0)
+    try:
+        return int(said)
+    except ValueError:
+        return -1
 
 
 if __name__ == "__main__":

@@ -129,8 +129,16 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "--preload",
         default="",
         metavar="MODULE,...",
-        help="keep a warm standby interpreter with these modules imported for the next "
-        "generation (a Python interpreter's command only; others start cold)",
+        help="keep a warm interpreter with these modules imported for the next generation "
+        "(a Python interpreter's command only; others start cold)",
+    )
+    sup.add_argument(
+        "--preload-fork",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="fork each generation's trainer from one interpreter per pod that imported the "
+        "modules once (default); --no-preload-fork: a fresh standby interpreter per "
+        "generation, for modules that are not fork-safe (they start threads or a GPU context)",
     )
     sup.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
@@ -202,6 +210,7 @@ def supervise(args: argparse.Namespace) -> int:
         stop_grace=args.stop_grace,
         order_deadline=args.order_deadline,
         preload_modules=_modules(args.preload),
+        preload_fork=args.preload_fork,
     ).run()
 
 

@@ -1,27 +1,45 @@
-"""The supervisor's warm standby (``rtj-shim supervise --preload``): at most one
-`rtj_shim.preload.Standby` per pod, started ahead of the next generation, handed the
-generation's environment when it starts, and given up on for good once one fails.
+"""The supervisor's warm interpreters (``rtj-shim supervise --preload``): a fork server per
+pod (`rtj_shim.preload.ForkServer`), which imports once and forks every generation's
+trainer, and, when it cannot be used, a `rtj_shim.preload.Standby` per generation, started
+ahead of it and handed its environment; given up on for good once that fails too.
 
-The supervisor says *when* a standby is wanted (its generation's state); the keeper owns
-the process: starting it, noticing that it is ready or that it ended, handing it over,
-dropping it. A failure of any kind (the interpreter cannot start, an import fails, the
-process ends before it is used) makes every later generation start cold, with one line
-saying so: a standby that failed once would fail again.
+The supervisor says *when* a warm interpreter is wanted (its generation's state); the
+keeper owns the process: starting it, noticing that it is ready or that it ended, taking a
+trainer from it, dropping it. A fork server that ends or refuses to fork (a preloaded
+module initialized CUDA) leaves the next generations to per-generation standbys, with one
+line saying so; a standby that fails makes every later generation start cold, with one
+line: a warm interpreter that failed once would fail again.
 """
 
 from __future__ import annotations
 
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
 
 from rtj_shim import preload
 
 READINESS = {None: "importing", True: "ready", False: "failed"}
-"""The report's word for a standby's `preload.Standby.ready`."""
+"""The report's word for a warm interpreter's readiness (`preload.Standby.ready`)."""
+
+
+class Trainer(Protocol):
+    """What the supervisor uses of its trainer's process (a ``Popen`` or a
+    `preload.ForkedTrainer`)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self) -> int: ...
 
 
 class StandbyKeeper:
-    """One warm standby at a time for ``argv``, importing ``modules`` first."""
+    """The warm interpreter for ``argv``, importing ``modules`` first: a fork server, or one
+    standby at a time."""
 
     def __init__(
         self,
@@ -29,34 +47,48 @@ class StandbyKeeper:
         modules: Sequence[str],
         env: Mapping[str, str],
         say: Callable[[str], None],
+        *,
+        fork: bool = True,
     ) -> None:
         self.modules = tuple(modules)
         self.env = dict(env)
         self._say = say
         self.command = preload.split_command(argv) if self.modules else None
-        self.standby: preload.Standby | None = None
+        self.forking = fork  # the fork server first; per-generation standbys once it failed
+        self.standby: preload.Standby | preload.ForkServer | None = None
         if self.modules and self.command is None:
             say(f"--preload: {argv[0]} is not a Python interpreter; every generation starts cold")
 
     @property
+    def source(self) -> str:
+        """Where the next trainer comes from, in words."""
+        return "from the pod's fork server" if self.forking else "from its warm standby"
+
+    @property
     def proc(self) -> subprocess.Popen[bytes] | None:
-        """The waiting standby's process (not yet the command's), if any."""
+        """The warm interpreter's process while it is not a trainer (the fork server always)."""
         return self.standby.proc if self.standby is not None else None
 
     def report(self) -> str | None:
-        """``importing``, ``ready``, or None when no standby waits."""
+        """``importing``, ``ready``, or None when no warm interpreter waits."""
         return None if self.standby is None else READINESS[self.standby.ready]
 
-    def take(self, env: Mapping[str, str]) -> subprocess.Popen[bytes] | None:
-        """The command started in the standby with ``env`` (waiting for its imports if it is
-        still importing; one is started now if none waits), or None: start it cold."""
+    def take(self, env: Mapping[str, str]) -> Trainer | None:
+        """The command started warm with ``env`` (forked from the server, or in the standby:
+        waiting for its imports if they are still running; started now if none waits), or
+        None: start it cold."""
         if self.command is None:
             return None
+        if self.forking:
+            trainer = self._fork(env)
+            if trainer is not None or self.command is None:
+                return trainer
         try:
             standby = self.standby or preload.Standby(self.command, self.modules, self.env)
         except OSError as exc:
             self._give_up(f"no warm standby ({exc}): starting cold")
             return None
+        assert isinstance(standby, preload.Standby)
         self.standby = None
         child = standby.hand_over(env)
         if child is None:
@@ -65,8 +97,26 @@ class StandbyKeeper:
                           "ready: starting cold, and the later generations too")  # fmt: skip
         return child
 
+    def _fork(self, env: Mapping[str, str]) -> Trainer | None:
+        assert self.command is not None
+        try:
+            server = self.standby or preload.ForkServer(self.command, self.modules, self.env)
+        except OSError as exc:  # the interpreter cannot be started: nor can a cold start
+            self._give_up(f"no fork server ({exc}): starting cold")
+            return None
+        assert isinstance(server, preload.ForkServer)
+        self.standby = server
+        trainer = server.fork(env)
+        if trainer is None and server.ready is not True:  # its imports failed: a standby's
+            server.drop()  # would too
+            self._give_up(f"the fork server ended ({server.proc.returncode}) before it was "
+                          "ready: starting cold, and the later generations too")  # fmt: skip
+        elif trainer is None:
+            self._fall_back(server, "could not fork the trainer")
+        return trainer
+
     def keep(self, wanted: bool) -> bool:
-        """Check the waiting standby, or start one when ``wanted`` and none waits. Whether
+        """Check the warm interpreter, or start one when ``wanted`` and none waits. Whether
         the report changed (one started, turned ready, or was given up on)."""
         if self.command is None:
             return False
@@ -74,23 +124,35 @@ class StandbyKeeper:
             was = self.standby.ready
             if self.standby.alive() and self.standby.check() is not False:
                 return self.standby.ready != was
+            if isinstance(self.standby, preload.ForkServer) and self.standby.ready:
+                self._fall_back(self.standby, "ended")
+                return True
+            what = "fork server" if self.forking else "warm standby"
             self.standby.drop()  # its pipes closed, the process reaped
-            self._give_up(f"the warm standby ended ({self.standby.proc.returncode}) before it "
+            self._give_up(f"the {what} ended ({self.standby.proc.returncode}) before it "
                           "was used: later generations start cold")  # fmt: skip
             return True
         if not wanted:
             return False
         try:
-            self.standby = preload.Standby(self.command, self.modules, self.env)
+            self.standby = (preload.ForkServer if self.forking else preload.Standby)(
+                self.command, self.modules, self.env
+            )
         except OSError as exc:  # the interpreter cannot be started: nor can a cold start
             self._give_up(f"no warm standby ({exc}): later generations start cold")
         return True
 
     def drop(self) -> None:
-        """End the waiting standby, if any (a stop spares it; the pod's end does not)."""
+        """End the warm interpreter, if any (a stop spares it; the pod's end does not)."""
         if self.standby is not None:
             self.standby.drop()
             self.standby = None
+
+    def _fall_back(self, server: preload.ForkServer, why: str) -> None:
+        server.drop()
+        self.standby, self.forking = None, False
+        self._say(f"the fork server {why} ({server.proc.returncode}): each later generation "
+                  "starts from a standby of its own")  # fmt: skip
 
     def _give_up(self, line: str) -> None:
         self.standby, self.command = None, None

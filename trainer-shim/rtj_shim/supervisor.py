@@ -44,13 +44,15 @@ issue 15). Orders and reports travel through the pod's control directory (`rtj_s
   earlier generation still running on a lost node (a zombie) is older than ``a.g`` and may
   not publish (`rtj_shim.protocol.check_ownership`).
 
-- With ``preload`` (``--preload torch,...``) every start goes through a warm standby
-  interpreter (`rtj_shim.preload`, kept by `rtj_shim.standby`): the next generation's
-  Python process, its modules imported ahead of the order, kept one per pod and started
-  again once a generation's trainer has written its progress record (its own imports are
-  done) or has run ``STANDBY_AFTER_SECONDS``, at once while the command is not running. A
-  command that is not a Python interpreter's starts cold. The report's ``preloaded`` says
-  which it was, and ``standby`` whether the next one is ``importing`` or ``ready``.
+- With ``preload`` (``--preload torch,...``) every start goes through a warm interpreter
+  (`rtj_shim.preload`, kept by `rtj_shim.standby`) whose modules were imported ahead of the
+  order: the pod's fork server, which imports once and forks each generation's trainer (the
+  trainer is reparented to us, its subreaper, and reaped here like a child we started);
+  if the server cannot fork, a standby per generation, the next one started once a
+  generation's trainer has written its progress record (its own imports are done) or has
+  run ``STANDBY_AFTER_SECONDS``, at once while the command is not running. A command that
+  is not a Python interpreter's starts cold. The report's ``preloaded`` says which it was,
+  and ``standby`` whether the warm interpreter is ``importing`` or ``ready``.
 
 `next_action` is the pure decision; `Supervisor` is the I/O around it.
 """
@@ -80,9 +82,10 @@ from rtj_shim.control import (
     writer_attempt,
 )
 from rtj_shim.control import parse_order as _parse_order
+from rtj_shim.preload import exit_code
 from rtj_shim.progress import ENV_DIR
 from rtj_shim.progress_record import FILE_PREFIX, FILE_SUFFIX
-from rtj_shim.standby import StandbyKeeper
+from rtj_shim.standby import StandbyKeeper, Trainer
 
 PR_SET_CHILD_SUBREAPER = 36
 ENV_INDEX_FAILURES = "RTJ_INDEX_FAILURES"
@@ -155,6 +158,7 @@ class Supervisor:
         order_deadline: float = 60.0,
         env: Mapping[str, str] | None = None,
         preload_modules: Sequence[str] = (),
+        preload_fork: bool = True,
     ) -> None:
         if not argv:
             raise OrderError("supervise: expected the trainer's command after --")
@@ -166,7 +170,7 @@ class Supervisor:
         self.env = dict(os.environ if env is None else env)
         attempt = self.env.get("RTJ_ATTEMPT", "")
         self.current = Supervised(0, "stopped", int(attempt) if attempt.isdigit() else None)
-        self.child: subprocess.Popen[bytes] | None = None
+        self.child: Trainer | None = None
         self._terminated = False
         self._exited_at: float | None = None
         failures = self.env.get(ENV_INDEX_FAILURES, "")
@@ -174,7 +178,9 @@ class Supervisor:
         self.held = self.spare or (failures.isdigit() and int(failures) > 0)
         self.assigned: dict[str, str] = {}  # the rank and rendezvous host orders gave it
         self.addressed = self.spare  # an order reached it: the operator knows it is held
-        self.standbys = StandbyKeeper(self.argv, preload_modules, self.env, self._say)
+        self.standbys = StandbyKeeper(
+            self.argv, preload_modules, self.env, self._say, fork=preload_fork
+        )
         self.preloaded = False  # the running generation started from a standby
         self._started_at = 0.0
 
@@ -248,7 +254,7 @@ class Supervisor:
     # --- transitions -----------------------------------------------------------------------
     def _start(self, env: Mapping[str, str], attempt: int | None) -> None:
         generation = self.current.generation
-        child = self.standbys.take(env)
+        child: Trainer | None = self.standbys.take(env)
         self.preloaded = child is not None
         if child is None:
             child = subprocess.Popen(
@@ -257,7 +263,7 @@ class Supervisor:
         self.child, self._started_at = child, time.monotonic()
         self._set(replace(self.current, state="running", attempt=attempt, exit_code=None,
                           rejected=None))  # fmt: skip
-        how = "from its warm standby" if self.preloaded else "cold"
+        how = self.standbys.source if self.preloaded else "cold"
         self._say(f"generation {generation}: started {self.argv[0]} {how} (pid {child.pid})")
 
     # --- the warm standby (rtj_shim.standby) -----------------------------------------------
@@ -370,7 +376,7 @@ class Supervisor:
                     return
                 for proc in ours:
                     if pid == proc.pid and proc.returncode is None:
-                        proc.returncode = _exit_code(status)  # reaped here, not by Popen
+                        proc.returncode = exit_code(status)  # reaped here, not by Popen
 
     def _on_sigterm(self, signum: int, frame: object) -> None:
         self._terminated = True
@@ -404,12 +410,6 @@ class Supervisor:
 
 def _encode(body: dict[str, object]) -> bytes:
     return json.dumps(body).encode()
-
-
-def _exit_code(status: int) -> int:
-    if os.WIFSIGNALED(status):
-        return -os.WTERMSIG(status)
-    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1
 
 
 def _become_subreaper() -> None:

@@ -54,11 +54,12 @@ class Pod:
         deadline: float = 30,
         env: dict[str, str] | None = None,
         preload: str = "",
+        fork: bool = True,
     ) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(
             [RTJ_SHIM, "supervise", "--control-dir", str(self.control), "--grace", "1",
              "--stop-grace", "1", "--order-deadline", str(deadline), "--preload", preload,
-             "--", *argv],
+             *([] if fork else ["--no-preload-fork"]), "--", *argv],
             env={**os.environ, "RTJ_ATTEMPT": "1", **(env or {})},
         )  # fmt: skip
         self.procs.append(proc)

@@ -9,6 +9,7 @@ follow ends the supervisor with its code. Every process started here is stopped 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -213,25 +214,82 @@ time.sleep(300)
 """
 
 
-def _standbys(supervisor: int) -> list[int]:
-    """The supervisor's descendants started as a warm standby (`rtj_shim.preload`)."""
+def _standbys(supervisor: int, waiting: bool = False) -> list[int]:
+    """The supervisor's descendants started as a warm interpreter (`rtj_shim.preload`;
+    `waiting`: only those not running a trainer, a fork server or a standby)."""
     out = []
     for pid in descendants(supervisor):
         try:
-            if b"rtj_shim.preload" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                out.append(pid)
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
+        if b"rtj_shim.preload" in cmdline and (not waiting or _reads_a_pipe(pid)):
+            out.append(pid)
     return out
 
 
-def test_with_preload_each_generation_starts_from_a_standby_that_imported_ahead(
+def _reads_a_pipe(pid: int) -> bool:
+    """A warm interpreter reads its orders from the supervisor's pipe; a trainer's stdin
+    is /dev/null."""
+    try:
+        return os.readlink(f"/proc/{pid}/fd/0").startswith("pipe:")
+    except OSError:
+        return False
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_with_preload_every_generation_is_forked_from_one_server_that_imported_once(
     pod: Pod,
 ) -> None:
-    """``--preload``: the command runs in a standby interpreter that imported the modules
-    before it was handed the generation's environment; while stopped, the next standby waits,
-    and it is the process the run order starts; a pod's deletion ends the standby too."""
+    """``--preload``: one fork server per pod imports the modules once; each generation's
+    trainer is forked from it with the generation's environment, in a session of its own,
+    and is the supervisor's child (reparented to it, the subreaper), which stops and reaps
+    it; the server outlives the stops; a pod's deletion ends it too."""
     sup = pod.supervise(sys.executable, "-c", PRELOADED, str(pod.out), preload="decimal")
+    first = json.loads(until("generation 0", lambda: _read(pod.out / "gen-0.json")))
+    assert first["preloaded"] and first["argv"] == ["-c", str(pod.out)]
+    assert (first["attempt"], first["stdin"]) == ("1", ""), "its own env; stdin empty"
+    (server,) = until("the fork server", lambda: _standbys(sup.pid, waiting=True))
+    assert _parent(first["pid"]) == sup.pid, "the forked trainer is the supervisor's child"
+    assert os.getsid(first["pid"]) == first["pid"], "in a session of its own"
+    report = pod.supervisor() or {}
+    assert (report["preloaded"], report["standby"]) == (True, "ready")
+
+    assert pod.post(Order(UID, 1, "stop"))[0] == 202
+    until("stopped", lambda: (pod.supervisor() or {}).get("state") == "stopped")
+    assert not alive(first["pid"]) and alive(server), "the stop left the server alone"
+
+    assert pod.post(Order(UID, 1, "run", attempt=2, step=40))[0] == 202
+    second = json.loads(until("generation 1", lambda: _read(pod.out / "gen-1.json")))
+    assert second["pid"] not in (first["pid"], server) and _parent(second["pid"]) == sup.pid
+    assert second["preloaded"] and (second["attempt"], second["generation"]) == ("2.1", "1")
+    assert _standbys(sup.pid, waiting=True) == [server], "no new import for generation 1"
+
+    sup.send_signal(signal.SIGTERM)
+    sup.wait(20)
+    assert not alive(second["pid"]) and not alive(server)
+
+
+def test_a_generation_whose_trainer_exits_is_reaped_with_its_code(pod: Pod) -> None:
+    """A forked trainer's exit code reaches the supervisor (it is its child): reported as
+    ``exited`` with the code, as a trainer the supervisor started itself."""
+    pod.supervise(sys.executable, "-c", "import sys; sys.exit(7)", preload="decimal")
+    report = until("exited", lambda: (r := pod.supervisor() or {}).get("state") == "exited" and r)
+    assert (report["exit_code"], report["preloaded"]) == (7, True)
+
+
+def test_without_fork_each_generation_starts_from_a_standby_that_imported_ahead(
+    pod: Pod,
+) -> None:
+    """``--no-preload-fork``: the command runs in a standby interpreter that imported the
+    modules before it was handed the generation's environment; while stopped, the next
+    standby waits, and it is the process the run order starts; a pod's deletion ends the
+    standby too."""
+    sup = pod.supervise(sys.executable, "-c", PRELOADED, str(pod.out), preload="decimal",
+                        fork=False)  # fmt: skip
     first = json.loads(until("generation 0", lambda: _read(pod.out / "gen-0.json")))
     assert first["preloaded"] and first["argv"] == ["-c", str(pod.out)]
     assert (first["attempt"], first["stdin"]) == ("1", ""), "its own env; stdin empty"

@@ -24,8 +24,8 @@ def test_each_process_of_a_soak_has_its_component() -> None:
                       "--", "python", "examples/ddp_train.py"]) == "rtj-shim supervise"  # fmt: skip
     assert component([f"{VENV}/python", "-u", "examples/ddp_train.py", "--steps=10"]) == "trainer"
     standby = [f"{VENV}/python", "-m", "rtj_shim.preload", "examples/ddp_train.py"]
-    assert component(standby, waiting=True) == "warm standby (waiting)"
-    assert component(standby) == "trainer (handed from a warm standby)"
+    assert component(standby, waiting=True) == "fork server / warm standby (waiting)"
+    assert component(standby) == "trainer (forked or handed over warm)"
     assert component([f"{VENV}/python", f"{VENV}/rtj-shim", "progress-server", "--dir", "/p"]) == (
         "rtj-shim progress-server"
     )

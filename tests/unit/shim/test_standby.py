@@ -1,12 +1,20 @@
-"""The supervisor's standby keeper (`rtj_shim.standby`): when it starts a standby, and that
-any failure makes every later generation start cold, said once."""
+"""The supervisor's warm-interpreter keeper (`rtj_shim.standby`): the fork server that
+imports once and forks every trainer, the fall back to a standby per generation when it
+ends, and that a failed import makes every later generation start cold, said once."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
+import types
+from pathlib import Path
+from typing import Any
 
+import pytest
+
+from rtj_shim import preload
 from rtj_shim.standby import StandbyKeeper
 
 
@@ -50,7 +58,7 @@ def test_only_a_wanted_standby_is_started_and_it_turns_ready() -> None:
     assert keeper.report() is None and said == []
 
 
-def test_a_standby_whose_import_fails_is_given_up_on_for_good() -> None:
+def test_a_warm_interpreter_whose_import_fails_is_given_up_on_for_good() -> None:
     said: list[str] = []
     keeper = _keeper([sys.executable, "-c", "pass"], ["no_such_module_rtj"], said)
     assert keeper.keep(wanted=True) is True
@@ -62,3 +70,85 @@ def test_a_standby_whose_import_fails_is_given_up_on_for_good() -> None:
     assert len(said) == 1 and "before it was used: later generations start cold" in said[0]
     assert keeper.keep(wanted=True) is False  # never again
     assert keeper.take({}) is None
+
+
+# writes its pid, parent's pid and the environment's RTJ_GENERATION to OUT-<generation>.json
+WRITES = """
+import json, os, sys
+out = sys.argv[1] + "-" + os.environ["RTJ_GENERATION"] + ".json"
+body = {"pid": os.getpid(), "sid": os.getsid(0), "decimal": "decimal" in sys.modules,
+        "stdin": sys.stdin.read(), "env": dict(os.environ)}
+open(out + ".tmp", "w").write(json.dumps(body)); os.replace(out + ".tmp", out)
+"""
+
+
+def _ready(keeper: StandbyKeeper) -> None:
+    deadline = time.monotonic() + 30
+    while keeper.report() != "ready" and time.monotonic() < deadline:
+        keeper.keep(wanted=True)
+        time.sleep(0.05)
+    assert keeper.report() == "ready"
+
+
+def _written(path: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 30
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    body: dict[str, Any] = json.loads(Path(path).read_text())
+    return body
+
+
+def test_the_fork_server_imports_once_and_forks_every_trainer(tmp_path: Path) -> None:
+    said: list[str] = []
+    out = str(tmp_path / "gen")
+    keeper = _keeper([sys.executable, "-c", WRITES, out], ["decimal"], said)
+    try:
+        _ready(keeper)
+        server = keeper.proc
+        assert server is not None
+        trainers = [keeper.take({"RTJ_GENERATION": str(g), "PATH": os.environ["PATH"]})
+                    for g in (0, 1)]  # fmt: skip
+        bodies = [_written(f"{out}-{g}.json") for g in (0, 1)]
+        for trainer, body in zip(trainers, bodies, strict=True):
+            assert isinstance(trainer, preload.ForkedTrainer) and trainer.pid == body["pid"]
+            assert body["decimal"] and body["stdin"] == "", "imported before; stdin empty"
+            assert body["sid"] == body["pid"], "a session of its own"
+            assert set(body["env"]) == {"RTJ_GENERATION", "PATH"}, "only the given environment"
+        assert bodies[0]["pid"] != bodies[1]["pid"] != server.pid
+        assert keeper.proc is server and server.poll() is None, "one server for every generation"
+        assert keeper.report() == "ready" and said == []
+    finally:
+        keeper.drop()
+    assert server.returncode is not None, "dropped: the server ended"
+
+
+def test_a_fork_server_that_ends_leaves_later_generations_to_standbys(tmp_path: Path) -> None:
+    said: list[str] = []
+    out = str(tmp_path / "gen")
+    keeper = _keeper([sys.executable, "-c", WRITES, out], ["decimal"], said)
+    try:
+        _ready(keeper)
+        server = keeper.proc
+        assert server is not None
+        server.kill()
+        server.wait(10)
+        assert keeper.keep(wanted=True) is True
+        assert said == ["the fork server ended (-9): each later generation starts from a "
+                        "standby of its own"]  # fmt: skip
+        _ready(keeper)  # a standby now, started because one is wanted
+        standby = keeper.proc
+        child = keeper.take({"RTJ_GENERATION": "1"})
+        assert child is standby, "the standby became the trainer"
+        assert _written(f"{out}-1.json")["pid"] == standby.pid
+        assert child.wait() == 0
+    finally:
+        keeper.drop()
+
+
+def test_a_server_with_cuda_initialized_refuses_to_fork(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert preload.fork_refusal() is None  # this process: no CUDA context
+    cuda = types.SimpleNamespace(is_initialized=lambda: True)
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    assert preload.fork_refusal() == (
+        "CUDA is initialized in the fork server (a forked child cannot use it)"
+    )
