@@ -2,10 +2,12 @@
 
 Writes ``<out>/rank-<r>.json``: the steps at which ``step_boundary()`` saved on this rank.
 
-1. every_seconds: only rank 1's interval has passed (rank 0's is an hour); the flag is
-   reduced over ranks, so both save at every step;
-2. save if improved: only rank 0 evaluates (rank 1 passes None); both save when rank 0's
-   metric improved, and only then.
+1. every_seconds, no metric monitored (the agreement one boundary late): only rank 1's
+   interval has passed (rank 0's is an hour); the flag is reduced over ranks and acted on at
+   the next boundary, so both save at steps 2 and 4: the flag raised at a boundary that
+   saved is dropped (that save reset the interval);
+2. save if improved (monitor=, the agreement synchronous): only rank 0 evaluates (rank 1
+   passes None); both save when rank 0's metric improved, at that step, and only then.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ def main(root: Path, out: Path) -> int:
     seen: dict[str, list[int]] = {"time": [], "metric": []}
 
     timed = Checkpointer(root / "time", every_seconds=3600.0 if rank == 0 else 1e-9)
-    for step in range(1, 4):
+    for step in range(1, 6):
         if timed.step_boundary(step, state) is not None:
             seen["time"].append(step)
 

@@ -25,6 +25,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable, Mapping, MutableMapping
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from rtj_shim.layout import step_key
 from rtj_shim.protocol import CommitProtocol, retention_from_env
 from rtj_shim.storage import CheckpointStore, open_store
 from rtj_shim.torch import _dist, fast_save, fingerprint, resave, rng
+from rtj_shim.torch.agreement import StepAgreement
 from rtj_shim.torch.capture import (
     FORMAT,
     SKELETON,
@@ -120,7 +122,7 @@ class Checkpointer:
         replicated: Iterable[str] = (),
         every_steps: int | None = None,
         every_seconds: float | None = None,
-        monitor: str = "metric",
+        monitor: str | None = None,
         mode: Mode = "min",
         keep_last: int | None = None,
         keep_best: int = 0,
@@ -202,7 +204,7 @@ class Checkpointer:
             io_workers=self.io_workers, staging_dir=self.staging_dir,
         )  # fmt: skip
         self._coord: _dist.Coordinator | None = None
-        self._control: _dist.Coordinator | None = None
+        self._agreement: StepAgreement | None = None
         self._inflight: threading.Thread | None = None
         self._error: BaseException | None = None
         self._restored_once = False
@@ -365,7 +367,8 @@ class Checkpointer:
             )
         durable = decision.get("tier") != "fast"
         self._published = step if durable else self._published  # a fast step is not durable
-        self._best = best_from(manifest.extra, self.schedule.monitor)
+        monitor = self.schedule.monitor
+        self._best = None if monitor is None else best_from(manifest.extra, monitor)
         self._last_save_at = time.monotonic()
         now = classify(objects, self.rank_local, self.replicated)  # values written back
         restored = [e for e in now if e.name not in applied.missing]
@@ -414,42 +417,44 @@ class Checkpointer:
     ) -> SaveReport | None:
         """Collective; call after every completed step. Saves ``step`` when the schedule
         says so (``every_steps``, ``every_seconds``) or when ``metric`` (rank 0's value;
-        other ranks may pass None) improved on the best so far; every rank takes the same
-        decision from one reduction. Returns the report of a blocking save it made.
+        other ranks may pass None; needs ``monitor``) improved on the best so far; every
+        rank takes the same decision from one reduction (rtj_shim.torch.agreement: one
+        boundary late unless a metric is monitored, so a SIGTERM or a passed interval acts
+        at the next boundary). Returns the report of a blocking save it made.
 
         Arms the SIGTERM handler on first use; when a SIGTERM arrived on any rank, every
         rank saves ``step`` (unless already published) within the deadline and exits with
         ``emergency_exit_code``."""
         progress.step_done(step)  # the pod's progress server reports it (rtj_shim.progress)
         self._sigterm.install()
-        control = self._control_coordinator()
         value = None if metric is None else as_float(metric)
+        if value is not None and self.schedule.monitor is None:
+            raise ValueError(f"step_boundary(step={step}, metric=...): the Checkpointer has "
+                             "no monitor; construct it with monitor=NAME to save when NAME "
+                             "improves")  # fmt: skip
         if value is not None and self._fast is not None:
             self._fast.durable_schedule["by_metric"] = True
-        mine = [
-            1.0 if self._sigterm.requested else 0.0,
-            1.0 if self.schedule.time_due(time.monotonic() - self._last_save_at) else 0.0,
-            metric_flag(value) if control.rank == 0 else 0.0,
-            value
-            if control.rank == 0 and value is not None and math.isfinite(value)
-            else -math.inf,
-        ]
-        if control.world > 1:  # a wait for the slowest rank: a hang verdict looks past it
-            with progress.section("collective"):
-                sigterm, time_due, has_metric, agreed = control.max_floats(mine)
-        else:
-            sigterm, time_due, has_metric, agreed = mine
-        if sigterm:
+        agreement = self._step_agreement()
+        rank0 = agreement.coordinator.rank == 0
+        with progress.section("collective") if agreement.coordinator.world > 1 else nullcontext():
+            agreed = agreement.agree(  # a wait for the slowest rank: a hang verdict looks past it
+                self._sigterm.requested,
+                self.schedule.time_due(time.monotonic() - self._last_save_at),
+                metric_flag(value) if rank0 else 0.0,
+                value if rank0 and value is not None and math.isfinite(value) else -math.inf,
+                self._last_save_at,
+            )
+        if agreed.sigterm:
             self._emergency(step, objects)
-        if has_metric == 2.0 and control.rank == 0:
+        if agreed.metric_flag == 2.0 and rank0:
             log.warning("step %d: %s is %s; not recorded", step, self.schedule.monitor, value)
-        best_metric = agreed if has_metric == 1.0 else None
-        decision = decide_save(self.schedule, step, bool(time_due), best_metric, self._best)
+        best_metric = agreed.metric if agreed.metric_flag == 1.0 else None
+        decision = decide_save(self.schedule, step, agreed.time_due, best_metric, self._best)
         if self._fast is not None and self._fast.config.due(step):
             self._fast_save(step, objects)
         if not decision.save:
             return None
-        if control.rank == 0:
+        if rank0:
             log.info("saving step %d (%s)", step, decision.why)
         return self.save(step, objects, blocking=blocking, loss=loss, metric=best_metric)
 
@@ -467,6 +472,8 @@ class Checkpointer:
 
     def close(self) -> None:
         self.wait()
+        if self._agreement is not None:
+            self._agreement.close()
         if self._fast is not None:
             self._fast.close()
         self._staging.remove_fences()
@@ -493,11 +500,18 @@ class Checkpointer:
             raise CheckpointError(f"restore: {decision['error']}")
         return decision
 
-    def _control_coordinator(self) -> _dist.Coordinator:
-        if self._control is None:
+    def _step_agreement(self) -> StepAgreement:
+        """The per-boundary reduction on the Checkpointer's control group (its own: a
+        background save's collectives run on the other); one boundary late unless a metric
+        is monitored (rtj_shim.torch.agreement)."""
+        if self._agreement is None:
             self._coordinator()
-            self._control = _dist.Coordinator(self.collective_timeout_s)
-        return self._control
+            self._agreement = StepAgreement(
+                _dist.Coordinator(self.collective_timeout_s),
+                lagged=self.schedule.monitor is None,
+                timeout_s=self.collective_timeout_s,
+            )
+        return self._agreement
 
     def _background(self, job: SaveJob, coord: _dist.Coordinator) -> None:
         try:

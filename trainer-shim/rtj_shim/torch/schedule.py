@@ -37,7 +37,7 @@ class Best:
 class Schedule:
     every_steps: int | None = None
     every_seconds: float | None = None
-    monitor: str = "metric"
+    monitor: str | None = None  # the metric whose improvement saves (None: no such saves)
     mode: Mode = "min"
 
     def __post_init__(self) -> None:
@@ -47,6 +47,8 @@ class Schedule:
             raise ValueError(f"every_seconds must be > 0, got {self.every_seconds}")
         if self.mode not in ("min", "max"):
             raise ValueError(f"mode must be 'min' or 'max', got {self.mode!r}")
+        if self.monitor is not None and not self.monitor:
+            raise ValueError("monitor must name the metric (or be None), got ''")
 
     def time_due(self, seconds_since_save: float) -> bool:
         return self.every_seconds is not None and seconds_since_save >= self.every_seconds
@@ -107,13 +109,16 @@ def decide(
 
 
 def merged_retention(
-    env: RetentionPolicy | None, keep_last: int | None, keep_best: int, monitor: str
+    env: RetentionPolicy | None, keep_last: int | None, keep_best: int, monitor: str | None
 ) -> RetentionPolicy | None:
     """The operator's policy (environment) first; ``keep_last`` in code applies when the
     environment sets none (a local run); ``keep_best`` protects the best steps in either."""
     policy = env if env is not None else (None if keep_last is None else RetentionPolicy(keep_last))
     if policy is None or keep_best <= 0:
         return policy
+    if monitor is None:
+        raise ValueError(f"keep_best={keep_best} needs monitor=NAME: the metric the best are "
+                         "kept by")  # fmt: skip
     return dataclasses.replace(policy, keep_best=keep_best, best_metric=monitor)
 
 
@@ -129,6 +134,8 @@ def scores(
 ) -> tuple[dict[str, Any], Best | None]:
     """Manifest extra for a save (``metric`` at this step, ``best`` so far) and the new best."""
     out: dict[str, Any] = {}
+    if schedule.monitor is None:  # no metric is recorded (the Checkpointer refuses one)
+        return out, best
     if value is not None and math.isfinite(value):
         out["metric"] = {"name": schedule.monitor, "mode": schedule.mode, "value": value}
     best = updated(best, schedule.monitor, schedule.mode, value, step)
