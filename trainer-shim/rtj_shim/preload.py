@@ -25,7 +25,8 @@ node whose cores the trainers use, that CPU is theirs). A fork server imports on
 and stays: for each start it reads the line, forks a child that forks the trainer and exits
 at once, and writes the trainer's pid as a line on fd N. The trainer, orphaned, is
 reparented to the supervisor (its subreaper, ``PR_SET_CHILD_SUBREAPER``), so the supervisor
-waits for it, signals its session and reaps it as if it had started it (`ForkedTrainer`).
+waits for it, signals its session and reaps it as if it had started it
+(`rtj_shim.warm.ForkedTrainer`).
 The trainer starts a session of its own, reads nothing (stdin is ``/dev/null``), takes the
 environment and runs the target as a standby does. Forking is safe only while the server
 started no GPU context and no thread of its own: it imports and waits, nothing else (torch's
@@ -41,16 +42,12 @@ before it is ready; the supervisor then starts that generation cold, and the lat
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import json
 import os
 import re
 import runpy
-import select
-import subprocess
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -59,8 +56,6 @@ FLAGS_WITH_VALUE = ("-W", "-X", "--check-hash-based-pycs")  # take the next word
 MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 EXIT_IMPORT_FAILED = 2
 READY = b"r"
-READY_WAIT_SECONDS = 300.0  # a standby still importing after this is taken for hung
-FORK_WAIT_SECONDS = 30.0  # a fork server that has not said a forked trainer's pid by then
 
 
 @dataclass(frozen=True)
@@ -109,203 +104,6 @@ def parse_modules(text: str) -> tuple[str, ...]:
         if not MODULE_NAME.fullmatch(name):
             raise ValueError(f"--preload: {name!r} is not a module name (expected a.b.c)")
     return names
-
-
-class Standby:
-    """The supervisor's side: one standby process, started, then handed the environment."""
-
-    def __init__(self, command: PythonCommand, modules: Sequence[str], env: Mapping[str, str]):
-        self._ready, ready = os.pipe()
-        argv = [command.interpreter, *command.flags, "-m", __name__, "--modules",
-                ",".join(modules), "--ready-fd", str(ready), "--", *command.target]  # fmt: skip
-        self.ready: bool | None = None  # None: importing; False: it ended before it was ready
-        try:
-            self.proc: subprocess.Popen[bytes] = subprocess.Popen(
-                argv, env=dict(env), stdin=subprocess.PIPE, start_new_session=True,
-                pass_fds=(ready,),
-            )  # fmt: skip
-        finally:
-            os.close(ready)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc.returncode is None and self.proc.poll() is None
-
-    def check(self, timeout: float = 0.0) -> bool | None:
-        """Whether its modules are imported, waiting up to ``timeout`` seconds: True, False
-        (it ended first), None (still importing)."""
-        if self.ready is not None:
-            return self.ready
-        readable, _, _ = select.select([self._ready], [], [], timeout)
-        if not readable:
-            return None
-        self.ready = os.read(self._ready, 1) == READY
-        os.close(self._ready)
-        self._ready = -1
-        return self.ready
-
-    def hand_over(self, env: Mapping[str, str]) -> subprocess.Popen[bytes] | None:
-        """Give the standby the command's environment once its imports are done: the process
-        is the command from now on. None when the standby failed or is gone (the caller
-        starts the command cold)."""
-        stdin = self.proc.stdin
-        if stdin is None or self.check(READY_WAIT_SECONDS) is not True or not self.alive():
-            return None
-        try:
-            stdin.write(json.dumps({"env": dict(env)}).encode() + b"\n")
-            stdin.close()
-        except (BrokenPipeError, OSError):
-            return None
-        return self.proc
-
-    def drop(self) -> None:
-        """End an unused standby (its stdin closed: it exits by itself; killed if not)."""
-        if self._ready >= 0:
-            os.close(self._ready)
-            self._ready = -1
-        if self.proc.stdin is not None:
-            with contextlib.suppress(OSError):
-                self.proc.stdin.close()
-        if self.alive():
-            self.proc.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired, ChildProcessError):
-            self.proc.wait(5)
-
-
-class ForkedTrainer:
-    """A trainer the fork server forked, now the supervisor's child (reparented to it, the
-    subreaper): what the supervisor uses of a ``Popen``."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.returncode: int | None = None  # as Popen's: negative for a signal
-
-    def poll(self) -> int | None:
-        if self.returncode is not None:
-            return self.returncode
-        try:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-        except ChildProcessError:  # reaped by the supervisor's orphan reaping, which sets
-            if self.returncode is None and not _exists(self.pid):  # returncode; or not ours
-                self.returncode = 1
-            return self.returncode
-        if pid:
-            self.returncode = exit_code(status)
-        return self.returncode
-
-    def wait(self) -> int:
-        while (code := self.poll()) is None:
-            time.sleep(0.02)
-        return code
-
-
-class ForkServer:
-    """The supervisor's side of a fork server: started once, then asked for each trainer."""
-
-    def __init__(self, command: PythonCommand, modules: Sequence[str], env: Mapping[str, str]):
-        self._reply, reply = os.pipe()
-        argv = [command.interpreter, *command.flags, "-m", __name__, "--modules",
-                ",".join(modules), "--ready-fd", str(reply), "--fork", "--",
-                *command.target]  # fmt: skip
-        self.ready: bool | None = None
-        self._buffer = b""
-        try:
-            self.proc: subprocess.Popen[bytes] = subprocess.Popen(
-                argv, env=dict(env), stdin=subprocess.PIPE, start_new_session=True,
-                pass_fds=(reply,),
-            )  # fmt: skip
-        finally:
-            os.close(reply)
-
-    def alive(self) -> bool:
-        return self.proc.returncode is None and self.proc.poll() is None
-
-    def check(self, timeout: float = 0.0) -> bool | None:
-        """Whether its modules are imported: True, False (it ended first), None (importing)."""
-        if self.ready is None:
-            word = self._read(1, timeout)
-            if word is not None:
-                self.ready = word == READY
-        return self.ready
-
-    def fork(self, env: Mapping[str, str]) -> ForkedTrainer | None:
-        """A trainer forked with ``env`` (waiting for the imports if still importing), or
-        None: the server refused or is gone (the caller gives it up)."""
-        stdin = self.proc.stdin
-        if stdin is None or self.check(READY_WAIT_SECONDS) is not True or not self.alive():
-            return None
-        try:
-            stdin.write(json.dumps({"env": dict(env)}).encode() + b"\n")
-            stdin.flush()
-        except (BrokenPipeError, OSError):
-            return None
-        line = self._line(FORK_WAIT_SECONDS)
-        try:
-            pid = int(line) if line is not None else 0
-        except ValueError:
-            pid = 0
-        return ForkedTrainer(pid) if pid > 0 else None
-
-    def drop(self) -> None:
-        """End the server (its stdin closed: it exits by itself; killed if not)."""
-        if self._reply >= 0:
-            os.close(self._reply)
-            self._reply = -1
-        if self.proc.stdin is not None:
-            with contextlib.suppress(OSError):
-                self.proc.stdin.close()
-        with contextlib.suppress(subprocess.TimeoutExpired, ChildProcessError):
-            self.proc.wait(2)
-        if self.alive():
-            self.proc.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired, ChildProcessError):
-            self.proc.wait(5)
-
-    def _read(self, size: int, timeout: float) -> bytes | None:
-        """``size`` bytes from the reply pipe within ``timeout`` (b"": it closed)."""
-        deadline = time.monotonic() + timeout
-        while len(self._buffer) < size:
-            if self._reply < 0:
-                return b""
-            left = max(0.0, deadline - time.monotonic())
-            readable, _, _ = select.select([self._reply], [], [], left)
-            if not readable:
-                return None
-            chunk = os.read(self._reply, 64)
-            if not chunk:
-                return b""
-            self._buffer += chunk
-        out, self._buffer = self._buffer[:size], self._buffer[size:]
-        return out
-
-    def _line(self, timeout: float) -> bytes | None:
-        line = b""
-        while not line.endswith(b"\n"):
-            char = self._read(1, timeout)
-            if not char:
-                return None
-            line += char
-        return line.strip()
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def exit_code(status: int) -> int:
-    """A wait status as ``Popen.returncode`` has it (negative: the signal)."""
-    if os.WIFSIGNALED(status):
-        return -os.WTERMSIG(status)
-    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1
 
 
 def _environment(line: bytes) -> dict[str, str]:

@@ -1,6 +1,6 @@
 """The supervisor's warm interpreters (``rtj-shim supervise --preload``): a fork server per
-pod (`rtj_shim.preload.ForkServer`), which imports once and forks every generation's
-trainer, and, when it cannot be used, a `rtj_shim.preload.Standby` per generation, started
+pod (`rtj_shim.ForkServer`), which imports once and forks every generation's
+trainer, and, when it cannot be used, a `rtj_shim.Standby` per generation, started
 ahead of it and handed its environment; given up on for good once that fails too.
 
 The supervisor says *when* a warm interpreter is wanted (its generation's state); the
@@ -18,14 +18,15 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from rtj_shim import preload
+from rtj_shim.warm import ForkServer, Standby
 
 READINESS = {None: "importing", True: "ready", False: "failed"}
-"""The report's word for a warm interpreter's readiness (`preload.Standby.ready`)."""
+"""The report's word for a warm interpreter's readiness (`Standby.ready`)."""
 
 
 class Trainer(Protocol):
     """What the supervisor uses of its trainer's process (a ``Popen`` or a
-    `preload.ForkedTrainer`)."""
+    `rtj_shim.warm.ForkedTrainer`)."""
 
     @property
     def pid(self) -> int: ...
@@ -55,7 +56,7 @@ class StandbyKeeper:
         self._say = say
         self.command = preload.split_command(argv) if self.modules else None
         self.forking = fork  # the fork server first; per-generation standbys once it failed
-        self.standby: preload.Standby | preload.ForkServer | None = None
+        self.standby: Standby | ForkServer | None = None
         if self.modules and self.command is None:
             say(f"--preload: {argv[0]} is not a Python interpreter; every generation starts cold")
 
@@ -84,11 +85,11 @@ class StandbyKeeper:
             if trainer is not None or self.command is None:
                 return trainer
         try:
-            standby = self.standby or preload.Standby(self.command, self.modules, self.env)
+            standby = self.standby or Standby(self.command, self.modules, self.env)
         except OSError as exc:
             self._give_up(f"no warm standby ({exc}): starting cold")
             return None
-        assert isinstance(standby, preload.Standby)
+        assert isinstance(standby, Standby)
         self.standby = None
         child = standby.hand_over(env)
         if child is None:
@@ -100,11 +101,11 @@ class StandbyKeeper:
     def _fork(self, env: Mapping[str, str]) -> Trainer | None:
         assert self.command is not None
         try:
-            server = self.standby or preload.ForkServer(self.command, self.modules, self.env)
+            server = self.standby or ForkServer(self.command, self.modules, self.env)
         except OSError as exc:  # the interpreter cannot be started: nor can a cold start
             self._give_up(f"no fork server ({exc}): starting cold")
             return None
-        assert isinstance(server, preload.ForkServer)
+        assert isinstance(server, ForkServer)
         self.standby = server
         trainer = server.fork(env)
         if trainer is None and server.ready is not True:  # its imports failed: a standby's
@@ -124,7 +125,7 @@ class StandbyKeeper:
             was = self.standby.ready
             if self.standby.alive() and self.standby.check() is not False:
                 return self.standby.ready != was
-            if isinstance(self.standby, preload.ForkServer) and self.standby.ready:
+            if isinstance(self.standby, ForkServer) and self.standby.ready:
                 self._fall_back(self.standby, "ended")
                 return True
             what = "fork server" if self.forking else "warm standby"
@@ -135,7 +136,7 @@ class StandbyKeeper:
         if not wanted:
             return False
         try:
-            self.standby = (preload.ForkServer if self.forking else preload.Standby)(
+            self.standby = (ForkServer if self.forking else Standby)(
                 self.command, self.modules, self.env
             )
         except OSError as exc:  # the interpreter cannot be started: nor can a cold start
@@ -148,7 +149,7 @@ class StandbyKeeper:
             self.standby.drop()
             self.standby = None
 
-    def _fall_back(self, server: preload.ForkServer, why: str) -> None:
+    def _fall_back(self, server: ForkServer, why: str) -> None:
         server.drop()
         self.standby, self.forking = None, False
         self._say(f"the fork server {why} ({server.proc.returncode}): each later generation "

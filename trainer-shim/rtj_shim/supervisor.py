@@ -82,10 +82,10 @@ from rtj_shim.control import (
     writer_attempt,
 )
 from rtj_shim.control import parse_order as _parse_order
-from rtj_shim.preload import exit_code
 from rtj_shim.progress import ENV_DIR
 from rtj_shim.progress_record import FILE_PREFIX, FILE_SUFFIX
 from rtj_shim.standby import StandbyKeeper, Trainer
+from rtj_shim.warm import exit_code
 
 PR_SET_CHILD_SUBREAPER = 36
 ENV_INDEX_FAILURES = "RTJ_INDEX_FAILURES"

@@ -16,6 +16,7 @@ import pytest
 
 from rtj_shim import preload
 from rtj_shim.standby import StandbyKeeper
+from rtj_shim.warm import ForkedTrainer
 
 
 def _keeper(argv: list[str], modules: list[str], said: list[str]) -> StandbyKeeper:
@@ -110,7 +111,7 @@ def test_the_fork_server_imports_once_and_forks_every_trainer(tmp_path: Path) ->
                     for g in (0, 1)]  # fmt: skip
         bodies = [_written(f"{out}-{g}.json") for g in (0, 1)]
         for trainer, body in zip(trainers, bodies, strict=True):
-            assert isinstance(trainer, preload.ForkedTrainer) and trainer.pid == body["pid"]
+            assert isinstance(trainer, ForkedTrainer) and trainer.pid == body["pid"]
             assert body["decimal"] and body["stdin"] == "", "imported before; stdin empty"
             assert body["sid"] == body["pid"], "a session of its own"
             assert set(body["env"]) == {"RTJ_GENERATION", "PATH"}, "only the given environment"
