@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 import types
@@ -99,14 +100,26 @@ def _written(path: str) -> dict[str, Any]:
     return body
 
 
-def test_the_fork_server_imports_once_and_forks_every_trainer(tmp_path: Path) -> None:
-    said: list[str] = []
+def _fork_server(
+    tmp_path: Path, said: list[str]
+) -> tuple[StandbyKeeper, subprocess.Popen[bytes], str]:
+    """A keeper whose fork server is ready (each trainer writes ``<out>-<generation>.json``)."""
     out = str(tmp_path / "gen")
     keeper = _keeper([sys.executable, "-c", WRITES, out], ["decimal"], said)
     try:
         _ready(keeper)
         server = keeper.proc
         assert server is not None
+    except BaseException:
+        keeper.drop()
+        raise
+    return keeper, server, out
+
+
+def test_the_fork_server_imports_once_and_forks_every_trainer(tmp_path: Path) -> None:
+    said: list[str] = []
+    keeper, server, out = _fork_server(tmp_path, said)
+    try:
         trainers = [keeper.take({"RTJ_GENERATION": str(g), "PATH": os.environ["PATH"]})
                     for g in (0, 1)]  # fmt: skip
         bodies = [_written(f"{out}-{g}.json") for g in (0, 1)]
@@ -125,12 +138,8 @@ def test_the_fork_server_imports_once_and_forks_every_trainer(tmp_path: Path) ->
 
 def test_a_fork_server_that_ends_leaves_later_generations_to_standbys(tmp_path: Path) -> None:
     said: list[str] = []
-    out = str(tmp_path / "gen")
-    keeper = _keeper([sys.executable, "-c", WRITES, out], ["decimal"], said)
+    keeper, server, out = _fork_server(tmp_path, said)
     try:
-        _ready(keeper)
-        server = keeper.proc
-        assert server is not None
         server.kill()
         server.wait(10)
         assert keeper.keep(wanted=True) is True
