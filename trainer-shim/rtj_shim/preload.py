@@ -42,6 +42,7 @@ before it is ready; the supervisor then starts that generation cold, and the lat
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -199,14 +200,32 @@ def _serve(reply: int) -> bool:
     return False
 
 
-def fork_refusal() -> str | None:
+def fork_refusal(fd_dir: str = "/proc/self/fd") -> str | None:
     """Why this process must not fork a trainer (None: it may): a CUDA context a child
-    could not use (a preloaded module initialized it)."""
+    could not use (a preloaded module initialized it, through torch or otherwise: any
+    NVIDIA device file open here)."""
     torch = sys.modules.get("torch")
     cuda = getattr(torch, "cuda", None)
     if cuda is not None and cuda.is_initialized():
         return "CUDA is initialized in the fork server (a forked child cannot use it)"
+    devices = gpu_devices_open(fd_dir)
+    if devices:
+        return (f"the fork server has {', '.join(devices)} open (a GPU context a forked "
+                "child cannot use)")  # fmt: skip
     return None
+
+
+def gpu_devices_open(fd_dir: str) -> list[str]:
+    """The NVIDIA device files among this process's open file descriptors (``/dev/nvidia*``:
+    what the CUDA driver opens for a context)."""
+    found: set[str] = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(fd_dir):
+            with contextlib.suppress(OSError):
+                target = os.readlink(os.path.join(fd_dir, fd))
+                if target.startswith("/dev/nvidia"):
+                    found.add(target)
+    return sorted(found)
 
 
 def _fork_trainer() -> int:

@@ -50,10 +50,12 @@ class StandbyKeeper:
         say: Callable[[str], None],
         *,
         fork: bool = True,
+        sweep: Callable[[], None] = lambda: None,
     ) -> None:
         self.modules = tuple(modules)
         self.env = dict(env)
         self._say = say
+        self._sweep = sweep  # ends every process below the supervisor (a stray trainer)
         self.command = preload.split_command(argv) if self.modules else None
         self.forking = fork  # the fork server first; per-generation standbys once it failed
         self.standby: Standby | ForkServer | None = None
@@ -113,8 +115,18 @@ class StandbyKeeper:
             self._give_up(f"the fork server ended ({server.proc.returncode}) before it was "
                           "ready: starting cold, and the later generations too")  # fmt: skip
         elif trainer is None:
+            # the server may have forked the trainer before it failed to say its pid: that
+            # trainer is then a process below the supervisor it does not know, which must not
+            # train beside the standby's (nothing else runs below it at a start)
             self._fall_back(server, "could not fork the trainer")
+            self._sweep()
         return trainer
+
+    def no_fork(self, why: str) -> None:
+        """Use a standby per generation from now on (before any fork server started)."""
+        if self.forking and self.command is not None:
+            self.forking = False
+            self._say(f"no fork server: {why}; each generation starts from a standby of its own")
 
     def keep(self, wanted: bool) -> bool:
         """Check the warm interpreter, or start one when ``wanted`` and none waits. Whether

@@ -179,8 +179,9 @@ class Supervisor:
         self.assigned: dict[str, str] = {}  # the rank and rendezvous host orders gave it
         self.addressed = self.spare  # an order reached it: the operator knows it is held
         self.standbys = StandbyKeeper(
-            self.argv, preload_modules, self.env, self._say, fork=preload_fork
-        )
+            self.argv, preload_modules, self.env, self._say, fork=preload_fork,
+            sweep=lambda: self._kill_all(0.0),
+        )  # fmt: skip
         self.preloaded = False  # the running generation started from a standby
         self._started_at = 0.0
 
@@ -194,7 +195,8 @@ class Supervisor:
 
     def _supervise(self) -> int:
         self.dir.mkdir(parents=True, exist_ok=True)
-        _become_subreaper()
+        if not _become_subreaper():  # a forked trainer would be reparented to init, not us
+            self.standbys.no_fork("this process cannot be a child subreaper")
         signal.signal(signal.SIGTERM, self._on_sigterm)
         if self.held:
             self._exited_at = time.monotonic()  # the order deadline counts from now
@@ -382,9 +384,10 @@ class Supervisor:
         self._terminated = True
 
     def _stop_for_good(self) -> int:
-        """The pod is being deleted: pass SIGTERM on, give the command its grace."""
-        self.standbys.drop()
+        """The pod is being deleted: pass SIGTERM on, give the command its grace (the warm
+        interpreter is ended after: its end must not delay the trainer's SIGTERM)."""
         self._kill_all(self.grace)
+        self.standbys.drop()
         code = self.child.returncode if self.child is not None else None
         self._set(replace(self.current, state="stopped"))
         return 128 + signal.SIGTERM if code is None else (128 - code if code < 0 else code)
@@ -412,12 +415,14 @@ def _encode(body: dict[str, object]) -> bytes:
     return json.dumps(body).encode()
 
 
-def _become_subreaper() -> None:
-    """Orphaned descendants (torchrun's workers once torchrun is gone) are reparented to
-    us, not to init, so none can escape a stop. Linux only; elsewhere the process tree as
-    seen is all that is stopped."""
+def _become_subreaper() -> bool:
+    """Orphaned descendants (torchrun's workers once torchrun is gone, a trainer the fork
+    server forked) are reparented to us, not to init, so none can escape a stop. Whether it
+    worked: Linux only; elsewhere the process tree as seen is all that is stopped."""
     if sys.platform != "linux":
-        return
-    with contextlib.suppress(OSError, AttributeError):
+        return False
+    try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False

@@ -71,11 +71,14 @@ class WarmInterpreter:
             return False
         return True
 
-    def drop(self) -> None:
-        """End it (its stdin closed: it exits by itself; killed if not)."""
+    def _close_reply(self) -> None:
         if self._reply >= 0:
             os.close(self._reply)
             self._reply = -1
+
+    def drop(self) -> None:
+        """End it (its stdin closed: it exits by itself; killed if not)."""
+        self._close_reply()
         if self.proc.stdin is not None:
             with contextlib.suppress(OSError):
                 self.proc.stdin.close()
@@ -111,7 +114,10 @@ class Standby(WarmInterpreter):
         """Give the standby the command's environment once its imports are done: the process
         is the command from now on. None when the standby failed or is gone (the caller
         starts the command cold)."""
-        return self.proc if self._send(env, last=True) else None
+        if not self._send(env, last=True):
+            return None
+        self._close_reply()  # it said it is ready; nothing more comes on the pipe
+        return self.proc
 
 
 class ForkServer(WarmInterpreter):

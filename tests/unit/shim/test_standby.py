@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from rtj_shim import preload
+from rtj_shim import preload, warm
 from rtj_shim.standby import StandbyKeeper
 from rtj_shim.warm import ForkedTrainer
 
@@ -162,3 +163,74 @@ def test_a_server_with_cuda_initialized_refuses_to_fork(monkeypatch: pytest.Monk
     assert preload.fork_refusal() == (
         "CUDA is initialized in the fork server (a forked child cannot use it)"
     )
+
+
+def test_a_fork_that_fails_after_the_order_sweeps_strays_before_a_standby_trains(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server took the generation's environment but never said a pid (here: stopped;
+    in life, killed between its fork and its answer): a trainer it may have forked must be
+    ended (the supervisor's sweep) before the standby's trains in its place."""
+    monkeypatch.setattr(warm, "FORK_WAIT_SECONDS", 0.5)
+    said: list[str] = []
+    swept: list[int] = []
+    out = str(tmp_path / "gen")
+    keeper = StandbyKeeper(
+        [sys.executable, "-c", WRITES, out], ["decimal"], dict(os.environ), said.append,
+        sweep=lambda: swept.append(len(said)),
+    )  # fmt: skip
+    try:
+        _ready(keeper)
+        server = keeper.proc
+        assert server is not None
+        server.send_signal(signal.SIGSTOP)
+        child = keeper.take({"RTJ_GENERATION": "0", "PATH": os.environ["PATH"]})
+        assert said == ["the fork server could not fork the trainer (-9): each later "
+                        "generation starts from a standby of its own"]  # fmt: skip
+        assert swept == [1], "swept once, after the server was given up"
+        assert child is not None and not isinstance(child, ForkedTrainer)
+        assert _written(f"{out}-0.json")["pid"] == child.pid and child.wait() == 0
+    finally:
+        keeper.drop()
+
+
+def test_no_fork_before_a_server_started_means_a_standby_per_generation() -> None:
+    said: list[str] = []
+    keeper = _keeper([sys.executable, "-c", "pass"], ["json"], said)
+    keeper.no_fork("this process cannot be a child subreaper")
+    keeper.no_fork("said once")
+    assert said == ["no fork server: this process cannot be a child subreaper; each generation "
+                    "starts from a standby of its own"]  # fmt: skip
+    try:
+        _ready(keeper)
+        assert keeper.source == "from its warm standby"
+    finally:
+        keeper.drop()
+
+
+def test_a_handed_over_standby_leaves_no_descriptor_open() -> None:
+    said: list[str] = []
+    keeper = _keeper([sys.executable, "-c", "pass"], ["json"], said)
+    keeper.no_fork("standbys")
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        _ready(keeper)
+        child = keeper.take({"PATH": os.environ["PATH"]})
+        assert child is not None and child.wait() == 0
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_gpu_device_open_in_the_server_refuses_the_fork(tmp_path: Path) -> None:
+    fds = tmp_path / "fd"
+    fds.mkdir()
+    (fds / "3").symlink_to("/dev/nvidiactl")
+    (fds / "4").symlink_to("/dev/nvidia-uvm")
+    (fds / "5").symlink_to("/tmp/other")
+    assert preload.gpu_devices_open(str(fds)) == ["/dev/nvidia-uvm", "/dev/nvidiactl"]
+    assert preload.fork_refusal(str(fds)) == (
+        "the fork server has /dev/nvidia-uvm, /dev/nvidiactl open (a GPU context a forked "
+        "child cannot use)"
+    )
+    (fds / "3").unlink()
+    (fds / "4").unlink()
+    assert preload.fork_refusal(str(fds)) is None
