@@ -7,13 +7,17 @@ Writes ``<out>/rank-<r>.json``: the steps at which ``step_boundary()`` saved on 
    the next boundary, so both save at steps 2 and 4: the flag raised at a boundary that
    saved is dropped (that save reset the interval);
 2. save if improved (monitor=, the agreement synchronous): only rank 0 evaluates (rank 1
-   passes None); both save when rank 0's metric improved, at that step, and only then.
+   passes None); both save when rank 0's metric improved, at that step, and only then;
+3. as 1, with steps longer than the lag's limit (made 0.05 s here, the steps 0.1 s): the
+   reductions of boundaries 2, 3 and 4 carry long steps, so at the fifth both ranks end the
+   lag and act on that boundary's own flag: saves at 2 and 4 (lagged), then 5, 6, 7, 8.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from rtj_shim.torch import Checkpointer, init_process_group
+from rtj_shim.torch import Checkpointer, agreement, init_process_group
 
 
 def main(root: Path, out: Path) -> int:
@@ -42,6 +46,14 @@ def main(root: Path, out: Path) -> int:
         metric = metrics[step] if rank == 0 else None  # a rank-0-only evaluation
         if scored.step_boundary(step, state, metric=metric) is not None:
             seen["metric"].append(step)
+
+    agreement.LAGGED_MAX_STEP_S = 0.05
+    slow = Checkpointer(root / "slow", every_seconds=3600.0 if rank == 0 else 1e-9)
+    seen["slow"] = []
+    for step in range(1, 9):
+        if slow.step_boundary(step, state) is not None:
+            seen["slow"].append(step)
+        time.sleep(0.1)
 
     (out / f"rank-{rank}.json").write_text(json.dumps(seen))
     dist.barrier()

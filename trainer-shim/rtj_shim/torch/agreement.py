@@ -11,8 +11,13 @@ background (gloo runs it while the next step trains) and takes the previous boun
 result, so no boundary waits for the slowest rank to arrive (measured in the goodput soak:
 the synchronous reduction held every step 1.7 ms, median, of a 68 ms step on 2 shared CPUs).
 Every rank takes the same result at the same boundary, so the decisions stay collective; a
-SIGTERM is acted on one step later (its deadline is seconds), and so is a passed interval,
-whose flag is dropped when a save happened after it was raised (that save reset it).
+SIGTERM is acted on one step later, and so is a passed interval, whose flag is dropped when a
+save happened after it was raised (that save reset it). The lag is worth a step only while
+steps are short: each rank also sends the time since its previous boundary, and once the
+agreed maximum has reached `LAGGED_MAX_STEP_S` at `LONG_STEPS` boundaries in a row (one slow
+step on a loaded machine is not a long-step job), every rank (at the same boundary: they read
+the same values) waits for that boundary's own reduction too and stays synchronous from then
+on, so a SIGTERM on a job of long steps starts its emergency save one step after it, not two.
 """
 
 from __future__ import annotations
@@ -27,6 +32,14 @@ import torch
 import torch.distributed as dist
 
 from rtj_shim.torch._dist import Coordinator
+
+LAGGED_MAX_STEP_S = 1.0
+"""A step at least this long (on any rank) ends the lag: the agreement's own wait (about a
+millisecond) is then under 0.1% of a step, and a lagged SIGTERM would cost a whole step of
+its grace period."""
+
+LONG_STEPS = 3
+"""Agreed long steps in a row that end the lag."""
 
 CLOSE_WAIT_S = 5.0
 """How long ``close`` waits for the last background reduction (every rank started it at its
@@ -59,28 +72,46 @@ class StepAgreement:
         self.lagged = lagged
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self._pending: _Pending | None = None
+        self._last_boundary: float | None = None
+        self._long_steps = 0  # agreed long steps in a row (the same on every rank)
 
     def agree(
         self, sigterm: bool, time_due: bool, metric_flag: float, metric: float, last_save: float
     ) -> Agreed:
         """This rank's flags (``metric``: -inf unless rank 0's finite value) in, the agreed
         ones out. ``last_save``: when this rank's newest save began (monotonic)."""
+        now = time.monotonic()
+        step_s = 0.0 if self._last_boundary is None else now - self._last_boundary
+        self._last_boundary = now
         mine = [float(sigterm), float(time_due), metric_flag, metric]
         if self.coordinator.world == 1:
             return _agreed(mine)
         if not self.lagged:
             return _agreed(self.coordinator.max_floats(mine))
         before = self._pending
-        values = torch.tensor(mine, dtype=torch.float64)
+        values = torch.tensor([*mine, step_s], dtype=torch.float64)
         work = dist.all_reduce(
             values, op=dist.ReduceOp.MAX, group=self.coordinator.group, async_op=True
         )
-        self._pending = _Pending(work, values, time.monotonic())
+        current = self._pending = _Pending(work, values, now)
         if before is None:
             return NOTHING
-        before.work.wait(self.timeout)
-        agreed = _agreed(before.values.tolist())
-        if agreed.time_due and last_save >= before.started:
+        agreed = self._late(before, last_save)
+        long = before.values[4].item() >= LAGGED_MAX_STEP_S
+        self._long_steps = self._long_steps + 1 if long else 0
+        if self._long_steps < LONG_STEPS:
+            return agreed
+        # long steps: every rank ends the lag here, taking this boundary's reduction too
+        self.lagged, self._pending = False, None
+        this = self._late(current, last_save)
+        return Agreed(agreed.sigterm or this.sigterm, agreed.time_due or this.time_due, 0.0, None)
+
+    def _late(self, pending: _Pending, last_save: float) -> Agreed:
+        """A background reduction's result (waited for), its interval flag dropped when a save
+        began after this rank raised it."""
+        pending.work.wait(self.timeout)
+        agreed = _agreed(pending.values[:4].tolist())
+        if agreed.time_due and last_save >= pending.started:
             return Agreed(agreed.sigterm, False, 0.0, None)  # a save since reset the interval
         return Agreed(agreed.sigterm, agreed.time_due, 0.0, None)
 
