@@ -125,13 +125,13 @@ class Settings:
     store_readers_per_store: int = 2
     store_read_timeout: float = 30.0
     operator_identity_stores: tuple[str, ...] = ()
+    """URI prefixes the operator may read with its own identity (jobs without a
+    credentialsSecret); see store_reads.operator_identity_refusal."""
     node_health: NodeHealthPolicy = field(default_factory=NodeHealthPolicy)
+    """The platform's node-health policy (taint key/effect, XID codes, node signals)."""
     watch_node_leases: bool = True
     """Watch kube-node-lease: silent nodes are judged lost from their Lease within seconds
     (off, or not permitted: only the node lifecycle controller's verdict counts)."""
-    """The platform's node-health policy (taint key/effect, XID codes, node signals)."""
-    """URI prefixes the operator may read with its own identity (jobs without a
-    credentialsSecret); see store_reads.operator_identity_refusal."""
     identity: str = "rtj-operator"
     progress_poll_seconds: float = 5.0
     """How often each running worker pod's progress sidecar is read (0: never; no hang or

@@ -85,6 +85,13 @@ def parser() -> argparse.ArgumentParser:
         "hang or straggler detection)",
     )
     p.add_argument(
+        "--watch-node-leases",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="watch kube-node-lease to judge a silent node lost within seconds (off: only the "
+        "node lifecycle controller's NotReady verdict counts, after its grace period)",
+    )
+    p.add_argument(
         "--platform-config",
         default=None,
         metavar="PATH",
@@ -181,6 +188,7 @@ async def run(args: argparse.Namespace) -> int:
             node_health=node_health,
             store_read_timeout=args.store_read_timeout,
             progress_poll_seconds=args.progress_poll_seconds,
+            watch_node_leases=args.watch_node_leases,
             resolver_image=args.resolver_image,
             control_secret=_control_secret(args.control_secret_file),
         ),
