@@ -72,6 +72,9 @@ VICTIM_RANK = 1
 SETTLE_SECONDS = 5.0
 AFTER_SECONDS = 3.0
 JOB = "big"
+PODS_READY_TIMEOUT = "900s"
+"""Kueue's waitForPodsReady timeout here: 1,251 pods take minutes to start on 2 CPUs (at 120 s,
+the harness's, Kueue evicted the 1,250-pod job before its last pods were Ready)."""
 
 
 def job_body(ns: str, workers: int, spares: int = 1) -> dict[str, Any]:
@@ -137,7 +140,8 @@ def trial(
     nodes = workers + 3
     cluster = LocalCluster(f"rtj-bench-inplace-{os.getpid()}-{workers}", nodes=nodes,
                            node_lease_seconds=lease, loopback_pods=True,
-                           terminal_phase_on_delete=True)  # fmt: skip
+                           terminal_phase_on_delete=True,
+                           pods_ready_timeout=PODS_READY_TIMEOUT)  # fmt: skip
     out: dict[str, Any] = {"workers": workers, "nodes": nodes, "lease": lease,
                            "spare_count": spares, "load_start": os.getloadavg()[0],
                            "lease_signal": lease_signal, "leader_lease": leader_lease}  # fmt: skip

@@ -114,13 +114,16 @@ class LocalCluster:
         node_lease_seconds: int = NODE_LEASE_SECONDS,
         loopback_pods: bool = False,
         terminal_phase_on_delete: bool = False,
+        pods_ready_timeout: str = PODS_READY_TIMEOUT,
     ) -> None:
         """``node_lease_seconds``: KWOK's node Lease duration (renewed at a quarter of it; the
         node controller's grace grows with it); longer spares a small machine's CPU at
         1,000+ nodes. ``loopback_pods``: pods get 127.x addresses (`kwok.loopback_pod_cidr`).
         ``terminal_phase_on_delete``: a deleted running pod turns Failed before it goes, as a
-        kubelet writes it (`kwok.kwok_config_yaml`)."""
+        kubelet writes it (`kwok.kwok_config_yaml`). ``pods_ready_timeout``: Kueue's
+        `waitForPodsReady.timeout` (1,250 pods take longer than 120 s to start on 2 CPUs)."""
         self.name = name
+        self.pods_ready_timeout = pods_ready_timeout
         self.n_nodes = nodes
         self.node_lease_seconds = node_lease_seconds
         self.loopback_pods = loopback_pods
@@ -640,7 +643,7 @@ class LocalCluster:
             # gang admission: a workload counts as running only when all its pods are Ready,
             # and nothing else is admitted meanwhile
             "waitForPodsReady": {
-                "timeout": PODS_READY_TIMEOUT,
+                "timeout": self.pods_ready_timeout,
                 "blockAdmission": True,
                 "requeuingStrategy": {
                     "timestamp": "Eviction",

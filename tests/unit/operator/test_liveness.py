@@ -4,7 +4,7 @@ Ready flicker causes nothing, a partition holds everything, a silent node is fen
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from rtj_test_support import NOW
@@ -19,7 +19,7 @@ from rtj_operator.policy.liveness import (
     lease_of,
     partitioned,
 )
-from rtj_operator.reconcile.liveness import fenced_nodes
+from rtj_operator.reconcile.liveness import fenced_nodes, pods_quiet_by_node
 
 RUNNING = {"phase": "Running", "attempt": 1, "attempts": [{"attempt": 1, "jobSet": "llm-a1"}]}
 
@@ -384,3 +384,26 @@ def test_a_failed_attempts_node_whose_pods_went_quiet_is_fenced_before_its_lease
 
     assert deleted(quiet) == [pods[1]["metadata"]["name"]]
     assert deleted(None) == [], "the Lease alone: silent 2 s ago, fenced only at 10 s"
+
+
+def test_quiet_pods_are_read_per_node_in_one_pass() -> None:
+    """Each node's quiet time from its own running pods of this attempt: all quiet (the
+    latest), one answering (None), or no reading for the attempt at all (empty)."""
+    pods = [pod(1, i, node=f"n{i // 2}") for i in range(6)]  # two pods on each of 3 nodes
+    pods.append(pod(1, 6, node="n3", phase="Pending"))
+    name = [p["metadata"]["name"] for p in pods]
+    ago = zip(name[:3], [9, 7, 5], strict=True)
+    at = {n: (NOW - timedelta(seconds=s)).timestamp() for n, s in ago}
+    readings = rc.RankReadings(
+        attempt=1, reports=(), polled_at=NOW.timestamp(),
+        quiet_since={name[0]: at[name[0]], name[1]: at[name[1]], name[2]: at[name[2]],
+                     name[6]: NOW.timestamp()},
+    )  # fmt: skip
+    snap = replace(snapshot(rtj_raw(RUNNING), jobsets=[jobset(1)], pods=pods,
+                            nodes=nodes_for(pods)), ranks=readings)  # fmt: skip
+    assert pods_quiet_by_node(snap) == {
+        "n0": datetime.fromtimestamp(at[name[1]], timezone.utc),  # both quiet: the later
+        "n1": None,  # one answers
+        "n2": None,  # neither is quiet
+    }, "a pod not running (n3) proves nothing"
+    assert pods_quiet_by_node(replace(snap, ranks=replace(readings, attempt=2))) == {}
