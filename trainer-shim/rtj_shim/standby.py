@@ -1,6 +1,6 @@
 """The supervisor's warm interpreters (``rtj-shim supervise --preload``): a fork server per
-pod (`rtj_shim.ForkServer`), which imports once and forks every generation's
-trainer, and, when it cannot be used, a `rtj_shim.Standby` per generation, started
+pod (`rtj_shim.warm.ForkServer`), which imports once and forks every generation's
+trainer, and, when it cannot be used, a `rtj_shim.warm.Standby` per generation, started
 ahead of it and handed its environment; given up on for good once that fails too.
 
 The supervisor says *when* a warm interpreter is wanted (its generation's state); the

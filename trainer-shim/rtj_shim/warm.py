@@ -158,7 +158,7 @@ class ForkedTrainer:
             pid, status = os.waitpid(self.pid, os.WNOHANG)
         except ChildProcessError:  # reaped by the supervisor's orphan reaping (which sets
             if not _exists(self.pid):  # returncode), or not our child: gone, code unknown
-                self.returncode = 1 if self.returncode is None else self.returncode
+                self.returncode = 1
             return self.returncode
         if pid:
             self.returncode = exit_code(status)
