@@ -38,8 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.scale_probes import cpu_seconds, delta, percentile, rss_mib
+from rtj_operator.pod_http import PollFailed, fetch_progress
 from rtj_operator.policy import progress as policy
-from rtj_operator.rank_polls import JobTargets, PollFailed, RankPolls, fetch_progress
+from rtj_operator.rank_polls import JobTargets, RankPolls
 from rtj_operator.reconcile.ranks import progress_facts
 from rtj_operator.reconcile.world import PollTarget
 from rtj_shim.progress_record import Record

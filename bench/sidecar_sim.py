@@ -41,6 +41,7 @@ from bench.scale_probes import RawWatch
 from e2e.cluster.kube import Kube as HarnessKube
 from rtj_operator.api import keys
 from rtj_shim import control
+from rtj_shim.progress_server import KEEP_ALIVE_IDLE_S
 from rtj_shim.supervisor import POLL_SECONDS, Supervised, next_action
 
 HEAD = (
@@ -207,12 +208,12 @@ class Sidecars:
 
 async def _handle(sidecars: Sidecars, reader: asyncio.StreamReader,
                   writer: asyncio.StreamWriter) -> None:  # fmt: skip
-    """One connection: requests until the client closes it or is idle 5 s (HTTP/1.1 keep-alive,
-    as the sidecar serves it); a body too large to read ends it."""
+    """One connection: requests until the client closes it or is idle KEEP_ALIVE_IDLE_S
+    (HTTP/1.1 keep-alive, as the sidecar serves it); a body too large to read ends it."""
     try:
         while True:
             try:
-                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), KEEP_ALIVE_IDLE_S)
             except asyncio.IncompleteReadError:
                 return  # the client closed it
             lines = head.decode("latin-1").split("\r\n")

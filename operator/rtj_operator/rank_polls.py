@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import http.client
-import json
 import logging
-import socket
+import queue
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -31,15 +29,22 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from rtj_operator.pod_http import (
+    Exchange,
+    Exchanged,
+    Fetch,
+    Send,
+    SidecarConnections,
+    fetch_progress,
+    post_signed,
+    separately,
+)
 from rtj_operator.policy import progress as rank_progress
 from rtj_operator.reconcile.world import CONTROL_PATH, PollMessage, PollTarget, RankReadings
-from rtj_shim.control import SIGNATURE_HEADER
 
 log = logging.getLogger("rtj_operator.rank_polls")
 
 Key = tuple[str, str]
-MAX_BODY = 1 << 20
-"""A progress body is ~1 KiB per rank (1,024 ranks at most per pod): 1 MiB bounds it."""
 ORDER_INTERVAL = 0.25
 """Seconds between rounds while a job has restart orders out (an in-place restart): each
 supervisor's progress is seen within this, not within the poll period."""
@@ -51,49 +56,6 @@ read or posted again: a trainer that ends after it started shows within this."""
 MAX_SKIPPED_ROUNDS = 8
 """A pod that keeps not answering is asked every 2, 4, ... up to 1 + 8 rounds: a dead pod
 (or one whose image has no progress server) must not cost a connection timeout per round."""
-
-
-class PollFailed(Exception):
-    """The pod's progress server did not give a usable answer (the message says why)."""
-
-
-def fetch_progress(ip: str, port: int, timeout: float, max_body: int = MAX_BODY) -> Any:
-    """One `GET /progress` (blocking): the parsed JSON body, or PollFailed. `timeout` bounds
-    the whole request, not each socket read: a server that drips bytes is cut off."""
-    conn = http.client.HTTPConnection(ip, port, timeout=timeout)
-    try:
-        return _read_progress(conn, timeout, max_body)
-    finally:
-        conn.close()
-
-
-def _read_progress(conn: http.client.HTTPConnection, timeout: float, max_body: int) -> Any:
-    watchdog = threading.Timer(timeout, _cut, (conn,))
-    watchdog.daemon = True
-    watchdog.start()
-    try:
-        conn.request("GET", "/progress", headers={"Accept": "application/json"})
-        response = conn.getresponse()
-        body = response.read(max_body + 1)
-        if response.status != 200:
-            raise PollFailed(f"HTTP {response.status}")
-        if len(body) > max_body:
-            raise PollFailed(f"body larger than {max_body} bytes")
-        return json.loads(body)
-    except (OSError, http.client.HTTPException) as exc:
-        raise PollFailed(f"{type(exc).__name__}: {exc}") from exc
-    except ValueError as exc:
-        raise PollFailed(f"not JSON: {exc}") from exc
-    finally:
-        watchdog.cancel()
-
-
-def _cut(conn: http.client.HTTPConnection) -> None:
-    """The request's time is up: unblock the thread reading it (shutdown wakes a recv)."""
-    sock = conn.sock
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
 
 
 @dataclass(frozen=True)
@@ -122,10 +84,6 @@ class JobTargets:
         return any(m.path == CONTROL_PATH and not m.standing for m in self.messages.get(pod, ()))
 
 
-Fetch = Callable[[str, int, float], Any]
-Send = Callable[[str, int, float, PollMessage], None]
-
-
 @dataclass(frozen=True)
 class Answer:
     """One pod's answer in a round: its body (or why none), when it arrived (the operator's
@@ -135,97 +93,6 @@ class Answer:
     error: str | None
     arrived: float
     refused: tuple[PollMessage, ...] = ()
-
-
-def post_signed(ip: str, port: int, timeout: float, message: PollMessage) -> None:
-    """One signed ``POST <path>`` (blocking); PollFailed unless the sidecar accepted it
-    (202)."""
-    conn = http.client.HTTPConnection(ip, port, timeout=timeout)
-    try:
-        _post(conn, message)
-    finally:
-        conn.close()
-
-
-def _post(conn: http.client.HTTPConnection, message: PollMessage) -> None:
-    try:
-        headers = {"Content-Type": "application/json", SIGNATURE_HEADER: message.signature}
-        conn.request("POST", message.path, message.body, headers)
-        response = conn.getresponse()
-        answer = response.read(MAX_BODY)
-        if response.status != 202 or not response.isclosed():
-            conn.close()  # refused, or an answer past the bound: the next request on a new one
-        if response.status != 202:
-            raise PollFailed(f"{message.path}: refused: HTTP {response.status} {answer[:200]!r}")
-    except (OSError, http.client.HTTPException) as exc:
-        conn.close()  # whatever is left on it is not read: the next request opens a new one
-        raise PollFailed(f"{message.path}: not sent: {type(exc).__name__}: {exc}") from exc
-
-
-@dataclass(frozen=True)
-class Exchanged:
-    """What one pod answered in a round: its progress body (or why none) and the messages
-    its sidecar did not take (with why)."""
-
-    body: Any
-    error: str | None = None
-    refused: tuple[tuple[PollMessage, str], ...] = ()
-
-
-Exchange = Callable[[str, int, float, Sequence[PollMessage], bool], Exchanged]
-"""(ip, port, timeout, messages, read): post the messages, then read the pod unless `read`
-is False (its body and error are then None)."""
-
-
-def exchange_http(
-    ip: str, port: int, timeout: float, messages: Sequence[PollMessage], read: bool = True
-) -> Exchanged:
-    """The pod's messages, then `GET /progress`, on one connection (the sidecar serves HTTP/1.1
-    and keeps it open): a round with orders out opens one connection per pod, not two.
-    Each request has `timeout`; a refused message does not stop the read."""
-    conn = http.client.HTTPConnection(ip, port, timeout=timeout)
-    try:
-        return _exchange(
-            lambda m: _post(conn, m), lambda: _read_progress(conn, timeout, MAX_BODY),
-            messages, read,
-        )  # fmt: skip
-    finally:
-        conn.close()
-
-
-def separately(fetch: Fetch, send: Send) -> Exchange:
-    """An exchange made of a `send` per message and a `fetch` (each its own connection)."""
-
-    def exchange(
-        ip: str, port: int, timeout: float, messages: Sequence[PollMessage], read: bool = True
-    ) -> Exchanged:
-        return _exchange(
-            lambda m: send(ip, port, timeout, m), lambda: fetch(ip, port, timeout), messages, read
-        )
-
-    return exchange
-
-
-def _exchange(
-    post: Callable[[PollMessage], None],
-    get: Callable[[], Any],
-    messages: Sequence[PollMessage],
-    read: bool,
-) -> Exchanged:
-    refused: list[tuple[PollMessage, str]] = []
-    for message in messages:
-        try:
-            post(message)
-        except PollFailed as exc:
-            refused.append((message, str(exc)))
-        except Exception as exc:  # one message's failure must not stop the others
-            refused.append((message, f"{message.path}: {type(exc).__name__}: {exc}"))
-    if not read:
-        return Exchanged(None, None, tuple(refused))
-    try:
-        return Exchanged(get(), None, tuple(refused))
-    except PollFailed as exc:
-        return Exchanged(None, str(exc), tuple(refused))
 
 
 class RankPolls:
@@ -243,17 +110,20 @@ class RankPolls:
         send: Send | None = None,
     ) -> None:
         """`fetch` and `send` replace the HTTP halves (a test's, a bench's); without them
-        each pod is asked on one connection (`exchange_http`)."""
+        each pod is asked on a connection kept for it across rounds (`SidecarConnections`).
+        At most `concurrency` pods are asked at once."""
         self.clock = clock
         self.on_round = on_round
         self.interval = interval
         self.timeout = timeout
-        self.exchange: Exchange = (
-            exchange_http
-            if fetch is None and send is None
-            else separately(fetch or fetch_progress, send or post_signed)
-        )
-        self._executor = ThreadPoolExecutor(concurrency, thread_name_prefix="rtj-progress")
+        self.concurrency = max(1, concurrency)
+        self.connections: SidecarConnections | None = None
+        if fetch is None and send is None:
+            self.connections = SidecarConnections()
+            self.exchange: Exchange = self.connections.exchange
+        else:
+            self.exchange = separately(fetch or fetch_progress, send or post_signed)
+        self._executor = ThreadPoolExecutor(self.concurrency, thread_name_prefix="rtj-progress")
         self._readings: dict[Key, RankReadings] = {}
         self._stragglers: dict[Key, rank_progress.StragglerState] = {}
         self._quiet: dict[tuple[Key, int, str], tuple[int, int, float]] = {}
@@ -315,9 +185,36 @@ class RankPolls:
                 out.append(message)
         return tuple(out)
 
+    async def _ask(
+        self, asks: Sequence[tuple[PollTarget, tuple[PollMessage, ...], bool]]
+    ) -> list[Answer]:
+        """Every pod's answer, in order: `concurrency` workers each take the next pod still
+        to ask until none is left (a pod that answers slowly holds one worker, not a share
+        of the round; one task per worker rather than per pod keeps a round at 1,000+ pods
+        from costing a future and a thread hand-off per pod)."""
+        answers: list[Answer | None] = [None] * len(asks)
+        todo: queue.SimpleQueue[int] = queue.SimpleQueue()
+        for i in range(len(asks)):
+            todo.put(i)
+
+        def work() -> None:
+            while True:
+                try:
+                    i = todo.get_nowait()
+                except queue.Empty:
+                    return
+                answers[i] = self._get(*asks[i])
+
+        loop = asyncio.get_running_loop()
+        workers = min(self.concurrency, len(asks))
+        await asyncio.gather(*(loop.run_in_executor(self._executor, work) for _ in range(workers)))
+        arrived = self.clock().timestamp()
+        lost = "not asked (a poller worker failed)"
+        return [a if a is not None else Answer(None, lost, arrived, ask[1])
+                for a, ask in zip(answers, asks, strict=True)]  # fmt: skip
+
     async def poll_once(self, jobs: Sequence[JobTargets]) -> None:
         """One round over every job's targets, then one `on_round(key)` per job."""
-        loop = asyncio.get_running_loop()
         messages = {job.key: job.messages for job in jobs}
         self._orders_out = any(job.ordering for job in jobs)
         now = time.monotonic()
@@ -353,11 +250,8 @@ class RankPolls:
                 rested.add(ident)
             sending.append(sent)
             reads.append(read)
-        answers = await asyncio.gather(
-            *(
-                loop.run_in_executor(self._executor, self._get, t, sent, read)
-                for (_, t), sent, read in zip(flat, sending, reads, strict=True)
-            )
+        answers = await self._ask(
+            [(t, sent, read) for (_, t), sent, read in zip(flat, sending, reads, strict=True)]
         )
         received = self.clock().timestamp()
         by_pod: dict[tuple[Key, int, str], tuple[Any, str | None, float]] = {}
@@ -372,7 +266,8 @@ class RankPolls:
                     self._taken[(*ident, message.path)] = (message.signature, now)
         self._note_answers([(key, t, *by_pod[ident][1:]) for key, t in flat
                             if (ident := (key, t.attempt, t.pod)) in by_pod])  # fmt: skip
-        self._prune({(job.key, t.attempt, t.pod) for job in jobs for t in job.targets})
+        self._prune({(job.key, t.attempt, t.pod) for job in jobs for t in job.targets},
+                    {(t.ip, t.port) for job in jobs for t in job.targets})  # fmt: skip
         wanted = {job.key for job in jobs}
         with self._lock:
             dropped = [k for k in self._readings if k not in wanted]
@@ -408,8 +303,11 @@ class RankPolls:
             skip = min(2**failures, MAX_SKIPPED_ROUNDS)
             self._quiet[ident] = (failures + 1, self.rounds + 1 + skip, first)
 
-    def _prune(self, current: set[tuple[Key, int, str]]) -> None:
-        """Forget pods no job polls any more (their attempt ended, or they went): bounded."""
+    def _prune(
+        self, current: set[tuple[Key, int, str]], addresses: Collection[tuple[str, int]]
+    ) -> None:
+        """Forget pods no job polls any more (their attempt ended, or they went): bounded.
+        Connections are kept to this round's `addresses` only."""
         if len(self._quiet) > 2 * max(len(current), 1024):
             self._quiet = {k: v for k, v in self._quiet.items() if k in current}
         if len(self._read_at) > 2 * max(len(current), 1024):
@@ -418,6 +316,8 @@ class RankPolls:
             self._taken = {k: v for k, v in self._taken.items() if k[:3] in current}
         if len(self._tried) > 4 * max(len(current), 1024):
             self._tried = {k: v for k, v in self._tried.items() if k[:3] in current}
+        if self.connections is not None:
+            self.connections.keep_only(addresses)
 
     def _keep(
         self,
@@ -527,3 +427,5 @@ class RankPolls:
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+        if self.connections is not None:
+            self.connections.close()

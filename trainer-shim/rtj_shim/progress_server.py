@@ -41,6 +41,7 @@ rank 0) and the body carries ``"drain"`` (the last step drained, the error if an
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -51,7 +52,7 @@ import time
 from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import parse_qs
 
 from rtj_shim import control, drain_order, fast_tier, peer_replica, peer_serve
@@ -71,6 +72,10 @@ _Message = TypeVar("_Message")
 SCHEMA = 1
 MAX_FILES = 1024  # ranks per pod read per request; bounds the response and the work
 REQUEST_TIMEOUT_S = 5.0
+KEEP_ALIVE_IDLE_S = 30.0
+"""How long a connection may wait idle for its next request: the operator's poller keeps one
+per pod across its rounds (5 s apart by default); a request once begun must still come in
+within REQUEST_TIMEOUT_S."""
 MAX_CONNECTIONS = 16  # the operator polls with one at a time; anything beyond is refused
 NS = 1e9
 
@@ -181,6 +186,23 @@ class _Handler(BaseHTTPRequestHandler):
     server: ProgressServer
     timeout = REQUEST_TIMEOUT_S  # a client that stalls mid-request is dropped
     protocol_version = "HTTP/1.1"
+
+    def handle(self) -> None:
+        """Requests until the client closes the connection, one asks to close it, or it
+        stays idle KEEP_ALIVE_IDLE_S between two requests."""
+        self.close_connection = True
+        self.handle_one_request()
+        while not self.close_connection and self._next_request_comes():
+            self.handle_one_request()
+
+    def _next_request_comes(self) -> bool:
+        self.connection.settimeout(KEEP_ALIVE_IDLE_S)
+        try:
+            waiting = cast(io.BufferedReader, self.rfile).peek(1)
+        except OSError:  # idle too long (TimeoutError), or the client went
+            return False
+        self.connection.settimeout(self.timeout)
+        return bool(waiting)
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]

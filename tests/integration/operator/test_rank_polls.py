@@ -17,14 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from rtj_operator.pod_http import PollFailed, exchange_http, fetch_progress
 from rtj_operator.policy import progress as rank_progress
-from rtj_operator.rank_polls import (
-    JobTargets,
-    PollFailed,
-    RankPolls,
-    exchange_http,
-    fetch_progress,
-)
+from rtj_operator.rank_polls import JobTargets, RankPolls
 from rtj_operator.reconcile import PollMessage, PollTarget
 from rtj_operator.reconcile.world import CONTROL_PATH, REPLICA_PATH
 from rtj_shim.control import ORDER_FILE, Order, job_key, sign

@@ -312,7 +312,8 @@ def test_close_rounds_read_only_the_pods_still_to_carry_out_their_order(
 def test_a_pod_that_refuses_its_order_is_still_read_back() -> None:
     import asyncio
 
-    from rtj_operator.rank_polls import JobTargets, PollFailed, RankPolls
+    from rtj_operator.pod_http import PollFailed
+    from rtj_operator.rank_polls import JobTargets, RankPolls
 
     read: list[str] = []
     posted: list[str] = []

@@ -19,7 +19,8 @@ from test_in_place_replace import XID, replaceable_pods, supervisors
 from rtj_operator import reconcile as rc
 from rtj_operator.api import keys
 from rtj_operator.metrics import Metrics, sample
-from rtj_operator.rank_polls import JobTargets, PollFailed, RankPolls
+from rtj_operator.pod_http import PollFailed
+from rtj_operator.rank_polls import JobTargets, RankPolls
 from rtj_shim.control import parse_order, verify
 from rtj_shim.peer_replica import accept_assignment
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from rtj_shim import progress_server
 from rtj_shim.progress import Progress
 from rtj_shim.progress_record import FILE_SIZE
 from rtj_shim.progress_server import SCHEMA, ProgressServer, report
@@ -150,6 +151,39 @@ def test_connections_beyond_the_bound_are_closed(tmp_path: Path) -> None:
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
     finally:
+        srv.shutdown()
+        srv.server_close()
+        thread.join(timeout=10)
+
+
+def test_a_kept_connection_waits_idle_longer_than_a_request_may_stall(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator keeps a connection per pod across its poll rounds: idle between two
+    requests it lasts KEEP_ALIVE_IDLE_S, while a request once begun must come in within the
+    handler's timeout; idle past KEEP_ALIVE_IDLE_S the server closes it."""
+    monkeypatch.setattr(progress_server, "KEEP_ALIVE_IDLE_S", 1.5)
+    monkeypatch.setattr(progress_server._Handler, "timeout", 0.3)
+    srv = ProgressServer(tmp_path, "127.0.0.1", 0)
+    thread = srv.start_in_thread()
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+    try:
+        for idle in (0.0, 0.8):  # 0.8 s idle: past the request timeout, within keep-alive
+            time.sleep(idle)
+            conn.request("GET", "/healthz")
+            assert json.loads(conn.getresponse().read()) == {"ok": True}
+        sock = conn.sock
+        assert sock is not None
+        sock.settimeout(10)
+        assert sock.recv(1) == b"", "idle past KEEP_ALIVE_IDLE_S: closed by the server"
+        stalled = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+        stalled.sendall(b"GET /healthz HTTP/1.1\r\n")  # begun, never finished
+        started = time.monotonic()
+        assert stalled.recv(1024) == b""
+        assert time.monotonic() - started < 1.2, "a stalled request is dropped at its timeout"
+        stalled.close()
+    finally:
+        conn.close()
         srv.shutdown()
         srv.server_close()
         thread.join(timeout=10)

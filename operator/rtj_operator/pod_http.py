@@ -1,0 +1,349 @@
+"""The HTTP exchange with a pod's progress sidecar: the signed messages posted to it, then
+`GET /progress`, each request bounded as a whole by its timeout (`Deadlines`), over a
+connection kept per pod across the poller's rounds (`SidecarConnections`).
+
+Why kept connections and one watchdog: at 1,250 pods a round that opened a connection and
+started a timer thread per pod cost the operator ~1.4 CPU-seconds (bench.poll_round), more
+than a 1 s poll period; the sidecar serves HTTP/1.1 and keeps a connection open while it is
+used (`rtj_shim.progress_server.KEEP_ALIVE_IDLE_S` idle), so the next round reuses it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import http.client
+import itertools
+import json
+import resource
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rtj_operator.reconcile.world import PollMessage
+from rtj_shim.control import SIGNATURE_HEADER
+
+MAX_BODY = 1 << 20
+"""A progress body is ~1 KiB per rank (1,024 ranks at most per pod): 1 MiB bounds it."""
+IDLE_REUSE_SECONDS = 25.0
+"""A kept connection idle longer than this is not used again: the sidecar drops one idle for
+`rtj_shim.progress_server.KEEP_ALIVE_IDLE_S` (30 s; an older sidecar after 5 s, which the
+look before reuse sees as closed), and a request racing that close would fail for nothing."""
+STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
+"""What a request on a kept connection the server has closed meets: asked again once, on a
+new connection (every message and the read are idempotent)."""
+
+
+class PollFailed(Exception):
+    """The pod's progress server did not give a usable answer (the message says why)."""
+
+
+class Deadlines:
+    """One watchdog thread for every request in flight: a request still running at its
+    deadline has its socket shut down, which wakes the thread reading it. A timer thread per
+    request did the same at the cost of a thread start each."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, http.client.HTTPConnection]] = []
+        self._armed: set[int] = set()
+        self._tokens = itertools.count()
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def arm(self, conn: http.client.HTTPConnection, timeout: float) -> int:
+        token = next(self._tokens)
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            self._armed.add(token)
+            heapq.heappush(self._heap, (deadline, token, conn))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._watch, daemon=True,
+                                                name="rtj-progress-deadlines")  # fmt: skip
+                self._thread.start()
+            elif self._heap[0][1] == token:
+                self._cond.notify()  # earlier than what the watchdog sleeps towards
+        return token
+
+    def disarm(self, token: int) -> None:
+        """The request ended: its connection is never cut for it after this returns."""
+        with self._cond:
+            self._armed.discard(token)
+
+    def _watch(self) -> None:
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                while self._heap and self._heap[0][0] <= now:
+                    _, token, conn = heapq.heappop(self._heap)
+                    if token in self._armed:
+                        self._armed.discard(token)
+                        cut(conn)
+                self._cond.wait(self._heap[0][0] - now if self._heap else None)
+
+
+def cut(conn: http.client.HTTPConnection) -> None:
+    """The request's time is up: unblock the thread reading it (shutdown wakes a recv)."""
+    sock = conn.sock
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+DEADLINES = Deadlines()
+"""The process's watchdog (one thread, started by the first request)."""
+
+
+def read_progress(
+    conn: http.client.HTTPConnection,
+    timeout: float,
+    max_body: int = MAX_BODY,
+    deadlines: Deadlines = DEADLINES,
+) -> Any:
+    """`GET /progress` on `conn`: the parsed JSON body, or PollFailed. `timeout` bounds the
+    whole request, not each socket read: a server that drips bytes is cut off."""
+    token = deadlines.arm(conn, timeout)
+    try:
+        conn.request("GET", "/progress", headers={"Accept": "application/json"})
+        response = conn.getresponse()
+        body = response.read(max_body + 1)
+        if response.status != 200:
+            raise PollFailed(f"HTTP {response.status}")
+        if len(body) > max_body:
+            raise PollFailed(f"body larger than {max_body} bytes")
+        return json.loads(body)
+    except (OSError, http.client.HTTPException) as exc:
+        raise PollFailed(f"{type(exc).__name__}: {exc}") from exc
+    except ValueError as exc:
+        raise PollFailed(f"not JSON: {exc}") from exc
+    finally:
+        deadlines.disarm(token)
+
+
+def post(
+    conn: http.client.HTTPConnection,
+    message: PollMessage,
+    timeout: float | None = None,
+    deadlines: Deadlines = DEADLINES,
+) -> None:
+    """One signed ``POST <path>`` on `conn`; PollFailed unless the sidecar accepted it (202).
+    A refused message closes the connection (what is left on it is not trusted)."""
+    token = deadlines.arm(conn, timeout) if timeout is not None else None
+    try:
+        headers = {"Content-Type": "application/json", SIGNATURE_HEADER: message.signature}
+        conn.request("POST", message.path, message.body, headers)
+        response = conn.getresponse()
+        answer = response.read(MAX_BODY)
+        if response.status != 202 or not response.isclosed():
+            conn.close()  # refused, or an answer past the bound: the next request on a new one
+        if response.status != 202:
+            raise PollFailed(f"{message.path}: refused: HTTP {response.status} {answer[:200]!r}")
+    except (OSError, http.client.HTTPException) as exc:
+        conn.close()  # whatever is left on it is not read: the next request opens a new one
+        raise PollFailed(f"{message.path}: not sent: {type(exc).__name__}: {exc}") from exc
+    finally:
+        if token is not None:
+            deadlines.disarm(token)
+
+
+def fetch_progress(ip: str, port: int, timeout: float, max_body: int = MAX_BODY) -> Any:
+    """One `GET /progress` on a connection of its own (blocking)."""
+    conn = http.client.HTTPConnection(ip, port, timeout=timeout)
+    try:
+        return read_progress(conn, timeout, max_body)
+    finally:
+        conn.close()
+
+
+def post_signed(ip: str, port: int, timeout: float, message: PollMessage) -> None:
+    """One signed ``POST <path>`` on a connection of its own (blocking)."""
+    conn = http.client.HTTPConnection(ip, port, timeout=timeout)
+    try:
+        post(conn, message, timeout)
+    finally:
+        conn.close()
+
+
+@dataclass(frozen=True)
+class Exchanged:
+    """What one pod answered in a round: its progress body (or why none) and the messages
+    its sidecar did not take (with why)."""
+
+    body: Any
+    error: str | None = None
+    refused: tuple[tuple[PollMessage, str], ...] = ()
+
+
+Exchange = Callable[[str, int, float, Sequence[PollMessage], bool], Exchanged]
+"""(ip, port, timeout, messages, read): post the messages, then read the pod unless `read`
+is False (its body and error are then None)."""
+Fetch = Callable[[str, int, float], Any]
+Send = Callable[[str, int, float, PollMessage], None]
+
+
+def exchange(
+    send: Callable[[PollMessage], None],
+    get: Callable[[], Any],
+    messages: Sequence[PollMessage],
+    read: bool,
+) -> Exchanged:
+    """Every message (a refused one does not stop the others, nor the read), then the read."""
+    refused: list[tuple[PollMessage, str]] = []
+    for message in messages:
+        try:
+            send(message)
+        except PollFailed as exc:
+            refused.append((message, str(exc)))
+        except Exception as exc:  # one message's failure must not stop the others
+            refused.append((message, f"{message.path}: {type(exc).__name__}: {exc}"))
+    if not read:
+        return Exchanged(None, None, tuple(refused))
+    try:
+        return Exchanged(get(), None, tuple(refused))
+    except PollFailed as exc:
+        return Exchanged(None, str(exc), tuple(refused))
+
+
+def separately(fetch: Fetch, send: Send) -> Exchange:
+    """An exchange made of a `send` per message and a `fetch` (each its own connection)."""
+
+    def exchange_separately(
+        ip: str, port: int, timeout: float, messages: Sequence[PollMessage], read: bool = True
+    ) -> Exchanged:
+        return exchange(
+            lambda m: send(ip, port, timeout, m), lambda: fetch(ip, port, timeout), messages, read
+        )
+
+    return exchange_separately
+
+
+def exchange_http(
+    ip: str, port: int, timeout: float, messages: Sequence[PollMessage], read: bool = True
+) -> Exchanged:
+    """The pod's messages, then `GET /progress`, on one new connection, closed after."""
+    conn = http.client.HTTPConnection(ip, port, timeout=timeout)
+    try:
+        return exchange(lambda m: post(conn, m, timeout),
+                        lambda: read_progress(conn, timeout), messages, read)  # fmt: skip
+    finally:
+        conn.close()
+
+
+def kept_connections_limit() -> int:
+    """How many idle connections the poller may keep: half the file descriptors this
+    process may open (the API server's connections, the watches and the logs need the
+    rest), at least 64."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 65536
+    return max(64, soft // 2)
+
+
+class SidecarConnections:
+    """An HTTP/1.1 connection kept per sidecar address across rounds, and the exchange over
+    it (`exchange`, an `Exchange`). A connection that answered everything is kept; one that
+    failed, or was refused, is closed; one idle past IDLE_REUSE_SECONDS, or found closed by
+    the sidecar, is replaced. At most `limit` are kept (`kept_connections_limit`)."""
+
+    def __init__(self, limit: int | None = None, deadlines: Deadlines = DEADLINES) -> None:
+        self.limit = kept_connections_limit() if limit is None else limit
+        self.deadlines = deadlines
+        self._idle: dict[tuple[str, int], tuple[http.client.HTTPConnection, float]] = {}
+        self._lock = threading.Lock()
+        self.opened = 0
+        """Connections made for an exchange so far (for the bench and the tests; one that
+        http.client opens again by itself after a refusal closed it is not counted)."""
+
+    def exchange(
+        self, ip: str, port: int, timeout: float, messages: Sequence[PollMessage],
+        read: bool = True,
+    ) -> Exchanged:  # fmt: skip
+        address = (ip, port)
+        conn, reused = self._take(address, timeout)
+        holder = [conn]
+
+        def once(request: Callable[[http.client.HTTPConnection], Any]) -> Any:
+            nonlocal reused
+            first_on_kept, reused = reused, False  # only the first request can meet its close
+            try:
+                return request(holder[0])
+            except PollFailed as exc:
+                if not (first_on_kept and isinstance(exc.__cause__, STALE)):
+                    raise
+            holder[0].close()  # the sidecar had closed the kept one: again, on a new one
+            holder[0] = self._open(address, timeout)
+            return request(holder[0])
+
+        answered = exchange(
+            lambda m: once(lambda c: post(c, m, timeout, self.deadlines)),
+            lambda: once(lambda c: read_progress(c, timeout, MAX_BODY, self.deadlines)),
+            messages,
+            read,
+        )
+        self._give_back(address, holder[0], answered)
+        return answered
+
+    def _take(
+        self, address: tuple[str, int], timeout: float
+    ) -> tuple[http.client.HTTPConnection, bool]:
+        with self._lock:
+            kept = self._idle.pop(address, None)
+        if kept is not None:
+            conn, since = kept
+            if time.monotonic() - since < IDLE_REUSE_SECONDS and _open_and_quiet(conn):
+                if conn.timeout != timeout and conn.sock is not None:
+                    conn.sock.settimeout(timeout)
+                conn.timeout = timeout
+                return conn, True
+            conn.close()
+        return self._open(address, timeout), False
+
+    def _open(self, address: tuple[str, int], timeout: float) -> http.client.HTTPConnection:
+        self.opened += 1
+        return http.client.HTTPConnection(*address, timeout=timeout)
+
+    def _give_back(
+        self, address: tuple[str, int], conn: http.client.HTTPConnection, answered: Exchanged
+    ) -> None:
+        usable = answered.error is None and not answered.refused and conn.sock is not None
+        if usable:
+            with self._lock:
+                if len(self._idle) < self.limit:
+                    self._idle[address] = (conn, time.monotonic())
+                    return
+        conn.close()
+
+    def keep_only(self, addresses: Collection[tuple[str, int]]) -> None:
+        """Close the kept connections to other addresses, and those idle too long to use."""
+        now = time.monotonic()
+        with self._lock:
+            gone = [a for a, (_, since) in self._idle.items()
+                    if a not in addresses or now - since >= IDLE_REUSE_SECONDS]  # fmt: skip
+            closing = [self._idle.pop(a)[0] for a in gone]
+        for conn in closing:
+            conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            closing = [conn for conn, _ in self._idle.values()]
+            self._idle.clear()
+        for conn in closing:
+            conn.close()
+
+
+def _open_and_quiet(conn: http.client.HTTPConnection) -> bool:
+    """Whether a kept connection is still open with nothing unread on it: readable now means
+    the sidecar closed it (end of file) or sent bytes nobody asked for; either way it is
+    not used. One poll(2) without waiting (a socket with a timeout would wait in recv)."""
+    sock = conn.sock
+    if sock is None:
+        return False
+    try:
+        watch = select.poll()
+        watch.register(sock, select.POLLIN)
+        return not watch.poll(0)
+    except (OSError, ValueError):
+        return False
