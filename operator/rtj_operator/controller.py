@@ -39,6 +39,7 @@ from rtj_operator.kube import (
 from rtj_operator.metrics import Metrics
 from rtj_operator.node_leases import NodeLeases
 from rtj_operator.plan_apply import PlanApplier
+from rtj_operator.policy.observed import ReadOnce
 from rtj_operator.policy.platform import NodeHealthPolicy
 from rtj_operator.rank_polls import JobTargets, RankPolls
 from rtj_operator.reconcile.world import REPLICA_PATH
@@ -217,6 +218,8 @@ class Controller:
             rejected=self._rejected,
         )
         self.reconciles = 0
+        self._read_once = ReadOnce()
+        """Pod and node views kept across plans (the caches never edit an object in place)."""
         self._plan_seconds: dict[Key, float] = {}
         """How long each job's last plan took."""
         self._next_plan: dict[Key, float] = {}
@@ -436,6 +439,7 @@ class Controller:
             ranks=self.rank_polls.reading(key),
             resolver_image=self.settings.resolver_image,
             control_key=self._control_key(rtj.metadata.uid),
+            read_once=self._read_once,
         )
 
     def _control_key(self, uid: str) -> str | None:

@@ -47,7 +47,14 @@ from rtj_operator.policy.findings import (
     within,
 )
 from rtj_operator.policy.node_signals import NODE_MONITOR_GRACE, NodeContext
-from rtj_operator.policy.observed import EventView, PodView, read_event, read_node, read_pod
+from rtj_operator.policy.observed import (
+    EventView,
+    PodView,
+    ReadOnce,
+    read_event,
+    read_node,
+    read_pod,
+)
 from rtj_operator.policy.pod_signals import CONFIG_ERROR_GRACE, PodContext
 from rtj_operator.policy.xid import xid_codes
 
@@ -333,18 +340,21 @@ def classify_failure(
     now: datetime,
     *,
     node_health: NodeHealth | None = None,
+    read: ReadOnce | None = None,
 ) -> Classification | None:
     """Why this attempt failed, or None while no pod has failed.
 
     `pods` are the attempt's pods (deleted ones as last seen, with deletionTimestamp);
     `nodes` the nodes they ran on, or None when unknown (then a missing node proves
     nothing); `events` those about the pods, their nodes, the JobSet and its Kueue Workload
-    (core/v1 and events.k8s.io/v1 alike).
+    (core/v1 and events.k8s.io/v1 alike). `read`: pods and nodes already read, kept across
+    calls (for objects never edited in place, `ReadOnce`).
     """
     health = node_health or NodeHealth()
-    views = [read_pod(p) for p in pods]
+    views = [read.pod(p) for p in pods] if read is not None else [read_pod(p) for p in pods]
     seen_events = [read_event(e) for e in events]
-    node_views = None if nodes is None else {v.name: v for v in map(read_node, nodes)}
+    by_node = read.node if read is not None else read_node
+    node_views = None if nodes is None else {v.name: v for v in map(by_node, nodes)}
     ctx = _Context(
         PodContext(
             frozenset(health.xid_codes),

@@ -316,3 +316,37 @@ def first_line(text: str, limit: int = 200) -> str:
     picked = next((ln for ln in reversed(telling) if re.search(r"error|fail|xid", ln, re.I)), "")
     line = picked or (lines[-1] if lines else "")
     return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+class ReadOnce:
+    """Pod and node views read once per object, for a caller whose objects are never edited
+    in place: the operator's watch cache stores a new object on every change, so a view read
+    from an object stays true while that object is held. Keyed by identity, each entry
+    holding its object (an id is not reused while its object lives); emptied past `limit`
+    entries. At 1,250 pods and nodes, reading them all again cost a plan ~0.1 s of CPU on
+    every progress round."""
+
+    def __init__(self, limit: int = 16384) -> None:
+        self.limit = limit
+        self._pods: dict[int, tuple[Json, PodView]] = {}
+        self._nodes: dict[int, tuple[Json, NodeView]] = {}
+
+    def pod(self, raw: Json) -> PodView:
+        held = self._pods.get(id(raw))
+        if held is not None and held[0] is raw:
+            return held[1]
+        view = read_pod(raw)
+        if len(self._pods) >= self.limit:
+            self._pods.clear()
+        self._pods[id(raw)] = (raw, view)
+        return view
+
+    def node(self, raw: Json) -> NodeView:
+        held = self._nodes.get(id(raw))
+        if held is not None and held[0] is raw:
+            return held[1]
+        view = read_node(raw)
+        if len(self._nodes) >= self.limit:
+            self._nodes.clear()
+        self._nodes[id(raw)] = (raw, view)
+        return view

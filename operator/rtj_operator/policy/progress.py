@@ -151,11 +151,28 @@ def _valid_seconds(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
 
 
+_last_parsed: tuple[tuple[PodReport, ...], float, float, Parsed] | None = None
+"""The last parse of a tuple of reports: one plan asks for the same reports at the same
+`now` several times (the hang timeouts, the hang verdict, the stragglers, the summary), each
+~1/10 s at 1,250 pods. Kept only for a tuple (immutable), by identity."""
+
+
 def parse_reports(
     reports: Sequence[PodReport], now: float, max_report_age: float = DEFAULT_MAX_REPORT_AGE
 ) -> Parsed:
     """The ranks of the fresh, well-formed reports. A rank reported by two pods (a stale
     file of an earlier placement) keeps the newer report, then the one with more steps."""
+    global _last_parsed
+    last = _last_parsed
+    if last is not None and last[0] is reports and last[1:3] == (now, max_report_age):
+        return last[3]
+    parsed = _parse_reports(reports, now, max_report_age)
+    if isinstance(reports, tuple):
+        _last_parsed = (reports, now, max_report_age, parsed)
+    return parsed
+
+
+def _parse_reports(reports: Sequence[PodReport], now: float, max_report_age: float) -> Parsed:
     found: dict[int, RankProgress] = {}
     problems: list[str] = []
     bad: list[str] = []
@@ -169,8 +186,7 @@ def parse_reports(
             bad.append(pod.pod)
             problems.append(f"{pod.pod}: not a schema {SCHEMA} progress report")
             continue
-        for entry in body["ranks"]:
-            rank = _rank(pod, entry)
+        for rank in _entries(pod):
             if isinstance(rank, str):
                 problems.append(rank)
                 continue
@@ -183,6 +199,27 @@ def parse_reports(
             found[rank.rank] = rank
     ranks = tuple(sorted(found.values(), key=lambda r: r.rank))
     return Parsed(ranks, tuple(problems), tuple(bad))
+
+
+_read_entries: dict[str, tuple[PodReport, tuple[RankProgress | str, ...]]] = {}
+"""Per pod, its last report's rank entries as read: a poll round's report is parsed by the
+stragglers' window, the plan and the metrics, each at its own `now` (which decides only
+whether the whole report is fresh). One entry per pod name, replaced by its next report
+(the report is held, as the poller's reading holds it anyway)."""
+READ_ENTRIES_LIMIT = 65536
+"""Past this many pod names (pods gone since), the entries start again."""
+
+
+def _entries(pod: PodReport) -> tuple[RankProgress | str, ...]:
+    """The report's ranks, each read (or why not), once per report."""
+    held = _read_entries.get(pod.pod)
+    if held is not None and held[0] is pod:
+        return held[1]
+    entries = tuple(_rank(pod, entry) for entry in pod.body["ranks"])
+    if len(_read_entries) >= READ_ENTRIES_LIMIT:
+        _read_entries.clear()
+    _read_entries[pod.pod] = (pod, entries)
+    return entries
 
 
 # ---------------------------------------------------------------------- timeouts

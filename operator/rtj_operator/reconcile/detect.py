@@ -98,6 +98,7 @@ def plan_current_attempt(b: PlanBuilder) -> None:
         list(snap.events or ()),
         b.now,
         node_health=b.rtj.spec.node_health,
+        read=snap.read_once,
     )
     if found is not None and snap.events is None:
         b.needs_events = True  # classify again with the events (eviction, preemption, node)

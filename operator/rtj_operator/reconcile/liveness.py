@@ -4,6 +4,7 @@ and which nodes are fenced (their pods force-deleted: no kubelet will ever confi
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -18,10 +19,10 @@ kubelet is gone, so nothing would ever confirm their end (a zombie rank on a par
 node is fenced by the checkpoint protocol's attempt ownership, see docs/DESIGN.md)."""
 
 
-def judged_nodes(b: PlanBuilder) -> dict[str, dict[str, Any]]:
+def judged_nodes(b: PlanBuilder) -> dict[str, Mapping[str, Any]]:
     """The job's nodes as the classifier should read them; schedules the re-checks a
     judgement needs (a flicker's window ending, a lease's silence allowance running out)."""
-    views: dict[str, dict[str, Any]] = {}
+    views: dict[str, Mapping[str, Any]] = {}
     quiet = pods_quiet_by_node(b.snap)
     for name, node in b.snap.nodes.items():
         lease = b.snap.node_leases.get(name)

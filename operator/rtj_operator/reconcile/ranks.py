@@ -133,7 +133,9 @@ def find_hang(b: PlanBuilder, live: Sequence[Json]) -> Classification | None:
     if readings is None or b.status.phase is not Phase.RUNNING:
         return None
     pods = {pod_name(p): p for p in live if get_in(p, "status", "phase") == "Running"}
-    reports = [r for r in readings.reports if r.pod in pods]
+    reports = tuple(r for r in readings.reports if r.pod in pods)
+    if len(reports) == len(readings.reports):
+        reports = readings.reports  # the same tuple: its parse is shared (parse_reports)
     if not reports:
         return None
     timeouts = _timeouts(b, reports)

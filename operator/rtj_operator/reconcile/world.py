@@ -12,7 +12,7 @@ from rtj_operator.api import keys
 from rtj_operator.api.resource import ResilientTrainingJob
 from rtj_operator.policy import progress as rank_progress
 from rtj_operator.policy.liveness import NodeLease
-from rtj_operator.policy.observed import parse_time
+from rtj_operator.policy.observed import ReadOnce, parse_time
 from rtj_operator.policy.platform import NodeHealthPolicy
 from rtj_operator.selection import (
     Selection,
@@ -260,6 +260,9 @@ class Snapshot:
     deleted_nodes: frozenset[str] = frozenset()
     """Nodes of these pods seen deleted (a watch DELETED or absent from a LIST): positive
     evidence the machine is gone, unlike a node the cache merely lacks."""
+    read_once: ReadOnce | None = None
+    """The views of the pods and nodes above already read, kept by the operator across plans
+    (its watch cache never edits an object in place); None: every plan reads them again."""
 
 
 def with_store(snap: Snapshot, reading: StoreReading) -> Snapshot:

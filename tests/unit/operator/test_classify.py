@@ -24,6 +24,7 @@ from rtj_operator.policy.classify import (
     classify_failure,
     reads_event,
 )
+from rtj_operator.policy.observed import ReadOnce, read_node, read_pod
 
 CASES = FIXTURES / "classify"
 NAMES = sorted(p.name for p in CASES.iterdir() if (p / "case.json").exists())
@@ -76,6 +77,13 @@ def test_fixture_case(name: str) -> None:
     data = _case(name)
     want = data["meta"]["expected"]
     result = _classify(data)
+    # the operator's plans read each pod and node once across plans (ReadOnce): the same
+    # verdict, the second time from the views kept
+    read = ReadOnce()
+    for _ in range(2):
+        kept = classify_failure(data["pods"], data["nodes"], data["events"], NOW,
+                                node_health=data["health"], read=read)  # fmt: skip
+        assert kept == result
     if want["class"] is None:
         assert result is None
         return
@@ -308,3 +316,17 @@ def test_json_contract() -> None:
 def test_generate_py_is_how_the_corpus_is_built() -> None:
     assert Path(CASES / "generate.py").exists()
     assert re.search(r"def main\(\)", (CASES / "generate.py").read_text(encoding="utf-8"))
+
+
+def test_read_once_reads_an_object_once_and_a_new_object_afresh() -> None:
+    data = _case(NAMES[0])
+    pod, node = data["pods"][0], data["nodes"][0]
+    read = ReadOnce()
+    assert read.pod(pod) is read.pod(pod) and read.pod(pod) == read_pod(pod)
+    assert read.node(node) is read.node(node) and read.node(node) == read_node(node)
+    # the watch cache stores a changed pod as a new object: a new object is read again
+    changed = {**pod, "status": {**pod["status"], "phase": "Failed", "reason": "Evicted"}}
+    assert read.pod(changed).phase == "Failed" and read.pod(pod).phase == pod["status"]["phase"]
+    small = ReadOnce(limit=2)
+    views = [small.pod({**pod}) for _ in range(5)]  # past its limit it starts again: bounded
+    assert len(small._pods) <= 2 and all(v == views[0] for v in views)

@@ -3,6 +3,7 @@ Ready flicker causes nothing, a partition holds everything, a silent node is fen
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -125,6 +126,22 @@ def test_the_classifier_reads_a_silent_node_as_unknown_since_its_last_renewal() 
     assert (ready["status"], ready["reason"]) == ("Unknown", "NodeLeaseExpired")
     assert ready["lastHeartbeatTime"] == iso(NOW - timedelta(seconds=25))
     assert node("n1")["status"]["conditions"][0]["status"] == "True", "input untouched"
+
+
+def test_a_node_read_as_it_is_is_the_input_itself_and_no_view_edits_its_input() -> None:
+    """At 1,000+ nodes a copy per node per plan cost the operator ~0.1 s a plan: a view
+    that changes nothing is the node object itself; one that changes it is a new object."""
+    up = node("n1")
+    assert classifier_view(up, judge_node(up, fresh(1), NOW), fresh(1)) is up
+    assert classifier_view(up, judge_node(up, None, NOW), None) is up
+    tainted = node("n1", taints=[{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute",
+                                  "timeAdded": iso(NOW - timedelta(seconds=30))}])  # fmt: skip
+    before = copy.deepcopy(tainted)
+    alive = classifier_view(tainted, judge_node(tainted, fresh(1), NOW), fresh(1))
+    assert alive is not tainted and alive["spec"]["taints"] == [] and tainted == before
+    silent = classifier_view(tainted, judge_node(tainted, fresh(25), NOW), fresh(25))
+    assert silent["status"]["conditions"][-1]["reason"] == "NodeLeaseExpired"
+    assert tainted == before, "the watch cache's object is never edited"
 
 
 def test_a_kubelets_lease_reads_as_what_it_says() -> None:

@@ -13,9 +13,10 @@ from rtj_world import iso, jobset, pod, reading, rtj_raw, snapshot, with_status
 
 from rtj_operator import reconcile as rc
 from rtj_operator.api import keys
+from rtj_operator.pod_http import PollFailed
 from rtj_operator.policy import progress as rank_progress
 from rtj_operator.policy.render import avoided_nodes, render_jobset
-from rtj_operator.rank_polls import JobTargets, PollFailed, RankPolls
+from rtj_operator.rank_polls import JobTargets, RankPolls
 from rtj_operator.reconcile.converge import HANG_TEARDOWN_GRACE
 from rtj_operator.reconcile.ranks import progress_port
 
@@ -399,3 +400,17 @@ def test_the_platform_resolver_image_runs_the_init_container_and_the_sidecar() -
     own = rtj_raw(checkpoint={"uri": "s3://ckpt/team-a/llm", "resolverImage": "mine:1"})
     assert images(own, platform)[keys.RESUME_INIT_CONTAINER] == "mine:1", "the job's wins"
     assert images(rtj_raw(), None)[keys.PROGRESS_SIDECAR] == found["trainer"]
+
+
+def test_one_plan_parses_the_same_reports_once() -> None:
+    """parse_reports keeps its last parse of a tuple (by identity, at the same `now`): the
+    hang timeouts, the verdict and the summary of one plan share it; a list, a new tuple or
+    another `now` are parsed afresh."""
+    pods = running_pods(2)
+    got = readings(pods, rank(0, 5, "forward", 1.0), rank(1, 5, "forward", 1.0))
+    first = rank_progress.parse_reports(got.reports, T)
+    assert rank_progress.parse_reports(got.reports, T) is first
+    assert rank_progress.parse_reports(list(got.reports), T) == first
+    assert rank_progress.parse_reports(got.reports, T + 1) is not first
+    later = rank_progress.parse_reports(tuple(got.reports), T + 1)
+    assert later == rank_progress.parse_reports(got.reports, T + 1)
