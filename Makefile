@@ -58,6 +58,7 @@ bench: install ## benchmarks, reported as ratios against a side-by-side baseline
 	$(BIN)/python -m bench.operator_scale
 	$(BIN)/python -m bench.progress_overhead
 	$(BIN)/python -m bench.hang_detection --markdown bench/results/hang-detection.md
+	$(BIN)/python -m bench.poll_round --markdown bench/results/poll-round.md
 	$(BIN)/python -m bench.node_loss --markdown bench/results/node-loss.md
 	$(BIN)/python -m bench.in_place --markdown bench/results/in-place.md
 	$(BIN)/python -m bench.in_place_scale --markdown bench/results/in-place-scale-latest.md

@@ -22,7 +22,7 @@ from rtj_operator.api import keys
 from rtj_operator.api.reasons import Phase
 from rtj_operator.policy import fast_drain, fast_tier, peer_replica
 from rtj_operator.policy.in_place import STARTED, STOPPED
-from rtj_operator.reconcile.in_place import restart_order
+from rtj_operator.reconcile.in_place import restart_orders
 from rtj_operator.reconcile.world import (
     CONTROL_PATH,
     DRAIN_PATH,
@@ -56,8 +56,9 @@ def pod_messages(snap: Snapshot, targets: Sequence[PollTarget]) -> PodMessages:
     readings = snap.ranks
     current = readings is not None and readings.attempt == snap.rtj.status.attempt
     supervisors = readings.supervisors if readings is not None and current else {}
+    orders = restart_orders(snap, targets)
     for target in targets:
-        order = restart_order(snap, target)
+        order = orders.get(target.pod)
         if order is not None:
             body = order.encode()
             standing = not _unheeded(order, supervisors.get(target.pod), idle=target.idle)

@@ -23,6 +23,7 @@ from rtj_operator.api.spec import MODULE_PATTERN
 from rtj_operator.policy import spares
 from rtj_operator.policy.render import render_jobset
 from rtj_operator.rank_polls import JobTargets
+from rtj_operator.reconcile.in_place import restart_orders
 from rtj_operator.reconcile.world import PollTarget
 from rtj_shim import preload
 
@@ -299,6 +300,9 @@ def test_a_spare_that_takes_rank_0_moves_the_rendezvous_host() -> None:
     assert to_spare is not None and (to_spare.rank, to_spare.master_addr) == (0, "10.0.0.9")
     assert to_worker is not None and to_worker.master_addr == "10.0.0.9"
     assert to_worker.rank is None
+    # a round's orders, the world read once for all targets: the same as one by one
+    targets = [_target(spare, raw), _target(pods[1], raw)]
+    assert restart_orders(snap, targets) == {t.pod: rc.restart_order(snap, t) for t in targets}
     # the same from the watch cache's trimmed pods, down to the DNS name for a pod without
     # an IPv4 address (the cache once dropped it: no order would have moved the host); a
     # bare IPv6 address only without a DNS name (commands build "host:port" from it)
