@@ -8,6 +8,7 @@ wrong. Anything else (an empty message after a crash) is no verdict at all.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -33,9 +34,12 @@ def _skipped(body: dict[str, Any]) -> tuple[tuple[int, str], ...]:
     )
 
 
+@functools.lru_cache(maxsize=1024)
 def parse_init_result(message: str) -> InitResult | None:
     """The init container's termination message; None when it is not rtj-shim's JSON (a
-    crash before it could report, an empty message): then nothing is known about the step."""
+    crash before it could report, an empty message): then nothing is known about the step.
+    Kept per message (a plan reads every pod's, mostly the same text: ~0.05 s a plan at
+    1,250 pods, on every poll round)."""
     try:
         body = json.loads(message)
     except (ValueError, TypeError):
