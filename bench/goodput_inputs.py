@@ -62,23 +62,24 @@ SOAK_SAVE_EVERY, SOAK_FAST_EVERY = 100, 10
 """The goodput soak's durable and fast-tier intervals (bench.goodput: `save_every`,
 `--fast-every`): the fast tier saves 10 times as often as the durable one."""
 
-KWOK_SPARE_RECOVERY: tuple[tuple[int, float], ...] = ((9, 1.61 - 0.93), (129, 5.50 - 0.95))
-"""Measured (bench.in_place_scale, bench/results/in-place-scale.md, KWOK, stand-in sidecars):
-pods (workers and a spare) -> seconds from the restart's `detectedAt` to `startedAt` (every
-pod runs the new generation, the spare serving the GPU fault's rank): the quarantine pass
-and the operator's barrier rounds. 129 pods: 2026-12-02 06:08, after the close rounds were
-made to post each order once and read back only the pods still to move (6.36 - 0.75 s
-before). 1,250 pods did not run on 2 CPUs."""
+KWOK_SPARE_RECOVERY: tuple[tuple[int, float], ...] = (
+    (9, 1.64 - 1.03), (129, 1.67 - 0.75), (1251, 10.53 - 2.53),
+)  # fmt: skip
+"""Measured (bench.in_place_scale, bench/results/in-place-scale.md, KWOK, stand-in sidecars,
+2026-12-03 09:40-09:53 on 2 CPUs): pods (workers and a spare) -> seconds from the restart's
+`detectedAt` to `startedAt` (every pod runs the new generation, the spare serving the GPU
+fault's rank): the quarantine pass and the operator's barrier rounds. The other 1,251-pod
+reading that day: 9.78 - 1.61 s."""
 
 
 IN_PLACE_RECOVERY = round(KWOK_SPARE_RECOVERY[-1][1], 1)
 """The in-place restart's control plane, fault seen to every pod running the new generation,
-at 129 pods on KWOK (KWOK_SPARE_RECOVERY): the scale of the whole-world figure the model
-uses (bench.operator_scale at 128 workers, 13.4 s), so both paths are charged at one scale.
-Neither is measured at 1,250 pods: both grow with the pod count (the whole world took 95 s
-at 512 workers, recovery-cost.md; the in-place rounds read every pod). At 2 pods the goodput
-soak's seven restarts took 0.54-1.61 s (mean 1.2 s); the same barrier with no spare costs
-the same rounds."""
+at 1,251 pods on KWOK (KWOK_SPARE_RECOVERY): the projected job's own scale (1,250 pods of 8
+ranks). The whole-world figure the model uses is measured at 128 workers (bench.operator_scale,
+13.4 s; it grows with the pod count: 95 s at 512 workers, recovery-cost.md), so this charges
+the in-place path at a larger scale than the path it replaces. At 2 pods the goodput soak's
+seven restarts took 0.54-1.61 s (mean 1.2 s); the same barrier with no spare costs the same
+rounds."""
 
 SPARE_RECOVERY = IN_PLACE_RECOVERY
 """The same with a warm spare taking the replaced pod's rank (the KWOK trials' case; 1.63-

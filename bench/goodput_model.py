@@ -316,7 +316,7 @@ def report(gpus: int) -> str:
         "Goodput = 1 - rate x per-interruption seconds / 3600 - stall. Measured: detection and "
         "whole-world recovery (bench.operator_scale, 128 workers); the in-place control-plane "
         f"recovery, {IN_PLACE_RECOVERY} s (`IN_PLACE_RECOVERY`: bench.in_place_scale on "
-        "KWOK at 129 pods, the whole world's scale; 1.2 s in the goodput soak's 2 pods); "
+        "KWOK at 1,251 pods, the projected job's scale; 1.2 s in the goodput soak's 2 pods); "
         f"the fast tier's interval, {SOAK_FAST_EVERY} of the durable tier's "
         f"{SOAK_SAVE_EVERY} steps as in the soak ({OURS_NOW.checkpoint_interval:.0f} s x "
         f"{SOAK_FAST_EVERY} / {SOAK_SAVE_EVERY} = {own.fast_interval:.0f} s); the fast tier's "
@@ -348,7 +348,7 @@ def report(gpus: int) -> str:
         "",
         f"With `spec.spares: 1` a replaced pod's rank goes to a spare already running on "
         f"another node: the control plane is the spare's takeover, {SPARE_RECOVERY} s "
-        "(`SPARE_RECOVERY`: KWOK at 129 pods, "
+        "(`SPARE_RECOVERY`: KWOK at 1,251 pods, "
         "bench/results/in-place-scale.md; 1.7 s with 2 pods on the pod runner, 12-14 s when "
         "the Job creates the pod again, its 10 s back-off), and the start-up an in-place "
         "restart's "

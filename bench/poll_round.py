@@ -135,7 +135,10 @@ def markdown(a: argparse.Namespace, res: dict[str, Any]) -> str:
         "pods answered (worst round) | connections opened |\n|---|---|---|---|---|\n"
         f"{rows}\n\n"
         f"Kept connections cost **{res['cpu_ratio']:.2f}x** the CPU of a connection per "
-        "exchange per round.\n"
+        "exchange per round. Both arms share the rest of the round: the one watchdog thread "
+        "for every request's deadline (a timer thread per request before), the 16 workers "
+        "that each take the next pod (a future per pod before), reading the bodies and the "
+        "stragglers' window over every rank; what differs is the connection alone.\n"
     )
 
 
