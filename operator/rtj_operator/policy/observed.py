@@ -9,10 +9,10 @@ crash the classifier.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from rtj_operator.api.keys import JOB_COMPLETION_INDEX
 
@@ -318,6 +318,9 @@ def first_line(text: str, limit: int = 200) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
+_View = TypeVar("_View")
+
+
 class ReadOnce:
     """Pod and node views read once per object, for a caller whose objects are never edited
     in place: the operator's watch cache stores a new object on every change, so a view read
@@ -332,21 +335,18 @@ class ReadOnce:
         self._nodes: dict[int, tuple[Json, NodeView]] = {}
 
     def pod(self, raw: Json) -> PodView:
-        held = self._pods.get(id(raw))
-        if held is not None and held[0] is raw:
-            return held[1]
-        view = read_pod(raw)
-        if len(self._pods) >= self.limit:
-            self._pods.clear()
-        self._pods[id(raw)] = (raw, view)
-        return view
+        return self._once(self._pods, raw, read_pod)
 
     def node(self, raw: Json) -> NodeView:
-        held = self._nodes.get(id(raw))
+        return self._once(self._nodes, raw, read_node)
+
+    def _once(self, views: dict[int, tuple[Json, _View]], raw: Json,
+              read: Callable[[Json], _View]) -> _View:  # fmt: skip
+        held = views.get(id(raw))
         if held is not None and held[0] is raw:
             return held[1]
-        view = read_node(raw)
-        if len(self._nodes) >= self.limit:
-            self._nodes.clear()
-        self._nodes[id(raw)] = (raw, view)
+        view = read(raw)
+        if len(views) >= self.limit:
+            views.clear()
+        views[id(raw)] = (raw, view)
         return view

@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -19,39 +16,22 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
-from test_rank_polls import _CountingProxy
+from test_rank_polls import CONTROL_KEY, UID, _CountingProxy, control_sidecar
 
 from rtj_operator.pod_http import Deadlines, PollFailed, SidecarConnections, read_progress
 from rtj_operator.rank_polls import JobTargets, RankPolls
 from rtj_operator.reconcile import PollMessage, PollTarget
 from rtj_operator.reconcile.world import CONTROL_PATH
-from rtj_shim.control import Order, job_key, sign
-
-RTJ_SHIM = str(Path(sys.executable).with_name("rtj-shim"))
-UID = "0c2f-kept"
-KEY = job_key(b"the operator's secret", UID)
+from rtj_shim.control import Order, sign
 
 
 @pytest.fixture
 def sidecar(tmp_path: Path) -> Iterator[int]:
-    """A real progress sidecar with a control directory (it takes signed orders)."""
-    control = tmp_path / "control"
-    control.mkdir()
-    proc = subprocess.Popen(
-        [RTJ_SHIM, "progress-server", "--dir", str(tmp_path / "progress"), "--port", "0",
-         "--host", "127.0.0.1", "--control-dir", str(control)],
-        stdout=subprocess.PIPE, text=True,
-        env={**os.environ, "RTJ_CONTROL_KEY": KEY, "RTJ_JOB_UID": UID},
-    )  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        yield int(json.loads(proc.stdout.readline())["listening"]["port"])
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    with control_sidecar(tmp_path) as (port, _):
+        yield port
 
 
-def _order(generation: int, key: str = KEY) -> PollMessage:
+def _order(generation: int, key: str = CONTROL_KEY) -> PollMessage:
     body = Order(UID, generation, "stop").encode()
     return PollMessage(CONTROL_PATH, body, sign(key, body))
 

@@ -118,45 +118,59 @@ def test_a_server_that_drips_bytes_is_cut_off_at_the_request_deadline() -> None:
     listener.close()
 
 
-def test_a_pods_orders_and_its_read_share_one_connection_and_a_refusal_stops_nothing(
-    tmp_path: Path,
-) -> None:
-    uid = "0c2f-exchange"
-    key = job_key(b"the operator's secret", uid)
+UID = "0c2f-exchange"
+CONTROL_KEY = job_key(b"the operator's secret", UID)
+
+
+@contextlib.contextmanager
+def control_sidecar(tmp_path: Path) -> Iterator[tuple[int, Path]]:
+    """A real progress sidecar that takes signed orders for job UID (its port, and the
+    control directory where it writes them)."""
     control = tmp_path / "control"
     control.mkdir()
     proc = subprocess.Popen(
         [RTJ_SHIM, "progress-server", "--dir", str(tmp_path / "progress"), "--port", "0",
          "--host", "127.0.0.1", "--control-dir", str(control)],
         stdout=subprocess.PIPE, text=True,
-        env={**os.environ, "RTJ_CONTROL_KEY": key, "RTJ_JOB_UID": uid},
+        env={**os.environ, "RTJ_CONTROL_KEY": CONTROL_KEY, "RTJ_JOB_UID": UID},
     )  # fmt: skip
     try:
         assert proc.stdout is not None
-        port = int(json.loads(proc.stdout.readline())["listening"]["port"])
-        stop = Order(uid, 1, "stop").encode()
-        forged = Order(uid, 2, "stop").encode()
-        messages = [
-            PollMessage(CONTROL_PATH, forged, sign("not the job's key", forged)),  # 403
-            PollMessage(REPLICA_PATH, b"{}", sign(key, b"{}")),  # no replica here: 404
-            PollMessage(CONTROL_PATH, stop, sign(key, stop)),  # taken
-        ]
-        with _CountingProxy(port) as proxy:
-            answer = exchange_http("127.0.0.1", proxy.port, 5.0, messages)
-            first = proxy.accepted  # each answer needed its connection accepted first
-            taken = exchange_http("127.0.0.1", proxy.port, 5.0, messages[2:])
-            connections = [first, proxy.accepted - first]
-        assert answer.error is None and isinstance(answer.body, dict) and "ranks" in answer.body
-        assert [m.path for m, _ in answer.refused] == [CONTROL_PATH, REPLICA_PATH], answer.refused
-        assert "HTTP 403" in answer.refused[0][1] and "HTTP 404" in answer.refused[1][1]
-        assert json.loads((control / ORDER_FILE).read_text())["generation"] == 1
-        assert taken.error is None and not taken.refused and isinstance(taken.body, dict)
-        # a refusal costs a new connection (what is left of it is not trusted); a pod that
-        # takes its order is posted and read on one
-        assert connections == [3, 1]
+        yield int(json.loads(proc.stdout.readline())["listening"]["port"]), control
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_a_pods_orders_and_its_read_share_one_connection_and_a_refusal_stops_nothing(
+    tmp_path: Path,
+) -> None:
+    with control_sidecar(tmp_path) as (port, control):
+        _exchange_orders_and_read(port, control)
+
+
+def _exchange_orders_and_read(port: int, control: Path) -> None:
+    key = CONTROL_KEY
+    stop = Order(UID, 1, "stop").encode()
+    forged = Order(UID, 2, "stop").encode()
+    messages = [
+        PollMessage(CONTROL_PATH, forged, sign("not the job's key", forged)),  # 403
+        PollMessage(REPLICA_PATH, b"{}", sign(key, b"{}")),  # no replica here: 404
+        PollMessage(CONTROL_PATH, stop, sign(key, stop)),  # taken
+    ]
+    with _CountingProxy(port) as proxy:
+        answer = exchange_http("127.0.0.1", proxy.port, 5.0, messages)
+        first = proxy.accepted  # each answer needed its connection accepted first
+        taken = exchange_http("127.0.0.1", proxy.port, 5.0, messages[2:])
+        connections = [first, proxy.accepted - first]
+    assert answer.error is None and isinstance(answer.body, dict) and "ranks" in answer.body
+    assert [m.path for m, _ in answer.refused] == [CONTROL_PATH, REPLICA_PATH], answer.refused
+    assert "HTTP 403" in answer.refused[0][1] and "HTTP 404" in answer.refused[1][1]
+    assert json.loads((control / ORDER_FILE).read_text())["generation"] == 1
+    assert taken.error is None and not taken.refused and isinstance(taken.body, dict)
+    # a refusal costs a new connection (what is left of it is not trusted); a pod that
+    # takes its order is posted and read on one
+    assert connections == [3, 1]
 
 
 class _CountingProxy:
