@@ -126,12 +126,13 @@ def read_progress(
 def post(
     conn: http.client.HTTPConnection,
     message: PollMessage,
-    timeout: float | None = None,
+    timeout: float,
     deadlines: Deadlines = DEADLINES,
 ) -> None:
-    """One signed ``POST <path>`` on `conn`; PollFailed unless the sidecar accepted it (202).
-    A refused message closes the connection (what is left on it is not trusted)."""
-    token = deadlines.arm(conn, timeout) if timeout is not None else None
+    """One signed ``POST <path>`` on `conn`, bounded as a whole by `timeout`; PollFailed
+    unless the sidecar accepted it (202). A refused message closes the connection (what is
+    left on it is not trusted)."""
+    token = deadlines.arm(conn, timeout)
     try:
         headers = {"Content-Type": "application/json", SIGNATURE_HEADER: message.signature}
         conn.request("POST", message.path, message.body, headers)
@@ -145,8 +146,7 @@ def post(
         conn.close()  # whatever is left on it is not read: the next request opens a new one
         raise PollFailed(f"{message.path}: not sent: {type(exc).__name__}: {exc}") from exc
     finally:
-        if token is not None:
-            deadlines.disarm(token)
+        deadlines.disarm(token)
 
 
 def fetch_progress(ip: str, port: int, timeout: float, max_body: int = MAX_BODY) -> Any:
@@ -218,18 +218,6 @@ def separately(fetch: Fetch, send: Send) -> Exchange:
         )
 
     return exchange_separately
-
-
-def exchange_http(
-    ip: str, port: int, timeout: float, messages: Sequence[PollMessage], read: bool = True
-) -> Exchanged:
-    """The pod's messages, then `GET /progress`, on one new connection, closed after."""
-    conn = http.client.HTTPConnection(ip, port, timeout=timeout)
-    try:
-        return exchange(lambda m: post(conn, m, timeout),
-                        lambda: read_progress(conn, timeout), messages, read)  # fmt: skip
-    finally:
-        conn.close()
 
 
 def kept_connections_limit() -> int:
@@ -347,3 +335,11 @@ def _open_and_quiet(conn: http.client.HTTPConnection) -> bool:
         return not watch.poll(0)
     except (OSError, ValueError):
         return False
+
+
+def exchange_http(
+    ip: str, port: int, timeout: float, messages: Sequence[PollMessage], read: bool = True
+) -> Exchanged:
+    """The pod's messages, then `GET /progress`, on one new connection, closed after (none
+    kept)."""
+    return SidecarConnections(limit=0).exchange(ip, port, timeout, messages, read)

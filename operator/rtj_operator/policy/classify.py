@@ -351,9 +351,9 @@ def classify_failure(
     calls (for objects never edited in place, `ReadOnce`).
     """
     health = node_health or NodeHealth()
-    views = [read.pod(p) for p in pods] if read is not None else [read_pod(p) for p in pods]
+    by_pod, by_node = (read.pod, read.node) if read is not None else (read_pod, read_node)
+    views = [by_pod(p) for p in pods]
     seen_events = [read_event(e) for e in events]
-    by_node = read.node if read is not None else read_node
     node_views = None if nodes is None else {v.name: v for v in map(by_node, nodes)}
     ctx = _Context(
         PodContext(
