@@ -52,7 +52,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from rtj_shim import progress
 from rtj_shim.storage import open_store
-from rtj_shim.torch import Checkpointer, ResumableSampler, init_process_group
+from rtj_shim.torch import Checkpointer, ResumableSampler, SaveReport, init_process_group
 
 DIM = 16
 
@@ -305,6 +305,13 @@ def main(argv: list[str] | None = None) -> int:
                 "time": time.time()}  # fmt: skip
         log.write(json.dumps(line) + "\n")
 
+    def log_save(report: SaveReport | None, logged: SaveReport | None) -> SaveReport | None:
+        """A save is logged once it is published, with the step it published (a
+        background save's report comes a boundary or more after its step)."""
+        if report is not None and report is not logged:
+            emit({"event": "save", "step": report.step, "seconds": report.seconds})
+        return report
+
     torch.manual_seed(args.seed)  # same initial weights on every rank
     model = make_model(args.hidden)
     if args.fsdp and world > 1:
@@ -387,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
 
     batches = micro_batches()
     ckpt_s = 0.0
+    logged: SaveReport | None = None
     while step < args.steps:
         wrapped.train()
         total = 0.0
@@ -440,12 +448,9 @@ def main(argv: list[str] | None = None) -> int:
         if step == args.steps and step % args.save_every:  # the last step, off schedule
             ckpt.save(step, objects, blocking=not args.async_save, loss=total)
         ckpt_s = round(time.perf_counter() - boundary, 6)
-        report = ckpt.last_save
-        if report is not None and (step % args.save_every == 0 or step == args.steps):
-            emit({"event": "save", "step": step, "seconds": report.seconds})
+        logged = log_save(ckpt.last_save, logged)
     ckpt.wait()
-    if args.async_save and ckpt.last_save is not None:
-        emit({"event": "save", "step": ckpt.last_save.step, "seconds": ckpt.last_save.seconds})
+    log_save(ckpt.last_save, logged)
     if args.dump_state is not None:
         state = full_state(wrapped, opt)
         if rank == 0:
