@@ -49,13 +49,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench import sidecar_sim
+from bench import large_cluster, sidecar_sim
+from bench.large_cluster import LARGE_PODS_READY_TIMEOUT
 from bench.scale_probes import cpu_seconds, delta, operator_requests
 from e2e.cluster import faults, testenv
 from e2e.cluster.cluster import LocalCluster
 from e2e.cluster.kube import Kube as HarnessKube
 from e2e.operator_proc import (
-    SINGLE_REPLICA_LEASE,
     OperatorProcess,
     client,
     install_crd,
@@ -72,9 +72,6 @@ VICTIM_RANK = 1
 SETTLE_SECONDS = 5.0
 AFTER_SECONDS = 3.0
 JOB = "big"
-PODS_READY_TIMEOUT = "900s"
-"""Kueue's waitForPodsReady timeout here: 1,251 pods take minutes to start on 2 CPUs (at 120 s,
-the harness's, Kueue evicted the 1,250-pod job before its last pods were Ready)."""
 
 
 def job_body(ns: str, workers: int, spares: int = 1) -> dict[str, Any]:
@@ -133,6 +130,7 @@ def trial(
     *,
     lease_signal: bool = True,
     leader_lease: float = 15.0,
+    pods_ready_timeout: str = LARGE_PODS_READY_TIMEOUT,
 ) -> dict[str, Any]:
     """One size on its own cluster: the figures, or the problem that stopped it
     (``lease_signal``: the operator watches node Leases; ``leader_lease``: its own Lease's
@@ -141,7 +139,7 @@ def trial(
     cluster = LocalCluster(f"rtj-bench-inplace-{os.getpid()}-{workers}", nodes=nodes,
                            node_lease_seconds=lease, loopback_pods=True,
                            terminal_phase_on_delete=True,
-                           pods_ready_timeout=PODS_READY_TIMEOUT)  # fmt: skip
+                           pods_ready_timeout=pods_ready_timeout)  # fmt: skip
     out: dict[str, Any] = {"workers": workers, "nodes": nodes, "lease": lease,
                            "spare_count": spares, "load_start": os.getloadavg()[0],
                            "lease_signal": lease_signal, "leader_lease": leader_lease}  # fmt: skip
@@ -159,11 +157,10 @@ def trial(
         secret = logs / f"control-secret-{workers}"
         secret.write_text(secrets.token_hex(32))
         sim = Sim(kubeconfig, ns)
-        signal = () if lease_signal else ("--no-watch-node-leases",)
+        election = large_cluster.operator_flags(lease_signal, leader_lease)
         op = OperatorProcess(kubeconfig, ns, logs, lease_name=f"inplace-{uuid.uuid4().hex[:6]}",
                              extra=("--control-secret-file", str(secret),
-                                    "--progress-poll-seconds", "1",
-                                    *_leader_lease(leader_lease), *signal))  # fmt: skip
+                                    "--progress-poll-seconds", "1", *election))  # fmt: skip
         op.start()
         assert op.proc is not None
         created = time.monotonic()
@@ -298,36 +295,17 @@ def markdown(results: list[dict[str, Any]], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _leader_lease(seconds: float) -> tuple[str, ...]:
-    """The operator's leader-election flags: its defaults (`SINGLE_REPLICA_LEASE`) at 15 s,
-    else that duration, renewed within three quarters of it, retried every tenth."""
-    if seconds == 15.0:
-        return SINGLE_REPLICA_LEASE
-    return ("--lease-duration", f"{seconds:g}", "--renew-deadline", f"{seconds * 0.75:g}",
-            "--retry-period", f"{seconds / 10:g}")  # fmt: skip
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.in_place_scale", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--sizes", default="8,128,1250", help="workers per trial, comma-separated")
-    ap.add_argument("--lease", type=int, default=120, help="KWOK's node Lease seconds")
     ap.add_argument(
         "--spares",
         type=int,
         default=1,
         help="spec.spares (0: the failed pod is replaced by the Job controller)",
     )
-    ap.add_argument(
-        "--no-lease-signal",
-        dest="lease_signal",
-        action="store_false",
-        help="the operator does not watch node Leases (rtj run --no-watch-node-leases): for a "
-        "cluster whose Leases this machine cannot keep current (1,250 KWOK nodes on 2 CPUs)",
-    )
-    ap.add_argument(
-        "--leader-lease", type=float, default=15.0, help="the operator's own Lease seconds"
-    )
+    large_cluster.add_arguments(ap, lease=120, pods_ready_timeout=LARGE_PODS_READY_TIMEOUT)
     ap.add_argument("--markdown", type=Path, default=None)
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
@@ -336,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     for workers in sizes:
         print(f"== {workers} workers + {args.spares} spare(s)", flush=True)
         r = trial(workers, args.lease, logs, args.spares, lease_signal=args.lease_signal,
-                  leader_lease=args.leader_lease)  # fmt: skip
+                  leader_lease=args.leader_lease,
+                  pods_ready_timeout=args.pods_ready_timeout)  # fmt: skip
         print({k: v for k, v in r.items()}, flush=True)
         results.append(r)
     command = "python -m bench.in_place_scale " + " ".join(argv or sys.argv[1:])

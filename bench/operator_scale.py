@@ -38,6 +38,9 @@ RTJ_E2E_KUBECONFIG points at a running one.
 
     python -m bench.operator_scale [--jobs 50] [--workers 8] [--nodes 100] [--faults 10]
         [--stagger 0.5] [--baseline-strategy BlockingRecreate] [--json F]
+        [--lease 20] [--no-lease-signal] [--leader-lease 15] [--pods-ready-timeout 120s]
+
+The last four are for 1,000+ nodes on a small machine (`bench.large_cluster`).
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import large_cluster
 from bench.scale_probes import (
     Observed,
     Profiler,
@@ -73,7 +77,7 @@ from bench.scale_probes import (
     rss_mib,
 )
 from e2e.cluster import faults, testenv
-from e2e.cluster.cluster import LocalCluster
+from e2e.cluster.cluster import NODE_LEASE_SECONDS, LocalCluster
 from e2e.cluster.kube import JOBSET_GROUP, JOBSET_VERSION
 from e2e.cluster.kube import Kube as HarnessKube
 from e2e.operator_proc import OperatorProcess, client, install_crd, rtj_body
@@ -318,8 +322,13 @@ class Bench:
         sampler: RssSampler | None = None
         try:
             if rtj:
+                flags = large_cluster.operator_flags(self.args.lease_signal, self.args.leader_lease)
                 op = OperatorProcess(
-                    self.kubeconfig, ns, self.logs, lease_name=f"scale-{uuid.uuid4().hex[:6]}"
+                    self.kubeconfig,
+                    ns,
+                    self.logs,
+                    lease_name=f"scale-{uuid.uuid4().hex[:6]}",
+                    extra=flags,
                 )
                 op.start()
                 assert op.proc is not None
@@ -466,7 +475,7 @@ class Bench:
             f.recovered = since(obs.all_running_at(f.job, 2, a.workers))
             return f.detected is not None and f.recovered is not None
 
-        deadline = time.monotonic() + 120 + 15 * a.faults
+        deadline = time.monotonic() + 120 + 15 * a.faults + a.jobs * a.workers // 2
         while not all(done(f) for f in victims):
             if time.monotonic() > deadline:
                 late = [f.job for f in victims if not done(f)]
@@ -770,6 +779,7 @@ def main(argv: list[str] | None = None) -> int:
                     choices=("Recreate", "BlockingRecreate"))  # fmt: skip
     ap.add_argument("--skip-baseline", action="store_true")
     ap.add_argument("--json", type=Path, default=None)
+    large_cluster.add_arguments(ap, lease=NODE_LEASE_SECONDS)
     ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
                     help="sample the operator with py-spy over the fault window into DIR "
                     "(raw collapsed stacks) and print its top frames")  # fmt: skip
@@ -796,7 +806,9 @@ def main(argv: list[str] | None = None) -> int:
         if attach:
             kubeconfig = attach
         else:
-            cluster = LocalCluster(f"rtj-bench-scale-{os.getpid()}", nodes=args.nodes)
+            cluster = LocalCluster(f"rtj-bench-scale-{os.getpid()}", nodes=args.nodes,
+                                   node_lease_seconds=args.lease,
+                                   pods_ready_timeout=args.pods_ready_timeout)  # fmt: skip
             t = time.monotonic()
             kubeconfig = str(cluster.up())
             pids = {p.name: p.pid for p in cluster.state.procs if p.name in COMPONENTS}
