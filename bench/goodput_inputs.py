@@ -75,11 +75,26 @@ readings that day: 9.78 - 1.61 and 8.61 - 2.32 s (the slowest of the three is us
 IN_PLACE_RECOVERY = round(KWOK_SPARE_RECOVERY[-1][1], 1)
 """The in-place restart's control plane, fault seen to every pod running the new generation,
 at 1,251 pods on KWOK (KWOK_SPARE_RECOVERY): the projected job's own scale (1,250 pods of 8
-ranks). The whole-world figure the model uses is measured at 128 workers (bench.operator_scale,
-13.4 s; it grows with the pod count: 95 s at 512 workers, recovery-cost.md), so this charges
-the in-place path at a larger scale than the path it replaces. At 2 pods the goodput soak's
-seven restarts took 0.54-1.61 s (mean 1.2 s); the same barrier with no spare costs the same
-rounds."""
+ranks), as the whole-world paths below. At 2 pods the goodput soak's seven restarts took
+0.54-1.61 s (mean 1.2 s); the same barrier with no spare costs the same rounds."""
+
+WHOLE_WORLD_SCALE: Mapping[str, tuple[tuple[int, float], ...]] = {
+    "operator": ((8, 1.69 - 1.0), (128, 18.65 - 1.0), (1250, 262.08 - 1.0)),
+    "jobset": ((8, 2.63), (128, 19.83), (1250, 197.31)),
+}
+"""Measured (bench.operator_scale --jobs 1 --faults 1 --stagger 0, KWOK, 2026-12-03
+13:06-13:27 on 2 CPUs; bench/results/recovery-cost.md): workers -> seconds from the failed
+pod's Failed status to every pod of the next world Running, the whole world re-created: the
+operator (less its 1 s back-off) and JobSet's `RestartJobSet` (BlockingRecreate; at 1,250 its
+restart decision itself came 128 s after the failure: the Job controller ends the other
+1,249 pods before it marks the Job failed). 1,250 workers: the old pods took 140 s to go
+after the operator had them all marked deleting (the Job controller's and garbage
+collector's finalizer removal), the next world's pods 89 s to be scheduled and run."""
+
+WHOLE_WORLD_RECOVERY = WHOLE_WORLD_SCALE["operator"][-1][1]
+"""The operator's whole-world control plane at the projected job's scale (1,250 pods)."""
+JOBSET_RECOVERY = WHOLE_WORLD_SCALE["jobset"][-1][1]
+"""JobSet's `RestartJobSet` at the projected job's scale, failure to every pod Running."""
 
 SPARE_RECOVERY = IN_PLACE_RECOVERY
 """The same with a warm spare taking the replaced pod's rank (the KWOK trials' case; 1.63-

@@ -21,6 +21,7 @@ from bench.goodput_inputs import (
     IN_PLACE_RECOVERY,
     IN_PLACE_SHARE,
     IN_PLACE_STARTUP,
+    JOBSET_RECOVERY,
     NCCL_TIMEOUT,
     PRELOAD_SAVING,
     REPLACE_SHARE,
@@ -29,6 +30,7 @@ from bench.goodput_inputs import (
     SOAK_FAST_EVERY,
     SOAK_SAVE_EVERY,
     SPARE_RECOVERY,
+    WHOLE_WORLD_RECOVERY,
     WORLD_PODS,
 )
 
@@ -189,7 +191,7 @@ BASELINE = Stack(
         "silent_node_loss": 1800.0,
         "planned": 0.0,
     },
-    recovery=19.6,  # measured at 128 workers (issue 15's bench run): JobSet recreate
+    recovery=JOBSET_RECOVERY,  # measured at 1,250 workers (19.6 s at 128): JobSet recreate
     startup=COMMON_STARTUP,
     restore=COMMON_RESTORE,
     checkpoint_interval=600.0,
@@ -207,7 +209,7 @@ OURS_NOW = Stack(
         "silent_node_loss": 20.0,  # node Lease silence: 2 renewal intervals of 10 s
         "planned": 0.0,  # SIGTERM emergency save
     },
-    recovery=13.4,  # measured at 128 workers (issue 15's bench run)
+    recovery=WHOLE_WORLD_RECOVERY,  # measured at 1,250 workers (13.4-17.7 s at 128)
     startup=COMMON_STARTUP,
     restore=COMMON_RESTORE,
     checkpoint_interval=600.0,
