@@ -202,6 +202,7 @@ class Checkpointer:
         self._sources = ResumeSources(
             self.store, self._fast, self.resume_file, allow_unsafe_pickle=allow_unsafe_pickle,
             io_workers=self.io_workers, staging_dir=self.staging_dir,
+            claim=self.protocol.claim_run,
         )  # fmt: skip
         self._coord: _dist.Coordinator | None = None
         self._agreement: StepAgreement | None = None
@@ -331,6 +332,9 @@ class Checkpointer:
     @progress.reports_section("restore")
     def restore(self, objects: Mapping[str, Any], *, strict: bool = True) -> int:
         """Collective. Restore ``objects`` and this rank's RNGs; return the step (0: fresh).
+        Claims the durable root for this attempt first (as ``peek()`` does): a rank of an
+        older world is refused from its next commit on, and an older attempt than the
+        root's owner fails here (``rtj_shim.torch.restore.claim_problem``).
 
         Plain values are written back into ``objects``. ``strict=False``: an object the
         checkpoint has no state for (added to the code since), or a rank-local one saved on

@@ -17,12 +17,14 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from rtj_shim.errors import Refused, StoreError
 from rtj_shim.layout import COMMITTED_FILE, MANIFEST_FILE, step_key
 from rtj_shim.manifest import FileEntry, Manifest, sha256_hex
 from rtj_shim.resolver import resolve
@@ -134,10 +136,30 @@ def pinned_step(
     )
 
 
+def claim_problem(claim: Callable[[], object] | None) -> str | None:
+    """Rank 0 at a restore: claim the durable root for this attempt (``CommitProtocol.
+    claim_run``) before the first step trains, so a rank of an older world (a partitioned
+    node's, a process woken from SIGSTOP) is refused from its next commit on, not only from
+    this attempt's first save. Refused (a newer attempt owns the root, or another run
+    does): the problem, and this world must not train. A store that cannot be written (a
+    read-only root restored for evaluation) only warns: the first save claims it."""
+    if claim is None:
+        return None
+    try:
+        claim()
+    except Refused as exc:
+        return f"{type(exc).__name__}: {exc}"
+    except StoreError as exc:
+        log.warning("restore: could not claim the run before training (%s); the first "
+                    "save claims it", exc)  # fmt: skip
+    return None
+
+
 class ResumeSources:
     """Where a restore reads from: the durable store, or this rank's fast tier
     (:mod:`rtj_shim.torch.fast_save`) when the resume file pins a fast step every rank
-    verified there."""
+    verified there. ``claim``: claims the durable root for this attempt (rank 0, at every
+    decision: `claim_problem`)."""
 
     def __init__(
         self,
@@ -148,9 +170,11 @@ class ResumeSources:
         allow_unsafe_pickle: bool,
         io_workers: int,
         staging_dir: str | os.PathLike[str] | None,
+        claim: Callable[[], object] | None = None,
     ) -> None:
         self.fast = fast
         self.resume_file = resume_file
+        self.claim = claim
 
         def loader(of: CheckpointStore) -> StepLoader:
             return StepLoader(
@@ -166,12 +190,15 @@ class ResumeSources:
         durable store with the fast step skipped and why (every rank gets it)."""
         fast, skipped = fast_save.decide(self.fast, self.resume_file, restored_once, coord)
         if fast is not None:
-            return fast
+            problem = coord.broadcast(claim_problem(self.claim) if coord.rank == 0 else None)
+            return fast if problem is None else {"error": f"claiming the run: {problem}"}
         decision = None
         if coord.rank == 0:
             decision = decide(self.durable.store, self.resume_file, restored_once)
             if skipped and "skipped" in decision:
                 decision["skipped"] = [*skipped, *decision["skipped"]]
+            if "error" not in decision and (problem := claim_problem(self.claim)):
+                decision = {"error": f"claiming the run: {problem}"}
         decision = coord.broadcast(decision)
         assert isinstance(decision, dict)
         return decision

@@ -1,0 +1,83 @@
+"""A new attempt owns the checkpoint root from its restore on, not from its first save: a
+rank of the old world that still trains (a node cut off from the API server but not from
+the store) or wakes up (SIGSTOP) is refused at its next commit even while the new world has
+not saved yet, and a world older than the root's owner does not train at all. Both
+backends: a real filesystem and the loopback S3 server."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from rtj_shim.errors import StoreError
+from rtj_shim.resolver import resolve
+from rtj_shim.storage import open_store
+from rtj_shim.torch import Checkpointer, CheckpointError
+from rtj_shim.torch.restore import claim_problem
+from rtj_shim.verification import Depth
+
+RUN = "team-a.llm"
+
+
+@pytest.fixture(autouse=True)
+def _no_resume_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("RTJ_RESUME_FILE", str(tmp_path / "absent-resume.json"))
+    for name in ("TORCHELASTIC_RESTART_COUNT", "RTJ_ATTEMPT", "RTJ_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(params=["file", "s3"])
+def root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "file":
+        return f"file://{tmp_path / 'ckpt'}"
+    return str(request.getfixturevalue("s3_root"))
+
+
+def _state(seed: int) -> dict[str, Any]:
+    torch.manual_seed(seed)
+    model = nn.Linear(4, 3)
+    return {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.1)}
+
+
+def test_the_old_world_is_refused_once_the_new_one_restored(root: str) -> None:
+    old = Checkpointer(root, run_id=RUN, attempt="1", restore_report=False)
+    old.save(10, _state(0))
+    # attempt 1's node goes silent; the operator starts attempt 2, which restores step 10
+    # and trains, its first save still steps away
+    new = Checkpointer(root, run_id=RUN, attempt="2", restore_report=False)
+    assert new.restore(_state(1)) == 10
+    # the old world, still training, reaches its next save
+    with pytest.raises(CheckpointError, match="attempt 1 is stale; attempt 2"):
+        old.save(20, _state(0))
+    assert resolve(open_store(root), Depth.DEEP).step == 10, "it published nothing"
+    new.save(20, _state(1))  # the new world saves that step number itself
+    assert resolve(open_store(root), Depth.DEEP).step == 20
+
+
+def test_a_world_older_than_the_roots_owner_does_not_train(root: str) -> None:
+    Checkpointer(root, run_id=RUN, attempt="3", restore_report=False).save(10, _state(0))
+    stale = Checkpointer(root, run_id=RUN, attempt="2", restore_report=False)
+    with pytest.raises(CheckpointError, match=r"claiming the run: .*attempt 2 is stale"):
+        stale.restore(_state(1))
+    other = Checkpointer(root, run_id="team-b.llm", attempt="1", restore_report=False)
+    with pytest.raises(CheckpointError, match="each run needs its own checkpoint root"):
+        other.peek()
+
+
+def test_a_root_that_cannot_be_claimed_warns_and_restores(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A read-only root (restored for evaluation): the claim's store error is a warning."""
+
+    def read_only() -> None:
+        raise StoreError("s3://bucket/run.json: AccessDenied")
+
+    with caplog.at_level(logging.WARNING, logger="rtj_shim.torch"):
+        assert claim_problem(read_only) is None
+    assert "could not claim the run before training" in caplog.text
+    assert "AccessDenied" in caplog.text
