@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from rtj_shim.errors import Refused, StoreError
+from rtj_shim.errors import StoreError
 from rtj_shim.layout import COMMITTED_FILE, MANIFEST_FILE, step_key
 from rtj_shim.manifest import FileEntry, Manifest, sha256_hex
 from rtj_shim.resolver import resolve
@@ -147,11 +147,11 @@ def claim_problem(claim: Callable[[], object] | None) -> str | None:
         return None
     try:
         claim()
-    except Refused as exc:
-        return f"{type(exc).__name__}: {exc}"
     except StoreError as exc:
         log.warning("restore: could not claim the run before training (%s); the first "
                     "save claims it", exc)  # fmt: skip
+    except Exception as exc:  # refused, or unforeseen: every rank must hear it, not hang
+        return f"{type(exc).__name__}: {exc}"
     return None
 
 
