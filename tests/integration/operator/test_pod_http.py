@@ -75,11 +75,11 @@ class _OneRequestPerConnection(BaseHTTPRequestHandler):
 
     def handle(self) -> None:
         self.handle_one_request()
-        self.served.append("answered")
         if self.rfile.readline():  # the next request's first line: drop it unanswered
-            self.served.append("dropped")
+            self.served.append("dropped")  # before the close the poller sees
 
     def do_GET(self) -> None:
+        self.served.append("answered")  # before the answer: the poller may assert at once
         body = json.dumps({"schema": 1, "ranks": []}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
