@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -141,6 +142,75 @@ def test_a_fast_save_keeps_the_state_at_its_boundary_not_later(tmp_path: Path) -
     assert fresh.last_restore is not None and fresh.last_restore.source == "fast-tier"
     for a, b in zip(at_save, params(other.model), strict=True):
         assert torch.equal(a, b)
+
+
+def test_a_fast_save_keeps_what_the_next_forward_changes_as_it_was_at_the_boundary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fast save copies on the training thread only what may change before the next
+    ``optimizer.step()`` (a BatchNorm's running statistics, a plain value mutated in place,
+    the sampler, every RNG) and plans the rest on its writer thread, behind the fence. The
+    writer is held here until the next forward has moved all of them; the fast step still
+    restores each as it was at the boundary."""
+    import rtj_shim.torch.fast_save as fast_save
+
+    planned = fast_save.capture
+    forward_done = threading.Event()
+
+    def capture_after_the_forward(*args: Any, **kwargs: Any) -> Any:
+        assert forward_done.wait(30)
+        return planned(*args, **kwargs)
+
+    monkeypatch.setattr(fast_save, "capture", capture_after_the_forward)
+
+    def job(seed: int) -> dict[str, Any]:
+        torch.manual_seed(seed)
+        model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, 1))
+        sampler = ResumableSampler(range(40), num_replicas=1, rank=0, seed=3)  # type: ignore[arg-type]
+        return {
+            "model": model,
+            "opt": torch.optim.AdamW(model.parameters(), lr=1e-2),
+            "data": sampler,
+            "history": {"losses": [float(seed)]},
+        }
+
+    def train(objects: dict[str, Any], data: Iterator[int]) -> None:
+        loss = objects["model"](torch.randn(4, 8) + next(data)).pow(2).mean()
+        loss.backward()
+        objects["opt"].step()
+        objects["opt"].zero_grad()
+        objects["history"]["losses"].append(loss.item())
+
+    resume = tmp_path / "resume.json"
+    settings: dict[str, Any] = dict(
+        resume_file=resume, fast_tier_dir=tmp_path / "fast", fast_every_steps=2
+    )
+    objects = job(0)
+    data = iter(objects["data"])
+    ckpt = Checkpointer(tmp_path / "durable", **settings)
+    for step in (1, 2):
+        train(objects, data)
+        ckpt.step_boundary(step, objects)
+    at_boundary = {k: v.clone() for k, v in objects["model"].state_dict().items()}
+    losses, sampler = list(objects["history"]["losses"]), objects["data"].state_dict()
+    rng_state = torch.get_rng_state()
+    objects["history"]["losses"].append(99.0)  # mutated in place
+    objects["model"](torch.randn(4, 8) + next(data))  # running statistics, RNG, sampler move
+    assert not torch.equal(objects["model"][1].running_mean, at_boundary["1.running_mean"])
+    forward_done.set()
+    train(objects, data)  # its optimizer.step() waits at the fence for the writer
+    ckpt.close()
+
+    resume.write_text(json.dumps({"fast_step": 2}))
+    fresh = job(1)
+    restored = Checkpointer(tmp_path / "durable", **settings)
+    assert restored.restore(fresh) == 2
+    assert restored.last_restore is not None and restored.last_restore.source == "fast-tier"
+    for key, value in fresh["model"].state_dict().items():
+        assert torch.equal(value, at_boundary[key]), key
+    assert fresh["history"] == {"losses": losses}
+    assert fresh["data"].state_dict() == sampler
+    assert torch.equal(torch.get_rng_state(), rng_state)
 
 
 class TiedLM(nn.Module):

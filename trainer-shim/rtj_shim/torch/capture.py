@@ -80,6 +80,29 @@ class SaveJob:
     scores: dict[str, Any] = field(default_factory=dict)  # manifest extra: metric, best
 
 
+@dataclass
+class Reading:
+    """The objects' state at one boundary as their ``state_dict()`` returned it (no copies):
+    each replicated object's under its name, every RNG of this rank as read
+    (:func:`rng.read`) and the rank-local objects' (encoded). A fast save reads it on the
+    training thread and plans the files on its writer thread (:mod:`rtj_shim.torch.fast_save`)."""
+
+    common: dict[str, Any]
+    rng: dict[str, Any]
+    rank_objects: dict[str, Any]
+
+
+def read_state(
+    entries: list[Entry], coord: _dist.Coordinator, allow_unsafe_pickle: bool
+) -> Reading:
+    rank_objects = {e.name: state_of(e) for e in entries if e.placement == RANK}
+    return Reading(
+        common={e.name: state_of(e) for e in entries if e.placement == COMMON},
+        rng=rng.read(),
+        rank_objects=ser.encode(rank_objects, f"rank {coord.rank} state", allow_unsafe_pickle),
+    )
+
+
 def capture(
     step: int,
     entries: list[Entry],
@@ -93,25 +116,26 @@ def capture(
     shard_bytes: int,
     max_shards: int,
     every_shard: bool = False,
+    reading: Reading | None = None,
 ) -> SaveJob:
     """The state of ``entries`` at ``step`` as one rank's part of a save (no copies): the
-    shards ``i % world == rank``, or ``every_shard`` (a fast save: each rank keeps all)."""
+    shards ``i % world == rank``, or ``every_shard`` (a fast save: each rank keeps all).
+    ``reading``: the state read earlier (:func:`read_state`); None reads it now."""
     sharded = any(e.placement == SHARDED for e in entries)
+    if reading is None:
+        reading = read_state(entries, coord, allow_unsafe_pickle)
     tensors: list[torch.Tensor] = []
     seen: dict[tuple[Any, ...], int] = {}  # one reference per shared tensor, across objects
     skeleton = {
-        e.name: ser.flatten(state_of(e), tensors, e.name, allow_unsafe_pickle, seen)
-        for e in entries
-        if e.placement == COMMON
+        name: ser.flatten(state, tensors, name, allow_unsafe_pickle, seen)
+        for name, state in reading.common.items()
     }
-    rank_objects = {e.name: state_of(e) for e in entries if e.placement == RANK}
     rank_state: dict[str, Any] = {
         "rank": coord.rank,
         "world_size": coord.world,
-        "rng": rng.capture(),
-        "objects": rank_objects,
+        "rng": rng.encoded(reading.rng),
+        "objects": reading.rank_objects,
     }
-    rank_state = ser.encode(rank_state, f"rank {coord.rank} state", allow_unsafe_pickle)
     shards = ser.plan_shards(tensors, shard_bytes, max_shards) if tensors else []
     shard_of = {i: n for n, shard in enumerate(shards) for i in shard}
     value_shards = {  # the shards a replicated plain value's tensors are in (for peek())
@@ -125,7 +149,11 @@ def capture(
         ptrs = optimizer_param_ptrs(entries)
         fenced = {i for s in mine for i in shards[s] if tensors[i].data_ptr() in ptrs}
     objects_meta = {e.name: {"kind": e.kind, "placement": e.placement} for e in entries}
-    samplers = {e.name: e.obj.state_dict() for e in entries if e.kind == "sampler"}
+    samplers = {  # as read (a fast save plans on its writer thread, the sampler moved on)
+        e.name: reading.common[e.name] if e.placement == COMMON else reading.rank_objects[e.name]
+        for e in entries
+        if e.kind == "sampler"
+    }
     extra: dict[str, Any] = {
         "format": FORMAT,
         "layout": "sharded" if sharded else "replicated",

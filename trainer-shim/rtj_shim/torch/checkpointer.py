@@ -70,7 +70,7 @@ from rtj_shim.torch.schedule import (
 )
 from rtj_shim.torch.schedule import decide as decide_save
 from rtj_shim.torch.staging import Staging, mark_staged
-from rtj_shim.torch.state import COMMON, USER_KINDS, Entry, classify
+from rtj_shim.torch.state import COMMON, USER_KINDS, Entry, classify, reclassify
 from rtj_shim.torch.validation import Probe, loss_problem, optimizer_moments, run_probe
 from rtj_shim.torch.writer import CollectiveWriter
 from rtj_shim.verification import check_commit
@@ -193,6 +193,7 @@ class Checkpointer:
             allow_unsafe_pickle=allow_unsafe_pickle, shard_bytes=shard_bytes,
             max_shards=max_shards,
         )  # fmt: skip
+        self._fast_entries: list[Entry] | None = None  # as the last fast save classified them
         if self._fast is not None:
             self._fast.durable_schedule = {
                 "every_steps": self.schedule.every_steps,
@@ -480,6 +481,7 @@ class Checkpointer:
             self._agreement.close()
         if self._fast is not None:
             self._fast.close()
+        self._fast_entries = None
         self._staging.remove_fences()
         self._sigterm.uninstall()
 
@@ -494,7 +496,8 @@ class Checkpointer:
     def _fast_save(self, step: int, objects: Mapping[str, Any]) -> None:
         assert self._fast is not None
         started = time.perf_counter()  # the stall counts reading the objects too
-        entries = classify(objects, self.rank_local, self.replicated)
+        entries = reclassify(objects, self._fast_entries, self.rank_local, self.replicated)
+        self._fast_entries = entries
         self._fast.save(step, entries, self._coordinator(), started)
 
     def _decide(self, coord: _dist.Coordinator) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import os
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +37,12 @@ from rtj_shim.torch import _dist
 from rtj_shim.torch import serialization as ser
 from rtj_shim.torch.capture import (
     SKELETON,
+    Reading,
     SaveJob,
     capture,
     finite_candidates,
     rank_path,
+    read_state,
     shard_path,
     step_metadata,
 )
@@ -53,6 +55,21 @@ from rtj_shim.verifier import verify_step
 log = logging.getLogger("rtj_shim.torch")
 
 SOURCE = "fast-tier"
+
+
+@dataclass
+class Pending:
+    """A fast save between its boundary and its writer thread: the state as read there
+    (what may change before the next ``optimizer.step()`` already copied), the fence's
+    event, and the training thread's stall so far (the fence's waits add to it)."""
+
+    step: int
+    entries: list[Entry]
+    reading: Reading
+    started: float
+    coord: _dist.Coordinator  # its rank and world only (no collective off the training thread)
+    stall: float = 0.0
+    staged: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass(frozen=True)
@@ -92,7 +109,7 @@ class FastTier:
         # one long-lived writer thread (starting a thread per save cost the training thread
         # up to a millisecond, waiting for it to run); idle while no fast step is written
         self._writer: threading.Thread | None = None
-        self._jobs: queue.SimpleQueue[tuple[SaveJob, int, int, float] | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[Pending | None] = queue.SimpleQueue()
         self._idle = threading.Event()
         self._idle.set()
         self._staging = Staging(None, check_finite=False)  # its own buffers and fences
@@ -127,39 +144,51 @@ class FastTier:
                 raise ValueError(
                     "sharded (FSDP) state is not kept in the fast tier yet; durable only"
                 )
-            job = capture(
-                step, entries, coord, blocking=False, started=started, problem=None, loss=None,
-                allow_unsafe_pickle=self.allow_unsafe_pickle, shard_bytes=self.shard_bytes,
-                max_shards=self.max_shards, every_shard=True,  # this rank keeps them all
-            )  # fmt: skip
-            self._staging.stage_unfenced(job)
-            self._staging.install_fences(entries)
-            self._staging.inflight = job
+            reading = read_state(entries, coord, self.allow_unsafe_pickle)
+            self._staging.freeze(reading, entries, self.allow_unsafe_pickle)
         except Exception as exc:
             self.failures += 1
             log.warning("rank %d: fast-tier save of step %d failed: %s", self.rank, step, exc)
             return
-        stall = time.perf_counter() - started
+        pending = Pending(step, entries, reading, started, coord)
+        self._staging.install_fences(entries)
+        self._staging.inflight = pending
+        pending.stall = time.perf_counter() - started
         self._writing = step
         self._idle.clear()
         if self._writer is None or not self._writer.is_alive():
             self._writer = threading.Thread(target=self._run, name="rtj-fast-writer", daemon=True)
             self._writer.start()
-        self._jobs.put((job, coord.rank, coord.world, stall))
+        self._jobs.put(pending)
 
     def _run(self) -> None:
         while (item := self._jobs.get()) is not None:
             try:
-                self._write(*item)
+                self._write(item)
             finally:
                 self._idle.set()
 
-    def _write(self, job: SaveJob, rank: int, world: int, stall: float) -> None:
+    def _plan(self, pending: Pending) -> SaveJob:
+        """Writer thread, while the fence holds the next ``optimizer.step()``: the files of
+        the state read at the boundary, every tensor copied into the staging buffers."""
         try:
-            try:
-                self._staging.stage_fenced(job)
-            finally:
-                mark_staged(job)
+            job = capture(
+                pending.step, pending.entries, pending.coord, blocking=False,
+                started=pending.started, problem=None, loss=None,
+                allow_unsafe_pickle=self.allow_unsafe_pickle,
+                shard_bytes=self.shard_bytes, max_shards=self.max_shards,
+                every_shard=True, reading=pending.reading,  # this rank keeps them all
+            )  # fmt: skip
+            job.staged = pending.staged
+            self._staging.stage_unfenced(job, rank_state=False)  # freeze() cloned it
+            self._staging.stage_fenced(job)
+        finally:
+            mark_staged(pending)
+        return job
+
+    def _write(self, pending: Pending) -> None:
+        try:
+            job = self._plan(pending)
             problem = nonfinite_problem(finite_candidates(job))
             if problem is not None:
                 raise ValueError(f"non-finite state, not kept: {problem}")
@@ -169,8 +198,10 @@ class FastTier:
                 for n in job.mine:
                     part = {i: job.tensors[i] for i in job.shards[n]}
                     files.append(ser.stream_to_store(part, writer, shard_path(n)))
-                files.append(ser.stream_to_store(job.rank_state, writer, rank_path(rank)))
-                metadata = step_metadata(job, world)
+                files.append(
+                    ser.stream_to_store(job.rank_state, writer, rank_path(pending.coord.rank))
+                )
+                metadata = step_metadata(job, pending.coord.world)
                 metadata.extra["tier"] = "fast"
                 metadata.extra["durable_schedule"] = dict(self.durable_schedule)
                 published = self.protocol.publish(writer, files, metadata)
@@ -179,13 +210,16 @@ class FastTier:
                 raise
         except Exception as exc:
             self.failures += 1
-            log.warning("rank %d: fast-tier save of step %d failed: %s", self.rank, job.step, exc)
+            log.warning("rank %d: fast-tier save of step %d failed: %s",
+                        self.rank, pending.step, exc)  # fmt: skip
             return
-        seconds = time.perf_counter() - job.started
-        stall += job.stall  # the fence's wait, if the next optimizer.step() came first
-        self.last = FastSaveReport(job.step, stall, seconds, published.bytes, published.uri)
+        seconds = time.perf_counter() - pending.started
+        # the training thread's: the boundary's reading, and the fence's wait if the next
+        # optimizer.step() came before the writer had copied the optimizer-owned tensors
+        stall = pending.stall
+        self.last = FastSaveReport(pending.step, stall, seconds, published.bytes, published.uri)
         log.debug("rank %d: fast-tier step %d: %.4fs stall, %.4fs in all",
-                  self.rank, job.step, stall, seconds)  # fmt: skip
+                  self.rank, pending.step, stall, seconds)  # fmt: skip
 
     @property
     def busy(self) -> bool:

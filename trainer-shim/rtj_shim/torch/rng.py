@@ -22,10 +22,28 @@ import torch
 
 
 def capture() -> dict[str, Any]:
-    np_state = np.random.get_state(legacy=True)
-    assert isinstance(np_state, tuple)
-    name, keys, pos, has_gauss, gauss = np_state
-    version, internal, gauss_next = random.getstate()
+    return encoded(read())
+
+
+def read() -> dict[str, Any]:
+    """Every generator's state as its own API returns it: fresh objects, nothing shared
+    with a generator (NumPy's and torch's copy theirs, Python's is a tuple), so a fast save
+    reads it on the training thread and leaves :func:`encoded` to its writer thread."""
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(legacy=True),
+        "torch_cpu": torch.get_rng_state(),
+    }
+    # is_initialized() first: is_available() asks the driver (µs on every fast save)
+    if torch.cuda.is_initialized() and torch.cuda.is_available():  # type: ignore[no-untyped-call]
+        state["torch_cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def encoded(raw: dict[str, Any]) -> dict[str, Any]:
+    """:func:`read`'s state in the saved form (plain containers, ints and tensors)."""
+    name, keys, pos, has_gauss, gauss = raw["numpy"]
+    version, internal, gauss_next = raw["python"]
     state: dict[str, Any] = {
         "python": {
             "version": int(version),
@@ -34,15 +52,15 @@ def capture() -> dict[str, Any]:
         },
         "numpy": {
             "name": str(name),
-            "keys": torch.from_numpy(np.array(keys, dtype=np.uint32, copy=True)),
+            "keys": torch.from_numpy(np.asarray(keys, dtype=np.uint32)),
             "pos": int(pos),
             "has_gauss": int(has_gauss),
             "gauss": float(gauss),
         },
-        "torch_cpu": torch.get_rng_state(),
+        "torch_cpu": raw["torch_cpu"],
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-        state["torch_cuda"] = torch.cuda.get_rng_state_all()
+    if "torch_cuda" in raw:
+        state["torch_cuda"] = raw["torch_cuda"]
     return state
 
 

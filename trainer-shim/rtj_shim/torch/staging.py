@@ -9,6 +9,12 @@ while the next forward and backward run, and an optimizer pre-step hook (the *fe
 holds the next ``step()`` until that is done. Sharded state is staged by DCP onto local
 disk (:meth:`Staging.stage_sharded`), for blocking and background saves alike.
 
+A fast save does less on the training thread (:meth:`Staging.freeze`): it reads every
+object's state there, copies only what the next forward and backward may change (module
+tensors no optimizer owns, plain values, the rank's own state), and leaves the walk, the
+plan and every other copy to its writer thread, which the fence holds the next
+``optimizer.step()`` for.
+
 Host memory is bounded by one staging copy of this rank's share: buffers are reused from
 one save to the next and dropped when a tensor is no longer written by this rank.
 """
@@ -18,17 +24,27 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from rtj_shim.torch import _dist, fsdp
-from rtj_shim.torch.capture import SaveJob, clone_tensors
-from rtj_shim.torch.state import Entry
+from rtj_shim.torch import serialization as ser
+from rtj_shim.torch.capture import Reading, SaveJob, clone_tensors
+from rtj_shim.torch.plain import PLAIN_LEAVES
+from rtj_shim.torch.state import COMMON, Entry, optimizer_param_ptrs
 from rtj_shim.torch.validation import nonfinite_problem
+
+
+class Staged(Protocol):
+    """What a fence waits on: a save whose optimizer-owned tensors may not be copied yet."""
+
+    staged: threading.Event
+    stall: float  # the fence's waits add to it
 
 
 class Staging:
@@ -38,8 +54,9 @@ class Staging:
         self.staging_dir = staging_dir
         self.check_finite = check_finite
         # The background save whose fenced tensors may not be staged yet (read by fences).
-        self.inflight: SaveJob | None = None
+        self.inflight: Staged | None = None
         self._buffers: dict[int, torch.Tensor] = {}
+        self._volatile: dict[tuple[str, str], torch.Tensor] = {}  # freeze()'s module tensors
         self._hooked: dict[int, Any] = {}
 
     def _buffer(self, index: int, tensor: torch.Tensor) -> torch.Tensor:
@@ -49,15 +66,65 @@ class Staging:
             self._buffers[index] = buf
         return buf
 
-    def stage_unfenced(self, job: SaveJob) -> None:
-        """Copy what the training thread may change before the next optimizer step."""
+    def stage_unfenced(self, job: SaveJob, *, rank_state: bool = True) -> None:
+        """Copy what the training thread may change before the next optimizer step (and,
+        with ``rank_state``, clone the rank's own state: freeze() did for a fast save)."""
         wanted = {i for s in job.mine for i in job.shards[s]}
         keep = set(wanted)
         for i in sorted(wanted - job.fenced):
             job.tensors[i] = self._buffer(i, job.tensors[i]).copy_(job.tensors[i])
         for stale in set(self._buffers) - keep:
             del self._buffers[stale]
-        job.rank_state = clone_tensors(job.rank_state)
+        if rank_state:
+            job.rank_state = clone_tensors(job.rank_state)
+
+    def freeze(self, reading: Reading, entries: list[Entry], allow_unsafe: bool) -> None:
+        """Training thread, for a save planned on another thread while training goes on:
+        copy in ``reading`` what may change before the next ``optimizer.step()`` (the fence
+        holds that one until the writer has copied the rest). A module's tensors no
+        optimizer owns (buffers: running statistics move in the forward) go into reused
+        buffers; every replicated object but modules and optimizers (schedulers, samplers,
+        plain values, Stateful objects) and the rank's own state are encoded and cloned
+        whole (small; a plain value may be mutated in place). An optimizer's state (its
+        ``state_dict()`` copied the param groups; its tensors and per-parameter dicts change
+        only in ``step()``) is left to the writer behind the fence."""
+        owned = optimizer_param_ptrs(entries)
+        copies: dict[tuple[Any, ...], torch.Tensor] = {}  # tied tensors stay one tensor
+        used: set[tuple[str, str]] = set()
+        for entry in entries:
+            if entry.placement != COMMON or entry.kind == "optimizer":
+                continue
+            state = reading.common[entry.name]
+            if entry.kind != "module" or not isinstance(state, dict):
+                reading.common[entry.name] = clone_tensors(
+                    ser.encode(state, entry.name, allow_unsafe)
+                )
+                continue
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor):
+                    if value.data_ptr() not in owned:
+                        view = ser.view_key(value)
+                        copy = copies.get(view) if view is not None else None
+                        if copy is None:
+                            copy = self._volatile_copy((entry.name, key), value.detach())
+                            used.add((entry.name, key))
+                            if view is not None:
+                                copies[view] = copy
+                        state[key] = copy
+                elif type(value) not in PLAIN_LEAVES:  # a module's extra state
+                    state[key] = clone_tensors(
+                        ser.encode(value, f"{entry.name}.{key}", allow_unsafe)
+                    )
+        for stale in set(self._volatile) - used:
+            del self._volatile[stale]
+        reading.rank_objects = clone_tensors(reading.rank_objects)  # rng: read fresh
+
+    def _volatile_copy(self, key: tuple[str, str], tensor: torch.Tensor) -> torch.Tensor:
+        buf = self._volatile.get(key)
+        if buf is None or buf.shape != tensor.shape or buf.dtype != tensor.dtype:
+            buf = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu")
+            self._volatile[key] = buf
+        return buf.copy_(tensor)
 
     def stage_fenced(self, job: SaveJob) -> None:
         """Background thread: copy the optimizer-owned tensors (the fence holds step())."""
@@ -97,7 +164,7 @@ class Staging:
         job.sharded = {}
 
 
-def mark_staged(job: SaveJob) -> None:
+def mark_staged(job: Staged) -> None:
     """Background thread: the fenced tensors are copied (or failed to be); release the
     fence and hand the GIL to the training thread it may be holding at once. Otherwise this
     thread keeps the GIL, serializing, until the interpreter's switch interval (5 ms) makes

@@ -152,6 +152,34 @@ def classify(
     return entries
 
 
+def reclassify(
+    objects: Mapping[str, Any],
+    previous: list[Entry] | None,
+    rank_local: Iterable[str] = (),
+    replicated: Iterable[str] = (),
+) -> list[Entry]:
+    """``classify(objects, ...)`` reusing ``previous`` (its result for the same
+    ``rank_local`` and ``replicated``) when the names are the same and each holds the same
+    object, or a plain value still: a few µs instead of a hundred, at every fast save. A
+    module made sharded in place since (``fully_shard`` after the first save) is not seen."""
+    if previous is not None and len(previous) == len(objects):
+        entries = []
+        for entry in previous:
+            obj = objects.get(entry.name, _MISSING)
+            if obj is entry.obj:
+                entries.append(entry)
+            elif entry.kind == "value" and obj is not _MISSING and kind_of(obj) == "value":
+                entries.append(Entry(entry.name, obj, "value", entry.placement))
+            else:
+                break
+        else:
+            return entries
+    return classify(objects, rank_local, replicated)
+
+
+_MISSING = object()
+
+
 def state_of(entry: Entry) -> Any:
     if entry.kind == "module":
         return unwrap(entry.obj).state_dict()
