@@ -50,7 +50,6 @@ from pathlib import Path
 from typing import Any
 
 from bench import large_cluster, sidecar_sim
-from bench.large_cluster import LARGE_PODS_READY_TIMEOUT
 from bench.scale_probes import cpu_seconds, delta, operator_requests
 from e2e.cluster import faults, testenv
 from e2e.cluster.cluster import LocalCluster
@@ -130,7 +129,7 @@ def trial(
     *,
     lease_signal: bool = True,
     leader_lease: float = 15.0,
-    pods_ready_timeout: str = LARGE_PODS_READY_TIMEOUT,
+    pods_ready_timeout: str = large_cluster.LARGE_PODS_READY_TIMEOUT,
 ) -> dict[str, Any]:
     """One size on its own cluster: the figures, or the problem that stopped it
     (``lease_signal``: the operator watches node Leases; ``leader_lease``: its own Lease's
@@ -157,10 +156,10 @@ def trial(
         secret = logs / f"control-secret-{workers}"
         secret.write_text(secrets.token_hex(32))
         sim = Sim(kubeconfig, ns)
-        election = large_cluster.operator_flags(lease_signal, leader_lease)
+        flags = large_cluster.operator_flags(lease_signal, leader_lease)
         op = OperatorProcess(kubeconfig, ns, logs, lease_name=f"inplace-{uuid.uuid4().hex[:6]}",
                              extra=("--control-secret-file", str(secret),
-                                    "--progress-poll-seconds", "1", *election))  # fmt: skip
+                                    "--progress-poll-seconds", "1", *flags))  # fmt: skip
         op.start()
         assert op.proc is not None
         created = time.monotonic()
@@ -305,7 +304,9 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="spec.spares (0: the failed pod is replaced by the Job controller)",
     )
-    large_cluster.add_arguments(ap, lease=120, pods_ready_timeout=LARGE_PODS_READY_TIMEOUT)
+    large_cluster.add_arguments(
+        ap, lease=120, pods_ready_timeout=large_cluster.LARGE_PODS_READY_TIMEOUT
+    )
     ap.add_argument("--markdown", type=Path, default=None)
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
