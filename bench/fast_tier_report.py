@@ -223,11 +223,13 @@ def markdown(results: list[SizeResult], context: dict[str, Any]) -> str:
         "## 1. Training-thread stall per save",
         "",
         "Fast tier: what the training thread spends on a fast save "
-        "(`Checkpointer.fast_tier.last.stall`): the capture and the copies of what the next "
-        "forward and backward may change, in the `step_boundary` that saves, plus the fence's "
-        "wait at the next `optimizer.step()` if the writer thread had not yet copied the "
-        "optimizer-owned tensors. The serialization with SHA-256 into tmpfs, manifest, "
-        "COMMITTED, rename and retention run on the writer thread. Durable async: the "
+        "(`Checkpointer.fast_tier.last.stall`): reading the objects' state and copying what "
+        "the next forward and backward may change (module buffers, plain values, samplers, "
+        "RNGs), in the `step_boundary` that saves, plus the fence's wait at the next "
+        "`optimizer.step()` if the writer thread had not yet planned the files and copied "
+        "the tensors. The walk of the state, the plan, the copies of the optimizer-owned "
+        "tensors, the serialization with SHA-256 into tmpfs, manifest, COMMITTED, rename and "
+        "retention run on the writer thread. Durable async: the "
         "`save()` call plus the wait for staging at the next `optimizer.step()` "
         "(`SaveReport.stall_seconds`).",
         "",
