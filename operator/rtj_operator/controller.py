@@ -260,6 +260,7 @@ class Controller:
         self.rtjs.pop(key, None)
         self.gone.pop(key, None)
         self.gone_jobsets.pop(key, None)
+        self.applier.forget(key)
         self.store_readings.pop(key, None)
         self.queue_readings.pop(key, None)
         self.queue.forget(key)
@@ -440,6 +441,7 @@ class Controller:
             resolver_image=self.settings.resolver_image,
             control_key=self._control_key(rtj.metadata.uid),
             read_once=self._read_once,
+            accepted_deletes=self.applier.accepted(key, (rc.pod_name(p) for p in pods)),
         )
 
     def _control_key(self, uid: str) -> str | None:

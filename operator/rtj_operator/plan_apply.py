@@ -48,6 +48,21 @@ class PlanApplier:
         self._committed, self._rejected = committed, rejected
         self._event_slots = asyncio.Semaphore(EVENT_POSTS_AT_ONCE)
         self.posting: set[asyncio.Task[None]] = set()
+        self._accepted: dict[Key, dict[str, rc.AcceptedDelete]] = {}
+
+    def accepted(self, key: Key, live: Iterable[str]) -> dict[str, rc.AcceptedDelete]:
+        """The pod deletes of this job the API server accepted, for the pods in `live` (the
+        watch cache's); those of pods gone from it are forgotten (they need none again)."""
+        known = self._accepted.get(key)
+        if not known:
+            return {}
+        kept = {name: known[name] for name in live if name in known}
+        if len(kept) < len(known):
+            self._accepted[key] = kept
+        return dict(kept)
+
+    def forget(self, key: Key) -> None:
+        self._accepted.pop(key, None)
 
     async def drain_events(self, timeout: float) -> None:
         """Let Events of decisions already committed go out (bounded)."""
@@ -64,11 +79,15 @@ class PlanApplier:
             "uid": meta.uid,
         }
 
-    async def _delete(self, namespace: str, action: rc.DeleteJobSet | rc.DeletePod) -> None:
+    async def _delete(self, key: Key, action: rc.DeleteJobSet | rc.DeletePod) -> None:
+        namespace = key[0]
         if isinstance(action, rc.DeleteJobSet):
             await self._io(self.kube.delete_jobset, namespace, action.name)
-        else:
-            await self._io(self.kube.delete_pod, namespace, action.name, action.grace_seconds)
+            return
+        await self._io(self.kube.delete_pod, namespace, action.name, action.grace_seconds)
+        if action.uid:  # accepted, or already gone: the next plans need not send it again
+            accepted = rc.AcceptedDelete(action.uid, action.grace_seconds)
+            self._accepted.setdefault(key, {})[action.name] = accepted
 
     async def apply(self, key: Key, snap: rc.Snapshot, plan: rc.Plan) -> None:
         """Apply the plan's actions in order; a run of consecutive deletes (the old world's
@@ -95,7 +114,7 @@ class PlanApplier:
                     batch.append(following)
                     i += 1
                 results = await asyncio.gather(
-                    *(self._delete(namespace, a) for a in batch), return_exceptions=True
+                    *(self._delete(key, a) for a in batch), return_exceptions=True
                 )
                 errors = [r for r in results if isinstance(r, BaseException)]
                 if errors and not committed:

@@ -88,6 +88,7 @@ from rtj_operator.reconcile.quarantine import (
 from rtj_operator.reconcile.ranks import poll_targets, progress_facts
 from rtj_operator.reconcile.trim import plain, trim_event, trim_jobset, trim_node, trim_pod
 from rtj_operator.reconcile.world import (
+    AcceptedDelete,
     JobSetView,
     PollMessage,
     PollTarget,
@@ -97,6 +98,7 @@ from rtj_operator.reconcile.world import (
     Snapshot,
     StoreReading,
     attempt_of,
+    pod_name,
     read_jobset,
     with_queue,
     with_store,
@@ -111,6 +113,7 @@ __all__ = [
     "STORE_RETRY_MIN_SECONDS",
     "STORE_RETRY_SECONDS",
     "USER_FAILURE_SETTLE",
+    "AcceptedDelete",
     "Action",
     "Claimant",
     "CreateJobSet",
@@ -142,6 +145,7 @@ __all__ = [
     "plain",
     "plan",
     "pod_messages",
+    "pod_name",
     "poll_targets",
     "progress_facts",
     "read_jobset",

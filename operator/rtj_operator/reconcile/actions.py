@@ -41,6 +41,8 @@ class DeletePod:
     name: str
     grace_seconds: int | None = None
     """None: the pod's own grace period; 0: force (its node no longer exists)."""
+    uid: str = ""
+    """The pod's uid as the plan saw it: the applier remembers the delete by it."""
 
 
 @dataclass(frozen=True)

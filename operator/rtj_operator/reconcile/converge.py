@@ -43,7 +43,7 @@ def delete_orphans(b: PlanBuilder, pods: Iterable[Json], views: Sequence[JobSetV
         owner = get_in(pod, "metadata", "labels", keys.JOBSET_NAME_LABEL)
         deleting = get_in(pod, "metadata", "deletionTimestamp") is not None
         if not deleting and owner not in alive and pod_name(pod) not in queued:
-            b.after.append(DeletePod(pod_name(pod)))
+            _delete(b, pod, None)
 
 
 HANG_TEARDOWN_GRACE = 5
@@ -72,9 +72,19 @@ def delete_pods(
             continue
         if name in on_gone_nodes:
             if get_in(pod, "metadata", "deletionGracePeriodSeconds") != 0:
-                b.after.append(DeletePod(name, grace_seconds=0))
+                _delete(b, pod, 0)
         elif get_in(pod, "metadata", "deletionTimestamp") is None:
-            b.after.append(DeletePod(name, grace_seconds=grace_seconds))
+            _delete(b, pod, grace_seconds)
+
+
+def _delete(b: PlanBuilder, pod: Json, grace_seconds: int | None) -> None:
+    """Delete the pod unless the API server already accepted this delete of it (the watch
+    cache has not shown it yet: at 1,250 pods it lags by tens of seconds, and each round of
+    sending the same deletes again cost thousands of requests)."""
+    name, uid = pod_name(pod), str(get_in(pod, "metadata", "uid") or "")
+    accepted = b.snap.accepted_deletes.get(name)
+    if accepted is None or not accepted.covers(uid, grace_seconds):
+        b.after.append(DeletePod(name, grace_seconds=grace_seconds, uid=uid))
 
 
 def _teardown_sent(b: PlanBuilder) -> datetime | None:

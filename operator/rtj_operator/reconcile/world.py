@@ -126,6 +126,20 @@ class StoreReading:
 
 
 @dataclass(frozen=True)
+class AcceptedDelete:
+    """A pod delete the API server accepted (or answered 404: already gone), as the applier
+    remembers it until the pod leaves the watch cache."""
+
+    uid: str
+    grace_seconds: int | None
+
+    def covers(self, uid: str, grace_seconds: int | None) -> bool:
+        """Whether sending this delete again would change nothing: the same pod, and no
+        force now wanted where the accepted one was graceful."""
+        return self.uid == uid and (self.grace_seconds == 0 or grace_seconds != 0)
+
+
+@dataclass(frozen=True)
 class Rejection:
     """The API server (or an admission webhook) refused to create this JobSet for this
     generation of the job: the same render would be refused again."""
@@ -244,9 +258,9 @@ class Snapshot:
     node_leases: Mapping[str, NodeLease] = field(default_factory=dict)
     """The Leases (kube-node-lease) of the job's nodes: when each kubelet last renewed."""
     partition: bool = False
+    """Most nodes with a Lease are silent at once (the controller counts them all)."""
     rejection: Rejection | None = None
     """The last JobSet create the API server refused (422, or an admission webhook)."""
-    """Most nodes with a Lease are silent at once (the controller counts them all)."""
     gone_jobsets: tuple[Json, ...] = ()
     """JobSets of this job deleted while the operator watched (their uids keep the pods of an
     attempt whose JobSet is gone trusted as evidence)."""
@@ -263,6 +277,10 @@ class Snapshot:
     read_once: ReadOnce | None = None
     """The views of the pods and nodes above already read, kept by the operator across plans
     (its watch cache never edits an object in place); None: every plan reads them again."""
+    accepted_deletes: Mapping[str, AcceptedDelete] = field(default_factory=dict)
+    """Pods of `pods` whose delete the API server already accepted (by name; the operator's
+    memory, `plan_apply.PlanApplier.accepted`): not deleted again while the watch cache has
+    not caught up with them (at 1,250 pods it lags by tens of seconds)."""
 
 
 def with_store(snap: Snapshot, reading: StoreReading) -> Snapshot:

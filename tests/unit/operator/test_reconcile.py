@@ -386,6 +386,30 @@ def test_deletes_just_sent_are_not_sent_again_until_the_resend_window_passes() -
     assert len(of(plan, rc.DeletePod)) == 4
 
 
+def test_pod_deletes_the_api_server_accepted_are_not_sent_again_while_the_cache_lags() -> None:
+    """At 1,250 pods the watch cache showed the old pods deleting 30 s after their deletes
+    were accepted, and every plan past the resend window sent them all again (4,291 DELETEs
+    for 1,250 pods). The applier remembers the accepted ones (`Snapshot.accepted_deletes`):
+    only a delete never accepted, of another pod under the same name, or a force now needed
+    where a graceful one was accepted goes out again."""
+    raw, pods, _ = _failed_and_recorded()
+    for p in pods:
+        p["metadata"]["uid"] = f"uid-{p['metadata']['name']}"
+    names = [p["metadata"]["name"] for p in pods]
+    accepted = {n: rc.AcceptedDelete(f"uid-{n}", None) for n in names[:3]}
+    accepted[names[0]] = rc.AcceptedDelete("uid-of-an-earlier-pod-of-that-name", None)
+    after = NOW + rc.DELETE_RESEND
+    snap = snapshot(raw, jobsets=[jobset(1)], pods=pods, now=after, store=reading(1, after))
+    plan = rc.plan(replace(snap, accepted_deletes=accepted))
+    assert [a.name for a in of(plan, rc.DeleteJobSet)] == ["llm-a1"]
+    assert sorted(a.name for a in of(plan, rc.DeletePod)) == sorted([names[0], names[3]])
+    assert {a.uid for a in of(plan, rc.DeletePod)} == {f"uid-{names[0]}", f"uid-{names[3]}"}
+    # a graceful delete accepted does not stand for the force a gone node's pod needs
+    assert not rc.AcceptedDelete("u", None).covers("u", 0)
+    assert rc.AcceptedDelete("u", 0).covers("u", 0) and rc.AcceptedDelete("u", 0).covers("u", None)
+    assert rc.AcceptedDelete("u", 5).covers("u", None)
+
+
 def test_a_teardown_stamped_by_a_clock_ahead_of_ours_is_not_trusted_to_be_recent() -> None:
     raw, pods, _ = _failed_and_recorded()
     earlier = NOW - timedelta(minutes=10)  # a new leader whose clock is 10 minutes behind
