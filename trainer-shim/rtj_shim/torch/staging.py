@@ -28,7 +28,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -38,6 +38,8 @@ from rtj_shim.torch.capture import Reading, SaveJob, clone_tensors
 from rtj_shim.torch.plain import PLAIN_LEAVES
 from rtj_shim.torch.state import COMMON, Entry, optimizer_param_ptrs
 from rtj_shim.torch.validation import nonfinite_problem
+
+K = TypeVar("K")
 
 
 class Staged(Protocol):
@@ -60,11 +62,7 @@ class Staging:
         self._hooked: dict[int, Any] = {}
 
     def _buffer(self, index: int, tensor: torch.Tensor) -> torch.Tensor:
-        buf = self._buffers.get(index)
-        if buf is None or buf.shape != tensor.shape or buf.dtype != tensor.dtype:
-            buf = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu")
-            self._buffers[index] = buf
-        return buf
+        return _reused(self._buffers, index, tensor)
 
     def stage_unfenced(self, job: SaveJob, *, rank_state: bool = True) -> None:
         """Copy what the training thread may change before the next optimizer step (and,
@@ -120,11 +118,7 @@ class Staging:
         reading.rank_objects = clone_tensors(reading.rank_objects)  # rng: read fresh
 
     def _volatile_copy(self, key: tuple[str, str], tensor: torch.Tensor) -> torch.Tensor:
-        buf = self._volatile.get(key)
-        if buf is None or buf.shape != tensor.shape or buf.dtype != tensor.dtype:
-            buf = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu")
-            self._volatile[key] = buf
-        return buf.copy_(tensor)
+        return _reused(self._volatile, key, tensor).copy_(tensor)
 
     def stage_fenced(self, job: SaveJob) -> None:
         """Background thread: copy the optimizer-owned tensors (the fence holds step())."""
@@ -162,6 +156,16 @@ class Staging:
         # .metadata first: on rank 0 the committing writer then owns the dcp/ directory
         job.sharded_files = sorted(files, key=lambda f: (not f[0].endswith(".metadata"), f[0]))
         job.sharded = {}
+
+
+def _reused(buffers: dict[K, torch.Tensor], key: K, tensor: torch.Tensor) -> torch.Tensor:
+    """The CPU buffer kept under ``key`` for a tensor of this shape and dtype (a new one
+    when it has none or the tensor changed)."""
+    buf = buffers.get(key)
+    if buf is None or buf.shape != tensor.shape or buf.dtype != tensor.dtype:
+        buf = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu")
+        buffers[key] = buf
+    return buf
 
 
 def mark_staged(job: Staged) -> None:
