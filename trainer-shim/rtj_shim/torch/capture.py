@@ -93,14 +93,24 @@ class Reading:
 
 
 def read_state(
-    entries: list[Entry], coord: _dist.Coordinator, allow_unsafe_pickle: bool
+    entries: list[Entry],
+    coord: _dist.Coordinator,
+    allow_unsafe_pickle: bool,
+    *,
+    clone_rank_objects: bool = False,
 ) -> Reading:
+    """Each object's ``state_dict()`` and every RNG, on the training thread; the rank's own
+    objects encoded (their tensors cloned with ``clone_rank_objects``: a save written while
+    training goes on)."""
     rank_objects = {e.name: state_of(e) for e in entries if e.placement == RANK}
     return Reading(
         common={e.name: state_of(e) for e in entries if e.placement == COMMON},
         rng=rng.read(),
-        rank_objects=ser.encode(rank_objects, f"rank {coord.rank} state", allow_unsafe_pickle),
-    )
+        rank_objects=ser.encode(
+            rank_objects, f"rank {coord.rank} state", allow_unsafe_pickle,
+            clone=clone_rank_objects,
+        ),
+    )  # fmt: skip
 
 
 def capture(

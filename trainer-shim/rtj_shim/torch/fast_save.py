@@ -144,7 +144,7 @@ class FastTier:
                 raise ValueError(
                     "sharded (FSDP) state is not kept in the fast tier yet; durable only"
                 )
-            reading = read_state(entries, coord, self.allow_unsafe_pickle)
+            reading = read_state(entries, coord, self.allow_unsafe_pickle, clone_rank_objects=True)
             self._staging.freeze(reading, entries, self.allow_unsafe_pickle)
         except Exception as exc:
             self.failures += 1

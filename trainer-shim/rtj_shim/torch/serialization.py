@@ -98,10 +98,19 @@ def flatten(
     return _walk(state, where, allow_unsafe, reference)
 
 
-def encode(state: Any, where: str, allow_unsafe: bool) -> Any:
-    """``state`` as ``torch.load(weights_only=True)`` loads it, tensors left in place;
+def encode(state: Any, where: str, allow_unsafe: bool, *, clone: bool = False) -> Any:
+    """``state`` as ``torch.load(weights_only=True)`` loads it, tensors left in place (or
+    ``clone``d: a copy the owner's later changes do not reach, in the same one walk);
     :func:`unflatten` with no tensors turns it back (rank-local state is saved this way)."""
-    return _walk(state, where, allow_unsafe, lambda tensor: tensor)
+    return _walk(state, where, allow_unsafe, _cloned if clone else _same)
+
+
+def _same(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
+def _cloned(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.clone()
 
 
 def _walk(

@@ -82,11 +82,12 @@ class Staging:
         holds that one until the writer has copied the rest). A module's tensors no
         optimizer owns (buffers: running statistics move in the forward) go into reused
         buffers; every replicated object but modules and optimizers (schedulers, samplers,
-        plain values, Stateful objects) and the rank's own state are encoded and cloned
-        whole (small; a plain value may be mutated in place). An optimizer's state (its
-        ``state_dict()`` copied the param groups; its tensors and per-parameter dicts change
-        only in ``step()``) is left to the writer behind the fence."""
-        owned = optimizer_param_ptrs(entries)
+        plain values, Stateful objects) is encoded with its tensors cloned (small; a plain
+        value may be mutated in place), as the rank's own state was when it was read. An
+        optimizer's state (its ``state_dict()`` copied the param groups; its tensors and
+        per-parameter dicts change only in ``step()``) is left to the writer behind the
+        fence."""
+        owned = optimizer_param_ptrs(entries, state=False)  # a module holds no optimizer state
         copies: dict[tuple[Any, ...], torch.Tensor] = {}  # tied tensors stay one tensor
         used: set[tuple[str, str]] = set()
         for entry in entries:
@@ -94,9 +95,7 @@ class Staging:
                 continue
             state = reading.common[entry.name]
             if entry.kind != "module" or not isinstance(state, dict):
-                reading.common[entry.name] = clone_tensors(
-                    ser.encode(state, entry.name, allow_unsafe)
-                )
+                reading.common[entry.name] = ser.encode(state, entry.name, allow_unsafe, clone=True)
                 continue
             for key, value in state.items():
                 if isinstance(value, torch.Tensor):
@@ -110,12 +109,9 @@ class Staging:
                                 copies[view] = copy
                         state[key] = copy
                 elif type(value) not in PLAIN_LEAVES:  # a module's extra state
-                    state[key] = clone_tensors(
-                        ser.encode(value, f"{entry.name}.{key}", allow_unsafe)
-                    )
+                    state[key] = ser.encode(value, f"{entry.name}.{key}", allow_unsafe, clone=True)
         for stale in set(self._volatile) - used:
             del self._volatile[stale]
-        reading.rank_objects = clone_tensors(reading.rank_objects)  # rng: read fresh
 
     def _volatile_copy(self, key: tuple[str, str], tensor: torch.Tensor) -> torch.Tensor:
         return _reused(self._volatile, key, tensor).copy_(tensor)

@@ -215,8 +215,9 @@ def module_for_optimizer(optimizer: torch.optim.Optimizer, entries: list[Entry])
     raise ValueError("no module among the objects owns all of this optimizer's parameters")
 
 
-def optimizer_param_ptrs(entries: list[Entry]) -> set[int]:
-    """Storage addresses of every optimizer's parameters and state (mutated only by step())."""
+def optimizer_param_ptrs(entries: list[Entry], *, state: bool = True) -> set[int]:
+    """Storage addresses of every optimizer's parameters and (``state``) its state: what
+    only ``step()`` mutates."""
     ptrs: set[int] = set()
     for entry in entries:
         if entry.kind != "optimizer":
@@ -225,6 +226,8 @@ def optimizer_param_ptrs(entries: list[Entry]) -> set[int]:
         for group in opt.param_groups:
             for p in group["params"]:
                 ptrs.add(p.data_ptr())
+        if not state:
+            continue
         for st in opt.state.values():
             for v in st.values():
                 if isinstance(v, torch.Tensor):
