@@ -72,6 +72,7 @@ from typing import Any
 import torch
 
 from bench.common import BENCH_DIR, mount_of
+from bench.fast_tier_example import measure_example
 from bench.fast_tier_report import markdown, print_summary
 from bench.fast_tier_restores import measure_restores, s3_server
 from bench.fast_tier_results import SizeResult, fmt_bytes
@@ -151,6 +152,10 @@ def run(args: argparse.Namespace, context: dict[str, Any]) -> list[SizeResult]:
             results.append(result)
             del tr
             gc.collect()
+        if args.example_steps > 0:
+            print(f"\nthe example trainer ({args.example_pairs} pair(s) of runs)")
+            runs = measure_example(work_top, fast_top, args.example_steps, args.example_pairs)
+            context["example"] = {"steps": args.example_steps, "runs": [asdict(r) for r in runs]}
     finally:
         stack.close()
         shutil.rmtree(work_top, ignore_errors=True)
@@ -170,6 +175,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the example trainer's durable interval")  # fmt: skip
     parser.add_argument("--fast-every", type=int, default=5,
                         help="the fast interval beside it, in the example scenario")  # fmt: skip
+    parser.add_argument("--example-steps", type=int, default=600,
+                        help="steps of each example-trainer run (0: not run)")  # fmt: skip
+    parser.add_argument("--example-pairs", type=int, default=2,
+                        help="example-trainer runs without and with the fast tier")  # fmt: skip
     parser.add_argument("--no-s3", dest="s3", action="store_false")
     parser.add_argument("--no-buddy", dest="buddy", action="store_false",
                         help="no restore from a buddy (the peer replica's sidecars)")  # fmt: skip
@@ -182,6 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.hidden = [int(h) for h in str(args.hidden).split(",") if h]
     if args.quick:
         args.hidden, args.rounds, args.restore_reps, args.s3 = list(QUICK_HIDDEN), 2, 1, False
+        args.example_steps, args.example_pairs = min(args.example_steps, 40), 1
     context: dict[str, Any] = {
         "loadavg_start": os.getloadavg(),
         "started": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from bench.common import MiB, med, p90
+from bench.fast_tier_example import example_lines
 from bench.fast_tier_lost import (
     contention_s,
     durable_options,
@@ -220,6 +221,10 @@ def markdown(results: list[SizeResult], context: dict[str, Any]) -> str:
         "",
         *summary_table(results),
         "",
+        *example_lines(
+            (context.get("example") or {}).get("runs", []),
+            int((context.get("example") or {}).get("steps", 0)),
+        ),
         "## 1. Training-thread stall per save",
         "",
         "Fast tier: what the training thread spends on a fast save "

@@ -312,6 +312,15 @@ def main(argv: list[str] | None = None) -> int:
             emit({"event": "save", "step": report.step, "seconds": report.seconds})
         return report
 
+    def log_fast(fast: Any, logged: Any) -> Any:
+        """A fast-tier save (RTJ_FAST_TIER_DIR from the operator) is logged once written,
+        with what it stalled this training thread (bench.fast_tier_example reads it)."""
+        last = None if fast is None else fast.last
+        if last is not None and last is not logged:
+            emit({"event": "fast_save", "step": last.step, "stall": last.stall,
+                  "seconds": last.seconds})  # fmt: skip
+        return last
+
     torch.manual_seed(args.seed)  # same initial weights on every rank
     model = make_model(args.hidden)
     if args.fsdp and world > 1:
@@ -395,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
     batches = micro_batches()
     ckpt_s = 0.0
     logged: SaveReport | None = None
+    fast_tier = getattr(ckpt, "fast_tier", None)  # a Checkpointer's (None: no fast tier)
+    logged_fast: Any = None
     while step < args.steps:
         wrapped.train()
         total = 0.0
@@ -449,8 +460,12 @@ def main(argv: list[str] | None = None) -> int:
             ckpt.save(step, objects, blocking=not args.async_save, loss=total)
         ckpt_s = round(time.perf_counter() - boundary, 6)
         logged = log_save(ckpt.last_save, logged)
+        logged_fast = log_fast(fast_tier, logged_fast)
     ckpt.wait()
     log_save(ckpt.last_save, logged)
+    if fast_tier is not None:
+        fast_tier.wait()
+        log_fast(fast_tier, logged_fast)
     if args.dump_state is not None:
         state = full_state(wrapped, opt)
         if rank == 0:
