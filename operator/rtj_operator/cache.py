@@ -19,8 +19,26 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 
+from rtj_operator.api import keys
+
 Json = Mapping[str, Any]
 MAX_TOMBSTONES = 20_000
+
+
+def newer_or_same(candidate: Json, current: Json | None) -> bool:
+    """Whether `candidate` is at least as new as `current` (resourceVersions as etcd revisions)."""
+    if current is None:
+        return True
+    a, b = rv_of(candidate), rv_of(current)
+    return a is None or b is None or a >= b
+
+
+def job_key_of(body: Json) -> tuple[str, str] | None:
+    """The (namespace, job) a pod or JobSet of a job belongs to, by its job label."""
+    meta = body.get("metadata") or {}
+    job = (meta.get("labels") or {}).get(keys.JOB_LABEL)
+    namespace = meta.get("namespace")
+    return (namespace, job) if job and namespace else None
 
 
 def uid_of(body: Json) -> str:

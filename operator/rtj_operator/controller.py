@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
@@ -24,30 +24,28 @@ from pydantic import ValidationError
 
 from rtj_operator import reconcile as rc
 from rtj_operator import selection
-from rtj_operator.api import keys
 from rtj_operator.api.reasons import Phase
 from rtj_operator.api.resource import ResilientTrainingJob
-from rtj_operator.cache import WatchCache
+from rtj_operator.cache import WatchCache, job_key_of, newer_or_same, rv_of
+from rtj_operator.controller_loops import ControllerLoops
 from rtj_operator.event_reads import read_events
 from rtj_operator.job_reads import JobReads
 from rtj_operator.kube import (
     AlreadyExists,
     Conflict,
     Kube,
-    KubeError,
 )
 from rtj_operator.metrics import Metrics
 from rtj_operator.node_leases import NodeLeases
 from rtj_operator.plan_apply import PlanApplier
 from rtj_operator.policy.observed import ReadOnce
-from rtj_operator.policy.platform import NodeHealthPolicy
 from rtj_operator.rank_polls import JobTargets, RankPolls
 from rtj_operator.reconcile.world import REPLICA_PATH
+from rtj_operator.settings import Settings
 from rtj_operator.store_reads import (
     Lane,
     StoreReader,
     StoreReads,
-    store_key,
 )
 from rtj_operator.work_queue import WorkQueue
 from rtj_shim.control import job_key
@@ -61,8 +59,6 @@ T = TypeVar("T")
 CONFLICT_RETRY_SECONDS = 0.2
 EXISTS_RETRY_SECONDS = 0.5
 CONFLICT_RETRY_MAX_SECONDS = 10.0
-STARTUP_RESYNC_SECONDS = 30.0
-"""A second LIST soon after startup drops objects deleted while the watches started."""
 WORLD_BATCH_SECONDS = 0.25
 """Pod and node changes of a job are planned at most once per this interval once its burst
 (WORLD_BURST) is spent; changes in between are planned together. A world of N pods starting
@@ -80,19 +76,6 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
-def _rv(body: Mapping[str, Any]) -> int | None:
-    value = (body.get("metadata") or {}).get("resourceVersion")
-    return int(value) if isinstance(value, str) and value.isdigit() else None
-
-
-def newer_or_same(candidate: Mapping[str, Any], current: Mapping[str, Any] | None) -> bool:
-    """Whether `candidate` is at least as new as `current` (resourceVersions as etcd revisions)."""
-    if current is None:
-        return True
-    a, b = _rv(candidate), _rv(current)
-    return a is None or b is None or a >= b
-
-
 def _pod_keys(body: Mapping[str, Any]) -> list[Any]:
     key, node = job_key_of(body), (body.get("spec") or {}).get("nodeName")
     attempt = rc.attempt_of(body)
@@ -105,50 +88,10 @@ def _pod_keys(body: Mapping[str, Any]) -> list[Any]:
 _TEARDOWN_PHASES = frozenset({Phase.RESTARTING.value, Phase.SUSPENDED.value})
 
 
-def job_key_of(body: Mapping[str, Any]) -> Key | None:
-    meta = body.get("metadata") or {}
-    job = (meta.get("labels") or {}).get(keys.JOB_LABEL)
-    namespace = meta.get("namespace")
-    return (namespace, job) if job and namespace else None
-
-
 # --- the controller ------------------------------------------------------------------------
 
 
-@dataclass
-class Settings:
-    workers: int = 16
-    api_threads: int = 32
-    resync_seconds: float = 300.0
-    checkpoint_refresh_seconds: float = 60.0
-    store_readers: int = 8
-    """Threads per store-read lane (restart reads and background refreshes)."""
-    store_readers_per_store: int = 2
-    store_read_timeout: float = 30.0
-    operator_identity_stores: tuple[str, ...] = ()
-    """URI prefixes the operator may read with its own identity (jobs without a
-    credentialsSecret); see store_reads.operator_identity_refusal."""
-    node_health: NodeHealthPolicy = field(default_factory=NodeHealthPolicy)
-    """The platform's node-health policy (taint key/effect, XID codes, node signals)."""
-    watch_node_leases: bool = True
-    """Watch kube-node-lease: silent nodes are judged lost from their Lease within seconds
-    (off, or not permitted: only the node lifecycle controller's verdict counts)."""
-    identity: str = "rtj-operator"
-    progress_poll_seconds: float = 5.0
-    """How often each running worker pod's progress sidecar is read (0: never; no hang or
-    straggler detection)."""
-    resolver_image: str | None = None
-    """The platform's image for resume init containers and progress sidecars (a job's
-    spec.checkpoint.resolverImage wins; None: the trainer's image)."""
-    control_secret: bytes | None = None
-    """The operator's secret for restart orders (every replica the same): each job's key is
-    derived from it and the job's uid (rtj_shim.control.job_key). None: nothing restarts in
-    place (spec.recovery.inPlace falls back to re-creating the world)."""
-    progress_poll_timeout: float = 2.0
-    progress_poll_concurrency: int = 16
-
-
-class Controller:
+class Controller(ControllerLoops):
     def __init__(
         self,
         kube: Kube,
@@ -235,7 +178,7 @@ class Controller:
         uid = str(meta.get("uid") or "")
         if event_type == "DELETED":
             if uid:
-                self._rtj_tombstones[uid] = _rv(body)
+                self._rtj_tombstones[uid] = rv_of(body)
             while len(self._rtj_tombstones) > MAX_RTJ_TOMBSTONES:
                 self._rtj_tombstones.pop(next(iter(self._rtj_tombstones)))
             held = self.rtjs.get(key)
@@ -546,158 +489,3 @@ class Controller:
     def read_events(self, snap: rc.Snapshot) -> list[dict[str, Any]]:
         """Events about the failed attempt (blocking; see `event_reads.read_events`)."""
         return read_events(self.kube, snap)
-
-    # --- list, then watch --------------------------------------------------------------------
-
-    def _list(self, kind: str) -> tuple[list[dict[str, Any]], int | None]:
-        """Every object of `kind` the operator watches, and the oldest list resourceVersion."""
-        items: list[dict[str, Any]] = []
-        versions: list[int] = []
-        scopes: list[str | None] = list(self.namespaces) if self.namespaces else [None]
-        trim = {"pods": rc.trim_pod, "jobsets": rc.trim_jobset, "nodes": rc.trim_node}.get(kind)
-        for namespace in scopes:
-            found, rv = self.kube.list_kind(kind, namespace, trim)
-            items += found
-            if rv is not None:
-                versions.append(rv)
-        return items, min(versions) if versions else None
-
-    async def sync(self) -> None:
-        """LIST pods, JobSets, nodes and jobs into the caches (startup and resync)."""
-        results = await asyncio.gather(
-            *(self._io(self._list, kind) for kind in ("pods", "jobsets", "nodes", "rtjs"))
-        )
-        (pods, pods_rv), (jobsets, js_rv), (nodes, nodes_rv), (rtjs, rtjs_rv) = results
-        for pod in self.pods.replace(pods, pods_rv):
-            key = job_key_of(pod)
-            if key is not None:
-                self.queue.add(key)
-        for js in self.jobsets.replace(jobsets, js_rv):
-            key = job_key_of(js)
-            if key is not None:
-                self.queue.add(key)
-        listed_nodes = {(n.get("metadata") or {}).get("name", "") for n in nodes}
-        for gone_node in self.nodes.replace(nodes, nodes_rv):
-            self.deleted_nodes.add((gone_node.get("metadata") or {}).get("name", ""))
-        self.deleted_nodes -= listed_nodes
-        listed = set()
-        for body in rtjs:
-            meta = body.get("metadata") or {}
-            listed.add((meta.get("namespace", ""), meta.get("name", "")))
-            self.on_rtj(None, body)
-        for key in [k for k in self.rtjs if k not in listed]:
-            cached_rv = _rv(self.rtjs[key])
-            # a job created after the LIST's snapshot is not gone: its watch event was newer
-            if rtjs_rv is None or cached_rv is None or cached_rv <= rtjs_rv:
-                self.on_rtj("DELETED", self.rtjs[key])
-        self.listed_at = time.monotonic()
-        self.synced.set()
-
-    # --- loops -----------------------------------------------------------------------------
-
-    async def _worker(self) -> None:
-        await self.synced.wait()
-        while True:
-            key = await self.queue.get()
-            try:
-                again = await self.reconcile(key)
-                self.queue.forget_failures(key)
-                if again is not None:
-                    self.queue.add_after(key, again)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                delay = self.queue.add_rate_limited(key)
-                log.exception("%s/%s: reconcile failed; retrying in %.1fs", *key, delay)
-            finally:
-                self.queue.done(key)
-
-    async def _resync(self) -> None:
-        """List everything again: heals missed watch events; first soon after startup."""
-        while not self.synced.is_set():
-            try:
-                await self.sync()
-            except KubeError as exc:
-                log.warning("initial listing failed (%s); retrying", exc)
-                await asyncio.sleep(2.0)
-        delay = min(self.settings.resync_seconds, STARTUP_RESYNC_SECONDS)
-        while True:
-            await asyncio.sleep(delay)
-            delay = self.settings.resync_seconds
-            try:
-                await self.sync()
-            except KubeError as exc:
-                log.warning("resync listing failed: %s", exc)
-            for key in list(self.rtjs):
-                self.queue.add(key)
-
-    async def _refresh_checkpoints(self) -> None:
-        """Periodically read s3:// stores of running jobs: checkpoint age and metrics."""
-        while True:
-            await asyncio.sleep(self.settings.checkpoint_refresh_seconds)
-            jobs = []
-            for key, raw in list(self.rtjs.items()):
-                try:
-                    rtj = ResilientTrainingJob.from_object(raw)
-                except ValidationError:
-                    continue
-                active = rtj.status.phase in (Phase.RUNNING, Phase.ADMITTED)
-                if active and selection.operator_reads_store(rtj.spec.checkpoint.uri):
-                    jobs.append((key, rtj))
-
-            async def refresh(key: Key, rtj: ResilientTrainingJob) -> None:
-                ckpt = rtj.spec.checkpoint
-                secret = ckpt.credentials_secret and f"{key[0]}/{ckpt.credentials_secret}"
-                if self.store_reads.resting(store_key(ckpt.uri, secret or None)):
-                    return  # failed recently: the restart lane still reads it when needed
-                self._keep_reading(key, await self.read_store(rtj, Lane.REFRESH))
-                self.queue.add(key)
-
-            await asyncio.gather(*(refresh(k, r) for k, r in jobs), return_exceptions=True)
-
-    def start(self) -> None:
-        """Start the workers and loops on the running event loop."""
-        if self._tasks:
-            return
-        for i in range(self.settings.workers):
-            self._tasks.append(asyncio.create_task(self._worker(), name=f"rtj-worker-{i}"))
-        self._tasks.append(asyncio.create_task(self._resync(), name="rtj-resync"))
-        if self.settings.watch_node_leases:
-            self._tasks.append(
-                asyncio.create_task(self.node_leases.run(self.kube), name="rtj-node-leases")
-            )
-        if self.settings.checkpoint_refresh_seconds > 0:
-            self._tasks.append(
-                asyncio.create_task(self._refresh_checkpoints(), name="rtj-checkpoints")
-            )
-        if self.settings.progress_poll_seconds > 0:
-            self._tasks.append(
-                asyncio.create_task(self._poll_progress(), name="rtj-progress-polls")
-            )
-
-    async def _poll_progress(self) -> None:
-        await self.synced.wait()
-        await self.rank_polls.run(self.progress_targets)
-
-    def dead_loops(self) -> tuple[str, ...]:
-        """The workers and loops that ended with an error (a cancelled one is stopping)."""
-        return tuple(
-            t.get_name() for t in self._tasks
-            if t.done() and not t.cancelled() and t.exception() is not None
-        )  # fmt: skip
-
-    def halt(self) -> None:
-        """Stop acting at once (the lease is lost): cancel every worker and loop."""
-        for task in self._tasks:
-            task.cancel()
-
-    async def stop(self) -> None:
-        """Cancel the workers first (nothing new is decided or applied), then let Events of
-        decisions already committed go out (bounded), then close."""
-        self.halt()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks.clear()
-        await self.applier.drain_events(timeout=5)
-        self.executor.shutdown(wait=False, cancel_futures=True)
-        self.store_reads.shutdown()
-        self.rank_polls.close()

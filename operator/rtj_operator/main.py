@@ -115,11 +115,12 @@ async def run(args: argparse.Namespace) -> int:
     import kopf
 
     from rtj_operator import handlers
-    from rtj_operator.controller import Controller, Settings
+    from rtj_operator.controller import Controller
     from rtj_operator.health import HEARTBEAT_SECONDS, HealthFacts, HealthServer
     from rtj_operator.kube import Kube, load_config
     from rtj_operator.leader import LeaderElector
     from rtj_operator.metrics import Metrics
+    from rtj_operator.settings import Settings
 
     log = logging.getLogger("rtj_operator")
     node_health = args.node_health

@@ -16,11 +16,12 @@ from rtj_world import iso, jobset, node, pod, rtj_raw
 from rtj_operator import controller as ctl
 from rtj_operator import event_reads, handlers, work_queue
 from rtj_operator.api import FailureClass, ResilientTrainingJob, keys
-from rtj_operator.cache import WatchCache
+from rtj_operator.cache import WatchCache, newer_or_same
 from rtj_operator.kube import Conflict, Unavailable
 from rtj_operator.leader import LeaseRecord, Move, lease_decision
 from rtj_operator.metrics import Metrics, sample
 from rtj_operator.selection import Selection
+from rtj_operator.settings import Settings
 
 # --- metrics -----------------------------------------------------------------------------------
 
@@ -186,10 +187,10 @@ def test_routing_keys() -> None:
     timeout = "Exceeded the PodsReady timeout team-a/jobset-llm-a1-3f2a1"
     evicted = {"involvedObject": workload, "reason": "EvictedDueToPodsReadyTimeout"}
     assert event_reads.relevant_event({**evicted, "message": timeout})
-    assert ctl.newer_or_same(
+    assert newer_or_same(
         {"metadata": {"resourceVersion": "10"}}, {"metadata": {"resourceVersion": "9"}}
     )
-    assert not ctl.newer_or_same(
+    assert not newer_or_same(
         {"metadata": {"resourceVersion": "9"}}, {"metadata": {"resourceVersion": "10"}}
     )
 
@@ -253,7 +254,7 @@ def _controller(kube: FakeKube, registry: CollectorRegistry) -> ctl.Controller:
     def reader(uri: str, bad: Any, credentials: Any) -> Selection:
         return Selection(1200, f"{uri}/steps/step-000000001200", NOW)
 
-    settings = ctl.Settings(workers=1, operator_identity_stores=SHARED_BUCKET)
+    settings = Settings(workers=1, operator_identity_stores=SHARED_BUCKET)
     c = ctl.Controller(kube, Metrics(registry), settings, clock=lambda: NOW,  # type: ignore[arg-type]
                        store_reader=reader)  # fmt: skip
     return c
@@ -550,7 +551,7 @@ def test_a_background_refresh_racing_a_corrupt_step_verdict_never_pins_that_step
             return create(namespace, body)
 
         kube.create_jobset = capture  # type: ignore[method-assign]
-        settings = ctl.Settings(workers=1, operator_identity_stores=SHARED_BUCKET)
+        settings = Settings(workers=1, operator_identity_stores=SHARED_BUCKET)
         c = ctl.Controller(kube, Metrics(reg), settings,  # type: ignore[arg-type]
                            clock=lambda: clock[0], store_reader=reader)  # fmt: skip
         key = ("team-a", "llm")
@@ -699,7 +700,7 @@ def test_the_operator_reads_a_store_with_its_own_identity_only_where_allowed() -
             reads.append(uri)
             return Selection(1200, f"{uri}/steps/step-000000001200", NOW)
 
-        c = ctl.Controller(kube, Metrics(reg), ctl.Settings(  # type: ignore[arg-type]
+        c = ctl.Controller(kube, Metrics(reg), Settings(  # type: ignore[arg-type]
             workers=1, operator_identity_stores=("s3://platform-ckpt/",)),
             clock=lambda: NOW, store_reader=reader)  # fmt: skip
         other = ResilientTrainingJob.from_object(rtj_raw())  # s3://ckpt/team-a/llm
