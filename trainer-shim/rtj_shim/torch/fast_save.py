@@ -180,7 +180,7 @@ class FastTier:
                 every_shard=True, reading=pending.reading,  # this rank keeps them all
             )  # fmt: skip
             job.staged = pending.staged
-            self._staging.stage_unfenced(job, rank_state=False)  # freeze() cloned it
+            self._staging.stage_unfenced(job, rank_state=False)  # read_state() cloned it
             self._staging.stage_fenced(job)
         finally:
             mark_staged(pending)
