@@ -10,12 +10,13 @@ own order checks and supervisor decisions.
   job's control key and uid from the sidecar's environment (as the real sidecar reads them),
   a spare (``RTJ_SPARE=1``) or a replacement (`job-index-failure-count` > 0) held.
 - ``POST /control``: `rtj_shim.control.accept` (signature, job, not older than the last),
-  202 or 403 with the reason, like the sidecar; then, `supervisor.POLL_SECONDS` later (the
-  supervisor reads the order file that often), `rtj_shim.supervisor.next_action` on the
-  pod's state: stop, start (with the rank an order gives), finish, with nothing to wait for
-  (a trainer that stops and starts in no time: what is measured is the control plane). As
-  with the real pair, the read that follows a POST in the same poll round still shows the
-  state before it.
+  403 with the reason, like the sidecar; else at once (the sidecar rings the supervisor's
+  doorbell, `rtj_shim.doorbell`) `rtj_shim.supervisor.next_action` on the pod's state:
+  stop, start (with the rank an order gives), finish, with nothing to wait for (a trainer
+  that stops and starts in no time: what is measured is the control plane), and 202 with
+  the pod's report after it, as the sidecar answers once its supervisor took the order. A
+  real stop answers ``stopping`` (the trainer's processes take their time to end) and is
+  read back in a later round; here it answers ``stopped``.
 - ``GET /progress``: the sidecar's body with no ranks and the supervisor's report, the
   fields `rtj_shim.supervisor` writes.
 - Commands from the bench over a pipe: ``("exit", pod, code)`` (the pod's command exits),
@@ -42,7 +43,7 @@ from e2e.cluster.kube import Kube as HarnessKube
 from rtj_operator.api import keys
 from rtj_shim import control
 from rtj_shim.progress_server import KEEP_ALIVE_IDLE_S
-from rtj_shim.supervisor import POLL_SECONDS, Supervised, next_action
+from rtj_shim.supervisor import Supervised, next_action
 
 HEAD = (
     b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
@@ -64,7 +65,6 @@ class SimPod:
     spare: bool = False
     rank: int | None = None
     last: control.Order | None = None
-    written: float = 0.0
     updated: float = field(default_factory=time.time)
 
     def report(self) -> dict[str, Any]:
@@ -82,20 +82,18 @@ class SimPod:
                 "errors": [], "supervisor": self.report()}  # fmt: skip
 
     def take(self, raw: bytes, signature: str | None) -> control.Order:
-        """The sidecar's check (raises control.OrderError); the order is the supervisor's to
-        carry out, as the sidecar's order file is, once it looks (`settle`)."""
-        self.settle()
+        """The sidecar's check (raises control.OrderError), then the supervisor's step on
+        it (`settle`): the doorbell wakes it at once."""
         order = control.accept(raw, signature, key=self.key, job_uid=self.job_uid, last=self.last)
         if order != self.last:
-            self.last, self.written = order, time.time()
+            self.last = order
+        self.settle()
         return order
 
-    def settle(self, now: float | None = None) -> str:
-        """The supervisor's step on the last accepted order, once it has looked: it reads
-        the order file every `supervisor.POLL_SECONDS`, so a change shows at the earliest in
-        the poll round after the one that posted it, as with the real pair."""
-        now = time.time() if now is None else now
-        if self.last is None or now - self.written < POLL_SECONDS:
+    def settle(self) -> str:
+        """The supervisor's step on the last accepted order (again until it has none to
+        take: a stop, then the start a run order asks for)."""
+        if self.last is None:
             return "wait"
         order = self.last
         action = next_action(self.current, order)
@@ -108,6 +106,8 @@ class SimPod:
                               exit_code=None))  # fmt: skip
         elif action == "finish":
             self._set(replace(self.current, state="finished", exit_code=0))
+        if action in ("stop", "start") and next_action(self.current, order) != "wait":
+            return self.settle()  # a run order to a pod not yet stopped for it: stop, start
         return action
 
     def exit(self, code: int) -> None:
@@ -174,12 +174,7 @@ class Sidecars:
                 return 404, {"error": f"no pod at {ip}"}
             if method == "GET" and path == "/progress":
                 self.served["progress"] += 1
-                body = pod.progress()
-                s = pod.current
-                if s.state == "running" and s.generation > 0:
-                    self.started[s.generation] = max(self.started.get(s.generation, 0.0),
-                                                     pod.updated)  # fmt: skip
-                return 200, body
+                return 200, self._progress(pod)
             if method == "POST" and path == "/control":
                 try:
                     order = pod.take(raw, signature)
@@ -187,8 +182,15 @@ class Sidecars:
                     self.served["refused"] += 1
                     return 403, {"error": str(exc)}
                 self.served[f"order {order.action}"] += 1
-                return 202, {"accepted": order.to_json()}
+                return 202, {"accepted": order.to_json(), "report": self._progress(pod)}
             return 404, {"error": f"{method} {path}"}
+
+    def _progress(self, pod: SimPod) -> dict[str, Any]:
+        body = pod.progress()
+        s = pod.current
+        if s.state == "running" and s.generation > 0:
+            self.started[s.generation] = max(self.started.get(s.generation, 0.0), pod.updated)
+        return body
 
     def exit(self, name: str, code: int) -> float | None:
         with self.lock:

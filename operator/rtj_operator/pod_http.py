@@ -128,10 +128,12 @@ def post(
     message: PollMessage,
     timeout: float,
     deadlines: Deadlines = DEADLINES,
-) -> None:
+) -> Any:
     """One signed ``POST <path>`` on `conn`, bounded as a whole by `timeout`; PollFailed
     unless the sidecar accepted it (202). A refused message closes the connection (what is
-    left on it is not trusted)."""
+    left on it is not trusted). The pod's report after the message when the answer carries
+    one (``"report"``: a sidecar answers a restart order once its supervisor took it), else
+    None."""
     token = deadlines.arm(conn, timeout)
     try:
         headers = {"Content-Type": "application/json", SIGNATURE_HEADER: message.signature}
@@ -147,6 +149,19 @@ def post(
         raise PollFailed(f"{message.path}: not sent: {type(exc).__name__}: {exc}") from exc
     finally:
         deadlines.disarm(token)
+    return carried_report(answer)
+
+
+def carried_report(answer: bytes) -> Any:
+    """The ``"report"`` a message's answer carries (a JSON object), or None: an older
+    sidecar's answer has none, and one that does not parse is only a missed shortcut (the
+    pod is read in the next round)."""
+    try:
+        body = json.loads(answer)
+    except ValueError:
+        return None
+    report = body.get("report") if isinstance(body, dict) else None
+    return report if isinstance(report, dict) else None
 
 
 def fetch_progress(ip: str, port: int, timeout: float, max_body: int = MAX_BODY) -> Any:
@@ -158,11 +173,11 @@ def fetch_progress(ip: str, port: int, timeout: float, max_body: int = MAX_BODY)
         conn.close()
 
 
-def post_signed(ip: str, port: int, timeout: float, message: PollMessage) -> None:
-    """One signed ``POST <path>`` on a connection of its own (blocking)."""
+def post_signed(ip: str, port: int, timeout: float, message: PollMessage) -> Any:
+    """One signed ``POST <path>`` on a connection of its own (blocking); `post`'s answer."""
     conn = http.client.HTTPConnection(ip, port, timeout=timeout)
     try:
-        post(conn, message, timeout)
+        return post(conn, message, timeout)
     finally:
         conn.close()
 
@@ -179,28 +194,33 @@ class Exchanged:
 
 Exchange = Callable[[str, int, float, Sequence[PollMessage], bool], Exchanged]
 """(ip, port, timeout, messages, read): post the messages, then read the pod unless `read`
-is False (its body and error are then None)."""
+is False (its body is then the report the last answered message carried, or None; its error
+None)."""
 Fetch = Callable[[str, int, float], Any]
-Send = Callable[[str, int, float, PollMessage], None]
+Send = Callable[[str, int, float, PollMessage], Any]
+"""Posts one message: the report its answer carries, or None (`post`)."""
 
 
 def exchange(
-    send: Callable[[PollMessage], None],
+    send: Callable[[PollMessage], Any],
     get: Callable[[], Any],
     messages: Sequence[PollMessage],
     read: bool,
 ) -> Exchanged:
-    """Every message (a refused one does not stop the others, nor the read), then the read."""
+    """Every message (a refused one does not stop the others, nor the read), then the read;
+    without the read, the pod's report as the last message's answer carried it (a restart
+    order's answer shows the order taken: no later round is needed to read it back)."""
     refused: list[tuple[PollMessage, str]] = []
+    carried: Any = None
     for message in messages:
         try:
-            send(message)
+            carried = send(message) or carried
         except PollFailed as exc:
             refused.append((message, str(exc)))
         except Exception as exc:  # one message's failure must not stop the others
             refused.append((message, f"{message.path}: {type(exc).__name__}: {exc}"))
     if not read:
-        return Exchanged(None, None, tuple(refused))
+        return Exchanged(carried if isinstance(carried, dict) else None, None, tuple(refused))
     try:
         return Exchanged(get(), None, tuple(refused))
     except PollFailed as exc:

@@ -12,7 +12,9 @@ answer keeps its last report, which ages out of the evidence after 30 s
 
 Before reading a pod the poller posts it the signed messages the plan names for it
 (`reconcile.pod_messages`: an in-place restart's order, a peer-replica assignment), so the
-answer already tells whether it took them.
+answer already tells whether it took them; a restart order's own answer carries the pod's
+report once its supervisor took the order (`rtj_shim.progress_server`), which stands for the
+read.
 """
 
 from __future__ import annotations
@@ -236,9 +238,10 @@ class RankPolls:
         for key, t in flat:
             ident = (key, t.attempt, t.pod)
             sent = self._to_send(ident, messages[key].get(t.pod, ()), now)
-            # a pod given a restart order for the first time cannot show it yet (its
-            # supervisor reads the order after the POST): its read waits for the next close
-            # round (an order posted again, refused or lost before, is read back at once)
+            # a pod given a restart order for the first time is not read after it: its
+            # sidecar's answer carries the pod's report once the supervisor took the order
+            # (an older sidecar's does not: the pod is read in the next close round); an
+            # order posted again, refused or lost before, is read back at once
             read = ident in self._quiet or not any(
                 m.path == CONTROL_PATH and not m.standing
                 and self._tried.get((*ident, m.path)) != m.signature
@@ -257,6 +260,9 @@ class RankPolls:
         by_pod: dict[tuple[Key, int, str], tuple[Any, str | None, float]] = {}
         for (key, t), sent, read, answer in zip(flat, sending, reads, answers, strict=True):
             ident = (key, t.attempt, t.pod)
+            if not read and isinstance(answer.body, Mapping):
+                read = True  # the order's answer carried the pod's report: read after all
+                rested.discard(ident)
             if read:
                 by_pod[ident] = (answer.body, answer.error, answer.arrived)
                 if isinstance(answer.body, Mapping):  # a usable answer: it may rest a while

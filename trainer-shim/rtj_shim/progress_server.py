@@ -24,7 +24,11 @@ The JSON (``schema`` 1)::
 
 With a control directory (in-place restart, `rtj_shim.control`), the body also carries
 ``"supervisor"``: what ``rtj-shim supervise`` last reported (generation, state, exit code),
-and ``POST /control`` takes the operator's signed restart orders for it.
+and ``POST /control`` takes the operator's signed restart orders for it: it writes the order
+to the control directory, rings the supervisor's doorbell (`rtj_shim.doorbell`), waits until
+the supervisor has taken it (at most ``ORDER_ACK_SECONDS``) and answers 202 with
+``{"accepted": <order>, "report": <this body>}``: the pod's report after the order, so the
+operator does not need another round to read it back.
 
 With a fast checkpoint tier (``--fast-tier-dir``, `rtj_shim.fast_tier`), the body carries
 ``"fast_tier": {"step": 1260, "committed_wall_time": 1717000000.1}``: the newest fast step
@@ -55,7 +59,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 from urllib.parse import parse_qs
 
-from rtj_shim import control, drain_order, fast_tier, peer_replica, peer_serve
+from rtj_shim import control, doorbell, drain_order, fast_tier, peer_replica, peer_serve
 from rtj_shim.drain_sidecar import Drainer
 from rtj_shim.peer_pull import ReplicaPuller, fetch_back
 from rtj_shim.progress_record import (
@@ -66,6 +70,7 @@ from rtj_shim.progress_record import (
     RecordError,
     read_file,
 )
+from rtj_shim.supervisor import carried_out
 
 _Message = TypeVar("_Message")
 
@@ -78,6 +83,11 @@ per pod across its rounds (5 s apart by default); a request once begun must stil
 within REQUEST_TIMEOUT_S."""
 MAX_CONNECTIONS = 16  # the operator polls with one at a time; anything beyond is refused
 NS = 1e9
+ORDER_ACK_SECONDS = 0.25
+"""How long ``POST /control`` may wait for the supervisor to take the order (woken by the
+doorbell it takes it within milliseconds: ``stopping`` as a stop begins, ``running`` once a
+run started) before it answers with the pod's report."""
+ORDER_ACK_POLL_SECONDS = 0.005
 
 
 def _keep_from_env() -> int:
@@ -280,11 +290,15 @@ class _Handler(BaseHTTPRequestHandler):
         if raw is None:
             return
         try:
-            order = self.server.take_order(raw, self.headers.get(control.SIGNATURE_HEADER))
+            order, before = server.take_order(raw, self.headers.get(control.SIGNATURE_HEADER))
         except control.OrderError as exc:
             self._reply(403, {"error": str(exc)})
             return
-        self._reply(202, {"accepted": order.to_json()})
+        if before is not None:
+            server.await_supervisor(order, before)
+        body = report(server.directory, control_dir=server.control_dir,
+                      fast_tier_dir=server.fast_tier_dir)  # fmt: skip
+        self._reply(202, {"accepted": order.to_json(), "report": {**body, **server.peer_report()}})
 
     def _signed(self, limit: int, accept: Callable[..., _Message]) -> _Message | None:
         """The body of a signed message from the operator, checked by ``accept`` (this job's
@@ -347,8 +361,10 @@ class ProgressServer(ThreadingHTTPServer):
         control_key: str = "",
         job_uid: str = "",
         drainer: Drainer | None = None,
+        order_ack_seconds: float = ORDER_ACK_SECONDS,
     ) -> None:
         self.directory = directory
+        self.order_ack_seconds = order_ack_seconds
         self.control_dir = control_dir
         self.fast_tier_dir = fast_tier_dir
         self.control_key = control_key
@@ -386,9 +402,13 @@ class ProgressServer(ThreadingHTTPServer):
         finally:
             self._slots.release()
 
-    def take_order(self, raw: bytes, signature: str | None) -> control.Order:
+    def take_order(
+        self, raw: bytes, signature: str | None
+    ) -> tuple[control.Order, dict[str, Any] | None]:
         """Check a restart order and hand it to the supervisor (control.accept says what
-        is refused); the last accepted order is the one in the control directory."""
+        is refused); the last accepted order is the one in the control directory. With it,
+        the supervisor's report as it was before the order was handed on, or None where the
+        order waits for a fast step to be copied back first."""
         assert self.control_dir is not None
         with self._order_lock:
             held = control.read_json(self.control_dir / control.ORDER_FILE)
@@ -404,9 +424,28 @@ class ProgressServer(ThreadingHTTPServer):
             self.control_dir.mkdir(parents=True, exist_ok=True)
             if order.fast_source is not None and self.fast_tier_dir is not None:
                 self._fetch_then_pass_on(order)  # the supervisor sees it once copied back
-            else:
-                control.write_json(self.control_dir / control.ORDER_FILE, order.to_json())
-            return order
+                return order, None
+            before = control.read_json(self.control_dir / control.STATE_FILE) or {}
+            control.write_json(self.control_dir / control.ORDER_FILE, order.to_json())
+            doorbell.ring(self.control_dir)
+            return order, before
+
+    def await_supervisor(self, order: control.Order, before: dict[str, Any]) -> None:
+        """Wait (at most `order_ack_seconds`) until the supervisor has taken `order`: its report
+        changed since `before` (``stopping`` once a stop begins, ``running`` once a run
+        started), or shows nothing left to do for it (an order posted again). The reply
+        then carries the pod's report after the order, so the operator need not read it
+        back in a later round."""
+        assert self.control_dir is not None
+        path = self.control_dir / control.STATE_FILE
+        deadline = time.monotonic() + self.order_ack_seconds
+        while True:
+            state = control.read_json(path)
+            if state is not None and (state != before or carried_out(state, order)):
+                return
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(ORDER_ACK_POLL_SECONDS)
 
     def _fetch_then_pass_on(self, order: control.Order) -> None:
         """Copy the pinned fast step of this pod's ranks back from the pod holding its

@@ -1,6 +1,9 @@
 """``rtj-shim supervise -- CMD ...``: the trainer's command as a child that can be stopped
 and started again inside the same pod when the operator orders it (in-place restart,
-issue 15). Orders and reports travel through the pod's control directory (`rtj_shim.control`).
+issue 15). Orders and reports travel through the pod's control directory (`rtj_shim.control`);
+between its looks at the order (every ``POLL_SECONDS``) it waits on the directory's doorbell
+(`rtj_shim.doorbell`), which the sidecar rings once it has written an order: an order is
+carried out as soon as it arrives, not up to a poll period later.
 
 - Generation 0 starts at once, with the pod's environment as it is.
 - ``stop`` (generation g): SIGTERM to the command's process group and every descendant,
@@ -82,6 +85,7 @@ from rtj_shim.control import (
     writer_attempt,
 )
 from rtj_shim.control import parse_order as _parse_order
+from rtj_shim.doorbell import Doorbell
 from rtj_shim.progress import ENV_DIR
 from rtj_shim.progress_record import FILE_PREFIX, FILE_SUFFIX
 from rtj_shim.standby import StandbyKeeper, Trainer
@@ -127,6 +131,17 @@ def next_action(current: Supervised, order: Order | None) -> str:
     if stopped_for_it:
         return "start"
     return "stop" if order.generation > current.generation else "wait"
+
+
+def carried_out(state: Mapping[str, object], order: Order) -> bool:
+    """Whether a supervisor's report (`STATE_FILE`'s body) shows nothing left to do for
+    `order` (the progress sidecar's wait for the supervisor to take it)."""
+    generation, attempt = state.get("generation"), state.get("attempt")
+    if not isinstance(generation, int) or not isinstance(state.get("state"), str):
+        return False
+    current = Supervised(generation, str(state["state"]),
+                         attempt if isinstance(attempt, int) else None)  # fmt: skip
+    return next_action(current, order) == "wait"
 
 
 def descendants(pid: int) -> list[int]:
@@ -183,6 +198,7 @@ class Supervisor:
             sweep=lambda: self._kill_all(0.0),
         )  # fmt: skip
         self.preloaded = False  # the running generation started from a standby
+        self.doorbell: Doorbell | None = None  # made in the control directory when it runs
         self._started_at = 0.0
 
     # --- the loop ------------------------------------------------------------------------
@@ -192,9 +208,12 @@ class Supervisor:
             return self._supervise()
         finally:
             self.standbys.drop()
+            if self.doorbell is not None:
+                self.doorbell.close()
 
     def _supervise(self) -> int:
         self.dir.mkdir(parents=True, exist_ok=True)
+        doorbell = self.doorbell = Doorbell(self.dir)
         if not _become_subreaper():  # a forked trainer would be reparented to init, not us
             self.standbys.no_fork("this process cannot be a child subreaper")
         signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -227,13 +246,14 @@ class Supervisor:
                 return 0
             if action == "stop" and order is not None:
                 self._stop(order.generation)
-            elif action == "start" and order is not None:
+                continue  # a run order waits for no poll period to start what it stopped
+            if action == "start" and order is not None:
                 self._start(self._env_for(order), order.attempt)
             elif self.current.state == "exited" and self._given_up():
                 return self.current.exit_code or 1
             elif self.held and not self.addressed and self.child is None and self._given_up():
                 return 1
-            time.sleep(POLL_SECONDS)
+            doorbell.wait(POLL_SECONDS)
 
     def _order(self) -> Order | None:
         body = read_json(self.dir / ORDER_FILE)

@@ -48,6 +48,20 @@ def test_rounds_reuse_one_connection_per_pod_and_orders_ride_on_it(sidecar: int)
     connections.close()
 
 
+def test_an_order_posted_without_a_read_brings_the_pods_report_back(sidecar: int) -> None:
+    """The sidecar answers a restart order with the pod's report after it: the exchange's
+    body without a GET (here no supervisor takes it: the report says so after the wait)."""
+    connections = SidecarConnections()
+    with _CountingProxy(sidecar) as proxy:
+        posted = connections.exchange("127.0.0.1", proxy.port, 5.0, [_order(1)], False)
+        accepted = proxy.accepted
+    assert posted.error is None and not posted.refused
+    assert isinstance(posted.body, dict) and posted.body["schema"] == 1
+    assert "supervisor" in posted.body and posted.body["supervisor"] is None
+    assert accepted == 1
+    connections.close()
+
+
 def test_a_refused_order_or_a_failed_read_leaves_no_connection_kept(sidecar: int) -> None:
     connections = SidecarConnections()
     with _CountingProxy(sidecar) as proxy:

@@ -46,8 +46,9 @@ def test_a_stop_leaves_no_process_and_a_run_starts_the_ordered_attempt(pod: Pod)
     reported = pod.supervisor() or {}
     assert (reported["generation"], reported["state"], reported["attempt"]) == (0, "running", 1)
 
-    status, _ = pod.post(Order(UID, 1, "stop"))
+    status, answer = pod.post(Order(UID, 1, "stop"))
     assert status == 202
+    assert isinstance(answer["report"]["supervisor"], dict), "the answer carries the report"
     until("stopped", lambda: (pod.supervisor() or {}).get("state") == "stopped")
     assert not [pid for pid in first["pids"] if alive(pid)], "the old generation is gone"
     assert (pod.supervisor() or {})["generation"] == 1

@@ -4,7 +4,6 @@ older than the last) and steps through the supervisor's own decisions."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -12,7 +11,6 @@ import pytest
 from bench.sidecar_sim import Sidecars, sim_pod
 from rtj_operator.api import keys
 from rtj_shim import control
-from rtj_shim.supervisor import POLL_SECONDS
 
 KEY = control.job_key(b"s" * 32, "job-uid")
 
@@ -32,9 +30,14 @@ def _pod(name: str, ip: str | None, *, spare: bool = False, failures: str = "0")
 
 
 def _post(sidecars: Sidecars, ip: str, order: control.Order, key: str = KEY) -> int:
+    return _order(sidecars, ip, order, key)[0]
+
+
+def _order(
+    sidecars: Sidecars, ip: str, order: control.Order, key: str = KEY
+) -> tuple[int, dict[str, Any]]:
     raw = order.encode()
-    code, _ = sidecars.answer(ip, "POST", "/control", raw, control.sign(key, raw))
-    return code
+    return sidecars.answer(ip, "POST", "/control", raw, control.sign(key, raw))
 
 
 def _report(sidecars: Sidecars, ip: str) -> dict[str, Any]:
@@ -42,12 +45,6 @@ def _report(sidecars: Sidecars, ip: str) -> dict[str, Any]:
     assert code == 200
     report: dict[str, Any] = body["supervisor"]
     return report
-
-
-def _later(sidecars: Sidecars) -> None:
-    """Every supervisor has looked at its order file since the last POST."""
-    for pod in sidecars.by_ip.values():
-        pod.settle(time.time() + POLL_SECONDS)
 
 
 def test_which_pods_it_stands_in_for() -> None:
@@ -73,20 +70,26 @@ def test_orders_are_checked_and_carried_out_as_the_supervisor_would() -> None:
     assert _post(sidecars, "127.4.0.2", stop, key="0" * 64) == 403, "not this job's key"
     assert _post(sidecars, "127.4.0.2", control.Order("other", 1, "stop")) == 403
     assert _post(sidecars, "127.4.0.2", stop) == 202
-    assert _post(sidecars, "127.4.1.2", stop) == 202
-    # the read right after the POST still shows the state before it, as with the real pair
-    # (the supervisor looks at the order file every POLL_SECONDS)
-    assert _report(sidecars, "127.4.1.2")["generation"] == 0
-    _later(sidecars)
-    assert _report(sidecars, "127.4.1.2")["generation"] == 1
+    # the answer carries the pod's report after the order, as the sidecar's does once its
+    # supervisor (woken by the doorbell) took it; this stand-in's trainer stops at once
+    code, answer = _order(sidecars, "127.4.1.2", stop)
+    assert code == 202 and answer["accepted"] == stop.to_json()
+    assert (answer["report"]["supervisor"]["generation"],
+            answer["report"]["supervisor"]["state"]) == (1, "stopped")  # fmt: skip
     assert {_report(sidecars, ip)["state"] for ip in ("127.4.0.2", "127.4.1.2")} == {"stopped"}
+    assert sidecars.stats()["started"] == {}, "nothing runs generation 1 yet"
     run = control.Order("job-uid", 1, "run", attempt=1, rank=1)
-    assert _post(sidecars, "127.4.1.2", run) == 202
-    _later(sidecars)
-    spare = _report(sidecars, "127.4.1.2")
-    assert (spare["state"], spare["rank"], spare["generation"]) == ("running", 1, 1)
+    code, answer = _order(sidecars, "127.4.1.2", run)
+    spare = answer["report"]["supervisor"]
+    assert (code, spare["state"], spare["rank"], spare["generation"]) == (202, "running", 1, 1)
+    assert _report(sidecars, "127.4.1.2") == spare, "a read shows what the answer did"
     assert _post(sidecars, "127.4.1.2", stop) == 403, "older than the last accepted"
-    assert sidecars.stats()["started"].keys() == {1}, "seen running by a read"
+    assert sidecars.stats()["started"].keys() == {1}, "seen running by the order's answer"
+    # a run order to a pod not stopped for its generation: stopped, then started, at once
+    code, answer = _order(sidecars, "127.4.0.2", control.Order("job-uid", 2, "run", attempt=2))
+    worker = answer["report"]["supervisor"]
+    assert (code, worker["state"], worker["generation"], worker["attempt"]) == (
+        202, "running", 2, 2)  # fmt: skip
     code, _ = sidecars.answer("127.9.9.9", "GET", "/progress", b"", None)
     assert code == 404
 

@@ -252,6 +252,38 @@ def test_the_poller_sends_each_pod_its_order_then_reads_it_back_in_the_next_roun
     polls.close()
 
 
+def test_an_order_whose_answer_carries_the_report_is_read_in_the_same_round() -> None:
+    """A sidecar answers a restart order once its supervisor took it, with the pod's report
+    (`rtj_shim.progress_server`): that stands for the read, and no round reads it back."""
+    import asyncio
+
+    from rtj_operator.rank_polls import JobTargets, RankPolls
+
+    fetched: list[str] = []
+
+    def send(ip: str, port: int, timeout: float, message: rc.PollMessage) -> Any:
+        if ip == "10.0.0.2":
+            return None  # an older sidecar: its answer carries no report
+        return {"schema": 1, "ranks": [], "supervisor": {"generation": 1, "state": "stopped"}}
+
+    def fetch(ip: str, port: int, timeout: float) -> Any:
+        fetched.append(ip)
+        return {"schema": 1, "ranks": [], "supervisor": {"generation": 1, "state": "stopped"}}
+
+    polls = RankPolls(lambda: NOW, lambda key: None, fetch=fetch, send=send)
+    key = ("team-a", "llm")
+    targets = (rc.PollTarget("p0", "10.0.0.1", 9478, 1), rc.PollTarget("p1", "10.0.0.2", 9478, 1))
+    order = (rc.PollMessage("/control", b"{}", "sha256=ab"),)
+    asyncio.run(polls.poll_once([JobTargets(key, targets, messages={"p0": order, "p1": order})]))
+    reading = polls.reading(key)
+    assert reading is not None and not reading.unanswered
+    assert reading.supervisors == {"p0": {"generation": 1, "state": "stopped"}}, (
+        "p0's answer was its report; p1's older sidecar is read back in the next round"
+    )
+    assert fetched == [], "no GET after a first order"
+    polls.close()
+
+
 def test_close_rounds_read_only_the_pods_still_to_carry_out_their_order(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

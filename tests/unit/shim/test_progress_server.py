@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +13,9 @@ from typing import Any
 
 import pytest
 
-from rtj_shim import progress_server
+from rtj_shim import control, progress_server
+from rtj_shim.control import Order
+from rtj_shim.doorbell import Doorbell
 from rtj_shim.progress import Progress
 from rtj_shim.progress_record import FILE_SIZE
 from rtj_shim.progress_server import SCHEMA, ProgressServer, report
@@ -184,6 +187,80 @@ def test_a_kept_connection_waits_idle_longer_than_a_request_may_stall(
         stalled.close()
     finally:
         conn.close()
+        srv.shutdown()
+        srv.server_close()
+        thread.join(timeout=10)
+
+
+def _post_order(srv: ProgressServer, order: Order) -> tuple[int, Any]:
+    raw = order.encode()
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
+    try:
+        conn.request("POST", "/control", raw, {control.SIGNATURE_HEADER: control.sign(KEY, raw)})
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
+
+
+KEY = control.job_key(b"the operator's secret", "job-uid")
+
+
+def test_a_restart_order_is_answered_with_the_report_once_the_supervisor_took_it(
+    tmp_path: Path,
+) -> None:
+    """The sidecar rings the doorbell and waits for the supervisor's report to change: the
+    answer is the pod's report after the order (the stand-in supervisor below moves only
+    when rung, and the sidecar may wait 30 s: a pass proves both)."""
+    control_dir = tmp_path / "control"
+    control_dir.mkdir()
+    control.write_json(control_dir / control.STATE_FILE, {"generation": 0, "state": "running"})
+    bell = Doorbell(control_dir)
+    srv = ProgressServer(tmp_path / "progress", "127.0.0.1", 0, control_dir=control_dir,
+                         control_key=KEY, job_uid="job-uid", order_ack_seconds=30.0)  # fmt: skip
+    thread = srv.start_in_thread()
+    rung: list[int] = []
+
+    def supervisor() -> None:  # one look per ring, as `rtj-shim supervise` does
+        while len(rung) < 2 and bell.wait(30.0):
+            order = control.read_json(control_dir / control.ORDER_FILE) or {}
+            rung.append(order["generation"])
+            state = "stopped" if order["action"] == "stop" else "running"
+            control.write_json(control_dir / control.STATE_FILE,
+                               {"generation": order["generation"], "state": state})  # fmt: skip
+
+    looks = threading.Thread(target=supervisor, daemon=True)
+    looks.start()
+    try:
+        code, answer = _post_order(srv, Order("job-uid", 1, "stop"))
+        assert code == 202 and answer["accepted"]["action"] == "stop"
+        assert answer["report"]["supervisor"] == {"generation": 1, "state": "stopped"}
+        assert answer["report"]["schema"] == SCHEMA
+        code, answer = _post_order(srv, Order("job-uid", 1, "run", attempt=2))
+        assert answer["report"]["supervisor"] == {"generation": 1, "state": "running"}
+        looks.join(10)
+        assert rung == [1, 1]
+        started = time.monotonic()
+        code, answer = _post_order(srv, Order("job-uid", 1, "run", attempt=2))
+        assert code == 202 and answer["report"]["supervisor"]["state"] == "running"
+        assert time.monotonic() - started < 20.0, "carried out already: no wait for a change"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        thread.join(timeout=10)
+        bell.close()
+
+
+def test_without_a_supervisor_the_answer_comes_after_the_bound(tmp_path: Path) -> None:
+    control_dir = tmp_path / "control"
+    srv = ProgressServer(tmp_path / "progress", "127.0.0.1", 0, control_dir=control_dir,
+                         control_key=KEY, job_uid="job-uid", order_ack_seconds=0.2)  # fmt: skip
+    thread = srv.start_in_thread()
+    try:
+        code, answer = _post_order(srv, Order("job-uid", 1, "stop"))
+        assert code == 202 and answer["report"]["supervisor"] is None, "nobody took it yet"
+        assert control.read_json(control_dir / control.ORDER_FILE) == answer["accepted"]
+    finally:
         srv.shutdown()
         srv.server_close()
         thread.join(timeout=10)
