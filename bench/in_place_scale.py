@@ -258,8 +258,9 @@ def markdown(results: list[dict[str, Any]], command: str) -> str:
         "Seconds from the exit (as the stand-in sidecar reported it) to the record's "
         "timestamps; CPU and requests from the exit to 3 s after every pod ran the new "
         "generation. The sidecars and supervisors are stand-ins (`bench.sidecar_sim`): a "
-        "supervisor carries out an order `POLL_SECONDS` after its sidecar took it, and its "
-        "trainer stops and starts in no time: the control plane alone. The operator polls "
+        "supervisor carries out an order as soon as its sidecar took it (the doorbell), the "
+        "sidecar answers with the pod's report after it, and its trainer stops and starts "
+        "in no time: the control plane alone. The operator polls "
         "every 1 s (`--progress-poll-seconds 1`; the default is 5 s, which lengthens "
         "detection, not the restart after it).",
         "",
