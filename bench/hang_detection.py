@@ -40,11 +40,12 @@ from typing import Any
 from bench.scale_probes import cpu_seconds, delta, percentile, rss_mib
 from rtj_operator.pod_http import PollFailed, fetch_progress
 from rtj_operator.policy import progress as policy
+from rtj_operator.policy.stragglers import stragglers
 from rtj_operator.rank_polls import JobTargets, RankPolls
 from rtj_operator.reconcile.ranks import progress_facts
 from rtj_operator.reconcile.world import PollTarget
 from rtj_shim.progress_record import Record
-from rtj_shim.progress_server import rank_json
+from rtj_shim.progress_report import rank_json
 
 PORT = 9478
 KEY = ("bench", "hang")
@@ -246,7 +247,7 @@ def straggler_cost(reading: Any, sizes: tuple[int, ...] = (125, 250, 625)) -> di
     out: dict[int, float] = {}
     for n in [s for s in (*sizes, len(reading.reports)) if s <= len(reading.reports)]:
         started = time.thread_time()
-        policy.stragglers(reading.reports[:n], None, now=reading.polled_at)
+        stragglers(reading.reports[:n], None, now=reading.polled_at)
         out[n] = time.thread_time() - started
     return out
 

@@ -99,7 +99,8 @@ from e2e.cluster.kube import JOBSET_GROUP, JOBSET_VERSION
 from e2e.cluster.kube import Kube as HarnessKube
 from e2e.operator_proc import OperatorProcess, client, install_crd
 from rtj_operator.api import keys
-from rtj_operator.kube import Kube, NotFound
+from rtj_operator.kube import Kube
+from rtj_operator.kube_errors import NotFound
 from rtj_operator.policy.render import jobset_name
 
 GPUS_PER_NODE = 8

@@ -37,7 +37,7 @@ from typing import Any
 
 from rtj_shim import progress as module
 from rtj_shim.progress import Progress
-from rtj_shim.progress_server import report
+from rtj_shim.progress_report import report
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH_DIR = REPO / ".bench"

@@ -17,7 +17,8 @@ from typing import Any, TypeVar
 import yaml
 
 from rtj_operator.api import keys
-from rtj_operator.kube import Kube, NotFound
+from rtj_operator.kube import Kube
+from rtj_operator.kube_errors import NotFound
 
 REPO = Path(__file__).resolve().parents[1]
 CRD = REPO / "crds" / "resilienttrainingjobs.yaml"

@@ -21,7 +21,8 @@ from scenario_support import (
 from e2e.cluster.build import kubectl
 from e2e.cluster.kube import KUEUE_GROUP, KUEUE_VERSION
 from e2e.operator_proc import events_of, jobsets_of, pods_of, rtj_body, rtj_status, wait_for
-from rtj_operator.kube import Conflict, Kube
+from rtj_operator.kube import Kube
+from rtj_operator.kube_errors import Conflict
 
 pytestmark = [pytest.mark.cluster, pytest.mark.operator]
 

@@ -33,7 +33,8 @@ from scenario_support import (
 from e2e.cluster import faults
 from e2e.operator_proc import jobsets_of, pods_of, rtj_body, rtj_status, running_pods, wait_for
 from rtj_operator.api import keys
-from rtj_operator.kube import Kube, NotFound
+from rtj_operator.kube import Kube
+from rtj_operator.kube_errors import NotFound
 
 pytestmark = [pytest.mark.cluster, pytest.mark.operator, pytest.mark.local_only]
 

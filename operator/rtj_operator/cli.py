@@ -22,8 +22,8 @@ from typing import Any
 import yaml
 
 from rtj_operator import crdgen
+from rtj_operator.api.detection_spec import NodeHealth
 from rtj_operator.api.resource import ResilientTrainingJob
-from rtj_operator.api.spec import NodeHealth
 from rtj_operator.policy.classify import Classification, classify_failure, no_failure_json
 
 EXIT_OK, EXIT_STALE, EXIT_USAGE = 0, 1, 2

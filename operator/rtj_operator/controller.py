@@ -30,11 +30,8 @@ from rtj_operator.cache import WatchCache, job_key_of, newer_or_same, rv_of
 from rtj_operator.controller_loops import ControllerLoops
 from rtj_operator.event_reads import read_events
 from rtj_operator.job_reads import JobReads
-from rtj_operator.kube import (
-    AlreadyExists,
-    Conflict,
-    Kube,
-)
+from rtj_operator.kube import Kube
+from rtj_operator.kube_errors import AlreadyExists, Conflict
 from rtj_operator.metrics import Metrics
 from rtj_operator.node_leases import NodeLeases
 from rtj_operator.plan_apply import PlanApplier

@@ -19,7 +19,8 @@ from rtj_operator import selection
 from rtj_operator.api.reasons import Phase
 from rtj_operator.api.resource import ResilientTrainingJob
 from rtj_operator.cache import WatchCache, job_key_of, rv_of
-from rtj_operator.kube import Kube, KubeError
+from rtj_operator.kube import Kube
+from rtj_operator.kube_errors import KubeError
 from rtj_operator.node_leases import NodeLeases
 from rtj_operator.plan_apply import PlanApplier
 from rtj_operator.rank_polls import JobTargets, RankPolls

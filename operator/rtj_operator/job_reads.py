@@ -12,7 +12,8 @@ from urllib.parse import quote
 from rtj_operator import reconcile as rc
 from rtj_operator import selection
 from rtj_operator.api.resource import ResilientTrainingJob
-from rtj_operator.kube import Kube, KubeError, NotFound
+from rtj_operator.kube import Kube
+from rtj_operator.kube_errors import KubeError, NotFound
 from rtj_operator.store_reads import Lane, StoreReads, operator_identity_refusal, store_key
 
 log = logging.getLogger("rtj_operator.controller")

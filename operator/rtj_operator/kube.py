@@ -2,7 +2,8 @@
 
 Every call is blocking (the official client); the controller runs them in worker threads.
 Errors come out as `KubeError` subclasses (`NotFound`, `Conflict`, `AlreadyExists`,
-`Invalid`, `Forbidden`, `Unavailable`) so callers branch on meaning, not on status codes.
+`Invalid`, `Forbidden`, `Unavailable`; in `kube_errors`) so callers branch on meaning, not on
+status codes. Resource paths and request names come from `api_paths`.
 Responses are read as plain JSON (`_preload_content=False`), never as generated models.
 Every request is reported to an optional `on_request(verb, resource)` callback injected at
 construction (the operator counts them in `rtj_api_requests_total`); this module imports no
@@ -16,15 +17,21 @@ import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any, Protocol
-from urllib.parse import quote, unquote
 
 from rtj_operator.api import keys
+from rtj_operator.api_paths import JOBSET_PLURAL, JOBSETS, LEASES, RTJ, api_path, request_kind
+from rtj_operator.kube_errors import (
+    Conflict,
+    KubeError,
+    NotFound,
+    Unavailable,
+    from_answer,
+    from_exception,
+)
 
 FIELD_MANAGER = "rtj-operator"
 COMPONENT = "rtj-operator"
 MERGE_PATCH = "application/merge-patch+json"
-_JOBSET_GROUP, _JOBSET_VERSION = keys.JOBSET_API_VERSION.split("/")
-_JOBSET_PLURAL = "jobsets"
 _RETRIES = 5
 NODE_LEASE_NAMESPACE = "kube-node-lease"
 EVENT_PAGE = 500
@@ -43,65 +50,6 @@ class NodeChange(Protocol):
 
 RequestHook = Callable[[str, str], None]
 """Told of every request: (verb, resource), e.g. ("patch", "resilienttrainingjobs/status")."""
-
-
-class KubeError(Exception):
-    """An API call failed; `status` is the HTTP status (None: no answer)."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class NotFound(KubeError):
-    pass
-
-
-class Conflict(KubeError):
-    """A precondition (resourceVersion) failed: re-read and decide again."""
-
-
-class AlreadyExists(KubeError):
-    pass
-
-
-class Invalid(KubeError):
-    """422 (validation, CEL rules, webhooks) or 400 (a strict decoding error: an unknown or
-    duplicate field): the object was rejected as written."""
-
-
-class Forbidden(KubeError):
-    pass
-
-
-class Unavailable(KubeError):
-    """No answer, a timeout or a 5xx/429: retry later."""
-
-
-def _translate(exc: object, what: str) -> KubeError:
-    status = getattr(exc, "status", None)
-    body = getattr(exc, "body", None)
-    reason = ""
-    message = str(exc)
-    if isinstance(body, (str, bytes)) and body:
-        try:
-            parsed = json.loads(body)
-            message = parsed.get("message", message)
-            reason = parsed.get("reason", "")
-        except ValueError:
-            pass
-    text = f"{what}: {message}"
-    if status == 404:
-        return NotFound(text, status)
-    if status == 409:
-        return AlreadyExists(text, status) if reason == "AlreadyExists" else Conflict(text, status)
-    if status == 422 or (status == 400 and reason == "BadRequest"):
-        return Invalid(text, status)
-    if status in (401, 403):
-        return Forbidden(text, status)
-    if not status or status == 429 or status >= 500:
-        return Unavailable(text, status)
-    return KubeError(text, status)
 
 
 def _json(response: Any) -> dict[str, Any]:
@@ -127,43 +75,6 @@ def load_config(kubeconfig: str | None = None, context: str | None = None) -> No
         except config.ConfigException:
             pass
     config.load_kube_config(config_file=kubeconfig, context=context)  # type: ignore[no-untyped-call]
-
-
-def _path(*parts: str) -> str:
-    return "/" + "/".join(quote(p, safe="") for p in parts)
-
-
-def request_kind(method: str, path: str, query: Mapping[str, Any] | None = None) -> tuple[str, str]:
-    """The Kubernetes verb and resource of one request, as the API server names them.
-
-    `GET` of a collection is `list` (`watch` with `watch=true`), of one object `get`; `POST`
-    is `create`, `PUT` `update`, `PATCH` `patch`, `DELETE` `delete` (`deletecollection`
-    without a name). The resource is the plural, with the subresource after a slash
-    (`pods/status`); paths outside /api and /apis are reported as they are (`/metrics`).
-    """
-    parts = [unquote(p) for p in path.split("?", 1)[0].strip("/").split("/") if p]
-    if parts[:1] == ["api"] and len(parts) >= 2:
-        rest = parts[2:]
-    elif parts[:1] == ["apis"] and len(parts) >= 3:
-        rest = parts[3:]
-    else:
-        return method.lower(), "/" + "/".join(parts)
-    if rest[:1] == ["namespaces"] and len(rest) >= 3:
-        rest = rest[2:]  # a namespaced resource (a namespace itself has at most 2 parts)
-    resource = "/".join(rest[:1] + rest[2:3]) or "?"
-    named = len(rest) >= 2
-    verb = {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method.upper())
-    if verb is None and method.upper() == "GET":
-        watch = str((query or {}).get("watch", "")).lower() in ("true", "1")
-        verb = "get" if named else ("watch" if watch else "list")
-    elif verb is None and method.upper() == "DELETE":
-        verb = "delete" if named else "deletecollection"
-    return verb or method.lower(), resource
-
-
-_RTJ = ("apis", keys.GROUP, keys.VERSION)
-_JOBSETS = ("apis", _JOBSET_GROUP, _JOBSET_VERSION)
-_LEASES = ("apis", "coordination.k8s.io", "v1")
 
 
 class Kube:
@@ -230,11 +141,10 @@ class Kube:
             raise Unavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
         except Exception as exc:
             if getattr(exc, "status", None) is not None:
-                raise _translate(exc, what) from exc
+                raise from_exception(exc, what) from exc
             raise
         if not 200 <= response.status <= 299:
-            fake = _Answer(response.status, data)
-            raise _translate(fake, what)
+            raise from_answer(what, response.status, data, f"HTTP {response.status}")
         return _json(data)
 
     # --- lists for the watch caches --------------------------------------------------------
@@ -252,13 +162,13 @@ class Kube:
         scope = ("namespaces", namespace) if namespace else ()
         selector: str | None = keys.JOB_LABEL
         if kind == "pods":
-            path = _path("api", "v1", *scope, "pods")
+            path = api_path("api", "v1", *scope, "pods")
         elif kind == "jobsets":
-            path = _path(*_JOBSETS, *scope, _JOBSET_PLURAL)
+            path = api_path(*JOBSETS, *scope, JOBSET_PLURAL)
         elif kind == "nodes":
-            path, selector = _path("api", "v1", "nodes"), None
+            path, selector = api_path("api", "v1", "nodes"), None
         elif kind == "rtjs":
-            path, selector = _path(*_RTJ, *scope, keys.PLURAL), None
+            path, selector = api_path(*RTJ, *scope, keys.PLURAL), None
         else:
             raise ValueError(f"unknown kind {kind!r}")
         items: list[dict[str, Any]] = []
@@ -279,16 +189,16 @@ class Kube:
     # --- ResilientTrainingJobs -------------------------------------------------------------
 
     def get_rtj(self, namespace: str, name: str) -> dict[str, Any]:
-        path = _path(*_RTJ, "namespaces", namespace, keys.PLURAL, name)
+        path = api_path(*RTJ, "namespaces", namespace, keys.PLURAL, name)
         return self.request(f"get rtj {namespace}/{name}", "GET", path)
 
     def list_rtjs(self, namespace: str | None = None) -> list[dict[str, Any]]:
         scope = ("namespaces", namespace) if namespace else ()
-        path = _path(*_RTJ, *scope, keys.PLURAL)
+        path = api_path(*RTJ, *scope, keys.PLURAL)
         return list(self.request("list rtjs", "GET", path).get("items", []))
 
     def create_rtj(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        path = _path(*_RTJ, "namespaces", namespace, keys.PLURAL)
+        path = api_path(*RTJ, "namespaces", namespace, keys.PLURAL)
         return self.request(f"create rtj in {namespace}", "POST", path, dict(body))
 
     def delete_rtj(
@@ -297,7 +207,7 @@ class Kube:
         """Delete a job; with `uid`, only that object (a job re-created under the same name
         answers Conflict, as DeleteOptions preconditions do); `propagation`: Foreground,
         Background or Orphan (None: the API server's default)."""
-        path = _path(*_RTJ, "namespaces", namespace, keys.PLURAL, name)
+        path = api_path(*RTJ, "namespaces", namespace, keys.PLURAL, name)
         body: dict[str, Any] | None = None
         if uid or propagation:
             body = {"apiVersion": "v1", "kind": "DeleteOptions"}
@@ -317,7 +227,7 @@ class Kube:
         body: dict[str, Any] = {"status": dict(status)}
         if resource_version:
             body["metadata"] = {"resourceVersion": resource_version}
-        path = _path(*_RTJ, "namespaces", namespace, keys.PLURAL, name, "status")
+        path = api_path(*RTJ, "namespaces", namespace, keys.PLURAL, name, "status")
         return self.request(
             f"patch status of rtj {namespace}/{name}",
             "PATCH",
@@ -331,7 +241,7 @@ class Kube:
 
     def create_jobset(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
         name = body.get("metadata", {}).get("name", "?")
-        path = _path(*_JOBSETS, "namespaces", namespace, _JOBSET_PLURAL)
+        path = api_path(*JOBSETS, "namespaces", namespace, JOBSET_PLURAL)
         return self.request(
             f"create jobset {namespace}/{name}",
             "POST",
@@ -346,7 +256,7 @@ class Kube:
         """Delete a JobSet; False: absent. Background propagation by default: the JobSet goes
         at once and the garbage collector deletes its Jobs and pods after it (the operator
         deletes the pods itself in the same pass and waits until they are gone)."""
-        path = _path(*_JOBSETS, "namespaces", namespace, _JOBSET_PLURAL, name)
+        path = api_path(*JOBSETS, "namespaces", namespace, JOBSET_PLURAL, name)
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": propagation}
         try:
             self.request(f"delete jobset {namespace}/{name}", "DELETE", path, body)
@@ -355,7 +265,7 @@ class Kube:
         return True
 
     def list_jobsets(self, namespace: str, selector: str | None = None) -> list[dict[str, Any]]:
-        path = _path(*_JOBSETS, "namespaces", namespace, _JOBSET_PLURAL)
+        path = api_path(*JOBSETS, "namespaces", namespace, JOBSET_PLURAL)
         answer = self.request(
             f"list jobsets in {namespace}", "GET", path, query={"labelSelector": selector}
         )
@@ -364,7 +274,7 @@ class Kube:
     # --- pods ------------------------------------------------------------------------------
 
     def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> bool:
-        path = _path("api", "v1", "namespaces", namespace, "pods", name)
+        path = api_path("api", "v1", "namespaces", namespace, "pods", name)
         try:
             self.request(
                 f"delete pod {namespace}/{name}",
@@ -377,7 +287,7 @@ class Kube:
         return True
 
     def list_pods(self, namespace: str, selector: str | None = None) -> list[dict[str, Any]]:
-        path = _path("api", "v1", "namespaces", namespace, "pods")
+        path = api_path("api", "v1", "namespaces", namespace, "pods")
         answer = self.request(
             f"list pods in {namespace}", "GET", path, query={"labelSelector": selector}
         )
@@ -385,7 +295,7 @@ class Kube:
 
     def patch_pod_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         """Write a pod's status as the kubelet would (tests and benchmarks)."""
-        path = _path("api", "v1", "namespaces", namespace, "pods", name, "status")
+        path = api_path("api", "v1", "namespaces", namespace, "pods", name, "status")
         self.request(
             f"patch status of pod {namespace}/{name}",
             "PATCH",
@@ -397,7 +307,7 @@ class Kube:
     # --- nodes -----------------------------------------------------------------------------
 
     def get_node(self, name: str) -> dict[str, Any]:
-        return self.request(f"get node {name}", "GET", _path("api", "v1", "nodes", name))
+        return self.request(f"get node {name}", "GET", api_path("api", "v1", "nodes", name))
 
     def _read_modify_patch(
         self, what: str, path: str, change: Callable[[dict[str, Any]], dict[str, Any] | None]
@@ -457,7 +367,7 @@ class Kube:
                 "spec": {"taints": [dict(x) for x in edited.taints]},
             }
 
-        return self._read_modify_patch(f"node {node}", _path("api", "v1", "nodes", node), change)
+        return self._read_modify_patch(f"node {node}", api_path("api", "v1", "nodes", node), change)
 
     def set_rtj_finalizer(
         self, namespace: str, name: str, uid: str, finalizer: str, present: bool
@@ -473,7 +383,7 @@ class Kube:
             kept = [f for f in finalizers if f != finalizer]
             return {"metadata": {"finalizers": [*kept, finalizer] if present else kept}}
 
-        path = _path(*_RTJ, "namespaces", namespace, keys.PLURAL, name)
+        path = api_path(*RTJ, "namespaces", namespace, keys.PLURAL, name)
         return self._read_modify_patch(f"rtj {namespace}/{name}", path, change)
 
     # --- secrets ---------------------------------------------------------------------------
@@ -482,7 +392,7 @@ class Kube:
         raw = self.request(
             f"get secret {namespace}/{name}",
             "GET",
-            _path("api", "v1", "namespaces", namespace, "secrets", name),
+            api_path("api", "v1", "namespaces", namespace, "secrets", name),
         )
         data = raw.get("data") or {}
         return {k: base64.b64decode(v).decode("utf-8", "replace") for k, v in data.items()}
@@ -516,7 +426,7 @@ class Kube:
             "reportingComponent": COMPONENT,
             "reportingInstance": instance or COMPONENT,
         }
-        path = _path("api", "v1", "namespaces", namespace, "events")
+        path = api_path("api", "v1", "namespaces", namespace, "events")
         self.request(f"post event {reason} on {involved.get('name')}", "POST", path, body)
 
     def list_events(
@@ -525,7 +435,7 @@ class Kube:
         """Events matching `field_selector`, read in pages of EVENT_PAGE (a busy cluster
         holds far more Events than one answer should carry)."""
         scope = ("namespaces", namespace) if namespace else ()
-        path = _path("api", "v1", *scope, "events")
+        path = api_path("api", "v1", *scope, "events")
         items: list[dict[str, Any]] = []
         query: dict[str, Any] = {"fieldSelector": field_selector, "limit": EVENT_PAGE}
         for _ in range(MAX_EVENT_PAGES):
@@ -541,7 +451,7 @@ class Kube:
 
     def list_node_leases(self) -> tuple[list[dict[str, Any]], str | None]:
         """Every node Lease and the list's resourceVersion."""
-        path = _path(*_LEASES, "namespaces", NODE_LEASE_NAMESPACE, "leases")
+        path = api_path(*LEASES, "namespaces", NODE_LEASE_NAMESPACE, "leases")
         answer = self.request("list node leases", "GET", path)
         rv = (answer.get("metadata") or {}).get("resourceVersion")
         return list(answer.get("items") or []), rv
@@ -570,14 +480,14 @@ class Kube:
                 if kind == "ERROR":
                     raw = event.get("raw_object") or {}
                     code = int(raw.get("code") or 500)
-                    raise _translate(_Answer(code, json.dumps(raw).encode()), "watch node leases")
+                    raise from_answer("watch node leases", code, json.dumps(raw), f"HTTP {code}")
                 body = self.api_client.sanitize_for_serialization(event["object"])
                 yield kind, body
         except KubeError:
             raise
         except Exception as exc:
             if getattr(exc, "status", None) is not None:
-                raise _translate(exc, "watch node leases") from exc
+                raise from_exception(exc, "watch node leases") from exc
             raise Unavailable(f"watch node leases: {type(exc).__name__}: {exc}") from exc
 
     # --- leases (leader election) ----------------------------------------------------------
@@ -587,7 +497,7 @@ class Kube:
             return self.request(
                 f"get lease {namespace}/{name}",
                 "GET",
-                _path(*_LEASES, "namespaces", namespace, "leases", name),
+                api_path(*LEASES, "namespaces", namespace, "leases", name),
             )
         except NotFound:
             return None
@@ -596,7 +506,7 @@ class Kube:
         return self.request(
             f"create lease in {namespace}",
             "POST",
-            _path(*_LEASES, "namespaces", namespace, "leases"),
+            api_path(*LEASES, "namespaces", namespace, "leases"),
             dict(body),
         )
 
@@ -605,17 +515,6 @@ class Kube:
         return self.request(
             f"update lease {namespace}/{name}",
             "PUT",
-            _path(*_LEASES, "namespaces", namespace, "leases", name),
+            api_path(*LEASES, "namespaces", namespace, "leases", name),
             dict(body),
         )
-
-
-class _Answer:
-    """A non-2xx answer shaped like ApiException for `_translate`."""
-
-    def __init__(self, status: int, body: bytes | str | None) -> None:
-        self.status = status
-        self.body = body
-
-    def __str__(self) -> str:
-        return f"HTTP {self.status}"

@@ -21,7 +21,8 @@ from datetime import datetime, timezone
 from enum import Enum
 from typing import Any
 
-from rtj_operator.kube import Conflict, Kube, KubeError
+from rtj_operator.kube import Kube
+from rtj_operator.kube_errors import Conflict, KubeError
 
 log = logging.getLogger("rtj_operator.leader")
 

@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from rtj_operator.kube import Forbidden, Kube, KubeError
+from rtj_operator.kube import Kube
+from rtj_operator.kube_errors import Forbidden, KubeError
 from rtj_operator.policy.liveness import NodeLease, lease_of, partitioned
 
 log = logging.getLogger("rtj_operator.node_leases")

@@ -17,7 +17,8 @@ from typing import Any, TypeVar
 
 from rtj_operator import reconcile as rc
 from rtj_operator.api import keys
-from rtj_operator.kube import Forbidden, Invalid, Kube, KubeError, NotFound
+from rtj_operator.kube import Kube
+from rtj_operator.kube_errors import Forbidden, Invalid, KubeError, NotFound
 from rtj_operator.metrics import Metrics
 
 log = logging.getLogger("rtj_operator.controller")

@@ -42,6 +42,7 @@ from rtj_operator.pod_http import (
     separately,
 )
 from rtj_operator.policy import progress as rank_progress
+from rtj_operator.policy import stragglers as rank_stragglers
 from rtj_operator.reconcile.world import CONTROL_PATH, PollMessage, PollTarget, RankReadings
 
 log = logging.getLogger("rtj_operator.rank_polls")
@@ -127,7 +128,7 @@ class RankPolls:
             self.exchange = separately(fetch or fetch_progress, send or post_signed)
         self._executor = ThreadPoolExecutor(self.concurrency, thread_name_prefix="rtj-progress")
         self._readings: dict[Key, RankReadings] = {}
-        self._stragglers: dict[Key, rank_progress.StragglerState] = {}
+        self._stragglers: dict[Key, rank_stragglers.StragglerState] = {}
         self._quiet: dict[tuple[Key, int, str], tuple[int, int, float]] = {}
         """(job, attempt, pod) -> (failures in a row, the round it is asked again, when the
         first of them went unanswered)."""
@@ -381,7 +382,7 @@ class RankPolls:
                 quiet = self._quiet.get((job.key, target.attempt, target.pod))
                 quiet_since[target.pod] = quiet[2] if quiet is not None else arrived
         # one window per round; a rank with no new step since the last one keeps its count
-        verdict = rank_progress.stragglers(
+        verdict = rank_stragglers.stragglers(
             reports,
             self._stragglers.get(job.key) if previous else None,
             now=received,

@@ -1,5 +1,7 @@
 """The ResilientTrainingJob API: pydantic models (the CRD's single source), names, reasons."""
 
+from rtj_operator.api.checkpoint_spec import Checkpoint, Retention
+from rtj_operator.api.detection_spec import NodeHealth
 from rtj_operator.api.reasons import (
     ConditionType,
     FailureCategory,
@@ -8,15 +10,7 @@ from rtj_operator.api.reasons import (
     Reason,
 )
 from rtj_operator.api.resource import ObjectMeta, ResilientTrainingJob
-from rtj_operator.api.spec import (
-    Backoff,
-    Checkpoint,
-    FailurePolicy,
-    NodeHealth,
-    Provenance,
-    ResilientTrainingJobSpec,
-    Retention,
-)
+from rtj_operator.api.spec import Backoff, FailurePolicy, Provenance, ResilientTrainingJobSpec
 from rtj_operator.api.status import (
     AttemptRecord,
     Condition,

@@ -7,35 +7,15 @@ keeps objects built in Python (tests, the CLI) to the same rules.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import Field, field_validator, model_validator
 
 from rtj_operator.api.base import ApiModel, cel, validations
-from rtj_operator.api.keys import DEFAULT_PROGRESS_PORT, DEFAULT_TAINT_KEY, MAX_REPLICAS
+from rtj_operator.api.checkpoint_spec import Checkpoint
+from rtj_operator.api.detection_spec import NodeHealth, ProgressMonitoring
+from rtj_operator.api.keys import MAX_REPLICAS
 from rtj_operator.api.schemas import KUBERNETES_VERSION
-
-DEFAULT_XID_CODES = (
-    46, 48, 54, 62, 64, 74, 79, 95, 109, 110, 119, 120, 136, 140, 143,
-    144, 145, 146, 147, 148, 149, 150, 151, 155, 156, 158,
-)  # fmt: skip
-"""NVIDIA XIDs whose catalog immediate action takes the GPU out of service (reset the GPU,
-restart the machine or VM, the XID 48 / NVLink workflows, check the mechanicals): the XID
-catalog's list, `rtj_operator.policy.xid.catalog_quarantine_codes()`. Application XIDs
-(13, 31, 43, 94, ...) and informational ones (63, 92) never quarantine."""
-
-DEFAULT_XID_CONDITION_TYPES = ("SysLogsXIDError", "GpuXidError")
-"""Node condition types NVSentinel's syslog monitor sets (current and older name)."""
-
-SHIM_DEADLINE_SECONDS = 30
-"""The shim's default emergency-save deadline; pods get this plus a margin to stop."""
-
-URI_SCHEMES = ("s3://", "file://")
-
-IMMUTABLE_RULE = "self == oldSelf"
-"""A CEL transition rule: the API server evaluates it on updates only (`oldSelf` is the stored
-value), so it makes a field immutable once created. Kubeflow Trainer's TrainJob marks its
-immutable fields the same way (`pkg/apis/trainer/v1alpha1/trainjob_types.go`)."""
 
 SUSPENDED = "(has(self.suspend) && self.suspend) || (has(oldSelf.suspend) && oldSelf.suspend)"
 """True when the job is suspended before or after the update (a CEL fragment over the spec):
@@ -91,29 +71,6 @@ evaluates them on every update; pydantic cannot (it sees one object), so they li
 and are tested against a real API server (tests/integration/operator/test_lifecycle_cluster.py)."""
 
 
-class Retention(ApiModel):
-    """Which verified steps the trainer-side GC keeps (the operator never deletes data)."""
-
-    keep_last: int = Field(default=3, ge=1, le=1000, description="Newest verified steps kept.")
-    keep_every: int | None = Field(
-        default=None, ge=1, description="Also keep every step divisible by this (milestones)."
-    )
-
-
-FAST_TIER_MIN_KEEP = 2
-"""rtj_shim.fast_tier.MIN_KEEP, copied (the API may not import rtj_shim.fast_tier, which
-imports rtj_shim.storage; a unit test holds them equal): ranks publish a fast step moments
-apart, so the one before it must still be on every rank."""
-
-SIZE_PATTERN = r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[kMGTPE])?$"
-"""A size in bytes as Kubernetes writes one (`512Mi`, `8Gi`, `1G`, `1500000000`): the part
-of the resource.Quantity grammar (api/schemas/openapi.QUANTITY_PATTERN) with no sign, no
-exponent and no fraction-of-a-unit suffix (m, u, n)."""
-
-DRAIN_MULTIPLE = (
-    "fastTier.drainEverySteps must be a multiple of fastTier.everySteps: only fast steps "
-    "can be drained"
-)
 SPARES_NEED_REPLACING = (
     "spec.spares needs spec.recovery.inPlace: true and spec.recovery.inPlaceMaxReplacedPods "
     ">= 1: a spare takes the rank of a pod replaced while the others restart in place"
@@ -129,135 +86,6 @@ FAST_TIER_NEEDS_IN_PLACE = (
     "spec.checkpoint.fastTier needs spec.recovery.inPlace: true: only a restart inside the "
     "same pods finds the fast tier again"
 )
-
-
-class FastTier(ApiModel):
-    """The fast checkpoint tier (issue 16): every `everySteps` steps each rank also saves
-    its state into a pod-local emptyDir, so a restart in place loses at most those steps
-    (the durable store stays the fallback). With `peerReplicas` another pod keeps a copy,
-    which a pod replaced on another node copies back. With `drainEverySteps` the progress
-    sidecar of the pod holding rank 0 publishes those fast steps to the durable store."""
-
-    model_config = ApiModel.model_config | {
-        "json_schema_extra": validations(
-            cel(
-                "!has(self.drainEverySteps) || self.drainEverySteps % self.everySteps == 0",
-                DRAIN_MULTIPLE,
-                ".drainEverySteps",
-            )
-        )
-    }
-
-    every_steps: int = Field(
-        ge=1,
-        description="Steps between fast-tier saves (each rank's copy in its own pod).",
-    )
-    keep: int = Field(
-        default=FAST_TIER_MIN_KEEP,
-        ge=FAST_TIER_MIN_KEEP,
-        le=100,
-        description="Fast steps each rank keeps (at least 2: while one rank has published a "
-        "step and another not yet, the one before must still be on both).",
-    )
-    medium: Literal["Memory", "Disk"] = Field(
-        default="Memory",
-        description="Memory: a memory-backed emptyDir (tmpfs; its contents count against the "
-        "pod's memory limit). Disk: the node's disk (the kubelet's emptyDir storage).",
-    )
-    size_limit: str | None = Field(
-        default=None,
-        max_length=64,
-        pattern=SIZE_PATTERN,
-        description="The emptyDir's sizeLimit (e.g. 64Gi): keep + 1 copies of the training "
-        "state (a new step is written before the oldest goes) times the ranks per pod, "
-        "twice that with peerReplicas (the source's copies too). "
-        "Unset: no limit beyond the medium's.",
-    )
-    peer_replicas: int = Field(
-        default=1,
-        ge=0,
-        le=1,
-        description="Copies of each pod's fast-tier steps kept in another pod's fast-tier "
-        "volume (a ring over the pods' completion indexes, holder and source on different "
-        "nodes where the placement allows), so a pod re-created on another node after its "
-        "node was lost resumes from a fast step too. 0: none. The volume's sizeLimit must "
-        "hold both (the pod's own steps and its source's).",
-    )
-    drain_every_steps: int | None = Field(
-        default=None,
-        ge=1,
-        description="Publish every fast step that is a multiple of this to the durable store "
-        "(checkpoint.uri), from the fast tier's bytes, by the progress sidecar of the pod "
-        "holding rank 0 (the other ranks' files read from their pods' sidecars), beside "
-        "the trainers: a hung trainer does not stop it. A multiple of everySteps. Steps the "
-        "trainer saves durably itself (a multiple of its own save interval) are left to it; "
-        "a trainer that also saves on a time or metric schedule is not drained. The sidecars "
-        "get the store's credentials (checkpoint.credentialsSecret). Unset: no drain.",
-    )
-
-    @model_validator(mode="after")
-    def _drain_multiple(self) -> FastTier:
-        if self.drain_every_steps is not None and self.drain_every_steps % self.every_steps:
-            raise ValueError(DRAIN_MULTIPLE)
-        return self
-
-
-class Checkpoint(ApiModel):
-    """Where checkpoints live and how often the trainer promises to write one."""
-
-    uri: str = Field(
-        min_length=1,
-        max_length=1024,
-        description="Checkpoint root: s3://bucket/prefix or file:///path on a shared volume. "
-        "Immutable: a job resumes only from its own store (create a new job for another).",
-        json_schema_extra=validations(
-            cel(
-                "self.startsWith('s3://') || self.startsWith('file://')",
-                "checkpoint.uri must start with s3:// or file://",
-            ),
-            cel(
-                IMMUTABLE_RULE,
-                "checkpoint.uri is immutable: the next attempt would resume "
-                "from another store (create a new job for another store)",
-            ),
-        ),
-    )
-    planned_interval_seconds: int = Field(
-        default=600, ge=1, description="Planned seconds between checkpoints (age alert)."
-    )
-    retention: Retention = Field(default_factory=Retention, json_schema_extra={"default": {}})
-    credentials_secret: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=253,
-        description="Secret whose keys become env of the trainer and the resume init "
-        "container (e.g. AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL_S3).",
-    )
-    emergency_save_seconds: int = Field(
-        default=SHIM_DEADLINE_SECONDS,
-        ge=0,
-        le=3600,
-        description="Seconds the trainer may spend on an emergency save after SIGTERM; "
-        "pods get this plus a margin as terminationGracePeriodSeconds.",
-    )
-    resolver_image: str | None = Field(
-        default=None,
-        min_length=1,
-        description="Image for the resume init container (default: the trainer's image, "
-        "which must contain rtj-shim).",
-    )
-    fast_tier: FastTier | None = Field(
-        default=None,
-        description="A fast checkpoint tier in each pod (needs recovery.inPlace: only a "
-        "restart inside the same pods finds it again). Takes effect with the next attempt.",
-    )
-
-    @field_validator("uri")
-    @classmethod
-    def _scheme(cls, uri: str) -> str:
-        if not uri.startswith(URI_SCHEMES):
-            raise ValueError("checkpoint.uri must start with s3:// or file://")
-        return uri
 
 
 class Backoff(ApiModel):
@@ -296,106 +124,6 @@ class FailurePolicy(ApiModel):
     count_preemptions: bool = Field(
         default=False, description="Whether preemptions spend maxRestarts."
     )
-
-
-class NodeHealth(ApiModel):
-    """How GPU faults are recognized on nodes, and how a bad node is quarantined."""
-
-    taint_key: str = Field(
-        default=DEFAULT_TAINT_KEY,
-        min_length=1,
-        max_length=316,
-        description="Ignored: the taint key is the platform's (operator nodeHealth.taintKey).",
-    )
-    taint_effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = Field(
-        default="NoSchedule",
-        description="Used only when no stronger than the platform's nodeHealth.taintEffect.",
-    )
-    quarantine_ttl_seconds: int | None = Field(
-        default=None,
-        ge=60,
-        le=30 * 86400,
-        description="Opt-in: remove this job's taint from a quarantined node this many seconds "
-        "after it was set (unset: the node stays tainted until an administrator acts).",
-    )
-    xid_codes: list[Annotated[int, Field(ge=0)]] = Field(
-        default_factory=lambda: list(DEFAULT_XID_CODES),
-        max_length=256,
-        description="GPU XID codes that quarantine a node: narrows the platform's list "
-        "(operator nodeHealth.xidCodes); left at the default, the platform's list applies.",
-        json_schema_extra={"default": list(DEFAULT_XID_CODES)},
-    )
-    xid_label_keys: list[str] = Field(
-        default_factory=list,
-        max_length=32,
-        description="Node label keys whose value lists XID codes: narrows the platform's "
-        "nodeHealth.xidLabelKeys (empty: the platform's).",
-    )
-    xid_condition_types: list[str] = Field(
-        default_factory=lambda: list(DEFAULT_XID_CONDITION_TYPES),
-        max_length=32,
-        description="Node condition types whose message carries XID codes (NVSentinel "
-        "SysLogsXIDError): narrows the platform's nodeHealth.xidConditionTypes.",
-        json_schema_extra={"default": list(DEFAULT_XID_CONDITION_TYPES)},
-    )
-
-
-class Stragglers(ApiModel):
-    """Ranks slower than the rest: busy time per step above the others' median / ratio for
-    `windows` consecutive polls."""
-
-    action: Literal["Report", "ReplaceNode"] = Field(
-        default="Report",
-        description="Report: a condition, an Event and a metric. ReplaceNode: also keep the "
-        "next attempt off the straggler's node (after the next restart, whatever its cause; "
-        "a straggler never restarts the job by itself).",
-    )
-    ratio: float = Field(
-        default=0.7,
-        ge=0.05,
-        le=0.99,
-        description="A rank is slow when its busy time per step exceeds the median of the "
-        "other ranks' divided by this (0.7: more than ~1.43x).",
-    )
-    windows: int = Field(
-        default=3, ge=1, le=100, description="Consecutive slow polls before a rank is reported."
-    )
-
-
-class ProgressMonitoring(ApiModel):
-    """Rank progress: each worker pod gets a progress server (a native sidecar) that the
-    operator polls; a rank that stops making progress is a Hang, a slow one a straggler."""
-
-    enabled: bool = Field(
-        default=True,
-        description="Render the progress sidecar and poll it (false: no hang or straggler "
-        "detection; failures are seen only when a pod ends).",
-    )
-    port: int = Field(
-        default=DEFAULT_PROGRESS_PORT,
-        ge=1024,
-        le=65535,
-        description="The sidecar's port (change it for hostNetwork pods that share a node).",
-    )
-    hang_timeout_seconds: int | None = Field(
-        default=None,
-        ge=10,
-        le=86400,
-        description="A rank with no progress in its section for this long is a Hang. Unset: "
-        "automatic, timeoutFactor x the observed step time (never below 30 s nor the longest "
-        "recent step), saves timeoutFactor x the longest save observed.",
-    )
-    timeout_factor: float = Field(
-        default=5.0, ge=2.0, le=100.0, description="Safety factor of the automatic timeout."
-    )
-    startup_grace_seconds: int = Field(
-        default=600,
-        ge=0,
-        le=86400,
-        description="Allowance before a rank's first steps (start-up, compilation, restore, "
-        "the first save) in automatic mode; with hangTimeoutSeconds the larger of the two.",
-    )
-    stragglers: Stragglers = Field(default_factory=Stragglers, json_schema_extra={"default": {}})
 
 
 class Recovery(ApiModel):

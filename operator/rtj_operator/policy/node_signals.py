@@ -26,8 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from rtj_operator.api.detection_spec import NodeHealth
 from rtj_operator.api.reasons import FailureClass
-from rtj_operator.api.spec import NodeHealth
 from rtj_operator.policy import xid
 from rtj_operator.policy.findings import CONTROL_PLANE, NODE_AGENT, Finding, iso, who
 from rtj_operator.policy.observed import ConditionView, EventView, NodeView, PodView

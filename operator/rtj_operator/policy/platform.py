@@ -24,8 +24,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rtj_operator.api.detection_spec import (
+    DEFAULT_XID_CODES,
+    DEFAULT_XID_CONDITION_TYPES,
+    NodeHealth,
+)
 from rtj_operator.api.keys import DEFAULT_TAINT_KEY
-from rtj_operator.api.spec import DEFAULT_XID_CODES, DEFAULT_XID_CONDITION_TYPES, NodeHealth
 
 TaintEffect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
 EFFECT_STRENGTH: Mapping[str, int] = {"PreferNoSchedule": 0, "NoSchedule": 1, "NoExecute": 2}

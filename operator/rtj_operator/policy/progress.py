@@ -1,4 +1,4 @@
-"""Hangs, timeouts and stragglers from the ranks' progress reports. Pure.
+"""Hangs and timeouts from the ranks' progress reports. Pure.
 
 Input: what each pod's ``rtj-shim progress-server`` answered to ``GET /progress`` (schema
 1, rtj_shim.progress_server), wrapped in a :class:`PodReport` with the time the operator
@@ -14,18 +14,18 @@ moments, compare correctly; a report older than ``max_report_age`` is no evidenc
   consequences, never the verdict. When no rank is ahead (same step, same section,
   entered within ``same_time_s``), the verdict says all ranks are equally stuck.
 * :func:`auto_timeout`: allowances derived from observed step and save durations.
-* :func:`stragglers`: ranks whose busy time per step (step time minus time in waiting
-  sections) stays above the others' median / ``ratio`` for ``windows`` consecutive windows.
+* :func:`job_progress`: the step every rank completed and the step time, for the status.
+
+Stragglers, over the same parsed reports, are `policy.stragglers`.
 
 Every function returns frozen data and explains itself in its result; none mutates input.
 """
 
 from __future__ import annotations
 
-import bisect
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 SCHEMA = 1
@@ -406,101 +406,6 @@ def hang_verdict(
         unreported_pods=parsed.bad_pods,
         message=message,
     )
-
-
-# ---------------------------------------------------------------------- stragglers
-
-
-@dataclass(frozen=True)
-class RankWindows:
-    pod: str
-    steps_completed: int
-    slow_windows: int
-
-
-@dataclass(frozen=True)
-class StragglerState:
-    """Per rank: where it was seen last and for how many consecutive windows it was slow.
-    Returned anew by every :func:`stragglers` call; pass it to the next one."""
-
-    ranks: Mapping[int, RankWindows] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Straggler:
-    rank: int
-    pod: str
-    busy_seconds: float  # this rank's median busy time per step
-    reference_seconds: float  # the median of the other ranks' busy times
-    slow_windows: int
-
-    @property
-    def ratio(self) -> float:
-        return self.busy_seconds / self.reference_seconds if self.reference_seconds else 0.0
-
-
-@dataclass(frozen=True)
-class StragglerResult:
-    stragglers: tuple[Straggler, ...]
-    state: StragglerState
-
-
-def _median_without(ordered: Sequence[float], value: float) -> float:
-    """The median of `ordered` (sorted) with one occurrence of `value` left out."""
-    n = len(ordered) - 1
-    gone = bisect.bisect_left(ordered, value)
-
-    def at(k: int) -> float:
-        return ordered[k if k < gone else k + 1]
-
-    return at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2
-
-
-def stragglers(
-    reports: Sequence[PodReport],
-    state: StragglerState | None = None,
-    *,
-    now: float,
-    ratio: float = 0.7,
-    windows: int = 3,
-    max_report_age: float = DEFAULT_MAX_REPORT_AGE,
-) -> StragglerResult:
-    """One window: a rank is slow when its median busy time per step exceeds the median of
-    the *other* ranks' / ``ratio``; it is a straggler after ``windows`` consecutive slow
-    windows. A window in which a rank completed no new step leaves its count as it was; a
-    rank seen in another pod or with fewer completed steps (a new process) starts again.
-
-    Busy time is the step time minus the time spent in waiting sections (``allreduce``,
-    ``barrier``, ...): in a synchronous job every rank's step time is the same (the fast
-    ones wait for the slow one), so only the busy time tells them apart. A job that marks
-    no waiting section is judged on step times (right for ranks that do not wait on each
-    other)."""
-    previous = state.ranks if state is not None else {}
-    ranks = [
-        r
-        for r in parse_reports(reports, now, max_report_age).ranks
-        if not r.exited and (r.median_busy or r.median_step)
-    ]
-    busy = {r.rank: float(r.median_busy or r.median_step or 0.0) for r in ranks}
-    updated: dict[int, RankWindows] = {}
-    found: list[Straggler] = []
-    ordered = sorted(busy.values())  # one sort: each leave-one-out median is O(1)
-    for r in ranks:
-        seen = previous.get(r.rank)
-        count = seen.slow_windows if seen is not None else 0
-        if seen is not None and (seen.pod != r.pod or r.steps_completed < seen.steps_completed):
-            seen, count = None, 0
-        others = len(ordered) > 1
-        reference = _median_without(ordered, busy[r.rank]) if others else 0.0
-        if seen is None or r.steps_completed > seen.steps_completed:
-            slow = bool(others) and busy[r.rank] > reference / ratio
-            count = count + 1 if slow else 0
-        updated[r.rank] = RankWindows(r.pod, r.steps_completed, count)
-        if count >= windows:
-            found.append(Straggler(r.rank, r.pod, busy[r.rank], reference, count))
-    for rank, kept in previous.items():
-        updated.setdefault(rank, kept)  # not reported this window: no new evidence
-    return StragglerResult(tuple(found), StragglerState(updated))
 
 
 # ---------------------------------------------------------------------- job summary

@@ -7,7 +7,7 @@ Only XIDs the catalog marks as used on A100/H100/B100/GB200 are listed; the rest
 A node is quarantined for an XID only when the catalog's immediate action needs the GPU or
 its links reset, the machine restarted, or a person at the hardware (`QUARANTINE_BUCKETS`);
 `RESTART_APP` and `IGNORE` XIDs (13, 31, 43, 94, ...) are caused by or contained to the
-application and never quarantine. `rtj_operator.api.spec.DEFAULT_XID_CODES` must equal
+application and never quarantine. `rtj_operator.api.detection_spec.DEFAULT_XID_CODES` must equal
 `catalog_quarantine_codes()` (a unit test holds the two together).
 """
 

@@ -14,6 +14,7 @@ from rtj_operator.policy import progress as rank_progress
 from rtj_operator.policy.liveness import NodeLease
 from rtj_operator.policy.observed import ReadOnce, parse_time
 from rtj_operator.policy.platform import NodeHealthPolicy
+from rtj_operator.policy.stragglers import Straggler
 from rtj_operator.selection import (
     Selection,
 )
@@ -215,7 +216,7 @@ class RankReadings:
     """Pods that answered earlier in this attempt but not in the last round: when the first
     poll of their current run of failures went unanswered (one of two signals of a node
     gone silent, `policy.liveness.silent_since`)."""
-    stragglers: tuple[rank_progress.Straggler, ...] = ()
+    stragglers: tuple[Straggler, ...] = ()
     supervisors: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """Per pod, what its supervisor last reported (spec.recovery.inPlace): generation,
     state (running, exited, stopping, stopped, finished), exit code."""

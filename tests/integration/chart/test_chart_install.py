@@ -28,7 +28,8 @@ from e2e.operator_proc import (
     wait_for,
 )
 from rtj_operator.api import keys
-from rtj_operator.kube import Forbidden, Kube
+from rtj_operator.kube import Kube
+from rtj_operator.kube_errors import Forbidden
 
 pytestmark = [pytest.mark.cluster, pytest.mark.operator, pytest.mark.timeout(420)]
 

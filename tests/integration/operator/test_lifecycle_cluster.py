@@ -25,7 +25,8 @@ from e2e.operator_proc import (
     wait_for,
 )
 from rtj_operator.api import keys
-from rtj_operator.kube import Invalid, Kube, NotFound
+from rtj_operator.kube import Kube
+from rtj_operator.kube_errors import Invalid, NotFound
 
 pytestmark = [pytest.mark.cluster, pytest.mark.operator]
 

@@ -23,7 +23,7 @@ from bench.hang_detection import (
 )
 from rtj_operator.policy import progress as policy
 from rtj_shim.progress import Progress
-from rtj_shim.progress_server import report
+from rtj_shim.progress_report import report
 
 S = 10**9 * 10  # 10 s steps
 T0 = 10**12  # the simulation's start on CLOCK_MONOTONIC

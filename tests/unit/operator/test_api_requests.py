@@ -8,7 +8,9 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from rtj_operator.kube import Kube, NotFound, request_kind
+from rtj_operator.api_paths import request_kind
+from rtj_operator.kube import Kube
+from rtj_operator.kube_errors import NotFound
 from rtj_operator.metrics import Metrics, sample
 
 
@@ -104,12 +106,12 @@ def test_without_a_callback_nothing_is_counted_and_requests_still_work() -> None
 
 
 def test_a_strict_decoding_error_is_an_invalid_object_not_a_transient_error() -> None:
-    from rtj_operator.kube import Invalid, _Answer, _translate
+    from rtj_operator.kube_errors import Invalid, from_answer
 
     # the API server's answer to an unknown field under fieldValidation=Strict (HTTP 400,
     # reason BadRequest: apiserver handlers' strict decoding, k8s.io/apiserver v0.35)
     body = json.dumps({"kind": "Status", "status": "Failure", "reason": "BadRequest", "code": 400,
                        "message": 'JobSet in version "v1alpha2" cannot be handled as a JobSet: '
                        'strict decoding error: unknown field "spec.x"'})  # fmt: skip
-    err = _translate(_Answer(400, body.encode()), "create jobset team-a/llm-a1")
+    err = from_answer("create jobset team-a/llm-a1", 400, body.encode(), "HTTP 400")
     assert isinstance(err, Invalid) and 'unknown field "spec.x"' in str(err)

@@ -16,7 +16,7 @@ import pytest
 from rtj_test_support import FIXTURES, NOW, load_json
 
 from rtj_operator.api import FailureCategory, FailureClass, ResilientTrainingJob
-from rtj_operator.api.spec import DEFAULT_XID_CODES, NodeHealth
+from rtj_operator.api.detection_spec import DEFAULT_XID_CODES, NodeHealth
 from rtj_operator.policy import xid
 from rtj_operator.policy.classify import (
     CONFIG_ERROR_GRACE,

@@ -15,8 +15,8 @@ from test_in_place_replace import replaceable_pods
 
 from rtj_operator import reconcile as rc
 from rtj_operator.api import keys
+from rtj_operator.api.checkpoint_spec import DRAIN_MULTIPLE, FastTier
 from rtj_operator.api.resource import ResilientTrainingJob
-from rtj_operator.api.spec import DRAIN_MULTIPLE, FastTier
 from rtj_operator.policy import fast_drain
 from rtj_operator.policy.render import pod_template
 from rtj_operator.reconcile.ranks import progress_facts

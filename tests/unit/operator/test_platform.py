@@ -10,7 +10,7 @@ from rtj_test_support import NOW
 from rtj_world import jobset, node, pod, rtj_raw, snapshot
 
 from rtj_operator import reconcile as rc
-from rtj_operator.api.spec import DEFAULT_XID_CODES, NodeHealth
+from rtj_operator.api.detection_spec import DEFAULT_XID_CODES, NodeHealth
 from rtj_operator.policy.platform import (
     NodeHealthPolicy,
     PlatformConfigError,

@@ -1,4 +1,5 @@
-"""policy.progress: hang verdicts, automatic timeouts and stragglers over progress reports."""
+"""policy.progress (hang verdicts, automatic timeouts) and policy.stragglers over progress
+reports."""
 
 from __future__ import annotations
 
@@ -10,14 +11,13 @@ import pytest
 
 from rtj_operator.policy.progress import (
     PodReport,
-    StragglerState,
     Timeouts,
     auto_timeout,
     hang_verdict,
     job_progress,
     parse_reports,
-    stragglers,
 )
+from rtj_operator.policy.stragglers import StragglerState, stragglers
 
 NOW = 10_000.0
 
@@ -412,7 +412,7 @@ def test_the_leave_one_out_median_is_the_median_of_the_others() -> None:
     import random
     import statistics
 
-    from rtj_operator.policy.progress import _median_without
+    from rtj_operator.policy.stragglers import _median_without
 
     rng = random.Random(5)
     for _ in range(500):

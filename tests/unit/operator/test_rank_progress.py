@@ -16,6 +16,7 @@ from rtj_operator.api import keys
 from rtj_operator.pod_http import PollFailed
 from rtj_operator.policy import progress as rank_progress
 from rtj_operator.policy.render import avoided_nodes, render_jobset
+from rtj_operator.policy.stragglers import Straggler
 from rtj_operator.rank_polls import JobTargets, RankPolls
 from rtj_operator.reconcile.converge import HANG_TEARDOWN_GRACE
 from rtj_operator.reconcile.ranks import progress_port
@@ -209,7 +210,7 @@ def test_no_hang_is_judged_from_stale_reports_or_before_every_worker_runs() -> N
 
 def test_a_straggler_gets_a_condition_and_one_event() -> None:
     pods = running_pods(3)
-    slow = rank_progress.Straggler(2, pods[2]["metadata"]["name"], 0.08, 0.05, 3)
+    slow = Straggler(2, pods[2]["metadata"]["name"], 0.08, 0.05, 3)
     ranks = [rank(i, 812, "data", 0.01) for i in range(3)]
     first = plan(pods, readings(pods, *ranks, stragglers=(slow,)))
     patch = first.status_patch

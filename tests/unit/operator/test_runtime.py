@@ -17,7 +17,7 @@ from rtj_operator import controller as ctl
 from rtj_operator import event_reads, handlers, work_queue
 from rtj_operator.api import FailureClass, ResilientTrainingJob, keys
 from rtj_operator.cache import WatchCache, newer_or_same
-from rtj_operator.kube import Conflict, Unavailable
+from rtj_operator.kube_errors import Conflict, Unavailable
 from rtj_operator.leader import LeaseRecord, Move, lease_decision
 from rtj_operator.metrics import Metrics, sample
 from rtj_operator.selection import Selection
@@ -722,7 +722,7 @@ def test_the_operator_reads_a_store_with_its_own_identity_only_where_allowed() -
 
 
 def test_a_refused_jobset_create_is_remembered_for_the_plan_not_retried_blindly() -> None:
-    from rtj_operator.kube import Invalid
+    from rtj_operator.kube_errors import Invalid
 
     async def scenario() -> None:
         kube, reg = FakeKube(), CollectorRegistry()
@@ -748,7 +748,7 @@ def test_a_refused_jobset_create_is_remembered_for_the_plan_not_retried_blindly(
 
 
 def test_the_local_queue_is_read_at_kueues_preferred_version_first() -> None:
-    from rtj_operator.kube import NotFound
+    from rtj_operator.kube_errors import NotFound
 
     kube, reg = FakeKube(), CollectorRegistry()
     asked: list[str] = []

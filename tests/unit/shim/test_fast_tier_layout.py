@@ -21,7 +21,7 @@ from rtj_shim.fast_tier import (
     rank_store,
 )
 from rtj_shim.layout import COMMITTED_FILE, step_key
-from rtj_shim.progress_server import report
+from rtj_shim.progress_report import report
 from rtj_shim.protocol import CommitProtocol
 
 

@@ -18,7 +18,8 @@ from rtj_shim.control import Order
 from rtj_shim.doorbell import Doorbell
 from rtj_shim.progress import Progress
 from rtj_shim.progress_record import FILE_SIZE
-from rtj_shim.progress_server import SCHEMA, ProgressServer, report
+from rtj_shim.progress_report import SCHEMA, report
+from rtj_shim.progress_server import ProgressServer
 
 RANK_KEYS = {
     "rank", "local_rank", "pid", "restart", "state", "step", "steps_completed", "section",

@@ -1,0 +1,177 @@
+"""`spec.checkpoint` of a ResilientTrainingJob: the store, its retention and the fast tier.
+
+Part of the spec's models (`rtj_operator.api.spec`); the same double validation (CEL for the
+API server, pydantic for objects built in Python).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from rtj_operator.api.base import ApiModel, cel, validations
+
+SHIM_DEADLINE_SECONDS = 30
+"""The shim's default emergency-save deadline; pods get this plus a margin to stop."""
+
+URI_SCHEMES = ("s3://", "file://")
+
+IMMUTABLE_RULE = "self == oldSelf"
+"""A CEL transition rule: the API server evaluates it on updates only (`oldSelf` is the stored
+value), so it makes a field immutable once created. Kubeflow Trainer's TrainJob marks its
+immutable fields the same way (`pkg/apis/trainer/v1alpha1/trainjob_types.go`)."""
+
+
+class Retention(ApiModel):
+    """Which verified steps the trainer-side GC keeps (the operator never deletes data)."""
+
+    keep_last: int = Field(default=3, ge=1, le=1000, description="Newest verified steps kept.")
+    keep_every: int | None = Field(
+        default=None, ge=1, description="Also keep every step divisible by this (milestones)."
+    )
+
+
+FAST_TIER_MIN_KEEP = 2
+"""rtj_shim.fast_tier.MIN_KEEP, copied (the API may not import rtj_shim.fast_tier, which
+imports rtj_shim.storage; a unit test holds them equal): ranks publish a fast step moments
+apart, so the one before it must still be on every rank."""
+
+SIZE_PATTERN = r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[kMGTPE])?$"
+"""A size in bytes as Kubernetes writes one (`512Mi`, `8Gi`, `1G`, `1500000000`): the part
+of the resource.Quantity grammar (api/schemas/openapi.QUANTITY_PATTERN) with no sign, no
+exponent and no fraction-of-a-unit suffix (m, u, n)."""
+
+DRAIN_MULTIPLE = (
+    "fastTier.drainEverySteps must be a multiple of fastTier.everySteps: only fast steps "
+    "can be drained"
+)
+
+
+class FastTier(ApiModel):
+    """The fast checkpoint tier (issue 16): every `everySteps` steps each rank also saves
+    its state into a pod-local emptyDir, so a restart in place loses at most those steps
+    (the durable store stays the fallback). With `peerReplicas` another pod keeps a copy,
+    which a pod replaced on another node copies back. With `drainEverySteps` the progress
+    sidecar of the pod holding rank 0 publishes those fast steps to the durable store."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": validations(
+            cel(
+                "!has(self.drainEverySteps) || self.drainEverySteps % self.everySteps == 0",
+                DRAIN_MULTIPLE,
+                ".drainEverySteps",
+            )
+        )
+    }
+
+    every_steps: int = Field(
+        ge=1,
+        description="Steps between fast-tier saves (each rank's copy in its own pod).",
+    )
+    keep: int = Field(
+        default=FAST_TIER_MIN_KEEP,
+        ge=FAST_TIER_MIN_KEEP,
+        le=100,
+        description="Fast steps each rank keeps (at least 2: while one rank has published a "
+        "step and another not yet, the one before must still be on both).",
+    )
+    medium: Literal["Memory", "Disk"] = Field(
+        default="Memory",
+        description="Memory: a memory-backed emptyDir (tmpfs; its contents count against the "
+        "pod's memory limit). Disk: the node's disk (the kubelet's emptyDir storage).",
+    )
+    size_limit: str | None = Field(
+        default=None,
+        max_length=64,
+        pattern=SIZE_PATTERN,
+        description="The emptyDir's sizeLimit (e.g. 64Gi): keep + 1 copies of the training "
+        "state (a new step is written before the oldest goes) times the ranks per pod, "
+        "twice that with peerReplicas (the source's copies too). "
+        "Unset: no limit beyond the medium's.",
+    )
+    peer_replicas: int = Field(
+        default=1,
+        ge=0,
+        le=1,
+        description="Copies of each pod's fast-tier steps kept in another pod's fast-tier "
+        "volume (a ring over the pods' completion indexes, holder and source on different "
+        "nodes where the placement allows), so a pod re-created on another node after its "
+        "node was lost resumes from a fast step too. 0: none. The volume's sizeLimit must "
+        "hold both (the pod's own steps and its source's).",
+    )
+    drain_every_steps: int | None = Field(
+        default=None,
+        ge=1,
+        description="Publish every fast step that is a multiple of this to the durable store "
+        "(checkpoint.uri), from the fast tier's bytes, by the progress sidecar of the pod "
+        "holding rank 0 (the other ranks' files read from their pods' sidecars), beside "
+        "the trainers: a hung trainer does not stop it. A multiple of everySteps. Steps the "
+        "trainer saves durably itself (a multiple of its own save interval) are left to it; "
+        "a trainer that also saves on a time or metric schedule is not drained. The sidecars "
+        "get the store's credentials (checkpoint.credentialsSecret). Unset: no drain.",
+    )
+
+    @model_validator(mode="after")
+    def _drain_multiple(self) -> FastTier:
+        if self.drain_every_steps is not None and self.drain_every_steps % self.every_steps:
+            raise ValueError(DRAIN_MULTIPLE)
+        return self
+
+
+class Checkpoint(ApiModel):
+    """Where checkpoints live and how often the trainer promises to write one."""
+
+    uri: str = Field(
+        min_length=1,
+        max_length=1024,
+        description="Checkpoint root: s3://bucket/prefix or file:///path on a shared volume. "
+        "Immutable: a job resumes only from its own store (create a new job for another).",
+        json_schema_extra=validations(
+            cel(
+                "self.startsWith('s3://') || self.startsWith('file://')",
+                "checkpoint.uri must start with s3:// or file://",
+            ),
+            cel(
+                IMMUTABLE_RULE,
+                "checkpoint.uri is immutable: the next attempt would resume "
+                "from another store (create a new job for another store)",
+            ),
+        ),
+    )
+    planned_interval_seconds: int = Field(
+        default=600, ge=1, description="Planned seconds between checkpoints (age alert)."
+    )
+    retention: Retention = Field(default_factory=Retention, json_schema_extra={"default": {}})
+    credentials_secret: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        description="Secret whose keys become env of the trainer and the resume init "
+        "container (e.g. AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL_S3).",
+    )
+    emergency_save_seconds: int = Field(
+        default=SHIM_DEADLINE_SECONDS,
+        ge=0,
+        le=3600,
+        description="Seconds the trainer may spend on an emergency save after SIGTERM; "
+        "pods get this plus a margin as terminationGracePeriodSeconds.",
+    )
+    resolver_image: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Image for the resume init container (default: the trainer's image, "
+        "which must contain rtj-shim).",
+    )
+    fast_tier: FastTier | None = Field(
+        default=None,
+        description="A fast checkpoint tier in each pod (needs recovery.inPlace: only a "
+        "restart inside the same pods finds it again). Takes effect with the next attempt.",
+    )
+
+    @field_validator("uri")
+    @classmethod
+    def _scheme(cls, uri: str) -> str:
+        if not uri.startswith(URI_SCHEMES):
+            raise ValueError("checkpoint.uri must start with s3:// or file://")
+        return uri
