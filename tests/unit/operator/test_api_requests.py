@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -103,15 +102,3 @@ def test_every_request_reaches_the_counter_including_failed_ones() -> None:
 def test_without_a_callback_nothing_is_counted_and_requests_still_work() -> None:
     api = _FakeApiClient(data=b'{"items": [{"metadata": {"name": "a"}}]}')
     assert Kube(api).list_pods("ns") == [{"metadata": {"name": "a"}}]
-
-
-def test_a_strict_decoding_error_is_an_invalid_object_not_a_transient_error() -> None:
-    from rtj_operator.kube_errors import Invalid, from_answer
-
-    # the API server's answer to an unknown field under fieldValidation=Strict (HTTP 400,
-    # reason BadRequest: apiserver handlers' strict decoding, k8s.io/apiserver v0.35)
-    body = json.dumps({"kind": "Status", "status": "Failure", "reason": "BadRequest", "code": 400,
-                       "message": 'JobSet in version "v1alpha2" cannot be handled as a JobSet: '
-                       'strict decoding error: unknown field "spec.x"'})  # fmt: skip
-    err = from_answer("create jobset team-a/llm-a1", 400, body.encode(), "HTTP 400")
-    assert isinstance(err, Invalid) and 'unknown field "spec.x"' in str(err)
