@@ -21,6 +21,21 @@ from typing import Any
 import yaml
 
 from . import build, kwok, manifests, processes
+from .components import (
+    KUEUE_NAMESPACE,
+    KUEUE_SECRET,
+    KUEUE_SERVICE,
+    PORT_NAMES,
+    apiserver_command,
+    controller_manager_command,
+    etcd_command,
+    jobset_command,
+    jobset_config,
+    kueue_command,
+    kueue_config,
+    kwok_command,
+    scheduler_command,
+)
 from .kube import Kube, eventually
 from .kubeconfig import write_kubeconfig
 from .pki import CA, service_account_keys
@@ -28,12 +43,8 @@ from .processes import LOOPBACK, Proc, StartupError
 from .versions import CLUSTER_PROGRAMS, load_versions
 
 DEFAULT_NAME = "rtj-e2e"
-KUEUE_NAMESPACE = "kueue-system"
-KUEUE_SERVICE = "kueue-webhook-service"
-KUEUE_SECRET = "kueue-webhook-server-cert"
 JOBSET_NAMESPACE = "jobset-system"
 RESOURCE_FLAVOR = "gpu-h100"
-SERVICE_CIDR = "10.96.0.0/16"
 
 # Node lifecycle timings: KWOK renews each node's Lease every LEASE/4 seconds; the node
 # lifecycle controller calls a node unreachable after GRACE seconds without a renewal.
@@ -246,25 +257,7 @@ class LocalCluster:
         pki = d / "pki"
         ca = CA(pki)
         sa = service_account_keys(pki)
-        ports = dict(
-            zip(
-                [
-                    "etcd",
-                    "etcd_peer",
-                    "api",
-                    "kcm",
-                    "sched",
-                    "jobset_wh",
-                    "jobset_metrics",
-                    "jobset_health",
-                    "kueue_wh",
-                    "kueue_metrics",
-                    "kueue_health",
-                ],
-                processes.free_ports(11),
-                strict=True,
-            )
-        )
+        ports = dict(zip(PORT_NAMES, processes.free_ports(len(PORT_NAMES)), strict=True))
         api_cert = ca.issue(
             "apiserver",
             "kube-apiserver",
@@ -340,28 +333,7 @@ class LocalCluster:
         t = time.monotonic()
         etcd = self._start(
             "etcd",
-            [
-                str(self._bins["etcd"]),
-                "--name",
-                "e2e",
-                "--data-dir",
-                str(d / "etcd-data"),
-                "--listen-client-urls",
-                f"http://{LOOPBACK}:{ports['etcd']}",
-                "--advertise-client-urls",
-                f"http://{LOOPBACK}:{ports['etcd']}",
-                "--listen-peer-urls",
-                f"http://{LOOPBACK}:{ports['etcd_peer']}",
-                "--initial-advertise-peer-urls",
-                f"http://{LOOPBACK}:{ports['etcd_peer']}",
-                "--initial-cluster",
-                f"e2e=http://{LOOPBACK}:{ports['etcd_peer']}",
-                "--unsafe-no-fsync",
-                "--log-level",
-                "warn",
-                "--quota-backend-bytes",
-                str(4 << 30),
-            ],
+            etcd_command(self._bins["etcd"], d / "etcd-data", ports),
             [ports["etcd"], ports["etcd_peer"]],
             logs,
         )
@@ -377,26 +349,16 @@ class LocalCluster:
         t = time.monotonic()
         apiserver = self._start(
             "kube-apiserver",
-            [
-                str(self._bins["kube-apiserver"]),
-                f"--etcd-servers=http://{LOOPBACK}:{ports['etcd']}",
-                f"--bind-address={LOOPBACK}",
-                f"--secure-port={ports['api']}",
-                f"--advertise-address={LOOPBACK}",
-                f"--tls-cert-file={api_cert.cert}",
-                f"--tls-private-key-file={api_cert.key}",
-                f"--client-ca-file={ca.cert_path}",
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                f"--service-account-key-file={sa.cert}",
-                f"--service-account-signing-key-file={sa.key}",
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
-                "--authorization-mode=Node,RBAC",
-                "--allow-privileged=true",
-                "--endpoint-reconciler-type=none",
-                "--profiling=false",
-                "--event-ttl=1h",
-                f"--cert-dir={d / 'apiserver-certs'}",
-            ],
+            apiserver_command(
+                self._bins["kube-apiserver"],
+                ports,
+                serving_cert=api_cert.cert,
+                serving_key=api_cert.key,
+                client_ca=ca.cert_path,
+                service_account_cert=sa.cert,
+                service_account_key=sa.key,
+                cert_dir=d / "apiserver-certs",
+            ),
             [ports["api"]],
             logs,
         )
@@ -414,38 +376,21 @@ class LocalCluster:
         t = time.monotonic()
         kcm = self._start(
             "kube-controller-manager",
-            [
-                str(self._bins["kube-controller-manager"]),
-                f"--kubeconfig={kcm_kc}",
-                f"--authentication-kubeconfig={kcm_kc}",
-                f"--authorization-kubeconfig={kcm_kc}",
-                f"--bind-address={LOOPBACK}",
-                f"--secure-port={ports['kcm']}",
-                f"--service-account-private-key-file={sa.key}",
-                f"--root-ca-file={ca.cert_path}",
-                "--use-service-account-credentials=true",
-                "--leader-elect=false",
-                f"--cluster-name={self.name}",
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
-                "--node-monitor-period=2s",
-                f"--node-monitor-grace-period={self._monitor_grace()}",
-                "--profiling=false",
-            ],
+            controller_manager_command(
+                self._bins["kube-controller-manager"],
+                kcm_kc,
+                ports,
+                service_account_key=sa.key,
+                root_ca=ca.cert_path,
+                cluster_name=self.name,
+                node_monitor_grace=self._monitor_grace(),
+            ),
             [ports["kcm"]],
             logs,
         )
         sched = self._start(
             "kube-scheduler",
-            [
-                str(self._bins["kube-scheduler"]),
-                f"--kubeconfig={sched_kc}",
-                f"--authentication-kubeconfig={sched_kc}",
-                f"--authorization-kubeconfig={sched_kc}",
-                f"--bind-address={LOOPBACK}",
-                f"--secure-port={ports['sched']}",
-                "--leader-elect=false",
-                "--profiling=false",
-            ],
+            scheduler_command(self._bins["kube-scheduler"], sched_kc, ports),
             [ports["sched"]],
             logs,
         )
@@ -453,13 +398,13 @@ class LocalCluster:
         kwok_cfg.write_text(kwok.kwok_config_yaml(self.terminal_phase_on_delete))
         kwok_proc = self._start(
             "kwok",
-            [
-                str(self._bins["kwok"]),
-                f"--kubeconfig={kwok_kc}",
-                f"--config={kwok_cfg}",
-                f"--manage-nodes-with-label-selector={kwok.MANAGED_LABEL}={kwok.MANAGED_VALUE}",
-                f"--node-lease-duration-seconds={self.node_lease_seconds}",
-            ],
+            kwok_command(
+                self._bins["kwok"],
+                kwok_kc,
+                kwok_cfg,
+                node_selector=f"{kwok.MANAGED_LABEL}={kwok.MANAGED_VALUE}",
+                lease_seconds=self.node_lease_seconds,
+            ),
             [],
             logs,
         )
@@ -519,54 +464,21 @@ class LocalCluster:
             # JobSet and Kueue controllers
             t = time.monotonic()
             jobset_cfg = d / "jobset-config.yaml"
-            jobset_cfg.write_text(
-                yaml.safe_dump(
-                    {
-                        "apiVersion": "config.jobset.x-k8s.io/v1alpha1",
-                        "kind": "Configuration",
-                        "leaderElection": {"leaderElect": False},
-                        "internalCertManagement": {"enable": False},
-                        "webhook": {
-                            "port": ports["jobset_wh"],
-                            "host": LOOPBACK,
-                            "certDir": str(jobset_certs),
-                        },
-                        "metrics": {"bindAddress": f"{LOOPBACK}:{ports['jobset_metrics']}"},
-                        "health": {
-                            "healthProbeBindAddress": f"{LOOPBACK}:{ports['jobset_health']}"
-                        },
-                    }
-                )
-            )
+            jobset_cfg.write_text(yaml.safe_dump(jobset_config(ports, jobset_certs)))
             jobset = self._start(
                 "jobset",
-                [
-                    str(self._bins["jobset"]),
-                    f"--config={jobset_cfg}",
-                    f"--kubeconfig={jobset_kc}",
-                    "--zap-log-level=info",
-                ],
+                jobset_command(self._bins["jobset"], jobset_cfg, jobset_kc),
                 [ports["jobset_wh"], ports["jobset_metrics"], ports["jobset_health"]],
                 logs,
             )
             kueue_cfg = d / "kueue-config.yaml"
-            kueue_cfg.write_text(yaml.safe_dump(self._kueue_config(ports, kueue_certs)))
+            kueue_cfg.write_text(
+                yaml.safe_dump(kueue_config(ports, kueue_certs, self.pods_ready_timeout))
+            )
             kueue = self._start(
                 "kueue",
-                [
-                    str(self._bins["kueue"]),
-                    f"--config={kueue_cfg}",
-                    f"--kubeconfig={kueue_kc}",
-                    # the on-demand visibility API server writes its certificates to the
-                    # absolute path /visibility and needs an APIService; not used here
-                    "--feature-gates=VisibilityOnDemand=false",
-                    "--zap-log-level=info",
-                ],
-                [
-                    ports["kueue_wh"],
-                    ports["kueue_metrics"],
-                    ports["kueue_health"],
-                ],
+                kueue_command(self._bins["kueue"], kueue_cfg, kueue_kc),
+                [ports["kueue_wh"], ports["kueue_metrics"], ports["kueue_health"]],
                 logs,
             )
 
@@ -623,38 +535,6 @@ class LocalCluster:
             timings["controllers"] = round(time.monotonic() - t, 2)
         finally:
             kube.close()
-
-    def _kueue_config(self, ports: dict[str, int], cert_dir: Path) -> dict[str, Any]:
-        return {
-            "apiVersion": "config.kueue.x-k8s.io/v1beta2",
-            "kind": "Configuration",
-            "namespace": KUEUE_NAMESPACE,
-            "health": {"healthProbeBindAddress": f"{LOOPBACK}:{ports['kueue_health']}"},
-            "metrics": {"bindAddress": f"{LOOPBACK}:{ports['kueue_metrics']}"},
-            "webhook": {"port": ports["kueue_wh"], "host": LOOPBACK, "certDir": str(cert_dir)},
-            "leaderElection": {"leaderElect": False},
-            # Kueue's rotator keeps the pre-created secret: its certificate is valid for the
-            # service name it checks and for 127.0.0.1, where the webhooks are served.
-            "internalCertManagement": {
-                "enable": True,
-                "webhookServiceName": KUEUE_SERVICE,
-                "webhookSecretName": KUEUE_SECRET,
-            },
-            # gang admission: a workload counts as running only when all its pods are Ready,
-            # and nothing else is admitted meanwhile
-            "waitForPodsReady": {
-                "timeout": self.pods_ready_timeout,
-                "blockAdmission": True,
-                "requeuingStrategy": {
-                    "timestamp": "Eviction",
-                    "backoffBaseSeconds": 5,
-                    "backoffMaxSeconds": 60,
-                },
-            },
-            "manageJobsWithoutQueueName": False,
-            "integrations": {"frameworks": ["jobset.x-k8s.io/jobset", "batch/job"]},
-            "clientConnection": {"qps": 100, "burst": 200},
-        }
 
     def _wait_webhooks_effective(self, kube: Kube) -> None:
         """A server-side dry-run create of a queued JobSet must come back suspended: proves

@@ -24,7 +24,8 @@ from pathlib import Path
 import yaml
 
 from e2e.cluster import build, kwok
-from e2e.cluster.cluster import KUEUE_NAMESPACE, RESOURCE_FLAVOR, LocalCluster
+from e2e.cluster.cluster import PODS_READY_TIMEOUT, RESOURCE_FLAVOR
+from e2e.cluster.components import KUEUE_NAMESPACE, kueue_config
 from e2e.cluster.versions import load_versions
 
 NAME = "rtj-kind"
@@ -172,8 +173,10 @@ def up(workers: int) -> None:
         "--timeout=300s",
     )
     # the same Kueue configuration as the local cluster, minus its loopback ports
-    cfg_doc = LocalCluster()._kueue_config(
-        {k: 0 for k in ("kueue_health", "kueue_metrics", "kueue_wh")}, Path("/tmp")
+    cfg_doc = kueue_config(
+        {k: 0 for k in ("kueue_health", "kueue_metrics", "kueue_wh")},
+        Path("/tmp"),
+        PODS_READY_TIMEOUT,
     )
     for k in ("health", "metrics", "webhook", "internalCertManagement"):
         cfg_doc.pop(k)
