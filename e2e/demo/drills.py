@@ -7,13 +7,14 @@ from __future__ import annotations
 import copy
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -131,6 +132,33 @@ def waiting_standby(pid: int, cmdline: bytes) -> bool:
         return False
 
 
+def in_place_job(name: str, save_every: int, steps: int, deadline: int = 120) -> dict[str, Any]:
+    """The example job with restart in place (``inPlaceDeadlineSeconds``: `deadline`), a
+    durable save every `save_every` steps, ending after `steps` (its model is compared with
+    a no-fault run of as many steps)."""
+    body = job(
+        name, f"--save-every={save_every}",
+        recovery={"inPlace": True, "inPlaceDeadlineSeconds": deadline},
+    )  # fmt: skip
+    container = body["spec"]["template"]["spec"]["containers"][0]
+    container["command"] = [
+        f"--steps={steps}" if a == "--steps=100000" else a for a in container["command"]
+    ]
+    return body
+
+
+def rank_log(opts: story.Options, pod: dict[str, Any], rank: int) -> Path:
+    """Rank `rank`'s log in `pod` (the example trainer's ``--log-dir`` volume)."""
+    return story._pod_dir(opts, pod) / "volumes" / "train-logs" / f"rank-{rank}.jsonl"
+
+
+def jobset(api: Any, name: str) -> dict[str, Any] | None:
+    """The job's JobSet now (None: there is none)."""
+    found = [js for js in api.list_jobsets(story.NAMESPACE)
+             if js["metadata"]["labels"].get("training.resilient.dev/job") == name]  # fmt: skip
+    return found[0] if found else None
+
+
 def pods(api: Any, name: str, attempt: int) -> list[dict[str, Any]]:
     selector = f"training.resilient.dev/job={name},training.resilient.dev/attempt={attempt}"
     pods: list[dict[str, Any]] = api.list_pods(story.NAMESPACE, selector)
@@ -199,6 +227,19 @@ def running_platform(
         sys.stdout.write("\n".join(lines) + "\n")
     if left:
         raise LeftRunning(f"down left {left}")
+
+
+def controlling_platform(
+    work: Path, name: str, nodes: int, *operator_args: str
+) -> AbstractContextManager[Platform]:
+    """`running_platform` with an operator that can order restarts in place (a control
+    secret) and reads progress every second."""
+    secret = work / "control-secret"
+    secret.write_text(secrets.token_hex(32))
+    return running_platform(
+        work, name, nodes, "--progress-poll-seconds", "1", "--control-secret-file", str(secret),
+        *operator_args,
+    )  # fmt: skip
 
 
 class LeftRunning(AssertionError):

@@ -15,7 +15,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import secrets
 import sys
 import time
 from collections.abc import Iterator
@@ -39,19 +38,12 @@ pytestmark = pytest.mark.timeout(1200)
 
 
 def _rank_lines(opts: story.Options, pod: dict[str, Any], rank: int) -> list[str]:
-    path = story._pod_dir(opts, pod) / "volumes" / "train-logs" / f"rank-{rank}.jsonl"
+    path = drills.rank_log(opts, pod, rank)
     return path.read_text().splitlines() if path.exists() else []
 
 
 def _job() -> dict[str, Any]:
-    body = drills.job(
-        JOB, f"--save-every={SAVE_EVERY}",
-        recovery={"inPlace": True, "inPlaceDeadlineSeconds": 120},
-    )  # fmt: skip
-    container = body["spec"]["template"]["spec"]["containers"][0]
-    container["command"] = [
-        f"--steps={STEPS}" if a == "--steps=100000" else a for a in container["command"]
-    ]
+    body = drills.in_place_job(JOB, SAVE_EVERY, STEPS)
     body["spec"]["checkpoint"]["retention"] = {"keepLast": 100}  # the listing shows them all
     body["spec"]["checkpoint"]["fastTier"] = {
         "everySteps": FAST_EVERY, "keep": 4, "peerReplicas": 0, "drainEverySteps": DRAIN_EVERY,
@@ -89,11 +81,8 @@ def _published(store: CheckpointStore) -> dict[int, bool]:
 def test_a_drained_step_is_what_a_replaced_pod_without_a_fast_step_resumes_from(
     tmp_path: Path,
 ) -> None:
-    secret = tmp_path / "control-secret"
-    secret.write_text(secrets.token_hex(32))
-    with drills.running_platform(
-        tmp_path, "rtj-drain", 3, "--progress-poll-seconds", "1",
-        "--control-secret-file", str(secret),
+    with drills.controlling_platform(
+        tmp_path, "rtj-drain", 3,
         "--checkpoint-refresh-seconds", "2",  # the store read often: drained steps seen
     ) as platform:  # fmt: skip
         opts, kube, api = platform.opts, platform.kube, platform.api

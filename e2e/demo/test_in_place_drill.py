@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import signal
 import sys
 import time
@@ -48,44 +47,10 @@ run serves all three."""
 REPLACE_STEPS = STEPS
 
 
-def _rank_log(opts: story.Options, pod: dict[str, Any]) -> Path:
-    return story._pod_dir(opts, pod) / "volumes" / "train-logs"
-
-
-def _jobset(api: Any, job: str) -> dict[str, Any] | None:
-    found = [js for js in api.list_jobsets(story.NAMESPACE)
-             if js["metadata"]["labels"].get("training.resilient.dev/job") == job]  # fmt: skip
-    return found[0] if found else None
-
-
-def _in_place_job(name: str, steps: int = STEPS) -> dict[str, Any]:
-    """The example job with restart in place, ending after `steps` (its model is compared
-    with a no-fault run of as many steps)."""
-    body = drills.job(
-        name, f"--save-every={SAVE_EVERY}",
-        recovery={"inPlace": True, "inPlaceDeadlineSeconds": 120},
-    )  # fmt: skip
-    container = body["spec"]["template"]["spec"]["containers"][0]
-    container["command"] = [
-        f"--steps={steps}" if a == "--steps=100000" else a for a in container["command"]
-    ]
-    return body
-
-
-def _platform(tmp_path: Path, name: str, nodes: int = 3) -> Any:
-    """Pod-runner nodes (one more than the job's pods) and an operator with a control
-    secret."""
-    secret = tmp_path / "control-secret"
-    secret.write_text(secrets.token_hex(32))
-    return drills.running_platform(
-        tmp_path, name, nodes, "--progress-poll-seconds", "1", "--control-secret-file", str(secret),
-    )  # fmt: skip
-
-
 def test_a_killed_rank_restarts_in_place_without_recreating_a_pod(tmp_path: Path) -> None:
-    with _platform(tmp_path, "rtj-inplace") as platform:
+    with drills.controlling_platform(tmp_path, "rtj-inplace", 3) as platform:
         opts, kube, api = platform.opts, platform.kube, platform.api
-        body = _in_place_job(JOB)
+        body = drills.in_place_job(JOB, SAVE_EVERY, STEPS)
         body["spec"]["checkpoint"]["fastTier"] = {"everySteps": FAST_EVERY}
         api.create_rtj(story.NAMESPACE, body)
 
@@ -95,10 +60,10 @@ def test_a_killed_rank_restarts_in_place_without_recreating_a_pod(tmp_path: Path
         TestNamespace(kube=kube, name=story.NAMESPACE, cluster_queue=story.NAMESPACE,
                       local_queue=story.QUEUE).set_gpu_quota(2)  # fmt: skip
         api.create_rtj(story.NAMESPACE, drills.job(WAITING))
-        wait_for("the waiting job's JobSet", lambda: _jobset(api, WAITING), 60, 0.5)
+        wait_for("the waiting job's JobSet", lambda: drills.jobset(api, WAITING), 60, 0.5)
 
         def step_now() -> int:  # from the trainer's own log: status lags up to 30 s
-            log = _rank_log(opts, drills.rank_pod(list(pods.values()), 0)) / "rank-0.jsonl"
+            log = drills.rank_log(opts, drills.rank_pod(list(pods.values()), 0), 0)
             try:
                 return max(drills.losses(log.read_text().splitlines()), default=0)
             except FileNotFoundError:
@@ -119,7 +84,7 @@ def test_a_killed_rank_restarts_in_place_without_recreating_a_pod(tmp_path: Path
         assert victim["spec"]["containers"][0]["command"][:2] == ["rtj-shim", "supervise"]
         os.kill(drills.trainer_pid(opts, victim), signal.SIGKILL)
         killed = time.monotonic()
-        log = _rank_log(opts, victim) / "rank-1.jsonl"
+        log = drills.rank_log(opts, victim, 1)
         trained_before_kill = max(drills.losses(log.read_text().splitlines()))
 
         def restarted() -> dict[str, Any] | None:
@@ -130,7 +95,7 @@ def test_a_killed_rank_restarts_in_place_without_recreating_a_pod(tmp_path: Path
         took = time.monotonic() - killed
         assert entry["outcome"] == "Running", entry
         assert entry["firstFailed"]["pod"] == victim["metadata"]["name"]
-        waiting = _jobset(api, WAITING)
+        waiting = drills.jobset(api, WAITING)
         assert waiting is not None and waiting["spec"]["suspend"] is True, "still queued"
         sys.stdout.write(f"\nSIGKILL -> every pod runs generation 1: {took:.1f} s ({entry})\n")
 
@@ -144,7 +109,7 @@ def test_a_killed_rank_restarts_in_place_without_recreating_a_pod(tmp_path: Path
         restored: list[tuple[int, str]] = []
         got = {}
         for rank, pod in ((0, drills.rank_pod(list(pods.values()), 0)), (1, victim)):
-            text = (_rank_log(opts, pod) / f"rank-{rank}.jsonl").read_text().splitlines()
+            text = drills.rank_log(opts, pod, rank).read_text().splitlines()
             restores = [json.loads(x) for x in text if '"restore"' in x]
             restored += [(r["step"], r["source"]) for r in restores[1:]]
             got[rank] = drills.losses(text)
@@ -164,7 +129,7 @@ def test_a_killed_rank_restarts_in_place_without_recreating_a_pod(tmp_path: Path
         events = api.list_events(story.NAMESPACE, "reason=RestartedInPlace")
         assert events, "the restart is an Event"
         admitted = wait_for("the waiting job admitted once the first one finished", lambda: (
-            (js := _jobset(api, WAITING)) is not None and js["spec"]["suspend"] is False
+            (js := drills.jobset(api, WAITING)) is not None and js["spec"]["suspend"] is False
         ), 120, 0.5)  # fmt: skip
         assert admitted
         api.delete_rtj(story.NAMESPACE, WAITING)
@@ -197,7 +162,7 @@ def test_a_gpu_fault_is_replaced_by_a_warm_spare_and_the_other_restarts_in_place
     trainer under python directly): the spare and the survivor start generation 1 in theirs,
     torch already imported. The fault is on rank 0's node: the spare becomes rank 0, and the
     run orders move the rendezvous host to it (its pod IP), where the survivor finds it."""
-    with _platform(tmp_path, "rtj-replace", nodes=4) as platform:
+    with drills.controlling_platform(tmp_path, "rtj-replace", 4) as platform:
         opts, kube, api = platform.opts, platform.kube, platform.api
         body = drills.preloaded(_replicated_job(REPLACED))
         body["spec"]["spares"] = 1
@@ -210,10 +175,10 @@ def test_a_gpu_fault_is_replaced_by_a_warm_spare_and_the_other_restarts_in_place
         before = drills.pods(api, REPLACED, 1)
         survivor, victim = _of(before, "worker", 1), _of(before, "worker", 0)
         spare = _of(before, "spare", 0)
-        jobset_uid = (_jobset(api, REPLACED) or {})["metadata"]["uid"]
+        jobset_uid = (drills.jobset(api, REPLACED) or {})["metadata"]["uid"]
 
         def step_now() -> int:
-            log = _rank_log(opts, survivor) / "rank-1.jsonl"
+            log = drills.rank_log(opts, survivor, 1)
             try:
                 return max(drills.losses(log.read_text().splitlines()), default=0)
             except FileNotFoundError:
@@ -228,7 +193,7 @@ def test_a_gpu_fault_is_replaced_by_a_warm_spare_and_the_other_restarts_in_place
         faults.gpu_xid(kube, bad, 79)
         os.kill(pid, signal.SIGKILL)
         hit = time.monotonic()
-        victim_log = _rank_log(opts, victim) / "rank-0.jsonl"
+        victim_log = drills.rank_log(opts, victim, 0)
         trained_before = max(drills.losses(victim_log.read_text().splitlines()))
 
         def restarted() -> dict[str, Any] | None:
@@ -256,7 +221,7 @@ def test_a_gpu_fault_is_replaced_by_a_warm_spare_and_the_other_restarts_in_place
         wait_for("the job to succeed", succeeded, 600, 1.0)
         status = drills.status(api, REPLACED)
         assert status["attempt"] == 1 and len(status["attempts"]) == 1, status["attempts"]
-        assert (_jobset(api, REPLACED) or {}).get("metadata", {}).get("uid") == jobset_uid
+        assert (drills.jobset(api, REPLACED) or {}).get("metadata", {}).get("uid") == jobset_uid
         after = drills.pods(api, REPLACED, 1)
         assert _of(after, "worker", 1)["metadata"]["uid"] == survivor["metadata"]["uid"]
         assert _of(after, "spare", 0)["metadata"]["uid"] == spare["metadata"]["uid"]
@@ -265,10 +230,10 @@ def test_a_gpu_fault_is_replaced_by_a_warm_spare_and_the_other_restarts_in_place
         assert again["spec"]["nodeName"] not in (bad, spare["spec"]["nodeName"])
         assert again["metadata"]["annotations"][keys.JOB_INDEX_FAILURE_COUNT] == "1"
         assert again["status"]["phase"] == "Succeeded"
-        assert not (_rank_log(opts, again) / "rank-0.jsonl").exists(), "it never trained"
+        assert not drills.rank_log(opts, again, 0).exists(), "it never trained"
 
-        survivor_log = (_rank_log(opts, survivor) / "rank-1.jsonl").read_text().splitlines()
-        replaced_log = (_rank_log(opts, spare) / "rank-0.jsonl").read_text().splitlines()
+        survivor_log = drills.rank_log(opts, survivor, 1).read_text().splitlines()
+        replaced_log = drills.rank_log(opts, spare, 0).read_text().splitlines()
         fast = _resumed_from_the_buddys_copy(
             entry, survivor_log, replaced_log, trained_before, replaced_rank=0
         )
@@ -298,7 +263,7 @@ def _last_order(opts: story.Options, pod: dict[str, Any]) -> dict[str, Any]:
 
 def _replicated_job(name: str, steps: int = REPLACE_STEPS) -> dict[str, Any]:
     """Restart in place with the fast tier and its peer replica (the default, one copy)."""
-    body = _in_place_job(name, steps)
+    body = drills.in_place_job(name, SAVE_EVERY, steps)
     body["spec"]["checkpoint"]["fastTier"] = {"everySteps": FAST_EVERY, "keep": 4}
     return body
 
@@ -355,19 +320,19 @@ def test_a_lost_node_replaces_only_its_pod_and_restarts_the_other_in_place(
     the finished model equals the no-fault run bit for bit. The lost pod's fast step comes
     from the survivor's copy of it (the peer replica, issue 16). Preloaded: the survivor's
     generation 1 and the replacement's first start (a held pod) begin in warm standbys."""
-    with _platform(tmp_path, "rtj-lost") as platform:
+    with drills.controlling_platform(tmp_path, "rtj-lost", 3) as platform:
         opts, api = platform.opts, platform.api
         api.create_rtj(story.NAMESPACE, drills.preloaded(_replicated_job(LOST)))
         before = drills.scheduled(api, LOST, 2)
         survivor, victim = drills.rank_pod(before, 0), drills.rank_pod(before, 1)
-        log0 = _rank_log(opts, survivor) / "rank-0.jsonl"
+        log0 = drills.rank_log(opts, survivor, 0)
         wait_for("a replicated fast step past the durable one", lambda: (
             _replica_ahead(opts, survivor, drills.trained(log0))
         ), 300, 0.05)  # fmt: skip
         lost = victim["spec"]["nodeName"]
         (cut,) = drills.cut_off(opts, [victim])  # frozen at this step, then cut off
         frozen = time.monotonic()
-        victim_log = _rank_log(opts, victim) / "rank-1.jsonl"
+        victim_log = drills.rank_log(opts, victim, 1)
         try:
             entry = drills.first_restart_after(
                 api, LOST, frozen, "the replacement and the in-place restart"
@@ -390,7 +355,7 @@ def test_a_lost_node_replaces_only_its_pod_and_restarts_the_other_in_place(
         replacement = drills.rank_pod(after, 1)
         assert replacement["spec"]["nodeName"] not in (lost, survivor["spec"]["nodeName"])
         survivor_log = log0.read_text().splitlines()
-        replaced_log = (_rank_log(opts, replacement) / "rank-1.jsonl").read_text().splitlines()
+        replaced_log = drills.rank_log(opts, replacement, 1).read_text().splitlines()
         trained_before = max(drills.losses(victim_log.read_text().splitlines()))
         fast = _resumed_from_the_buddys_copy(entry, survivor_log, replaced_log, trained_before)
         got = {0: drills.losses(survivor_log), 1: drills.losses(replaced_log)}
@@ -423,7 +388,7 @@ def test_a_lost_node_and_its_buddy_fall_back_to_the_durable_step_with_the_reason
     fast step is held for every rank, so every rank resumes from the newest durable step,
     with that reason recorded; the finished model equals the no-fault run bit for bit.
     Preloaded: three trainers and their standbys on two cores."""
-    with _platform(tmp_path, "rtj-buddy", 5) as platform:
+    with drills.controlling_platform(tmp_path, "rtj-buddy", 5) as platform:
         opts, api = platform.opts, platform.api
         body = drills.preloaded(_replicated_job(BUDDY, BUDDY_STEPS))
         body["spec"]["replicas"] = 3
@@ -432,7 +397,7 @@ def test_a_lost_node_and_its_buddy_fall_back_to_the_durable_step_with_the_reason
         before = drills.scheduled(api, BUDDY, 3)
         survivor = drills.rank_pod(before, 0)
         victims = [drills.rank_pod(before, r) for r in (1, 2)]
-        log0 = _rank_log(opts, survivor) / "rank-0.jsonl"
+        log0 = drills.rank_log(opts, survivor, 0)
         # index 0 holds a copy of index 2's fast steps past the durable one: the fallback
         # below is for want of index 1's copy, not for want of any
         wait_for("a replicated fast step past the durable one", lambda: (
@@ -476,7 +441,7 @@ def test_a_lost_node_and_its_buddy_fall_back_to_the_durable_step_with_the_reason
         for rank in (1, 2):
             replacement = drills.rank_pod(after, rank)
             assert replacement["spec"]["nodeName"] not in (*lost, survivor["spec"]["nodeName"])
-            path = _rank_log(opts, replacement) / f"rank-{rank}.jsonl"
+            path = drills.rank_log(opts, replacement, rank)
             logs[rank] = path.read_text().splitlines()
         for rank, lines in logs.items():
             restores = [json.loads(x) for x in lines if '"restore"' in x]
