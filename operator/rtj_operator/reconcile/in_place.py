@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
+from typing import Any
 
 from rtj_operator.api.reasons import ConditionType, FailureClass, Phase, Reason
 from rtj_operator.api.status import (
@@ -205,12 +206,11 @@ def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
     state = b.status.in_place
     if state is None:
         return False
-    deadline = b.rtj.spec.recovery.in_place_deadline_seconds
-    if (b.now - state.since).total_seconds() > deadline:
-        _fall_back(b, f"not every pod had {state.phase.lower()} within {deadline}s")
-        return True
     names = [pod_name(p) for p in live]
     reports = supervisors(b)
+    if (b.now - state.since).total_seconds() > b.rtj.spec.recovery.in_place_deadline_seconds:
+        _fall_back(b, _overdue(b, state, reports, names))
+        return True
     if state.phase == "Stopping":
         old = [p for p in b.snap.pods if pod_name(p) in state.replacing]
         old = [p for p in old if not _ended(p)]
@@ -272,6 +272,25 @@ def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
         f"{took:.1f}s after the failure was seen, from {origin}",
     )
     return True
+
+
+def _overdue(
+    b: PlanBuilder, state: InPlacePhase, reports: Mapping[str, Mapping[str, Any]],
+    names: Sequence[str],
+) -> str:  # fmt: skip
+    """Why a restart past its deadline falls back: the pods whose supervisor had not
+    reported the phase's goal (a hung supervisor, a pod that stopped answering), else what
+    the phase still waited for."""
+    deadline = b.rtj.spec.recovery.in_place_deadline_seconds
+    stopping = state.phase == "Stopping"
+    goal = in_place.STOPPED if stopping else in_place.STARTED
+    late = in_place.reported(reports, names, state.generation, goal)
+    if late:
+        more = f" and {len(late) - 5} more" if len(late) > 5 else ""
+        verb = "stopped" if stopping else "started"
+        return (f"{', '.join(late[:5])}{more} had not {verb} generation {state.generation} "
+                f"within {deadline}s")  # fmt: skip
+    return f"{state.phase.lower()} generation {state.generation} did not end within {deadline}s"
 
 
 def replaced_pods(status: ResilientTrainingJobStatus) -> frozenset[str]:

@@ -188,7 +188,26 @@ def test_an_in_place_restart_past_its_deadline_recreates_the_world_without_payin
     assert status["restarts"]["infrastructure"] == 1, "the fallback spends no second restart"
     record = status["attempts"][0]
     assert record["inPlaceRestarts"][0]["outcome"] == "FellBack"
-    assert "fell back" in record["evidence"][0]
+    late = pods[1]["metadata"]["name"]
+    assert record["evidence"][0] == (
+        f"in-place restart fell back: {late} had not stopped generation 1 within 60s"
+    ), "the reason names the pod that held the barrier"
+
+
+def test_past_its_deadline_the_reason_names_the_first_pods_that_did_not_start() -> None:
+    pods = supervised_pods(8)
+    raw = rtj_raw(RUNNING, **{**IN_PLACE, "replicas": 8})
+    raw = with_status(raw, plan(raw, pods, readings(
+        pods, *[(0, "running", None)] * 7, (0, "exited", 1))))  # fmt: skip
+    raw = with_status(raw, plan(raw, pods, readings(pods, *[(1, "stopped", None)] * 8),
+                                store=reading(1200)))  # fmt: skip
+    assert raw["status"]["inPlace"]["phase"] == "Starting"
+    one_started = readings(pods, (1, "running", None), *[(1, "stopped", None)] * 7)
+    late = with_status(raw, plan(raw, pods, one_started, now=NOW + timedelta(seconds=61)))
+    first = ", ".join(p["metadata"]["name"] for p in pods[1:6])
+    assert late["status"]["attempts"][0]["evidence"][0] == (
+        f"in-place restart fell back: {first} and 2 more had not started generation 1 within 60s"
+    )
 
 
 def test_what_needs_another_node_or_a_cluster_view_is_not_restarted_in_place() -> None:
