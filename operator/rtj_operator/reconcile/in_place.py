@@ -50,7 +50,7 @@ from rtj_operator.policy.render import jobset_name
 from rtj_operator.reconcile.actions import DeleteJobSet, MetricRecord
 from rtj_operator.reconcile.builder import PlanBuilder, trim_evidence
 from rtj_operator.reconcile.checkpoints import read_since
-from rtj_operator.reconcile.converge import delete_pods
+from rtj_operator.reconcile.converge import HANG_TEARDOWN_GRACE, delete_pods
 from rtj_operator.reconcile.failure import MAX_BAD_STEPS
 from rtj_operator.reconcile.ranks import completion_index, progress_port
 from rtj_operator.reconcile.supervised_exits import supervisors
@@ -396,7 +396,10 @@ def _fall_back(b: PlanBuilder, why: str) -> None:
     b.condition(ConditionType.RESTARTING, True, Reason.IN_PLACE_FELL_BACK, message)
     b.condition(ConditionType.RUNNING, False, Reason.IN_PLACE_FELL_BACK, message)
     b.after.append(DeleteJobSet(jobset_name(b.rtj.metadata.name, n)))
-    delete_pods(b, b.snap.pods)
+    # briefly: the world is broken (a rank failed, the others were ordered to stop), so no
+    # emergency save can be made; what still runs is what did not stop (a hung supervisor
+    # ignores its SIGTERM and would hold the next attempt for the pod's whole grace)
+    delete_pods(b, b.snap.pods, grace_seconds=HANG_TEARDOWN_GRACE)
     b.event(True, Reason.IN_PLACE_FELL_BACK, message)
     b.notes.append(message)
 

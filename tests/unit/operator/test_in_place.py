@@ -16,6 +16,7 @@ from test_rank_progress import running_pods
 from rtj_operator import reconcile as rc
 from rtj_operator.api import keys
 from rtj_operator.policy.render import render_jobset
+from rtj_operator.reconcile.converge import HANG_TEARDOWN_GRACE
 
 KEY = "0123456789abcdef" * 4
 IN_PLACE = {"replicas": 2, "recovery": {"inPlace": True, "inPlaceDeadlineSeconds": 60}}
@@ -182,6 +183,9 @@ def test_an_in_place_restart_past_its_deadline_recreates_the_world_without_payin
     stuck = readings(pods, (1, "stopped", None), (0, "stopping", None))
     late = plan(raw, pods, stuck, now=NOW + timedelta(seconds=61))
     assert [a for a in late.actions if isinstance(a, rc.DeleteJobSet)]
+    deletes = [a for a in late.actions if isinstance(a, rc.DeletePod)]
+    assert sorted(d.name for d in deletes) == sorted(p["metadata"]["name"] for p in pods)
+    assert {d.grace_seconds for d in deletes} == {HANG_TEARDOWN_GRACE}, "a hung world: briefly"
     raw = with_status(raw, late)
     status = raw["status"]
     assert status["phase"] == "Restarting" and "inPlace" not in status
