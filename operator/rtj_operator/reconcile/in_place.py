@@ -209,8 +209,10 @@ def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
     names = [pod_name(p) for p in live]
     reports = supervisors(b)
     if (b.now - state.since).total_seconds() > b.rtj.spec.recovery.in_place_deadline_seconds:
-        _fall_back(b, _overdue(b, state, reports, names))
-        return True
+        why = _overdue(b, state, reports, names)
+        if why is not None:
+            _fall_back(b, why)
+            return True
     if state.phase == "Stopping":
         old = [p for p in b.snap.pods if pod_name(p) in state.replacing]
         old = [p for p in old if not _ended(p)]
@@ -277,20 +279,31 @@ def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
 def _overdue(
     b: PlanBuilder, state: InPlacePhase, reports: Mapping[str, Mapping[str, Any]],
     names: Sequence[str],
-) -> str:  # fmt: skip
-    """Why a restart past its deadline falls back: the pods whose supervisor had not
-    reported the phase's goal (a hung supervisor, a pod that stopped answering), else what
-    the phase still waited for."""
-    deadline = b.rtj.spec.recovery.in_place_deadline_seconds
-    stopping = state.phase == "Stopping"
-    goal = in_place.STOPPED if stopping else in_place.STARTED
-    late = in_place.reported(reports, names, state.generation, goal)
+) -> str | None:  # fmt: skip
+    """Why a restart past its deadline falls back, naming what held it: the first pods whose
+    supervisor had not reported the phase's goal (a hung supervisor, a pod that stopped
+    answering), a replaced pod not gone, a replacement not there, the store not read. None:
+    every pod already runs the new generation (it finishes; nothing to fall back from)."""
+    within = f"within {b.rtj.spec.recovery.in_place_deadline_seconds}s"
+    g = state.generation
+    if state.phase != "Stopping":
+        late = in_place.reported(reports, names, g, in_place.STARTED)
+        return f"{_first(late)} had not started generation {g} {within}" if late else None
+    late = in_place.reported(reports, names, g, in_place.STOPPED)
     if late:
-        more = f" and {len(late) - 5} more" if len(late) > 5 else ""
-        verb = "stopped" if stopping else "started"
-        return (f"{', '.join(late[:5])}{more} had not {verb} generation {state.generation} "
-                f"within {deadline}s")  # fmt: skip
-    return f"{state.phase.lower()} generation {state.generation} did not end within {deadline}s"
+        return f"{_first(late)} had not stopped generation {g} {within}"
+    old = [pod_name(p) for p in b.snap.pods if pod_name(p) in state.replacing and not _ended(p)]
+    if old:
+        return f"{_first(old)} being replaced had not ended {within}"
+    if len(names) != b.rtj.spec.replicas:
+        return f"{len(names)} of {b.rtj.spec.replicas} pods were there {within}"
+    return f"every pod stopped generation {g}, but the checkpoint store was not read {within}"
+
+
+def _first(pods: Sequence[str]) -> str:
+    """The first five pod names, and how many more."""
+    more = f" and {len(pods) - 5} more" if len(pods) > 5 else ""
+    return f"{', '.join(pods[:5])}{more}"
 
 
 def replaced_pods(status: ResilientTrainingJobStatus) -> frozenset[str]:

@@ -1,11 +1,10 @@
 """Restart in place (spec.recovery.inPlace, issue 15), decided without a cluster: how the
 pods are rendered, which failures restart in place, and the stop -> barrier -> start -> done
-sequence driven by committed status, with its fallback."""
+sequence driven by committed status (its deadline and fallback: test_in_place_deadline.py)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -16,7 +15,6 @@ from test_rank_progress import running_pods
 from rtj_operator import reconcile as rc
 from rtj_operator.api import keys
 from rtj_operator.policy.render import render_jobset
-from rtj_operator.reconcile.converge import HANG_TEARDOWN_GRACE
 
 KEY = "0123456789abcdef" * 4
 IN_PLACE = {"replicas": 2, "recovery": {"inPlace": True, "inPlaceDeadlineSeconds": 60}}
@@ -173,45 +171,6 @@ def test_no_fast_step_is_pinned_unless_every_pod_holds_a_good_new_one() -> None:
     assert event.message.endswith("from step 1200") and "fast-tier" not in event.message
     entry = with_status(starting, done)["status"]["attempts"][0]["inPlaceRestarts"][0]
     assert "resumedFromFastStep" not in entry
-
-
-def test_an_in_place_restart_past_its_deadline_recreates_the_world_without_paying_twice() -> None:
-    pods = supervised_pods()
-    raw = rtj_raw(RUNNING, **IN_PLACE)
-    raw = with_status(raw, plan(raw, pods, readings(pods, (0, "running", None),
-                                                    (0, "exited", 1))))  # fmt: skip
-    stuck = readings(pods, (1, "stopped", None), (0, "stopping", None))
-    late = plan(raw, pods, stuck, now=NOW + timedelta(seconds=61))
-    assert [a for a in late.actions if isinstance(a, rc.DeleteJobSet)]
-    deletes = [a for a in late.actions if isinstance(a, rc.DeletePod)]
-    assert sorted(d.name for d in deletes) == sorted(p["metadata"]["name"] for p in pods)
-    assert {d.grace_seconds for d in deletes} == {HANG_TEARDOWN_GRACE}, "a hung world: briefly"
-    raw = with_status(raw, late)
-    status = raw["status"]
-    assert status["phase"] == "Restarting" and "inPlace" not in status
-    assert status["restarts"]["infrastructure"] == 1, "the fallback spends no second restart"
-    record = status["attempts"][0]
-    assert record["inPlaceRestarts"][0]["outcome"] == "FellBack"
-    late = pods[1]["metadata"]["name"]
-    assert record["evidence"][0] == (
-        f"in-place restart fell back: {late} had not stopped generation 1 within 60s"
-    ), "the reason names the pod that held the barrier"
-
-
-def test_past_its_deadline_the_reason_names_the_first_pods_that_did_not_start() -> None:
-    pods = supervised_pods(8)
-    raw = rtj_raw(RUNNING, **{**IN_PLACE, "replicas": 8})
-    raw = with_status(raw, plan(raw, pods, readings(
-        pods, *[(0, "running", None)] * 7, (0, "exited", 1))))  # fmt: skip
-    raw = with_status(raw, plan(raw, pods, readings(pods, *[(1, "stopped", None)] * 8),
-                                store=reading(1200)))  # fmt: skip
-    assert raw["status"]["inPlace"]["phase"] == "Starting"
-    one_started = readings(pods, (1, "running", None), *[(1, "stopped", None)] * 7)
-    late = with_status(raw, plan(raw, pods, one_started, now=NOW + timedelta(seconds=61)))
-    first = ", ".join(p["metadata"]["name"] for p in pods[1:6])
-    assert late["status"]["attempts"][0]["evidence"][0] == (
-        f"in-place restart fell back: {first} and 2 more had not started generation 1 within 60s"
-    )
 
 
 def test_what_needs_another_node_or_a_cluster_view_is_not_restarted_in_place() -> None:
