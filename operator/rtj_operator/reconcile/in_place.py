@@ -297,7 +297,11 @@ def _overdue(
         return f"{_first(old)} being replaced had not ended {within}"
     if len(names) != b.rtj.spec.replicas:
         return f"{len(names)} of {b.rtj.spec.replicas} pods were there {within}"
-    return f"every pod stopped generation {g}, but the checkpoint store was not read {within}"
+    if operator_reads_store(b.rtj.spec.checkpoint.uri) and not read_since(
+        b, b.snap.store, state.since
+    ):
+        return f"every pod stopped generation {g}, but the checkpoint store was not read {within}"
+    return f"every pod stopped generation {g} only as the deadline passed ({within})"
 
 
 def _first(pods: Sequence[str]) -> str:

@@ -117,3 +117,8 @@ def test_past_the_deadline_the_reason_says_what_held_the_stop() -> None:
     assert _fell_back(raw, unread) == (
         "every pod stopped generation 1, but the checkpoint store was not read within 60s"
     )
+    read = plan(raw, world, both, nodes={**nodes, "gpu-node-009": node("gpu-node-009")},
+                now=LATE, store=reading(1200, LATE))  # fmt: skip
+    assert _fell_back(raw, read) == (
+        "every pod stopped generation 1 only as the deadline passed (within 60s)"
+    )
