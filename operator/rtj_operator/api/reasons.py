@@ -104,7 +104,8 @@ class ConditionType(str, Enum):
     operator holds (no restart, no taint) until contact returns."""
     STALLED = "Stalled"
     """True while an admitted attempt does not get all its workers running (its reason
-    says why: PodsUnschedulable, PodsNotCreated, PodsStuckTerminating)."""
+    says why: PodsUnschedulable, PodsNotCreated; pods of an earlier attempt that stay
+    Terminating are Restarting's reason PodsStuckTerminating)."""
     STRAGGLING = "Straggling"
     """True while a rank's busy time per step stays above the others' median / ratio for
     spec.progress.stragglers.windows consecutive windows (the message names the ranks)."""
