@@ -7,7 +7,9 @@ open for reading *and* writing (so it never reads as hung up when no sidecar has
 and waits on it between its looks (`Doorbell.wait`, at most its poll period, so an order
 still counts without the bell). The sidecar opens it for writing without blocking, writes
 one byte and closes it (`ring`): nothing happens if no supervisor holds it open (ENXIO), if
-it is full (the supervisor will look anyway), or if the path is not a FIFO.
+it is full (the supervisor will look anyway), or if the path is not a FIFO. What it found
+(`Ring`) tells the sidecar whether waiting for the supervisor can help: not where no
+supervisor holds the doorbell (it ended; nothing will take the order now).
 
 What may ring it: the sidecar, and the trainer's own code, which shares the directory. A
 ring only makes the supervisor read the order file sooner; the order's signature is the
@@ -17,6 +19,8 @@ sidecar's check, as before.
 from __future__ import annotations
 
 import contextlib
+import enum
+import errno
 import os
 import select
 import stat
@@ -26,21 +30,36 @@ from pathlib import Path
 DOORBELL_FILE = "doorbell"
 
 
-def ring(control_dir: Path) -> bool:
-    """Wake the supervisor that waits on `control_dir`'s doorbell; whether one was rung."""
+class Ring(enum.Enum):
+    """What a ring found."""
+
+    RUNG = "rung"
+    """A supervisor holds the doorbell: it looks at the order now."""
+    NO_DOORBELL = "no doorbell"
+    """No FIFO there (an older supervisor, which looks every 0.1 s, or none started yet),
+    or it could not be written."""
+    NOBODY = "nobody"
+    """A doorbell no process holds open (ENXIO): its supervisor ended."""
+
+    def __bool__(self) -> bool:
+        return self is Ring.RUNG
+
+
+def ring(control_dir: Path) -> Ring:
+    """Wake the supervisor that waits on `control_dir`'s doorbell (true: one was rung)."""
     path = control_dir / DOORBELL_FILE
     try:
         fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:  # no doorbell (an older supervisor), or no supervisor holds it (ENXIO)
-        return False
+    except OSError as exc:
+        return Ring.NOBODY if exc.errno == errno.ENXIO else Ring.NO_DOORBELL
     try:
         if not stat.S_ISFIFO(os.fstat(fd).st_mode):
-            return False
+            return Ring.NO_DOORBELL
         with contextlib.suppress(BlockingIOError):  # full: rung already; it will look
             os.write(fd, b"!")
-        return True
+        return Ring.RUNG
     except OSError:
-        return False
+        return Ring.NO_DOORBELL
     finally:
         os.close(fd)
 

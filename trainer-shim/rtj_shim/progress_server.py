@@ -59,7 +59,8 @@ MAX_CONNECTIONS = 16  # the operator polls with one at a time; anything beyond i
 ORDER_ACK_SECONDS = 0.25
 """How long ``POST /control`` may wait for the supervisor to take the order (woken by the
 doorbell it takes it within milliseconds: ``stopping`` as a stop begins, ``running`` once a
-run started) before it answers with the pod's report."""
+run started) before it answers with the pod's report; no wait where no supervisor holds
+the doorbell (one that ended)."""
 ORDER_ACK_POLL_SECONDS = 0.005
 
 
@@ -291,7 +292,8 @@ class ProgressServer(ThreadingHTTPServer):
         """Check a restart order and hand it to the supervisor (control.accept says what
         is refused); the last accepted order is the one in the control directory. With it,
         the supervisor's report as it was before the order was handed on, or None where the
-        order waits for a fast step to be copied back first."""
+        order waits for a fast step to be copied back first, or where no supervisor holds
+        the doorbell (it ended: the answer comes at once, not after `order_ack_seconds`)."""
         assert self.control_dir is not None
         with self._order_lock:
             held = control.read_json(self.control_dir / control.ORDER_FILE)
@@ -310,7 +312,8 @@ class ProgressServer(ThreadingHTTPServer):
                 return order, None
             before = control.read_json(self.control_dir / control.STATE_FILE) or {}
             control.write_json(self.control_dir / control.ORDER_FILE, order.to_json())
-            doorbell.ring(self.control_dir)
+            if doorbell.ring(self.control_dir) is doorbell.Ring.NOBODY:
+                return order, None  # its supervisor ended: waiting cannot help
             return order, before
 
     def await_supervisor(self, order: control.Order, before: dict[str, Any]) -> None:

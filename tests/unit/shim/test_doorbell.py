@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-from rtj_shim.doorbell import DOORBELL_FILE, Doorbell, ring
+from rtj_shim.doorbell import DOORBELL_FILE, Doorbell, Ring, ring
 
 
 def test_a_ring_wakes_the_wait_at_once(tmp_path: Path) -> None:
@@ -31,18 +31,20 @@ def test_a_ring_wakes_the_wait_at_once(tmp_path: Path) -> None:
 
 
 def test_no_supervisor_no_doorbell_or_a_file_in_its_place(tmp_path: Path) -> None:
-    assert not ring(tmp_path), "no doorbell (an older supervisor)"
+    assert ring(tmp_path) is Ring.NO_DOORBELL, "no doorbell (an older supervisor)"
     os.mkfifo(tmp_path / DOORBELL_FILE)
-    assert not ring(tmp_path), "a FIFO nobody reads (ENXIO): never blocks the sidecar"
+    assert ring(tmp_path) is Ring.NOBODY, "a FIFO nobody reads (ENXIO): never blocks"
     (tmp_path / DOORBELL_FILE).unlink()
     (tmp_path / DOORBELL_FILE).write_text("a trainer's file")
-    assert not ring(tmp_path)
+    assert ring(tmp_path) is Ring.NO_DOORBELL
     assert (tmp_path / DOORBELL_FILE).read_text() == "a trainer's file", "nothing written"
     bell = Doorbell(tmp_path)  # the supervisor puts its FIFO in the file's place
     try:
-        assert bell.usable and ring(tmp_path) and bell.wait(1.0)
+        assert bell.usable and ring(tmp_path) is Ring.RUNG and bell.wait(1.0)
     finally:
         bell.close()
+    assert ring(tmp_path) is Ring.NOBODY, "the supervisor ended: its FIFO stays, unheld"
+    assert not ring(tmp_path), "only a ring that reached a supervisor is true"
 
 
 def test_a_directory_that_cannot_hold_it_leaves_the_supervisor_polling(tmp_path: Path) -> None:

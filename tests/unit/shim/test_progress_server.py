@@ -252,6 +252,31 @@ def test_a_restart_order_is_answered_with_the_report_once_the_supervisor_took_it
         bell.close()
 
 
+def test_where_the_supervisor_ended_the_answer_comes_at_once(tmp_path: Path) -> None:
+    """Its doorbell is there but nobody holds it (the supervisor ended): nothing will take
+    the order now, so the sidecar does not wait its bound (30 s here: a pass proves it)."""
+    control_dir = tmp_path / "control"
+    control_dir.mkdir()
+    control.write_json(control_dir / control.STATE_FILE, {"generation": 0, "state": "running"})
+    Doorbell(control_dir).close()  # a supervisor made it, then ended
+    srv = ProgressServer(tmp_path / "progress", "127.0.0.1", 0, control_dir=control_dir,
+                         control_key=KEY, job_uid="job-uid", order_ack_seconds=30.0)  # fmt: skip
+    thread = srv.start_in_thread()
+    try:
+        started = time.monotonic()
+        code, answer = _post_order(srv, Order("job-uid", 1, "stop"))
+        assert time.monotonic() - started < 20.0, "no wait for a supervisor that ended"
+        assert code == 202 and answer["report"]["supervisor"] == {
+            "generation": 0,
+            "state": "running",
+        }, "the report as it is: the order not taken"
+        assert control.read_json(control_dir / control.ORDER_FILE) == answer["accepted"]
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        thread.join(timeout=10)
+
+
 def test_without_a_supervisor_the_answer_comes_after_the_bound(tmp_path: Path) -> None:
     control_dir = tmp_path / "control"
     srv = ProgressServer(tmp_path / "progress", "127.0.0.1", 0, control_dir=control_dir,
