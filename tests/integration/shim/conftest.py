@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from supervised_pod import KEY, RTJ_SHIM, UID, Pod
+
+from rtj_shim.supervisor import descendants
 
 
 @pytest.fixture
@@ -29,5 +33,11 @@ def pod(tmp_path: Path) -> Iterator[Pod]:
     yield p
     for proc in reversed(p.procs):
         if proc.poll() is None:
+            # and what it runs, as a container's end would: a supervisor SIGKILLed leaves
+            # its command's processes to init (they slept on for minutes after the tests)
+            left = descendants(proc.pid)
             proc.kill()
             proc.wait(10)
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
