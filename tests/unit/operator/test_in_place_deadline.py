@@ -11,9 +11,9 @@ from datetime import timedelta
 from typing import Any
 
 from rtj_test_support import NOW
-from rtj_world import node, nodes_for, reading, rtj_raw, with_status
+from rtj_world import node, reading, rtj_raw, with_status
 from test_in_place import IN_PLACE, RUNNING, plan, readings, supervised_pods
-from test_in_place_replace import XID, replaceable_pods, supervisors
+from test_in_place_replace import gpu_fault, supervisors
 
 from rtj_operator import reconcile as rc
 from rtj_operator.reconcile.converge import HANG_TEARDOWN_GRACE
@@ -86,12 +86,8 @@ def test_a_restart_whose_every_pod_already_runs_past_the_deadline_finishes() -> 
 
 
 def test_past_the_deadline_the_reason_says_what_held_the_stop() -> None:
-    pods = replaceable_pods()
-    names = [p["metadata"]["name"] for p in pods]
-    bad = pods[1]["spec"]["nodeName"]
-    nodes = {**nodes_for(pods), bad: node(bad, xid=XID)}
+    pods, names, _, nodes, exited = gpu_fault()
     raw = rtj_raw(RUNNING, **IN_PLACE)
-    exited = supervisors({names[0]: (0, "running", None), names[1]: (0, "exited", 1)})
     raw = with_status(raw, plan(raw, pods, exited, nodes=nodes))  # the node quarantined
     raw = with_status(raw, plan(raw, pods, exited, nodes=nodes))  # its pod being replaced
     assert raw["status"]["inPlace"]["replacing"] == [names[1]]

@@ -102,13 +102,20 @@ def test_which_pods_are_replaced_and_when_the_whole_world_goes_instead() -> None
                                            .refused or "")  # fmt: skip
 
 
-def test_a_gpu_fault_under_a_trainers_exit_replaces_that_pod_and_restarts_the_other() -> None:
+def gpu_fault() -> tuple[list[dict[str, Any]], list[str], str, dict[str, Any], rc.RankReadings]:
+    """Two replaceable pods; pod 1's trainer exited and its node shows an XID: the pods,
+    their names, the bad node, every node, the supervisors' reports."""
     pods = replaceable_pods()
     names = [p["metadata"]["name"] for p in pods]
     bad = pods[1]["spec"]["nodeName"]
     nodes = {**nodes_for(pods), bad: node(bad, xid=XID)}
-    raw = rtj_raw(RUNNING, **IN_PLACE)
     exited = supervisors({names[0]: (0, "running", None), names[1]: (0, "exited", 1)})
+    return pods, names, bad, nodes, exited
+
+
+def test_a_gpu_fault_under_a_trainers_exit_replaces_that_pod_and_restarts_the_other() -> None:
+    pods, names, bad, nodes, exited = gpu_fault()
+    raw = rtj_raw(RUNNING, **IN_PLACE)
 
     # 1. the node is quarantined first (recorded, then tainted), nothing restarted yet
     first = plan(raw, pods, exited, nodes=nodes)
