@@ -76,10 +76,14 @@ def supervisor_report(opts: story.Options, pod: dict[str, Any]) -> dict[str, Any
     return report
 
 
+def container_pid(opts: story.Options, pod: dict[str, Any], container: str = "trainer") -> int:
+    """The main process of a container of a pod run by the pod runner."""
+    return int((story._pod_dir(opts, pod) / "containers" / container / "pid").read_text())
+
+
 def trainer_pid(opts: story.Options, pod: dict[str, Any]) -> int:
     """The training process (torchrun's child) of a pod run by the pod runner."""
-    main = int((story._pod_dir(opts, pod) / "containers" / "trainer" / "pid").read_text())
-    (child,) = [p for p in descendants(main) if is_trainer(p)]
+    (child,) = [p for p in descendants(container_pid(opts, pod)) if is_trainer(p)]
     return child
 
 
@@ -155,7 +159,7 @@ def rank_log(opts: story.Options, pod: dict[str, Any], rank: int) -> Path:
 def jobset(api: Any, name: str) -> dict[str, Any] | None:
     """The job's JobSet now (None: there is none)."""
     found = [js for js in api.list_jobsets(story.NAMESPACE)
-             if js["metadata"]["labels"].get("training.resilient.dev/job") == name]  # fmt: skip
+             if js["metadata"]["labels"].get(keys.JOB_LABEL) == name]  # fmt: skip
     return found[0] if found else None
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from e2e.cluster.processes import pid_alive
 from e2e.demo import drills, story
 from e2e.operator_proc import wait_for
 from e2e.podrunner.runner import descendants
@@ -47,7 +48,7 @@ while a restart waits; the rest is a loaded machine's slack."""
 def _trainer_processes(opts: story.Options, pod: dict[str, Any]) -> list[int]:
     """The pod's trainer container: its main process (the supervisor) and every process
     under it (torchrun, the rank)."""
-    main = int((story._pod_dir(opts, pod) / "containers" / "trainer" / "pid").read_text())
+    main = drills.container_pid(opts, pod)
     return [main, *descendants(main)]
 
 
@@ -55,15 +56,6 @@ def _supervisor(opts: story.Options, pod: dict[str, Any]) -> int:
     main = _trainer_processes(opts, pod)[0]
     assert b"supervise" in Path(f"/proc/{main}/cmdline").read_bytes(), "the container's main"
     return main
-
-
-def _alive(pid: int) -> bool:
-    """The process exists and has not ended (a zombie has ended: only its entry is left)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _seconds(start: str, end: str) -> float:
@@ -94,7 +86,7 @@ def test_an_in_place_restart_that_hangs_falls_back_to_the_whole_world_at_its_dea
             return found if named else None
 
         wait_for("the next attempt's JobSet", next_world, DEADLINE + 240, 0.1)
-        left = [pid for pid in old_world if _alive(pid)]
+        left = [pid for pid in old_world if pid_alive(pid)]
         assert not left, f"the old world's processes {left} ran when the next was created"
         sys.stdout.write(f"\nfrozen supervisor + SIGKILL -> the next attempt's JobSet: "
                          f"{time.monotonic() - killed:.1f} s\n")  # fmt: skip

@@ -12,7 +12,7 @@ from typing import Any
 
 from rtj_test_support import NOW
 from rtj_world import node, reading, rtj_raw, with_status
-from test_in_place import IN_PLACE, RUNNING, plan, readings, supervised_pods
+from test_in_place import IN_PLACE, RUNNING, plan, readings, stopping, supervised_pods
 from test_in_place_replace import gpu_fault, supervisors
 
 from rtj_operator import reconcile as rc
@@ -36,8 +36,7 @@ def _fell_back(raw: dict[str, Any], p: rc.Plan) -> str:
 def test_an_in_place_restart_past_its_deadline_recreates_the_world_without_paying_twice() -> None:
     pods = supervised_pods()
     raw = rtj_raw(RUNNING, **IN_PLACE)
-    raw = with_status(raw, plan(raw, pods, readings(pods, (0, "running", None),
-                                                    (0, "exited", 1))))  # fmt: skip
+    raw = stopping(raw, pods)
     stuck = readings(pods, (1, "stopped", None), (0, "stopping", None))
     late = plan(raw, pods, stuck, now=LATE)
     assert _fell_back(raw, late) == (
@@ -74,8 +73,7 @@ def test_past_its_deadline_the_reason_names_the_first_pods_that_did_not_start() 
 def test_a_restart_whose_every_pod_already_runs_past_the_deadline_finishes() -> None:
     pods = supervised_pods()
     raw = rtj_raw(RUNNING, **IN_PLACE)
-    raw = with_status(raw, plan(raw, pods, readings(pods, (0, "running", None),
-                                                    (0, "exited", 1))))  # fmt: skip
+    raw = stopping(raw, pods)
     stopped = readings(pods, (1, "stopped", None), (1, "stopped", None))
     raw = with_status(raw, plan(raw, pods, stopped, store=reading(1200)))
     both = readings(pods, (1, "running", None), (1, "running", None))
