@@ -3,7 +3,8 @@
 Each function reads one part of a pod (a container termination, a DisruptionTarget
 condition, status.reason, a waiting container, its deletion, its events) and returns the
 failures it shows, each with its source, so that `classify` can rank them and tell node-level
-evidence (which may quarantine) from a trainer's words (which may not).
+evidence (which may quarantine) from a trainer's words (which may not). Which of a pod's words
+are the runtime's, and so may quarantine, is decided in one place: `runtime_words`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from datetime import datetime, timedelta
 
 from rtj_operator.api.keys import RESUME_INIT_CONTAINER
 from rtj_operator.api.reasons import FailureClass
-from rtj_operator.policy import text
+from rtj_operator.policy import runtime_words, text
 from rtj_operator.policy.findings import CONTROL_PLANE, KUBELET, TRAINER, Finding, iso, who
 from rtj_operator.policy.init_result import parse_init_result
 from rtj_operator.policy.observed import EventView, PodView, Termination, Waiting, first_line
@@ -29,18 +30,12 @@ _PULL_WAITING = frozenset(
     {"ErrImagePull", "ImagePullBackOff", "RegistryUnavailable", "SignatureValidationFailed"}
 )
 _CONFIG_WAITING = frozenset({"CreateContainerConfigError", "CreateContainerError"})
-_CANNOT_RUN = frozenset({"ContainerCannotRun", "StartError"})
-_GPU_RUNTIME = re.compile(
-    r"nvidia-container-cli: (?:initialization|detection) error|driver/library version mismatch"
-    r"|nvml error: (?:driver not loaded|unknown error)|Failed to initialize NVML"
-)
 _GRACEFUL_SHUTDOWN = "Pod was terminated in response to imminent node shutdown."
 _NODE_PRESSURE = ("The node was low on resource", "The node had condition")
 _OWN_LIMIT = re.compile(
     r"exceeds the total limit of containers|exceeded its local ephemeral storage limit"
     r"|Usage of EmptyDir volume .* exceeds the limit"
 )
-_DEVICE_ADMISSION = re.compile(r"devices|nvidia\.com/|amd\.com/gpu", re.I)
 _POD_EVENTS = {
     "Evicted": C.EVICTED,
     "Preempted": C.PREEMPTED,
@@ -49,7 +44,9 @@ _POD_EVENTS = {
 }
 
 
-READ_EVENT_REASONS = frozenset({*_POD_EVENTS, "UnexpectedAdmissionError"})
+READ_EVENT_REASONS = frozenset(
+    {*_POD_EVENTS, runtime_words.RuntimeWord.UNEXPECTED_ADMISSION_ERROR.value}
+)
 
 
 @dataclass(frozen=True)
@@ -64,11 +61,12 @@ class PodContext:
 # --- one container termination ------------------------------------------------------------
 
 
-def _cannot_run(term: Termination) -> tuple[FailureClass, str, str]:
-    """StartError/ContainerCannotRun: the runtime refused before any code of the job ran."""
-    if match := _GPU_RUNTIME.search(term.message):
-        return C.GPU_FAULT, f"the node's GPU runtime failed to start it ({match.group(0)})", KUBELET
-    return C.CONFIG_ERROR, f"could not run ({term.reason or term.exit_code})", KUBELET
+def _cannot_run(term: Termination) -> tuple[FailureClass, str]:
+    """StartError/ContainerCannotRun: the runtime refused before any code of the job ran, and
+    wrote the message itself (`runtime_words`)."""
+    if words := runtime_words.gpu_runtime_failure(term):
+        return C.GPU_FAULT, f"the node's GPU runtime failed to start it ({words})"
+    return C.CONFIG_ERROR, f"could not run ({term.reason})"
 
 
 def _init_verdict(term: Termination) -> tuple[FailureClass, str]:
@@ -96,10 +94,11 @@ def termination(pod: PodView, term: Termination, ctx: PodContext) -> Finding | N
         return None
     source, suspect, rank = KUBELET, False, None
     hints: tuple[str, ...] = ()
+    word = runtime_words.container_word(term)
     if term.reason == "OOMKilled":
         cls, why = C.OUT_OF_MEMORY, "OOMKilled (the container's memory limit)"
-    elif term.reason in _CANNOT_RUN or term.exit_code in (126, 127):
-        cls, why, source = _cannot_run(term)
+    elif word is not None:
+        cls, why = _cannot_run(term)
     elif term.init and term.container == RESUME_INIT_CONTAINER:
         cls, why = _init_verdict(term)
     elif term.init:
@@ -120,7 +119,7 @@ def termination(pod: PodView, term: Termination, ctx: PodContext) -> Finding | N
         at=term.finished_at,
         container=term.container,
         exit_code=term.exit_code,
-        quarantine=pod.node if cls is C.GPU_FAULT and source == KUBELET else None,
+        quarantine=runtime_words.node_to_quarantine(pod, cls, word),
         rank=rank,
         source=source,
         signal=f"pod {pod.name} container {term.container} state.terminated"
@@ -186,14 +185,14 @@ def status_reason(pod: PodView) -> list[Finding]:
                 signal=signal,
             )
         ]
-    if pod.reason == "UnexpectedAdmissionError":
-        if _DEVICE_ADMISSION.search(pod.message):
+    if word := runtime_words.pod_word(pod):
+        if runtime_words.device_admission_failure(pod):
             return [
                 Finding(
                     C.GPU_FAULT,
                     f"{line} (the node cannot allocate the devices it advertised)",
                     at=pod.scheduled_at,
-                    quarantine=pod.node,
+                    quarantine=runtime_words.node_to_quarantine(pod, C.GPU_FAULT, word),
                     source=KUBELET,
                     signal=signal,
                 )

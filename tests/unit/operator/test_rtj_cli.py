@@ -128,3 +128,18 @@ def test_classify_says_which_signal_decided_and_why(capsys: pytest.CaptureFixtur
 def test_classify_text_when_nothing_failed(capsys: pytest.CaptureFixture[str]) -> None:
     main(["classify", "--pods", str(CASES / "healthy" / "pods.json"), "-o", "text"])
     assert capsys.readouterr().out == "no failed pod: nothing to classify\n"
+
+
+def test_classify_blames_no_node_for_a_trainers_hook_words(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 42: a trainer that prints the NVIDIA hook's words and exits 127 is not the runtime."""
+    case = CASES / "nvidia_hook_words_from_the_trainer"
+    args = ["--pods", str(case / "pods.json"), "--nodes", str(case / "nodes.json")]
+    code, body = _run(capsys, *args)
+    assert code == 0 and body["nodes_to_quarantine"] == []
+    assert body["class"] == "Unknown"
+    decided = body["decided_by"]
+    assert isinstance(decided, dict) and decided["source"] == "trainer"
+    first = body["first_failed"]
+    assert isinstance(first, dict) and first["exit_code"] == 127
