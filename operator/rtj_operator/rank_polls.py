@@ -9,6 +9,8 @@ cannot report for another job. Bounded: at most `concurrency` requests at once, 
 `timeout` and a `max_body` limit; per job, one report per polled pod. A pod that does not
 answer keeps its last report, which ages out of the evidence after 30 s
 (`policy.progress.DEFAULT_MAX_REPORT_AGE`); an unanswered poll is never a Hang by itself.
+A report holding a value no sidecar writes (`policy.report_values`) is such a non-answer;
+an unexpected error in one job's part of a round is that job's alone (`job_errors`).
 
 Before reading a pod the poller posts it the signed messages the plan names for it
 (`reconcile.pod_messages`: an in-place restart's order, a peer-replica assignment), so the
@@ -29,6 +31,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from rtj_operator.pod_http import (
@@ -140,6 +143,10 @@ class RankPolls:
         self._tried: dict[tuple[Key, int, str, str], str] = {}
         """(job, attempt, pod, path) -> the signature of the message last posted to it,
         taken or not."""
+        self.job_errors: dict[Key, int] = {}
+        """Per job, the rounds in which its part failed unexpectedly."""
+        self._failing: set[Key] = set()
+        """Jobs whose part failed in their last round (logged once until one succeeds)."""
         self._lock = threading.Lock()
         self._poked: asyncio.Event | None = None
         self._orders_out = False
@@ -157,6 +164,8 @@ class RankPolls:
         with self._lock:
             self._readings.pop(key, None)
             self._stragglers.pop(key, None)
+        self.job_errors.pop(key, None)
+        self._failing.discard(key)
 
     def _get(
         self, target: PollTarget, messages: Sequence[PollMessage] = (), read: bool = True
@@ -282,11 +291,39 @@ class RankPolls:
                 self._readings.pop(key, None)
                 self._stragglers.pop(key, None)
         for key in dropped:  # no longer running: its readings (and gauges) go
-            self.on_round(key)
+            self._job_round(key, partial(self.on_round, key))
+        for gone in [k for k in self.job_errors if k not in wanted]:
+            self.job_errors.pop(gone, None)
+            self._failing.discard(gone)
         for job in jobs:
-            self._keep(job, by_pod, received, rested)
-            self.on_round(job.key)
+            self._job_round(job.key, partial(self._round_of, job, by_pod, received, rested))
         self.rounds += 1
+
+    def _round_of(
+        self,
+        job: JobTargets,
+        answers: Mapping[tuple[Key, int, str], tuple[Any, str | None, float]],
+        received: float,
+        rested: Collection[tuple[Key, int, str]],
+    ) -> None:
+        self._keep(job, answers, received, rested)
+        self.on_round(job.key)
+
+    def _job_round(self, key: Key, work: Callable[[], None]) -> None:
+        """One job's part of a round. An unexpected error in it is that job's alone: counted
+        against it (`job_errors`), logged with its name at the first of a run of failures,
+        and the round goes on for the other jobs (its last reading stands, and ages out)."""
+        try:
+            work()
+        except Exception:
+            self.job_errors[key] = self.job_errors.get(key, 0) + 1
+            if key in self._failing:
+                log.debug("progress round failed again for %s/%s", *key, exc_info=True)
+            else:
+                self._failing.add(key)
+                log.exception("progress round failed for %s/%s (the other jobs go on)", *key)
+        else:
+            self._failing.discard(key)
 
     def _due(self, key: Key, target: PollTarget) -> bool:
         held = self._quiet.get((key, target.attempt, target.pod))
@@ -361,24 +398,27 @@ class RankPolls:
                 )
             if isinstance(body, Mapping):
                 report = rank_progress.PodReport(target.pod, arrived, body)
-                reports.append(report)
-                if isinstance(supervisor := body.get("supervisor"), Mapping):
-                    supervisors[target.pod] = supervisor
-                for name, kept in kept_parts:
-                    if name in body:
-                        value = body.get(name)
-                        kept[target.pod] = value if isinstance(value, Mapping) else None
-                continue
+                # every value read from it checked once, here: a bad report is a bad answer
+                error = rank_progress.report_problem(report)
+                if error is None:
+                    reports.append(report)
+                    if isinstance(supervisor := body.get("supervisor"), Mapping):
+                        supervisors[target.pod] = supervisor
+                    for name, kept in kept_parts:
+                        if name in body:
+                            value = body.get(name)
+                            kept[target.pod] = value if isinstance(value, Mapping) else None
+                    continue
             unanswered.append(f"{target.pod}: {error or 'not a JSON object'}")
             if target.pod in previous:
                 reports.append(previous[target.pod])  # ages out of the evidence by itself
                 if held is not None:
-                    for last, kept in zip(
+                    for before, kept in zip(
                         (held.fast_tiers, held.replicas, held.drains),
                         (fast_tiers, replicas, drains), strict=True,
                     ):  # fmt: skip
-                        if target.pod in last:
-                            kept[target.pod] = last[target.pod]
+                        if target.pod in before:
+                            kept[target.pod] = before[target.pod]
                 quiet = self._quiet.get((job.key, target.attempt, target.pod))
                 quiet_since[target.pod] = quiet[2] if quiet is not None else arrived
         # one window per round; a rank with no new step since the last one keeps its count

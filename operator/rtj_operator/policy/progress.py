@@ -5,7 +5,9 @@ Input: what each pod's ``rtj-shim progress-server`` answered to ``GET /progress`
 received it, on one clock the caller chooses (``time.monotonic()``), and ``now`` on that
 clock. Each rank's "in its section since" is placed on that clock
 (``received_at - seconds_in_section``), so ranks of different pods, polled at different
-moments, compare correctly; a report older than ``max_report_age`` is no evidence.
+moments, compare correctly; a report older than ``max_report_age`` is no evidence, and so
+is one holding a value no sidecar writes (:func:`read_report`, the one check of every value
+read from a report: `policy.report_values`).
 
 * :func:`hang_verdict`: the job is hung when the rank *furthest behind* (lowest step; then
   the earliest phase of the step when every such rank is in a known phase; then the one
@@ -27,6 +29,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from rtj_operator.policy import report_values as v
 
 SCHEMA = 1
 START_SECTIONS = frozenset({"start", "restore"})  # allowance: the start-up grace
@@ -106,49 +110,37 @@ class Parsed:
     bad_pods: tuple[str, ...]
 
 
-def _number(entry: Mapping[str, Any], key: str) -> float | None:
-    value = entry.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
-
-
 def _rank(pod: PodReport, entry: Any) -> RankProgress | str:
+    """One rank entry, every value checked (`report_values`); a string where the entry is
+    not a rank yet (no section timing: its record holds none). A value no sidecar writes
+    raises BadValue: the whole report is no report."""
     if not isinstance(entry, Mapping):
-        return f"{pod.pod}: a rank entry is not an object"
-    rank, in_section = entry.get("rank"), _number(entry, "seconds_in_section")
-    step = entry.get("step")
-    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
-        return f"{pod.pod}: a rank entry without a valid rank"
-    if in_section is None or not isinstance(entry.get("section"), str):
-        return f"{pod.pod}: rank {rank} without section timing"
-    if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
-        return f"{pod.pod}: rank {rank} with a non-integer step"
-    recent = entry.get("recent_step_seconds")
-    steps = tuple(
-        float(s) for s in (recent if isinstance(recent, list) else []) if _valid_seconds(s)
-    )
-    completed = entry.get("steps_completed")
-    since_update = _number(entry, "seconds_since_update")
-    return RankProgress(
+        raise v.BadValue("a rank entry is not an object")
+    rank = v.integer(entry, "rank")
+    if rank is None:
+        raise v.BadValue("a rank entry without a rank")
+    step = v.integer(entry, "step")
+    section = v.text(entry, "section", v.MAX_SECTION)
+    in_section = v.seconds(entry, "seconds_in_section")
+    state = v.text(entry, "state")
+    progress = RankProgress(
         pod=pod.pod,
         rank=rank,
         step=step,
-        steps_completed=completed if isinstance(completed, int) else 0,
-        section=str(entry["section"]),
-        section_since=pod.received_at - max(0.0, in_section),
+        steps_completed=v.integer(entry, "steps_completed", default=0) or 0,
+        section=section or "",
+        section_since=pod.received_at - (in_section or 0.0),
         received_at=pod.received_at,
-        exited=entry.get("state") == "exited",
-        median_step=_number(entry, "median_step_seconds"),
-        median_busy=_number(entry, "median_busy_seconds"),
-        recent_steps=steps,
-        max_checkpoint=_number(entry, "max_checkpoint_seconds"),
-        since_update=None if since_update is None else max(0.0, since_update),
+        exited=state == "exited",
+        median_step=v.seconds(entry, "median_step_seconds"),
+        median_busy=v.seconds(entry, "median_busy_seconds"),
+        recent_steps=v.seconds_list(entry, "recent_step_seconds", v.MAX_RECENT_STEPS),
+        max_checkpoint=v.seconds(entry, "max_checkpoint_seconds"),
+        since_update=v.seconds(entry, "seconds_since_update"),
     )
-
-
-def _valid_seconds(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
+    if in_section is None or section is None:
+        return f"{pod.pod}: rank {rank} without section timing"
+    return progress
 
 
 _last_parsed: tuple[tuple[PodReport, ...], float, float, Parsed] | None = None
@@ -177,16 +169,16 @@ def _parse_reports(reports: Sequence[PodReport], now: float, max_report_age: flo
     problems: list[str] = []
     bad: list[str] = []
     for pod in reports:
-        body = pod.body
         if now - pod.received_at > max_report_age:
             bad.append(pod.pod)
             problems.append(f"{pod.pod}: report is {now - pod.received_at:.0f}s old")
             continue
-        if body.get("schema") != SCHEMA or not isinstance(body.get("ranks"), list):
+        read = read_report(pod)
+        if read.problem is not None:
             bad.append(pod.pod)
-            problems.append(f"{pod.pod}: not a schema {SCHEMA} progress report")
+            problems.append(f"{pod.pod}: {read.problem}")
             continue
-        for rank in _entries(pod):
+        for rank in read.entries:
             if isinstance(rank, str):
                 problems.append(rank)
                 continue
@@ -201,25 +193,57 @@ def _parse_reports(reports: Sequence[PodReport], now: float, max_report_age: flo
     return Parsed(ranks, tuple(problems), tuple(bad))
 
 
-_read_entries: dict[str, tuple[PodReport, tuple[RankProgress | str, ...]]] = {}
-"""Per pod, its last report's rank entries as read: a poll round's report is parsed by the
-stragglers' window, the plan and the metrics, each at its own `now` (which decides only
-whether the whole report is fresh). One entry per pod name, replaced by its next report
-(the report is held, as the poller's reading holds it anyway)."""
+@dataclass(frozen=True)
+class ReadReport:
+    """A pod's report as read: its rank entries (each a rank, or why it is not one yet), or
+    the problem that makes it no report at all."""
+
+    entries: tuple[RankProgress | str, ...]
+    problem: str | None = None
+
+
+READ_PARTS = ("supervisor", "fast_tier", "replica", "drain")
+"""The parts of a report other than its ranks that the operator reads (`rank_polls`), as
+plain JSON: checked by `report_values.plain`."""
+_read_reports: dict[str, tuple[PodReport, ReadReport]] = {}
+"""Per pod, its last report as read: a poll round's report is checked by the poller and
+parsed by the stragglers' window, the plan and the metrics, each at its own `now` (which
+decides only whether the whole report is fresh). One entry per pod name, replaced by its
+next report (the report is held, as the poller's reading holds it anyway)."""
 READ_ENTRIES_LIMIT = 65536
 """Past this many pod names (pods gone since), the entries start again."""
 
 
-def _entries(pod: PodReport) -> tuple[RankProgress | str, ...]:
-    """The report's ranks, each read (or why not), once per report."""
-    held = _read_entries.get(pod.pod)
+def read_report(pod: PodReport) -> ReadReport:
+    """The report read, every value the operator uses checked, once per report: the one
+    place a pod's progress report becomes the operator's view (`report_values`)."""
+    held = _read_reports.get(pod.pod)
     if held is not None and held[0] is pod:
         return held[1]
-    entries = tuple(_rank(pod, entry) for entry in pod.body["ranks"])
-    if len(_read_entries) >= READ_ENTRIES_LIMIT:
-        _read_entries.clear()
-    _read_entries[pod.pod] = (pod, entries)
-    return entries
+    read = _read(pod)
+    if len(_read_reports) >= READ_ENTRIES_LIMIT:
+        _read_reports.clear()
+    _read_reports[pod.pod] = (pod, read)
+    return read
+
+
+def report_problem(pod: PodReport) -> str | None:
+    """Why the pod's report is no report (a bad answer of that pod), or None; the pod's
+    name is the caller's to add."""
+    return read_report(pod).problem
+
+
+def _read(pod: PodReport) -> ReadReport:
+    body = pod.body
+    if body.get("schema") != SCHEMA:
+        return ReadReport((), f"not a schema {SCHEMA} progress report")
+    try:
+        entries = tuple(_rank(pod, e) for e in v.items(body, "ranks", v.MAX_RANKS))
+        for part in READ_PARTS:
+            v.plain(body.get(part), part)
+    except v.BadValue as exc:
+        return ReadReport((), f"a bad progress report: {exc}")
+    return ReadReport(entries)
 
 
 # ---------------------------------------------------------------------- timeouts

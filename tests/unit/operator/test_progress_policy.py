@@ -219,18 +219,24 @@ def test_the_inputs_are_left_alone() -> None:
 # ---------------------------------------------------------------------- parsing
 
 
-def test_malformed_reports_and_entries_are_skipped_and_named() -> None:
+def test_malformed_reports_are_no_reports_and_an_entry_without_timing_waits() -> None:
+    """A value no sidecar writes makes the pod's whole report no report (issue 42: one rank
+    entry of it is no better than the others); a rank whose record holds no section timing
+    yet is only skipped."""
     good = rank(0, 5, "forward", 1.0)
     reports = [
         PodReport("w-0", NOW, {"schema": 2, "ranks": [good]}),
         PodReport("w-1", NOW, {"schema": 1, "ranks": "nope"}),
-        pod("w-2", good, {"rank": -1}, {**good, "rank": 1, "seconds_in_section": None}),
-        pod("w-3", {**good, "rank": 2, "step": "five"}, "junk"),  # type: ignore[arg-type]
+        pod("w-2", good, {**good, "rank": 1, "seconds_in_section": None}),
+        pod("w-3", {**good, "rank": 3}, {"rank": -1}),
+        pod("w-4", {**good, "rank": 4, "step": "five"}),
+        pod("w-5", {**good, "rank": 5}, "junk"),  # type: ignore[arg-type]
     ]
     parsed = parse_reports(reports, NOW)
     assert [r.rank for r in parsed.ranks] == [0]
-    assert parsed.bad_pods == ("w-0", "w-1")
+    assert parsed.bad_pods == ("w-0", "w-1", "w-3", "w-4", "w-5")
     assert len(parsed.problems) == 6
+    assert "w-2: rank 1 without section timing" in parsed.problems
 
 
 def test_a_rank_reported_by_two_pods_keeps_the_newer_report() -> None:
