@@ -209,8 +209,19 @@ def sign(key: str, body: bytes) -> str:
     return "sha256=" + hmac.new(key.encode(), body, hashlib.sha256).hexdigest()
 
 
+def signature_matches(expected: str, signature: str | None) -> bool:
+    """Whether a ``X-RTJ-Signature`` header as received is ``expected``, in constant time:
+    the one check of that header (orders, assignments, requests and answers alike). A
+    missing header, or one holding anything but ASCII (an HTTP server reads header bytes as
+    Latin-1, and ``hmac.compare_digest`` raises TypeError on non-ASCII text), is simply not
+    this job's signature."""
+    if signature is None or not signature.isascii() or not expected.isascii():
+        return False
+    return hmac.compare_digest(expected.encode("ascii"), signature.encode("ascii"))
+
+
 def verify(key: str, body: bytes, signature: str | None) -> bool:
-    return signature is not None and hmac.compare_digest(sign(key, body), signature)
+    return signature_matches(sign(key, body), signature)
 
 
 def accept(

@@ -37,12 +37,19 @@ Pure apart from nothing: messages, signatures and names.
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 from dataclasses import dataclass
 from typing import Any
 
-from rtj_shim.control import OrderError, count, is_address, json_object, sign, verify
+from rtj_shim.control import (
+    OrderError,
+    count,
+    is_address,
+    json_object,
+    sign,
+    signature_matches,
+    verify,
+)
 
 PEER_DIR = "peer"
 SOURCE_FILE = "source.json"
@@ -127,7 +134,7 @@ def check_request(
     if abs(now - at) > MAX_SKEW_S:
         return f"{TIME_HEADER}: {at:.0f} is more than {MAX_SKEW_S:.0f} s from this pod's clock"
     expected = request_signature(key, method, target, when or "")
-    if signature is None or not hmac.compare_digest(expected, signature):
+    if not signature_matches(expected, signature):
         return "X-RTJ-Signature: missing or not this job's signature"
     return None
 
@@ -137,9 +144,7 @@ def answer_signature(key: str, target: str, body: bytes) -> str:
 
 
 def check_answer(key: str, target: str, body: bytes, signature: str | None) -> bool:
-    return signature is not None and hmac.compare_digest(
-        answer_signature(key, target, body), signature
-    )
+    return signature_matches(answer_signature(key, target, body), signature)
 
 
 def digest(data: bytes) -> str:
