@@ -190,6 +190,28 @@ class LocalCluster:
         self.state.save()
         return self.kubeconfig
 
+    def restart(self, component: str) -> None:
+        """Stop one component and start it again with the same command line, log and ports
+        (a fresh KWOK mends lease handling that its caches broke; see node_health)."""
+        state = ClusterState.load(self.name) or self.state
+        old = next((p for p in state.procs if p.name == component), None)
+        if old is None:
+            raise KeyError(f"cluster {self.name!r} runs no {component!r}")
+        processes.stop([old])
+        new = processes.start(component, old.argv, Path(old.log).parent, old.ports, cwd=state.dir)
+        state.procs = [new if p is old else p for p in state.procs]
+        state.save()
+        if state is not self.state:
+            self.state.procs = state.procs
+
+    def proc(self, component: str) -> Proc:
+        """The running process of one component."""
+        state = ClusterState.load(self.name) or self.state
+        found = next((p for p in state.procs if p.name == component), None)
+        if found is None:
+            raise KeyError(f"cluster {self.name!r} runs no {component!r}")
+        return found
+
     def down(self, *, check: bool = True) -> list[str]:
         """Stop every process group; returns (and with ``check`` raises on) leftovers."""
         state = ClusterState.load(self.name) or self.state

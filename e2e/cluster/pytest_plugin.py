@@ -18,12 +18,15 @@ import itertools
 import os
 import shutil
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from .cluster import LocalCluster, state_root
 from .kube import Kube
+from .node_health import NodeProblem
 from .processes import pid_alive
 from .real_node import RealNode, real_node, remove_stale
 from .testenv import ClusterHandle, TestNamespace, create_test_namespace, delete_test_namespace
@@ -59,7 +62,13 @@ def rtj_cluster() -> Iterator[ClusterHandle]:
     kubeconfig = cluster.up()
     kube = Kube(kubeconfig)
     try:
-        yield ClusterHandle(str(kubeconfig), kube, nodes=nodes, gpus_per_node=8)
+        yield ClusterHandle(
+            str(kubeconfig),
+            kube,
+            nodes=nodes,
+            gpus_per_node=8,
+            local=cluster,
+        )
     finally:
         kube.close()
         cluster.down(check=True)
@@ -97,8 +106,57 @@ def _remove_stale_pytest_clusters() -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
+@dataclass
+class NodeLedger:
+    """Which test last left each shared node to be reset, and the repairs the guard made:
+    a broken node is blamed on the test that touched it, not on the next one to need it."""
+
+    reset_after: dict[str, str] = field(default_factory=dict)
+    last_test: str = ""
+    repairs: list[str] = field(default_factory=list)
+
+    def blame(self, problems: list[NodeProblem]) -> str:
+        touched = sorted({f"{self.reset_after[p.node]} ({p.node})" for p in problems
+                          if p.node in self.reset_after})  # fmt: skip
+        last = f"; the last test on the cluster: {self.last_test}" if self.last_test else ""
+        return (
+            "nodes last reset after " + ", ".join(touched) if touched else "no test reset them"
+        ) + last
+
+
+_LEDGER = NodeLedger()
+
+
+def guard_shared_nodes(cluster: ClusterHandle, test: str) -> None:
+    """Before a test that uses the shared nodes: each must be pristine with a fresh Lease of
+    its own. What is not is repaired (and reported at the end of the session); what cannot
+    be repaired fails this test at once, naming the node and the test that touched it."""
+    if cluster.backend != "local":
+        return
+    problems = cluster.node_problems()
+    if not problems:
+        return
+    found = "; ".join(map(str, problems))
+    left = cluster.repair_nodes()
+    if left:
+        pytest.fail(
+            f"the shared nodes cannot serve {test}: {found}; after repair still "
+            f"{'; '.join(map(str, left))} ({_LEDGER.blame(problems)})",
+            pytrace=False,
+        )
+    _LEDGER.repairs.append(f"before {test}: repaired {found} ({_LEDGER.blame(problems)})")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _LEDGER.repairs:
+        terminalreporter.section("shared cluster nodes repaired")
+        for line in _LEDGER.repairs:
+            terminalreporter.write_line(line)
+
+
 @pytest.fixture
 def rtj_ns(rtj_cluster: ClusterHandle, request: pytest.FixtureRequest) -> Iterator[TestNamespace]:
+    guard_shared_nodes(rtj_cluster, request.node.nodeid)
     marker = request.node.get_closest_marker("gpu_quota")
     quota = int(marker.args[0]) if marker else rtj_cluster.nodes * rtj_cluster.gpus_per_node
     tn = create_test_namespace(rtj_cluster.kube, request.node.name, quota)
@@ -106,4 +164,6 @@ def rtj_ns(rtj_cluster: ClusterHandle, request: pytest.FixtureRequest) -> Iterat
         yield tn
     finally:
         delete_test_namespace(tn)
-        rtj_cluster.reset_nodes()
+        for node in rtj_cluster.reset_nodes():
+            _LEDGER.reset_after[node] = request.node.nodeid
+        _LEDGER.last_test = request.node.nodeid

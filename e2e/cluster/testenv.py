@@ -6,19 +6,22 @@ from __future__ import annotations
 import hashlib
 import re
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes.client.rest import ApiException
 
 from . import faults, kwok
-from .cluster import RESOURCE_FLAVOR
+from .cluster import NODE_LEASE_SECONDS, RESOURCE_FLAVOR, LocalCluster
 from .kube import JOBSET_GROUP, JOBSET_VERSION, KUEUE_GROUP, KUEUE_VERSION, Kube, eventually
+from .node_health import REPAIRED_BY_RESET, LeaseView, NodeProblem, NodeView, node_problems
 
 Obj = dict[str, Any]
 RTJ_GROUP, RTJ_VERSION, RTJ_PLURAL = "training.resilient.dev", "v1alpha1", "resilienttrainingjobs"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 LOCAL_QUEUE = "team-a"
+NODE_LEASE_NAMESPACE = "kube-node-lease"
 
 # A worker that runs on a real kubelet too (``make e2e-kind``): it waits until a fault helper
 # asks it to exit with a given code, like a trainer that dies (see faults.terminate_container).
@@ -41,6 +44,9 @@ class ClusterHandle:
     gpus_per_node: int
     managed: bool = True  # False when attached to a cluster someone else started
     backend: str = "local"  # "local" (KWOK nodes) or "kind" (real kubelets)
+    lease_seconds: float = NODE_LEASE_SECONDS
+    local: LocalCluster | None = None
+    """The harness's own processes (None: attached to a cluster that is not ours)."""
 
     @property
     def node_names(self) -> list[str]:
@@ -69,35 +75,99 @@ class ClusterHandle:
         )
 
     def reset_nodes(self, timeout: float = 60.0) -> list[str]:
-        """Recreate every node a test faulted, tainted or deleted; returns their names."""
+        """Recreate every node a test faulted, tainted or deleted; returns their names.
+
+        A node comes back under its old name only once its old Lease is gone: KWOK v0.8.0
+        renews a Lease it still holds in its cache under the old Node's UID, and when the
+        garbage collector then removes that Lease, KWOK's renewals fail for good
+        (shared/notes/kwok-lease-recreate.md). The reset ends when each node is Ready and
+        its Lease is the new Node's and fresh."""
         if self.backend != "local":
             return []  # real nodes: the local_only tests that break nodes do not run there
         existing = {n.metadata.name: n for n in self.kube.core.list_node().items}
         dirty = [name for name in self.node_names if not self.node_is_pristine(existing.get(name))]
         for name in dirty:
             if name in existing:
-                try:
-                    self.kube.core.delete_node(name)
-                except ApiException as exc:
-                    if exc.status != 404:
-                        raise
+                _delete_ignoring_absent(lambda name=name: self.kube.core.delete_node(name))
         for name in dirty:
             eventually(
                 f"node {name} deleted",
                 lambda name=name: faults.node_ready_status(self.kube, name) is None,
                 timeout,
             )
+            self._delete_lease(name, timeout)
             i = int(name.removeprefix(kwok.NODE_PREFIX))
             self.kube.apply(
                 kwok.node_manifest(i, self.nodes, kwok.NodeShape(gpus=self.gpus_per_node))
             )
-        for name in dirty:
+        if dirty:
             eventually(
-                f"node {name} Ready again",
-                lambda name=name: faults.node_ready_status(self.kube, name) == "True",
+                f"nodes {', '.join(dirty)} Ready again, each with a fresh Lease of its own",
+                lambda: not self.node_problems(dirty),
                 timeout,
             )
         return dirty
+
+    def _delete_lease(self, name: str, timeout: float) -> None:
+        def gone() -> bool:
+            try:
+                self.kube.coord.read_namespaced_lease(name, NODE_LEASE_NAMESPACE)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return True
+                raise
+            return False
+
+        _delete_ignoring_absent(
+            lambda: self.kube.coord.delete_namespaced_lease(
+                name, NODE_LEASE_NAMESPACE, grace_period_seconds=0
+            )
+        )
+        eventually(f"node {name}'s old Lease deleted", gone, timeout)
+
+    def node_problems(self, names: Sequence[str] | None = None) -> list[NodeProblem]:
+        """What keeps the shared nodes (or ``names``) from serving a test; empty: all fit."""
+        now = time.time()
+        nodes = {
+            n.metadata.name: NodeView(n.metadata.name, n.metadata.uid, self.node_is_pristine(n))
+            for n in self.kube.core.list_node().items
+        }
+        leases = {
+            lease.metadata.name: LeaseView(
+                lease.metadata.name,
+                tuple(o.uid for o in lease.metadata.owner_references or []),
+                None if lease.spec.renew_time is None else now - lease.spec.renew_time.timestamp(),
+            )
+            for lease in self.kube.coord.list_namespaced_lease(NODE_LEASE_NAMESPACE).items
+        }
+        wanted = self.node_names if names is None else list(names)
+        return node_problems(wanted, nodes, leases, lease_seconds=self.lease_seconds)
+
+    def repair_nodes(self, timeout: float = 60.0) -> list[NodeProblem]:
+        """Mend what `node_problems` finds: re-create nodes a test left broken, restart
+        KWOK when its leases are wrong. Returns what is still wrong afterwards."""
+        problems = self.node_problems()
+        if not problems:
+            return []
+        lease_trouble = sorted({p.node for p in problems if p.trouble not in REPAIRED_BY_RESET})
+        for name in lease_trouble:
+            self._delete_lease(name, timeout)
+        if lease_trouble and self.local is not None:
+            self.local.restart("kwok")  # a fresh KWOK has no stale Lease in its cache
+        self.reset_nodes(timeout)
+        try:
+            eventually("the shared nodes fit again", lambda: not self.node_problems(), timeout)
+        except TimeoutError:
+            return self.node_problems()
+        return []
+
+
+def _delete_ignoring_absent(delete: Callable[[], object]) -> None:
+    try:
+        delete()
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
 
 
 def namespace_for(test_name: str) -> str:
