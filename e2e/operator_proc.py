@@ -11,6 +11,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -32,9 +33,21 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 60.0, every: float = 0.1) -> T:
+def wait_for(
+    what: str,
+    fn: Callable[[], T | None],
+    timeout: float = 60.0,
+    every: float = 0.1,
+    *,
+    impossible: Callable[[], str | None] | None = None,
+    impossible_for: float = 20.0,
+) -> T:
+    """Poll ``fn`` until it returns something truthy. ``impossible`` (asked every 5 s) names
+    why the wait cannot succeed; once it has said so for ``impossible_for`` seconds in a row
+    the wait fails at once, naming it, instead of waiting out its timeout."""
     deadline = time.monotonic() + timeout
     last: Exception | None = None
+    next_check, hopeless_since = time.monotonic() + 5.0, None
     while time.monotonic() < deadline:
         try:
             value = fn()
@@ -42,10 +55,37 @@ def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 60.0, every
                 return value
         except NotFound as exc:
             last = exc
+        if impossible is not None and time.monotonic() >= next_check:
+            next_check = time.monotonic() + 5.0
+            why = impossible()
+            hopeless_since = (hopeless_since or time.monotonic()) if why else None
+            if why and time.monotonic() - hopeless_since >= impossible_for:
+                raise TimeoutError(f"gave up waiting for {what}: {why}")
         time.sleep(every)
     raise TimeoutError(
         f"timed out after {timeout:.0f}s waiting for {what}" + (f" ({last})" if last else "")
     )
+
+
+def harness_broken(kube: Kube) -> str | None:
+    """What in the harness keeps pods from running (KWOK no longer renewing the Leases of
+    nodes it manages), or None. Faults a test injects never show here (node_health)."""
+    from e2e.cluster.cluster import NODE_LEASE_SECONDS
+    from e2e.cluster.node_health import kwok_lease_troubles
+
+    nodes = kube.request("list nodes", "GET", "/api/v1/nodes").get("items") or []
+    leases = (
+        kube.request(
+            "list node leases",
+            "GET",
+            "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases",
+        ).get("items")
+        or []
+    )
+    troubles = kwok_lease_troubles(
+        nodes, leases, now=datetime.now(timezone.utc), lease_seconds=NODE_LEASE_SECONDS
+    )
+    return "KWOK's node Leases: " + "; ".join(map(str, troubles)) if troubles else None
 
 
 def client(kubeconfig: str) -> Kube:

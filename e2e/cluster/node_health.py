@@ -13,6 +13,8 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
 
 class NodeTrouble(enum.Enum):
@@ -85,3 +87,35 @@ def node_problems(
                 )
             )
     return problems
+
+
+def _seconds_since(stamp: str | None, now: datetime) -> float | None:
+    if not stamp:
+        return None
+    return (now - datetime.fromisoformat(stamp.replace("Z", "+00:00"))).total_seconds()
+
+
+def kwok_lease_troubles(
+    nodes: Sequence[Mapping[str, Any]],
+    leases: Sequence[Mapping[str, Any]],
+    *,
+    now: datetime,
+    lease_seconds: float,
+) -> list[NodeProblem]:
+    """The Lease troubles of the nodes KWOK should be renewing (labelled ``type=kwok``), from
+    the API's JSON. Never what a test meant: a lost node is relabelled, and every other fault
+    helper leaves KWOK renewing the Lease. So any trouble here is the harness's."""
+    managed = [n for n in nodes if (n["metadata"].get("labels") or {}).get("type") == "kwok"]
+    views = {
+        n["metadata"]["name"]: NodeView(n["metadata"]["name"], n["metadata"]["uid"], True)
+        for n in managed
+    }
+    lease_views = {
+        lease["metadata"]["name"]: LeaseView(
+            lease["metadata"]["name"],
+            tuple(o["uid"] for o in lease["metadata"].get("ownerReferences") or []),
+            _seconds_since((lease.get("spec") or {}).get("renewTime"), now),
+        )
+        for lease in leases
+    }
+    return node_problems(sorted(views), views, lease_views, lease_seconds=lease_seconds)

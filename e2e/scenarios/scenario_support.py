@@ -27,7 +27,14 @@ from kubernetes.client.rest import ApiException
 from e2e.cluster import faults
 from e2e.cluster.kube import JOBSET_GROUP, JOBSET_VERSION, KUEUE_GROUP, KUEUE_VERSION
 from e2e.cluster.kube import Kube as HarnessKube
-from e2e.operator_proc import events_of, rtj_body, rtj_status, running_pods, wait_for
+from e2e.operator_proc import (
+    events_of,
+    harness_broken,
+    rtj_body,
+    rtj_status,
+    running_pods,
+    wait_for,
+)
 from rtj_operator.api import keys
 from rtj_operator.kube import Kube
 
@@ -90,7 +97,10 @@ def start_job(
     """Create the job and return attempt 1's pods once they run and the job says Running."""
     kube.create_rtj(ns, rtj_body(name, ns, uri, replicas=replicas, **spec))
     pods = wait_for(
-        "attempt 1's pods to run", lambda: running_pods(kube, ns, name, 1, replicas), WAIT
+        "attempt 1's pods to run",
+        lambda: running_pods(kube, ns, name, 1, replicas),
+        WAIT,
+        impossible=lambda: harness_broken(kube),
     )
     wait_for("phase Running", lambda: rtj_status(kube, ns, name).get("phase") == "Running", WAIT)
     return pods
@@ -101,6 +111,7 @@ def wait_running(kube: Kube, ns: str, name: str, attempt: int, replicas: int) ->
         f"attempt {attempt}'s pods to run",
         lambda: running_pods(kube, ns, name, attempt, replicas),
         WAIT,
+        impossible=lambda: harness_broken(kube),
     )
     wait_for(
         f"attempt {attempt} Running",

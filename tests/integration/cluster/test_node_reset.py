@@ -26,6 +26,7 @@ from e2e.cluster.kube import eventually
 from e2e.cluster.node_health import NodeTrouble
 from e2e.cluster.pytest_plugin import guard_shared_nodes
 from e2e.cluster.testenv import NODE_LEASE_NAMESPACE, ClusterHandle, TestNamespace
+from e2e.operator_proc import client, harness_broken
 
 pytestmark = [pytest.mark.cluster, pytest.mark.local_only]
 
@@ -102,12 +103,15 @@ def test_the_guard_repairs_a_lease_nobody_renews(
     )
     [problem] = rtj_cluster.node_problems()
     assert (problem.node, problem.trouble) == (node, NodeTrouble.LEASE_STALE)
+    operator_kube = client(rtj_cluster.kubeconfig)
+    assert f"{node}: Lease not renewed" in (harness_broken(operator_kube) or "")
     kwok_before = rtj_cluster.local.proc("kwok").pid if rtj_cluster.local else None
     guard_shared_nodes(rtj_cluster, request.node.nodeid)
     assert rtj_cluster.node_problems() == []
     assert rtj_cluster.local is not None and rtj_cluster.local.proc("kwok").pid != kwok_before
     lease = rtj_cluster.kube.coord.read_namespaced_lease(node, NODE_LEASE_NAMESPACE)
     assert lease.spec.holder_identity != "someone-else"
+    assert harness_broken(operator_kube) is None
     eventually(
         f"node {node} Ready",
         lambda: faults.node_ready_status(rtj_cluster.kube, node) == "True",

@@ -19,6 +19,7 @@ import pytest
 from e2e.cluster import faults
 from e2e.operator_proc import (
     events_of,
+    harness_broken,
     jobsets_of,
     publish_steps,
     rtj_body,
@@ -63,7 +64,10 @@ def _start_running(
 ) -> list[dict[str, Any]]:
     _create(kube, rtj_body(name, ns, uri, replicas=replicas, **spec))
     pods = wait_for(
-        "attempt 1's pods to run", lambda: running_pods(kube, ns, name, 1, replicas), 90
+        "attempt 1's pods to run",
+        lambda: running_pods(kube, ns, name, 1, replicas),
+        90,
+        impossible=lambda: harness_broken(kube),
     )
     wait_for("phase Running", lambda: rtj_status(kube, ns, name).get("phase") == "Running", 30)
     return pods

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -12,6 +14,7 @@ from e2e.cluster.node_health import (
     NodeProblem,
     NodeTrouble,
     NodeView,
+    kwok_lease_troubles,
     node_problems,
 )
 
@@ -115,3 +118,42 @@ def test_the_guard_leaves_fit_nodes_alone() -> None:
     cluster = _Cluster(found=[], left=[])
     pytest_plugin.guard_shared_nodes(cluster, "t")  # type: ignore[arg-type]
     assert cluster.repaired == []
+
+
+NOW = dt.datetime(2026, 12, 5, 1, 0, 0, tzinfo=dt.timezone.utc)
+
+
+def _node_json(name: str, uid: str, managed: str = "kwok") -> dict[str, Any]:
+    return {"metadata": {"name": name, "uid": uid, "labels": {"type": managed}}}
+
+
+def _lease_json(name: str, owner: str, renewed: dt.datetime | None) -> dict[str, Any]:
+    spec = {"renewTime": renewed.strftime("%Y-%m-%dT%H:%M:%S.%fZ")} if renewed else {}
+    return {
+        "metadata": {"name": name, "ownerReferences": [{"kind": "Node", "uid": owner}]},
+        "spec": spec,
+    }
+
+
+def test_kwok_lease_troubles_count_only_nodes_kwok_manages() -> None:
+    nodes = [
+        _node_json("gpu-node-00", "u0"),
+        _node_json("gpu-node-01", "u1"),
+        _node_json("gpu-node-02", "u2", managed="lost"),  # faults.node_lost: meant to go stale
+    ]
+    leases = [
+        _lease_json("gpu-node-00", "u0", NOW - dt.timedelta(seconds=3)),
+        _lease_json("gpu-node-01", "u1-old", NOW - dt.timedelta(seconds=3)),
+        _lease_json("gpu-node-02", "u2", NOW - dt.timedelta(seconds=300)),
+    ]
+    troubles = kwok_lease_troubles(nodes, leases, now=NOW, lease_seconds=20)
+    assert [(p.node, p.trouble) for p in troubles] == [
+        ("gpu-node-01", NodeTrouble.LEASE_OF_OLD_NODE)
+    ]
+
+
+def test_kwok_lease_troubles_a_lease_not_renewed() -> None:
+    nodes = [_node_json("gpu-node-00", "u0")]
+    leases = [_lease_json("gpu-node-00", "u0", NOW - dt.timedelta(seconds=95))]
+    [trouble] = kwok_lease_troubles(nodes, leases, now=NOW, lease_seconds=20)
+    assert str(trouble) == "gpu-node-00: Lease not renewed (last renewed 95s ago)"
