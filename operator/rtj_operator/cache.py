@@ -72,6 +72,10 @@ class WatchCache:
     def get(self, key: Hashable) -> list[dict[str, Any]]:
         return list(self._by_key.get(key, {}).values())
 
+    def all(self) -> list[dict[str, Any]]:
+        """Every cached object (a copy of the list; the objects are never edited in place)."""
+        return list(self._objects.values())
+
     def count(self, key: Hashable) -> int:
         """How many cached objects `key` indexes (O(1): no copy)."""
         return len(self._by_key.get(key, ()))

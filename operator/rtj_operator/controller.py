@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
@@ -27,6 +27,7 @@ from rtj_operator import selection
 from rtj_operator.api.reasons import Phase
 from rtj_operator.api.resource import ResilientTrainingJob
 from rtj_operator.cache import WatchCache, job_key_of, newer_or_same, rv_of
+from rtj_operator.claim_sweep import ClaimSweep
 from rtj_operator.controller_loops import ControllerLoops
 from rtj_operator.event_reads import read_events
 from rtj_operator.job_reads import JobReads
@@ -149,6 +150,8 @@ class Controller(ControllerLoops):
             tuple(self.settings.operator_identity_stores),
         )
         self._tasks: list[asyncio.Task[None]] = []
+        grace = timedelta(seconds=self.settings.claim_sweep_grace_seconds)
+        self.claim_sweep = ClaimSweep(kube, self.namespaces, grace, self.clock)
         self.applier = PlanApplier(
             kube,
             metrics,

@@ -1,7 +1,8 @@
 """The controller's runtime loops: list then watch (the startup LIST and every resync), the
-reconcile workers, the checkpoint refresh and the progress poller, and how they start and
-stop. A base of `controller.Controller`, which holds the caches, the queue and the
-reconcile these loops drive (declared below for the type checker)."""
+reconcile workers, the checkpoint refresh, the progress poller and the sweep of orphaned
+quarantine claims, and how they start and stop. A base of `controller.Controller`, which
+holds the caches, the queue and the reconcile these loops drive (declared below for the type
+checker)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from rtj_operator import reconcile as rc
 from rtj_operator import selection
 from rtj_operator.api.reasons import Phase
 from rtj_operator.api.resource import ResilientTrainingJob
-from rtj_operator.cache import WatchCache, job_key_of, rv_of
+from rtj_operator.cache import WatchCache, job_key_of, rv_of, uid_of
+from rtj_operator.claim_sweep import ClaimSweep
 from rtj_operator.kube import Kube
 from rtj_operator.kube_errors import KubeError
 from rtj_operator.node_leases import NodeLeases
@@ -54,6 +56,7 @@ class ControllerLoops:
     rank_polls: RankPolls
     store_reads: StoreReads
     applier: PlanApplier
+    claim_sweep: ClaimSweep
     executor: ThreadPoolExecutor
     _tasks: list[asyncio.Task[None]]
 
@@ -185,6 +188,19 @@ class ControllerLoops:
 
             await asyncio.gather(*(refresh(k, r) for k, r in jobs), return_exceptions=True)
 
+    async def _sweep_claims(self) -> None:
+        """Periodically release the quarantine claims of jobs that are gone without releasing
+        them (`claim_sweep`): the nodes as cached now, the jobs listed afresh after."""
+        await self.synced.wait()
+        while True:
+            await asyncio.sleep(self.settings.claim_sweep_seconds)
+            nodes = self.nodes.all()
+            known = {uid_of(raw) for raw in list(self.rtjs.values())}
+            try:
+                await self._io(self.claim_sweep.run, nodes, known)
+            except KubeError as exc:
+                log.warning("quarantine claim sweep failed: %s", exc)
+
     def start(self) -> None:
         """Start the workers and loops on the running event loop."""
         if self._tasks:
@@ -204,6 +220,8 @@ class ControllerLoops:
             self._tasks.append(
                 asyncio.create_task(self._poll_progress(), name="rtj-progress-polls")
             )
+        if self.settings.claim_sweep_seconds > 0:
+            self._tasks.append(asyncio.create_task(self._sweep_claims(), name="rtj-claim-sweep"))
 
     async def _poll_progress(self) -> None:
         await self.synced.wait()

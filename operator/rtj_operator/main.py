@@ -85,6 +85,19 @@ def parser() -> argparse.ArgumentParser:
         "hang or straggler detection)",
     )
     p.add_argument(
+        "--claim-sweep-seconds",
+        type=float,
+        default=60.0,
+        help="how often quarantine claims on nodes are checked against the jobs that exist; "
+        "a claim of a job deleted without releasing it is released (0: never)",
+    )
+    p.add_argument(
+        "--claim-sweep-grace-seconds",
+        type=float,
+        default=120.0,
+        help="how long a claim must have been seen orphaned before a sweep releases it",
+    )
+    p.add_argument(
         "--watch-node-leases",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -189,6 +202,8 @@ async def run(args: argparse.Namespace) -> int:
             node_health=node_health,
             store_read_timeout=args.store_read_timeout,
             progress_poll_seconds=args.progress_poll_seconds,
+            claim_sweep_seconds=args.claim_sweep_seconds,
+            claim_sweep_grace_seconds=args.claim_sweep_grace_seconds,
             watch_node_leases=args.watch_node_leases,
             resolver_image=args.resolver_image,
             control_secret=_control_secret(args.control_secret_file),

@@ -39,3 +39,8 @@ class Settings:
     place (spec.recovery.inPlace falls back to re-creating the world)."""
     progress_poll_timeout: float = 2.0
     progress_poll_concurrency: int = 16
+    claim_sweep_seconds: float = 60.0
+    """How often quarantine claims on nodes are checked against the jobs that exist, and
+    those of deleted jobs released (0: never; see claim_sweep)."""
+    claim_sweep_grace_seconds: float = 120.0
+    """How long a claim must have been seen orphaned before a sweep releases it."""

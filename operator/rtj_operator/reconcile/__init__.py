@@ -34,9 +34,10 @@ The package, by phase: `world` (the snapshot), `trim` (what the caches keep), `a
 `builder` (the plan), `admit` (the next attempt), `converge` (the old world's teardown),
 `detect` (the current attempt), `failure` (recording and acting on a failure), `progress`
 (admission, running, success), `checkpoints` (verified steps, store readings, checkpoint
-age), `quarantine` (taints), `liveness` (silent nodes, flickers, partitions), `ranks`
-(hangs, stragglers and the progress summary, from the ranks' progress reports) and
-`lifecycle` (suspend and resume, activeDeadlineSeconds, ttlSecondsAfterFinished).
+age), `quarantine` (taints), `orphan_claims` (claims of jobs gone without releasing them),
+`liveness` (silent nodes, flickers, partitions), `ranks` (hangs, stragglers and the progress
+summary, from the ranks' progress reports) and `lifecycle` (suspend and resume,
+activeDeadlineSeconds, ttlSecondsAfterFinished).
 """
 
 from __future__ import annotations
