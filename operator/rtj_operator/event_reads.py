@@ -9,10 +9,11 @@ from typing import Any
 from rtj_operator import reconcile as rc
 from rtj_operator.kube import Kube
 from rtj_operator.policy.classify import reads_event
+from rtj_operator.policy.node_event_sources import NODE_EVENT_NAMESPACE
 
 NODE_EVENT_QUERIES = 16
 """Up to this many nodes, their Events are read by name (one small answer each); beyond,
-one paged cluster-wide read of node Events."""
+one paged read of every node Event in NODE_EVENT_NAMESPACE."""
 
 
 def workload_jobset(name: str) -> str | None:
@@ -47,7 +48,9 @@ def relevant_event(body: Mapping[str, Any]) -> bool:
 def read_events(kube: Kube, snap: rc.Snapshot) -> list[dict[str, Any]]:
     """Events about the failed attempt (blocking): read once a failure is seen, so the
     operator never watches every Event in the cluster. Pods and Kueue Workloads in the
-    job's namespace, nodes cluster-wide; only the reasons the classifier reads."""
+    job's namespace, nodes where their own reporters write them (`node_event_sources`: an
+    Event naming a node in a tenant's namespace is that tenant speaking); only the Events
+    the classifier reads."""
     namespace = snap.rtj.metadata.namespace
     pods = {p["metadata"]["name"] for p in (*snap.pods, *snap.gone_pods)}
     nodes = set(snap.nodes) | {
@@ -55,7 +58,7 @@ def read_events(kube: Kube, snap: rc.Snapshot) -> list[dict[str, Any]]:
     }
     jobsets = {js["metadata"]["name"] for js in snap.jobsets}
     wanted: list[dict[str, Any]] = []
-    queries: list[tuple[str | None, str, str]] = [
+    queries: list[tuple[str, str, str]] = [
         (namespace, "Pod", "involvedObject.kind=Pod"),
         (namespace, "Workload", "involvedObject.kind=Workload"),
         # Kueue before v0.7 (and the JobSet controller) write about the JobSet itself
@@ -63,11 +66,11 @@ def read_events(kube: Kube, snap: rc.Snapshot) -> list[dict[str, Any]]:
     ]
     if len(nodes) <= NODE_EVENT_QUERIES:  # a few nodes: ask for theirs by name
         queries += [
-            (None, "Node", f"involvedObject.kind=Node,involvedObject.name={n}")
+            (NODE_EVENT_NAMESPACE, "Node", f"involvedObject.kind=Node,involvedObject.name={n}")
             for n in sorted(nodes)
         ]
     else:
-        queries.append((None, "Node", "involvedObject.kind=Node"))
+        queries.append((NODE_EVENT_NAMESPACE, "Node", "involvedObject.kind=Node"))
     for scope, kind, selector in queries:
         # a failed read raises: a classification is never final on partial evidence
         found = kube.list_events(scope, selector)

@@ -35,7 +35,7 @@ from typing import Any
 
 from rtj_operator.api.detection_spec import NodeHealth
 from rtj_operator.api.reasons import FailureCategory, FailureClass
-from rtj_operator.policy import node_signals, pod_signals
+from rtj_operator.policy import node_event_sources, node_signals, pod_signals
 from rtj_operator.policy.findings import (
     CLOCK_SKEW,
     FAR_FUTURE,
@@ -268,7 +268,7 @@ def reads_event(body: Mapping[str, Any]) -> bool:
     event reader should apply, so the two never disagree about what counts."""
     event = read_event(body)
     text = f"{event.reason} {event.message}"
-    return (
+    return node_event_sources.counts(event) and (
         event.reason in pod_signals.READ_EVENT_REASONS
         or event.reason in node_signals.READ_EVENT_REASONS
         or (event.kind == "Workload" and event.reason.startswith(("Preempted", "EvictedDueTo")))
@@ -347,13 +347,14 @@ def classify_failure(
     `pods` are the attempt's pods (deleted ones as last seen, with deletionTimestamp);
     `nodes` the nodes they ran on, or None when unknown (then a missing node proves
     nothing); `events` those about the pods, their nodes, the JobSet and its Kueue Workload
-    (core/v1 and events.k8s.io/v1 alike). `read`: pods and nodes already read, kept across
-    calls (for objects never edited in place, `ReadOnce`).
+    (core/v1 and events.k8s.io/v1 alike; a Node's count only from its own reporters,
+    `node_event_sources`). `read`: pods and nodes already read, kept across calls (for
+    objects never edited in place, `ReadOnce`).
     """
     health = node_health or NodeHealth()
     by_pod, by_node = (read.pod, read.node) if read is not None else (read_pod, read_node)
     views = [by_pod(p) for p in pods]
-    seen_events = [read_event(e) for e in events]
+    seen_events = [v for e in events if node_event_sources.counts(v := read_event(e))]
     node_views = None if nodes is None else {v.name: v for v in map(by_node, nodes)}
     ctx = _Context(
         PodContext(

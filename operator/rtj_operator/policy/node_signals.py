@@ -6,17 +6,19 @@ Understood out of the box (docs/operations.md, "Node signals"):
   the unreachable/not-ready taints, the node gone, NodeNotReady/RemovingNode events;
 - NVIDIA NVSentinel: conditions `SysLogsXIDError` (XID-coded), `SysLogsGPUFallenOff`,
   `SysLogsSXIDError` and the DCGM watches `Gpu<Watch>Watch` (status True = a fatal fault;
-  non-fatal findings are only Events, read here as notes);
+  non-fatal findings are only Events, notes here where `node_event_sources` lets them count);
 - the EKS node monitoring agent: `AcceleratedHardwareReady` (healthy when True; False with
   reason `NvidiaXID<n>Error`, `NvidiaDoubleBitError`, ... is its fatal verdict; its warnings
-  are Events, notes here);
+  are Events, notes where they count);
 - node-problem-detector: conditions the platform names in `xidConditionTypes` (a custom
   kernel-log rule matching `NVRM: Xid`), and the kernel monitor's `OOMKilling` Event;
 - the NVIDIA device plugin through the kubelet: `allocatedResourcesStatus` Unhealthy
   (KEP-4680), and labels the platform names in `xidLabelKeys`.
 
 An XID found in any of them quarantines only if it is in the job's `xidCodes` (default:
-the catalog's service XIDs, `policy.xid`); other XIDs are notes.
+the catalog's service XIDs, `policy.xid`); other XIDs are notes. Events about a node reach
+this module only from the node's own reporters (`node_event_sources`, applied by the
+classifier to every Event it is given).
 """
 
 from __future__ import annotations

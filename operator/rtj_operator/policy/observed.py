@@ -275,6 +275,8 @@ class EventView:
     reporter: str = ""
     api: str = "v1"
     """`v1` (core) or `events.k8s.io/v1`: the same event reads the same either way."""
+    namespace: str = ""
+    """Where the Event is stored (its metadata.namespace), not the namespace it names."""
 
 
 _EVENT_TIMES = (
@@ -306,6 +308,7 @@ def read_event(raw: Json) -> EventView:
         _str(raw.get("type")),
         reporter,
         "events.k8s.io/v1" if api.startswith("events.k8s.io") else "v1",
+        _str(_get(raw, "metadata", "namespace")),
     )
 
 

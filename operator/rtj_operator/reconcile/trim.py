@@ -97,6 +97,9 @@ def trim_event(body: Json) -> dict[str, Any]:
         "firstTimestamp",
         "lastTimestamp",
         "type",
+        "source",  # who wrote it: a Node event counts only from the node's own reporters
+        "reportingController",
+        "reportingComponent",
     )
     out = {k: plain(body[k]) for k in keep if k in body}
     meta = body.get("metadata") or {}
