@@ -325,3 +325,36 @@ def test_namespace_editors_create_jobs_and_viewers_only_read_them(
         editor.request("patch status", "PATCH", f"{path}/users-job/status",
                        {"status": {"phase": "Succeeded"}},
                        content_type="application/merge-patch+json")  # fmt: skip
+
+
+def test_only_the_operator_removes_a_jobs_release_finalizer(
+    installed: Installed, rtj_cluster: Any, tmp_path: Path
+) -> None:
+    """Issue 42: the chart's ValidatingAdmissionPolicy. A tenant who drops the finalizer and
+    deletes its job would leave its quarantine claims on nodes (the operator's sweep releases
+    them later); the tenant may still edit the rest of its job."""
+    ns = installed.namespace
+    tenant = _user(installed, rtj_cluster, tmp_path, "carol", "edit")
+    path = f"/apis/{keys.API_VERSION}/namespaces/{ns}/{keys.PLURAL}"
+    body = rtj_body("held", ns, "file:///mnt/ckpt/held")
+    body["metadata"]["finalizers"] = [keys.RELEASE_FINALIZER]
+    installed.admin.request("create rtj", "POST", path, body)
+    merge = "application/merge-patch+json"
+    drop = {"metadata": {"finalizers": None}}
+
+    def refused() -> str | None:  # the aggregated role and the policy take a moment to apply
+        try:
+            tenant.request("drop the finalizer", "PATCH", f"{path}/held", drop,
+                           query={"dryRun": "All"}, content_type=merge)  # fmt: skip
+        except Forbidden as exc:
+            return str(exc) if "ValidatingAdmissionPolicy" in str(exc) else None
+        return None
+
+    why = wait_for("the tenant refused by the policy", refused, 60)
+    assert keys.RELEASE_FINALIZER in why and "only the operator" in why, why
+    tenant.request("label the job", "PATCH", f"{path}/held",
+                   {"metadata": {"labels": {"team": "a"}}}, content_type=merge)  # fmt: skip
+    installed.sa.request("drop the finalizer", "PATCH", f"{path}/held", drop, content_type=merge)
+    meta = installed.admin.get_rtj(ns, "held")["metadata"]
+    assert not meta.get("finalizers") and meta["labels"] == {"team": "a"}
+    installed.admin.delete_rtj(ns, "held")

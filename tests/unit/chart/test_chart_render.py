@@ -24,6 +24,7 @@ from rtj_chart import (
     template_args,
 )
 
+from rtj_operator.api import keys
 from rtj_operator.policy.platform import NodeHealthPolicy, load_platform_config
 
 pytestmark = pytest.mark.timeout(300)
@@ -81,6 +82,7 @@ def test_default_render_has_every_piece_and_nothing_for_missing_apis() -> None:
         "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
         "Role", "RoleBinding", "ClusterRole", "ClusterRole",
         "Deployment", "Service", "PodDisruptionBudget", "ConfigMap", "Secret",
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
     ])  # fmt: skip
     # ServiceMonitor and PrometheusRule only where the cluster serves their kinds
     with_monitoring = {o["kind"] for o in render(api_versions=MONITORING)}
@@ -296,6 +298,33 @@ def test_namespace_users_get_jobs_through_the_default_roles(tmp_path: Path) -> N
     assert all(set(r["verbs"]) == {"get", "list", "watch"} for r in view["rules"])
     off = render({"rbac": {"aggregateToDefaultRoles": False}}, tmp_path)
     assert {o["metadata"]["name"] for o in off if o["kind"] == "ClusterRole"} == {OPERATOR_ROLE}
+
+
+def test_only_the_operator_may_remove_the_release_finalizer(tmp_path: Path) -> None:
+    """Issue 42: a tenant that drops the finalizer before deleting its job would strand its
+    quarantine claims (the sweep releases them later; the policy keeps it from happening)."""
+    objs = render()
+    policy = one(objs, "ValidatingAdmissionPolicy")
+    name = policy["metadata"]["name"]
+    binding = one(objs, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": name, "validationActions": ["Deny"]}
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert (rule["resources"], rule["operations"]) == (["resilienttrainingjobs"], ["UPDATE"])
+    exempt = [c["expression"] for c in policy["spec"]["matchConditions"]]
+    operator = "system:serviceaccount:rtj-system:rtj-resilient-training-operator"
+    assert exempt[0] == f'request.userInfo.username != "{operator}"'
+    assert '["system:masters"]' in exempt[1]
+    (check,) = policy["spec"]["validations"]
+    assert check["expression"].count(f'"{keys.RELEASE_FINALIZER}" in') == 2
+    assert check["reason"] == "Forbidden"
+    # the ServiceAccount the operator runs as, whatever it is named
+    named = render({"serviceAccount": {"create": True, "name": "rtj"}}, tmp_path)
+    conditions = one(named, "ValidatingAdmissionPolicy")["spec"]["matchConditions"]
+    assert conditions[0]["expression"].endswith(':rtj-system:rtj"')
+    kinds = {o["kind"] for o in render({"finalizerPolicy": {"enabled": False}}, tmp_path)}
+    assert not kinds & {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    older = helm(*template_args(), "--kube-version", "1.29.0").stdout
+    assert "ValidatingAdmissionPolicy" not in older, "admissionregistration v1 from 1.30"
 
 
 def test_rbac_can_be_left_to_the_platform_team(tmp_path: Path) -> None:
