@@ -7,6 +7,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# make test's pytest workers (pytest-xdist): the shared-cluster tests on one, the rest beside
+PYTEST_JOBS ?= 2
 # the goodput soak's features in `make bench`, e.g. --no-in-place --fast-every 0 (default: all on)
 GOODPUT_ARGS ?=
 E2E := $(BIN)/python -m e2e.cluster
@@ -39,7 +41,7 @@ fmt: install ## apply ruff formatting and safe fixes
 	$(BIN)/ruff check --fix .
 
 test: install cluster-build node-packages ## every test level (unit, property, crash, S3, torch drill, cluster); skips fail
-	$(BIN)/pytest --durations=40 $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(PYTEST_JOBS) --dist loadgroup --durations=40 $(PYTEST_ARGS)
 
 test-unit: install cluster-build ## unit and property tests only (chart tests need helm/promtool)
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)

@@ -17,10 +17,10 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -106,6 +106,10 @@ def _remove_stale_pytest_clusters() -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
+class SharedNodesRepaired(UserWarning):
+    """The guard found shared nodes unfit and repaired them before a test."""
+
+
 @dataclass
 class NodeLedger:
     """Which test last left each shared node to be reset, and the repairs the guard made:
@@ -130,7 +134,8 @@ _LEDGER = NodeLedger()
 def guard_shared_nodes(cluster: ClusterHandle, test: str) -> None:
     """Before a test that uses the shared nodes: each must be pristine with a fresh Lease of
     its own. What is not is repaired (and reported at the end of the session); what cannot
-    be repaired fails this test at once, naming the node and the test that touched it."""
+    be repaired fails this test at once, naming the node and the test that touched it.
+    A repair is a warning in pytest's summary (each xdist worker's own summary is not shown)."""
     if cluster.backend != "local":
         return
     problems = cluster.node_problems()
@@ -144,14 +149,9 @@ def guard_shared_nodes(cluster: ClusterHandle, test: str) -> None:
             f"{'; '.join(map(str, left))} ({_LEDGER.blame(problems)})",
             pytrace=False,
         )
-    _LEDGER.repairs.append(f"before {test}: repaired {found} ({_LEDGER.blame(problems)})")
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if _LEDGER.repairs:
-        terminalreporter.section("shared cluster nodes repaired")
-        for line in _LEDGER.repairs:
-            terminalreporter.write_line(line)
+    line = f"before {test}: repaired {found} ({_LEDGER.blame(problems)})"
+    _LEDGER.repairs.append(line)
+    warnings.warn(SharedNodesRepaired(line), stacklevel=2)  # shown by pytest, xdist or not
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ import pytest
 from e2e.cluster import faults
 from e2e.cluster.kube import eventually
 from e2e.cluster.node_health import NodeTrouble
-from e2e.cluster.pytest_plugin import guard_shared_nodes
+from e2e.cluster.pytest_plugin import SharedNodesRepaired, guard_shared_nodes
 from e2e.cluster.testenv import NODE_LEASE_NAMESPACE, ClusterHandle, TestNamespace
 from e2e.operator_proc import client, harness_broken
 
@@ -106,7 +106,8 @@ def test_the_guard_repairs_a_lease_nobody_renews(
     operator_kube = client(rtj_cluster.kubeconfig)
     assert f"{node}: Lease not renewed" in (harness_broken(operator_kube) or "")
     kwok_before = rtj_cluster.local.proc("kwok").pid if rtj_cluster.local else None
-    guard_shared_nodes(rtj_cluster, request.node.nodeid)
+    with pytest.warns(SharedNodesRepaired, match=f"repaired {node}: Lease not renewed"):
+        guard_shared_nodes(rtj_cluster, request.node.nodeid)
     assert rtj_cluster.node_problems() == []
     assert rtj_cluster.local is not None and rtj_cluster.local.proc("kwok").pid != kwok_before
     lease = rtj_cluster.kube.coord.read_namespaced_lease(node, NODE_LEASE_NAMESPACE)

@@ -106,7 +106,8 @@ def test_the_guard_reports_what_it_repaired(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(pytest_plugin, "_LEDGER", ledger)
     old = NodeProblem("gpu-node-02", NodeTrouble.LEASE_OF_OLD_NODE, "owner uid-1")
     cluster = _Cluster(found=[old], left=[])
-    pytest_plugin.guard_shared_nodes(cluster, "tests/y.py::test_next")  # type: ignore[arg-type]
+    with pytest.warns(pytest_plugin.SharedNodesRepaired, match="repaired gpu-node-02"):
+        pytest_plugin.guard_shared_nodes(cluster, "tests/y.py::test_next")  # type: ignore[arg-type]
     assert cluster.repaired == [True]
     assert ledger.repairs == [
         "before tests/y.py::test_next: repaired gpu-node-02: Lease owned by an earlier Node "
