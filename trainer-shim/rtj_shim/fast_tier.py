@@ -20,10 +20,12 @@ pod's memory. Room needed, per rank: ``keep + 1`` copies of the state (a new ste
 published before retention removes the oldest), plus one staging copy in the trainer's
 own host memory (reused from save to save); with several ranks in a pod, that many times.
 
-A fast step is usable only when every rank of the world has it: the supervisor reports the
-steps every rank directory of its pod holds (:func:`holdings`), the operator pins the
-newest step every pod holds, and the restored trainer verifies it deeply on every rank
-before any rank loads it (else the durable tier, with the reason).
+A fast step is usable only when every rank of the world has it in one history: the
+supervisor reports the (lineage, step) pairs every rank directory of its pod holds
+(:func:`held`, :mod:`rtj_shim.lineage`), the operator pins the newest step every pod holds
+in one lineage, and the restored trainer verifies it deeply on every rank and checks that
+every rank's copy is of the same lineage before any rank loads it (else the durable tier,
+with the reason).
 
 Pure apart from reading the directory.
 """
@@ -34,8 +36,10 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from rtj_shim import lineage
 from rtj_shim.errors import ManifestError
 from rtj_shim.layout import COMMITTED_FILE, MANIFEST_FILE, step_key
+from rtj_shim.lineage import Held
 from rtj_shim.storage.filesystem import FilesystemStore
 from rtj_shim.verification import check_commit
 
@@ -104,21 +108,26 @@ def _int(env: Mapping[str, str], name: str) -> int | None:
 def committed_steps(store: FilesystemStore) -> list[int]:
     """Steps of one rank's fast store whose COMMITTED matches their manifest, newest first
     (shallow: the restoring trainer hashes the one it loads)."""
-    steps = []
+    return [h.step for h in committed_held(store)]
+
+
+def committed_held(store: FilesystemStore) -> list[Held]:
+    """:func:`committed_steps` with each step's lineage (LEGACY without one), newest first."""
+    out = []
     for entry in store.list_step_dirs():
         name = entry.name
         if name.in_progress:
             continue
         try:
-            check_commit(
+            manifest = check_commit(
                 name.step,
                 store.read(step_key(name.step, MANIFEST_FILE)),
                 store.read(step_key(name.step, COMMITTED_FILE)),
             )
         except ManifestError:
             continue
-        steps.append(name.step)
-    return sorted(steps, reverse=True)
+        out.append(Held(name.step, lineage.of(manifest.lineage)))
+    return sorted(out, reverse=True)
 
 
 def newest_held(root: Path) -> dict[str, float | int] | None:
@@ -156,13 +165,19 @@ def ranks(root: Path) -> list[int]:
 
 
 def holdings(root: Path) -> list[int]:
-    """The fast steps every rank directory of this pod holds, oldest first (at most
-    ``MAX_REPORTED``, the newest); empty without a fast tier. A rank that never saved has
-    no directory and does not narrow it: the restoring trainer's check covers every rank."""
-    common: set[int] | None = None
+    """The steps of :func:`held`, oldest first."""
+    return [h.step for h in held(root)]
+
+
+def held(root: Path) -> list[Held]:
+    """The fast steps every rank directory of this pod holds in one lineage, oldest first
+    (at most ``MAX_REPORTED``, the newest); empty without a fast tier. A rank that never
+    saved has no directory and does not narrow it: the restoring trainer's check covers
+    every rank. A step the ranks hold in different lineages (two histories) is not held."""
+    common: set[Held] | None = None
     for directory in _rank_dirs(root):
         try:
-            steps = set(committed_steps(FilesystemStore(directory)))
+            steps = set(committed_held(FilesystemStore(directory)))
         except Exception:  # an unreadable rank directory holds nothing usable
             steps = set()
         common = steps if common is None else common & steps

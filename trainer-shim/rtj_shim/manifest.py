@@ -84,6 +84,9 @@ class Manifest(BaseModel):
     code_commit: str | None = None
     image_digest: str | None = None
     dataset_snapshot: str | None = None
+    # The history this step continues (rtj_shim.lineage); None in manifests written
+    # before lineages, read as rtj_shim.lineage.LEGACY.
+    lineage: str | None = Field(default=None, min_length=1, max_length=64)
     created_at: datetime
     files: tuple[FileEntry, ...]
     # Framework-specific facts a loader needs (for example the torch state layout).
@@ -117,6 +120,8 @@ def utc_now() -> datetime:
 def encode_manifest(manifest: Manifest) -> bytes:
     """Canonical bytes: sorted keys, so the same manifest always hashes the same."""
     data = manifest.model_dump(mode="json")
+    if data.get("lineage") is None:  # a manifest without one reads back byte for byte
+        data.pop("lineage", None)
     return (json.dumps(data, sort_keys=True, indent=2) + "\n").encode()
 
 

@@ -189,6 +189,7 @@ class CommitProtocol:
         self._run_id = run_id or os.environ.get("RTJ_RUN_ID") or None
         self.attempt = validate_attempt(attempt)
         self.retention = retention_from_env() if retention is RETENTION_FROM_ENV else retention
+        self.lineage: str | None = None  # recorded in every manifest published (rtj_shim.lineage)
 
     @property
     def run_id(self) -> str:
@@ -255,6 +256,7 @@ class CommitProtocol:
             code_commit=metadata.code_commit,
             image_digest=metadata.image_digest,
             dataset_snapshot=metadata.dataset_snapshot,
+            lineage=self.lineage,
             created_at=utc_now(),
             files=tuple(sorted(files, key=lambda f: f.path)),
             extra=metadata.extra,

@@ -86,6 +86,7 @@ from rtj_shim.control import (
 )
 from rtj_shim.control import parse_order as _parse_order
 from rtj_shim.doorbell import Doorbell
+from rtj_shim.lineage import Held
 from rtj_shim.progress import ENV_DIR
 from rtj_shim.progress_record import FILE_PREFIX, FILE_SUFFIX
 from rtj_shim.standby import StandbyKeeper, Trainer
@@ -111,6 +112,7 @@ class Supervised:
     attempt: int | None = None
     exit_code: int | None = None
     fast_steps: tuple[int, ...] = ()  # reported with "stopped" (rtj_shim.fast_tier.holdings)
+    fast_held: tuple[Held, ...] = ()  # the same with their lineages (rtj_shim.fast_tier.held)
     rejected: dict[str, object] | None = None  # the pinned step the command's restore refused
 
 
@@ -345,10 +347,10 @@ class Supervisor:
         code = self.child.returncode if self.child is not None else None
         self._forget_progress()
         fast_dir = self.env.get(fast_tier.ENV_DIR)
-        held = tuple(fast_tier.holdings(Path(fast_dir))) if fast_dir else ()
+        held = tuple(fast_tier.held(Path(fast_dir))) if fast_dir else ()
         self._set(Supervised(generation, "stopped", self.current.attempt,
                              128 - code if code is not None and code < 0 else code,
-                             held))  # fmt: skip
+                             tuple(h.step for h in held), held))  # fmt: skip
         self._say(f"generation {generation}: every process of the old one is gone")
 
     def _forget_progress(self) -> None:
@@ -418,6 +420,7 @@ class Supervisor:
         write_json(self.dir / STATE_FILE, {
             "generation": state.generation, "state": state.state, "attempt": state.attempt,
             "exit_code": state.exit_code, "fast_steps": list(state.fast_steps),
+            "fast_held": [h.encode() for h in state.fast_held],
             "rejected": state.rejected, "spare": self.spare,
             "rank": int(self.assigned["RANK"]) if "RANK" in self.assigned else None,
             "pid": self.child.pid if self.child is not None and state.state == "running" else None,

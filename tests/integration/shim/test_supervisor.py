@@ -71,6 +71,9 @@ def test_a_stop_leaves_no_process_and_a_run_starts_the_ordered_attempt(pod: Pod)
     assert not [pid for pid in second["pids"] if alive(pid)]
 
 
+LINEAGE, OTHER = "0123456789abcdef", "fedcba9876543210"
+
+
 def test_stopped_reports_the_fast_steps_every_rank_holds_and_run_pins_one(
     pod: Pod, tmp_path: Path
 ) -> None:
@@ -83,14 +86,17 @@ def test_stopped_reports_the_fast_steps_every_rank_holds_and_run_pins_one(
     (payload / "state.bin").write_bytes(b"state")
     for rank, steps in ((0, (30, 35, 40)), (1, (30, 35))):  # rank 1 died before 40
         for step in steps:
-            CommitProtocol(rank_store(fast, rank), retention=None).publish_directory(step, payload)
+            protocol = CommitProtocol(rank_store(fast, rank), retention=None)
+            protocol.lineage = LINEAGE if step != 30 or rank == 0 else OTHER  # issue 43
+            protocol.publish_directory(step, payload)
     (fast / "rank-00001" / "steps" / "step-000000000040.tmp-1").mkdir()  # half-written
     pod.supervise(sys.executable, "-c", TRAINER, str(pod.out), env={ENV_DIR: str(fast)})
     until("generation 0", lambda: _read(pod.out / "gen-0.json"))
     assert pod.post(Order(UID, 1, "stop"))[0] == 202
     stopped = until("stopped", lambda: (s := pod.supervisor() or {}).get("state") == "stopped"
                     and s)  # fmt: skip
-    assert stopped["fast_steps"] == [30, 35]
+    assert stopped["fast_steps"] == [35], "rank 1's 30 is of another history than rank 0's"
+    assert stopped["fast_held"] == [f"{LINEAGE}@35"]
     assert pod.post(Order(UID, 1, "run", attempt=1, step=20, fast_step=35))[0] == 202
     second = json.loads(until("generation 1", lambda: _read(pod.out / "gen-1.json")))
     assert (second["resume"]["step"], second["resume"]["fast_step"]) == (20, 35)
