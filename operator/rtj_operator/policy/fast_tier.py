@@ -21,6 +21,8 @@ from rtj_operator.api import keys
 from rtj_operator.api.resource import ResilientTrainingJob
 from rtj_operator.policy import peer_replica
 from rtj_operator.policy.peer_replica import PeerView
+from rtj_shim import lineage
+from rtj_shim.lineage import Held
 
 Obj = dict[str, Any]
 
@@ -98,6 +100,7 @@ class FastPin:
     step: int | None = None
     sources: Mapping[int, str] = field(default_factory=dict)
     note: str | None = None
+    lineage: str | None = None  # the history `step` belongs to on every pod (rtj_shim.lineage)
 
 
 def pin(
@@ -107,8 +110,9 @@ def pin(
     bad_steps: Collection[int],
     peers: PeerView | None = None,
 ) -> FastPin:
-    """The fast-tier step to pin beside `durable_step`: the newest step every pod holds,
-    in its own fast tier (its supervisor's `fast_steps`) or, with `peers`, in the peer
+    """The fast-tier step to pin beside `durable_step`: the newest step every pod holds
+    in one lineage (one history: `FastPin.lineage`), in its own fast tier (its supervisor's
+    `fast_held`; a step of unknown lineage is never pinned) or, with `peers`, in the peer
     replica a live pod keeps of it (the holder's ``replica.steps``; the pod then copies it
     from there: `sources`); not marked bad, and no older than the durable step (an older
     one would lose steps the store already has; None: the operator could not read the
@@ -117,33 +121,60 @@ def pin(
     if not pods:
         return FastPin()
     peers = peers or PeerView()
-    own = {pod: peer_replica.steps((reports.get(pod) or {}).get("fast_steps")) for pod in pods}
-    listed = any(isinstance((reports.get(p) or {}).get("fast_steps"), list) for p in pods)
+    own = {pod: _own(reports.get(pod)) for pod in pods}
+    listed = any(isinstance((reports.get(p) or {}).get(k), list) for p in pods for k in OWN_KEYS)
     held = peer_replica.holders(peers)
     kept = {pod: held.get(peers.indexes[pod], []) if pod in peers.indexes else [] for pod in pods}
 
     def usable(step: int) -> bool:
         return step not in bad_steps and (durable_step is None or step >= durable_step)
 
-    candidates = {s for p in pods for s in own[p]} | {
-        s for p in pods for _, steps in kept[p] for s in steps
-    }
-    for step in sorted(filter(usable, candidates), reverse=True):
-        sources: dict[int, str] = {}
-        for pod in pods:
-            if step in own[pod]:
-                continue
-            holder = next(
-                (h for h, steps in kept[pod] if step in steps and h in peers.addresses), None
-            )
-            if holder is None:
-                break
-            sources[peers.indexes[pod]] = peers.addresses[holder]
-        else:
-            return FastPin(step, sources)
+    candidates = {h for p in pods for h in own[p] if h.pinnable and usable(h.step)}
+    for candidate in sorted(candidates, reverse=True):
+        sources = _sources(candidate, pods, own, kept, peers)
+        if sources is not None:
+            return FastPin(candidate.step, sources, lineage=candidate.lineage)
     if not listed and not held:
         return FastPin()  # no fast tier in these pods
-    return FastPin(note=_why(pods, own, kept, peers, usable, durable_step)[:MAX_NOTE])
+    steps = {p: frozenset(h.step for h in own[p] if h.pinnable) for p in pods}
+    return FastPin(note=_why(pods, steps, kept, peers, usable, durable_step)[:MAX_NOTE])
+
+
+OWN_KEYS = ("fast_held", "fast_steps")
+"""What a supervisor reports of its pod's fast tier: (lineage, step) pairs, and the steps
+alone (an older supervisor's, of unknown lineage: never pinned)."""
+
+
+def _own(report: Mapping[str, Any] | None) -> frozenset[Held]:
+    """The (lineage, step) pairs a pod's supervisor reports holding itself."""
+    report = report or {}
+    if isinstance(report.get("fast_held"), list):
+        return lineage.parse_all(report["fast_held"])
+    return frozenset(Held(s, lineage.LEGACY) for s in peer_replica.steps(report.get("fast_steps")))
+
+
+def _sources(
+    candidate: Held,
+    pods: Sequence[str],
+    own: Mapping[str, frozenset[Held]],
+    kept: Mapping[str, list[tuple[str, frozenset[int]]]],
+    peers: PeerView,
+) -> dict[int, str] | None:
+    """Where each pod that does not hold `candidate` itself copies it from (None: some pod
+    can get it nowhere). A peer replica reports steps alone: its copy's lineage is checked
+    by the restoring trainer, which falls back to the durable tier on a mismatch."""
+    sources: dict[int, str] = {}
+    for pod in pods:
+        if candidate in own[pod]:
+            continue
+        holder = next(
+            (h for h, steps in kept[pod] if candidate.step in steps and h in peers.addresses),
+            None,
+        )
+        if holder is None:
+            return None
+        sources[peers.indexes[pod]] = peers.addresses[holder]
+    return sources
 
 
 def _why(

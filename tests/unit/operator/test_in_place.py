@@ -107,11 +107,17 @@ def test_a_trainer_that_exits_is_stopped_and_started_again_in_the_same_pods() ->
 FAST = {**IN_PLACE, "checkpoint": {"uri": "s3://ckpt/team-a/llm", "fastTier": {"everySteps": 20}}}
 
 
+def held_as(steps: list[int], lineage: str = "0123456789abcdef") -> list[str]:
+    """A supervisor's `fast_held`: the steps, each with its lineage (one history here)."""
+    return [f"{lineage}@{s}" for s in steps]
+
+
 def stopped_holding(pods: list[dict[str, Any]], *held: list[int] | None) -> rc.RankReadings:
     """Every pod's supervisor reports generation 1 stopped, holding these fast steps."""
     reports = {p["metadata"]["name"]: {"generation": 1, "state": "stopped", "exit_code": None,
                                        "updated_wall_time": T,
-                                       **({} if h is None else {"fast_steps": h})}
+                                       **({} if h is None else {"fast_steps": h,
+                                                           "fast_held": held_as(h)})}
                for p, h in zip(pods, held, strict=True)}  # fmt: skip
     return rc.RankReadings(attempt=1, reports=(), polled_at=T, supervisors=reports)
 

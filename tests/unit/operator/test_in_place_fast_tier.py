@@ -215,9 +215,24 @@ def test_no_fast_tier_without_the_field_or_without_the_supervisor() -> None:
 PODS = ("p0", "p1", "p2")
 
 
+LINEAGE_A = "aaaaaaaaaaaaaaaa"
+LINEAGE_B = "bbbbbbbbbbbbbbbb"
+
+
+def _held(steps: list[Any], lineage: str = LINEAGE_A) -> list[Any]:
+    """What a supervisor reports with `fast_steps`: each step with its lineage (anything
+    that is not a step passes through as it is, to be ignored)."""
+    return [f"{lineage}@{s}" if isinstance(s, int) and not isinstance(s, bool) else s
+            for s in steps]  # fmt: skip
+
+
 def _reports(*held: list[int] | None) -> dict[str, dict[str, Any]]:
     return {
-        pod: {"generation": 1, "state": "stopped", **({} if h is None else {"fast_steps": h})}
+        pod: {
+            "generation": 1,
+            "state": "stopped",
+            **({} if h is None else {"fast_steps": h, "fast_held": _held(h)}),
+        }
         for pod, h in zip(PODS, held, strict=True)
     }
 
@@ -248,6 +263,7 @@ def test_a_pod_without_a_report_or_without_a_list_pins_nothing() -> None:
     assert fast_tier_policy.pin(_reports([100], [100], []), PODS, 0, []).step is None
     garbage = _reports([100], [100], [100])
     garbage["p2"]["fast_steps"] = "100"
+    garbage["p2"]["fast_held"] = "100"
     assert fast_tier_policy.pin(garbage, PODS, 0, []).step is None
     assert fast_tier_policy.pin(reports, (), 0, []).step is None, "no pods, nothing held by all"
     # the reason, when the pods keep a fast tier; none when no pod keeps one at all
@@ -273,6 +289,29 @@ def test_a_bad_step_is_never_pinned() -> None:
 def test_values_that_are_not_steps_are_ignored() -> None:
     reports = _reports([True, -5, 100, "120"], [100, 120], [100, 120])
     assert fast_tier_policy.pin(reports, PODS, None, []).step == 100
+
+
+def test_a_step_two_pods_hold_in_different_lineages_is_never_pinned() -> None:
+    # issue 43: p0 kept 1250/1260 of the history it left (A); p1 and p2 saved them again
+    # after a durable fallback to 1200 (B); numbers alone pinned 1260 and mixed histories
+    reports = _reports([1250, 1260], [1250, 1260], [1250, 1260])
+    reports["p0"]["fast_held"] = _held([1200, 1250, 1260], LINEAGE_A)
+    reports["p1"]["fast_held"] = _held([1200], LINEAGE_A) + _held([1250, 1260], LINEAGE_B)
+    reports["p2"]["fast_held"] = _held([1200], LINEAGE_A) + _held([1250, 1260], LINEAGE_B)
+    pinned = fast_tier_policy.pin(reports, PODS, 1200, [])
+    assert (pinned.step, pinned.lineage) == (1200, LINEAGE_A), "the newest step all share"
+    assert fast_tier_policy.pin(reports, PODS, 1210, []).step is None
+    reports["p0"]["fast_held"] = _held([1250, 1260], LINEAGE_B)
+    pinned = fast_tier_policy.pin(reports, PODS, 1200, [])
+    assert (pinned.step, pinned.lineage) == (1260, LINEAGE_B)
+
+
+def test_steps_of_unknown_lineage_are_never_pinned() -> None:
+    legacy = {p: {"generation": 1, "state": "stopped", "fast_steps": [100, 120]} for p in PODS}
+    assert fast_tier_policy.pin(legacy, PODS, 0, []).step is None, "an older supervisor's"
+    reports = _reports([100], [100], [100])
+    reports["p1"]["fast_held"] = ["legacy@100"]
+    assert fast_tier_policy.pin(reports, PODS, 0, []).step is None
 
 
 # --- the order --------------------------------------------------------------------------

@@ -184,7 +184,8 @@ def _replace_pod_1(pods: list[dict[str, Any]]) -> tuple[dict[str, Any], list[Any
 def _barrier(world: list[Any], held: list[list[int]], replicas: dict[str, Any]) -> rc.RankReadings:
     body = {
         p["metadata"]["name"]: {"generation": 1, "state": "stopped", "exit_code": None,
-                                "updated_wall_time": T, "fast_steps": h}
+                                "updated_wall_time": T, "fast_steps": h,
+                                "fast_held": [f"0123456789abcdef@{s}" for s in h]}
         for p, h in zip(world, held, strict=True)
     }  # fmt: skip
     return rc.RankReadings(attempt=1, reports=(), polled_at=T, supervisors=body,

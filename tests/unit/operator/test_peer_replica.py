@@ -89,10 +89,12 @@ def test_the_replicated_step_is_the_newest_every_pod_has_a_copy_of() -> None:
 PODS = ("p0", "p1", "p2")
 ADDRESSES = {p: f"10.0.0.{i + 1}:9478" for i, p in enumerate(PODS)}
 INDEXES = {p: i for i, p in enumerate(PODS)}
+LINEAGE = "0123456789abcdef"
 
 
 def stopped(*held: list[int]) -> dict[str, dict[str, Any]]:
-    return {p: {"generation": 1, "state": "stopped", "fast_steps": h}
+    return {p: {"generation": 1, "state": "stopped", "fast_steps": h,
+                "fast_held": [f"{LINEAGE}@{s}" for s in h]}
             for p, h in zip(PODS, held, strict=True)}  # fmt: skip
 
 
@@ -116,7 +118,7 @@ def test_a_replaced_pod_resumes_from_the_copy_its_holder_keeps() -> None:
     reports = stopped([40, 50], [], [40, 50])
     view = peers(ring_replicas([40, 50], [40, 50], [40, 50]), replaced=(1,))
     found = fast_tier.pin(reports, PODS, 20, [], view)
-    assert found == fast_tier.FastPin(50, {1: "10.0.0.3:9478"}, None)
+    assert found == fast_tier.FastPin(50, {1: "10.0.0.3:9478"}, None, LINEAGE)
     # without the replicas, the durable step and the reason
     alone = fast_tier.pin(reports, PODS, 20, [])
     assert alone.step is None and alone.note is not None
@@ -126,7 +128,7 @@ def test_a_replaced_pod_resumes_from_the_copy_its_holder_keeps() -> None:
 def test_a_pods_own_copy_is_preferred_and_every_pod_must_be_covered() -> None:
     view = peers(ring_replicas([40, 50], [40, 50], [40, 50]))
     assert fast_tier.pin(stopped([40, 50], [40, 50], [40, 50]), PODS, 20, [], view) == (
-        fast_tier.FastPin(50, {}, None)
+        fast_tier.FastPin(50, {}, None, LINEAGE)
     ), "every pod holds it: nobody copies"
     # p1 never published 50 and its holder has only what p1 had: 40 is the newest for all
     view = peers(ring_replicas([40, 50], [40], [40, 50]), replaced=(1,))
