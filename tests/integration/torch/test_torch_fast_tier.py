@@ -26,6 +26,8 @@ from typing import Any
 
 import pytest
 
+from rtj_operator.policy import fast_tier as fast_tier_policy
+from rtj_shim import fast_tier
 from rtj_shim.control import job_key, sign
 from rtj_shim.drain import DrainReport, drain_step
 from rtj_shim.drain_order import DrainOrder
@@ -169,6 +171,75 @@ def test_a_fast_step_alone_pinned_falls_back_to_resolving_the_durable_store(
         assert (restore["step"], restore["source"]) == (40, "resolved")
         assert restore["skipped"][0]["step"] == 55
         assert restore["skipped"][0]["reason"].startswith("fast tier: rank 0: ")
+
+
+# -- two histories of one step number (issue 43) -------------------------------------------
+
+
+def _run_from(work: Path, pin: dict[str, Any], name: str, *extra: str) -> tuple[int, Path]:
+    """Train on `work`'s stores with the resume file an in-place restart writes."""
+    resume = work / f"{name}.json"
+    resume.write_text(json.dumps({**pin, "skipped": [], "source": "test"}))
+    env = {"RTJ_FAST_TIER_DIR": str(work / "fast"), "RTJ_FAST_EVERY_STEPS": str(FAST_EVERY),
+           "RTJ_RESUME_FILE": str(resume)}  # fmt: skip
+    return _train(work, work / "ckpt", work / name, *extra, env=env), work / name
+
+
+def _pods_pin(fast: Path, durable: int) -> fast_tier_policy.FastPin:
+    """What the operator pins at the next in-place restart: each rank in a pod of its own,
+    its supervisor reporting what its pod holds (`fast_tier.held`)."""
+    reports = {}
+    for rank in (0, 1):
+        pod = fast.parent / f"pod-{rank}"
+        shutil.rmtree(pod, ignore_errors=True)
+        shutil.copytree(fast / f"rank-0000{rank}", pod / f"rank-0000{rank}")
+        held = fast_tier.held(pod)
+        reports[f"pod-{rank}"] = {"fast_steps": [h.step for h in held],
+                                  "fast_held": [h.encode() for h in held]}  # fmt: skip
+    return fast_tier_policy.pin(reports, ["pod-0", "pod-1"], durable, [])
+
+
+def test_after_a_durable_fallback_the_fast_steps_saved_again_are_one_history(
+    killed: dict[str, Path],
+) -> None:
+    """Timeline A left fast steps 40 and 45 on both ranks; rank 1's pod is replaced (its
+    fast tier empty), so the world resumes from durable 40 (timeline B), saves fast step 45
+    again and is killed after 47. The next in-place restart must pin a step both ranks hold
+    in B and resume the no-fault run bit for bit; a pin naming A's history falls back."""
+    work = killed["work"] / "two-histories"
+    shutil.copytree(killed["ckpt"], work / "ckpt")
+    shutil.copytree(killed["fast"], work / "fast")
+    shutil.rmtree(work / "fast" / "rank-00001")  # the replaced pod's emptyDir
+    code, _ = _run_from(work, {"step": 40}, "b-logs", f"--fault-kill-step={KILL_AFTER}",
+                        "--fault-kill-rank=1", "--step-sleep=0.05")  # fmt: skip
+    assert code != 0, "rank 1 was to be killed"
+    assert "is already published" not in (work / "b-logs.stderr").read_text()
+    mine = {r: fast_tier.committed_held(rank_store(work / "fast", r)) for r in (0, 1)}
+    [a_40] = [h for h in mine[0] if h.step == 40]
+    b_45 = {r: next(h for h in mine[r] if h.step == 45) for r in (0, 1)}
+    assert b_45[0] == b_45[1], f"rank 0 saved step 45 again, in B: {mine}"
+    assert b_45[0].lineage != a_40.lineage, "B is another history than A"
+    pinned = _pods_pin(work / "fast", 40)
+    assert (pinned.step, pinned.lineage) == (45, b_45[0].lineage)
+
+    wrong = killed["work"] / "two-histories-wrong-pin"
+    shutil.copytree(work, wrong)
+    _, logs = _run_from(wrong, {"step": 40, "fast_step": 45, "fast_lineage": a_40.lineage}, "c")
+    for rank in (0, 1):
+        restore = _restore(logs, rank)
+        assert (restore["step"], restore["source"]) == (40, "resume-file")
+        [skipped] = restore["skipped"]
+        assert skipped["step"] == 45 and f"pinned lineage {a_40.lineage}" in skipped["reason"]
+
+    code, logs = _run_from(work, {"step": 40, "fast_step": 45, "fast_lineage": pinned.lineage},
+                           "c-logs")  # fmt: skip
+    assert code == 0, (work / "c-logs.stderr").read_text()[-3000:]
+    for rank in (0, 1):
+        restore = _restore(logs, rank)
+        assert (restore["step"], restore["source"], restore["skipped"]) == (45, "fast-tier", [])
+        resumed, clean = _losses(logs, rank), _losses(killed["clean"], rank)
+        assert sorted(resumed) == list(range(46, STEPS + 1))
+        assert all(resumed[s] == clean[s] for s in resumed), f"rank {rank} diverged"
 
 
 # -- the drain: a fast step published as a durable one, without the trainers ---------------

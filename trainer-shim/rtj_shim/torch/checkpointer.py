@@ -194,6 +194,7 @@ class Checkpointer:
             max_shards=max_shards,
         )  # fmt: skip
         self._fast_entries: list[Entry] | None = None  # as the last fast save classified them
+        self.protocol.lineage = fast_save.fresh_lineage()  # until a restore continues one
         if self._fast is not None:
             self._fast.durable_schedule = {
                 "every_steps": self.schedule.every_steps,
@@ -356,6 +357,7 @@ class Checkpointer:
         skipped = tuple((int(s), str(r)) for s, r in decision["skipped"])
         step = decision["step"]
         self._restored_once = True
+        fast_save.continue_history(self.protocol, self._fast, decision)  # lineage (issue 43)
         if step is None:
             seconds = time.perf_counter() - started
             self._announce(RestoreReport(0, "fresh", skipped, seconds, uri=self.store.uri))

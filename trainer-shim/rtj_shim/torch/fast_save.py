@@ -28,8 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rtj_shim import fast_tier
+from rtj_shim import lineage as lineage_mod
 from rtj_shim.fast_tier import FastTierConfig, rank_store
 from rtj_shim.layout import COMMITTED_FILE, MANIFEST_FILE, step_key
+from rtj_shim.manifest import decode_manifest, sha256_hex
 from rtj_shim.protocol import CommitProtocol
 from rtj_shim.retention import RetentionPolicy
 from rtj_shim.storage.filesystem import FilesystemStore
@@ -117,6 +120,7 @@ class FastTier:
         # the Checkpointer's durable schedule, recorded in every fast manifest: the drain
         # leaves the steps the trainers publish themselves to them (rtj_shim.drain)
         self.durable_schedule: dict[str, Any] = {}
+        self._adopted = False  # whether this rank's directory was made one history (adopt)
 
     def save(
         self,
@@ -134,6 +138,8 @@ class FastTier:
         (counted), never waited for. A failure is logged, never raised: the durable tier is
         untouched and the next fast step tries again. `started`: when the caller began the
         save (its reading of the objects counts in the stall)."""
+        if not self._adopted:  # never restored: a fresh history, whatever the directory holds
+            self.adopt(fresh_lineage(), None, None)
         if not self._idle.is_set():
             self.skipped += 1
             log.debug("rank %d: fast-tier step %d skipped (step %s still writing)",
@@ -238,6 +244,33 @@ class FastTier:
             self._writer = None
         self._staging.remove_fences()
 
+    def adopt(self, lineage: str, parent: str | None, restored: int | None) -> list[int]:
+        """Continue history `lineage`, which resumed from step `restored` of history
+        `parent` (None, None: a fresh start): every fast step of this rank's directory
+        newer than `restored` is of a future this world does not continue, and one of
+        another history than `parent` is not this world's; both are deleted before the
+        first fast save, so saving their numbers again neither collides nor mixes. The
+        steps deleted, oldest first."""
+        self.protocol.lineage = lineage
+        self._adopted = True
+        gone = []
+        for held in reversed(fast_tier.committed_held(self.store)):
+            mine = held.lineage == parent and restored is not None and held.step <= restored
+            if not mine:
+                gone.append(held.step)
+        for entry in self.store.list_step_dirs():
+            if entry.name.step in gone and not entry.name.in_progress:
+                self.store.delete_step_dir(entry.name)
+        if gone:
+            log.info("rank %d: fast-tier steps %s of another history deleted (lineage %s)",
+                     self.rank, gone, lineage)  # fmt: skip
+        return gone
+
+    def lineage_of(self, step: int) -> str:
+        """The lineage this rank's copy of ``step`` records (LEGACY when none or unreadable)."""
+        return next((h.lineage for h in fast_tier.committed_held(self.store) if h.step == step),
+                    lineage_mod.LEGACY)  # fmt: skip
+
     def problem(self, step: int) -> str | None:
         """Why this rank cannot resume ``step`` from its fast tier (None: it can)."""
         try:
@@ -263,37 +296,76 @@ class FastTier:
         }
 
 
-def pinned_fast_step(resume_file: Path, restored_once: bool) -> int | None:
-    """The fast step the resume file pins (first incarnation only, like its ``step``)."""
+def fresh_lineage() -> str:
+    """The lineage of a run that starts from nothing (every rank computes the same)."""
+    return lineage_mod.derive(None, None, lineage_mod.FRESH, os.environ.get("RTJ_RUN_ID", ""))
+
+
+def continue_history(
+    protocol: CommitProtocol, tier: FastTier | None, decision: dict[str, Any]
+) -> str:
+    """After a restore decision every rank shares: the lineage the steps this world
+    publishes carry from now on (durable and fast), and this rank's fast directory made
+    that one history (:meth:`FastTier.adopt`). Derived from the restored step's lineage,
+    its number and its origin (the durable manifest's digest, or "fast" for a fast step,
+    whose manifest differs from rank to rank), so every rank computes the same id."""
+    step = decision.get("step")
+    if step is None:
+        parent, new = None, fresh_lineage()
+    else:
+        raw = decision["manifest"]
+        parent = lineage_mod.of(decode_manifest(raw).lineage)
+        fast = decision.get("tier") == "fast"
+        origin = lineage_mod.FAST_ORIGIN if fast else sha256_hex(raw)
+        new = lineage_mod.derive(parent, int(step), origin, os.environ.get("RTJ_RUN_ID", ""))
+    protocol.lineage = new
+    if tier is not None:
+        tier.adopt(new, parent, None if step is None else int(step))
+    return new
+
+
+def pinned_fast_step(resume_file: Path, restored_once: bool) -> tuple[int, str | None] | None:
+    """The fast step the resume file pins, and its lineage when the pin names one
+    (``fast_lineage``); first incarnation only, like its ``step``."""
     if restored_once or int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0) > 0:
         return None
     try:
         data = json.loads(resume_file.read_bytes())
     except (FileNotFoundError, ValueError):
         return None
-    step = data.get("fast_step") if isinstance(data, dict) else None
-    return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
+    if not isinstance(data, dict):
+        return None
+    step, pinned = data.get("fast_step"), data.get("fast_lineage")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        return None
+    return step, pinned if isinstance(pinned, str) else None
 
 
 def decide(
     tier: FastTier | None, resume_file: Path, restored_once: bool, coord: _dist.Coordinator
 ) -> tuple[dict[str, Any] | None, list[tuple[int, str]]]:
     """Collective: this rank's decision to resume from the fast tier (None: not from it),
-    and the fast step skipped with the reason (every rank gets the same list)."""
-    step = pinned_fast_step(resume_file, restored_once) if coord.rank == 0 else None
-    step = coord.broadcast(step)
-    if step is None:
+    and the fast step skipped with the reason (every rank gets the same list). Every rank
+    verifies its own copy deeply, and the copies must all be of one lineage (the pinned
+    one, when the pin names it): two histories of one step number never mix."""
+    pin = pinned_fast_step(resume_file, restored_once) if coord.rank == 0 else None
+    pin = coord.broadcast(pin)
+    if pin is None:
         return None, []
+    step, pinned = int(pin[0]), pin[1]
     if tier is None:
         why: str | None = f"rank {coord.rank}: this trainer has no fast tier"
     else:
         found = tier.problem(step)
         why = None if found is None else f"rank {coord.rank}: {found}"
     problems = [p for p in coord.all_gather(why) if p]
+    held = coord.all_gather(tier.lineage_of(step) if tier is not None and not problems else "")
+    if not problems and (mixed := lineage_mod.mismatch(step, pinned, list(held))):
+        problems = [mixed]
     if problems:
         reason = "fast tier: " + "; ".join(problems)
         if coord.rank == 0:
             log.warning("restore: fast-tier step %d skipped: %s", step, reason)
-        return None, [(int(step), reason)]
+        return None, [(step, reason)]
     assert tier is not None
-    return tier.decision(int(step)), []
+    return tier.decision(step), []
