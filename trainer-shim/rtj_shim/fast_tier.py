@@ -130,21 +130,23 @@ def committed_held(store: FilesystemStore) -> list[Held]:
     return sorted(out, reverse=True)
 
 
-def newest_held(root: Path) -> dict[str, float | int] | None:
+def newest_held(root: Path) -> dict[str, float | int | str] | None:
     """What the pod's progress sidecar reports of its fast tier: the newest step every rank
-    directory holds and when the last rank committed it (wall time, from COMMITTED's
-    mtime); None without one. The operator's summary is the newest step every pod holds."""
-    held = holdings(root)
-    if not held:
+    directory holds (in one lineage, which it names) and when the last rank committed it
+    (wall time, from COMMITTED's mtime); None without one. The operator's summary is the
+    newest step every pod holds."""
+    pairs = held(root)
+    if not pairs:
         return None
-    step = held[-1]
+    step = pairs[-1].step
     times = []
     for directory in _rank_dirs(root):
         try:
             times.append((directory / step_key(step, COMMITTED_FILE)).stat().st_mtime)
         except OSError:
             return None  # retention took it between the two reads: the next poll knows
-    return {"step": step, "committed_wall_time": round(max(times), 3)}
+    return {"step": step, "committed_wall_time": round(max(times), 3),
+            "lineage": pairs[-1].lineage}  # fmt: skip
 
 
 def _rank_dirs(root: Path) -> list[Path]:

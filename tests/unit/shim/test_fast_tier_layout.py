@@ -91,5 +91,6 @@ def test_the_sidecar_reports_the_newest_step_every_rank_holds_and_when(tmp_path:
     os.utime(rank_store(fast, 0).root / step_key(10, COMMITTED_FILE), (1000.0, 1000.0))
     os.utime(rank_store(fast, 1).root / step_key(10, COMMITTED_FILE), (2000.0, 2000.0))
     held = newest_held(fast)
-    assert held == {"step": 10, "committed_wall_time": 2000.0}  # complete when the last rank was
+    # complete when the last rank was; of the history both ranks' copies record (issue 43)
+    assert held == {"step": 10, "committed_wall_time": 2000.0, "lineage": "legacy"}
     assert report(records, fast_tier_dir=fast)["fast_tier"] == held
