@@ -261,6 +261,7 @@ class ReplicaPuller:
             "source_index": assignment.source_index,
             "source": assignment.source,
             "steps": fast_tier.holdings(self.root),
+            "held": [h.encode() for h in fast_tier.held(self.root)],  # with lineages (issue 43)
             "error": error,
         }
 

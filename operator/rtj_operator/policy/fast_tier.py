@@ -161,20 +161,30 @@ def _sources(
     peers: PeerView,
 ) -> dict[int, str] | None:
     """Where each pod that does not hold `candidate` itself copies it from (None: some pod
-    can get it nowhere). A peer replica reports steps alone: its copy's lineage is checked
-    by the restoring trainer, which falls back to the durable tier on a mismatch."""
+    can get it nowhere). A holder's copy must be of `candidate`'s lineage too (its
+    replica's ``held``); an older sidecar's report has steps alone, and the restoring
+    trainer's check of every rank's lineage then guards the copy (else the durable tier)."""
     sources: dict[int, str] = {}
     for pod in pods:
         if candidate in own[pod]:
             continue
         holder = next(
-            (h for h, steps in kept[pod] if candidate.step in steps and h in peers.addresses),
+            (h for h, steps in kept[pod]
+             if candidate.step in steps and h in peers.addresses
+             and _replica_holds(peers.replicas.get(h), candidate)),
             None,
-        )
+        )  # fmt: skip
         if holder is None:
             return None
         sources[peers.indexes[pod]] = peers.addresses[holder]
     return sources
+
+
+def _replica_holds(report: Mapping[str, Any] | None, candidate: Held) -> bool:
+    """Whether a holder's replica report shows `candidate` in its lineage (steps alone,
+    from a sidecar without lineages: any)."""
+    pairs = (report or {}).get("held")
+    return not isinstance(pairs, list) or candidate in lineage.parse_all(pairs)
 
 
 def _why(

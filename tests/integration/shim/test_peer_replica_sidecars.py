@@ -136,6 +136,8 @@ def test_a_holder_copies_its_sources_newest_steps_and_keeps_two(
     assert (report["source_index"], report["source"], report["error"]) == (
         1, address(source), None,
     )  # fmt: skip
+    # each step with the lineage its copies record (issue 43; these were published without)
+    assert report["held"] == [f"legacy@{s}" for s in report["steps"]]
 
 
 def test_a_replaced_pod_copies_its_pinned_step_back_before_its_supervisor_sees_the_order(

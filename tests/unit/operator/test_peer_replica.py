@@ -125,6 +125,20 @@ def test_a_replaced_pod_resumes_from_the_copy_its_holder_keeps() -> None:
     assert alone.note.startswith("pod p1 holds no fast step and no pod holds its replica")
 
 
+def test_a_replica_copy_of_another_lineage_is_not_the_pinned_step() -> None:
+    # issue 43: p2 holds p1's 50 of the history p1 left; p0 and p2 saved 50 again since
+    reports = stopped([40, 50], [], [40, 50])
+    replicas = ring_replicas([40, 50], [40, 50], [40, 50])
+    other = "fedcba9876543210"
+    replica = replicas["p2"]
+    assert replica is not None
+    replica["held"] = [f"{LINEAGE}@40", f"{other}@50"]
+    found = fast_tier.pin(reports, PODS, 20, [], peers(replicas, replaced=(1,)))
+    assert (found.step, found.lineage, dict(found.sources)) == (40, LINEAGE, {1: "10.0.0.3:9478"})
+    replica["held"] = [f"{LINEAGE}@40", f"{LINEAGE}@50"]
+    assert fast_tier.pin(reports, PODS, 20, [], peers(replicas, replaced=(1,))).step == 50
+
+
 def test_a_pods_own_copy_is_preferred_and_every_pod_must_be_covered() -> None:
     view = peers(ring_replicas([40, 50], [40, 50], [40, 50]))
     assert fast_tier.pin(stopped([40, 50], [40, 50], [40, 50]), PODS, 20, [], view) == (
