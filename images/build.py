@@ -16,6 +16,7 @@ the archives still have the recorded sha256.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
@@ -544,7 +545,16 @@ def fresh(out: Path, key: str) -> dict[str, Any] | None:
 def build(
     out: Path = DEFAULT_OUT, *, force: bool = False, registry: str = DEFAULT_REGISTRY
 ) -> dict[str, Any]:
-    """Build both archives into ``out`` (or reuse a fresh build); returns build-info."""
+    """Build both archives into ``out`` (or reuse a fresh build); returns build-info. One
+    build of an ``out`` at a time on this machine (a lock beside it): a second process waits
+    and then finds the first one's build fresh (pytest workers both needing the images)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build(out, force=force, registry=registry)
+
+
+def _build(out: Path, *, force: bool, registry: str) -> dict[str, Any]:
     debian_lock, python_lock = load_locks()
     epoch = source_date_epoch(debian_lock)
     sources = snapshot_sources()
