@@ -357,14 +357,15 @@ class Checkpointer:
         skipped = tuple((int(s), str(r)) for s, r in decision["skipped"])
         step = decision["step"]
         self._restored_once = True
-        fast_save.continue_history(self.protocol, self._fast, decision)  # lineage (issue 43)
         if step is None:
+            fast_save.continue_history(self.protocol, self._fast, decision)  # a fresh lineage
             seconds = time.perf_counter() - started
             self._announce(RestoreReport(0, "fresh", skipped, seconds, uri=self.store.uri))
             return 0
         manifest = check_commit(step, decision["manifest"], decision["committed"])
         loader = self._sources.loader_for(decision)
         applied = loader.load_and_apply(step, manifest, entries, coord, strict=strict)
+        fast_save.continue_history(self.protocol, self._fast, decision)  # lineage (issue 43)
         if applied.values:
             assert isinstance(objects, MutableMapping)
             objects.update(applied.values)
