@@ -74,3 +74,48 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "rtj.hasMonitoring" -}}
 {{- if .Capabilities.APIVersions.Has (printf "monitoring.coreos.com/v1/%s" .kind) -}}true{{- end -}}
 {{- end -}}
+
+{{/* The operator's rules in the namespaces its jobs live in (docs/operations.md, Permissions:
+the rows of scope "job namespaces"): the ClusterRole's when every namespace is watched, a Role
+in each of operator.watchNamespaces otherwise. Exactly what the code calls there, nothing more. */}}
+{{- define "rtj.jobRules" -}}
+# the jobs: listed and watched (kopf, the resync, the claim sweep's fresh LIST); get + patch
+# only to add/remove the finalizer that releases a job's node quarantines; delete only
+# spec.ttlSecondsAfterFinished after a job finished (uid precondition)
+- apiGroups: ["training.resilient.dev"]
+  resources: ["resilienttrainingjobs"]
+  verbs: ["get", "list", "watch", "patch", "delete"]
+# the operator's status: one merge patch per decision through the status subresource
+- apiGroups: ["training.resilient.dev"]
+  resources: ["resilienttrainingjobs/status"]
+  verbs: ["patch"]
+# attempt JobSets carry an ownerReference with blockOwnerDeletion to their job
+# (needed where the OwnerReferencesPermissionEnforcement admission plugin is on)
+- apiGroups: ["training.resilient.dev"]
+  resources: ["resilienttrainingjobs/finalizers"]
+  verbs: ["update"]
+# one JobSet per attempt: created, listed and watched, deleted (never edited)
+- apiGroups: ["jobset.x-k8s.io"]
+  resources: ["jobsets"]
+  verbs: ["list", "watch", "create", "delete"]
+# worker pods: listed and watched; orphans of a deleted attempt are deleted
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list", "watch", "delete"]
+# decision Events on the job; pod, JobSet and Kueue Workload Events read at classification
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["list", "create"]
+# the job's Kueue LocalQueue, looked up by name while an attempt waits for admission
+# (a missing queue becomes the Admitted=False reason LocalQueueNotFound)
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["localqueues"]
+  verbs: ["get"]
+{{- if .Values.rbac.readCheckpointSecrets }}
+# spec.checkpoint.credentialsSecret, read by name in the job's namespace (no list/watch:
+# secrets are never enumerated)
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get"]
+{{- end }}
+{{- end -}}
