@@ -1,11 +1,13 @@
 """`helm install` into the harness's real API server (restricted Pod Security enforced), then
 the operator as a local process under the chart's ServiceAccount (a TokenRequest token):
-the chart's RBAC is enough for a full failure-and-restart, and more than that is denied."""
+the chart's RBAC is enough for a full failure-and-restart, and more than that is denied;
+installed for named namespaces (operator.watchNamespaces), nothing is granted outside them
+but what is cluster-scoped."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,8 @@ from e2e.operator_proc import (
 )
 from rtj_operator.api import keys
 from rtj_operator.kube import Kube
-from rtj_operator.kube_errors import Forbidden
+from rtj_operator.kube_errors import Forbidden, KubeError
+from rtj_operator.policy.node_event_sources import NODE_EVENT_NAMESPACE
 
 pytestmark = [pytest.mark.cluster, pytest.mark.operator, pytest.mark.timeout(420)]
 
@@ -146,7 +149,7 @@ def test_the_service_account_may_do_what_the_operator_does(
     sa.list_kind("pods", None)
     sa.list_kind("jobsets", None)
     sa.list_kind("rtjs", None)
-    sa.list_events(None, "involvedObject.kind=Node")
+    sa.list_events(NODE_EVENT_NAMESPACE, "involvedObject.kind=Node")
     leases, _ = sa.list_node_leases()  # silent nodes are judged from these
     assert {lease["metadata"]["name"] for lease in leases} >= {node}
     # a taint patch (dry run: the node is shared)
@@ -166,6 +169,15 @@ def test_the_service_account_may_do_what_the_operator_does(
          {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}),
         ("evict via pods/eviction", "POST", "/api/v1/namespaces/{ns}/pods/x/eviction",
          {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "x"}}),
+        ("get a pod", "GET", "/api/v1/namespaces/{ns}/pods/x", None),
+        ("update a JobSet", "PUT", "/apis/jobset.x-k8s.io/v1alpha2/namespaces/{ns}/jobsets/x",
+         {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": "x"}}),
+        ("patch a JobSet", "PATCH", "/apis/jobset.x-k8s.io/v1alpha2/namespaces/{ns}/jobsets/x",
+         {"metadata": {"labels": {"x": "y"}}}),
+        ("update an RTJ's status", "PUT",
+         "/apis/training.resilient.dev/v1alpha1/namespaces/{ns}/resilienttrainingjobs/x/status",
+         {"apiVersion": "training.resilient.dev/v1alpha1", "kind": "ResilientTrainingJob",
+          "metadata": {"name": "x"}}),
         ("create an RTJ", "POST",
          "/apis/training.resilient.dev/v1alpha1/namespaces/{ns}/resilienttrainingjobs",
          {"apiVersion": "training.resilient.dev/v1alpha1", "kind": "ResilientTrainingJob",
@@ -213,71 +225,6 @@ def test_deleting_a_node_is_denied_and_the_node_is_still_there(
     with pytest.raises(Forbidden):
         installed.sa.request("delete node", "DELETE", f"/api/v1/nodes/{node}")
     assert installed.admin.get_node(node)["metadata"]["name"] == node
-
-
-# --- the operator under the chart's identity: a full failure and restart -------------------------
-
-
-@pytest.fixture
-def operator_as_sa(
-    installed: Installed, rtj_cluster: Any, rtj_ns: Any, s3_root: str, tmp_path: Path
-) -> Iterator[OperatorProcess]:
-    """Started after `s3_root` put the S3 endpoint and credentials into the environment.
-
-    `rtj run` on the ServiceAccount's kubeconfig, leading through the chart's Lease (the
-    chart's own replicas are KWOK pods: nothing in them runs, so the Lease is free)."""
-    # what a platform team does to watch only some namespaces (kopf then lists namespaces)
-    watch = f"operator.watchNamespaces={{{rtj_ns.name}}}"
-    helm("upgrade", RELEASE, str(CHART), "--namespace", installed.namespace, "--kubeconfig",
-         rtj_cluster.kubeconfig, "--reuse-values", "--set", watch,
-         "--wait", "--timeout", "120s", timeout=180)  # fmt: skip
-    proc = OperatorProcess(
-        installed.sa_kubeconfig, rtj_ns.name, tmp_path, lease_name=LEASE,
-        extra=("--lease-namespace", installed.namespace, "--lease-name", LEASE),
-    )  # fmt: skip
-    try:
-        yield proc.start()
-    finally:
-        proc.stop()
-        print(f"\n--- {proc.log_path.name} (last 4000 chars) ---\n{proc.log()[-4000:]}")
-
-
-def test_a_gpu_fault_is_survived_with_only_the_charts_permissions(
-    installed: Installed, rtj_cluster: Any, rtj_ns: Any, operator_as_sa: OperatorProcess,
-    s3_root: str, tmp_path: Path,
-) -> None:  # fmt: skip
-    admin, ns, op = installed.admin, rtj_ns.name, operator_as_sa
-    uri = s3_root
-    publish_steps(uri, [100], tmp_path, run_id=f"{ns}.llm")
-    admin.create_rtj(ns, rtj_body("llm", ns, uri))
-    pods = wait_for("attempt 1's pods to run", lambda: running_pods(admin, ns, "llm", 1, 2), 90)
-    wait_for("phase Running", lambda: rtj_status(admin, ns, "llm").get("phase") == "Running", 30)
-    publish_steps(uri, [300], tmp_path, run_id=f"{ns}.llm")
-    victim = next(p for p in pods if p["metadata"]["labels"][keys.JOB_COMPLETION_INDEX] == "1")
-    node = victim["spec"]["nodeName"]
-    # the node's GPU agent reports the XID: a trainer's own words never quarantine (issue 13)
-    faults.gpu_xid(rtj_cluster.kube, node, 79)
-    faults.terminate_container(rtj_cluster.kube, ns, victim["metadata"]["name"], exit_code=1,
-                               message=XID_MESSAGE)  # fmt: skip
-
-    wait_for("attempt 2's pods to run", lambda: running_pods(admin, ns, "llm", 2, 2), 120)
-    status = rtj_status(admin, ns, "llm")
-    assert status["attempts"][0]["failureClass"] == "GPUFault"
-    assert status["restarts"]["infrastructure"] == 1
-    assert status["attempts"][1]["resumedFromStep"] == 300
-    assert [q["node"] for q in status["quarantinedNodes"]] == [node]
-    taints = (admin.get_node(node).get("spec") or {}).get("taints") or []
-    assert {"key": keys.DEFAULT_TAINT_KEY, "value": "llm", "effect": "NoSchedule"} in taints
-    assert [j["metadata"]["name"] for j in jobsets_of(admin, ns, "llm")] == ["llm-a2"]
-    lease = admin.request("get lease", "GET", f"/apis/coordination.k8s.io/v1/namespaces/"
-                          f"{installed.namespace}/leases/{LEASE}")  # fmt: skip
-    assert lease["spec"]["holderIdentity"].startswith(LEASE)
-    # the operator met no permission error anywhere on the way
-    # (each line's message, past its "date time,millis" stamp: a millisecond can read 403)
-    messages = [line.split(" ", 2)[-1] for line in op.log().splitlines()]
-    for needle in ("403", "Forbidden", "forbidden"):
-        bad = [m for m in messages if needle in m]
-        assert not bad, bad[:5]
 
 
 def _user(installed: Installed, rtj_cluster: Any, tmp: Path, name: str, role: str) -> Kube:
@@ -358,3 +305,133 @@ def test_only_the_operator_removes_a_jobs_release_finalizer(
     meta = installed.admin.get_rtj(ns, "held")["metadata"]
     assert not meta.get("finalizers") and meta["labels"] == {"team": "a"}
     installed.admin.delete_rtj(ns, "held")
+
+
+# --- a namespaced install, last: each test narrows the release to its own namespace ------------
+
+
+def _allowed(call: Callable[[], object]) -> bool:
+    """Whether the API server let the call past authorization (a 404 or 422 did get past)."""
+    try:
+        call()
+    except Forbidden:
+        return False
+    except KubeError:
+        return True
+    return True
+
+
+def _watch_only(installed: Installed, rtj_cluster: Any, namespace: str) -> None:
+    """What a platform team does to watch only some namespaces: the operator's rights where
+    jobs live become a Role in each (kopf then lists namespaces), the ClusterRole keeps only
+    cluster-scoped ones."""
+    watch = f"operator.watchNamespaces={{{namespace}}}"
+    helm("upgrade", RELEASE, str(CHART), "--namespace", installed.namespace, "--kubeconfig",
+         rtj_cluster.kubeconfig, "--reuse-values", "--set", watch,
+         "--wait", "--timeout", "120s", timeout=180)  # fmt: skip
+    # the API server's authorizer sees a new Role within moments
+    sa = installed.sa
+    wait_for("the Role in the watched namespace", lambda: _allowed(
+        lambda: sa.list_kind("pods", namespace)), 30)  # fmt: skip
+
+
+def test_a_namespaced_install_reads_no_secret_and_touches_nothing_outside_its_namespaces(
+    installed: Installed, rtj_cluster: Any, rtj_ns: Any
+) -> None:
+    """Issue 42: with operator.watchNamespaces the operator's Secret reads, JobSets, pods and
+    Events are confined to those namespaces, not granted cluster-wide."""
+    ns, other, sa = rtj_ns.name, installed.namespace, installed.sa
+    _watch_only(installed, rtj_cluster, ns)
+    creds = k8s.V1Secret(metadata=k8s.V1ObjectMeta(name="creds"),
+                         string_data={"AWS_ACCESS_KEY_ID": "a"})  # fmt: skip
+    rtj_cluster.kube.core.create_namespaced_secret(ns, creds)
+    assert sa.secret_data(ns, "creds") == {"AWS_ACCESS_KEY_ID": "a"}  # a job's credentials
+    control = f"{SA}-control"  # the chart's own Secret, beside the operator: mounted, not read
+    assert installed.admin.secret_data(other, control)["secret"]
+    intruder = {"apiVersion": keys.JOBSET_API_VERSION, "kind": "JobSet",
+                "metadata": {"name": "intruder"}, "spec": {}}  # fmt: skip
+    elsewhere = {"apiVersion": keys.API_VERSION, "kind": keys.KIND, "name": "x",
+                 "namespace": other, "uid": "u"}  # fmt: skip
+    denied: dict[str, Callable[[], object]] = {
+        "get a secret in the operator's namespace": lambda: sa.secret_data(other, control),
+        "get a secret in default": lambda: sa.secret_data("default", "anything"),
+        "list secrets anywhere": lambda: sa.request("list", "GET", "/api/v1/secrets"),
+        "create a JobSet elsewhere": lambda: sa.create_jobset(other, intruder),
+        "delete a JobSet elsewhere": lambda: sa.delete_jobset(other, "intruder"),
+        "list JobSets in every namespace": lambda: sa.list_kind("jobsets", None),
+        "list pods in every namespace": lambda: sa.list_kind("pods", None),
+        "delete a pod elsewhere": lambda: sa.delete_pod(other, "x"),
+        "list jobs in every namespace": lambda: sa.list_kind("rtjs", None),
+        "patch a job's status elsewhere": lambda: sa.patch_rtj_status(other, "x", {}, None),
+        "list events elsewhere": lambda: sa.list_events(other),
+        "post an event elsewhere": lambda: sa.post_event(elsewhere, "Normal", "X", "x"),
+    }
+    allowed = [what for what, call in denied.items() if _allowed(call)]
+    assert not allowed, allowed
+    # what it needs beyond the watched namespace still holds
+    sa.list_kind("nodes", None)
+    sa.list_events(NODE_EVENT_NAMESPACE, "involvedObject.kind=Node")
+    leases, _ = sa.list_node_leases()
+    assert leases
+
+
+# --- the operator under the chart's identity, namespaced: a full failure and restart ------------
+
+
+@pytest.fixture
+def operator_as_sa(
+    installed: Installed, rtj_cluster: Any, rtj_ns: Any, s3_root: str, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    """Started after `s3_root` put the S3 endpoint and credentials into the environment.
+
+    `rtj run` on the ServiceAccount's kubeconfig, leading through the chart's Lease (the
+    chart's own replicas are KWOK pods: nothing in them runs, so the Lease is free), with
+    only the rights of a namespaced install: the job's namespace's Role and the rest."""
+    _watch_only(installed, rtj_cluster, rtj_ns.name)
+    proc = OperatorProcess(
+        installed.sa_kubeconfig, rtj_ns.name, tmp_path, lease_name=LEASE,
+        extra=("--lease-namespace", installed.namespace, "--lease-name", LEASE),
+    )  # fmt: skip
+    try:
+        yield proc.start()
+    finally:
+        proc.stop()
+        print(f"\n--- {proc.log_path.name} (last 4000 chars) ---\n{proc.log()[-4000:]}")
+
+
+def test_a_gpu_fault_is_survived_with_only_the_charts_permissions(
+    installed: Installed, rtj_cluster: Any, rtj_ns: Any, operator_as_sa: OperatorProcess,
+    s3_root: str, tmp_path: Path,
+) -> None:  # fmt: skip
+    admin, ns, op = installed.admin, rtj_ns.name, operator_as_sa
+    uri = s3_root
+    publish_steps(uri, [100], tmp_path, run_id=f"{ns}.llm")
+    admin.create_rtj(ns, rtj_body("llm", ns, uri))
+    pods = wait_for("attempt 1's pods to run", lambda: running_pods(admin, ns, "llm", 1, 2), 90)
+    wait_for("phase Running", lambda: rtj_status(admin, ns, "llm").get("phase") == "Running", 30)
+    publish_steps(uri, [300], tmp_path, run_id=f"{ns}.llm")
+    victim = next(p for p in pods if p["metadata"]["labels"][keys.JOB_COMPLETION_INDEX] == "1")
+    node = victim["spec"]["nodeName"]
+    # the node's GPU agent reports the XID: a trainer's own words never quarantine (issue 13)
+    faults.gpu_xid(rtj_cluster.kube, node, 79)
+    faults.terminate_container(rtj_cluster.kube, ns, victim["metadata"]["name"], exit_code=1,
+                               message=XID_MESSAGE)  # fmt: skip
+
+    wait_for("attempt 2's pods to run", lambda: running_pods(admin, ns, "llm", 2, 2), 120)
+    status = rtj_status(admin, ns, "llm")
+    assert status["attempts"][0]["failureClass"] == "GPUFault"
+    assert status["restarts"]["infrastructure"] == 1
+    assert status["attempts"][1]["resumedFromStep"] == 300
+    assert [q["node"] for q in status["quarantinedNodes"]] == [node]
+    taints = (admin.get_node(node).get("spec") or {}).get("taints") or []
+    assert {"key": keys.DEFAULT_TAINT_KEY, "value": "llm", "effect": "NoSchedule"} in taints
+    assert [j["metadata"]["name"] for j in jobsets_of(admin, ns, "llm")] == ["llm-a2"]
+    lease = admin.request("get lease", "GET", f"/apis/coordination.k8s.io/v1/namespaces/"
+                          f"{installed.namespace}/leases/{LEASE}")  # fmt: skip
+    assert lease["spec"]["holderIdentity"].startswith(LEASE)
+    # the operator met no permission error anywhere on the way
+    # (each line's message, past its "date time,millis" stamp: a millisecond can read 403)
+    messages = [line.split(" ", 2)[-1] for line in op.log().splitlines()]
+    for needle in ("403", "Forbidden", "forbidden"):
+        bad = [m for m in messages if needle in m]
+        assert not bad, bad[:5]
