@@ -4,7 +4,9 @@
 ``progress-server --dir DIR --port PORT``: serve the ranks' progress records in DIR as
 ``GET /progress`` (JSON, rtj_shim.progress_server) until SIGTERM or SIGINT. Prints one
 JSON line ``{"listening": {"host": ..., "port": ...}, "dir": ...}`` once it accepts
-connections (``--port 0``: any free port, the one chosen is in that line).
+connections (``--port 0``: any free port, the one chosen is in that line). With
+``RTJ_SIGNED_READS=1`` (and the job's ``RTJ_CONTROL_KEY``) it answers only signed reads
+(`rtj_shim.progress_server.Reads`).
 
 ``heartbeat --step N [--section NAME]``: coarse progress for a job that does not use
 rtj_shim in Python, called from its shell loop. Completes step N when it is new (the time
@@ -26,7 +28,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -36,13 +38,14 @@ from rtj_shim.drain_sidecar import Drainer
 from rtj_shim.errors import UsageError
 from rtj_shim.progress import ENV_DIR, Progress
 from rtj_shim.progress_record import RecordError
-from rtj_shim.progress_server import ProgressServer
+from rtj_shim.progress_server import ProgressServer, Reads
 from rtj_shim.supervisor import Supervisor
 
 ENV_PORT = "RTJ_PROGRESS_PORT"
 ENV_CONTROL_DIR = "RTJ_CONTROL_DIR"
 ENV_CONTROL_KEY = "RTJ_CONTROL_KEY"
 ENV_JOB_UID = "RTJ_JOB_UID"
+ENV_SIGNED_READS = "RTJ_SIGNED_READS"
 DEFAULT_PORT = 9478
 
 
@@ -150,7 +153,18 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     beat.add_argument("--local-rank", type=_count, default=None, help="default: $LOCAL_RANK")
 
 
+def reads_from_env(env: Mapping[str, str]) -> Reads:
+    """``RTJ_SIGNED_READS=1``: only signed reads, which need the job's key (UsageError
+    without it: a sidecar that could answer nobody would blind the operator silently)."""
+    if env.get(ENV_SIGNED_READS, "") != "1":
+        return Reads.OPEN
+    if not env.get(ENV_CONTROL_KEY):
+        raise UsageError(f"progress-server: ${ENV_SIGNED_READS}=1 needs ${ENV_CONTROL_KEY}")
+    return Reads.SIGNED
+
+
 def progress_server(args: argparse.Namespace) -> int:
+    reads = reads_from_env(os.environ)
     server = ProgressServer(
         args.dir,
         args.host,
@@ -162,6 +176,7 @@ def progress_server(args: argparse.Namespace) -> int:
         drainer=Drainer.from_env(
             args.fast_tier_dir, os.environ.get(ENV_CONTROL_KEY, ""), os.environ
         ),
+        reads=reads,
     )
 
     def stop(signum: int, frame: FrameType | None) -> None:

@@ -25,6 +25,15 @@ copy of, `peer_pull.ReplicaPuller.report`) and, after a copy back, ``"fast_fetch
 (``RTJ_CHECKPOINT_URI``, ``RTJ_RUN_ID``), ``POST /drain`` takes the operator's signed order
 to drain the fast tier into the durable store (`rtj_shim.drain_sidecar`; the pod holding
 rank 0) and the body carries ``"drain"`` (the last step drained, the error if any).
+
+Who may read: with ``reads=Reads.SIGNED`` (``rtj-shim progress-server`` with
+``RTJ_SIGNED_READS=1``, which the operator renders beside the job's control key),
+``GET /progress`` must carry the job's request signature, the scheme the sidecars already
+sign ``GET /fast-tier/...`` with (`peer_replica.request_headers`: ``X-RTJ-Time`` and
+``X-RTJ-Signature = HMAC(key, "GET <path> <time>")``, refused more than
+`peer_replica.MAX_SKEW_S` from this pod's clock); anything else is answered 403 and the
+connection closed. The pod's progress is its job's state: only the operator (and the job's
+own pods) hold the key. ``GET /healthz`` stays open; it says nothing about the job.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from enum import Enum
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -62,6 +72,16 @@ doorbell it takes it within milliseconds: ``stopping`` as a stop begins, ``runni
 run started) before it answers with the pod's report; no wait where no supervisor holds
 the doorbell (one that ended)."""
 ORDER_ACK_POLL_SECONDS = 0.005
+
+
+class Reads(Enum):
+    """Who may ``GET /progress``."""
+
+    OPEN = "open"
+    """Anyone who reaches the port (a pod rendered without a key, or by an older operator,
+    which reads unsigned)."""
+    SIGNED = "signed"
+    """Only requests signed with the job's control key (`peer_replica.check_request`)."""
 
 
 def _keep_from_env() -> int:
@@ -101,6 +121,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         if path == "/progress":
+            if not self._may_read():
+                return
             body = report(self.server.directory, control_dir=self.server.control_dir,
                           fast_tier_dir=self.server.fast_tier_dir)  # fmt: skip
             self._reply(200, {**body, **self.server.peer_report()})
@@ -111,12 +133,29 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._reply(404, {"error": f"no such path {path!r}; try /progress"})
 
-    def _fast_tier(self, path: str) -> None:
-        server = self.server
-        refused = peer_replica.check_request(
-            server.control_key, "GET", self.path, self.headers.get(peer_replica.TIME_HEADER),
+    def _refused(self) -> str | None:
+        """Why this GET does not carry the job's request signature (None: it does)."""
+        return peer_replica.check_request(
+            self.server.control_key, "GET", self.path,
+            self.headers.get(peer_replica.TIME_HEADER),
             self.headers.get(control.SIGNATURE_HEADER), time.time(),
         )  # fmt: skip
+
+    def _may_read(self) -> bool:
+        """Whether the pod's report may be read by this request; else it is answered 403
+        (the reason) and the connection closed."""
+        if self.server.reads is Reads.OPEN:
+            return True
+        refused = self._refused()
+        if refused is None:
+            return True
+        self.close_connection = True
+        self._reply(403, {"error": refused})
+        return False
+
+    def _fast_tier(self, path: str) -> None:
+        server = self.server
+        refused = self._refused()
         fast_dir = server.fast_tier_dir
         if fast_dir is None:
             refused = "this pod has no fast tier"
@@ -246,8 +285,12 @@ class ProgressServer(ThreadingHTTPServer):
         job_uid: str = "",
         drainer: Drainer | None = None,
         order_ack_seconds: float = ORDER_ACK_SECONDS,
+        reads: Reads = Reads.OPEN,
     ) -> None:
+        if reads is Reads.SIGNED and not control_key:
+            raise ValueError("signed reads need the job's control key")
         self.directory = directory
+        self.reads = reads
         self.order_ack_seconds = order_ack_seconds
         self.control_dir = control_dir
         self.fast_tier_dir = fast_tier_dir
