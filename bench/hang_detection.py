@@ -258,9 +258,9 @@ async def poller_bench(a: argparse.Namespace) -> dict[str, Any]:
     proc, control, port = start_generator(sim, a.pods)
     answered_at = [0.0]  # when the round's last answer (or failure) came back
 
-    def fetch(ip: str, port: int, timeout: float) -> Any:  # the product's, timed
+    def fetch(ip: str, port: int, timeout: float, key: str | None) -> Any:  # the product's, timed
         try:
-            return fetch_progress(ip, port, timeout)
+            return fetch_progress(ip, port, timeout, key)
         finally:
             answered_at[0] = max(answered_at[0], time.perf_counter())
 

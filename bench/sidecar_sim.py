@@ -18,7 +18,9 @@ own order checks and supervisor decisions.
   real stop answers ``stopping`` (the trainer's processes take their time to end) and is
   read back in a later round; here it answers ``stopped``.
 - ``GET /progress``: the sidecar's body with no ranks and the supervisor's report, the
-  fields `rtj_shim.supervisor` writes.
+  fields `rtj_shim.supervisor` writes; for a pod rendered with ``RTJ_SIGNED_READS=1`` only
+  when signed with its job's key (`rtj_shim.peer_replica.check_request`, as the sidecar
+  checks it), else 403.
 - Commands from the bench over a pipe: ``("exit", pod, code)`` (the pod's command exits),
   ``("stats",)`` (requests served, orders taken, and when the last pod started each
   generation).
@@ -41,7 +43,7 @@ from typing import Any
 from bench.scale_probes import RawWatch
 from e2e.cluster.kube import Kube as HarnessKube
 from rtj_operator.api import keys
-from rtj_shim import control
+from rtj_shim import control, peer_replica
 from rtj_shim.progress_server import KEEP_ALIVE_IDLE_S
 from rtj_shim.supervisor import Supervised, next_action
 
@@ -63,6 +65,7 @@ class SimPod:
     job_uid: str
     current: Supervised
     spare: bool = False
+    signed_reads: bool = False
     rank: int | None = None
     last: control.Order | None = None
     updated: float = field(default_factory=time.time)
@@ -141,7 +144,8 @@ def sim_pod(body: dict[str, Any]) -> tuple[str, SimPod] | None:
     state = Supervised(0, "stopped" if held else "running",
                        int(attempt) if attempt.isdigit() else None)  # fmt: skip
     return ip, SimPod(meta["name"], meta["uid"], env.get(keys.ENV_CONTROL_KEY, ""),
-                      env.get(keys.ENV_JOB_UID, ""), state, spare)  # fmt: skip
+                      env.get(keys.ENV_JOB_UID, ""), state, spare,
+                      env.get(keys.ENV_SIGNED_READS) == "1")  # fmt: skip
 
 
 class Sidecars:
@@ -166,13 +170,20 @@ class Sidecars:
             if held is None or held.uid != pod.uid:  # a new pod (an address can be reused)
                 self.by_ip[ip] = pod
 
-    def answer(self, ip: str, method: str, path: str, raw: bytes,
-               signature: str | None) -> tuple[int, dict[str, Any]]:  # fmt: skip
+    def answer(self, ip: str, method: str, path: str, raw: bytes, signature: str | None,
+               when: str | None = None) -> tuple[int, dict[str, Any]]:  # fmt: skip
+        """`when`: the request's ``X-RTJ-Time`` (a signed read's)."""
         with self.lock:
             pod = self.by_ip.get(ip)
             if pod is None:
                 return 404, {"error": f"no pod at {ip}"}
             if method == "GET" and path == "/progress":
+                refused = pod.signed_reads and peer_replica.check_request(
+                    pod.key, method, path, when, signature, time.time()
+                )
+                if refused:
+                    self.served["refused read"] += 1
+                    return 403, {"error": refused}
                 self.served["progress"] += 1
                 return 200, self._progress(pod)
             if method == "POST" and path == "/control":
@@ -231,7 +242,8 @@ async def _handle(sidecars: Sidecars, reader: asyncio.StreamReader,
             raw = await asyncio.wait_for(reader.readexactly(length), 5.0) if length else b""
             ip = writer.get_extra_info("sockname")[0]
             signature = headers.get(control.SIGNATURE_HEADER.lower())
-            code, body = sidecars.answer(ip, method, path, raw, signature)
+            when = headers.get(peer_replica.TIME_HEADER.lower())
+            code, body = sidecars.answer(ip, method, path, raw, signature, when)
             data = json.dumps(body, separators=(",", ":")).encode()
             writer.write(HEAD % (code, REASONS.get(code, b"?"), len(data), b"keep-alive") + data)
             await writer.drain()

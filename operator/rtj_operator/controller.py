@@ -306,9 +306,8 @@ class Controller(ControllerLoops):
                     m.path == REPLICA_PATH for ms in sent.messages.values() for m in ms
                 ):  # said when assignments go out, not every round
                     log.info("%s/%s: peer replica: %s", *key, sent.ring_note)
-                out.append(
-                    JobTargets(key, targets, stragglers.ratio, stragglers.windows, sent.messages)
-                )
+                out.append(JobTargets(key, targets, stragglers.ratio, stragglers.windows,
+                                      sent.messages, snap.control_key))  # fmt: skip
         return out
 
     def _node_exists(self, name: str) -> bool:

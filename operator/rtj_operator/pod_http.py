@@ -6,6 +6,11 @@ Why kept connections and one watchdog: at 1,250 pods a round that opened a conne
 started a timer thread per pod cost the operator ~1.4 CPU-seconds (bench.poll_round), more
 than a 1 s poll period; the sidecar serves HTTP/1.1 and keeps a connection open while it is
 used (`rtj_shim.progress_server.KEEP_ALIVE_IDLE_S` idle), so the next round reuses it.
+
+Every read of a job that has a control key is signed with it (`progress_headers`: the
+request signature the sidecars sign ``GET /fast-tier/...`` with, `rtj_shim.peer_replica`): a
+sidecar rendered with ``RTJ_SIGNED_READS`` answers nobody else; an older one ignores the
+headers.
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ from typing import Any
 
 from rtj_operator.reconcile.world import PollMessage
 from rtj_shim.control import SIGNATURE_HEADER
+from rtj_shim.peer_replica import request_headers
 
+PROGRESS_PATH = "/progress"
 MAX_BODY = 1 << 20
 """A progress body is ~1 KiB per rank (1,024 ranks at most per pod): 1 MiB bounds it."""
 IDLE_REUSE_SECONDS = 25.0
@@ -97,21 +104,32 @@ DEADLINES = Deadlines()
 """The process's watchdog (one thread, started by the first request)."""
 
 
+def progress_headers(key: str | None, now: float) -> dict[str, str]:
+    """The headers of `GET /progress`: signed with the job's control key where it has one
+    (``X-RTJ-Time``, ``X-RTJ-Signature``; `now`: Unix seconds)."""
+    headers = {"Accept": "application/json"}
+    if key:
+        headers.update(request_headers(key, "GET", PROGRESS_PATH, now))
+    return headers
+
+
 def read_progress(
     conn: http.client.HTTPConnection,
     timeout: float,
     max_body: int = MAX_BODY,
     deadlines: Deadlines = DEADLINES,
+    key: str | None = None,
 ) -> Any:
-    """`GET /progress` on `conn`: the parsed JSON body, or PollFailed. `timeout` bounds the
-    whole request, not each socket read: a server that drips bytes is cut off."""
+    """`GET /progress` on `conn` (signed with `key`, the job's control key, where given): the
+    parsed JSON body, or PollFailed. `timeout` bounds the whole request, not each socket
+    read: a server that drips bytes is cut off."""
     token = deadlines.arm(conn, timeout)
     try:
-        conn.request("GET", "/progress", headers={"Accept": "application/json"})
+        conn.request("GET", PROGRESS_PATH, headers=progress_headers(key, time.time()))
         response = conn.getresponse()
         body = response.read(max_body + 1)
-        if response.status != 200:
-            raise PollFailed(f"HTTP {response.status}")
+        if response.status != 200:  # a refusal says why (a clock too far off, a wrong key)
+            raise PollFailed(f"HTTP {response.status} {body[:200]!r}")
         if len(body) > max_body:
             raise PollFailed(f"body larger than {max_body} bytes")
         return json.loads(body)
@@ -164,11 +182,14 @@ def carried_report(answer: bytes) -> Any:
     return report if isinstance(report, dict) else None
 
 
-def fetch_progress(ip: str, port: int, timeout: float, max_body: int = MAX_BODY) -> Any:
-    """One `GET /progress` on a connection of its own (blocking)."""
+def fetch_progress(
+    ip: str, port: int, timeout: float, key: str | None = None, max_body: int = MAX_BODY
+) -> Any:
+    """One `GET /progress` (signed with `key` where given) on a connection of its own
+    (blocking)."""
     conn = http.client.HTTPConnection(ip, port, timeout=timeout)
     try:
-        return read_progress(conn, timeout, max_body)
+        return read_progress(conn, timeout, max_body, key=key)
     finally:
         conn.close()
 
@@ -192,11 +213,12 @@ class Exchanged:
     refused: tuple[tuple[PollMessage, str], ...] = ()
 
 
-Exchange = Callable[[str, int, float, Sequence[PollMessage], bool], Exchanged]
-"""(ip, port, timeout, messages, read): post the messages, then read the pod unless `read`
-is False (its body is then the report the last answered message carried, or None; its error
-None)."""
-Fetch = Callable[[str, int, float], Any]
+Exchange = Callable[[str, int, float, Sequence[PollMessage], bool, str | None], Exchanged]
+"""(ip, port, timeout, messages, read, key): post the messages, then read the pod (signed
+with `key`, the job's control key, where given) unless `read` is False (its body is then the
+report the last answered message carried, or None; its error None)."""
+Fetch = Callable[[str, int, float, str | None], Any]
+"""(ip, port, timeout, key): the pod's progress (`fetch_progress`)."""
 Send = Callable[[str, int, float, PollMessage], Any]
 """Posts one message: the report its answer carries, or None (`post`)."""
 
@@ -231,11 +253,13 @@ def separately(fetch: Fetch, send: Send) -> Exchange:
     """An exchange made of a `send` per message and a `fetch` (each its own connection)."""
 
     def exchange_separately(
-        ip: str, port: int, timeout: float, messages: Sequence[PollMessage], read: bool = True
-    ) -> Exchanged:
+        ip: str, port: int, timeout: float, messages: Sequence[PollMessage], read: bool = True,
+        key: str | None = None,
+    ) -> Exchanged:  # fmt: skip
         return exchange(
-            lambda m: send(ip, port, timeout, m), lambda: fetch(ip, port, timeout), messages, read
-        )
+            lambda m: send(ip, port, timeout, m), lambda: fetch(ip, port, timeout, key),
+            messages, read,
+        )  # fmt: skip
 
     return exchange_separately
 
@@ -267,7 +291,7 @@ class SidecarConnections:
 
     def exchange(
         self, ip: str, port: int, timeout: float, messages: Sequence[PollMessage],
-        read: bool = True,
+        read: bool = True, key: str | None = None,
     ) -> Exchanged:  # fmt: skip
         address = (ip, port)
         conn, reused = self._take(address, timeout)
@@ -287,7 +311,7 @@ class SidecarConnections:
 
         answered = exchange(
             lambda m: once(lambda c: post(c, m, timeout, self.deadlines)),
-            lambda: once(lambda c: read_progress(c, timeout, MAX_BODY, self.deadlines)),
+            lambda: once(lambda c: read_progress(c, timeout, MAX_BODY, self.deadlines, key)),
             messages,
             read,
         )
@@ -358,8 +382,9 @@ def _open_and_quiet(conn: http.client.HTTPConnection) -> bool:
 
 
 def exchange_http(
-    ip: str, port: int, timeout: float, messages: Sequence[PollMessage], read: bool = True
-) -> Exchanged:
-    """The pod's messages, then `GET /progress`, on one new connection, closed after (none
-    kept)."""
-    return SidecarConnections(limit=0).exchange(ip, port, timeout, messages, read)
+    ip: str, port: int, timeout: float, messages: Sequence[PollMessage], read: bool = True,
+    key: str | None = None,
+) -> Exchanged:  # fmt: skip
+    """The pod's messages, then `GET /progress` (signed with `key` where given), on one new
+    connection, closed after (none kept)."""
+    return SidecarConnections(limit=0).exchange(ip, port, timeout, messages, read, key)

@@ -76,6 +76,9 @@ class JobTargets:
     """Per pod, the signed messages posted before reading it, in order: a restart order
     (``/control``) until the job's in-place restart moves on, a peer-replica assignment
     (``/replica``) until the pod's report shows it. Both are idempotent."""
+    read_key: str | None = None
+    """The job's control key: every read of its pods is signed with it (their sidecars
+    answer only signed reads); None (the operator has no control secret): unsigned."""
 
     @property
     def ordering(self) -> bool:
@@ -168,13 +171,15 @@ class RankPolls:
         self._failing.discard(key)
 
     def _get(
-        self, target: PollTarget, messages: Sequence[PollMessage] = (), read: bool = True
-    ) -> Answer:
+        self, target: PollTarget, messages: Sequence[PollMessage] = (), read: bool = True,
+        key: str | None = None,
+    ) -> Answer:  # fmt: skip
         """The pod's answer, dated when it arrived (the operator's clock, Unix s): each
         report is dated by its own answer, not by the end of the round. The pod's messages
-        go first: the answer then already tells whether it took them."""
+        go first: the answer then already tells whether it took them; the read is signed
+        with `key` (the job's, `JobTargets.read_key`)."""
         try:
-            exchanged = self.exchange(target.ip, target.port, self.timeout, messages, read)
+            exchanged = self.exchange(target.ip, target.port, self.timeout, messages, read, key)
         except Exception as exc:  # a poll must never take the poller down
             why = f"{type(exc).__name__}: {exc}"
             exchanged = Exchanged(None, why, tuple((m, why) for m in messages))
@@ -198,7 +203,7 @@ class RankPolls:
         return tuple(out)
 
     async def _ask(
-        self, asks: Sequence[tuple[PollTarget, tuple[PollMessage, ...], bool]]
+        self, asks: Sequence[tuple[PollTarget, tuple[PollMessage, ...], bool, str | None]]
     ) -> list[Answer]:
         """Every pod's answer, in order: `concurrency` workers each take the next pod still
         to ask until none is left (a pod that answers slowly holds one worker, not a share
@@ -228,6 +233,7 @@ class RankPolls:
     async def poll_once(self, jobs: Sequence[JobTargets]) -> None:
         """One round over every job's targets, then one `on_round(key)` per job."""
         messages = {job.key: job.messages for job in jobs}
+        read_keys = {job.key: job.read_key for job in jobs}
         self._orders_out = any(job.ordering for job in jobs)
         now = time.monotonic()
         flat: list[tuple[Key, PollTarget]] = []
@@ -263,9 +269,8 @@ class RankPolls:
                 rested.add(ident)
             sending.append(sent)
             reads.append(read)
-        answers = await self._ask(
-            [(t, sent, read) for (_, t), sent, read in zip(flat, sending, reads, strict=True)]
-        )
+        answers = await self._ask([(t, sent, read, read_keys[key]) for (key, t), sent, read
+                                   in zip(flat, sending, reads, strict=True)])  # fmt: skip
         received = self.clock().timestamp()
         by_pod: dict[tuple[Key, int, str], tuple[Any, str | None, float]] = {}
         for (key, t), sent, read, answer in zip(flat, sending, reads, answers, strict=True):

@@ -45,10 +45,11 @@ that broke, a pinned step the restarted trainers refused (marked bad, not pinned
 GPU or node fault needs another node (replace); a user error or OOM would only repeat."""
 
 
-def supervise(spec: Obj, rtj: ResilientTrainingJob, trainer_name: str, key: str) -> bool:
+def supervise(spec: Obj, rtj: ResilientTrainingJob, trainer_name: str) -> bool:
     """Wrap the trainer's command in the supervisor and let the sidecar take orders (the
-    rendered pod spec, changed in place). False (nothing changed) without a command or a
-    sidecar: the whole-world path is then the only one."""
+    rendered pod spec, changed in place; the sidecar already holds the job's key and uid,
+    `render.progress_sidecar`). False (nothing changed) without a command or a sidecar: the
+    whole-world path is then the only one."""
     trainer = next((c for c in spec["containers"] if c.get("name") == trainer_name), None)
     sidecar = next(
         (c for c in spec.get("initContainers", []) if c.get("name") == keys.PROGRESS_SIDECAR),
@@ -74,11 +75,6 @@ def supervise(spec: Obj, rtj: ResilientTrainingJob, trainer_name: str, key: str)
     ]
     trainer["volumeMounts"] = [*trainer.get("volumeMounts", []), dict(mount)]
     sidecar["command"] = [*sidecar["command"], "--control-dir", keys.CONTROL_DIR]
-    sidecar["env"] = [
-        *sidecar.get("env", []),
-        {"name": keys.ENV_CONTROL_KEY, "value": key},
-        {"name": keys.ENV_JOB_UID, "value": rtj.metadata.uid},
-    ]
     sidecar["volumeMounts"] = [*sidecar.get("volumeMounts", []), dict(mount)]
     spec["volumes"] = [
         *spec.get("volumes", []),

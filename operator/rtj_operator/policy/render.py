@@ -224,7 +224,7 @@ def pod_template(
     ours = [resolver_container(rtj, attempt, resume, trainer)]
     volumes = [{"name": keys.RESUME_VOLUME, "emptyDir": {}}]
     if progress:
-        ours.append(progress_sidecar(rtj, trainer))
+        ours.append(progress_sidecar(rtj, trainer, key))
         volumes.append(
             {"name": keys.PROGRESS_VOLUME,
              "emptyDir": {"medium": "Memory", "sizeLimit": PROGRESS_VOLUME_SIZE}}
@@ -249,7 +249,7 @@ def pod_template(
             t for t in spec.get("tolerations", []) if t.get("key") != rtj.spec.node_health.taint_key
         ],
     )  # fmt: skip
-    if rtj.spec.recovery.in_place and key and in_place.supervise(spec, rtj, trainer["name"], key):
+    if rtj.spec.recovery.in_place and key and in_place.supervise(spec, rtj, trainer["name"]):
         meta["annotations"][keys.SUPERVISED_ANNOTATION] = "true"
         if fast_tier.render(spec, rtj, trainer["name"]):
             if fast_tier.replicated(rtj):
@@ -442,18 +442,27 @@ def progress_command(port: int) -> list[str]:
     ]  # fmt: skip
 
 
-def progress_sidecar(rtj: ResilientTrainingJob, trainer: Obj) -> Obj:
+def progress_sidecar(rtj: ResilientTrainingJob, trainer: Obj, key: str | None = None) -> Obj:
     """The progress server as a native sidecar (an init container with `restartPolicy:
     Always`, Kubernetes >= 1.29): it starts before the trainer, is restarted if it dies, and
-    never keeps a finished pod running. The resolver's image (it has rtj-shim)."""
+    never keeps a finished pod running. The resolver's image (it has rtj-shim). With the
+    job's control key (the operator has a control secret) it holds the key and the job's
+    uid, and answers only reads signed with the key (``RTJ_SIGNED_READS``: the poller signs
+    every read; an older sidecar image ignores it and answers anyone, as before)."""
     port = rtj.spec.progress.port
+    signed = (
+        [_env_var(keys.ENV_CONTROL_KEY, key), _env_var(keys.ENV_JOB_UID, rtj.metadata.uid),
+         _env_var(keys.ENV_SIGNED_READS, 1)]
+        if key else []
+    )  # fmt: skip
     return {
         "name": keys.PROGRESS_SIDECAR,
         "image": rtj.spec.checkpoint.resolver_image or trainer["image"],
         "restartPolicy": "Always",
         "command": progress_command(port),
         "env": [
-            {"name": keys.ENV_POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+            {"name": keys.ENV_POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            *signed,
         ],
         "ports": [{"name": keys.PROGRESS_PORT_NAME, "containerPort": port, "protocol": "TCP"}],
         "volumeMounts": [_progress_mount(read_only=True)],

@@ -207,3 +207,57 @@ class _CountingProxy:
                 dst.sendall(data)
         with contextlib.suppress(OSError):
             dst.shutdown(socket.SHUT_WR)
+
+
+@contextlib.contextmanager
+def signed_sidecar(directory: Path) -> Iterator[int]:
+    """A real progress sidecar as the operator renders it with a control key: the job's key
+    and uid, and ``RTJ_SIGNED_READS=1`` (its port)."""
+    env = {**os.environ, "RTJ_CONTROL_KEY": CONTROL_KEY, "RTJ_JOB_UID": UID,
+           "RTJ_SIGNED_READS": "1"}  # fmt: skip
+    proc = subprocess.Popen(
+        [RTJ_SHIM, "progress-server", "--dir", str(directory), "--port", "0",
+         "--host", "127.0.0.1"],
+        stdout=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        yield int(json.loads(proc.stdout.readline())["listening"]["port"])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_the_poller_signs_its_reads_and_a_signed_reads_sidecar_answers_only_them(
+    tmp_path: Path, server: tuple[Path, int]
+) -> None:
+    """Issue 42: the operator's own poller (kept connections, `JobTargets.read_key`) reads a
+    sidecar that refuses unsigned reads; without the job's key it gets 403, and an older
+    sidecar (reads open) still answers the signed read."""
+    directory = tmp_path / "signed"
+    Progress(directory, rank=0).step_done(3)
+    received = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    with signed_sidecar(directory) as port:
+        target = PollTarget("llm-a1-worker-0-0-abcde", "127.0.0.1", port, 1)
+        signed, unsigned = (
+            RankPolls(lambda: received, lambda key: None),
+            RankPolls(lambda: received, lambda key: None),
+        )
+        asyncio.run(signed.poll_once([JobTargets(KEY, (target,), read_key=CONTROL_KEY)]))
+        asyncio.run(signed.poll_once([JobTargets(KEY, (target,), read_key=CONTROL_KEY)]))
+        asyncio.run(unsigned.poll_once([JobTargets(KEY, (target,))]))
+    reading = signed.reading(KEY)
+    assert reading is not None and not reading.unanswered, reading
+    assert [r["step"] for r in reading.reports[0].body["ranks"]] == [3]
+    assert signed.connections is not None and signed.connections.opened == 1, "kept"
+    refused = unsigned.reading(KEY)
+    assert refused is not None and not refused.reports
+    assert "HTTP 403" in refused.unanswered[0] and "X-RTJ-Time" in refused.unanswered[0]
+    older, old_port = server  # a sidecar that answers anyone ignores the signature
+    Progress(older, rank=0).step_done(5)
+    old = PollTarget("llm-a1-worker-0-1-fghij", "127.0.0.1", old_port, 1)
+    asyncio.run(signed.poll_once([JobTargets(KEY, (old,), read_key=CONTROL_KEY)]))
+    reading = signed.reading(KEY)
+    assert reading is not None and [r["step"] for r in reading.reports[0].body["ranks"]] == [5]
+    signed.close()
+    unsigned.close()

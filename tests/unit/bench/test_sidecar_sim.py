@@ -4,26 +4,30 @@ older than the last) and steps through the supervisor's own decisions."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 
 from bench.sidecar_sim import Sidecars, sim_pod
 from rtj_operator.api import keys
-from rtj_shim import control
+from rtj_operator.pod_http import progress_headers
+from rtj_shim import control, peer_replica
 
 KEY = control.job_key(b"s" * 32, "job-uid")
 
 
-def _pod(name: str, ip: str | None, *, spare: bool = False, failures: str = "0") -> dict[str, Any]:
+def _pod(name: str, ip: str | None, *, spare: bool = False, failures: str = "0",
+         signed_reads: bool = False) -> dict[str, Any]:  # fmt: skip
     trainer_env = [{"name": keys.ENV_SPARE, "value": "1"}] if spare else []
+    signed = [{"name": keys.ENV_SIGNED_READS, "value": "1"}] if signed_reads else []
     return {
         "metadata": {"name": name, "uid": f"uid-{name}",
                      "labels": {keys.ATTEMPT_LABEL: "1"},
                      "annotations": {keys.JOB_INDEX_FAILURE_COUNT: failures}},
         "spec": {"initContainers": [{"name": keys.PROGRESS_SIDECAR, "env": [
                      {"name": keys.ENV_CONTROL_KEY, "value": KEY},
-                     {"name": keys.ENV_JOB_UID, "value": "job-uid"}]}],
+                     {"name": keys.ENV_JOB_UID, "value": "job-uid"}, *signed]}],
                  "containers": [{"name": "trainer", "env": trainer_env}]},
         "status": {"podIP": ip} if ip else {},
     }  # fmt: skip
@@ -100,3 +104,20 @@ def test_a_pod_gone_or_without_an_address_is_forgotten(kind: str) -> None:
     sidecars.on_pod("ADDED", _pod("w0", "127.4.0.2"), 0.0)
     sidecars.on_pod(kind, _pod("w0", None if kind == "MODIFIED" else "127.4.0.2"), 0.0)
     assert sidecars.stats()["pods"] == 0
+
+
+def test_a_pod_rendered_for_signed_reads_answers_only_its_jobs_signed_read() -> None:
+    """As the sidecar rendered with ``RTJ_SIGNED_READS=1`` does (issue 42): the operator's
+    poller signs each read with the job's key (`rtj_operator.pod_http.progress_headers`)."""
+    sidecars = Sidecars()
+    sidecars.on_pod("ADDED", _pod("w0", "127.4.0.2", signed_reads=True), 0.0)
+    sidecars.on_pod("ADDED", _pod("w1", "127.4.0.3"), 0.0)
+    code, body = sidecars.answer("127.4.0.2", "GET", "/progress", b"", None)
+    assert code == 403 and "X-RTJ-Time" in body["error"]
+    for key, expected in (("0" * 64, 403), (KEY, 200)):
+        headers = progress_headers(key, time.time())
+        code, _ = sidecars.answer("127.4.0.2", "GET", "/progress", b"",
+                                  headers[control.SIGNATURE_HEADER],
+                                  headers[peer_replica.TIME_HEADER])  # fmt: skip
+        assert code == expected, key
+    assert sidecars.answer("127.4.0.3", "GET", "/progress", b"", None)[0] == 200, "rendered open"

@@ -131,7 +131,7 @@ TARGETS = {
 
 
 def _polls(answers: dict[str, Any], on_round: Any) -> RankPolls:
-    def fetch(ip: str, port: int, timeout: float) -> Any:
+    def fetch(ip: str, port: int, timeout: float, key: str | None) -> Any:
         return answers[ip]
 
     return RankPolls(lambda: WALL_NOW, on_round, fetch=fetch)

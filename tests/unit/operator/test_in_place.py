@@ -214,7 +214,7 @@ def test_the_poller_sends_each_pod_its_order_then_reads_it_back_in_the_next_roun
         sent.append((ip, message))
         state.update(generation=1, state="stopped")  # the supervisor carried it out
 
-    def fetch(ip: str, port: int, timeout: float) -> Any:
+    def fetch(ip: str, port: int, timeout: float, key: str | None) -> Any:
         return {"schema": 1, "ranks": [], "supervisor": dict(state)}
 
     polls = RankPolls(lambda: NOW, lambda key: None, fetch=fetch, send=send)
@@ -254,7 +254,7 @@ def test_an_order_whose_answer_carries_the_report_is_read_in_the_same_round() ->
             return None  # an older sidecar: its answer carries no report
         return {"schema": 1, "ranks": [], "supervisor": {"generation": 1, "state": "stopped"}}
 
-    def fetch(ip: str, port: int, timeout: float) -> Any:
+    def fetch(ip: str, port: int, timeout: float, key: str | None) -> Any:
         fetched.append(ip)
         return {"schema": 1, "ranks": [], "supervisor": {"generation": 1, "state": "stopped"}}
 
@@ -283,7 +283,7 @@ def test_close_rounds_read_only_the_pods_still_to_carry_out_their_order(
     read: list[str] = []
     states = {"10.0.0.1": "stopped", "10.0.0.2": "stopped", "10.0.0.3": "running"}
 
-    def fetch(ip: str, port: int, timeout: float) -> Any:
+    def fetch(ip: str, port: int, timeout: float, key: str | None) -> Any:
         read.append(ip)
         return {"schema": 1, "ranks": [], "supervisor": {"generation": 1, "state": states[ip]}}
 
@@ -338,7 +338,7 @@ def test_a_pod_that_refuses_its_order_is_still_read_back() -> None:
     read: list[str] = []
     posted: list[str] = []
 
-    def fetch(ip: str, port: int, timeout: float) -> Any:
+    def fetch(ip: str, port: int, timeout: float, key: str | None) -> Any:
         read.append(ip)
         return {"schema": 1, "ranks": [], "supervisor": {"generation": 2, "state": "running"}}
 
@@ -369,7 +369,7 @@ def test_an_exchange_that_fails_leaves_its_orders_to_be_sent_again() -> None:
 
     posted: list[str] = []
 
-    def fetch(ip: str, port: int, timeout: float) -> Any:
+    def fetch(ip: str, port: int, timeout: float, key: str | None) -> Any:
         raise RuntimeError("the read broke")  # not a PollFailed: any failure
 
     def send(ip: str, port: int, timeout: float, message: rc.PollMessage) -> None:
@@ -401,7 +401,7 @@ def test_close_rounds_of_one_job_do_not_read_another_jobs_pods_every_round() -> 
 
     read: list[str] = []
 
-    def fetch(ip: str, port: int, timeout: float) -> Any:
+    def fetch(ip: str, port: int, timeout: float, key: str | None) -> Any:
         read.append(ip)
         return {"schema": 1, "ranks": [], "supervisor": {"generation": 1, "state": "running"}}
 

@@ -132,7 +132,7 @@ def test_the_poller_posts_each_pods_own_messages_and_keeps_its_replica_report() 
         if ip == "10.0.0.2":
             raise PollFailed("/replica: refused: HTTP 404")  # an old sidecar: read anyway
 
-    def fetch(ip: str, port: int, timeout: float) -> Any:
+    def fetch(ip: str, port: int, timeout: float, key: str | None) -> Any:
         if ip not in answers:
             raise PollFailed("ConnectionRefusedError")
         return answers[ip]

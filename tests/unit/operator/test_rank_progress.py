@@ -297,7 +297,7 @@ def test_the_poller_keeps_the_last_answer_of_a_pod_that_stops_answering() -> Non
 
     asked: list[str] = []
 
-    def fetch(ip: str, port: int, timeout: float) -> Any:
+    def fetch(ip: str, port: int, timeout: float, key: str | None) -> Any:
         asked.append(ip)
         if ip not in answers:
             raise PollFailed("ConnectionRefusedError: [Errno 111] Connection refused")
@@ -371,6 +371,29 @@ def test_the_progress_sidecar_is_rendered_as_a_native_sidecar() -> None:
     assert keys.ENV_PROGRESS_DIR not in {
         e["name"] for e in plain["template"]["spec"]["containers"][0]["env"]
     }
+
+
+def _sidecar_env(job: Any, key: str | None) -> list[dict[str, Any]]:
+    spec = render_jobset(job, 1, None, key)["spec"]["replicatedJobs"][0]["template"]["spec"]
+    init = spec["template"]["spec"]["initContainers"]
+    env: list[dict[str, Any]] = next(c for c in init if c["name"] == keys.PROGRESS_SIDECAR)["env"]
+    return env
+
+
+def test_with_a_control_key_every_jobs_sidecar_answers_only_signed_reads() -> None:
+    """Not only in-place jobs' (issue 42): the sidecar holds the job's key and uid and is told
+    to refuse unsigned reads; the poller signs every read of a job with a key."""
+    key = "k" * 64
+    for job in (make_job(), make_job(recovery={"inPlace": True})):
+        env = _sidecar_env(job, key)
+        named = [e["name"] for e in env]
+        assert {"name": keys.ENV_CONTROL_KEY, "value": key} in env
+        assert {"name": keys.ENV_JOB_UID, "value": job.metadata.uid} in env
+        assert {"name": keys.ENV_SIGNED_READS, "value": "1"} in env
+        assert len(named) == len(set(named)), "each once, in-place or not"
+    assert [e["name"] for e in _sidecar_env(make_job(), None)] == [keys.ENV_POD_IP], (
+        "no control secret: nothing to sign with, reads stay open"
+    )
 
 
 def test_the_watch_cache_keeps_the_port_a_pod_was_created_with() -> None:
