@@ -37,8 +37,9 @@ from rtj_shim import fast_tier, preload
 from rtj_shim.drain_sidecar import Drainer
 from rtj_shim.errors import UsageError
 from rtj_shim.progress import ENV_DIR, Progress
+from rtj_shim.progress_handler import Reads
 from rtj_shim.progress_record import RecordError
-from rtj_shim.progress_server import ProgressServer, Reads
+from rtj_shim.progress_server import ProgressServer
 from rtj_shim.supervisor import Supervisor
 
 ENV_PORT = "RTJ_PROGRESS_PORT"

@@ -34,38 +34,49 @@ sign ``GET /fast-tier/...`` with (`peer_replica.request_headers`: ``X-RTJ-Time``
 `peer_replica.MAX_SKEW_S` from this pod's clock); anything else is answered 403 and the
 connection closed. The pod's progress is its job's state: only the operator (and the job's
 own pods) hold the key. ``GET /healthz`` stays open; it says nothing about the job.
+
+Slow clients (issue 42): every request is read whole, head and body, by one thread
+(`rtj_shim.http_gate`) within ``REQUEST_DEADLINE_S`` of its first byte, before a handler
+thread is given to it; at most ``MAX_SERVING`` are answered at once (a whole request beyond
+them is answered 503). So connections that drip their requests hold no handler, and the
+operator's signed read is answered beside any number of them.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import shutil
 import socket
 import threading
 import time
-from collections.abc import Callable
-from enum import Enum
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import HTTPServer
 from pathlib import Path
-from typing import Any, TypeVar, cast
-from urllib.parse import parse_qs
+from typing import Any, cast
 
-from rtj_shim import control, doorbell, drain_order, fast_tier, peer_replica, peer_serve
+from rtj_shim import control, doorbell, drain_order, fast_tier, http_gate, peer_replica
 from rtj_shim.drain_sidecar import Drainer
 from rtj_shim.peer_pull import ReplicaPuller, fetch_back
-from rtj_shim.progress_report import report
+from rtj_shim.progress_handler import Handler, Reads
 from rtj_shim.supervisor import carried_out
 
-_Message = TypeVar("_Message")
-
-REQUEST_TIMEOUT_S = 5.0
+REQUEST_DEADLINE_S = 5.0
+"""A request must arrive whole (head and body) within this of its first byte (a new
+connection's: of its accept), or its connection is closed; also the bound on each answer's
+send to a client that does not read."""
 KEEP_ALIVE_IDLE_S = 30.0
 """How long a connection may wait idle for its next request: the operator's poller keeps one
 per pod across its rounds (5 s apart by default); a request once begun must still come in
-within REQUEST_TIMEOUT_S."""
-MAX_CONNECTIONS = 16  # the operator polls with one at a time; anything beyond is refused
+whole within REQUEST_DEADLINE_S."""
+MAX_SERVING = 16
+"""Requests answered at once (a thread each); the operator sends one at a time per pod."""
+MAX_WAITING = 128
+"""Connections whose next request has not arrived whole; one more closes the oldest of the
+peer with the most (`http_gate.victim`)."""
+MAX_HEAD_BYTES = 16 * 1024
+MAX_BODY_BYTES = max(
+    control.MAX_ORDER_BYTES, peer_replica.MAX_ASSIGNMENT_BYTES, drain_order.MAX_DRAIN_ORDER_BYTES
+)
+"""The largest body any endpoint takes (a drain order's)."""
 ORDER_ACK_SECONDS = 0.25
 """How long ``POST /control`` may wait for the supervisor to take the order (woken by the
 doorbell it takes it within milliseconds: ``stopping`` as a stop begins, ``running`` once a
@@ -74,202 +85,14 @@ the doorbell (one that ended)."""
 ORDER_ACK_POLL_SECONDS = 0.005
 
 
-class Reads(Enum):
-    """Who may ``GET /progress``."""
-
-    OPEN = "open"
-    """Anyone who reaches the port (a pod rendered without a key, or by an older operator,
-    which reads unsigned)."""
-    SIGNED = "signed"
-    """Only requests signed with the job's control key (`peer_replica.check_request`)."""
-
-
 def _keep_from_env() -> int:
     raw = os.environ.get(fast_tier.ENV_KEEP, "")
     return int(raw) if raw.isdigit() else fast_tier.MIN_KEEP
 
 
-def _shard_chunks(path: Path) -> tuple[int, Any]:
-    """The shard's size and an open binary file (no symlinks: O_NOFOLLOW)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    handle = os.fdopen(fd, "rb")
-    return os.fstat(fd).st_size, handle
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: ProgressServer
-    timeout = REQUEST_TIMEOUT_S  # a client that stalls mid-request is dropped
-    protocol_version = "HTTP/1.1"
-
-    def handle(self) -> None:
-        """Requests until the client closes the connection, one asks to close it, or it
-        stays idle KEEP_ALIVE_IDLE_S between two requests."""
-        self.close_connection = True
-        self.handle_one_request()
-        while not self.close_connection and self._next_request_comes():
-            self.handle_one_request()
-
-    def _next_request_comes(self) -> bool:
-        self.connection.settimeout(KEEP_ALIVE_IDLE_S)
-        try:
-            waiting = cast(io.BufferedReader, self.rfile).peek(1)
-        except OSError:  # idle too long (TimeoutError), or the client went
-            return False
-        self.connection.settimeout(self.timeout)
-        return bool(waiting)
-
-    def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
-        if path == "/progress":
-            if not self._may_read():
-                return
-            body = report(self.server.directory, control_dir=self.server.control_dir,
-                          fast_tier_dir=self.server.fast_tier_dir)  # fmt: skip
-            self._reply(200, {**body, **self.server.peer_report()})
-        elif path.startswith(peer_serve.PREFIX):
-            self._fast_tier(path)
-        elif path == "/healthz":
-            self._reply(200, {"ok": True})
-        else:
-            self._reply(404, {"error": f"no such path {path!r}; try /progress"})
-
-    def _refused(self) -> str | None:
-        """Why this GET does not carry the job's request signature (None: it does)."""
-        return peer_replica.check_request(
-            self.server.control_key, "GET", self.path,
-            self.headers.get(peer_replica.TIME_HEADER),
-            self.headers.get(control.SIGNATURE_HEADER), time.time(),
-        )  # fmt: skip
-
-    def _may_read(self) -> bool:
-        """Whether the pod's report may be read by this request; else it is answered 403
-        (the reason) and the connection closed."""
-        if self.server.reads is Reads.OPEN:
-            return True
-        refused = self._refused()
-        if refused is None:
-            return True
-        self.close_connection = True
-        self._reply(403, {"error": refused})
-        return False
-
-    def _fast_tier(self, path: str) -> None:
-        server = self.server
-        refused = self._refused()
-        fast_dir = server.fast_tier_dir
-        if fast_dir is None:
-            refused = "this pod has no fast tier"
-        if refused is not None or fast_dir is None:
-            self._reply(403, {"error": refused})
-            return
-        query = parse_qs(self.path.split("?", 1)[1] if "?" in self.path else "")
-        try:
-            read = peer_serve.parse_read(path, query)
-            if read.what == "file":
-                size, handle = _shard_chunks(peer_serve.file_path(fast_dir, read))
-                with handle:
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/octet-stream")
-                    self.send_header("Content-Length", str(size))
-                    self.end_headers()
-                    shutil.copyfileobj(handle, self.wfile, 1 << 20)
-                return
-            if read.what == "holdings":
-                body = peer_serve.holdings(fast_dir, read.tier, server.job_uid)
-            else:
-                body = peer_serve.manifest_body(fast_dir, read)
-        except peer_serve.BadRead as exc:
-            self._reply(exc.status, {"error": str(exc)})
-            return
-        except OSError as exc:
-            self._reply(404, {"error": f"{type(exc).__name__}: {exc}"[:300]})
-            return
-        raw = json.dumps(body, separators=(",", ":")).encode()
-        signature = peer_replica.answer_signature(server.control_key, self.path, raw)
-        self._reply_raw(200, raw, {control.SIGNATURE_HEADER: signature})
-
-    def do_POST(self) -> None:
-        path = self.path.split("?", 1)[0]
-        server = self.server
-        if path == "/replica" and server.replica is not None:
-            assignment = self._signed(peer_replica.MAX_ASSIGNMENT_BYTES,
-                                      peer_replica.accept_assignment)  # fmt: skip
-            if assignment is not None:
-                server.replica.assign(assignment)
-                self._reply(202, {"accepted": assignment.to_json()})
-            return
-        if path == "/drain" and server.drainer is not None:
-            drain = self._signed(drain_order.MAX_DRAIN_ORDER_BYTES, drain_order.accept_drain_order)
-            if drain is not None:
-                server.drainer.follow(drain)
-                self._reply(202, {"accepted": {"attempt": drain.attempt,
-                                               "peers": len(drain.peers)}})  # fmt: skip
-            return
-        if path != "/control" or self.server.control_dir is None:
-            self.close_connection = True  # its body is not read: the connection cannot go on
-            self._reply(404, {"error": f"no such path {path!r} here"})
-            return
-        raw = self._body(control.MAX_ORDER_BYTES)
-        if raw is None:
-            return
-        try:
-            order, before = server.take_order(raw, self.headers.get(control.SIGNATURE_HEADER))
-        except control.OrderError as exc:
-            self._reply(403, {"error": str(exc)})
-            return
-        if before is not None:
-            server.await_supervisor(order, before)
-        body = report(server.directory, control_dir=server.control_dir,
-                      fast_tier_dir=server.fast_tier_dir)  # fmt: skip
-        self._reply(202, {"accepted": order.to_json(), "report": {**body, **server.peer_report()}})
-
-    def _signed(self, limit: int, accept: Callable[..., _Message]) -> _Message | None:
-        """The body of a signed message from the operator, checked by ``accept`` (this job's
-        key and uid); None once refused (the reply says why)."""
-        raw = self._body(limit)
-        if raw is None:
-            return None
-        try:
-            return accept(raw, self.headers.get(control.SIGNATURE_HEADER),
-                          key=self.server.control_key, job_uid=self.server.job_uid)  # fmt: skip
-        except control.OrderError as exc:
-            self._reply(403, {"error": str(exc)})
-            return None
-
-    def _body(self, limit: int) -> bytes | None:
-        try:
-            length = int(self.headers.get("Content-Length") or -1)
-        except ValueError:
-            length = -1
-        if not 0 <= length <= limit:
-            self.close_connection = True  # its body is not read: the connection cannot go on
-            self._reply(413, {"error": f"Content-Length: 0..{limit} bytes"})
-            return None
-        return self.rfile.read(length)
-
-    def _reply(self, code: int, body: dict[str, Any]) -> None:
-        self._reply_raw(code, (json.dumps(body, separators=(",", ":")) + "\n").encode())
-
-    def _reply_raw(self, code: int, raw: bytes, headers: dict[str, str] | None = None) -> None:
-        self.send_response(code)
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(raw)))
-        self.send_header("Cache-Control", "no-store")
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(raw)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        return None  # one line per poll would flood the pod's log
-
-
-class ProgressServer(ThreadingHTTPServer):
+class ProgressServer(HTTPServer):
     """``GET /progress`` (JSON above) and ``GET /healthz`` for the records in ``directory``."""
 
-    daemon_threads = True
     allow_reuse_address = True
 
     def __init__(
@@ -277,8 +100,11 @@ class ProgressServer(ThreadingHTTPServer):
         directory: Path,
         host: str = "0.0.0.0",  # noqa: S104
         port: int = 0,
-        max_connections: int = MAX_CONNECTIONS,
+        max_serving: int = MAX_SERVING,
         *,
+        request_deadline: float = REQUEST_DEADLINE_S,
+        keep_alive_idle: float = KEEP_ALIVE_IDLE_S,
+        max_waiting: int = MAX_WAITING,
         control_dir: Path | None = None,
         fast_tier_dir: Path | None = None,
         control_key: str = "",
@@ -307,25 +133,47 @@ class ProgressServer(ThreadingHTTPServer):
         self.drainer = drainer  # the fast tier's drain, where this pod's sidecar runs it
         self._fetches: dict[int, threading.Thread] = {}
         self._fetch_report: dict[str, Any] | None = None
-        self._slots = threading.BoundedSemaphore(max_connections)
+        self._slots = threading.BoundedSemaphore(max_serving)
+        self.request_deadline = request_deadline
+        self._gate = http_gate.Gate(
+            self._dispatch, deadline=request_deadline, idle=keep_alive_idle,
+            max_waiting=max_waiting, max_head=MAX_HEAD_BYTES, max_body=MAX_BODY_BYTES,
+        )  # fmt: skip
         if ":" in host:
             self.address_family = socket.AF_INET6
-        super().__init__((host, port), _Handler)
+        super().__init__((host, port), Handler)  # a failed bind calls server_close
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        """At most ``max_connections`` served at once (threads, memory); more are closed."""
+        """A new connection: its request is read by the gate, no thread before it is whole."""
+        self._gate.admit(request, client_address)
+
+    def _dispatch(self, arrived: http_gate.Arrived) -> None:
+        """A whole request: answered on a thread of its own, at most ``max_serving`` at once
+        (threads, memory); beyond them, 503."""
         if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)
+            http_gate.refuse(arrived.sock, 503, "Service Unavailable")
             return
         try:
-            super().process_request(request, client_address)
-        except BaseException:
+            threading.Thread(target=self._serve, args=(arrived,), daemon=True,
+                             name="rtj-progress-request").start()  # fmt: skip
+        except RuntimeError:  # no thread to be had
             self._slots.release()
-            raise
+            http_gate.refuse(arrived.sock, 503, "Service Unavailable")
 
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
+    def _serve(self, arrived: http_gate.Arrived) -> None:
         try:
-            super().process_request_thread(request, client_address)
+            arrived.sock.settimeout(self.request_deadline)  # an answer nobody reads: dropped
+            # the request is the gate's Arrived, not a socket: Handler.setup reads it
+            handler = Handler(cast(Any, arrived), arrived.address, self)
+            if handler.close_connection:
+                self.shutdown_request(arrived.sock)
+            else:
+                self._gate.admit(arrived.sock, arrived.address, handler.leftover, kept=True)
+        except OSError:  # the client went mid-answer, or stopped reading it
+            self.shutdown_request(arrived.sock)
+        except Exception:  # a bug: its traceback on stderr (socketserver's), the pod goes on
+            self.handle_error(arrived.sock, arrived.address)
+            self.shutdown_request(arrived.sock)
         finally:
             self._slots.release()
 
@@ -414,6 +262,7 @@ class ProgressServer(ThreadingHTTPServer):
         return out
 
     def server_close(self) -> None:
+        self._gate.close()
         if self.replica is not None:
             self.replica.stop()
         if self.drainer is not None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from rtj_shim import control, progress_server
+from rtj_shim import control
 from rtj_shim.control import Order
 from rtj_shim.doorbell import Doorbell
 from rtj_shim.progress import Progress
@@ -131,60 +131,63 @@ def test_the_number_of_records_read_is_bounded(tmp_path: Path) -> None:
     assert [r["rank"] for r in report(tmp_path, limit=3)["ranks"]] == [0, 1, 2]
 
 
-def test_connections_beyond_the_bound_are_closed(tmp_path: Path) -> None:
-    srv = ProgressServer(tmp_path, "127.0.0.1", 0, max_connections=1)
+def test_whole_requests_beyond_the_serving_bound_are_answered_503(tmp_path: Path) -> None:
+    """At most `max_serving` requests are answered at once (a thread each): here a restart
+    order holds the one slot while its sidecar waits for a supervisor that never moves."""
+    control_dir = tmp_path / "control"
+    control_dir.mkdir()
+    control.write_json(control_dir / control.STATE_FILE, {"generation": 0, "state": "running"})
+    bell = Doorbell(control_dir)  # held: the sidecar waits its bound for a change
+    srv = ProgressServer(tmp_path / "progress", "127.0.0.1", 0, max_serving=1,
+                         control_dir=control_dir, control_key=KEY, job_uid="job-uid",
+                         order_ack_seconds=30.0)  # fmt: skip
     thread = srv.start_in_thread()
+    posted: list[tuple[int, Any]] = []
     try:
-        stalled = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
-        stalled.sendall(b"GET /progress HTTP/1.1\r\n")  # never finishes its request
-        extra = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
-        extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-        try:
-            answer = extra.recv(1024)
-        except ConnectionResetError:
-            answer = b""
-        assert answer == b""  # closed without an answer
-        extra.close()
-        stalled.close()  # its handler sees the end of the stream and frees the slot
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                assert get(srv, "/healthz") == (200, {"ok": True})
-                break
-            except (ConnectionError, http.client.HTTPException):
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
+        order = threading.Thread(
+            target=lambda: posted.append(_post_order(srv, Order("job-uid", 1, "stop")))
+        )
+        order.start()
+        while not (control_dir / control.ORDER_FILE).exists():  # its handler holds the slot
+            time.sleep(0.01)
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+        conn.request("GET", "/healthz")
+        busy = conn.getresponse()
+        assert busy.status == 503 and busy.getheader("Connection") == "close"
+        conn.close()
+        assert not posted, "the order is still being answered"
+        control.write_json(control_dir / control.STATE_FILE, {"generation": 1, "state": "stopped"})
+        order.join(30)
+        assert posted and posted[0][0] == 202
+        assert get(srv, "/healthz") == (200, {"ok": True}), "its slot is free again"
     finally:
         srv.shutdown()
         srv.server_close()
         thread.join(timeout=10)
+        bell.close()
 
 
-def test_a_kept_connection_waits_idle_longer_than_a_request_may_stall(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_kept_connection_waits_idle_longer_than_a_request_may_stall(tmp_path: Path) -> None:
     """The operator keeps a connection per pod across its poll rounds: idle between two
-    requests it lasts KEEP_ALIVE_IDLE_S, while a request once begun must come in within the
-    handler's timeout; idle past KEEP_ALIVE_IDLE_S the server closes it."""
-    monkeypatch.setattr(progress_server, "KEEP_ALIVE_IDLE_S", 1.5)
-    monkeypatch.setattr(progress_server._Handler, "timeout", 0.3)
-    srv = ProgressServer(tmp_path, "127.0.0.1", 0)
+    requests it lasts `keep_alive_idle`, while a request once begun must arrive whole within
+    `request_deadline`; idle past `keep_alive_idle` the server closes it."""
+    srv = ProgressServer(tmp_path, "127.0.0.1", 0, request_deadline=0.3, keep_alive_idle=1.5)
     thread = srv.start_in_thread()
     conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
     try:
-        for idle in (0.0, 0.8):  # 0.8 s idle: past the request timeout, within keep-alive
+        for idle in (0.0, 0.8):  # 0.8 s idle: past the request deadline, within keep-alive
             time.sleep(idle)
             conn.request("GET", "/healthz")
             assert json.loads(conn.getresponse().read()) == {"ok": True}
         sock = conn.sock
         assert sock is not None
         sock.settimeout(10)
-        assert sock.recv(1) == b"", "idle past KEEP_ALIVE_IDLE_S: closed by the server"
+        assert sock.recv(1) == b"", "idle past keep_alive_idle: closed by the server"
         stalled = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
         stalled.sendall(b"GET /healthz HTTP/1.1\r\n")  # begun, never finished
         started = time.monotonic()
         assert stalled.recv(1024) == b""
-        assert time.monotonic() - started < 1.2, "a stalled request is dropped at its timeout"
+        assert time.monotonic() - started < 1.2, "a stalled request is dropped at its deadline"
         stalled.close()
     finally:
         conn.close()

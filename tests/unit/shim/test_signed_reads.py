@@ -18,7 +18,8 @@ from rtj_shim import control, peer_replica
 from rtj_shim.errors import UsageError
 from rtj_shim.progress import Progress
 from rtj_shim.progress_cli import reads_from_env
-from rtj_shim.progress_server import ProgressServer, Reads
+from rtj_shim.progress_handler import Reads
+from rtj_shim.progress_server import ProgressServer
 
 UID = "job-uid"
 KEY = control.job_key(b"the operator's secret", UID)
