@@ -15,6 +15,12 @@ then sets the section. The record carries the calling shell's pid. Without
 ``RTJ_PROGRESS_DIR`` (or ``--dir``) it does nothing; a record it cannot write is reported
 on stderr and still exits 0: progress reporting never fails the job.
 
+``progress-get [--host ADDR] [--port PORT]``: print this pod's ``GET /progress`` (JSON),
+signed with ``$RTJ_CONTROL_KEY`` where set, as the operator signs its reads: for a person
+in the sidecar's container (``kubectl exec ... -c rtj-progress -- rtj-shim progress-get``),
+where the job's sidecar answers only signed reads. Exits 1 with the answer on stderr unless
+it is 200.
+
 ``supervise [--control-dir DIR] -- COMMAND ...``: run the trainer's command and restart it
 inside the pod when the operator orders it (rtj_shim.supervisor); the progress server
 with the same ``--control-dir`` takes the orders (``POST /control``).
@@ -23,11 +29,13 @@ with the same ``--control-dir`` takes the orders (``POST /control``).
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
 from types import FrameType
@@ -36,6 +44,7 @@ from typing import Any
 from rtj_shim import fast_tier, preload
 from rtj_shim.drain_sidecar import Drainer
 from rtj_shim.errors import UsageError
+from rtj_shim.peer_replica import request_headers
 from rtj_shim.progress import ENV_DIR, Progress
 from rtj_shim.progress_handler import Reads
 from rtj_shim.progress_record import RecordError
@@ -47,7 +56,9 @@ ENV_CONTROL_DIR = "RTJ_CONTROL_DIR"
 ENV_CONTROL_KEY = "RTJ_CONTROL_KEY"
 ENV_JOB_UID = "RTJ_JOB_UID"
 ENV_SIGNED_READS = "RTJ_SIGNED_READS"
+ENV_POD_IP = "RTJ_POD_IP"
 DEFAULT_PORT = 9478
+PROGRESS_PATH = "/progress"
 
 
 def _port(text: str) -> int:
@@ -101,6 +112,19 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         default=os.environ.get(fast_tier.ENV_DIR) or None,
         help=f"report the newest fast checkpoint step every rank here holds (default: "
         f"${fast_tier.ENV_DIR})",
+    )
+
+    get = sub.add_parser("progress-get", help="print this pod's progress (a signed read)")
+    get.add_argument(
+        "--host",
+        default=os.environ.get(ENV_POD_IP) or "127.0.0.1",
+        help=f"the sidecar's address (default: ${ENV_POD_IP}, as the sidecar listens)",
+    )
+    get.add_argument(
+        "--port",
+        type=_port,
+        default=_port(os.environ.get(ENV_PORT) or str(DEFAULT_PORT)),
+        help=f"default: ${ENV_PORT} or {DEFAULT_PORT}",
     )
 
     sup = sub.add_parser(
@@ -199,6 +223,26 @@ def progress_server(args: argparse.Namespace) -> int:
     return 0
 
 
+def progress_get(args: argparse.Namespace) -> int:
+    key = os.environ.get(ENV_CONTROL_KEY, "")
+    headers = request_headers(key, "GET", PROGRESS_PATH, time.time()) if key else {}
+    conn = http.client.HTTPConnection(args.host, args.port, timeout=10)
+    try:
+        conn.request("GET", PROGRESS_PATH, headers=headers)
+        response = conn.getresponse()
+        status, body = response.status, response.read()
+    except (OSError, http.client.HTTPException) as exc:
+        status, body = 0, f"{type(exc).__name__}: {exc}".encode()
+    finally:
+        conn.close()
+    if status != 200:
+        answer = body.decode(errors="replace").strip()
+        print(f"rtj-shim: {args.host}:{args.port}: HTTP {status}: {answer}", file=sys.stderr)
+        return 1
+    sys.stdout.write(body.decode())
+    return 0
+
+
 def heartbeat(args: argparse.Namespace) -> int:
     if args.dir is None:
         return 0
@@ -239,6 +283,7 @@ def _modules(text: str) -> tuple[str, ...]:
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "progress-server": progress_server,
+    "progress-get": progress_get,
     "heartbeat": heartbeat,
     "supervise": supervise,
 }

@@ -14,6 +14,9 @@ from typing import Any
 
 import pytest
 
+from rtj_shim.control import job_key
+from rtj_shim.progress import Progress
+
 RTJ_SHIM = str(Path(sys.executable).with_name("rtj-shim"))
 
 
@@ -121,3 +124,32 @@ def test_usage_errors_exit_2() -> None:
     assert missing.returncode == 2 and "--dir" in missing.stderr
     listed = subprocess.run([RTJ_SHIM, "--help"], capture_output=True, text=True, timeout=60)
     assert "progress-server" in listed.stdout and "heartbeat" in listed.stdout
+
+
+def test_progress_get_reads_a_signed_reads_sidecar_with_the_pods_key(tmp_path: Path) -> None:
+    """A person in the sidecar's container reads what the operator reads (issue 42: the
+    sidecar of a job with a key answers only signed reads): `rtj-shim progress-get` signs
+    with the container's own ``RTJ_CONTROL_KEY``."""
+    directory = tmp_path / "progress"
+    Progress(directory, 0).step_done(9)
+    key = job_key(b"the operator's secret", "job-uid")
+    pod = {**os.environ, "RTJ_CONTROL_KEY": key, "RTJ_JOB_UID": "job-uid"}
+    proc = subprocess.Popen(
+        [RTJ_SHIM, "progress-server", "--dir", str(directory), "--port", "0",
+         "--host", "127.0.0.1"],
+        stdout=subprocess.PIPE, text=True, env={**pod, "RTJ_SIGNED_READS": "1"},
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        port = str(json.loads(proc.stdout.readline())["listening"]["port"])
+        get = [RTJ_SHIM, "progress-get", "--host", "127.0.0.1", "--port", port]
+        signed = subprocess.run(get, capture_output=True, text=True, timeout=60, env=pod)
+        assert signed.returncode == 0, signed.stderr
+        assert [r["step"] for r in json.loads(signed.stdout)["ranks"]] == [9]
+        no_key = {k: v for k, v in pod.items() if k != "RTJ_CONTROL_KEY"}
+        refused = subprocess.run(get, capture_output=True, text=True, timeout=60, env=no_key)
+        assert refused.returncode == 1 and "HTTP 403" in refused.stderr
+        assert refused.stdout == ""
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
