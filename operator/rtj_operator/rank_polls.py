@@ -10,7 +10,10 @@ cannot report for another job. Bounded: at most `concurrency` requests at once, 
 answer keeps its last report, which ages out of the evidence after 30 s
 (`policy.progress.DEFAULT_MAX_REPORT_AGE`); an unanswered poll is never a Hang by itself.
 A report holding a value no sidecar writes (`policy.report_values`) is such a non-answer;
-an unexpected error in one job's part of a round is that job's alone (`job_errors`).
+an unexpected error in one job's part of a round is that job's alone (`job_errors`), and
+slow answers cost their own job's pods: each job spends at most its budget of worker time
+in a round (`policy.poll_budget`); the pods left out keep their last report and go first
+next round.
 
 Before reading a pod the poller posts it the signed messages the plan names for it
 (`reconcile.pod_messages`: an in-place restart's order, a peer-replica assignment), so the
@@ -34,6 +37,7 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
+from rtj_operator import poll_readings
 from rtj_operator.pod_http import (
     Exchange,
     Exchanged,
@@ -44,7 +48,7 @@ from rtj_operator.pod_http import (
     post_signed,
     separately,
 )
-from rtj_operator.policy import progress as rank_progress
+from rtj_operator.policy import poll_budget
 from rtj_operator.policy import stragglers as rank_stragglers
 from rtj_operator.reconcile.world import CONTROL_PATH, PollMessage, PollTarget, RankReadings
 
@@ -102,6 +106,8 @@ class Answer:
     error: str | None
     arrived: float
     refused: tuple[PollMessage, ...] = ()
+    took: float = 0.0
+    """Seconds the exchange held a poller worker (its job's spend, `policy.poll_budget`)."""
 
 
 class RankPolls:
@@ -117,11 +123,16 @@ class RankPolls:
         concurrency: int = 16,
         fetch: Fetch | None = None,
         send: Send | None = None,
+        pod_share: float = poll_budget.POD_SHARE,
+        min_job_budget: float = poll_budget.MIN_JOB_BUDGET,
     ) -> None:
         """`fetch` and `send` replace the HTTP halves (a test's, a bench's); without them
         each pod is asked on a connection kept for it across rounds (`SidecarConnections`).
-        At most `concurrency` pods are asked at once."""
+        At most `concurrency` pods are asked at once; a job spends at most
+        `poll_budget.job_budget(pods, pod_share, min_job_budget)` worker seconds a round."""
         self.clock = clock
+        self.pod_share = pod_share
+        self.min_job_budget = min_job_budget
         self.on_round = on_round
         self.interval = interval
         self.timeout = timeout
@@ -146,6 +157,12 @@ class RankPolls:
         self._tried: dict[tuple[Key, int, str, str], str] = {}
         """(job, attempt, pod, path) -> the signature of the message last posted to it,
         taken or not."""
+        self._cost: dict[tuple[Key, int, str], float] = {}
+        """(job, attempt, pod) -> seconds its last exchange took."""
+        self._waiting: dict[tuple[Key, int, str], int] = {}
+        """(job, attempt, pod) -> rounds in a row left out for its job's budget."""
+        self.left_out: dict[Key, int] = {}
+        """Per job, the pods its budget left out of the last round (0: none)."""
         self.job_errors: dict[Key, int] = {}
         """Per job, the rounds in which its part failed unexpectedly."""
         self._failing: set[Key] = set()
@@ -178,16 +195,18 @@ class RankPolls:
         report is dated by its own answer, not by the end of the round. The pod's messages
         go first: the answer then already tells whether it took them; the read is signed
         with `key` (the job's, `JobTargets.read_key`)."""
+        started = time.monotonic()
         try:
             exchanged = self.exchange(target.ip, target.port, self.timeout, messages, read, key)
         except Exception as exc:  # a poll must never take the poller down
             why = f"{type(exc).__name__}: {exc}"
             exchanged = Exchanged(None, why, tuple((m, why) for m in messages))
+        took = time.monotonic() - started
         for message, why in exchanged.refused:  # an old sidecar without /replica: no line each
             level = logging.INFO if message.path == CONTROL_PATH else logging.DEBUG
             log.log(level, "%s: %s", target.pod, why)
         return Answer(exchanged.body, exchanged.error, self.clock().timestamp(),
-                      tuple(m for m, _ in exchanged.refused))  # fmt: skip
+                      tuple(m for m, _ in exchanged.refused), took)  # fmt: skip
 
     def _to_send(
         self, ident: tuple[Key, int, str], messages: Sequence[PollMessage], now: float
@@ -250,6 +269,7 @@ class RankPolls:
                     flat.append((job.key, t))
                 else:  # close rounds: its last answer stands until the usual pace
                     rested.add(ident)
+        flat = self._within_budgets(jobs, flat, rested)
         sending, reads = [], []
         for key, t in flat:
             ident = (key, t.attempt, t.pod)
@@ -275,6 +295,7 @@ class RankPolls:
         by_pod: dict[tuple[Key, int, str], tuple[Any, str | None, float]] = {}
         for (key, t), sent, read, answer in zip(flat, sending, reads, answers, strict=True):
             ident = (key, t.attempt, t.pod)
+            self._cost[ident] = answer.took
             if not read and isinstance(answer.body, Mapping):
                 read = True  # the order's answer carried the pod's report: read after all
                 rested.discard(ident)
@@ -300,9 +321,48 @@ class RankPolls:
         for gone in [k for k in self.job_errors if k not in wanted]:
             self.job_errors.pop(gone, None)
             self._failing.discard(gone)
+        for gone in [k for k in self.left_out if k not in wanted]:
+            self.left_out.pop(gone, None)
         for job in jobs:
             self._job_round(job.key, partial(self._round_of, job, by_pod, received, rested))
         self.rounds += 1
+
+    def _within_budgets(
+        self, jobs: Sequence[JobTargets], flat: Sequence[tuple[Key, PollTarget]],
+        rested: set[tuple[Key, int, str]],
+    ) -> list[tuple[Key, PollTarget]]:  # fmt: skip
+        """The round's asks with each job held to its budget (`policy.poll_budget`), one
+        job's in turn: the pods left out join `rested` (their last report stands) and go
+        first in the job's next round."""
+        by_job: dict[Key, list[PollTarget]] = {}
+        for key, t in flat:
+            by_job.setdefault(key, []).append(t)
+        kept: list[list[tuple[Key, PollTarget]]] = []
+        for job in jobs:
+            targets = by_job.pop(job.key, [])
+            if not targets:
+                self.left_out.pop(job.key, None)
+                continue
+            idents = {t.pod: (job.key, t.attempt, t.pod) for t in targets}
+            asks = [poll_budget.PodAsk(t.pod, self._cost.get(idents[t.pod]),
+                                       self._waiting.get(idents[t.pod], 0),
+                                       job.ordering and job.pressing(t.pod))
+                    for t in targets]  # fmt: skip
+            budget = poll_budget.job_budget(len(job.targets), self.pod_share,
+                                            self.min_job_budget)  # fmt: skip
+            asked, left_out = poll_budget.choose(asks, budget, self.pod_share)
+            for pod in left_out:
+                self._waiting[idents[pod]] = self._waiting.get(idents[pod], 0) + 1
+                rested.add(idents[pod])
+            for pod in asked:
+                self._waiting.pop(idents[pod], None)
+            self.left_out[job.key] = len(left_out)
+            if left_out:
+                log.debug("%s/%s: %d pods left out of this round (its time budget, %.1f s)",
+                          *job.key, len(left_out), budget)  # fmt: skip
+            chosen = set(asked)
+            kept.append([(job.key, t) for t in targets if t.pod in chosen])
+        return poll_budget.interleave(kept)
 
     def _round_of(
         self,
@@ -361,6 +421,9 @@ class RankPolls:
             self._quiet = {k: v for k, v in self._quiet.items() if k in current}
         if len(self._read_at) > 2 * max(len(current), 1024):
             self._read_at = {k: v for k, v in self._read_at.items() if k in current}
+        if len(self._cost) > 2 * max(len(current), 1024):
+            self._cost = {k: v for k, v in self._cost.items() if k in current}
+        self._waiting = {k: v for k, v in self._waiting.items() if k in current}
         if len(self._taken) > 4 * max(len(current), 1024):
             self._taken = {k: v for k, v in self._taken.items() if k[:3] in current}
         if len(self._tried) > 4 * max(len(current), 1024):
@@ -375,83 +438,19 @@ class RankPolls:
         received: float,
         rested: Collection[tuple[Key, int, str]] = (),
     ) -> None:
-        """The job's reading from this round's answers; a `rested` pod (not read this round:
-        it answered less than RESTING_SECONDS ago, or was just given its order) keeps its last
-        report as an answer."""
-        attempt = job.targets[0].attempt if job.targets else 0
+        """The job's reading from this round's answers (`poll_readings.reading_of`)."""
         with self._lock:
             held = self._readings.get(job.key)
-        previous = {r.pod: r for r in held.reports} if held and held.attempt == attempt else {}
-        reports: list[rank_progress.PodReport] = []
-        unanswered: list[str] = []
-        quiet_since: dict[str, float] = {}
-        supervisors: dict[str, Mapping[str, Any]] = {}
-        fast_tiers: dict[str, Mapping[str, Any] | None] = {}
-        replicas: dict[str, Mapping[str, Any] | None] = {}
-        drains: dict[str, Mapping[str, Any] | None] = {}
-        kept_parts = (("fast_tier", fast_tiers), ("replica", replicas), ("drain", drains))
-        for target in job.targets:
-            ident = (job.key, target.attempt, target.pod)
-            last = previous.get(target.pod)
-            if ident in rested:
-                if last is None:
-                    continue  # not read this round, and nothing heard from it before
-                body, error, arrived = last.body, None, last.received_at
-            else:
-                body, error, arrived = answers.get(
-                    ident, (None, "not asked this round (did not answer)", received)
-                )
-            if isinstance(body, Mapping):
-                report = rank_progress.PodReport(target.pod, arrived, body)
-                # every value read from it checked once, here: a bad report is a bad answer
-                error = rank_progress.report_problem(report)
-                if error is None:
-                    reports.append(report)
-                    if isinstance(supervisor := body.get("supervisor"), Mapping):
-                        supervisors[target.pod] = supervisor
-                    for name, kept in kept_parts:
-                        if name in body:
-                            value = body.get(name)
-                            kept[target.pod] = value if isinstance(value, Mapping) else None
-                    continue
-            unanswered.append(f"{target.pod}: {error or 'not a JSON object'}")
-            if target.pod in previous:
-                reports.append(previous[target.pod])  # ages out of the evidence by itself
-                if held is not None:
-                    for before, kept in zip(
-                        (held.fast_tiers, held.replicas, held.drains),
-                        (fast_tiers, replicas, drains), strict=True,
-                    ):  # fmt: skip
-                        if target.pod in before:
-                            kept[target.pod] = before[target.pod]
-                quiet = self._quiet.get((job.key, target.attempt, target.pod))
-                quiet_since[target.pod] = quiet[2] if quiet is not None else arrived
-        # one window per round; a rank with no new step since the last one keeps its count
-        verdict = rank_stragglers.stragglers(
-            reports,
-            self._stragglers.get(job.key) if previous else None,
-            now=received,
-            ratio=job.straggler_ratio,
-            windows=job.straggler_windows,
-        )
-        reading = RankReadings(
-            attempt=attempt,
-            reports=tuple(reports),
-            polled_at=received,
-            unanswered=tuple(unanswered),
-            quiet_since=quiet_since,
-            supervisors=supervisors,
-            fast_tiers=fast_tiers,
-            replicas=replicas,
-            drains=drains,
-            indexes={t.pod: t.index for t in job.targets if t.index is not None},
-            stragglers=verdict.stragglers,
-        )
-        if unanswered:
-            log.debug("%s/%s: progress not read from %s", *job.key, "; ".join(unanswered[:3]))
+            state = self._stragglers.get(job.key)
+        quiet = {t.pod: q[2] for t in job.targets
+                 if (q := self._quiet.get((job.key, t.attempt, t.pod))) is not None}  # fmt: skip
+        reading, verdict_state = poll_readings.reading_of(
+            job.key, job.targets, answers, received, rested, held, state, quiet,
+            job.straggler_ratio, job.straggler_windows,
+        )  # fmt: skip
         with self._lock:
             self._readings[job.key] = reading
-            self._stragglers[job.key] = verdict.state
+            self._stragglers[job.key] = verdict_state
 
     def poke(self) -> None:
         """Start the next round now (an in-place restart's next order must not wait for the
