@@ -17,6 +17,8 @@ An order::
     {"job_uid": "0c2f...", "generation": 3, "action": "run", "attempt": 4, "step": 1200,
      "fast_step": 1260, "fast_source": "10.0.3.7:9478"}
     {"job_uid": "0c2f...", "generation": 3, "action": "run", "attempt": 4, "step": 1200,
+     "fast_step": 1260, "fast_lineage": "5f0c2a9e81d4b7c3"}
+    {"job_uid": "0c2f...", "generation": 3, "action": "run", "attempt": 4, "step": 1200,
      "rank": 1, "master_addr": "llm-a1-worker-0-0.llm-a1"}
 
 ``stop`` ends generation ``generation - 1`` (every process of the trainer's command gone);
@@ -29,7 +31,10 @@ trainer resumes from it when every rank verifies it, else from ``step``. ``fast_
 only in the order to a pod that does not hold ``fast_step`` itself (it replaced a pod on a
 broken node), is the progress sidecar of the pod that holds this pod's peer replica
 (``rtj_shim.peer_replica``): the sidecar copies the step from there before it hands the
-order to the supervisor. ``rank`` and ``master_addr``, in a run order, start the command as
+order to the supervisor. ``fast_lineage``, with ``fast_step``, is the history every pod
+holds the step in (``rtj_shim.lineage``): the trainers restore it only when every rank's
+copy is of that lineage (an older operator names none: they then check only that the
+copies agree). ``rank`` and ``master_addr``, in a run order, start the command as
 that node rank and with that rendezvous host (``RANK``, ``NODE_RANK``, ``PET_NODE_RANK``;
 ``MASTER_ADDR``, ``PET_MASTER_ADDR``) instead of the pod's own: a warm spare taking a
 replaced pod's rank, and every pod of a world whose rank 0 moved to a spare.
@@ -57,6 +62,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
+
+from rtj_shim import lineage
 
 ORDER_FILE = "order.json"
 STATE_FILE = "supervisor.json"
@@ -89,6 +96,7 @@ class Order:
     fast_source: str | None = None
     rank: int | None = None
     master_addr: str | None = None
+    fast_lineage: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -103,6 +111,8 @@ class Order:
                 body["fast_step"] = self.fast_step
                 if self.fast_source is not None:
                     body["fast_source"] = self.fast_source
+                if self.fast_lineage is not None:
+                    body["fast_lineage"] = self.fast_lineage
             if self.rank is not None:
                 body["rank"] = self.rank
             if self.master_addr is not None:
@@ -135,8 +145,15 @@ def parse_order(raw: bytes) -> Order:
     run = action == "run"
     if run and fast is not None and source is not None and not is_address(source):
         raise OrderError(f"order.fast_source: expected null or HOST:PORT, got {source!r}")
+    pinned = data.get("fast_lineage")
+    if run and fast is not None and pinned is not None and not (
+        isinstance(pinned, str) and lineage.valid(pinned)
+    ):
+        raise OrderError(
+            f"order.fast_lineage: expected null or {lineage.ID_HEX} hex digits, got {pinned!r}"
+        )
     if not (run and fast is not None):
-        source = None
+        source = pinned = None
     rank, master = data.get("rank"), data.get("master_addr")
     if run and rank is not None and not count(rank):
         raise OrderError(f"order.rank: expected null or an integer >= 0, got {rank!r}")
@@ -146,7 +163,7 @@ def parse_order(raw: bytes) -> Order:
         )
     return Order(uid, generation, action, attempt if run else None, step if run else None,
                  fast if run else None, source, rank if run else None,
-                 master if run else None)  # fmt: skip
+                 master if run else None, pinned)  # fmt: skip
 
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")

@@ -18,8 +18,9 @@ carried out as soon as it arrives, not up to a poll period later.
   an older attempt can never publish), ``RTJ_RESTART_GENERATION=g`` and ``RTJ_RESUME_FILE``
   pointing at a resume file naming step s (verified deeply by the restoring trainer; with
   no step, at no file: the trainer resolves the newest verified step itself). With
-  ``fast_step`` the file names it too: the trainer resumes from its fast tier when every
-  rank verifies that step there.
+  ``fast_step`` the file names it too (and ``fast_lineage``, the history it is pinned in):
+  the trainer resumes from its fast tier when every rank verifies that step there, in
+  that lineage.
 - ``stopped`` reports the fast-tier steps every rank directory of the pod holds
   (``fast_steps``, from ``RTJ_FAST_TIER_DIR``), read once the old world is gone and nothing
   writes them any more: the operator pins the newest step every pod holds.
@@ -313,6 +314,8 @@ class Supervisor:
                 body["step"] = order.step
             if order.fast_step is not None:  # without "step", the fallback is resolved
                 body["fast_step"] = order.fast_step
+                if order.fast_lineage is not None:  # restored only from copies of it
+                    body["fast_lineage"] = order.fast_lineage
             write_json(resume, body)
         else:  # nothing pinned: no resume file, so the restored trainer resolves the newest
             resume.unlink(missing_ok=True)

@@ -114,6 +114,14 @@ class InPlacePhase(StatusModel):
         ge=0,
         description="The fast-tier step every pod holds, pinned beside `step` (the fallback).",
     )
+    fast_lineage: str | None = Field(
+        default=None,
+        max_length=16,
+        pattern="^[0-9a-f]{16}$",
+        description="The history (rtj_shim lineage id) fastStep is pinned in: every pod holds "
+        "the step in it, and the run order names it, so a trainer restores no other "
+        "history's copy of the step number.",
+    )
     fast_sources: dict[str, Annotated[str, Field(max_length=64)]] = Field(
         default_factory=dict,
         max_length=MAX_FAST_SOURCES,

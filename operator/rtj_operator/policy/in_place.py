@@ -224,7 +224,8 @@ def order(
     source = state.fast_sources.get(str(index)) if index is not None else None
     return Order(rtj.metadata.uid, state.generation, "run", rtj.status.attempt, state.step,
                  state.fast_step, source if state.fast_step is not None else None,
-                 index if rank else None, master_addr)  # fmt: skip
+                 index if rank else None, master_addr,
+                 state.fast_lineage if state.fast_step is not None else None)  # fmt: skip
 
 
 STOPPED = frozenset({"stopped"})

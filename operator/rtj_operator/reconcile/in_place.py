@@ -241,7 +241,8 @@ def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
         if fast.note:
             b.notes.append(f"in place: no fast-tier step: {fast.note}")
         b.update(in_place=state.model_copy(update={
-            "phase": "Starting", "step": step, "fast_step": fast.step, "fast_sources": sources,
+            "phase": "Starting", "step": step, "fast_step": fast.step,
+            "fast_lineage": fast.lineage if fast.step is not None else None, "fast_sources": sources,
         }))  # fmt: skip
         b.requeue_in(0.5)
         return True

@@ -97,9 +97,12 @@ def test_stopped_reports_the_fast_steps_every_rank_holds_and_run_pins_one(
                     and s)  # fmt: skip
     assert stopped["fast_steps"] == [35], "rank 1's 30 is of another history than rank 0's"
     assert stopped["fast_held"] == [f"{LINEAGE}@35"]
-    assert pod.post(Order(UID, 1, "run", attempt=1, step=20, fast_step=35))[0] == 202
+    run = Order(UID, 1, "run", attempt=1, step=20, fast_step=35, fast_lineage=LINEAGE)
+    assert pod.post(run)[0] == 202
     second = json.loads(until("generation 1", lambda: _read(pod.out / "gen-1.json")))
     assert (second["resume"]["step"], second["resume"]["fast_step"]) == (20, 35)
+    # the history the step is pinned in: the restoring ranks take no other copy (issue 43)
+    assert second["resume"]["fast_lineage"] == LINEAGE
 
 
 def test_a_replacement_pod_is_held_until_its_run_order(pod: Pod) -> None:

@@ -135,11 +135,13 @@ def test_the_newest_fast_step_every_pod_holds_is_pinned_beside_the_durable_one()
     raw = with_status(raw, starting)
     state = raw["status"]["inPlace"]
     assert (state["phase"], state["step"], state["fastStep"]) == ("Starting", 1200, 1260)
+    assert state["fastLineage"] == "0123456789abcdef", "the history every pod holds it in"
     entry = raw["status"]["attempts"][0]["inPlaceRestarts"][0]
     assert (entry["resumedFromStep"], entry["resumedFromFastStep"]) == (1200, 1260)
     order = rc.restart_order(snapshot(raw, pods=pods))
     assert order is not None
     assert (order.action, order.step, order.fast_step) == ("run", 1200, 1260)
+    assert order.fast_lineage == "0123456789abcdef", "the trainers restore only that history"
     done = plan(raw, pods, readings(pods, (1, "running", None), (1, "running", None)))
     raw = with_status(raw, done)
     assert "inPlace" not in raw["status"]

@@ -334,6 +334,12 @@ def test_the_run_order_carries_the_fast_step_and_the_supervisor_reads_it_back() 
     assert copies is not None and copies.fast_source == "10.0.0.9:9478"
     assert parse_order(copies.encode()) == copies
     assert in_place.order(running, 0) == order and in_place.order(running) == order
+    # the lineage the step is pinned in goes with it: the trainers restore no other copy
+    lineaged = state.model_copy(update={"fast_lineage": LINEAGE_B})
+    running = job.model_copy(update={"status": status.model_copy(update={"in_place": lineaged})})
+    named = in_place.order(running)
+    assert named is not None and named.fast_lineage == LINEAGE_B
+    assert parse_order(named.encode()) == named
     # without a fast step the order is as before (no fast_step key on the wire)
     plain = state.model_copy(update={"fast_step": None})
     running = job.model_copy(update={"status": job.status.model_copy(update={"in_place": plain})})

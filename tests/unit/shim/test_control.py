@@ -28,6 +28,13 @@ def test_an_order_names_the_field_that_is_wrong() -> None:
     assert parse_order(fast.encode()) == fast  # the fast tier's step travels signed
     assert "fast_step" not in Order(UID, 2, "run", attempt=3, step=1200).to_json()
     assert parse_order(body(generation=2, action="stop", fast_step=9)).fast_step is None
+    # the history the fast step is pinned in travels with it (issue 43), never without it
+    pinned = Order(UID, 2, "run", attempt=3, step=1200, fast_step=1260,
+                   fast_lineage="5f0c2a9e81d4b7c3")  # fmt: skip
+    assert parse_order(pinned.encode()) == pinned
+    assert pinned.to_json()["fast_lineage"] == "5f0c2a9e81d4b7c3"
+    assert parse_order(body(generation=2, action="run", attempt=3, step=5,
+                            fast_lineage="5f0c2a9e81d4b7c3")).fast_lineage is None  # fmt: skip
     for fields, field in [
         ({"generation": -1, "action": "stop"}, "order.generation"),
         ({"generation": True, "action": "stop"}, "order.generation"),
@@ -37,6 +44,16 @@ def test_an_order_names_the_field_that_is_wrong() -> None:
         (
             {"generation": 1, "action": "run", "attempt": 2, "step": 4, "fast_step": -5},
             "order.fast_step",
+        ),
+        (
+            {"generation": 1, "action": "run", "attempt": 2, "step": 4, "fast_step": 8,
+             "fast_lineage": "legacy"},
+            "order.fast_lineage",
+        ),
+        (
+            {"generation": 1, "action": "run", "attempt": 2, "step": 4, "fast_step": 8,
+             "fast_lineage": 7},
+            "order.fast_lineage",
         ),
     ]:
         with pytest.raises(OrderError, match=re.escape(field)):
