@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,7 +130,7 @@ def check_request(
         at = float(when) if when is not None else None
     except ValueError:
         at = None
-    if at is None:
+    if at is None or not math.isfinite(at):  # NaN is never more than MAX_SKEW_S away
         return f"{TIME_HEADER}: expected Unix seconds"
     if abs(now - at) > MAX_SKEW_S:
         return f"{TIME_HEADER}: {at:.0f} is more than {MAX_SKEW_S:.0f} s from this pod's clock"

@@ -15,6 +15,7 @@ from rtj_shim.peer_replica import (
     answer_signature,
     check_answer,
     check_request,
+    request_signature,
     parse_assignment,
     request_headers,
 )
@@ -56,6 +57,10 @@ def test_a_request_is_refused_unless_signed_for_this_target_and_fresh() -> None:
     assert "signature" in str(check_request(OTHER, "GET", target, when, sig, 1000.5))
     assert "clock" in str(check_request(KEY, "GET", target, when, sig, 1001.0 + MAX_SKEW_S))
     assert "Unix seconds" in str(check_request(KEY, "GET", target, None, sig, 1000.0))
+    # a signed "nan" (or "inf") is no time: NaN compares as never too far off
+    for odd in ("nan", "inf", "-inf"):
+        signed = request_signature(KEY, "GET", target, odd)  # a key holder's own request
+        assert "Unix seconds" in str(check_request(KEY, "GET", target, odd, signed, 1000.0))
     assert "no control key" in str(check_request("", "GET", target, when, sig, 1000.0))
 
 
