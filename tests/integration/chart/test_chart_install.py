@@ -342,6 +342,15 @@ def test_a_namespaced_install_reads_no_secret_and_touches_nothing_outside_its_na
     Events are confined to those namespaces, not granted cluster-wide."""
     ns, other, sa = rtj_ns.name, installed.namespace, installed.sa
     _watch_only(installed, rtj_cluster, ns)
+    # the watched namespace's sidecar ports admit the operator and the namespace's own pods
+    # (the API server took the chart's NetworkPolicy; the harness enforces none)
+    networking = k8s.NetworkingV1Api(rtj_cluster.kube.core.api_client)
+    policy = networking.read_namespaced_network_policy(f"{SA}-sidecars", ns)
+    sidecar = policy.spec.ingress[0]
+    assert [p.port for p in sidecar.ports] == [keys.DEFAULT_PROGRESS_PORT]
+    assert sidecar._from[0].namespace_selector.match_labels == {
+        "kubernetes.io/metadata.name": other
+    }
     creds = k8s.V1Secret(metadata=k8s.V1ObjectMeta(name="creds"),
                          string_data={"AWS_ACCESS_KEY_ID": "a"})  # fmt: skip
     rtj_cluster.kube.core.create_namespaced_secret(ns, creds)

@@ -448,3 +448,69 @@ def test_in_place_restart_orders_are_keyed_by_a_generated_secret_only_the_operat
     assert not [o for o in off if o["kind"] == "Secret"]
     args = one(off, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert not [a for a in args if a.startswith("--control-secret-file")]
+
+
+def _sidecar_policies(objs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["namespace"]: o for o in objs if o["kind"] == "NetworkPolicy"}
+
+
+def test_the_sidecar_ports_admit_only_the_operator_and_the_namespaces_own_pods(
+    tmp_path: Path,
+) -> None:
+    """Issue 42: a NetworkPolicy per job namespace (the watched ones by default) in which
+    the progress sidecars' port answers the operator's pods and the namespace's own pods
+    only, while every other port and protocol stays open (NCCL, rendezvous)."""
+    assert not _sidecar_policies(render()), "a cluster-wide operator names no namespace"
+    objs = render({"operator": {"watchNamespaces": ["team-a", "team-b"]}}, tmp_path)
+    policies = _sidecar_policies(objs)
+    assert sorted(policies) == ["team-a", "team-b"]
+    spec = policies["team-a"]["spec"]
+    assert spec["podSelector"] == {
+        "matchExpressions": [{"key": keys.JOB_LABEL, "operator": "Exists"}]
+    }
+    assert spec["policyTypes"] == ["Ingress"]
+    sidecar, others = spec["ingress"]
+    assert sidecar["ports"] == [{"protocol": "TCP", "port": keys.DEFAULT_PROGRESS_PORT}]
+    operator, own = sidecar["from"]
+    assert operator == {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "rtj-system"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "resilient-training-operator",
+                                        "app.kubernetes.io/instance": "rtj"}},
+    }  # fmt: skip
+    assert own == {"podSelector": {}}
+    assert "from" not in others, "every other port is open to all, as without the policy"
+    assert others["ports"] == [
+        {"protocol": "TCP", "port": 1, "endPort": keys.DEFAULT_PROGRESS_PORT - 1},
+        {"protocol": "TCP", "port": keys.DEFAULT_PROGRESS_PORT + 1, "endPort": 65535},
+        {"protocol": "UDP"},
+        {"protocol": "SCTP"},
+    ]
+    deployment = one(objs, "Deployment")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert operator["podSelector"]["matchLabels"].items() <= labels.items()
+
+
+def test_the_sidecar_policy_takes_its_own_namespaces_and_every_port_jobs_use(
+    tmp_path: Path,
+) -> None:
+    values = {"networkPolicy": {"namespaces": ["ml"], "sidecarPorts": [1, 9478, 9479, 65535]}}
+    (policy,) = _sidecar_policies(render(values, tmp_path)).values()
+    sidecar, others = policy["spec"]["ingress"]
+    assert [p["port"] for p in sidecar["ports"]] == [1, 9478, 9479, 65535]
+    assert others["ports"] == [
+        {"protocol": "TCP", "port": 2, "endPort": 9477},
+        {"protocol": "TCP", "port": 9480, "endPort": 65534},
+        {"protocol": "UDP"},
+        {"protocol": "SCTP"},
+    ]
+    single = {"networkPolicy": {"namespaces": ["ml"], "sidecarPorts": [2, 65535]}}
+    (policy,) = _sidecar_policies(render(single, tmp_path)).values()
+    assert policy["spec"]["ingress"][1]["ports"][0] == {"protocol": "TCP", "port": 1}
+    off = {"operator": {"watchNamespaces": ["ml"]}, "networkPolicy": {"enabled": False}}
+    assert not _sidecar_policies(render(off, tmp_path))
+    unsorted = {"networkPolicy": {"namespaces": ["ml"], "sidecarPorts": [9479, 9478]}}
+    failed = helm(*template_args(unsorted, tmp_path), check=False)
+    assert failed.returncode != 0
+    assert "networkPolicy.sidecarPorts: expected distinct ports in ascending order" in (
+        failed.stderr
+    )
