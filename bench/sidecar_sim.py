@@ -20,7 +20,9 @@ own order checks and supervisor decisions.
 - ``GET /progress``: the sidecar's body with no ranks and the supervisor's report, the
   fields `rtj_shim.supervisor` writes; for a pod rendered with ``RTJ_SIGNED_READS=1`` only
   when signed with its job's key (`rtj_shim.peer_replica.check_request`, as the sidecar
-  checks it), else 403.
+  checks it), else 403. A pod rendered with ``RTJ_SEALED_ANSWERS=1`` seals its answers to
+  a read or an order carrying a nonce with its name and attempt (`rtj_shim.answer_seal`),
+  as the sidecar does.
 - Commands from the bench over a pipe: ``("exit", pod, code)`` (the pod's command exits),
   ``("stats",)`` (requests served, orders taken, and when the last pod started each
   generation).
@@ -43,13 +45,13 @@ from typing import Any
 from bench.scale_probes import RawWatch
 from e2e.cluster.kube import Kube as HarnessKube
 from rtj_operator.api import keys
-from rtj_shim import control, peer_replica
+from rtj_shim import answer_seal, control, peer_replica
 from rtj_shim.progress_server import KEEP_ALIVE_IDLE_S
 from rtj_shim.supervisor import Supervised, next_action
 
 HEAD = (
     b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
-    b"Connection: %s\r\n\r\n"
+    b"Connection: %s\r\n%s\r\n"
 )
 REASONS = {200: b"OK", 202: b"Accepted", 403: b"Forbidden", 404: b"Not Found", 413: b"Too Large"}
 MAX_ORDER = 4096
@@ -68,6 +70,7 @@ class SimPod:
     signed_reads: bool = False
     rank: int | None = None
     last: control.Order | None = None
+    answerer: answer_seal.Answerer | None = None
     updated: float = field(default_factory=time.time)
 
     def report(self) -> dict[str, Any]:
@@ -143,9 +146,11 @@ def sim_pod(body: dict[str, Any]) -> tuple[str, SimPod] | None:
     attempt = (meta.get("labels") or {}).get(keys.ATTEMPT_LABEL, "")
     state = Supervised(0, "stopped" if held else "running",
                        int(attempt) if attempt.isdigit() else None)  # fmt: skip
+    sealed = env.get(keys.ENV_SEALED_ANSWERS) == "1"
+    answerer = answer_seal.Answerer(meta["name"], attempt) if sealed else None
     return ip, SimPod(meta["name"], meta["uid"], env.get(keys.ENV_CONTROL_KEY, ""),
                       env.get(keys.ENV_JOB_UID, ""), state, spare,
-                      env.get(keys.ENV_SIGNED_READS) == "1")  # fmt: skip
+                      env.get(keys.ENV_SIGNED_READS) == "1", answerer=answerer)  # fmt: skip
 
 
 class Sidecars:
@@ -196,6 +201,18 @@ class Sidecars:
                 return 202, {"accepted": order.to_json(), "report": self._progress(pod)}
             return 404, {"error": f"{method} {path}"}
 
+    def seal(self, ip: str, code: int, nonce: str | None, data: bytes) -> bytes:
+        """The seal header line of an answer (b"": none), as the pod's sidecar seals it."""
+        with self.lock:
+            pod = self.by_ip.get(ip)
+        if pod is None or pod.answerer is None or code not in (200, 202):
+            return b""
+        if not answer_seal.valid_nonce(nonce):
+            return b""
+        assert nonce is not None
+        sealed = answer_seal.seal(pod.key, nonce, pod.answerer, data)
+        return f"{answer_seal.SEAL_HEADER}: {sealed}\r\n".encode()
+
     def _progress(self, pod: SimPod) -> dict[str, Any]:
         body = pod.progress()
         s = pod.current
@@ -236,7 +253,7 @@ async def _handle(sidecars: Sidecars, reader: asyncio.StreamReader,
             length = int(headers.get("content-length") or 0)
             if not 0 <= length <= MAX_ORDER:
                 data = json.dumps({"error": f"Content-Length {length}"}).encode()
-                writer.write(HEAD % (413, REASONS[413], len(data), b"close") + data)
+                writer.write(HEAD % (413, REASONS[413], len(data), b"close", b"") + data)
                 await writer.drain()
                 return
             raw = await asyncio.wait_for(reader.readexactly(length), 5.0) if length else b""
@@ -245,7 +262,9 @@ async def _handle(sidecars: Sidecars, reader: asyncio.StreamReader,
             when = headers.get(peer_replica.TIME_HEADER.lower())
             code, body = sidecars.answer(ip, method, path, raw, signature, when)
             data = json.dumps(body, separators=(",", ":")).encode()
-            writer.write(HEAD % (code, REASONS.get(code, b"?"), len(data), b"keep-alive") + data)
+            sealed = sidecars.seal(ip, code, headers.get(answer_seal.NONCE_HEADER.lower()), data)
+            writer.write(HEAD % (code, REASONS.get(code, b"?"), len(data), b"keep-alive", sealed)
+                         + data)  # fmt: skip
             await writer.drain()
     except (OSError, ValueError, asyncio.IncompleteReadError, asyncio.TimeoutError,
             asyncio.LimitOverrunError):  # fmt: skip

@@ -10,7 +10,9 @@ used (`rtj_shim.progress_server.KEEP_ALIVE_IDLE_S` idle), so the next round reus
 Every read of a job that has a control key is signed with it (`progress_headers`: the
 request signature the sidecars sign ``GET /fast-tier/...`` with, `rtj_shim.peer_replica`): a
 sidecar rendered with ``RTJ_SIGNED_READS`` answers nobody else; an older one ignores the
-headers.
+headers. Where the pod was rendered to seal its answers (`Answerer`: its name and attempt),
+the read and every message carry a fresh nonce and an answer counts only with the pod's
+seal over it (`rtj_shim.answer_seal`): whatever answers at a reused pod IP is not the pod.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rtj_operator.reconcile.world import PollMessage
+from rtj_shim import answer_seal
+from rtj_shim.answer_seal import Answerer
 from rtj_shim.control import SIGNATURE_HEADER
 from rtj_shim.peer_replica import request_headers
 
@@ -113,25 +117,55 @@ def progress_headers(key: str | None, now: float) -> dict[str, str]:
     return headers
 
 
+class Sealing:
+    """One request's nonce and the check of its answer's seal (`rtj_shim.answer_seal`):
+    nothing to check without the job's key or an `Answerer` (a pod rendered without
+    sealing, or by an older operator)."""
+
+    def __init__(self, key: str | None, answerer: Answerer | None) -> None:
+        self.key, self.answerer = key, answerer
+        self.nonce = answer_seal.new_nonce() if key and answerer is not None else None
+
+    def headers(self) -> dict[str, str]:
+        return {answer_seal.NONCE_HEADER: self.nonce} if self.nonce is not None else {}
+
+    def problem(self, response: http.client.HTTPResponse, body: bytes) -> str | None:
+        """Why `body` is not the pod's own answer to this request (None: it is, or nothing
+        is checked)."""
+        if self.nonce is None or self.key is None or self.answerer is None:
+            return None
+        got = response.getheader(answer_seal.SEAL_HEADER)
+        if answer_seal.check(self.key, self.nonce, self.answerer, body, got):
+            return None
+        return (f"{answer_seal.SEAL_HEADER}: missing or not {self.answerer.pod}'s seal (not "
+                "that pod answering at its address)")  # fmt: skip
+
+
 def read_progress(
     conn: http.client.HTTPConnection,
     timeout: float,
     max_body: int = MAX_BODY,
     deadlines: Deadlines = DEADLINES,
     key: str | None = None,
+    answerer: Answerer | None = None,
 ) -> Any:
     """`GET /progress` on `conn` (signed with `key`, the job's control key, where given): the
     parsed JSON body, or PollFailed. `timeout` bounds the whole request, not each socket
-    read: a server that drips bytes is cut off."""
+    read: a server that drips bytes is cut off. With `answerer` the body must carry its
+    seal (`Sealing`)."""
     token = deadlines.arm(conn, timeout)
+    sealing = Sealing(key, answerer)
     try:
-        conn.request("GET", PROGRESS_PATH, headers=progress_headers(key, time.time()))
+        headers = {**progress_headers(key, time.time()), **sealing.headers()}
+        conn.request("GET", PROGRESS_PATH, headers=headers)
         response = conn.getresponse()
         body = response.read(max_body + 1)
         if response.status != 200:  # a refusal says why (a clock too far off, a wrong key)
             raise PollFailed(f"HTTP {response.status} {body[:200]!r}")
         if len(body) > max_body:
             raise PollFailed(f"body larger than {max_body} bytes")
+        if (unsealed := sealing.problem(response, body)) is not None:
+            raise PollFailed(unsealed)
         return json.loads(body)
     except (OSError, http.client.HTTPException) as exc:
         raise PollFailed(f"{type(exc).__name__}: {exc}") from exc
@@ -146,15 +180,20 @@ def post(
     message: PollMessage,
     timeout: float,
     deadlines: Deadlines = DEADLINES,
+    key: str | None = None,
+    answerer: Answerer | None = None,
 ) -> Any:
     """One signed ``POST <path>`` on `conn`, bounded as a whole by `timeout`; PollFailed
     unless the sidecar accepted it (202). A refused message closes the connection (what is
     left on it is not trusted). The pod's report after the message when the answer carries
     one (``"report"``: a sidecar answers a restart order once its supervisor took it), else
-    None."""
+    None; with `answerer` (and `key`), only when the answer carries the pod's seal (else
+    the pod is read in the next round)."""
     token = deadlines.arm(conn, timeout)
+    sealing = Sealing(key, answerer)
     try:
-        headers = {"Content-Type": "application/json", SIGNATURE_HEADER: message.signature}
+        headers = {"Content-Type": "application/json", SIGNATURE_HEADER: message.signature,
+                   **sealing.headers()}  # fmt: skip
         conn.request("POST", message.path, message.body, headers)
         response = conn.getresponse()
         answer = response.read(MAX_BODY)
@@ -162,12 +201,13 @@ def post(
             conn.close()  # refused, or an answer past the bound: the next request on a new one
         if response.status != 202:
             raise PollFailed(f"{message.path}: refused: HTTP {response.status} {answer[:200]!r}")
+        sealed = sealing.problem(response, answer) is None
     except (OSError, http.client.HTTPException) as exc:
         conn.close()  # whatever is left on it is not read: the next request opens a new one
         raise PollFailed(f"{message.path}: not sent: {type(exc).__name__}: {exc}") from exc
     finally:
         deadlines.disarm(token)
-    return carried_report(answer)
+    return carried_report(answer) if sealed else None
 
 
 def carried_report(answer: bytes) -> Any:
@@ -183,13 +223,14 @@ def carried_report(answer: bytes) -> Any:
 
 
 def fetch_progress(
-    ip: str, port: int, timeout: float, key: str | None = None, max_body: int = MAX_BODY
-) -> Any:
-    """One `GET /progress` (signed with `key` where given) on a connection of its own
-    (blocking)."""
+    ip: str, port: int, timeout: float, key: str | None = None, max_body: int = MAX_BODY,
+    answerer: Answerer | None = None,
+) -> Any:  # fmt: skip
+    """One `GET /progress` (signed with `key` where given; sealed by `answerer`, where
+    given) on a connection of its own (blocking)."""
     conn = http.client.HTTPConnection(ip, port, timeout=timeout)
     try:
-        return read_progress(conn, timeout, max_body, key=key)
+        return read_progress(conn, timeout, max_body, key=key, answerer=answerer)
     finally:
         conn.close()
 
@@ -213,10 +254,13 @@ class Exchanged:
     refused: tuple[tuple[PollMessage, str], ...] = ()
 
 
-Exchange = Callable[[str, int, float, Sequence[PollMessage], bool, str | None], Exchanged]
-"""(ip, port, timeout, messages, read, key): post the messages, then read the pod (signed
-with `key`, the job's control key, where given) unless `read` is False (its body is then the
-report the last answered message carried, or None; its error None)."""
+Exchange = Callable[
+    [str, int, float, Sequence[PollMessage], bool, str | None, Answerer | None], Exchanged
+]
+"""(ip, port, timeout, messages, read, key, answerer): post the messages, then read the pod
+(signed with `key`, the job's control key, where given) unless `read` is False (its body is
+then the report the last answered message carried, or None; its error None); with
+`answerer`, an answer counts only with that pod's seal."""
 Fetch = Callable[[str, int, float, str | None], Any]
 """(ip, port, timeout, key): the pod's progress (`fetch_progress`)."""
 Send = Callable[[str, int, float, PollMessage], Any]
@@ -254,8 +298,9 @@ def separately(fetch: Fetch, send: Send) -> Exchange:
 
     def exchange_separately(
         ip: str, port: int, timeout: float, messages: Sequence[PollMessage], read: bool = True,
-        key: str | None = None,
+        key: str | None = None, answerer: Answerer | None = None,
     ) -> Exchanged:  # fmt: skip
+        """(A test's or a bench's halves: their answers are not checked for a seal.)"""
         return exchange(
             lambda m: send(ip, port, timeout, m), lambda: fetch(ip, port, timeout, key),
             messages, read,
@@ -291,7 +336,7 @@ class SidecarConnections:
 
     def exchange(
         self, ip: str, port: int, timeout: float, messages: Sequence[PollMessage],
-        read: bool = True, key: str | None = None,
+        read: bool = True, key: str | None = None, answerer: Answerer | None = None,
     ) -> Exchanged:  # fmt: skip
         address = (ip, port)
         conn, reused = self._take(address, timeout)
@@ -310,8 +355,10 @@ class SidecarConnections:
             return request(holder[0])
 
         answered = exchange(
-            lambda m: once(lambda c: post(c, m, timeout, self.deadlines)),
-            lambda: once(lambda c: read_progress(c, timeout, MAX_BODY, self.deadlines, key)),
+            lambda m: once(lambda c: post(c, m, timeout, self.deadlines, key, answerer)),
+            lambda: once(
+                lambda c: read_progress(c, timeout, MAX_BODY, self.deadlines, key, answerer)
+            ),
             messages,
             read,
         )
@@ -383,8 +430,9 @@ def _open_and_quiet(conn: http.client.HTTPConnection) -> bool:
 
 def exchange_http(
     ip: str, port: int, timeout: float, messages: Sequence[PollMessage], read: bool = True,
-    key: str | None = None,
+    key: str | None = None, answerer: Answerer | None = None,
 ) -> Exchanged:  # fmt: skip
     """The pod's messages, then `GET /progress` (signed with `key` where given), on one new
     connection, closed after (none kept)."""
-    return SidecarConnections(limit=0).exchange(ip, port, timeout, messages, read, key)
+    return SidecarConnections(limit=0).exchange(ip, port, timeout, messages, read, key,
+                                                answerer)  # fmt: skip

@@ -51,6 +51,7 @@ from rtj_operator.pod_http import (
 from rtj_operator.policy import poll_budget
 from rtj_operator.policy import stragglers as rank_stragglers
 from rtj_operator.reconcile.world import CONTROL_PATH, PollMessage, PollTarget, RankReadings
+from rtj_shim.answer_seal import Answerer
 
 log = logging.getLogger("rtj_operator.rank_polls")
 
@@ -196,8 +197,10 @@ class RankPolls:
         go first: the answer then already tells whether it took them; the read is signed
         with `key` (the job's, `JobTargets.read_key`)."""
         started = time.monotonic()
+        answerer = Answerer(target.pod, str(target.attempt)) if target.sealed else None
         try:
-            exchanged = self.exchange(target.ip, target.port, self.timeout, messages, read, key)
+            exchanged = self.exchange(target.ip, target.port, self.timeout, messages, read, key,
+                                      answerer)  # fmt: skip
         except Exception as exc:  # a poll must never take the poller down
             why = f"{type(exc).__name__}: {exc}"
             exchanged = Exchanged(None, why, tuple((m, why) for m in messages))

@@ -6,7 +6,9 @@
 JSON line ``{"listening": {"host": ..., "port": ...}, "dir": ...}`` once it accepts
 connections (``--port 0``: any free port, the one chosen is in that line). With
 ``RTJ_SIGNED_READS=1`` (and the job's ``RTJ_CONTROL_KEY``) it answers only signed reads
-(`rtj_shim.progress_server.Reads`).
+(`rtj_shim.progress_server.Reads`); with ``RTJ_SEALED_ANSWERS=1`` (and ``RTJ_POD_NAME``,
+``RTJ_POD_ATTEMPT``) it seals its answers to reads carrying a nonce
+(`rtj_shim.answer_seal`).
 
 ``heartbeat --step N [--section NAME]``: coarse progress for a job that does not use
 rtj_shim in Python, called from its shell loop. Completes step N when it is new (the time
@@ -41,7 +43,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from rtj_shim import fast_tier, preload
+from rtj_shim import answer_seal, fast_tier, preload
 from rtj_shim.drain_sidecar import Drainer
 from rtj_shim.errors import UsageError
 from rtj_shim.peer_replica import request_headers
@@ -56,6 +58,9 @@ ENV_CONTROL_DIR = "RTJ_CONTROL_DIR"
 ENV_CONTROL_KEY = "RTJ_CONTROL_KEY"
 ENV_JOB_UID = "RTJ_JOB_UID"
 ENV_SIGNED_READS = "RTJ_SIGNED_READS"
+ENV_SEALED_ANSWERS = "RTJ_SEALED_ANSWERS"
+ENV_POD_NAME = "RTJ_POD_NAME"
+ENV_POD_ATTEMPT = "RTJ_POD_ATTEMPT"
 ENV_POD_IP = "RTJ_POD_IP"
 DEFAULT_PORT = 9478
 PROGRESS_PATH = "/progress"
@@ -188,8 +193,21 @@ def reads_from_env(env: Mapping[str, str]) -> Reads:
     return Reads.SIGNED
 
 
+def answerer_from_env(env: Mapping[str, str]) -> answer_seal.Answerer | None:
+    """``RTJ_SEALED_ANSWERS=1``: this pod (``RTJ_POD_NAME``, ``RTJ_POD_ATTEMPT``) seals its
+    answers with the job's key (UsageError where one is missing: the operator would count
+    every unsealed answer as no answer)."""
+    if env.get(ENV_SEALED_ANSWERS, "") != "1":
+        return None
+    missing = [n for n in (ENV_CONTROL_KEY, ENV_POD_NAME, ENV_POD_ATTEMPT) if not env.get(n)]
+    if missing:
+        raise UsageError(f"progress-server: ${ENV_SEALED_ANSWERS}=1 needs ${', $'.join(missing)}")
+    return answer_seal.Answerer(env[ENV_POD_NAME], env[ENV_POD_ATTEMPT])
+
+
 def progress_server(args: argparse.Namespace) -> int:
     reads = reads_from_env(os.environ)
+    answerer = answerer_from_env(os.environ)
     server = ProgressServer(
         args.dir,
         args.host,
@@ -202,6 +220,7 @@ def progress_server(args: argparse.Namespace) -> int:
             args.fast_tier_dir, os.environ.get(ENV_CONTROL_KEY, ""), os.environ
         ),
         reads=reads,
+        answerer=answerer,
     )
 
     def stop(signum: int, frame: FrameType | None) -> None:

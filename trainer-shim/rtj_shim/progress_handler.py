@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 from urllib.parse import parse_qs
 
-from rtj_shim import control, drain_order, http_gate, peer_replica, peer_serve
+from rtj_shim import answer_seal, control, drain_order, http_gate, peer_replica, peer_serve
 from rtj_shim.progress_report import report
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ class Handler(BaseHTTPRequestHandler):
                 return
             body = report(self.server.directory, control_dir=self.server.control_dir,
                           fast_tier_dir=self.server.fast_tier_dir)  # fmt: skip
-            self._reply(200, {**body, **self.server.peer_report()})
+            self._reply(200, {**body, **self.server.peer_report()}, sealed=True)
         elif path.startswith(peer_serve.PREFIX):
             self._fast_tier(path)
         elif path == "/healthz":
@@ -173,7 +173,8 @@ class Handler(BaseHTTPRequestHandler):
             server.await_supervisor(order, before)
         body = report(server.directory, control_dir=server.control_dir,
                       fast_tier_dir=server.fast_tier_dir)  # fmt: skip
-        self._reply(202, {"accepted": order.to_json(), "report": {**body, **server.peer_report()}})
+        self._reply(202, {"accepted": order.to_json(), "report": {**body, **server.peer_report()}},
+                    sealed=True)  # fmt: skip
 
     def _signed(self, limit: int, accept: Callable[..., _Message]) -> _Message | None:
         """The body of a signed message from the operator, checked by ``accept`` (this job's
@@ -199,8 +200,19 @@ class Handler(BaseHTTPRequestHandler):
             return None
         return self.rfile.read(length)
 
-    def _reply(self, code: int, body: dict[str, Any]) -> None:
-        self._reply_raw(code, (json.dumps(body, separators=(",", ":")) + "\n").encode())
+    def _reply(self, code: int, body: dict[str, Any], sealed: bool = False) -> None:
+        """Answer `body`; `sealed`: with this pod's seal where the request carries a nonce
+        and the pod seals its answers (`rtj_shim.answer_seal`)."""
+        raw = (json.dumps(body, separators=(",", ":")) + "\n").encode()
+        nonce = self.headers.get(answer_seal.NONCE_HEADER)
+        answerer = self.server.answerer
+        headers = {}
+        if sealed and answerer is not None and answer_seal.valid_nonce(nonce):
+            assert nonce is not None
+            headers[answer_seal.SEAL_HEADER] = answer_seal.seal(
+                self.server.control_key, nonce, answerer, raw
+            )
+        self._reply_raw(code, raw, headers)
 
     def _reply_raw(self, code: int, raw: bytes, headers: dict[str, str] | None = None) -> None:
         self.send_response(code)

@@ -35,6 +35,12 @@ sign ``GET /fast-tier/...`` with (`peer_replica.request_headers`: ``X-RTJ-Time``
 connection closed. The pod's progress is its job's state: only the operator (and the job's
 own pods) hold the key. ``GET /healthz`` stays open; it says nothing about the job.
 
+Who answers: with an `answer_seal.Answerer` (``RTJ_SEALED_ANSWERS=1``, ``RTJ_POD_NAME`` and
+``RTJ_POD_ATTEMPT``, rendered by the operator beside the key), the answer to a read or a
+restart order that carries ``X-RTJ-Nonce`` is sealed (``X-RTJ-Seal``) over the nonce, this
+pod's name and attempt and the body, so the operator knows the answer came from this pod
+and not from whatever holds its IP now.
+
 Slow clients (issue 42): every request is read whole, head and body, by one thread
 (`rtj_shim.http_gate`) within ``REQUEST_DEADLINE_S`` of its first byte, before a handler
 thread is given to it; at most ``MAX_SERVING`` are answered at once (a whole request beyond
@@ -53,7 +59,15 @@ from http.server import HTTPServer
 from pathlib import Path
 from typing import Any, cast
 
-from rtj_shim import control, doorbell, drain_order, fast_tier, http_gate, peer_replica
+from rtj_shim import (
+    answer_seal,
+    control,
+    doorbell,
+    drain_order,
+    fast_tier,
+    http_gate,
+    peer_replica,
+)
 from rtj_shim.drain_sidecar import Drainer
 from rtj_shim.peer_pull import ReplicaPuller, fetch_back
 from rtj_shim.progress_handler import Handler, Reads
@@ -112,9 +126,15 @@ class ProgressServer(HTTPServer):
         drainer: Drainer | None = None,
         order_ack_seconds: float = ORDER_ACK_SECONDS,
         reads: Reads = Reads.OPEN,
+        answerer: answer_seal.Answerer | None = None,
     ) -> None:
         if reads is Reads.SIGNED and not control_key:
             raise ValueError("signed reads need the job's control key")
+        if answerer is not None and not control_key:
+            raise ValueError("sealed answers need the job's control key")
+        self.answerer = answerer
+        """This pod (its name and attempt): with it, an answer to a read that carries a
+        nonce is sealed (`rtj_shim.answer_seal`)."""
         self.directory = directory
         self.reads = reads
         self.order_ack_seconds = order_ack_seconds

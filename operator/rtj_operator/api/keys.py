@@ -110,6 +110,12 @@ ENV_CONTROL_KEY: Final = "RTJ_CONTROL_KEY"
 ENV_JOB_UID: Final = "RTJ_JOB_UID"
 ENV_SIGNED_READS: Final = "RTJ_SIGNED_READS"
 """``1``: the sidecar answers only reads signed with the job's key (rtj_shim.progress_server)."""
+ENV_SEALED_ANSWERS: Final = "RTJ_SEALED_ANSWERS"
+"""``1``: the sidecar seals its answers to the operator's nonce with its pod name and attempt
+(``RTJ_POD_NAME``, ``RTJ_POD_ATTEMPT``; rtj_shim.answer_seal), and the poller counts only
+sealed answers from it."""
+ENV_POD_NAME: Final = "RTJ_POD_NAME"
+ENV_POD_ATTEMPT: Final = "RTJ_POD_ATTEMPT"
 ENV_POD_IP: Final = "RTJ_POD_IP"
 """The sidecar's listen address (downward API status.podIP)."""
 ENV_FAST_TIER_DIR: Final = "RTJ_FAST_TIER_DIR"

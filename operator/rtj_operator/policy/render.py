@@ -297,7 +297,10 @@ def _env_var(name: str, value: object) -> Obj:
 
 
 def _field_env(name: str, annotation: str) -> Obj:
-    path = f"metadata.annotations['{annotation}']"
+    return _field_ref_env(name, f"metadata.annotations['{annotation}']")
+
+
+def _field_ref_env(name: str, path: str) -> Obj:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
@@ -448,11 +451,16 @@ def progress_sidecar(rtj: ResilientTrainingJob, trainer: Obj, key: str | None = 
     never keeps a finished pod running. The resolver's image (it has rtj-shim). With the
     job's control key (the operator has a control secret) it holds the key and the job's
     uid, and answers only reads signed with the key (``RTJ_SIGNED_READS``: the poller signs
-    every read; an older sidecar image ignores it and answers anyone, as before)."""
+    every read; an older sidecar image ignores it and answers anyone, as before), and seals
+    its answers with its pod name and attempt (``RTJ_SEALED_ANSWERS``: the poller counts only
+    sealed answers from such a pod, so a sidecar image older than this operator's must not
+    be pinned in ``spec.checkpoint.resolverImage``)."""
     port = rtj.spec.progress.port
     signed = (
         [_env_var(keys.ENV_CONTROL_KEY, key), _env_var(keys.ENV_JOB_UID, rtj.metadata.uid),
-         _env_var(keys.ENV_SIGNED_READS, 1)]
+         _env_var(keys.ENV_SIGNED_READS, 1), _env_var(keys.ENV_SEALED_ANSWERS, 1),
+         _field_ref_env(keys.ENV_POD_NAME, "metadata.name"),
+         _field_ref_env(keys.ENV_POD_ATTEMPT, f"metadata.labels['{keys.ATTEMPT_LABEL}']")]
         if key else []
     )  # fmt: skip
     return {

@@ -86,7 +86,7 @@ from rtj_operator.reconcile.quarantine import (
     lift_expired_quarantines,
     release,
 )
-from rtj_operator.reconcile.ranks import poll_targets, progress_facts
+from rtj_operator.reconcile.ranks import answers_sealed, poll_targets, progress_facts
 from rtj_operator.reconcile.trim import plain, trim_event, trim_jobset, trim_node, trim_pod
 from rtj_operator.reconcile.world import (
     AcceptedDelete,
@@ -139,6 +139,7 @@ __all__ = [
     "StoreReading",
     "TaintNode",
     "UntaintNode",
+    "answers_sealed",
     "attempt_of",
     "claim",
     "condition_true",

@@ -242,7 +242,8 @@ def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
             b.notes.append(f"in place: no fast-tier step: {fast.note}")
         b.update(in_place=state.model_copy(update={
             "phase": "Starting", "step": step, "fast_step": fast.step,
-            "fast_lineage": fast.lineage if fast.step is not None else None, "fast_sources": sources,
+            "fast_lineage": fast.lineage if fast.step is not None else None,
+            "fast_sources": sources,
         }))  # fmt: skip
         b.requeue_in(0.5)
         return True

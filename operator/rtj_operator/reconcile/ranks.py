@@ -80,7 +80,7 @@ def poll_targets(snap: Snapshot) -> tuple[PollTarget, ...]:
             out.append(PollTarget(pod_name(pod), ip, port, status.attempt,
                                   spares.rank_of(pod, assigned),
                                   node if isinstance(node, str) else None,
-                                  spares.is_idle(pod, assigned)))  # fmt: skip
+                                  spares.is_idle(pod, assigned), answers_sealed(pod)))  # fmt: skip
     return tuple(sorted(out, key=lambda t: t.pod))
 
 
@@ -88,6 +88,16 @@ def completion_index(pod: Json) -> int | None:
     """The pod's completion index (its Job's annotation; None: not annotated)."""
     index = get_in(pod, "metadata", "annotations", keys.JOB_COMPLETION_INDEX)
     return int(index) if isinstance(index, str) and index.isdigit() else None
+
+
+def answers_sealed(pod: Json) -> bool:
+    """Whether the pod's progress sidecar was rendered to seal its answers (its
+    ``RTJ_SEALED_ANSWERS=1``): as the pod was created, whatever the operator renders now."""
+    for container in get_in(pod, "spec", "initContainers") or []:
+        if isinstance(container, dict) and container.get("name") == keys.PROGRESS_SIDECAR:
+            return any(isinstance(e, dict) and e.get("name") == keys.ENV_SEALED_ANSWERS
+                       and e.get("value") == "1" for e in container.get("env") or [])  # fmt: skip
+    return False
 
 
 def progress_port(pod: Json) -> int | None:

@@ -60,7 +60,13 @@ def _progress_sidecar(spec: Json) -> dict[str, Any] | None:
     poller reads is the one this pod was created with, whatever the spec says now."""
     for container in spec.get("initContainers") or []:
         if isinstance(container, dict) and container.get("name") == keys.PROGRESS_SIDECAR:
-            return {"name": keys.PROGRESS_SIDECAR, "ports": plain(container.get("ports") or [])}
+            kept: dict[str, Any] = {"name": keys.PROGRESS_SIDECAR,
+                                    "ports": plain(container.get("ports") or [])}  # fmt: skip
+            sealed = [e for e in container.get("env") or [] if isinstance(e, dict)
+                      and e.get("name") == keys.ENV_SEALED_ANSWERS]  # fmt: skip
+            if sealed:  # whether its answers must carry its seal
+                kept["env"] = plain(sealed[:1])
+            return kept
     return None
 
 

@@ -176,6 +176,9 @@ class PollTarget:
     node: str | None = None
     idle: bool = False
     """A warm spare, or a pod whose rank a spare took: held, serving no rank (`policy.spares`)."""
+    sealed: bool = False
+    """Its sidecar was rendered to seal its answers (``RTJ_SEALED_ANSWERS``): only an answer
+    carrying its seal is its own (`rtj_shim.answer_seal`)."""
 
 
 CONTROL_PATH = "/control"

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -261,3 +262,59 @@ def test_the_poller_signs_its_reads_and_a_signed_reads_sidecar_answers_only_them
     assert reading is not None and [r["step"] for r in reading.reports[0].body["ranks"]] == [5]
     signed.close()
     unsigned.close()
+
+
+@contextlib.contextmanager
+def sealed_sidecar(directory: Path, pod: str, attempt: int) -> Iterator[int]:
+    """A real progress sidecar as the operator renders it now: signed reads, and answers
+    sealed with its pod name and attempt (its port)."""
+    env = {**os.environ, "RTJ_CONTROL_KEY": CONTROL_KEY, "RTJ_JOB_UID": UID,
+           "RTJ_SIGNED_READS": "1", "RTJ_SEALED_ANSWERS": "1", "RTJ_POD_NAME": pod,
+           "RTJ_POD_ATTEMPT": str(attempt)}  # fmt: skip
+    proc = subprocess.Popen(
+        [RTJ_SHIM, "progress-server", "--dir", str(directory), "--port", "0",
+         "--host", "127.0.0.1"],
+        stdout=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        yield int(json.loads(proc.stdout.readline())["listening"]["port"])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_only_the_pod_itself_answers_for_it_at_its_address(
+    tmp_path: Path, server: tuple[Path, int]
+) -> None:
+    """Issue 42, finding 6: the poller reads a pod rendered to seal its answers with a fresh
+    nonce, and counts an answer only with that pod's seal. Whatever else answers at the
+    address (another pod of the job after the IP was reused, a pod of the job's earlier
+    attempt, an unsealed server) is no answer from it."""
+    directory = tmp_path / "sealed"
+    Progress(directory, rank=0).step_done(3)
+    received = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    polls = RankPolls(lambda: received, lambda key: None)
+    pod = "llm-a2-worker-0-0-abcde"
+
+    def read(target: PollTarget) -> Any:
+        asyncio.run(polls.poll_once([JobTargets(KEY, (target,), read_key=CONTROL_KEY)]))
+        return polls.reading(KEY)
+
+    with sealed_sidecar(directory, pod, 2) as port:
+        reading = read(PollTarget(pod, "127.0.0.1", port, 2, sealed=True))
+        assert reading is not None and not reading.unanswered, reading
+        assert [r["step"] for r in reading.reports[0].body["ranks"]] == [3]
+        for who, attempt in (("llm-a2-worker-0-1-fghij", 2), (pod, 3)):
+            reading = read(PollTarget(who, "127.0.0.1", port, attempt, sealed=True))
+            assert reading is not None and not reading.reports, (who, attempt)
+            assert f"not {who}'s seal" in reading.unanswered[0], reading.unanswered
+    _, old_port = server  # an older (or a tenant's own) server: answers, but cannot seal
+    reading = read(PollTarget(pod, "127.0.0.1", old_port, 2, sealed=True))
+    assert reading is not None and not reading.reports
+    assert "X-RTJ-Seal: missing" in reading.unanswered[0]
+    polls.close()
+    polls = RankPolls(lambda: received, lambda key: None)  # no back-off from the above
+    reading = read(PollTarget(pod, "127.0.0.1", old_port, 2))  # a pod rendered before seals
+    assert reading is not None and reading.reports, "read as before"
+    polls.close()

@@ -12,15 +12,17 @@ import pytest
 from bench.sidecar_sim import Sidecars, sim_pod
 from rtj_operator.api import keys
 from rtj_operator.pod_http import progress_headers
-from rtj_shim import control, peer_replica
+from rtj_shim import answer_seal, control, peer_replica
 
 KEY = control.job_key(b"s" * 32, "job-uid")
 
 
 def _pod(name: str, ip: str | None, *, spare: bool = False, failures: str = "0",
-         signed_reads: bool = False) -> dict[str, Any]:  # fmt: skip
+         signed_reads: bool = False, sealed: bool = False) -> dict[str, Any]:  # fmt: skip
     trainer_env = [{"name": keys.ENV_SPARE, "value": "1"}] if spare else []
     signed = [{"name": keys.ENV_SIGNED_READS, "value": "1"}] if signed_reads else []
+    if sealed:
+        signed.append({"name": keys.ENV_SEALED_ANSWERS, "value": "1"})
     return {
         "metadata": {"name": name, "uid": f"uid-{name}",
                      "labels": {keys.ATTEMPT_LABEL: "1"},
@@ -121,3 +123,20 @@ def test_a_pod_rendered_for_signed_reads_answers_only_its_jobs_signed_read() -> 
                                   headers[peer_replica.TIME_HEADER])  # fmt: skip
         assert code == expected, key
     assert sidecars.answer("127.4.0.3", "GET", "/progress", b"", None)[0] == 200, "rendered open"
+
+
+def test_a_pod_rendered_to_seal_answers_seals_them_as_its_sidecar_does() -> None:
+    """Issue 42: the poller counts a sealed pod's answer only with its seal over the read's
+    nonce, the pod's name and attempt (`rtj_shim.answer_seal`)."""
+    sidecars = Sidecars()
+    sidecars.on_pod("ADDED", _pod("w0", "127.4.0.2", sealed=True), 0.0)
+    sidecars.on_pod("ADDED", _pod("w1", "127.4.0.3"), 0.0)
+    nonce = answer_seal.new_nonce()
+    data = b'{"ranks":[]}'
+    line = sidecars.seal("127.4.0.2", 200, nonce, data).decode()
+    name, _, value = line.strip().partition(": ")
+    assert name == answer_seal.SEAL_HEADER
+    assert answer_seal.check(KEY, nonce, answer_seal.Answerer("w0", "1"), data, value)
+    assert sidecars.seal("127.4.0.2", 403, nonce, data) == b"", "a refusal is not sealed"
+    assert sidecars.seal("127.4.0.2", 200, None, data) == b"", "no nonce, no seal"
+    assert sidecars.seal("127.4.0.3", 200, nonce, data) == b"", "rendered without seals"

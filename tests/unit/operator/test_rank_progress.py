@@ -438,3 +438,24 @@ def test_one_plan_parses_the_same_reports_once() -> None:
     assert rank_progress.parse_reports(got.reports, T + 1) is not first
     later = rank_progress.parse_reports(tuple(got.reports), T + 1)
     assert later == rank_progress.parse_reports(got.reports, T + 1)
+
+
+def test_with_a_control_key_the_sidecar_seals_its_answers_and_the_poller_requires_it() -> None:
+    """Issue 42, finding 6: a pod rendered with the job's key seals its answers with its own
+    name and attempt (downward API); the watch cache keeps that it does, and the pod is
+    polled as one whose unsealed answers are not its own."""
+    key = "k" * 64
+    job = make_job()
+    env = _sidecar_env(job, key)
+    assert {"name": keys.ENV_SEALED_ANSWERS, "value": "1"} in env
+    refs = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in env if "valueFrom" in e}
+    assert refs[keys.ENV_POD_NAME] == "metadata.name"
+    assert refs[keys.ENV_POD_ATTEMPT] == f"metadata.labels['{keys.ATTEMPT_LABEL}']"
+    rendered = render_jobset(job, 1, None, key)["spec"]["replicatedJobs"][0]["template"]["spec"]
+    body = {"metadata": {"name": "p", "namespace": "team-a"}, **rendered["template"]}
+    trimmed = rc.trim_pod(body)
+    (sidecar,) = trimmed["spec"]["initContainers"]
+    assert sidecar["env"] == [{"name": keys.ENV_SEALED_ANSWERS, "value": "1"}], "no key kept"
+    assert rc.answers_sealed(trimmed)
+    unsealed = render_jobset(job, 1, None)["spec"]["replicatedJobs"][0]["template"]["spec"]
+    assert not rc.answers_sealed(rc.trim_pod({"metadata": {"name": "p"}, **unsealed["template"]}))
