@@ -68,6 +68,7 @@ def audit_table() -> list[Row]:
     """The rows of the table in docs/operations.md, section "Permissions (least privilege)"."""
     text = DOCS.read_text(encoding="utf-8")
     section = text.split("### Permissions (least privilege)\n", 1)[1].split("\n## ", 1)[0]
+    section = section.split("\n### ", 1)[0]  # up to the next section (the threat model)
     lines = [line for line in section.splitlines() if line.startswith("| ")]
     assert lines and _cells(lines[0]) == HEADER, "the audit table's header"
     rows = []

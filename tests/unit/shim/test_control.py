@@ -46,13 +46,25 @@ def test_an_order_names_the_field_that_is_wrong() -> None:
             "order.fast_step",
         ),
         (
-            {"generation": 1, "action": "run", "attempt": 2, "step": 4, "fast_step": 8,
-             "fast_lineage": "legacy"},
+            {
+                "generation": 1,
+                "action": "run",
+                "attempt": 2,
+                "step": 4,
+                "fast_step": 8,
+                "fast_lineage": "legacy",
+            },
             "order.fast_lineage",
         ),
         (
-            {"generation": 1, "action": "run", "attempt": 2, "step": 4, "fast_step": 8,
-             "fast_lineage": 7},
+            {
+                "generation": 1,
+                "action": "run",
+                "attempt": 2,
+                "step": 4,
+                "fast_step": 8,
+                "fast_lineage": 7,
+            },
             "order.fast_lineage",
         ),
     ]:

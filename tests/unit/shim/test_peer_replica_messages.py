@@ -15,9 +15,9 @@ from rtj_shim.peer_replica import (
     answer_signature,
     check_answer,
     check_request,
-    request_signature,
     parse_assignment,
     request_headers,
+    request_signature,
 )
 
 UID = "0c2f7a4e-1b7c-4f0e-9d55-3f1f0b1a2c3d"
