@@ -146,8 +146,11 @@ def parse_order(raw: bytes) -> Order:
     if run and fast is not None and source is not None and not is_address(source):
         raise OrderError(f"order.fast_source: expected null or HOST:PORT, got {source!r}")
     pinned = data.get("fast_lineage")
-    if run and fast is not None and pinned is not None and not (
-        isinstance(pinned, str) and lineage.valid(pinned)
+    if (
+        run
+        and fast is not None
+        and pinned is not None
+        and not (isinstance(pinned, str) and lineage.valid(pinned))
     ):
         raise OrderError(
             f"order.fast_lineage: expected null or {lineage.ID_HEX} hex digits, got {pinned!r}"
