@@ -12,13 +12,33 @@ pytest_plugins = ["e2e.cluster.pytest_plugin", "e2e.s3server", "e2e.operator_plu
 CLUSTER_GROUP = "shared-cluster"
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist (``make test`` runs two workers, ``--dist loadgroup``) every test
     on the shared cluster runs on one worker, in order, against one cluster; the others
-    (unit, torch, S3, the demo drills with clusters of their own) share out beside them."""
+    (unit, torch, S3, the demo drills with clusters of their own) share out beside them.
+    First among the hooks: a worker's xdist hook, registered after this conftest and so
+    called before it, reads the groups to name the tests (``<id>@shared-cluster``); marked
+    after it, every test ran ungrouped, two workers each started the shared cluster and the
+    real node, and the real-node tests failed (stop 50)."""
     for item in items:
         if "rtj_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group(CLUSTER_GROUP))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """On a worker of ``--dist loadgroup``, a test marked for a group must have been named
+    for it, or the groups split over the workers silently (as with pytest 9.2: two workers
+    each started the shared cluster and the real node): it fails, saying so."""
+    config = item.config
+    if not hasattr(config, "workerinput") or not config.getvalue("loadgroup"):
+        return
+    if item.get_closest_marker("xdist_group") is not None and "@" not in item.nodeid:
+        pytest.fail(
+            "--dist loadgroup did not take: this pytest and pytest-xdist do not group "
+            "tests (see the pin in pyproject.toml)",
+            pytrace=False,
+        )
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
