@@ -8,9 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,12 +15,12 @@ from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from sidecar_procs import progress_sidecar
+
 from rtj_operator.pod_http import fetch_progress
 from rtj_operator.rank_polls import JobTargets, RankPolls
 from rtj_operator.reconcile import PollTarget
 from rtj_shim.progress import Progress
-
-RTJ_SHIM = str(Path(sys.executable).with_name("rtj-shim"))
 
 SLOW = 0.6
 INNOCENT = ("team-a", "llm")
@@ -54,22 +51,6 @@ class _SlowHandler(BaseHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def real_sidecar(directory: Path) -> Iterator[int]:
-    """A real progress sidecar serving `directory` on loopback (its port)."""
-    proc = subprocess.Popen(
-        [RTJ_SHIM, "progress-server", "--dir", str(directory), "--port", "0",
-         "--host", "127.0.0.1"],
-        stdout=subprocess.PIPE, text=True, env={**os.environ},
-    )  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        yield int(json.loads(proc.stdout.readline())["listening"]["port"])
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-
-
-@contextlib.contextmanager
 def slow_sidecars(count: int, body: bytes) -> Iterator[list[_SlowSidecar]]:
     """`count` servers that answer `body` (a real sidecar's report, replayed) after SLOW s."""
     servers = [_SlowSidecar(("127.0.0.1", 0), _SlowHandler) for _ in range(count)]
@@ -91,7 +72,7 @@ def test_slow_valid_answers_cost_their_own_job_and_every_pod_is_still_read_in_tu
     received = datetime(2026, 1, 1, tzinfo=timezone.utc)
     polls = RankPolls(lambda: received, lambda key: None, concurrency=2, timeout=3.0)
     with contextlib.ExitStack() as stack:
-        port = stack.enter_context(real_sidecar(tmp_path))
+        port = stack.enter_context(progress_sidecar(tmp_path))
         report = json.dumps(fetch_progress("127.0.0.1", port, timeout=5.0)).encode()
         slow = stack.enter_context(slow_sidecars(8, report))
         hostile = JobTargets(HOSTILE, tuple(

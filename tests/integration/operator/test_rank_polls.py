@@ -6,17 +6,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import socket
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sidecar_procs import progress_sidecar
 
 from rtj_operator.pod_http import PollFailed, exchange_http, fetch_progress
 from rtj_operator.policy import progress as rank_progress
@@ -26,7 +25,6 @@ from rtj_operator.reconcile.world import CONTROL_PATH, REPLICA_PATH
 from rtj_shim.control import ORDER_FILE, Order, job_key, sign
 from rtj_shim.progress import Progress
 
-RTJ_SHIM = str(Path(sys.executable).with_name("rtj-shim"))
 KEY = ("team-a", "llm")
 
 
@@ -34,20 +32,8 @@ KEY = ("team-a", "llm")
 def server(tmp_path: Path) -> Iterator[tuple[Path, int]]:
     directory = tmp_path / "progress"
     directory.mkdir()
-    proc = subprocess.Popen(
-        [RTJ_SHIM, "progress-server", "--dir", str(directory), "--port", "0",
-         "--host", "127.0.0.1"],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ},
-    )  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        line = json.loads(proc.stdout.readline())
-        yield directory, int(line["listening"]["port"])
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    with progress_sidecar(directory) as port:
+        yield directory, port
 
 
 def test_the_poller_reads_real_records_and_the_decision_names_the_stuck_rank(
@@ -129,18 +115,9 @@ def control_sidecar(tmp_path: Path) -> Iterator[tuple[int, Path]]:
     control directory where it writes them)."""
     control = tmp_path / "control"
     control.mkdir()
-    proc = subprocess.Popen(
-        [RTJ_SHIM, "progress-server", "--dir", str(tmp_path / "progress"), "--port", "0",
-         "--host", "127.0.0.1", "--control-dir", str(control)],
-        stdout=subprocess.PIPE, text=True,
-        env={**os.environ, "RTJ_CONTROL_KEY": CONTROL_KEY, "RTJ_JOB_UID": UID},
-    )  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        yield int(json.loads(proc.stdout.readline())["listening"]["port"]), control
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    with progress_sidecar(tmp_path / "progress", "--control-dir", str(control),
+                          RTJ_CONTROL_KEY=CONTROL_KEY, RTJ_JOB_UID=UID) as port:  # fmt: skip
+        yield port, control
 
 
 def test_a_pods_orders_and_its_read_share_one_connection_and_a_refusal_stops_nothing(
@@ -210,23 +187,11 @@ class _CountingProxy:
             dst.shutdown(socket.SHUT_WR)
 
 
-@contextlib.contextmanager
-def signed_sidecar(directory: Path) -> Iterator[int]:
+def signed_sidecar(directory: Path) -> AbstractContextManager[int]:
     """A real progress sidecar as the operator renders it with a control key: the job's key
     and uid, and ``RTJ_SIGNED_READS=1`` (its port)."""
-    env = {**os.environ, "RTJ_CONTROL_KEY": CONTROL_KEY, "RTJ_JOB_UID": UID,
-           "RTJ_SIGNED_READS": "1"}  # fmt: skip
-    proc = subprocess.Popen(
-        [RTJ_SHIM, "progress-server", "--dir", str(directory), "--port", "0",
-         "--host", "127.0.0.1"],
-        stdout=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        yield int(json.loads(proc.stdout.readline())["listening"]["port"])
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    return progress_sidecar(directory, RTJ_CONTROL_KEY=CONTROL_KEY, RTJ_JOB_UID=UID,
+                            RTJ_SIGNED_READS="1")  # fmt: skip
 
 
 def test_the_poller_signs_its_reads_and_a_signed_reads_sidecar_answers_only_them(
@@ -264,24 +229,14 @@ def test_the_poller_signs_its_reads_and_a_signed_reads_sidecar_answers_only_them
     unsigned.close()
 
 
-@contextlib.contextmanager
-def sealed_sidecar(directory: Path, pod: str, attempt: int) -> Iterator[int]:
+def sealed_sidecar(
+    directory: Path, pod: str, attempt: int
+) -> contextlib.AbstractContextManager[int]:
     """A real progress sidecar as the operator renders it now: signed reads, and answers
     sealed with its pod name and attempt (its port)."""
-    env = {**os.environ, "RTJ_CONTROL_KEY": CONTROL_KEY, "RTJ_JOB_UID": UID,
-           "RTJ_SIGNED_READS": "1", "RTJ_SEALED_ANSWERS": "1", "RTJ_POD_NAME": pod,
-           "RTJ_POD_ATTEMPT": str(attempt)}  # fmt: skip
-    proc = subprocess.Popen(
-        [RTJ_SHIM, "progress-server", "--dir", str(directory), "--port", "0",
-         "--host", "127.0.0.1"],
-        stdout=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        yield int(json.loads(proc.stdout.readline())["listening"]["port"])
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    return progress_sidecar(directory, RTJ_CONTROL_KEY=CONTROL_KEY, RTJ_JOB_UID=UID,
+                            RTJ_SIGNED_READS="1", RTJ_SEALED_ANSWERS="1", RTJ_POD_NAME=pod,
+                            RTJ_POD_ATTEMPT=str(attempt))  # fmt: skip
 
 
 def test_only_the_pod_itself_answers_for_it_at_its_address(
