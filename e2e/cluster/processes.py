@@ -93,7 +93,21 @@ class Proc:
     argv: list[str]
 
     def alive(self) -> bool:
-        return group_alive(self.pid)
+        return group_alive(self.pid) and self.ours()
+
+    def ours(self) -> bool:
+        """Whether the process group `pid` is still the one started as `argv`. PIDs are
+        reused (32,768 of them here, wrapped within an hour of tests): a state file left by
+        a killed session names pids that may since lead some other process group, and
+        signalling that group killed a later test run (make: Terminated). A group whose
+        leader is gone (or a zombie) holds only what the leader started: ours."""
+        try:
+            cmdline = Path(f"/proc/{self.pid}/cmdline").read_bytes()
+        except OSError:
+            return True
+        if not cmdline or not self.argv:  # a zombie leader; a state written before argv
+            return True
+        return cmdline.rstrip(b"\0").split(b"\0") == [a.encode() for a in self.argv]
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -192,7 +206,7 @@ def port_open(port: int, host: str = LOOPBACK) -> bool:
 
 def stop(procs: Iterable[Proc], timeout: float = 15.0) -> None:
     """SIGTERM each process group, then SIGKILL what is left after ``timeout``."""
-    procs = list(procs)
+    procs = [p for p in procs if p.ours()]  # a reused pid is some other process's now
     for p in procs:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(p.pid, signal.SIGTERM)
