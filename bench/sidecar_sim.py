@@ -34,11 +34,13 @@ those with real training), the kubelet, and the network between nodes.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import resource
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -123,13 +125,28 @@ class SimPod:
         self.current, self.updated = state, time.time()
 
 
-def _env(container: dict[str, Any]) -> dict[str, str]:
-    return {e["name"]: e.get("value", "") for e in container.get("env") or [] if "name" in e}
+SecretValue = Callable[[str, str, str], str]
+"""(namespace, Secret name, key) -> the value, as the kubelet resolves a `secretKeyRef`."""
 
 
-def sim_pod(body: dict[str, Any]) -> tuple[str, SimPod] | None:
+def _env(container: dict[str, Any], namespace: str, secret: SecretValue | None
+         ) -> dict[str, str]:  # fmt: skip
+    out = {}
+    for e in container.get("env") or []:
+        if "name" not in e:
+            continue
+        ref = (e.get("valueFrom") or {}).get("secretKeyRef")
+        if ref and secret is not None:  # the job's key, from its key Secret
+            out[e["name"]] = secret(namespace, ref["name"], ref["key"])
+        else:
+            out[e["name"]] = e.get("value", "")
+    return out
+
+
+def sim_pod(body: dict[str, Any], secret: SecretValue | None = None
+            ) -> tuple[str, SimPod] | None:  # fmt: skip
     """(pod IP, its stand-in) for a running pod rendered with the supervisor; None before it
-    has an address, or for a pod without one."""
+    has an address, or for a pod without one. `secret` resolves the env's Secret refs."""
     meta, spec, status = body.get("metadata") or {}, body.get("spec") or {}, body.get("status")
     ip = (status or {}).get("podIP")
     if not ip or meta.get("deletionTimestamp"):
@@ -139,7 +156,8 @@ def sim_pod(body: dict[str, Any]) -> tuple[str, SimPod] | None:
     trainer = (spec.get("containers") or [{}])[0]
     if sidecar is None:
         return None
-    env, trainer_env = _env(sidecar), _env(trainer)
+    namespace = meta.get("namespace", "")
+    env, trainer_env = _env(sidecar, namespace, secret), _env(trainer, namespace, None)
     spare = trainer_env.get(keys.ENV_SPARE) == "1"
     failures = (meta.get("annotations") or {}).get(keys.JOB_INDEX_FAILURE_COUNT, "0")
     held = spare or (failures.isdigit() and int(failures) > 0)
@@ -156,14 +174,15 @@ def sim_pod(body: dict[str, Any]) -> tuple[str, SimPod] | None:
 class Sidecars:
     """Every pod's stand-in, by address (kept by the watch thread, read by the server)."""
 
-    def __init__(self) -> None:
+    def __init__(self, secret: SecretValue | None = None) -> None:
+        self.secret = secret
         self.by_ip: dict[str, SimPod] = {}
         self.lock = threading.Lock()
         self.served: Counter[str] = Counter()
         self.started: dict[int, float] = {}  # generation -> when the last pod started it
 
     def on_pod(self, kind: str, body: dict[str, Any], _at: float) -> None:
-        found = sim_pod(body)
+        found = sim_pod(body, self.secret)
         uid = (body.get("metadata") or {}).get("uid")
         with self.lock:
             if kind == "DELETED" or found is None:
@@ -278,8 +297,13 @@ def serve(kubeconfig: str, namespace: str, port: int, conn: Any) -> None:
     bench's commands on `conn` (a multiprocessing pipe end)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
-    sidecars = Sidecars()
     harness = HarnessKube(kubeconfig)
+
+    def secret(namespace: str, name: str, key: str) -> str:
+        data = harness.core.read_namespaced_secret(name, namespace).data or {}
+        return base64.b64decode(data.get(key, "")).decode()
+
+    sidecars = Sidecars(secret)
     watch = RawWatch(harness.api, f"/api/v1/namespaces/{namespace}/pods", sidecars.on_pod,
                      keys.JOB_LABEL)  # fmt: skip
     watch.start()

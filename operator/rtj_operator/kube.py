@@ -397,6 +397,13 @@ class Kube:
         data = raw.get("data") or {}
         return {k: base64.b64decode(v).decode("utf-8", "replace") for k, v in data.items()}
 
+    def create_secret(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Create a Secret (AlreadyExists when one of its name is there)."""
+        name = body.get("metadata", {}).get("name", "?")
+        path = api_path("api", "v1", "namespaces", namespace, "secrets")
+        return self.request(f"create secret {namespace}/{name}", "POST", path, dict(body),
+                            query={"fieldManager": FIELD_MANAGER})  # fmt: skip
+
     # --- events ----------------------------------------------------------------------------
 
     def post_event(

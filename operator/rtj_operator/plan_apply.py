@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from rtj_operator import reconcile as rc
 from rtj_operator.api import keys
 from rtj_operator.kube import Kube
-from rtj_operator.kube_errors import Forbidden, Invalid, KubeError, NotFound
+from rtj_operator.kube_errors import AlreadyExists, Forbidden, Invalid, KubeError, NotFound
 from rtj_operator.metrics import Metrics
 
 log = logging.getLogger("rtj_operator.controller")
@@ -121,6 +121,9 @@ class PlanApplier:
                 if errors and not committed:
                     raise errors[0]
                 failed = errors[0] if errors else None
+            elif isinstance(action, rc.CreateKeySecret):
+                with contextlib.suppress(AlreadyExists):  # made for an earlier attempt
+                    await self._io(kube.create_secret, namespace, action.body)
             elif isinstance(action, rc.CreateJobSet):
                 try:
                     await self._io(kube.create_jobset, namespace, action.body)

@@ -118,4 +118,12 @@ in each of operator.watchNamespaces otherwise. Exactly what the code calls there
   resources: ["secrets"]
   verbs: ["get"]
 {{- end }}
+{{- if .Values.operator.inPlaceRestart.enabled }}
+# each job's key Secret (rtj-control-<job uid>, owned by the job), created before its first
+# JobSet: the pods read their key from it, so no pod template holds it (never read back,
+# updated or deleted: the garbage collector deletes it with its job)
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
+{{- end }}
 {{- end -}}

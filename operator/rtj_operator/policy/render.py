@@ -21,7 +21,7 @@ from typing import Any
 
 from rtj_operator.api import keys
 from rtj_operator.api.resource import ResilientTrainingJob
-from rtj_operator.policy import fast_drain, fast_tier, in_place
+from rtj_operator.policy import control_key, fast_drain, fast_tier, in_place
 from rtj_operator.policy.pod_security import (
     RESTRICTED_CONTAINER,
     operator_container_security,
@@ -449,15 +449,16 @@ def progress_sidecar(rtj: ResilientTrainingJob, trainer: Obj, key: str | None = 
     """The progress server as a native sidecar (an init container with `restartPolicy:
     Always`, Kubernetes >= 1.29): it starts before the trainer, is restarted if it dies, and
     never keeps a finished pod running. The resolver's image (it has rtj-shim). With the
-    job's control key (the operator has a control secret) it holds the key and the job's
-    uid, and answers only reads signed with the key (``RTJ_SIGNED_READS``: the poller signs
-    every read; an older sidecar image ignores it and answers anyone, as before), and seals
-    its answers with its pod name and attempt (``RTJ_SEALED_ANSWERS``: the poller counts only
-    sealed answers from such a pod, so a sidecar image older than this operator's must not
-    be pinned in ``spec.checkpoint.resolverImage``)."""
+    job's control key (the operator has a control secret) it holds the key (from the job's
+    key Secret, `policy.control_key`) and the job's uid, answers only reads signed with the
+    key (``RTJ_SIGNED_READS``: the poller signs every read; an older sidecar image ignores
+    it and answers anyone, as before), and seals its answers with its pod name and attempt
+    (``RTJ_SEALED_ANSWERS``: the poller counts only sealed answers from such a pod, so a
+    sidecar image older than this operator's must not be pinned in
+    ``spec.checkpoint.resolverImage``)."""
     port = rtj.spec.progress.port
     signed = (
-        [_env_var(keys.ENV_CONTROL_KEY, key), _env_var(keys.ENV_JOB_UID, rtj.metadata.uid),
+        [control_key.key_env(rtj.metadata.uid), _env_var(keys.ENV_JOB_UID, rtj.metadata.uid),
          _env_var(keys.ENV_SIGNED_READS, 1), _env_var(keys.ENV_SEALED_ANSWERS, 1),
          _field_ref_env(keys.ENV_POD_NAME, "metadata.name"),
          _field_ref_env(keys.ENV_POD_ATTEMPT, f"metadata.labels['{keys.ATTEMPT_LABEL}']")]

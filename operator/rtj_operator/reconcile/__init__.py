@@ -50,6 +50,7 @@ from rtj_operator.reconcile import lifecycle
 from rtj_operator.reconcile.actions import (
     Action,
     CreateJobSet,
+    CreateKeySecret,
     DeleteJob,
     DeleteJobSet,
     DeletePod,
@@ -118,6 +119,7 @@ __all__ = [
     "Action",
     "Claimant",
     "CreateJobSet",
+    "CreateKeySecret",
     "DeleteJob",
     "DeleteJobSet",
     "DeletePod",

@@ -32,6 +32,14 @@ class CreateJobSet:
 
 
 @dataclass(frozen=True)
+class CreateKeySecret:
+    """Create the job's key Secret (`policy.control_key`) unless it is there: before the
+    first JobSet whose pods refer to it."""
+
+    body: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
 class DeleteJobSet:
     name: str
 

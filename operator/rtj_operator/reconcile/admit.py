@@ -9,9 +9,10 @@ from rtj_operator.api.reasons import ConditionType, Phase, Reason
 from rtj_operator.api.status import (
     AttemptRecord,
 )
+from rtj_operator.policy import control_key
 from rtj_operator.policy.decide import StartAttempt, Wait, decide
-from rtj_operator.policy.render import jobset_name, render_jobset
-from rtj_operator.reconcile.actions import CreateJobSet, MetricRecord
+from rtj_operator.policy.render import jobset_name, owner_reference, render_jobset
+from rtj_operator.reconcile.actions import CreateJobSet, CreateKeySecret, MetricRecord
 from rtj_operator.reconcile.builder import PlanBuilder
 from rtj_operator.reconcile.checkpoints import (
     lost_steps,
@@ -85,6 +86,11 @@ def plan_next_attempt(b: PlanBuilder) -> None:
     if selection is not None and selection.step is not None and selection.committed_at:
         note_verified(b, selection.step, selection.uri or uri, selection.committed_at, b.now)
     rendered = b.rtj.model_copy(update={"status": b.status})
+    if snap.control_key:  # its pods read it from the job's key Secret
+        owner = owner_reference(b.rtj)
+        meta = b.rtj.metadata
+        secret = control_key.key_secret(meta.name, meta.uid, snap.control_key, owner)
+        b.before.append(CreateKeySecret(secret))
     b.before.append(CreateJobSet(render_jobset(rendered, n, pin, snap.control_key)))
     where = f"step {pin}" if pin is not None else "the newest step the init container verifies"
     detail = f" (store: {selection.summary()})" if selection is not None else ""

@@ -140,3 +140,23 @@ def test_a_pod_rendered_to_seal_answers_seals_them_as_its_sidecar_does() -> None
     assert sidecars.seal("127.4.0.2", 403, nonce, data) == b"", "a refusal is not sealed"
     assert sidecars.seal("127.4.0.2", 200, None, data) == b"", "no nonce, no seal"
     assert sidecars.seal("127.4.0.3", 200, nonce, data) == b"", "rendered without seals"
+
+
+def test_the_key_comes_from_the_jobs_key_secret_as_the_kubelet_resolves_it() -> None:
+    """Issue 42: a pod's sidecar refers to the job's key Secret (no key in the template);
+    the stand-in resolves the reference as the kubelet does."""
+    body = _pod("w0", "127.4.0.2")
+    env = body["spec"]["initContainers"][0]["env"]
+    ref = {"secretKeyRef": {"name": "rtj-control-u", "key": "key"}}
+    env[0] = {"name": keys.ENV_CONTROL_KEY, "valueFrom": ref}
+    asked: list[tuple[str, str, str]] = []
+
+    def secret(namespace: str, name: str, key: str) -> str:
+        asked.append((namespace, name, key))
+        return KEY
+
+    sidecars = Sidecars(secret)
+    body["metadata"]["namespace"] = "team-a"
+    sidecars.on_pod("ADDED", body, 0.0)
+    assert asked == [("team-a", "rtj-control-u", "key")]
+    assert _post(sidecars, "127.4.0.2", control.Order("job-uid", 1, "stop")) == 202

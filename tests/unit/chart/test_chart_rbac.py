@@ -114,6 +114,7 @@ def expected_grants(rows: Iterable[Row], overrides: Mapping[str, Any]) -> set[Gr
         "`rbac.readCheckpointSecrets`": values["rbac"]["readCheckpointSecrets"],
         "`rbac.watchCustomResourceDefinitions`": values["rbac"]["watchCustomResourceDefinitions"],
         "`leaderElection.enabled`": values["leaderElection"]["enabled"],
+        "`operator.inPlaceRestart.enabled`": values["operator"]["inPlaceRestart"]["enabled"],
     }
     where = {
         "jobs": watched or [EVERYWHERE],
@@ -202,9 +203,8 @@ def test_watched_namespaces_keep_secrets_jobsets_and_pods_out_of_the_cluster_rol
         ("apiextensions.k8s.io", "customresourcedefinitions"),
     }
     assert {(ns, v) for ns, _, r, v in grants if r == "secrets"} == {
-        ("team-a", "get"),
-        ("team-b", "get"),
-    }
+        (ns, v) for ns in ("team-a", "team-b") for v in ("get", "create")
+    }, "credentials read by name, each job's key Secret created: in the watched ones only"
     writes = {(ns, v) for ns, _, r, v in grants if r == "jobsets" and v not in ("list", "watch")}
     assert writes == {(ns, v) for ns in ("team-a", "team-b") for v in ("create", "delete")}
     # node Events only where their reporters store them (and the reader reads them); nothing
@@ -304,6 +304,7 @@ SAMPLES: dict[str, Callable[[Kube], object]] = {
     ),
     "list_events": lambda k: k.list_events("team-a", "involvedObject.kind=Pod"),
     "secret_data": lambda k: k.secret_data("team-a", "creds"),
+    "create_secret": lambda k: k.create_secret("team-a", {"metadata": {"name": "rtj-control-u"}}),
     "edit_node": lambda k: k.edit_node(
         "gpu-0", lambda taints, value: _NodeChange((), None), keys.QUARANTINE_OWNERS_ANNOTATION
     ),

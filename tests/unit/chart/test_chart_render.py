@@ -233,7 +233,7 @@ EXPECTED_CLUSTER_RULES = {
     ("", "nodes"): {"get", "list", "watch", "patch"},
     ("", "events"): {"list", "create"},
     ("kueue.x-k8s.io", "localqueues"): {"get"},
-    ("", "secrets"): {"get"},
+    ("", "secrets"): {"get", "create"},  # credentials by name; each job's key Secret
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
 }  # fmt: skip
 

@@ -4,6 +4,7 @@ sequence driven by committed status (its deadline and fallback: test_in_place_de
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Any
 
@@ -14,6 +15,7 @@ from test_rank_progress import running_pods
 
 from rtj_operator import reconcile as rc
 from rtj_operator.api import keys
+from rtj_operator.policy import control_key
 from rtj_operator.policy.render import render_jobset
 
 KEY = "0123456789abcdef" * 4
@@ -54,7 +56,9 @@ def test_the_trainer_runs_under_the_supervisor_and_only_the_sidecar_holds_the_ke
         "spec"]["containers"][0]["command"]  # fmt: skip
     sidecar = next(c for c in pod["initContainers"] if c["name"] == keys.PROGRESS_SIDECAR)
     assert sidecar["command"][-2:] == ["--control-dir", keys.CONTROL_DIR]
-    assert {"name": keys.ENV_CONTROL_KEY, "value": KEY} in sidecar["env"]
+    # the key itself is in the job's key Secret, never in the template (issue 42)
+    assert control_key.key_env(job.metadata.uid) in sidecar["env"]
+    assert KEY not in json.dumps(spec)
     assert all(e["name"] != keys.ENV_CONTROL_KEY for c in pod["containers"] for e in c["env"])
     assert any(v["name"] == keys.CONTROL_VOLUME for v in pod["volumes"])
     template = spec["template"]["metadata"]["annotations"]

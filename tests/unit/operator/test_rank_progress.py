@@ -14,6 +14,7 @@ from rtj_world import iso, jobset, pod, reading, rtj_raw, snapshot, with_status
 from rtj_operator import reconcile as rc
 from rtj_operator.api import keys
 from rtj_operator.pod_http import PollFailed
+from rtj_operator.policy import control_key
 from rtj_operator.policy import progress as rank_progress
 from rtj_operator.policy.render import avoided_nodes, render_jobset
 from rtj_operator.policy.stragglers import Straggler
@@ -387,7 +388,7 @@ def test_with_a_control_key_every_jobs_sidecar_answers_only_signed_reads() -> No
     for job in (make_job(), make_job(recovery={"inPlace": True})):
         env = _sidecar_env(job, key)
         named = [e["name"] for e in env]
-        assert {"name": keys.ENV_CONTROL_KEY, "value": key} in env
+        assert control_key.key_env(job.metadata.uid) in env
         assert {"name": keys.ENV_JOB_UID, "value": job.metadata.uid} in env
         assert {"name": keys.ENV_SIGNED_READS, "value": "1"} in env
         assert len(named) == len(set(named)), "each once, in-place or not"
@@ -448,7 +449,8 @@ def test_with_a_control_key_the_sidecar_seals_its_answers_and_the_poller_require
     job = make_job()
     env = _sidecar_env(job, key)
     assert {"name": keys.ENV_SEALED_ANSWERS, "value": "1"} in env
-    refs = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in env if "valueFrom" in e}
+    refs = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in env
+            if "fieldRef" in e.get("valueFrom", {})}  # fmt: skip
     assert refs[keys.ENV_POD_NAME] == "metadata.name"
     assert refs[keys.ENV_POD_ATTEMPT] == f"metadata.labels['{keys.ATTEMPT_LABEL}']"
     rendered = render_jobset(job, 1, None, key)["spec"]["replicatedJobs"][0]["template"]["spec"]

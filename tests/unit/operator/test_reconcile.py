@@ -997,3 +997,20 @@ def test_a_file_root_checkpoint_age_is_unknown_not_stale() -> None:
     stale = condition(status_of(plan, raw), "CheckpointStale")
     assert stale is not None and (stale["status"], stale["reason"]) == (
         "Unknown", "CheckpointAgeUnknown")  # fmt: skip
+
+
+def test_with_a_control_key_the_attempt_is_preceded_by_the_jobs_key_secret() -> None:
+    """Issue 42, finding 8: the job's key goes into a Secret the job owns (named by its uid),
+    created before the JobSet whose pods refer to it; the JobSet holds no key."""
+    key = "f" * 64
+    plan = rc.plan(replace(snapshot(rtj_raw(), store=reading(1200)), control_key=key))
+    assert kinds(plan)[:2] == ["CreateKeySecret", "CreateJobSet"]
+    secret = of(plan, rc.CreateKeySecret)[0].body
+    uid = secret["metadata"]["ownerReferences"][0]["uid"]
+    assert secret["metadata"]["name"] == f"rtj-control-{uid}"
+    assert secret["stringData"] == {"key": key} and secret["immutable"] is True
+    owner = secret["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["controller"]) == (keys.KIND, "llm", True)
+    assert key not in json.dumps(of(plan, rc.CreateJobSet)[0].body)
+    plain = rc.plan(snapshot(rtj_raw(), store=reading(1200)))
+    assert "CreateKeySecret" not in kinds(plain), "no control secret: nothing to keep"
