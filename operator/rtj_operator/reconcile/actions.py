@@ -110,7 +110,8 @@ class PostEvent:
 
 
 KubeAction = (
-    CreateJobSet
+    CreateKeySecret
+    | CreateJobSet
     | DeleteJobSet
     | DeletePod
     | TaintNode
