@@ -84,9 +84,6 @@ class Manifest(BaseModel):
     code_commit: str | None = None
     image_digest: str | None = None
     dataset_snapshot: str | None = None
-    # The history this step continues (rtj_shim.lineage); None in manifests written
-    # before lineages, read as rtj_shim.lineage.LEGACY.
-    lineage: str | None = Field(default=None, min_length=1, max_length=64)
     created_at: datetime
     files: tuple[FileEntry, ...]
     # Framework-specific facts a loader needs (for example the torch state layout).
@@ -112,16 +109,31 @@ class Manifest(BaseModel):
     def total_bytes(self) -> int:
         return sum(f.bytes for f in self.files)
 
+    @property
+    def lineage(self) -> str | None:
+        """The history this step continues (`rtj_shim.lineage`), kept in ``extra`` so that
+        a shim older than lineages (its schema forbids unknown fields) still reads the
+        manifest; None in manifests written before lineages (read as LEGACY)."""
+        value = self.extra.get(LINEAGE_EXTRA)
+        return value if isinstance(value, str) else None
+
 
 def utc_now() -> datetime:
     return datetime.now(timezone.utc)
 
 
+LINEAGE_EXTRA = "lineage"
+"""The key of ``Manifest.extra`` that holds the step's lineage."""
+
+
+def with_lineage(extra: dict[str, Any], lineage: str | None) -> dict[str, Any]:
+    """A manifest's ``extra`` recording `lineage` (unchanged without one)."""
+    return extra if lineage is None else {**extra, LINEAGE_EXTRA: lineage}
+
+
 def encode_manifest(manifest: Manifest) -> bytes:
     """Canonical bytes: sorted keys, so the same manifest always hashes the same."""
     data = manifest.model_dump(mode="json")
-    if data.get("lineage") is None:  # a manifest without one reads back byte for byte
-        data.pop("lineage", None)
     return (json.dumps(data, sort_keys=True, indent=2) + "\n").encode()
 
 
@@ -131,6 +143,11 @@ def decode_manifest(raw: bytes, source: str = "manifest.json") -> Manifest:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ManifestError(f"{source}: not valid JSON ({exc})") from exc
+    if isinstance(data, dict) and isinstance(data.get("lineage"), str):
+        # written by this shim's first lineage release, as a field of its own
+        first = data.pop("lineage")
+        extra = data.get("extra")
+        data["extra"] = with_lineage(extra if isinstance(extra, dict) else {}, first)
     try:
         return Manifest.model_validate(data)
     except ValidationError as exc:

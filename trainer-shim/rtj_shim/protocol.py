@@ -42,6 +42,7 @@ from rtj_shim.manifest import (
     confine_path,
     encode_manifest,
     utc_now,
+    with_lineage,
 )
 from rtj_shim.pruning import PruneResult, prune
 from rtj_shim.retention import RetentionPolicy, policy_from_env
@@ -256,10 +257,9 @@ class CommitProtocol:
             code_commit=metadata.code_commit,
             image_digest=metadata.image_digest,
             dataset_snapshot=metadata.dataset_snapshot,
-            lineage=self.lineage,
             created_at=utc_now(),
             files=tuple(sorted(files, key=lambda f: f.path)),
-            extra=metadata.extra,
+            extra=with_lineage(dict(metadata.extra), self.lineage),
         )
         raw = encode_manifest(manifest)
         self.check_still_owner()  # a zombie of an old attempt never publishes
