@@ -132,6 +132,11 @@ def compose(step: int, manifests: Mapping[int, Manifest]) -> DrainPlan:
                 f"rank {rank}: world size {manifest.world_size} of run {manifest.run_id!r}, "
                 f"rank 0's: {world} of run {first.run_id!r} (not one world's step)"
             )
+        if manifest.lineage != first.lineage:
+            raise DrainError(
+                f"rank {rank}: its step {step} is of lineage {manifest.lineage or 'legacy'}, "
+                f"rank 0's of {first.lineage or 'legacy'} (two histories are not drained)"
+            )
         mine = {e.path: e for e in manifest.files if not e.path.startswith(RANKS_DIR)}
         if mine != common:
             differ = sorted(p for p in set(mine) | set(common) if mine.get(p) != common.get(p))

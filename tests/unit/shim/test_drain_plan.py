@@ -20,15 +20,17 @@ def entry(path: str, content: str) -> FileEntry:
 
 
 def fast_manifest(
-    rank: int, world: int = 2, step: int = STEP, common: str = "a", run: str = "run-a"
-) -> Manifest:
+    rank: int, world: int = 2, step: int = STEP, common: str = "a", run: str = "run-a",
+    lineage: str = "0123456789abcdef",
+) -> Manifest:  # fmt: skip
     """Rank ``rank``'s fast step as `rtj_shim.torch.fast_save` publishes it."""
     return Manifest(
         run_id=run, step=step, world_size=world, parallelism={"data_parallel": world},
         created_at=utc_now(),
         files=(entry("common/skeleton.pt", common), entry("common/shard-00000.pt", "b"),
                entry(f"ranks/rank-{rank:05d}.pt", f"{rank}")),
-        extra={"tier": "fast", "torch": {"layout": "replicated"}, "loss": 0.5},
+        extra={"tier": "fast", "torch": {"layout": "replicated"}, "loss": 0.5,
+               "lineage": lineage},
     )  # fmt: skip
 
 
@@ -43,6 +45,7 @@ def test_the_durable_step_is_the_replicated_part_once_and_every_ranks_own_file()
     # rank 0's provenance, scores and torch layout; not marked as a fast step any more
     assert plan.metadata.extra == {
         "torch": {"layout": "replicated"}, "loss": 0.5, "drained_from": DRAINED_FROM,
+        "lineage": "0123456789abcdef",  # the history it continues, as the fast step's
     }  # fmt: skip
 
 
@@ -57,6 +60,9 @@ def test_the_durable_step_is_the_replicated_part_once_and_every_ranks_own_file()
         ({0: fast_manifest(0), 1: fast_manifest(1, common="z")},
          r"rank 1: its replicated part differs from rank 0's in \['common/skeleton.pt'\]"),
         ({0: fast_manifest(0), 1: fast_manifest(1, run="run-b")}, "not one world's step"),
+        ({0: fast_manifest(0), 1: fast_manifest(1, lineage="fedcba9876543210")},
+         "rank 1: its step 45 is of lineage fedcba9876543210, rank 0's of 0123456789abcdef "
+         r"\(two histories are not drained\)"),
         ({0: fast_manifest(0), 1: fast_manifest(0)},
          r"rank 1: expected only its own files under ranks/, found \['ranks/rank-00000.pt'\]"),
     ],
