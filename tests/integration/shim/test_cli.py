@@ -209,8 +209,12 @@ def test_unreadable_store_exits_3(tmp_path: Path, src: Path) -> None:
 
 @pytest.mark.parametrize(
     ("root", "message"),
-    [("gs://bucket/x", "unsupported scheme 'gs'"), ("file://host/x", "must not name a host")],
-)
+    [("gs://bucket/x", "unsupported scheme 'gs'"), ("file://host/x", "must not name a host"),
+     # a typo of a URI is never a relative path that holds no checkpoint (rc 0, a fresh start)
+     ("s3:/bucket/x", "starts like a URI (s3:) without '//'"),
+     ("s3:bucket", "starts like a URI (s3:) without '//'"),
+     ("file:/ckpt", "starts like a URI (file:) without '//'")],
+)  # fmt: skip
 def test_unusable_root_is_a_usage_error(root: str, message: str) -> None:
     proc = run("resolve", "--root", root)
     assert proc.returncode == 2 and message in proc.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -10,6 +11,9 @@ from rtj_shim.storage.base import CheckpointStore, StepWriter
 from rtj_shim.storage.filesystem import FilesystemStore
 
 __all__ = ["CheckpointStore", "StepWriter", "open_store"]
+
+ACCEPTED = "expected a path, file://PATH or s3://BUCKET/PREFIX"
+_SCHEME_LIKE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
 
 
 def open_store(root: str) -> CheckpointStore:
@@ -20,6 +24,13 @@ def open_store(root: str) -> CheckpointStore:
         from rtj_shim.storage.s3 import S3Store
 
         return S3Store.from_uri(root)
+    if "://" not in root and (lookalike := _SCHEME_LIKE.match(root)):
+        # `s3:/bucket`, `s3:bucket`, `file:/x`: a typo of a URI read as a relative path would
+        # be an empty directory, and "no checkpoint" a silent fresh start of a job that has them
+        raise UsageError(
+            f"root: {root!r} starts like a URI ({lookalike.group(1)}:) without '//'; {ACCEPTED}"
+            " (a relative path with a colon: write ./" + root + ")"
+        )
     if "://" in root:
         parsed = urlparse(root)
         if parsed.scheme != "file":
