@@ -113,8 +113,14 @@ def _inputs(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
     found: dict[str, list[dict[str, Any]]] = {"pods": [], "nodes": [], "events": []}
     for flag in found:
         for path in getattr(args, flag) or []:
-            for item in _items(path):
-                found[_KINDS.get(str(item.get("kind")), flag)].append(item)
+            for i, item in enumerate(_items(path)):
+                kind = item.get("kind")
+                if kind is not None and kind not in _KINDS:  # a job, a JobSet: not evidence
+                    raise UsageError(
+                        f"{path}: item {i} is a {kind}; expected Pods, Nodes or Events "
+                        "(kubectl get pods,nodes,events -o json)"
+                    )
+                found[_KINDS.get(str(kind), flag)].append(item)
     seen: set[tuple[str, str]] = set()
     events = []
     for event in found["events"]:

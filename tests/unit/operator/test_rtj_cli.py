@@ -55,6 +55,15 @@ def test_classify_rejects_garbage(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert main(["classify", "--pods", str(bad)]) == 2
     assert "expected a Kubernetes List" in capsys.readouterr().err
     assert main(["classify", "--pods", str(tmp_path / "missing.json")]) == 2
+    # the job's own manifest given as pods: refused, not classified as "nothing failed"
+    job = tmp_path / "job.json"
+    manifest = {"apiVersion": "training.resilient.dev/v1alpha1",
+                "kind": "ResilientTrainingJob", "metadata": {"name": "llm"}}  # fmt: skip
+    job.write_text(json.dumps(manifest))
+    assert main(["classify", "--pods", str(job)]) == 2
+    assert "item 0 is a ResilientTrainingJob; expected Pods, Nodes or Events" in (
+        capsys.readouterr().err
+    )
 
 
 def _dump(tmp: Path, name: str, items: list[object], api: str = "v1") -> Path:
