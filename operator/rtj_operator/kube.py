@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any, Protocol
@@ -64,8 +65,14 @@ def now_rfc3339() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+class KubeconfigError(Exception):
+    """No usable credentials: the message names the file and what is wrong with it."""
+
+
 def load_config(kubeconfig: str | None = None, context: str | None = None) -> None:
-    """In-cluster service account, else the kubeconfig (KUBECONFIG or the given path)."""
+    """In-cluster service account, else the kubeconfig (KUBECONFIG or the given path);
+    KubeconfigError when neither is usable."""
+    import yaml
     from kubernetes import config
 
     if kubeconfig is None:
@@ -74,7 +81,12 @@ def load_config(kubeconfig: str | None = None, context: str | None = None) -> No
             return
         except config.ConfigException:
             pass
-    config.load_kube_config(config_file=kubeconfig, context=context)  # type: ignore[no-untyped-call]
+    try:
+        config.load_kube_config(config_file=kubeconfig, context=context)  # type: ignore[no-untyped-call]
+    except (config.ConfigException, yaml.YAMLError, OSError, ValueError, TypeError) as exc:
+        where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+        why = " ".join(str(exc).split())  # one line: a YAML error spans several
+        raise KubeconfigError(f"cannot load the kubeconfig {where}: {why}") from None
 
 
 class Kube:

@@ -276,8 +276,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (OSError, PlatformConfigError) as exc:
             print(f"rtj run: --platform-config {args.platform_config}: {exc}", file=sys.stderr)
             return EXIT_USAGE
+    from rtj_operator.kube import KubeconfigError, load_config
     from rtj_operator.logs import configure
 
+    try:  # at start, in one line: no credentials is a setup error, not a traceback
+        load_config(args.kubeconfig, args.context)
+    except KubeconfigError as exc:
+        print(f"rtj run: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     configure(args.log_level, args.log_format)
     return asyncio.run(run(args))
 
