@@ -298,7 +298,10 @@ class RankPolls:
         by_pod: dict[tuple[Key, int, str], tuple[Any, str | None, float]] = {}
         for (key, t), sent, read, answer in zip(flat, sending, reads, answers, strict=True):
             ident = (key, t.attempt, t.pod)
-            self._cost[ident] = answer.took
+            # only a valid answer's time prices the pod (`policy.poll_budget`): a pod that
+            # fails is bounded by its back-off, and must keep being asked, or a frozen node's
+            # pods, left out, would read as answered by their last report (liveness)
+            self._cost[ident] = answer.took if answer.error is None else 0.0
             if not read and isinstance(answer.body, Mapping):
                 read = True  # the order's answer carried the pod's report: read after all
                 rested.discard(ident)
@@ -356,7 +359,8 @@ class RankPolls:
             asked, left_out = poll_budget.choose(asks, budget, self.pod_share)
             for pod in left_out:
                 self._waiting[idents[pod]] = self._waiting.get(idents[pod], 0) + 1
-                rested.add(idents[pod])
+                if idents[pod] not in self._quiet:  # one not answering stays unanswered
+                    rested.add(idents[pod])
             for pod in asked:
                 self._waiting.pop(idents[pod], None)
             self.left_out[job.key] = len(left_out)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -100,4 +101,34 @@ def test_slow_valid_answers_cost_their_own_job_and_every_pod_is_still_read_in_tu
     # the pods left out keep their last report: an unasked pod is never a non-answer
     assert slow_reading is not None and len(slow_reading.reports) == 8
     assert not slow_reading.unanswered
+    polls.close()
+
+
+def test_pods_that_do_not_answer_are_not_priced_out_and_stay_unanswered(
+    tmp_path: Path,
+) -> None:
+    """Found under load (the buddy drill): a frozen node's pods time out; priced at their
+    timeout they left each other out of the round, and a pod left out read as answered by
+    its last report, so liveness heard nothing of the node going quiet. A failure costs
+    nothing against the budget (its back-off bounds it) and a silent pod stays unanswered."""
+    Progress(tmp_path, rank=0).step_done(5)
+    received = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    polls = RankPolls(lambda: received, lambda key: None, concurrency=2, timeout=0.5,
+                      pod_share=0.05, min_job_budget=0.2)  # fmt: skip
+    silent = [socket.create_server(("127.0.0.1", 0)) for _ in range(3)]  # accept, never answer
+    try:
+        with progress_sidecar(tmp_path) as port:
+            pods = [PollTarget(f"llm-a1-worker-0-{i}-x", "127.0.0.1",
+                               s.getsockname()[1], 1) for i, s in enumerate(silent)]  # fmt: skip
+            pods.append(PollTarget("llm-a1-worker-0-3-x", "127.0.0.1", port, 1))
+            job = JobTargets(INNOCENT, tuple(pods))
+            for _ in range(3):  # the third: the silent pods are due again after a back-off
+                asyncio.run(polls.poll_once([job]))
+            reading = polls.reading(INNOCENT)
+    finally:
+        for s in silent:
+            s.close()
+    assert reading is not None and polls.left_out == {INNOCENT: 0}
+    assert len(reading.unanswered) == 3 and set(reading.quiet_since) <= {p.pod for p in pods}
+    assert [r.pod for r in reading.reports] == ["llm-a1-worker-0-3-x"]
     polls.close()
