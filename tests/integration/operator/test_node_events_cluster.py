@@ -38,7 +38,6 @@ SIGKILLED = _corpus("torchrun_sigkill_no_oom", "pods")[0]["status"]["containerSt
     "state"
 ]["terminated"]["message"]
 NPD_OOM = _corpus("npd_host_oom_explains_sigkill", "events")[0]
-NCCL_TIMEOUT = "[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=42)"
 
 
 def _post_oom_event(kube: Kube, namespace: str, node: str) -> str:
@@ -74,15 +73,19 @@ def posted(rtj_api: Kube) -> Iterator[list[tuple[str, str]]]:
 
 def _fail_with_an_oom_event(kube: Kube, hk: Any, ns: str, where: str, posted: list[Any]) -> Any:
     """Start the job, post the OOM Event about rank 0's node in `where`, SIGKILL rank 0's
-    child, time out rank 1; the failed attempt's record once classified."""
+    child; the failed attempt's record once classified.
+
+    Rank 1's collective timeout is left out: within the classifier's clock skew of rank 0's
+    exit it competes on specificity and, as `NetworkFault`, wins over an unexplained SIGKILL,
+    so which rank the record names would depend on whether the operator read the pods
+    before or after the second exit (a real watchdog times out minutes later)."""
     kube.create_rtj(ns, rtj_body(JOB, ns, "file:///mnt/ckpt/llm"))
     pods = wait_for("attempt 1's pods to run", lambda: running_pods(kube, ns, JOB, 1, 2), 90,
                     impossible=lambda: harness_broken(kube))  # fmt: skip
     wait_for("phase Running", lambda: rtj_status(kube, ns, JOB).get("phase") == "Running", 30)
-    victim, other = sorted(pods, key=lambda p: p["metadata"]["name"])
+    victim = min(pods, key=lambda p: str(p["metadata"]["name"]))
     posted.append((where, _post_oom_event(kube, where, victim["spec"]["nodeName"])))
     faults.terminate_container(hk, ns, victim["metadata"]["name"], exit_code=1, message=SIGKILLED)
-    faults.terminate_container(hk, ns, other["metadata"]["name"], exit_code=1, message=NCCL_TIMEOUT)
 
     def classified() -> dict[str, Any] | None:
         records = rtj_status(kube, ns, JOB).get("attempts") or []
