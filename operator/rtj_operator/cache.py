@@ -84,9 +84,6 @@ class WatchCache:
         """Whether this object (by uid) is cached."""
         return uid_of(body) in self._objects
 
-    def keys_of(self, key: Hashable) -> list[Hashable]:
-        return list(self._by_key.get(key, {}))
-
     def _newer(self, uid: str, rv: int | None) -> bool:
         current = self._objects.get(uid)
         if current is not None:

@@ -323,13 +323,6 @@ class Controller(ControllerLoops):
             if key is not None:
                 self._world_changed(key)
 
-    def _jobs_with_pod(self, namespace: str, pod: str) -> Iterable[Key]:
-        # Pod names are <name>-a<n>-worker-0-<index>-<suffix>: the job is before "-a<n>".
-        head, sep, _ = pod.partition("-worker-")
-        job, sep2, attempt = head.rpartition("-a")
-        if sep and sep2 and attempt.isdigit():
-            yield (namespace, job)
-
     # --- observe ---------------------------------------------------------------------------
 
     def snapshot(self, key: Key) -> rc.Snapshot | None:

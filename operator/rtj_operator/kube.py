@@ -305,17 +305,6 @@ class Kube:
         )
         return list(answer.get("items", []))
 
-    def patch_pod_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
-        """Write a pod's status as the kubelet would (tests and benchmarks)."""
-        path = api_path("api", "v1", "namespaces", namespace, "pods", name, "status")
-        self.request(
-            f"patch status of pod {namespace}/{name}",
-            "PATCH",
-            path,
-            {"status": dict(status)},
-            content_type=MERGE_PATCH,
-        )
-
     # --- nodes -----------------------------------------------------------------------------
 
     def get_node(self, name: str) -> dict[str, Any]:

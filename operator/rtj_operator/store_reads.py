@@ -40,10 +40,6 @@ class Lane(enum.Enum):
     REFRESH = "refresh"
 
 
-class StoreReadTimeout(Exception):
-    """A read did not answer within its deadline."""
-
-
 def _release(limit: asyncio.Semaphore, done: asyncio.Future[selection.Selection]) -> None:
     limit.release()
     if not done.cancelled():

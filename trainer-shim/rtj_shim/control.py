@@ -70,7 +70,6 @@ STATE_FILE = "supervisor.json"
 SIGNATURE_HEADER = "X-RTJ-Signature"
 MAX_ORDER_BYTES = 4096
 ACTIONS = ("stop", "run", "finish")
-SUPERVISOR_STATES = ("running", "exited", "stopping", "stopped", "finished")
 
 
 def writer_attempt(attempt: int, generation: int) -> str:

@@ -259,11 +259,6 @@ def pod_template(
     return template
 
 
-def _without(items: Iterable[Obj], name: str) -> list[Obj]:
-    """The user's entries minus one the operator owns (so a re-render never duplicates it)."""
-    return [item for item in items if item.get("name") != name]
-
-
 def _grace(rtj: ResilientTrainingJob, user: object) -> int:
     """Long enough for the emergency save; a longer one the user chose is kept."""
     needed = rtj.spec.checkpoint.emergency_save_seconds + GRACE_MARGIN_SECONDS

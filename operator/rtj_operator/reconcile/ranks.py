@@ -12,7 +12,7 @@ last made progress, so `detectionSeconds` is the time from the freeze to the rec
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 
 from rtj_operator.api import keys
 from rtj_operator.api.reasons import ConditionType, FailureClass, Phase, Reason
@@ -45,10 +45,6 @@ AUTO_TIMEOUT_FLOOR = 30.0
 
 def _epoch(moment: datetime) -> float:
     return moment.timestamp()
-
-
-def _from_epoch(seconds: float) -> datetime:
-    return datetime.fromtimestamp(seconds, tz=timezone.utc)
 
 
 def poll_targets(snap: Snapshot) -> tuple[PollTarget, ...]:

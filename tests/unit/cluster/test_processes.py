@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,9 +18,16 @@ from e2e.cluster.processes import Proc
 @pytest.fixture
 def stranger() -> Iterator[subprocess.Popen[bytes]]:
     """Some other program leading a process group of its own (as a job-controlled shell's
-    background job does), at a pid a stale state file names."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                            start_new_session=True)  # fmt: skip
+    background job does), at a pid a stale state file names. Handed over once it runs its
+    own program: between fork and exec its /proc cmdline is empty (a zombie's looks the same)
+    or its parent's."""
+    argv = [sys.executable, "-c", "import time; time.sleep(60)"]
+    proc = subprocess.Popen(argv, start_new_session=True)
+    cmdline = Path(f"/proc/{proc.pid}/cmdline")
+    deadline = time.monotonic() + 10
+    while cmdline.read_bytes().rstrip(b"\0").split(b"\0") != [a.encode() for a in argv]:
+        assert time.monotonic() < deadline, "the stranger never ran its program"
+        time.sleep(0.01)
     yield proc
     proc.kill()
     proc.wait(timeout=10)

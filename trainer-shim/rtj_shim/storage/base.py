@@ -20,7 +20,6 @@ does not exist is an ordinary ``None``.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,18 +96,3 @@ class CheckpointStore(Protocol):
         the rest, so an interrupted deletion never leaves a step that resolves."""
 
     def key_uri(self, key: str) -> str: ...
-
-
-def sha256_of_chunks(chunks: Iterable[bytes]) -> tuple[str, int]:
-    digest = hashlib.sha256()
-    size = 0
-    for chunk in chunks:
-        digest.update(chunk)
-        size += len(chunk)
-    return digest.hexdigest(), size
-
-
-def iter_file(path: Path, chunk_bytes: int = CHUNK_BYTES) -> Iterable[bytes]:
-    with path.open("rb") as fh:
-        while chunk := fh.read(chunk_bytes):
-            yield chunk

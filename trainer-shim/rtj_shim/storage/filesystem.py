@@ -94,11 +94,6 @@ class FilesystemStepWriter:
     def step(self) -> int:
         return self._step
 
-    @property
-    def local_dir(self) -> Path:
-        """The in-progress directory, for writers (such as DCP) that need a real path."""
-        return self._tmp
-
     def _target(self, path: str) -> Path:
         target = self._tmp / confine_path(path)
         if target.parent != self._tmp:

@@ -77,11 +77,3 @@ class Coordinator:
         t = torch.tensor(values, dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._group)
         return [float(v) for v in t.tolist()]
-
-    def any_flag(self, flag: bool) -> bool:
-        """True on every rank when any rank passed True."""
-        if self.world == 1:
-            return flag
-        t = torch.tensor([1 if flag else 0], dtype=torch.int32)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._group)
-        return bool(t.item())

@@ -39,10 +39,6 @@ PLAIN_LEAVES: frozenset[type] = frozenset(
 )
 
 
-def is_plain_leaf(value: Any) -> bool:
-    return type(value) in PLAIN_LEAVES
-
-
 def all_plain_leaves(values: list[Any] | tuple[Any, ...]) -> bool:
     """Whether a list or tuple holds only plain leaves (Python's RNG state is a tuple of 625
     ints): the walkers then copy it whole instead of visiting each element, a few µs

@@ -27,7 +27,7 @@ import queue
 import threading
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any, cast
 
@@ -359,12 +359,6 @@ def stream_to_store(obj: Any, writer: StepWriter, path: str) -> FileEntry:
     entry = result["entry"]
     assert isinstance(entry, FileEntry)
     return entry
-
-
-def iter_bytes(data: bytes, chunk: int = 8 << 20) -> Iterable[bytes]:
-    view = memoryview(data)
-    for start in range(0, len(view), chunk):
-        yield view[start : start + chunk].tobytes()
 
 
 # --------------------------------------------------------------------- loading
