@@ -98,7 +98,7 @@ def _controller(memo: Any) -> Controller:
 
 @kopf.on.login(registry=registry)
 def login(**_: Any) -> kopf.ConnectionInfo:
-    """The credentials `kube.load_config` already loaded into the official client (in-cluster
+    """The credentials `kube_config.load_config` already loaded into the official client (in-cluster
     service account or the kubeconfig `rtj run` was given), so kopf and the adapter agree."""
     from kubernetes import client
 

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from datetime import datetime, timezone
 from typing import Any, Protocol
 
 from rtj_operator.api import keys
 from rtj_operator.api_paths import JOBSET_PLURAL, JOBSETS, LEASES, RTJ, api_path, request_kind
+from rtj_operator.event_body import event_body
 from rtj_operator.kube_errors import (
     Conflict,
     KubeError,
@@ -31,7 +30,6 @@ from rtj_operator.kube_errors import (
 )
 
 FIELD_MANAGER = "rtj-operator"
-COMPONENT = "rtj-operator"
 MERGE_PATCH = "application/merge-patch+json"
 _RETRIES = 5
 NODE_LEASE_NAMESPACE = "kube-node-lease"
@@ -59,34 +57,6 @@ def _json(response: Any) -> dict[str, Any]:
         parsed = json.loads(data) if data else {}
         return parsed if isinstance(parsed, dict) else {}
     return data if isinstance(data, dict) else {}
-
-
-def now_rfc3339() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-class KubeconfigError(Exception):
-    """No usable credentials: the message names the file and what is wrong with it."""
-
-
-def load_config(kubeconfig: str | None = None, context: str | None = None) -> None:
-    """In-cluster service account, else the kubeconfig (KUBECONFIG or the given path);
-    KubeconfigError when neither is usable."""
-    import yaml
-    from kubernetes import config
-
-    if kubeconfig is None:
-        try:
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
-            return
-        except config.ConfigException:
-            pass
-    try:
-        config.load_kube_config(config_file=kubeconfig, context=context)  # type: ignore[no-untyped-call]
-    except (config.ConfigException, yaml.YAMLError, OSError, ValueError, TypeError) as exc:
-        where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
-        why = " ".join(str(exc).split())  # one line: a YAML error spans several
-        raise KubeconfigError(f"cannot load the kubeconfig {where}: {why}") from None
 
 
 class Kube:
@@ -417,23 +387,8 @@ class Kube:
         instance: str = "",
     ) -> None:
         """A core/v1 Event about `involved` (apiVersion, kind, name, namespace, uid)."""
-        namespace = involved.get("namespace") or "default"
-        stamp = now_rfc3339()
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{involved.get('name', 'rtj')}.", "namespace": namespace},
-            "involvedObject": dict(involved),
-            "type": type_,
-            "reason": reason,
-            "message": message,
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
-            "source": {"component": COMPONENT},
-            "reportingComponent": COMPONENT,
-            "reportingInstance": instance or COMPONENT,
-        }
+        body = event_body(involved, type_, reason, message, instance=instance)
+        namespace = body["metadata"]["namespace"]
         path = api_path("api", "v1", "namespaces", namespace, "events")
         self.request(f"post event {reason} on {involved.get('name')}", "POST", path, body)
 

@@ -130,7 +130,8 @@ async def run(args: argparse.Namespace) -> int:
     from rtj_operator import handlers
     from rtj_operator.controller import Controller
     from rtj_operator.health import HEARTBEAT_SECONDS, HealthFacts, HealthServer
-    from rtj_operator.kube import Kube, load_config
+    from rtj_operator.kube import Kube
+    from rtj_operator.kube_config import load_config
     from rtj_operator.leader import LeaderElector
     from rtj_operator.metrics import Metrics
     from rtj_operator.settings import Settings
@@ -276,7 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (OSError, PlatformConfigError) as exc:
             print(f"rtj run: --platform-config {args.platform_config}: {exc}", file=sys.stderr)
             return EXIT_USAGE
-    from rtj_operator.kube import KubeconfigError, load_config
+    from rtj_operator.kube_config import KubeconfigError, load_config
     from rtj_operator.logs import configure
 
     try:  # at start, in one line: no credentials is a setup error, not a traceback
