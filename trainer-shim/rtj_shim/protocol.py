@@ -46,6 +46,7 @@ from rtj_shim.manifest import (
 )
 from rtj_shim.pruning import PruneResult, prune
 from rtj_shim.retention import RetentionPolicy, policy_from_env
+from rtj_shim.run_config import with_run_config
 from rtj_shim.selection import parse_latest_hint
 from rtj_shim.storage.base import CheckpointStore, StepWriter
 
@@ -191,6 +192,7 @@ class CommitProtocol:
         self.attempt = validate_attempt(attempt)
         self.retention = retention_from_env() if retention is RETENTION_FROM_ENV else retention
         self.lineage: str | None = None  # recorded in every manifest published (rtj_shim.lineage)
+        self.run_config: dict[str, Any] | None = None  # likewise (rtj_shim.run_config)
 
     @property
     def run_id(self) -> str:
@@ -259,7 +261,9 @@ class CommitProtocol:
             dataset_snapshot=metadata.dataset_snapshot,
             created_at=utc_now(),
             files=tuple(sorted(files, key=lambda f: f.path)),
-            extra=with_lineage(dict(metadata.extra), self.lineage),
+            extra=with_run_config(
+                with_lineage(dict(metadata.extra), self.lineage), self.run_config
+            ),
         )
         raw = encode_manifest(manifest)
         self.check_still_owner()  # a zombie of an old attempt never publishes

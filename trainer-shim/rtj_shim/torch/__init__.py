@@ -9,6 +9,7 @@ with a rendezvous namespace of its own per restart round (see its docstring);
 
 from __future__ import annotations
 
+from rtj_shim.run_config import ConfigMismatch
 from rtj_shim.torch.checkpointer import (
     Checkpointer,
     CheckpointError,
@@ -27,6 +28,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointInfo",
     "Checkpointer",
+    "ConfigMismatch",
     "NonFiniteStateError",
     "RestoreReport",
     "RestoreValidationError",

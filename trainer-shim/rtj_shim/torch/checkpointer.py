@@ -35,8 +35,9 @@ from rtj_shim import progress
 from rtj_shim.fast_tier import FastTierConfig
 from rtj_shim.layout import step_key
 from rtj_shim.protocol import CommitProtocol, retention_from_env
+from rtj_shim.run_config import RunConfig, allowed_changes, user_config
 from rtj_shim.storage import CheckpointStore, open_store
-from rtj_shim.torch import _dist, fast_save, fingerprint, resave, rng
+from rtj_shim.torch import _dist, fast_save, fingerprint, resave, rng, run_record
 from rtj_shim.torch.agreement import StepAgreement
 from rtj_shim.torch.capture import (
     FORMAT,
@@ -143,12 +144,16 @@ class Checkpointer:
         fast_tier_dir: str | os.PathLike[str] | None = None,
         fast_every_steps: int | None = None,
         fast_keep: int | None = None,
+        config: Mapping[str, Any] | None = None,
+        allow_config_change: Iterable[str] = (),
     ) -> None:
         if isinstance(root, str | os.PathLike):
             self.store: CheckpointStore = open_store(os.fspath(root))
         else:
             self.store = root
         self.schedule = Schedule(every_steps, every_seconds, monitor, mode)
+        self.config = user_config(config)  # ValueError naming `config` before anything runs
+        self.allow_config_change = allowed_changes(allow_config_change)
         self.protocol = CommitProtocol(
             self.store,
             run_id=run_id,
@@ -216,6 +221,7 @@ class Checkpointer:
         self._clean: resave.Snapshot | None = None  # last state restored or published
         self._best: Best | None = None  # the best metric published so far
         self._last_save_at = time.monotonic()  # for every_seconds
+        self._run_config: RunConfig | None = None  # recorded in every manifest published
         self._sigterm = SigtermGuard(self.rank, emergency_deadline_s, emergency_exit_code)
         atexit.register(_drain_at_exit, weakref.ref(self))
 
@@ -248,6 +254,7 @@ class Checkpointer:
         again: resave.Check | None = None
         try:  # local work only: a rank that fails here must not leave the others waiting
             entries = classify(objects, self.rank_local, self.replicated)
+            self._record_run_config(entries)
             replicas = fingerprint.entry_digests(
                 [e for e in entries if e.placement == COMMON and e.kind in USER_KINDS],
                 identity=False,
@@ -359,10 +366,12 @@ class Checkpointer:
         self._restored_once = True
         if step is None:
             fast_save.continue_history(self.protocol, self._fast, decision)  # a fresh lineage
+            self._record_run_config(entries)
             seconds = time.perf_counter() - started
             self._announce(RestoreReport(0, "fresh", skipped, seconds, uri=self.store.uri))
             return 0
         manifest = check_commit(step, decision["manifest"], decision["committed"])
+        self._guard_config(manifest.extra, entries, step, coord)
         loader = self._sources.loader_for(decision)
         applied = loader.load_and_apply(step, manifest, entries, coord, strict=strict)
         fast_save.continue_history(self.protocol, self._fast, decision)  # lineage (issue 43)
@@ -501,7 +510,30 @@ class Checkpointer:
         started = time.perf_counter()  # the stall counts reading the objects too
         entries = reclassify(objects, self._fast_entries, self.rank_local, self.replicated)
         self._fast_entries = entries
+        self._record_run_config(entries)
         self._fast.save(step, entries, self._coordinator(), started)
+
+    def _record_run_config(self, entries: list[Entry], record: RunConfig | None = None) -> None:
+        """What every manifest this run publishes records as its configuration (the
+        restore's, with its history, or this run's own on a fresh start)."""
+        if record is None:
+            if self._run_config is not None:
+                return
+            record = run_record.current(entries, self.world_size, self.config)
+        self._run_config = record
+        self.protocol.run_config = record.encode()
+        if self._fast is not None:
+            self._fast.protocol.run_config = self.protocol.run_config
+
+    def _guard_config(
+        self, extra: Mapping[str, Any], entries: list[Entry], step: int, coord: _dist.Coordinator
+    ) -> None:
+        """Collective: a resume whose configuration changed in undeclared keys is refused."""
+        now = run_record.current(entries, self.world_size, self.config)
+        record = run_record.guard_collective(
+            extra, now, self.allow_config_change, step, self.protocol.attempt, coord
+        )
+        self._record_run_config(entries, record)
 
     def _decide(self, coord: _dist.Coordinator) -> dict[str, Any]:
         """Collective: the resume decision (the one peek() took, if it did)."""
