@@ -250,7 +250,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--async-save", action="store_true")
     p.add_argument("--probe", action="store_true", help="validate restores with a probe")
     p.add_argument("--shard-kib", type=int, help="target size of replicated-state shards")
-    p.add_argument("--emergency-deadline", type=float, default=30.0)
+    p.add_argument("--emergency-deadline", type=float, default=None,
+                   help="SIGTERM deadline of the emergency save (default: the operator's "
+                   "RTJ_EMERGENCY_SAVE_SECONDS, else 30 s)")  # fmt: skip
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds per step (tests)")
     p.add_argument("--hang-at-step", type=int, help="sleep 600s after this step (tests)")
     p.add_argument("--straggle-rank", type=int, help="this rank is slow (tests)")

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from rtj_shim import progress
+from rtj_shim import pod_env, progress
 from rtj_shim.fast_tier import FastTierConfig
 from rtj_shim.layout import step_key
 from rtj_shim.protocol import CommitProtocol, retention_from_env
@@ -98,8 +98,11 @@ MiB = 1 << 20
 class Checkpointer:
     """Save and restore the complete state of a (distributed) PyTorch job.
 
-    ``root``: a path, ``file://`` or ``s3://`` URI (or an opened store). Rank and world size
-    come from ``torch.distributed`` when it is initialized.
+    ``root``: a path, ``file://`` or ``s3://`` URI (or an opened store); omitted: the
+    operator's ``RTJ_CHECKPOINT_URI`` (``spec.checkpoint.uri``). ``emergency_deadline_s``
+    omitted: ``RTJ_EMERGENCY_SAVE_SECONDS`` (``spec.checkpoint.emergencySaveSeconds``), else
+    30 s (``rtj_shim.pod_env``: the whole environment contract). Rank and world size come
+    from ``torch.distributed`` when it is initialized.
 
     ``rank_local`` / ``replicated``: names of objects whose placement differs from their
     kind's default (replicated: modules, optimizers, schedulers, scalers, samplers, plain
@@ -115,7 +118,7 @@ class Checkpointer:
 
     def __init__(
         self,
-        root: str | os.PathLike[str] | CheckpointStore,
+        root: str | os.PathLike[str] | CheckpointStore | None = None,
         *,
         run_id: str | None = None,
         attempt: str | None = None,
@@ -135,7 +138,7 @@ class Checkpointer:
         io_workers: int = 4,
         shard_bytes: int = 32 * MiB,
         max_shards: int = 64,
-        emergency_deadline_s: float = 30.0,
+        emergency_deadline_s: float | None = None,
         emergency_exit_code: int = 143,
         collective_timeout_s: float = 600.0,
         resume_file: str | os.PathLike[str] | None = None,
@@ -147,10 +150,14 @@ class Checkpointer:
         config: Mapping[str, Any] | None = None,
         allow_config_change: Iterable[str] = (),
     ) -> None:
+        if root is None:  # in an operator's pod: spec.checkpoint.uri
+            root = pod_env.checkpoint_uri()
         if isinstance(root, str | os.PathLike):
             self.store: CheckpointStore = open_store(os.fspath(root))
         else:
             self.store = root
+        if emergency_deadline_s is None:  # the operator's spec.checkpoint.emergencySaveSeconds
+            emergency_deadline_s = pod_env.emergency_save_seconds()
         self.schedule = Schedule(every_steps, every_seconds, monitor, mode)
         self.config = user_config(config)  # ValueError naming `config` before anything runs
         self.allow_config_change = allowed_changes(allow_config_change)
