@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from e2e.cluster.build import kubectl
 from e2e.cluster.cluster import LocalCluster
 from e2e.demo import report, story
 from e2e.operator_proc import REPO, client
@@ -66,12 +67,19 @@ def test_the_demo_recovers_a_gpu_fault_and_continues_the_no_fault_run_bit_for_bi
         summary = story.up(opts, display)
         kube = client(json.loads((opts.state / "state.json").read_text())["kubeconfig"])
         status: dict[str, Any] = kube.get_rtj(story.NAMESPACE, summary.job)["status"]
+        waited = kubectl(  # what a user, a CI pipeline or Argo waits on: as for Job and JobSet
+            json.loads((opts.state / "state.json").read_text())["kubeconfig"], "wait",
+            "--for=condition=Complete", "-n", story.NAMESPACE, f"rtj/{summary.job}",
+            "--timeout=30s",
+        )  # fmt: skip
         node = kube.get_node(summary.first_failed_node or "")
     finally:
         left = story.down(opts, display)
         shutil.rmtree(LocalCluster(opts.cluster_name).dir, ignore_errors=True)
         sys.stdout.write("\n".join(lines) + "\n")
     assert left == [], f"demo-down left {left}"
+    assert waited.returncode == 0, waited.stderr
+    assert "condition met" in waited.stdout, waited.stdout
 
     # the fault: classified GPUFault on rank 1, whose node was tainted
     failed, resumed = status["attempts"][0], status["attempts"][1]

@@ -86,6 +86,13 @@ PRINTER_COLUMNS = [
         "description": "Age of the newest fast-tier step every pod holds",
         "priority": 1,
     },
+    {
+        "name": "Queue",
+        "type": "string",
+        "jsonPath": ".spec.queueName",
+        "description": "The Kueue LocalQueue the job's attempts are submitted to",
+        "priority": 1,
+    },
 ]
 
 

@@ -146,7 +146,9 @@ def write_atomically(path: Path, data: bytes) -> None:
 
 
 def _commit(args: argparse.Namespace) -> int:
-    protocol = CommitProtocol(open_store(args.root), run_id=args.run_id, attempt=args.attempt)
+    protocol = CommitProtocol(
+        open_store(args.root, "--root"), run_id=args.run_id, attempt=args.attempt
+    )
     metadata = StepMetadata.from_env(
         world_size=args.world_size, framework=Framework(name=args.framework)
     )
@@ -202,7 +204,11 @@ def _share(text: str) -> Share:
 def _resolve_and_report(args: argparse.Namespace) -> int:
     depth = Depth.DEEP if args.deep else Depth.SHALLOW
     resolution = resolve(
-        open_store(args.root), depth, step=args.step, workers=args.workers, share=args.deep_share
+        open_store(args.root, "--root"),
+        depth,
+        step=args.step,
+        workers=args.workers,
+        share=args.deep_share,
     )
     if resolution.hint_problem:
         print(f"rtj-shim: note: {resolution.hint_problem}", file=sys.stderr)
@@ -221,7 +227,7 @@ def _resolve_and_report(args: argparse.Namespace) -> int:
 
 def _verify(args: argparse.Namespace) -> int:
     depth = Depth.DEEP if args.deep else Depth.SHALLOW
-    store = open_store(args.root)
+    store = open_store(args.root, "--root")
     if not store.root_exists():
         _print({"step": args.step, "valid": False, "reason": f"{store.uri} does not exist"})
         return EXIT_INVALID
@@ -247,7 +253,7 @@ def _age(seconds: float | None) -> str:
 def _ls(args: argparse.Namespace) -> int:
     now = time.time()
     rows = []
-    for listing in describe_steps(open_store(args.root)):
+    for listing in describe_steps(open_store(args.root, "--root")):
         modified = listing.entry.modified
         rows.append(
             {
@@ -274,7 +280,7 @@ def _ls(args: argparse.Namespace) -> int:
 
 def _gc(args: argparse.Namespace) -> int:
     policy = RetentionPolicy(args.keep_last, args.keep_every, frozenset(args.protect))
-    result = prune(open_store(args.root), policy, dry_run=args.dry_run)
+    result = prune(open_store(args.root, "--root"), policy, dry_run=args.dry_run)
     if result.failed:
         _name, why = result.failed[0]
         raise StoreError(f"{why} ({len(result.failed)} step(s) not deleted)")

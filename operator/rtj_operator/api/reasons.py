@@ -94,7 +94,12 @@ class ConditionType(str, Enum):
     ADMITTED = "Admitted"
     RUNNING = "Running"
     RESTARTING = "Restarting"
+    COMPLETE = "Complete"
+    """True once the job succeeded: the condition `kubectl wait --for=condition=Complete`
+    matches on a Job, a JobSet and a TrainJob alike."""
     SUCCEEDED = "Succeeded"
+    """Set with Complete, for clients of this API before it: deprecated, removed with
+    v1alpha1 (wait for Complete)."""
     FAILED = "Failed"
     NODES_QUARANTINED = "NodesQuarantined"
     CHECKPOINT_STALE = "CheckpointStale"

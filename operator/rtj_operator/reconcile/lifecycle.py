@@ -241,11 +241,15 @@ def _completed(b: PlanBuilder) -> bool:
 
 
 def finished_at(status: ResilientTrainingJobStatus) -> datetime | None:
-    """When the job finished: its Succeeded or Failed condition's transition (the last
-    attempt's end when the condition is missing)."""
-    wanted = ConditionType.SUCCEEDED if status.phase is Phase.SUCCEEDED else ConditionType.FAILED
+    """When the job finished: its Complete (Succeeded, before Complete) or Failed condition's
+    transition (the last attempt's end when the condition is missing)."""
+    wanted = (
+        (ConditionType.COMPLETE.value, ConditionType.SUCCEEDED.value)
+        if status.phase is Phase.SUCCEEDED
+        else (ConditionType.FAILED.value,)
+    )
     condition = next(
-        (c for c in status.conditions if c.type == wanted.value and c.status == "True"), None
+        (c for c in status.conditions if c.type in wanted and c.status == "True"), None
     )
     if condition is not None:
         return condition.last_transition_time

@@ -188,7 +188,8 @@ def succeed(b: PlanBuilder, n: int, name: str, message: str | None = None) -> No
         b.replace_current(record.model_copy(update={"ended_at": b.now}))
     b.update(phase=Phase.SUCCEEDED)
     message = message or f"attempt {n}: JobSet {name} completed"
-    b.condition(ConditionType.SUCCEEDED, True, Reason.JOB_SUCCEEDED, message)
+    b.condition(ConditionType.COMPLETE, True, Reason.JOB_SUCCEEDED, message)
+    b.condition(ConditionType.SUCCEEDED, True, Reason.JOB_SUCCEEDED, message)  # deprecated
     b.condition(ConditionType.RUNNING, False, Reason.JOB_SUCCEEDED, message)
     b.event(False, Reason.JOB_SUCCEEDED, message)
     b.notes.append(message)

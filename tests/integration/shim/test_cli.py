@@ -218,6 +218,7 @@ def test_unreadable_store_exits_3(tmp_path: Path, src: Path) -> None:
 def test_unusable_root_is_a_usage_error(root: str, message: str) -> None:
     proc = run("resolve", "--root", root)
     assert proc.returncode == 2 and message in proc.stderr
+    assert "--root: " in proc.stderr, "the CLI's error names its flag"
 
 
 def test_resolve_termination_log_reports_result_and_errors(

@@ -512,3 +512,14 @@ def test_s3_root_round_trip(s3_root: str) -> None:
     resumed = Job(seed=3)
     assert Checkpointer(s3_root).restore(resumed.objects) == 4
     assert resumed.train(6) == expected
+
+
+def test_objects_given_as_a_list_are_refused_naming_the_argument(tmp_path: Path) -> None:
+    """`restore([model])` (issue 44): an error that says what `objects` must be, not
+    AttributeError: 'list' object has no attribute 'items'."""
+    ckpt = Checkpointer(tmp_path)
+    model = nn.Linear(2, 2)
+    for call in (lambda: ckpt.restore([model]), lambda: ckpt.save(1, [model])):  # type: ignore[arg-type]
+        with pytest.raises((CheckpointError, TypeError), match=r"objects: expected a mapping of"):
+            call()
+    ckpt.close()

@@ -50,10 +50,10 @@ def test_crd_identity_and_columns() -> None:
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
     assert columns == [
         "Phase", "Attempt", "Step", "Steps/s", "Checkpoint", "Checkpoint Age", "Age",
-        "Fast", "Fast Age",
+        "Fast", "Fast Age", "Queue",
     ]  # fmt: skip
     wide = [c["name"] for c in version["additionalPrinterColumns"] if c.get("priority") == 1]
-    assert wide == ["Fast", "Fast Age"]
+    assert wide == ["Fast", "Fast Age", "Queue"]
 
 
 def _rules(node: object) -> list[dict[str, str]]:

@@ -627,7 +627,9 @@ def test_jobset_completion_succeeds_the_job() -> None:
     pods = [pod(1, i, exit_code=0, reason="Completed") for i in range(2)]
     status = status_of(rc.plan(snapshot(raw, jobsets=[jobset(1, completed=True)], pods=pods)), raw)
     assert status["phase"] == "Succeeded"
-    assert condition(status, "Succeeded")["status"] == "True"
+    assert condition(status, "Complete")["status"] == "True"  # kubectl wait's word
+    assert condition(status, "Complete")["reason"] == "JobSucceeded"
+    assert condition(status, "Succeeded")["status"] == "True"  # the deprecated alias
 
 
 def test_a_jobset_deleted_behind_the_operators_back_is_a_failure_after_a_grace() -> None:

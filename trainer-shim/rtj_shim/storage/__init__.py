@@ -16,29 +16,30 @@ ACCEPTED = "expected a path, file://PATH or s3://BUCKET/PREFIX"
 _SCHEME_LIKE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
 
 
-def open_store(root: str) -> CheckpointStore:
-    """Open a checkpoint root; the S3 backend (boto3) is imported only when asked for."""
+def open_store(root: str, name: str = "root") -> CheckpointStore:
+    """Open a checkpoint root; the S3 backend (boto3) is imported only when asked for.
+    Errors name the argument the root came from (``name``: the library's ``root``, the
+    CLI's ``--root``)."""
     if not root:
-        raise UsageError("--root: expected a path, file://PATH or s3://BUCKET/PREFIX, got ''")
+        raise UsageError(f"{name}: {ACCEPTED}, got ''")
     if root.startswith("s3://"):
         from rtj_shim.storage.s3 import S3Store
 
-        return S3Store.from_uri(root)
+        return S3Store.from_uri(root, name=name)
     if "://" not in root and (lookalike := _SCHEME_LIKE.match(root)):
         # `s3:/bucket`, `s3:bucket`, `file:/x`: a typo of a URI read as a relative path would
         # be an empty directory, and "no checkpoint" a silent fresh start of a job that has them
         raise UsageError(
-            f"root: {root!r} starts like a URI ({lookalike.group(1)}:) without '//'; {ACCEPTED}"
+            f"{name}: {root!r} starts like a URI ({lookalike.group(1)}:) without '//'; {ACCEPTED}"
             " (a relative path with a colon: write ./" + root + ")"
         )
     if "://" in root:
         parsed = urlparse(root)
         if parsed.scheme != "file":
             raise UsageError(
-                f"--root: unsupported scheme {parsed.scheme!r} in {root!r}; "
-                "expected a path, file://PATH or s3://BUCKET/PREFIX"
+                f"{name}: unsupported scheme {parsed.scheme!r} in {root!r}; {ACCEPTED}"
             )
         if parsed.netloc not in ("", "localhost"):
-            raise UsageError(f"--root: file:// URIs must not name a host, got {parsed.netloc!r}")
+            raise UsageError(f"{name}: file:// URIs must not name a host, got {parsed.netloc!r}")
         return FilesystemStore(Path(unquote(parsed.path)))
     return FilesystemStore(Path(root))

@@ -97,12 +97,12 @@ class S3Store:
         """``concurrency``: parts of one object uploaded at once; memory while uploading
         is bounded by ``concurrency + 1`` parts of ``part_size``."""
         if not _BUCKET_RE.match(bucket):
-            raise Refused(f"--root: {bucket!r} is not a valid S3 bucket name")
+            raise Refused(f"bucket: {bucket!r} is not a valid S3 bucket name")
         prefix = prefix.strip("/")
         if prefix:
             parts = prefix.split("/")
             if any(p in ("", ".", "..") for p in parts):
-                raise Refused(f"--root: S3 prefix {prefix!r} has empty, '.' or '..' components")
+                raise Refused(f"prefix: S3 prefix {prefix!r} has empty, '.' or '..' components")
         if part_size < MIN_PART_BYTES:
             raise ValueError(f"part_size must be at least {MIN_PART_BYTES} bytes (S3's minimum)")
         if concurrency < 1:
@@ -123,16 +123,22 @@ class S3Store:
         client: S3Client | None = None,
         part_size: int = DEFAULT_PART_BYTES,
         concurrency: int = DEFAULT_CONCURRENCY,
+        name: str = "root",
     ) -> S3Store:
+        """The store at ``uri``; errors name the argument it came from (``name``: the
+        library's ``root``, the CLI's ``--root``)."""
         if not uri.startswith("s3://"):
-            raise Refused(f"--root: expected s3://BUCKET/PREFIX, got {uri!r}")
+            raise Refused(f"{name}: expected s3://BUCKET/PREFIX, got {uri!r}")
         rest = uri[len("s3://") :]
         if "?" in rest or "#" in rest:
-            raise Refused(f"--root: {uri!r}: query strings and fragments are not supported")
+            raise Refused(f"{name}: {uri!r}: query strings and fragments are not supported")
         bucket, _, prefix = rest.partition("/")
         if not bucket:
-            raise Refused(f"--root: {uri!r} names no bucket; expected s3://BUCKET/PREFIX")
-        return cls(bucket, prefix, client=client, part_size=part_size, concurrency=concurrency)
+            raise Refused(f"{name}: {uri!r} names no bucket; expected s3://BUCKET/PREFIX")
+        try:
+            return cls(bucket, prefix, client=client, part_size=part_size, concurrency=concurrency)
+        except Refused as exc:  # the bucket or prefix of the URI: name where it came from
+            raise Refused(f"{name}: {exc}") from None
 
     # -- names -------------------------------------------------------------------------
 

@@ -117,6 +117,11 @@ def classify(
     objects: Mapping[str, Any], rank_local: Iterable[str] = (), replicated: Iterable[str] = ()
 ) -> list[Entry]:
     """Entries in apply order; a module or optimizer is sharded if any module is sharded."""
+    if not isinstance(objects, Mapping):
+        raise TypeError(
+            "objects: expected a mapping of names to objects, e.g. {'model': model, "
+            f"'optimizer': optimizer}}, got {type(objects).__name__}"
+        )
     local, shared = set(rank_local), set(replicated)
     for what, names in (("rank_local", local), ("replicated", shared)):
         unknown = names - set(objects)
