@@ -33,8 +33,19 @@ class UsageError(Exception):
     """Input the command cannot use; reported on stderr with exit code 2."""
 
 
+def operator_version() -> str:
+    """The installed distribution's version (the chart's appVersion names the same)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("resilient-training-operator")
+    except PackageNotFoundError:  # run from a source tree without installing
+        return "unknown (not installed)"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rtj", description="Resilient Training Operator tools.")
+    parser.add_argument("--version", action="version", version=f"rtj {operator_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     cls = sub.add_parser(

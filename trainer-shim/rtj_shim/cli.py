@@ -56,10 +56,20 @@ def _positive(text: str) -> int:
     return value
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rtj-shim")
+    except PackageNotFoundError:  # run from a source tree without installing
+        return "unknown (not installed)"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rtj-shim", description="Verified checkpoints: commit protocol, resume, retention."
     )
+    parser.add_argument("--version", action="version", version=f"rtj-shim {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     root_help = "checkpoint root: a path, file://PATH or s3://BUCKET/PREFIX"
 
