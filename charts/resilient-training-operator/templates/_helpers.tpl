@@ -70,11 +70,6 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 {{- end -}}
 
-{{/* Whether the cluster serves a monitoring.coreos.com/v1 kind (Prometheus Operator). */}}
-{{- define "rtj.hasMonitoring" -}}
-{{- if .Capabilities.APIVersions.Has (printf "monitoring.coreos.com/v1/%s" .kind) -}}true{{- end -}}
-{{- end -}}
-
 {{/* The operator's rules in the namespaces its jobs live in (docs/operations.md, Permissions:
 the rows of scope "job namespaces"): the ClusterRole's when every namespace is watched, a Role
 in each of operator.watchNamespaces otherwise. Exactly what the code calls there, nothing more. */}}

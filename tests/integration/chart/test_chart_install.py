@@ -117,9 +117,9 @@ def test_helm_install_runs_two_restricted_replicas(installed: Installed, rtj_clu
     assert crd.spec.group == keys.GROUP
     svc = rtj_cluster.kube.core.read_namespaced_service(f"{SA}-metrics", installed.namespace)
     assert svc.spec.ports[0].name == "metrics"
-    # no Prometheus Operator in the harness: nothing rendered for it, and the notes say so
-    assert "no ServiceMonitor was created" in installed.notes
-    assert "no PrometheusRule was created" in installed.notes
+    # monitoring off by default (no Prometheus Operator in the harness): the notes say how on
+    assert "No ServiceMonitor (serviceMonitor.enabled=true" in installed.notes
+    assert "No PrometheusRule (prometheusRule.enabled=true" in installed.notes
     assert "kubectl get rtj -A" in installed.notes
 
 

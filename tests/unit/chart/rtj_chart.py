@@ -23,6 +23,8 @@ MONITORING = (
     "monitoring.coreos.com/v1/ServiceMonitor",
     "monitoring.coreos.com/v1/PrometheusRule",
 )
+"""What a cluster with the Prometheus Operator serves (the chart no longer asks)."""
+MONITORING_ON = {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}}
 ALERTS = (
     "RTJCheckpointStale",
     "RTJRestartBudgetLow",
@@ -103,8 +105,22 @@ def one(objs: Sequence[Obj], kind: str, name: str | None = None) -> Obj:
     return found[0]
 
 
+def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``over`` on top of ``base``, nested mappings merged (as Helm merges values files)."""
+    out = dict(base)
+    for key, value in over.items():
+        old = out.get(key)
+        out[key] = (
+            deep_merge(old, value)
+            if isinstance(old, Mapping) and isinstance(value, Mapping)
+            else value
+        )
+    return out
+
+
 def rules_file(values: Mapping[str, Any] | None, tmp: Path) -> Path:
     """The chart's PrometheusRule as a plain Prometheus rule file (what promtool reads)."""
+    values = deep_merge(MONITORING_ON, values or {})
     rule = one(render(values, tmp, api_versions=MONITORING), "PrometheusRule")
     path = tmp / "rules.yaml"
     path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}), encoding="utf-8")

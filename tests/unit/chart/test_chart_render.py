@@ -17,6 +17,7 @@ from rtj_chart import (
     CRD_SOURCE,
     KUBE_VERSION,
     MONITORING,
+    MONITORING_ON,
     helm,
     one,
     render,
@@ -44,7 +45,8 @@ REPRESENTATIVE: dict[str, Any] = {
              "watchCustomResourceDefinitions": False},
     "metrics": {"port": 9090, "service": {"enabled": True, "type": "ClusterIP", "port": 9090}},
     "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "kps"}},
-    "prometheusRule": {"labels": {"release": "kps"}, "additionalAlertLabels": {"team": "ml"},
+    "prometheusRule": {"enabled": True, "labels": {"release": "kps"},
+                       "additionalAlertLabels": {"team": "ml"},
                        "disabledAlerts": ["RTJRecoverySlow"],
                        "checkpointStale": {"factor": 3, "for": "10m", "severity": "critical"}},
     "dashboard": {"enabled": True, "namespace": "monitoring"},
@@ -75,7 +77,7 @@ def test_helm_lint_is_clean(values: dict[str, Any] | None, tmp_path: Path) -> No
     assert "[WARNING]" not in out.stdout and "[ERROR]" not in out.stdout, out.stdout
 
 
-def test_default_render_has_every_piece_and_nothing_for_missing_apis() -> None:
+def test_default_render_has_every_piece_and_nothing_for_missing_apis(tmp_path: Path) -> None:
     objs = render()
     kinds = sorted(o["kind"] for o in objs)
     assert kinds == sorted([
@@ -84,10 +86,15 @@ def test_default_render_has_every_piece_and_nothing_for_missing_apis() -> None:
         "Deployment", "Service", "PodDisruptionBudget", "ConfigMap", "Secret",
         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
     ])  # fmt: skip
-    # ServiceMonitor and PrometheusRule only where the cluster serves their kinds
-    with_monitoring = {o["kind"] for o in render(api_versions=MONITORING)}
-    assert {"ServiceMonitor", "PrometheusRule"} <= with_monitoring
-    only_rules = {o["kind"] for o in render(api_versions=(MONITORING[1],))}
+    # monitoring is off by default, even where the cluster serves its kinds (as Kueue's)
+    assert not {"ServiceMonitor", "PrometheusRule"} & {
+        o["kind"] for o in render(api_versions=MONITORING)
+    }
+    # and rendered whenever enabled, whatever the cluster serves: `helm template`, Argo CD and
+    # Flux render without a cluster (no --api-versions) and must not silently lose the alerts
+    enabled = {o["kind"] for o in render(MONITORING_ON, tmp_path)}
+    assert {"ServiceMonitor", "PrometheusRule"} <= enabled
+    only_rules = {o["kind"] for o in render({"prometheusRule": {"enabled": True}}, tmp_path)}
     assert "PrometheusRule" in only_rules and "ServiceMonitor" not in only_rules
 
 
