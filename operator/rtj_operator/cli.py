@@ -1,7 +1,7 @@
 """`rtj`: the operator's offline tools.
 
     rtj classify --pods PODS.json [--nodes NODES.json] [--events EVENTS.json ...] [--rtj RTJ.yaml]
-                 [--output json|text]
+                 [--output json|yaml|text]
     rtj crds --check | --write [--path crds/resilienttrainingjobs.yaml]
     rtj run [OPTIONS]          run the operator (see `rtj run --help`)
 
@@ -83,9 +83,9 @@ def _parser() -> argparse.ArgumentParser:
     cls.add_argument(
         "--output",
         "-o",
-        choices=("json", "text"),
+        choices=("json", "yaml", "text"),
         default="json",
-        help="json (the contract) or text (which signal decided, and why)",
+        help="json (the contract), yaml (the same) or text (which signal decided, and why)",
     )
 
     sub.add_parser("run", help="run the operator (rtj run --help)", add_help=False)
@@ -175,6 +175,9 @@ def _classify(args: argparse.Namespace) -> int:
         sys.stdout.write(_text(result, nodes is not None))
         return EXIT_OK
     body = result.to_json() if result is not None else no_failure_json()
+    if args.output == "yaml":
+        sys.stdout.write(yaml.safe_dump(body, sort_keys=False))
+        return EXIT_OK
     sys.stdout.write(json.dumps(body, indent=2) + "\n")
     return EXIT_OK
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from rtj_shim import progress_cli
+from rtj_shim import output, progress_cli
 from rtj_shim.errors import Refused, ShimError, StoreError, UsageError
 from rtj_shim.layout import MAX_STEP, validate_attempt
 from rtj_shim.manifest import Framework
@@ -56,6 +56,11 @@ def _positive(text: str) -> int:
     return value
 
 
+def _output_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument("-o", "--output", choices=output.FORMATS, default="json",
+                         help="json (the default) or yaml")  # fmt: skip
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -75,6 +80,7 @@ def _parser() -> argparse.ArgumentParser:
 
     commit = sub.add_parser("commit", help="publish the files under DIR as step N")
     commit.add_argument("--root", required=True, help=root_help)
+    _output_option(commit)
     commit.add_argument("--step", required=True, type=_step)
     commit.add_argument("--from", dest="source", required=True, type=Path, metavar="DIR")
     commit.add_argument(
@@ -93,6 +99,7 @@ def _parser() -> argparse.ArgumentParser:
 
     res = sub.add_parser("resolve", help="the newest step that verifies")
     res.add_argument("--root", required=True, help=root_help)
+    _output_option(res)
     res.add_argument("--step", type=_step, default=None, help="check only this step")
     res.add_argument("--deep", action="store_true", help="also check every file's sha256")
     res.add_argument(
@@ -122,16 +129,21 @@ def _parser() -> argparse.ArgumentParser:
 
     ver = sub.add_parser("verify", help="verify one step")
     ver.add_argument("--root", required=True, help=root_help)
+    _output_option(ver)
     ver.add_argument("--step", required=True, type=_step)
     ver.add_argument("--deep", action="store_true")
     ver.add_argument("--workers", type=_positive, default=None)
 
     ls = sub.add_parser("ls", help="every step with its state and age")
     ls.add_argument("--root", required=True, help=root_help)
-    ls.add_argument("--json", action="store_true")
+    ls.add_argument("-o", "--output", choices=("text", *output.FORMATS), default="text",
+                    help="text (a table; the default), json or yaml")  # fmt: skip
+    ls.add_argument("--json", dest="output", action="store_const", const="json",
+                    help="the same as -o json")  # fmt: skip
 
     gc = sub.add_parser("gc", help="delete steps outside the retention policy")
     gc.add_argument("--root", required=True, help=root_help)
+    _output_option(gc)
     gc.add_argument("--keep-last", required=True, type=_positive)
     gc.add_argument("--keep-every", type=_positive, default=None)
     gc.add_argument("--protect", type=_step, nargs="*", default=[], metavar="STEP")
@@ -140,8 +152,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _print(data: object) -> None:
-    sys.stdout.write(json.dumps(data, sort_keys=False) + "\n")
+def _print(data: object, args: argparse.Namespace) -> None:
+    sys.stdout.write(output.render(data, getattr(args, "output", None) or "json"))
 
 
 def write_atomically(path: Path, data: bytes) -> None:
@@ -163,7 +175,7 @@ def _commit(args: argparse.Namespace) -> int:
         world_size=args.world_size, framework=Framework(name=args.framework)
     )
     result = protocol.publish_directory(args.step, args.source, metadata)
-    _print(result.to_json())
+    _print(result.to_json(), args)
     return EXIT_OK
 
 
@@ -229,7 +241,7 @@ def _resolve_and_report(args: argparse.Namespace) -> int:
         write_atomically(args.write, (json.dumps(body, indent=2) + "\n").encode())
     if args.termination_log is not None:
         _write_termination_log(args.termination_log, body)
-    _print(body)
+    _print(body, args)
     if args.step is not None and resolution.step is None:
         return EXIT_INVALID
     return EXIT_OK
@@ -239,15 +251,15 @@ def _verify(args: argparse.Namespace) -> int:
     depth = Depth.DEEP if args.deep else Depth.SHALLOW
     store = open_store(args.root, "--root")
     if not store.root_exists():
-        _print({"step": args.step, "valid": False, "reason": f"{store.uri} does not exist"})
+        _print({"step": args.step, "valid": False, "reason": f"{store.uri} does not exist"}, args)
         return EXIT_INVALID
     published = {d.name.step for d in store.list_step_dirs() if not d.name.in_progress}
     if args.step not in published:
         reason = f"step {args.step} is not published under {store.uri}"
-        _print({"step": args.step, "valid": False, "reason": reason})
+        _print({"step": args.step, "valid": False, "reason": reason}, args)
         return EXIT_INVALID
     verdict = verify_step(store, args.step, depth, args.workers)
-    _print({"step": verdict.step, "valid": verdict.valid, "reason": verdict.reason})
+    _print({"step": verdict.step, "valid": verdict.valid, "reason": verdict.reason}, args)
     return EXIT_OK if verdict.valid else EXIT_INVALID
 
 
@@ -274,8 +286,8 @@ def _ls(args: argparse.Namespace) -> int:
                 "reason": listing.state.reason,
             }
         )
-    if args.json:
-        _print(rows)
+    if args.output in output.FORMATS:
+        _print(rows, args)
         return EXIT_OK
     print(f"{'STEP':>12}  {'STATE':<12} {'AGE':>5}  DIR")
     for row in rows:
@@ -294,7 +306,7 @@ def _gc(args: argparse.Namespace) -> int:
     if result.failed:
         _name, why = result.failed[0]
         raise StoreError(f"{why} ({len(result.failed)} step(s) not deleted)")
-    _print({"dry_run": args.dry_run, **result.plan.to_json()})
+    _print({"dry_run": args.dry_run, **result.plan.to_json()}, args)
     return EXIT_OK
 
 

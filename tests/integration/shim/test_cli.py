@@ -153,6 +153,22 @@ def test_ls_lists_states(src: Path, root: Path) -> None:
     table = run("ls", "--root", root)
     assert table.returncode == 0
     assert "published" in table.stdout and "COMMITTED is missing" in table.stdout
+    again = ok_json("ls", "--root", root, "-o", "json")
+    assert isinstance(again, list) and [r["dir"] for r in again] == [r["dir"] for r in rows]
+
+
+def test_every_command_prints_yaml_with_o_yaml(src: Path, root: Path) -> None:
+    """`-o yaml` (issue 44): the same data as the JSON, read back by a YAML parser."""
+    import yaml
+
+    committed = run("commit", "--root", root, "--step", "100", "--from", src, "-o", "yaml")
+    assert committed.returncode == 0, committed.stderr
+    assert yaml.safe_load(committed.stdout)["step"] == 100
+    resolved = run("resolve", "--root", root, "-o", "yaml")
+    assert yaml.safe_load(resolved.stdout) == ok_json("resolve", "--root", root)
+    listed = run("ls", "--root", root, "-o", "yaml")
+    assert [r["step"] for r in yaml.safe_load(listed.stdout)] == [100]
+    assert run("verify", "--root", root, "--step", "100", "-o", "xml").returncode == 2
 
 
 def test_gc_dry_run_then_delete(src: Path, root: Path) -> None:

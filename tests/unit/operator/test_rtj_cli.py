@@ -152,3 +152,15 @@ def test_classify_blames_no_node_for_a_trainers_hook_words(
     assert isinstance(decided, dict) and decided["source"] == "trainer"
     first = body["first_failed"]
     assert isinstance(first, dict) and first["exit_code"] == 127
+
+
+def test_classify_prints_the_same_contract_as_yaml(capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+
+    case = CASES / "nvsentinel_xid79_condition"
+    args = ["classify", "--pods", str(case / "pods.json"), "--nodes", str(case / "nodes.json"),
+            "--events", str(case / "events.json"), "--now", "2025-03-14T12:00:00Z"]  # fmt: skip
+    assert main([*args, "-o", "yaml"]) == 0
+    as_yaml = yaml.safe_load(capsys.readouterr().out)
+    assert main(args) == 0
+    assert as_yaml == json.loads(capsys.readouterr().out)
