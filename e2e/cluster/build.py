@@ -110,6 +110,8 @@ def build_one(p: Program, versions: dict[str, str], *, quiet: bool = False) -> f
             (wrap / "go.mod").write_text(
                 f"module rtj.local/build/{p.name}\n\ngo 1.25\n\nrequire {p.module} {version}\n"
             )
+            if p.source_overrides:
+                _override_sources(p, version, wrap, env, log)
             out = Path(tmp) / p.name
             ldflags = " ".join([LDFLAGS, *p.ldflags(versions)])
             cmd = ["go", "build", "-mod=mod", f"-ldflags={ldflags}", "-o", str(out), p.package]
@@ -125,6 +127,29 @@ def build_one(p: Program, versions: dict[str, str], *, quiet: bool = False) -> f
     if not quiet:
         print(f"built {p.name} {version} in {seconds:.0f}s", file=sys.stderr)
     return seconds
+
+
+def _override_sources(p: Program, version: str, wrap: Path, env: dict[str, str], log: Path) -> None:
+    """Build `p` from a copy of its module with `p.source_overrides` applied, `replace`d into
+    the wrapper module (the module cache itself is read-only, and -overlay may not touch it)."""
+    found = subprocess.run(
+        ["go", "mod", "download", "-json", f"{p.module}@{version}"],
+        cwd=wrap, env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if found.returncode != 0:
+        raise BuildError(f"downloading module {p.module}@{version} failed: {found.stderr[-2000:]}")
+    source = Path(json.loads(found.stdout)["Dir"])
+    copy = wrap / "src"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(source, copy)
+    for path in copy.rglob("*"):
+        path.chmod(path.stat().st_mode | 0o200)  # the module cache's files are read-only
+    for rel, content in p.source_overrides:
+        (copy / rel).write_text(content)
+        with open(log, "a") as fh:
+            fh.write(f"# {rel} replaced before building (see e2e/cluster/versions.py)\n")
+    with open(wrap / "go.mod", "a") as fh:
+        fh.write(f"\nreplace {p.module} => ./src\n")
 
 
 def _record_time(name: str, version: str, seconds: float) -> None:
