@@ -457,6 +457,26 @@ def test_in_place_restart_orders_are_keyed_by_a_generated_secret_only_the_operat
     assert not [a for a in args if a.startswith("--control-secret-file")]
 
 
+def test_a_gitops_install_brings_its_own_control_secret(tmp_path: Path) -> None:
+    """Issue 44: `helm template` cannot `lookup` the generated Secret, so under Argo CD or
+    Flux its value would change on every render; `existingSecret` names one the platform
+    keeps (any key), and the chart then renders none."""
+    values = {"operator": {"inPlaceRestart": {"existingSecret": "platform-rtj-key",
+                                              "existingSecretKey": "hmac"}}}  # fmt: skip
+    objs = render(values, tmp_path)
+    assert not [o for o in objs if o["kind"] == "Secret"]
+    pod = one(objs, "Deployment")["spec"]["template"]["spec"]
+    assert "--control-secret-file=/etc/rtj-control/secret" in pod["containers"][0]["args"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "control")
+    assert volume["secret"] == {
+        "secretName": "platform-rtj-key",
+        "items": [{"key": "hmac", "path": "secret"}],
+        "defaultMode": 0o400,
+    }
+    assert helm(*template_args({"operator": {"inPlaceRestart": {"existingSecretKey": ""}}},
+                               tmp_path), check=False).returncode != 0  # fmt: skip
+
+
 def _sidecar_policies(objs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {o["metadata"]["namespace"]: o for o in objs if o["kind"] == "NetworkPolicy"}
 
