@@ -128,7 +128,9 @@ def published(root: str) -> list[tuple[int, bool]]:
     return [(s.entry.name.step, s.state.verified) for s in listing if not s.entry.name.in_progress]
 
 
-def test_killed_run_resumes_with_the_uninterrupted_losses(tmp_path: Path) -> None:
+def test_killed_run_resumes_with_the_uninterrupted_losses(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     root_a, root_b = f"file://{tmp_path}/a", f"file://{tmp_path}/b"
     full = train(root_a, tmp_path / "out-a")
     assert sorted(full) == list(range(1, MAX_STEPS + 1))
@@ -141,7 +143,13 @@ def test_killed_run_resumes_with_the_uninterrupted_losses(tmp_path: Path) -> Non
 
     found = resume_step(root_b)
     assert found is not None and found.step == 12
+    capsys.readouterr()
     resumed = train(root_b, tmp_path / "out-b", resume=True)
+    # which step, from where: printed whatever the log level (issue 44)
+    assert (
+        f"rtj_shim: resuming step 12 from {root_b}/steps/step-000000000012 (newest verified)"
+        in capsys.readouterr().err
+    )
     assert sorted(resumed) == list(range(13, MAX_STEPS + 1))
     for step in resumed:  # bit-for-bit: the same float, not approximately
         assert resumed[step] == full[step], step

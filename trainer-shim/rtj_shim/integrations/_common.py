@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,8 +125,21 @@ def resolve_local(
     for old, reason in skipped:
         log.warning("resume: skipped step %d: %s", old, reason)
     local = local_step(store, step, download_dir=download_dir, verified=True)
-    log.info("resume from step %d (%s): %s", step, source, local.uri)
+    announce_resume(step, source, local.uri, len(skipped))
     return LocalStep(step, local.directory, local.uri, source, skipped, local.manifest)
+
+
+def announce_resume(step: int, source: str, uri: str, skipped: int) -> None:
+    """One line on stderr (rank 0), whatever the framework's log level, as the Checkpointer
+    prints its restore: a resume that says nothing looks like a fresh start. Also logged."""
+    why = {"resume-file": "pinned by the operator", "resolved": "newest verified"}.get(
+        source, source
+    )
+    line = f"rtj_shim: resuming step {step} from {uri} ({why}"
+    line += f"; {skipped} newer step(s) skipped)" if skipped else ")"
+    if os.environ.get("RANK", "0") == "0":
+        sys.stderr.write(line + "\n")
+    log.info("%s", line)
 
 
 def local_step(
