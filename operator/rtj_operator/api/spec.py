@@ -101,8 +101,15 @@ class Backoff(ApiModel):
         )
     }
 
-    initial_seconds: int = Field(default=10, ge=0, le=86400)
-    max_seconds: int = Field(default=600, ge=0, le=86400)
+    initial_seconds: int = Field(
+        default=10,
+        ge=0,
+        le=86400,
+        description="Wait before the first restart; doubled after each failure, up to maxSeconds.",
+    )
+    max_seconds: int = Field(
+        default=600, ge=0, le=86400, description="The longest wait between restarts."
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> Backoff:
@@ -175,9 +182,21 @@ class Recovery(ApiModel):
 class Provenance(ApiModel):
     """Identity of what is being trained, stamped into every checkpoint manifest."""
 
-    code_commit: str | None = Field(default=None, max_length=256)
-    image_digest: str | None = Field(default=None, max_length=256)
-    dataset_snapshot: str | None = Field(default=None, max_length=1024)
+    code_commit: str | None = Field(
+        default=None,
+        max_length=256,
+        description="Recorded in every checkpoint's manifest (RTJ_CODE_COMMIT).",
+    )
+    image_digest: str | None = Field(
+        default=None,
+        max_length=256,
+        description="Recorded in every checkpoint's manifest (RTJ_IMAGE_DIGEST).",
+    )
+    dataset_snapshot: str | None = Field(
+        default=None,
+        max_length=1024,
+        description="Recorded in every checkpoint's manifest (RTJ_DATASET_SNAPSHOT).",
+    )
 
 
 SPEC_RULES = (
@@ -264,7 +283,12 @@ class ResilientTrainingJobSpec(ApiModel):
         description="Container running the trainer (default: the first container). May "
         "change only while the job is suspended.",
     )
-    master_port: int = Field(default=29500, ge=1, le=65535)
+    master_port: int = Field(
+        default=29500,
+        ge=1,
+        le=65535,
+        description="Rendezvous port on rank 0's pod (MASTER_PORT, torchrun's --master-port).",
+    )
     run_id: str | None = Field(
         default=None,
         min_length=1,

@@ -27,24 +27,42 @@ class StatusModel(ApiModel):
 class Condition(StatusModel):
     """A metav1.Condition: the latest observation of one aspect of the job."""
 
-    type: str = Field(min_length=1, max_length=316)
-    status: Literal["True", "False", "Unknown"]
-    reason: str = Field(min_length=1, max_length=1024)
-    message: str = Field(default="", max_length=32768)
-    last_transition_time: datetime
-    observed_generation: int | None = Field(default=None, ge=0)
+    type: str = Field(
+        min_length=1,
+        max_length=316,
+        description=(
+            "Admitted, Running, Restarting, Complete, Succeeded (deprecated alias of Complete), "
+            "Failed, NodesQuarantined, CheckpointStale, CheckpointUnreadable, NodesUnreachable, "
+            "Stalled, Straggling or Suspended."
+        ),
+    )
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(
+        min_length=1,
+        max_length=1024,
+        description="Why, in one CamelCase word (docs/operations.md lists them).",
+    )
+    message: str = Field(default="", max_length=32768, description="What happened, for people.")
+    last_transition_time: datetime = Field(description="When status last changed.")
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="The spec generation the condition was set from."
+    )
 
 
 class FirstFailed(StatusModel):
     """The rank whose failure broke the world (earliest termination, not the timeouts after)."""
 
-    pod: str
+    pod: str = Field(description="The worker pod that failed first.")
     rank: int | None = Field(default=None, ge=0, description="Global rank if the trainer named it.")
     node_rank: int | None = Field(default=None, ge=0, description="Job completion index.")
-    node: str | None = None
-    container: str | None = None
-    exit_code: int | None = None
-    finished_at: datetime | None = None
+    node: str | None = Field(default=None, description="The node it ran on.")
+    container: str | None = Field(default=None, description="The container that failed.")
+    exit_code: int | None = Field(
+        default=None, description="Its exit code (128+N: killed by signal N)."
+    )
+    finished_at: datetime | None = Field(
+        default=None, description="When it failed (the kubelet's time, in seconds)."
+    )
 
 
 class InPlaceRestart(StatusModel):
@@ -55,8 +73,10 @@ class InPlaceRestart(StatusModel):
     failure_class: FailureClass
     failure_category: FailureCategory
     first_failed: FirstFailed | None = None
-    evidence: list[str] = Field(default_factory=list)
-    detected_at: datetime
+    evidence: list[str] = Field(
+        default_factory=list, description="The signals that decided the class, one per line."
+    )
+    detected_at: datetime = Field(description="When the operator saw the failure.")
     resumed_from_step: int | None = Field(
         default=None, ge=0, description="Pinned step (null: the restored trainer resolved it)."
     )
@@ -91,8 +111,12 @@ class InPlaceRestart(StatusModel):
         description="Warm spares that took a replaced pod's rank (spec.spares): `<spare> on "
         "<node> took rank <r> of <pod>`. Without a ready spare, the Job created the pod again.",
     )
-    stopped_at: datetime | None = None
-    started_at: datetime | None = None
+    stopped_at: datetime | None = Field(
+        default=None, description="When every trainer of the old generation had stopped."
+    )
+    started_at: datetime | None = Field(
+        default=None, description="When the new generation was ordered to run."
+    )
     outcome: str | None = Field(
         default=None,
         max_length=64,
@@ -105,10 +129,14 @@ class InPlacePhase(StatusModel):
     """An in-place restart in progress: every pod is ordered to `Stopping` the old
     generation, then (all stopped) to `Starting` the new one."""
 
-    generation: int = Field(ge=1)
+    generation: int = Field(ge=1, description="The trainers' generation being started.")
     phase: str = Field(description="Stopping or Starting.", max_length=16)
-    since: datetime
-    step: int | None = Field(default=None, ge=0)
+    since: datetime = Field(description="When this phase began.")
+    step: int | None = Field(
+        default=None,
+        ge=0,
+        description="The durable step the restart resumes from (none: the newest that verifies).",
+    )
     fast_step: int | None = Field(
         default=None,
         ge=0,
@@ -145,20 +173,45 @@ class InPlacePhase(StatusModel):
 class AttemptRecord(StatusModel):
     """One attempt (one JobSet): how it started, how it ended, what it cost."""
 
-    attempt: int = Field(ge=1)
-    job_set: str
-    started_at: datetime | None = None
-    ended_at: datetime | None = None
+    attempt: int = Field(ge=1, description="Attempt number, from 1.")
+    job_set: str = Field(description="The JobSet the attempt ran as (<name>-a<attempt>).")
+    started_at: datetime | None = Field(default=None, description="When its JobSet was created.")
+    ended_at: datetime | None = Field(
+        default=None, description="When it ended: failed, succeeded or replaced."
+    )
     failure_class: FailureClass | None = None
     failure_category: FailureCategory | None = None
     first_failed: FirstFailed | None = None
-    evidence: list[str] = Field(default_factory=list)
-    resumed_from_step: int | None = Field(default=None, ge=0)
-    lost_steps: int | None = Field(default=None, ge=0)
-    detection_seconds: float | None = Field(default=None, ge=0)
-    recovery_seconds: float | None = Field(default=None, ge=0)
-    quarantined_nodes: list[str] = Field(default_factory=list)
-    in_place_restarts: list[InPlaceRestart] = Field(default_factory=list, max_length=64)
+    evidence: list[str] = Field(
+        default_factory=list,
+        description="The signals that decided its failure class, one per line.",
+    )
+    resumed_from_step: int | None = Field(
+        default=None, ge=0, description="The checkpoint step it resumed from (none: a fresh start)."
+    )
+    lost_steps: int | None = Field(
+        default=None,
+        ge=0,
+        description="Steps trained after the newest durable checkpoint, lost to its failure.",
+    )
+    detection_seconds: float | None = Field(
+        default=None, ge=0, description="From the first failure to its classification."
+    )
+    recovery_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        description="From the first failure until the next attempt's workers all ran.",
+    )
+    quarantined_nodes: list[str] = Field(
+        default_factory=list, description="Nodes tainted because of this attempt's failure."
+    )
+    in_place_restarts: list[InPlaceRestart] = Field(
+        default_factory=list,
+        max_length=64,
+        description=(
+            "Trainer restarts in place within this attempt (spec.recovery.inPlace), oldest first."
+        ),
+    )
     spare_ranks: dict[str, Annotated[int, Field(ge=0)]] = Field(
         default_factory=dict,
         max_length=MAX_REPLICAS,
@@ -177,51 +230,68 @@ class AttemptRecord(StatusModel):
 class VerifiedCheckpoint(StatusModel):
     """The newest step known to verify (COMMITTED + manifest + checksums)."""
 
-    step: int = Field(ge=0)
-    uri: str
+    step: int = Field(ge=0, description="The newest step whose manifest and files verify.")
+    uri: str = Field(description="Its directory.")
     committed_at: datetime = Field(description="When the step was published (its age).")
-    verified_at: datetime
+    verified_at: datetime = Field(description="When the operator last verified it.")
 
 
 class QuarantinedNode(StatusModel):
     """A node this job tainted, and the evidence that condemned it."""
 
-    node: str
+    node: str = Field(description="The node's name.")
     failure_class: FailureClass
-    attempt: int = Field(ge=1)
-    since: datetime
-    evidence: str = ""
-    taint_key: str | None = Field(default=None, max_length=317)
+    attempt: int = Field(ge=1, description="The attempt whose failure quarantined it.")
+    since: datetime = Field(description="When it was tainted.")
+    evidence: str = Field(default="", description="The node signal that justified the taint.")
+    taint_key: str | None = Field(
+        default=None,
+        max_length=317,
+        description=(
+            "The key of the taint the operator applied (and removes when the quarantine ends)."
+        ),
+    )
     """The taint placed (recorded so a later change of the taint settings never strands it;
     None in records written before it was recorded: the job's current settings apply)."""
-    taint_value: str | None = Field(default=None, max_length=63)
-    taint_effect: str | None = Field(default=None, max_length=32)
+    taint_value: str | None = Field(default=None, max_length=63, description="That taint's value.")
+    taint_effect: str | None = Field(
+        default=None, max_length=32, description="That taint's effect."
+    )
 
 
 class Straggler(StatusModel):
     """A rank slower than the others (busy time per step), as last reported."""
 
-    rank: int = Field(ge=0)
-    pod: str
-    node: str | None = None
+    rank: int = Field(ge=0, description="Its global rank.")
+    pod: str = Field(description="Its pod.")
+    node: str | None = Field(default=None, description="Its node.")
     ratio: float = Field(ge=0, description="Its busy time per step / the others' median.")
-    attempt: int = Field(ge=1)
-    since: datetime
+    attempt: int = Field(ge=1, description="The attempt it straggles in.")
+    since: datetime = Field(description="When it was first seen straggling.")
 
 
 class JobProgress(StatusModel):
     """The job's progress from its ranks' reports (per job, not per rank; refreshed at most
     every 30 s while it changes, so the object stays small and writes stay rare)."""
 
-    attempt: int = Field(ge=1)
+    attempt: int = Field(ge=1, description="The attempt this progress belongs to.")
     step: int | None = Field(
         default=None, ge=0, description="The step every reporting rank has completed."
     )
     step_seconds: float | None = Field(default=None, ge=0, description="Median step time.")
-    steps_per_second: float | None = Field(default=None, ge=0)
+    steps_per_second: float | None = Field(
+        default=None, ge=0, description="Training throughput, from the median step time."
+    )
     ranks: int = Field(default=0, ge=0, description="Ranks that reported.")
-    observed_at: datetime
-    stragglers: list[Straggler] = Field(default_factory=list, max_length=64)
+    observed_at: datetime = Field(description="When the ranks were last read.")
+    stragglers: list[Straggler] = Field(
+        default_factory=list,
+        max_length=64,
+        description=(
+            "Ranks whose busy time per step stays above the others' median by "
+            "spec.progress.stragglers' ratio."
+        ),
+    )
     fast_step: int | None = Field(
         default=None,
         ge=0,
@@ -242,16 +312,46 @@ class JobProgress(StatusModel):
 class RestartCounts(StatusModel):
     """Restarts spent so far, per budget (explicit, so trimming `attempts` loses nothing)."""
 
-    infrastructure: int = Field(default=0, ge=0)
-    user: int = Field(default=0, ge=0)
-    preemption: int = Field(default=0, ge=0)
-    checkpoint: int = Field(default=0, ge=0)
+    infrastructure: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "Restarts after infrastructure or unknown failures (spec.failurePolicy.maxRestarts "
+            "bounds them)."
+        ),
+    )
+    user: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "Restarts after the job's own failures: OutOfMemory, UserError, ConfigError "
+            "(spec.failurePolicy.userErrorRestarts)."
+        ),
+    )
+    preemption: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "Restarts after Kueue preempted the job (free unless "
+            "spec.failurePolicy.countPreemptions)."
+        ),
+    )
+    checkpoint: int = Field(
+        default=0,
+        ge=0,
+        description="Restarts from an older step after the pinned checkpoint proved corrupt.",
+    )
 
 
 class ResilientTrainingJobStatus(StatusModel):
-    phase: Phase = Phase.PENDING
+    phase: Phase = Field(
+        default=Phase.PENDING,
+        description="Pending, Admitted, Running, Restarting, Suspended, Succeeded or Failed.",
+    )
     attempt: int = Field(default=0, ge=0, description="Current attempt (0: none started).")
-    attempts: list[AttemptRecord] = Field(default_factory=list)
+    attempts: list[AttemptRecord] = Field(
+        default_factory=list, description="Every attempt, oldest first."
+    )
     last_verified_checkpoint: VerifiedCheckpoint | None = None
     bad_steps: list[Annotated[int, Field(ge=0)]] = Field(
         default_factory=list,
@@ -261,6 +361,7 @@ class ResilientTrainingJobStatus(StatusModel):
     quarantined_nodes: list[QuarantinedNode] = Field(
         default_factory=list,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["node"]},
+        description="Nodes the operator has tainted for this job and not yet released.",
     )
     restarts: RestartCounts = Field(default_factory=RestartCounts)
     next_attempt_at: datetime | None = Field(
@@ -269,8 +370,11 @@ class ResilientTrainingJobStatus(StatusModel):
     conditions: list[Condition] = Field(
         default_factory=list,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+        description="The latest observations, one per type (metav1.Condition).",
     )
-    observed_generation: int | None = Field(default=None, ge=0)
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="The spec generation this status reflects."
+    )
     progress: JobProgress | None = None
     in_place: InPlacePhase | None = Field(
         default=None, description="The in-place restart in progress (spec.recovery.inPlace)."
