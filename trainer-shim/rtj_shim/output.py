@@ -57,7 +57,10 @@ def _scalar(value: Any) -> str:
         return "{}" if isinstance(value, dict) else "[]"
     if isinstance(value, str):
         return _quoted(value)
-    return json.dumps(value)
+    text = json.dumps(value)
+    if isinstance(value, float) and "e" in text and "." not in text:
+        text = text.replace("e", ".0e", 1)  # YAML 1.1 (PyYAML) reads 1e-06 as a string
+    return text
 
 
 def _quoted(text: str) -> str:

@@ -20,6 +20,11 @@ JSON = st.recursive(
 )  # fmt: skip
 
 
+@pytest.mark.parametrize("value", [1e-06, 1e20, -2.5e-12, 0.1])
+def test_a_float_in_exponent_form_reads_back_as_a_float(value: float) -> None:
+    assert yaml.safe_load(render({"x": value}, "yaml")) == {"x": value}
+
+
 @given(JSON)
 def test_yaml_reads_back_to_the_same_data(data: Any) -> None:
     assert yaml.safe_load(render(data, "yaml")) == data
