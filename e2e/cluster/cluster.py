@@ -526,18 +526,8 @@ class LocalCluster:
                     60,
                     proc=proc,
                 )
-            processes.wait_for(
-                "jobset /readyz",
-                lambda: _http_ok(f"http://{LOOPBACK}:{ports['jobset_health']}/readyz"),
-                90,
-                proc=jobset,
-            )
-            processes.wait_for(
-                "kueue /readyz",
-                lambda: _http_ok(f"http://{LOOPBACK}:{ports['kueue_health']}/readyz"),
-                90,
-                proc=kueue,
-            )
+            jobset = self._wait_controller_ready(jobset, ports["jobset_health"], logs)
+            kueue = self._wait_controller_ready(kueue, ports["kueue_health"], logs)
             processes.wait_for(
                 "JobSet and Kueue webhooks answering",
                 lambda: (
@@ -618,6 +608,25 @@ class LocalCluster:
         self.state.procs.append(proc)
         self.state.save()
         return proc
+
+    def _wait_controller_ready(self, proc: Proc, health_port: int, logs: Path) -> Proc:
+        """Wait for a controller's /readyz; a controller that exits first (controller-runtime
+        ends the process when an informer does not sync in time, as JobSet did once on a
+        loaded CI machine: "Timeout: failed waiting for *v1alpha2.JobSet Informer to sync")
+        is started once more with the same command, and a second exit fails naming it."""
+        url = f"http://{LOOPBACK}:{health_port}/readyz"
+        try:
+            processes.wait_for(f"{proc.name} /readyz", lambda: _http_ok(url), 90, proc=proc)
+            return proc
+        except StartupError:
+            if proc.alive():
+                raise
+        print(f"--- {proc.name} exited before ready; starting it once more. Its log's tail:")
+        print(processes.tail(proc.log, 5))
+        self.state.procs.remove(proc)
+        again = self._start(proc.name, list(proc.argv), list(proc.ports), logs)
+        processes.wait_for(f"{again.name} /readyz", lambda: _http_ok(url), 90, proc=again)
+        return again
 
     def _dump_failure(self) -> None:
         for p in self.state.procs:
