@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# every plan, here and in the operators the tests start, is held to the recovery table
+os.environ["RTJ_STRICT_RECOVERY_TABLE"] = "1"
 
 # Shared test infrastructure: the local cluster harness (session cluster, per-test namespace
 # and queues) and the loopback S3 API server (session server, per-test bucket).

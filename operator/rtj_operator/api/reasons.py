@@ -88,6 +88,42 @@ class Phase(str, Enum):
         return self in (Phase.SUCCEEDED, Phase.FAILED)
 
 
+class InPlaceStage(str, Enum):
+    """status.inPlace.phase: the stage of an in-place restart in progress."""
+
+    STOPPING = "Stopping"
+    """Every pod is ordered to stop the old generation (the barrier: all report stopped)."""
+    STARTING = "Starting"
+    """The step is pinned; every pod is ordered to start the new generation from it."""
+
+
+class RecoveryPhase(str, Enum):
+    """status.recoveryPhase: where the job stands in the recovery state machine
+    (`rtj_operator.recovery`: derived from the status, checked against its transition table
+    on every plan). `Phase` is the coarse lifecycle word for `kubectl get`; this one says
+    which recovery step holds the job."""
+
+    NOT_STARTED = "NotStarted"
+    """No attempt yet: the first one is due."""
+    RUNNING = "Running"
+    """An attempt's world is pending, admitted or running, and nothing is being recovered."""
+    STOPPING_IN_PLACE = "StoppingInPlace"
+    """An in-place restart: the trainers of the old generation are being stopped."""
+    STARTING_IN_PLACE = "StartingInPlace"
+    """An in-place restart: the trainers of the new generation are being started."""
+    BACKING_OFF = "BackingOff"
+    """The failed attempt's world is torn down while the backoff runs."""
+    STARTING = "Starting"
+    """The next attempt is due: it starts once the old world is gone and the store is read."""
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (RecoveryPhase.SUCCEEDED, RecoveryPhase.FAILED)
+
+
 class ConditionType(str, Enum):
     """status.conditions[].type (metav1.Condition style)."""
 

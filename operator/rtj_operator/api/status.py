@@ -13,7 +13,13 @@ from pydantic import ConfigDict, Field
 
 from rtj_operator.api.base import ApiModel
 from rtj_operator.api.keys import MAX_REPLICAS
-from rtj_operator.api.reasons import FailureCategory, FailureClass, Phase
+from rtj_operator.api.reasons import (
+    FailureCategory,
+    FailureClass,
+    InPlaceStage,
+    Phase,
+    RecoveryPhase,
+)
 
 MAX_FAST_SOURCES = 64
 """Pods served from a peer replica in one in-place restart (at most the replaced pods)."""
@@ -130,7 +136,9 @@ class InPlacePhase(StatusModel):
     generation, then (all stopped) to `Starting` the new one."""
 
     generation: int = Field(ge=1, description="The trainers' generation being started.")
-    phase: str = Field(description="Stopping or Starting.", max_length=16)
+    phase: InPlaceStage = Field(
+        description="Stopping (the old generation) or Starting (the new one, from `step`)."
+    )
     since: datetime = Field(description="When this phase began.")
     step: int | None = Field(
         default=None,
@@ -347,6 +355,13 @@ class ResilientTrainingJobStatus(StatusModel):
     phase: Phase = Field(
         default=Phase.PENDING,
         description="Pending, Admitted, Running, Restarting, Suspended, Succeeded or Failed.",
+    )
+    recovery_phase: RecoveryPhase | None = Field(
+        default=None,
+        description="Where the job stands in the recovery state machine: NotStarted, Running, "
+        "StoppingInPlace, StartingInPlace, BackingOff, Starting, Suspended, Succeeded or "
+        "Failed (derived from the rest of status on every status write; docs/DESIGN.md has "
+        "the transition table).",
     )
     attempt: int = Field(default=0, ge=0, description="Current attempt (0: none started).")
     attempts: list[AttemptRecord] = Field(

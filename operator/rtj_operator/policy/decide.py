@@ -20,14 +20,16 @@ and later `StartAttempt` once the backoff has elapsed. Budgets:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from rtj_operator.api.reasons import FailureCategory, FailureClass, Reason
+from rtj_operator.api.reasons import FailureCategory, FailureClass, Reason, RecoveryPhase
 from rtj_operator.api.spec import FailurePolicy, ResilientTrainingJobSpec
 from rtj_operator.api.status import ResilientTrainingJobStatus, RestartCounts
 from rtj_operator.policy.classify import Classification
+from rtj_operator.recovery.phase import recovery_phase
+from rtj_operator.recovery.table import Fact, policy_for
 
 _MAX_EXPONENT = 30
 
@@ -105,6 +107,18 @@ def resume_step(
     return max(candidates - set(status.bad_steps), default=None)
 
 
+@dataclass(frozen=True)
+class Facts:
+    """What one decision reads: the job, its status, the failure found (if any), the time
+    and the steps known to verify (newest wins)."""
+
+    spec: ResilientTrainingJobSpec
+    status: ResilientTrainingJobStatus
+    found: Classification | None
+    now: datetime
+    verified_steps: tuple[int, ...]
+
+
 def decide(
     spec: ResilientTrainingJobSpec,
     status: ResilientTrainingJobStatus,
@@ -113,16 +127,55 @@ def decide(
     *,
     verified_steps: Iterable[int] = (),
 ) -> Action:
-    """The next action. `verified_steps` are steps known to verify (newest wins)."""
-    if status.phase.terminal:
+    """The next whole-world action: the policy function that the recovery table names for
+    the job's phase and what was observed. `verified_steps` are steps known to verify."""
+    facts = Facts(spec, status, classification, now, tuple(verified_steps))
+    phase = recovery_phase(status, now)
+    if phase.terminal:
         return Wait(None, Reason.TERMINAL, f"job is {status.phase.value}")
-    if status.attempt == 0:
-        return _start(status, 1, verified_steps, "first attempt")
-    if status.phase.value == "Restarting":
-        return _after_backoff(status, now, verified_steps)
-    if classification is None:
-        return Wait(None, Reason.NO_FAILURE, f"attempt {status.attempt} has no failed rank")
-    return _on_failure(spec, status, classification, now)
+    if phase is RecoveryPhase.SUSPENDED:
+        return Wait(None, Reason.SUSPENDED, "job is suspended (spec.suspend)")
+    policy = policy_for(phase, _fact(phase, classification), module=__name__)
+    return _POLICIES[policy.rpartition(".")[2]](facts)
+
+
+def _fact(phase: RecoveryPhase, found: Classification | None) -> Fact:
+    if phase is RecoveryPhase.BACKING_OFF:
+        return Fact.BACKOFF_ELAPSED
+    if phase in (RecoveryPhase.NOT_STARTED, RecoveryPhase.STARTING):
+        return Fact.ATTEMPT_DUE
+    return Fact.NO_FAILURE if found is None else Fact.FAILURE
+
+
+def start_first(facts: Facts) -> Action:
+    """Attempt 1, from the newest verified step (or what the init container finds)."""
+    return _start(facts.status, 1, facts.verified_steps, "first attempt")
+
+
+def wait_backoff(facts: Facts) -> Action:
+    """Until `nextAttemptAt`, wait (the old world is torn down meanwhile)."""
+    return _after_backoff(facts.status, facts.now, facts.verified_steps)
+
+
+def start_next(facts: Facts) -> Action:
+    """The next attempt, once the backoff has elapsed."""
+    return _after_backoff(facts.status, facts.now, facts.verified_steps)
+
+
+def keep_running(facts: Facts) -> Action:
+    return Wait(None, Reason.NO_FAILURE, f"attempt {facts.status.attempt} has no failed rank")
+
+
+def on_failure(facts: Facts) -> Action:
+    """Quarantine, restart or fail, by the failure's category and its budget."""
+    assert facts.found is not None  # the table's FAILURE rows: a classification is present
+    return _on_failure(facts.spec, facts.status, facts.found, facts.now)
+
+
+_POLICIES: dict[str, Callable[[Facts], Action]] = {
+    f.__name__: f for f in (start_first, wait_backoff, start_next, keep_running, on_failure)
+}
+"""The policy functions the recovery table names in this module, by name."""
 
 
 def _start(

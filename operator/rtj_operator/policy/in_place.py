@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rtj_operator.api import keys
-from rtj_operator.api.reasons import FailureCategory, FailureClass
+from rtj_operator.api.reasons import FailureCategory, FailureClass, InPlaceStage
 from rtj_operator.api.resource import ResilientTrainingJob
 from rtj_operator.policy.classify import Classification
 from rtj_shim.control import Order
@@ -219,7 +219,7 @@ def order(
     state = rtj.status.in_place
     if state is None:
         return None
-    if state.phase == "Stopping":
+    if state.phase == InPlaceStage.STOPPING:
         return Order(rtj.metadata.uid, state.generation, "stop")
     source = state.fast_sources.get(str(index)) if index is not None else None
     return Order(rtj.metadata.uid, state.generation, "run", rtj.status.attempt, state.step,

@@ -25,6 +25,8 @@ from rtj_operator.reconcile.actions import (
     merge_patch,
 )
 from rtj_operator.reconcile.world import Snapshot
+from rtj_operator.recovery.phase import recovery_phase
+from rtj_operator.recovery.table import allowed, check, strict
 
 MAX_EVIDENCE_LINES = 16
 
@@ -143,6 +145,21 @@ class PlanBuilder:
         attempts[-1] = record
         self.update(attempts=attempts)
 
+    def _record_recovery_phase(self, original: ResilientTrainingJobStatus) -> None:
+        """Record where the plan leaves the job in the recovery state machine, with every
+        status write (a plan that changes nothing writes nothing), held to its table: a
+        move no row lists raises under `strict()` (tests), else is noted."""
+        if self.status.to_json() == original.to_json():
+            return
+        source = recovery_phase(original, self.now)
+        target = recovery_phase(self.status, self.now)
+        if not allowed(source, target):
+            if strict():
+                check(source, target)
+            self.notes.append(f"recovery phase {source.value} -> {target.value}: no table row")
+        if self.status.recovery_phase is not target:
+            self.update(recovery_phase=target)
+
     def build(self) -> Plan:
         if self.needs_store:  # incomplete: plan again with a fresh reading of the store
             return Plan((), None, True, (), "reading the checkpoint store")
@@ -153,6 +170,7 @@ class PlanBuilder:
                 (), None, False, (), "looking up the LocalQueue", needs_queue=self.needs_queue
             )
         original = self.snap.rtj.status
+        self._record_recovery_phase(original)
         generation = self.rtj.metadata.generation or None
         if generation is not None and self.status.observed_generation != generation:
             self.update(observed_generation=generation)

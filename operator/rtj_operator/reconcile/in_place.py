@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
-from rtj_operator.api.reasons import ConditionType, FailureClass, Phase, Reason
+from rtj_operator.api.reasons import ConditionType, FailureClass, InPlaceStage, Phase, Reason
 from rtj_operator.api.status import (
     MAX_FAST_SOURCES,
     FirstFailed,
@@ -162,8 +162,8 @@ def begin(
         bad_steps=sorted(action.bad_steps)[-MAX_BAD_STEPS:],
         trainer_generation=generation,
         in_place=InPlacePhase(
-            generation=generation, phase="Stopping", since=b.now, replacing=list(choice.replace),
-            replaced_ranks=sorted(ranks.values()),
+            generation=generation, phase=InPlaceStage.STOPPING, since=b.now,
+            replacing=list(choice.replace), replaced_ranks=sorted(ranks.values()),
         ),
     )  # fmt: skip
     what = found.evidence[0][:200] if found.evidence else ""
@@ -180,7 +180,7 @@ def begin(
     )
     _replace(b, [p for p in live if pod_name(p) in choice.replace])  # the gone need nothing
     b.metrics.append(MetricRecord("failure", found.failure_class))
-    b.metrics.append(MetricRecord("restart", found.failure_class))
+    b.metrics.append(MetricRecord("restart", found.failure_class, in_place=True))
     if found.failed_at is not None:
         seconds = max((b.now - found.failed_at).total_seconds(), 0.0)
         b.metrics.append(MetricRecord("detection", found.failure_class, seconds))
@@ -213,7 +213,7 @@ def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
         if why is not None:
             _fall_back(b, why)
             return True
-    if state.phase == "Stopping":
+    if state.phase == InPlaceStage.STOPPING:
         old = [p for p in b.snap.pods if pod_name(p) in state.replacing]
         old = [p for p in old if not _ended(p)]
         _replace(b, old)
@@ -241,7 +241,7 @@ def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
         if fast.note:
             b.notes.append(f"in place: no fast-tier step: {fast.note}")
         b.update(in_place=state.model_copy(update={
-            "phase": "Starting", "step": step, "fast_step": fast.step,
+            "phase": InPlaceStage.STARTING, "step": step, "fast_step": fast.step,
             "fast_lineage": fast.lineage if fast.step is not None else None,
             "fast_sources": sources,
         }))  # fmt: skip
@@ -288,7 +288,7 @@ def _overdue(
     every pod already runs the new generation (it finishes; nothing to fall back from)."""
     within = f"within {b.rtj.spec.recovery.in_place_deadline_seconds}s"
     g = state.generation
-    if state.phase != "Stopping":
+    if state.phase != InPlaceStage.STOPPING:
         late = in_place.reported(reports, names, g, in_place.STARTED)
         return f"{_first(late)} had not started generation {g} {within}" if late else None
     late = in_place.reported(reports, names, g, in_place.STOPPED)
