@@ -1,8 +1,9 @@
 """What the operator does next: a pure function of spec, status, classification and time.
 
-One call returns one action. The reconciler applies it, records it in status, and calls
-again; so a failure walks through `Quarantine` (if bad nodes are not yet tainted), then
-`Restart` (record the failure, tear the old world down, wait out the backoff) or `Fail`,
+One call returns one action, chosen by the recovery table's row for the job's phase and what
+was observed (`rtj_operator.recovery.table`). The reconciler applies it, records it in
+status, and calls again; so a failure is a `Restart` (quarantine the nodes it blames, if any
+are not yet, record the failure, tear the old world down, wait out the backoff) or a `Fail`,
 and later `StartAttempt` once the backoff has elapsed. Budgets:
 
 - infrastructure and unknown failures spend `maxRestarts`: NodeLost, GPUFault (a suspect
@@ -21,7 +22,7 @@ and later `StartAttempt` once the backoff has elapsed. Budgets:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from rtj_operator.api.reasons import FailureCategory, FailureClass, Reason, RecoveryPhase
@@ -77,6 +78,8 @@ class Restart:
     bad_steps: tuple[int, ...]
     reason: Reason
     message: str
+    quarantine: Quarantine | None = None
+    """Nodes to quarantine first, in the same plan (recorded before the restart)."""
 
 
 @dataclass(frozen=True)
@@ -86,9 +89,11 @@ class Fail:
     failure_class: FailureClass
     reason: Reason
     message: str
+    quarantine: Quarantine | None = None
+    """Nodes to quarantine all the same: a bad node is bad for every job."""
 
 
-Action = Wait | StartAttempt | Quarantine | Restart | Fail
+Action = Wait | StartAttempt | Restart | Fail
 
 
 def backoff_seconds(policy: FailurePolicy, failures_so_far: int) -> float:
@@ -207,10 +212,12 @@ def _on_failure(
     category = found.category
     if category is FailureCategory.INFRASTRUCTURE and (pending := _unquarantined(status, found)):
         health, why = spec.node_health, f"{found.failure_class.value}: quarantining"
-        return Quarantine(
+        first = Quarantine(
             pending, health.taint_key, health.taint_effect, found.failure_class,
             Reason.NODES_QUARANTINED, f"{why} {', '.join(pending)}",
         )  # fmt: skip
+        return replace(_infrastructure_failure(spec.failure_policy, status, found, now),
+                       quarantine=first)  # fmt: skip
     if category is FailureCategory.USER:
         return _user_failure(spec.failure_policy, status, found, now)
     if category is FailureCategory.PREEMPTION and not spec.failure_policy.count_preemptions:
@@ -262,7 +269,7 @@ def _infrastructure_failure(
     status: ResilientTrainingJobStatus,
     found: Classification,
     now: datetime,
-) -> Action:
+) -> Restart | Fail:
     used, budget = status.restarts.infrastructure, policy.max_restarts
     if used >= budget:
         why = f"{_what(found)}; restart budget spent ({used} of {budget})"

@@ -14,7 +14,7 @@ from rtj_operator.reconcile.actions import DeleteJobSet
 from rtj_operator.reconcile.builder import PlanBuilder
 from rtj_operator.reconcile.checkpoints import read_init_results, refresh_checkpoint
 from rtj_operator.reconcile.converge import delete_orphans
-from rtj_operator.reconcile.failure import on_failure
+from rtj_operator.reconcile.failure import on_failure, within_quarantine_limit
 from rtj_operator.reconcile.liveness import hold_for_partition, judged_nodes
 from rtj_operator.reconcile.progress import finish_with_idle_pods, progress, succeed
 from rtj_operator.reconcile.ranks import find_hang, note_progress
@@ -133,6 +133,7 @@ def plan_current_attempt(b: PlanBuilder) -> None:
                 return
     if _settling(b, found):
         return
+    found = within_quarantine_limit(b, found)
     if b.status.in_place is None and in_place.begin(b, found, live, idle, gone):
         return
     on_failure(b, found, current)

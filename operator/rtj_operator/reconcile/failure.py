@@ -68,7 +68,7 @@ MAX_BAD_STEPS = 64
 every newer step failed, and its init container rejects it again)."""
 
 
-def _within_quarantine_limit(b: PlanBuilder, found: Classification) -> Classification:
+def within_quarantine_limit(b: PlanBuilder, found: Classification) -> Classification:
     """`found` without the nodes past MAX_QUARANTINED_NODES for this job (a cluster-wide
     incident must not make the job too large to write, nor let one job taint everything):
     those are named in an Event and not tainted."""
@@ -90,86 +90,98 @@ def _within_quarantine_limit(b: PlanBuilder, found: Classification) -> Classific
     )
 
 
-def on_failure(b: PlanBuilder, found: Classification, js: JobSetView | None) -> None:
-    spec, n = b.rtj.spec, b.status.attempt
-    found = _within_quarantine_limit(b, found)
-    action = decide(spec, b.status, found, b.now)
-    name = jobset_name(b.rtj.metadata.name, n)
-    if isinstance(action, Quarantine):
-        if found.category is FailureCategory.USER:  # never blame a node for the user's code
-            b.notes.append("refused to quarantine for a user-category failure")
-            return
-        taint = quarantine_taint(b.rtj)
-        records = list(b.status.quarantined_nodes)
-        for node in action.nodes:  # recorded first; ensure_quarantines taints after the patch
-            records.append(
-                QuarantinedNode(
-                    node=node,
-                    failure_class=action.failure_class,
-                    attempt=n,
-                    since=b.now,
-                    evidence=(found.evidence[0] if found.evidence else "")[:MAX_EVIDENCE_CHARS],
-                    taint_key=taint["key"],
-                    taint_value=taint["value"],
-                    taint_effect=taint["effect"],
-                )
+def record_quarantine(b: PlanBuilder, found: Classification, action: Quarantine) -> None:
+    """Record the quarantine of `action.nodes` (the intent: `ensure_quarantines` taints each
+    after the status patch commits it), with a condition and an Event."""
+    if found.category is FailureCategory.USER:  # never blame a node for the user's code
+        b.notes.append("refused to quarantine for a user-category failure")
+        return
+    n = b.status.attempt
+    taint = quarantine_taint(b.rtj)
+    records = list(b.status.quarantined_nodes)
+    for node in action.nodes:
+        records.append(
+            QuarantinedNode(
+                node=node,
+                failure_class=action.failure_class,
+                attempt=n,
+                since=b.now,
+                evidence=(found.evidence[0] if found.evidence else "")[:MAX_EVIDENCE_CHARS],
+                taint_key=taint["key"],
+                taint_value=taint["value"],
+                taint_effect=taint["effect"],
             )
-        b.update(quarantined_nodes=records)
-        nodes = ", ".join(action.nodes)
-        b.condition(
-            ConditionType.NODES_QUARANTINED,
-            True,
-            Reason.NODES_QUARANTINED,
-            f"tainted {action.taint_key}={b.rtj.metadata.name}:{action.taint_effect} on {nodes}",
         )
-        b.event(
-            True,
-            Reason.NODES_QUARANTINED,
-            f"attempt {n}: tainted {nodes} "
-            f"({action.taint_key}={b.rtj.metadata.name}:{action.taint_effect}); {describe(found)}",
-        )
-        b.requeue_in(0.0)
-        b.notes.append(action.message)
-        return
+    b.update(quarantined_nodes=records)
+    nodes = ", ".join(action.nodes)
+    tainted = f"{action.taint_key}={b.rtj.metadata.name}:{action.taint_effect}"
+    b.condition(
+        ConditionType.NODES_QUARANTINED, True, Reason.NODES_QUARANTINED,
+        f"tainted {tainted} on {nodes}",
+    )  # fmt: skip
+    b.event(
+        True, Reason.NODES_QUARANTINED,
+        f"attempt {n}: tainted {nodes} ({tainted}); {describe(found)}",
+    )  # fmt: skip
+    b.notes.append(action.message)
+
+
+def on_failure(b: PlanBuilder, found: Classification, js: JobSetView | None) -> None:
+    """The recovery table's whole-world failure row: one call of the policy quarantines the
+    nodes it blames and restarts the whole world or fails the job, in this one plan."""
+    action = decide(b.rtj.spec, b.status, found, b.now)
+    if isinstance(action, Restart | Fail) and action.quarantine is not None:
+        record_quarantine(b, found, action.quarantine)
     if isinstance(action, Restart):
-        detection = _end_record(b, found)
-        b.update(
-            phase=Phase.RESTARTING,
-            in_place=None,  # an in-place restart a pod failure overtook
-            restarts=action.restarts,
-            bad_steps=sorted(action.bad_steps)[-MAX_BAD_STEPS:],
-            next_attempt_at=action.not_before,
-        )
-        b.condition(ConditionType.RESTARTING, True, action.reason, action.message)
-        b.condition(ConditionType.RUNNING, False, action.reason, f"attempt {n} failed")
-        b.condition(ConditionType.ADMITTED, False, action.reason, f"attempt {n} failed")
-        if js is not None and not js.deleting:
-            b.after.append(DeleteJobSet(name))
-        # now, not after the JobSet's cascade (see DELETE_RESEND); a hung world cannot save
-        grace = HANG_TEARDOWN_GRACE if found.failure_class is FailureClass.HANG else None
-        delete_pods(b, b.snap.pods, grace_seconds=grace)
-        b.event(True, action.reason, f"attempt {n}: {action.message}; {describe(found)}")
-        b.metrics.append(MetricRecord("failure", found.failure_class))
-        b.metrics.append(MetricRecord("restart", found.failure_class))
-        if detection is not None:
-            b.metrics.append(MetricRecord("detection", found.failure_class, detection))
-        b.requeue_in(action.backoff_seconds)
-        b.notes.append(action.message)
-        return
-    if isinstance(action, Fail):
-        detection = _end_record(b, found)
-        b.update(phase=Phase.FAILED, next_attempt_at=None, in_place=None)
-        b.condition(ConditionType.FAILED, True, action.reason, action.message)
-        b.condition(ConditionType.RUNNING, False, action.reason, f"attempt {n} failed")
-        if js is not None and not js.deleting:  # after the patch: a failed job holds nothing
-            b.after.append(DeleteJobSet(name))
-        b.event(True, action.reason, f"attempt {n}: {action.message}; {describe(found)}")
-        b.metrics.append(MetricRecord("failure", found.failure_class))
-        if detection is not None:
-            b.metrics.append(MetricRecord("detection", found.failure_class, detection))
-        b.notes.append(action.message)
-        return
-    b.notes.append(f"no action: {getattr(action, 'message', action)}")
+        _restart_world(b, found, js, action)
+    elif isinstance(action, Fail):
+        _fail(b, found, js, action)
+    else:
+        b.notes.append(f"no action: {action.message}")
+
+
+def _restart_world(
+    b: PlanBuilder, found: Classification, js: JobSetView | None, action: Restart
+) -> None:
+    n = b.status.attempt
+    detection = _end_record(b, found)
+    b.update(
+        phase=Phase.RESTARTING,
+        in_place=None,  # an in-place restart a pod failure overtook
+        restarts=action.restarts,
+        bad_steps=sorted(action.bad_steps)[-MAX_BAD_STEPS:],
+        next_attempt_at=action.not_before,
+    )
+    b.condition(ConditionType.RESTARTING, True, action.reason, action.message)
+    b.condition(ConditionType.RUNNING, False, action.reason, f"attempt {n} failed")
+    b.condition(ConditionType.ADMITTED, False, action.reason, f"attempt {n} failed")
+    if js is not None and not js.deleting:
+        b.after.append(DeleteJobSet(jobset_name(b.rtj.metadata.name, n)))
+    # now, not after the JobSet's cascade (see DELETE_RESEND); a hung world cannot save
+    grace = HANG_TEARDOWN_GRACE if found.failure_class is FailureClass.HANG else None
+    delete_pods(b, b.snap.pods, grace_seconds=grace)
+    b.event(True, action.reason, f"attempt {n}: {action.message}; {describe(found)}")
+    b.metrics.append(MetricRecord("failure", found.failure_class))
+    b.metrics.append(MetricRecord("restart", found.failure_class))
+    if detection is not None:
+        b.metrics.append(MetricRecord("detection", found.failure_class, detection))
+    b.requeue_in(action.backoff_seconds)
+    b.notes.append(action.message)
+
+
+def _fail(b: PlanBuilder, found: Classification, js: JobSetView | None, action: Fail) -> None:
+    n = b.status.attempt
+    detection = _end_record(b, found)
+    b.update(phase=Phase.FAILED, next_attempt_at=None, in_place=None)
+    b.condition(ConditionType.FAILED, True, action.reason, action.message)
+    b.condition(ConditionType.RUNNING, False, action.reason, f"attempt {n} failed")
+    if js is not None and not js.deleting:  # after the patch: a failed job holds nothing
+        b.after.append(DeleteJobSet(jobset_name(b.rtj.metadata.name, n)))
+    b.event(True, action.reason, f"attempt {n}: {action.message}; {describe(found)}")
+    b.metrics.append(MetricRecord("failure", found.failure_class))
+    if detection is not None:
+        b.metrics.append(MetricRecord("detection", found.failure_class, detection))
+    b.notes.append(action.message)
 
 
 def release_failed_job(b: PlanBuilder) -> None:

@@ -51,7 +51,8 @@ from rtj_operator.reconcile.actions import DeleteJobSet, MetricRecord
 from rtj_operator.reconcile.builder import PlanBuilder, trim_evidence
 from rtj_operator.reconcile.checkpoints import read_since
 from rtj_operator.reconcile.converge import HANG_TEARDOWN_GRACE, delete_pods
-from rtj_operator.reconcile.failure import MAX_BAD_STEPS
+from rtj_operator.reconcile.failure import MAX_BAD_STEPS, record_quarantine
+from rtj_operator.reconcile.quarantine import claimant, holds_claim, record_taint
 from rtj_operator.reconcile.ranks import completion_index, progress_port
 from rtj_operator.reconcile.supervised_exits import supervisors
 from rtj_operator.reconcile.world import (
@@ -113,20 +114,28 @@ def begin(
     """Restart in place when the job and the failure allow it; True if it began. `idle`:
     the attempt's idle pods, of which a ready warm spare takes each replaced pod's rank;
     `gone`: the world's pods already deleted (an evicted pod may be)."""
+    action = decide(b.rtj.spec, b.status, found, b.now)
+    pending = action.quarantine if isinstance(action, Restart) else None
+    # nodes this plan quarantines count as quarantined: their pods are deleted once the
+    # taint holds (`_replace`), so a replacement is never scheduled back onto them
     quarantined = [q.node for q in b.status.quarantined_nodes]
+    quarantined += pending.nodes if pending is not None else ()
     choice = in_place.choose(b.rtj, found, live, supervisors(b), quarantined, gone)
     why = choice.refused
     if why is None and b.snap.control_key is None:
         why = "the operator has no control secret (--control-secret-file)"
     if why is not None and _quiet_settling(b, found, choice):
+        if pending is not None:  # the node is bad whatever the wait decides
+            record_quarantine(b, found, pending)
         return True
     if why is not None:
         if b.rtj.spec.recovery.in_place:
             b.notes.append(f"not restarted in place: {why}")
         return False
-    action = decide(b.rtj.spec, b.status, found, b.now)
     if not isinstance(action, Restart):
         return False  # the budget is spent: on_failure fails the job
+    if pending is not None:
+        record_quarantine(b, found, pending)
     generation = b.status.trainer_generation + 1
     first = found.first_failed
     victims = [p for p in (*live, *gone) if pod_name(p) in choice.replace]
@@ -335,8 +344,26 @@ def _ended(pod: Json) -> bool:
 def _replace(b: PlanBuilder, pods: Sequence[Json]) -> None:
     """Delete the pods being replaced (their Job creates them again, held until ordered):
     briefly, as a broken world cannot save; by force once their node is fenced or gone
-    (`converge.delete_pods`), so a lost node's pod does not hold the restart."""
-    delete_pods(b, pods, grace_seconds=REPLACE_GRACE_SECONDS)
+    (`converge.delete_pods`), so a lost node's pod does not hold the restart. A pod whose
+    node's quarantine is recorded but not yet tainted waits for the taint (a later round of
+    `follow`): deleted before it, its replacement could be scheduled back onto the node."""
+    waiting = _untainted_quarantines(b)
+    fenced = [p for p in pods if in_place.node_of(p) not in waiting]
+    if len(fenced) < len(pods):
+        b.notes.append(f"in place: replacing after the taint holds on {', '.join(waiting)}")
+        b.requeue_in(0.5)
+    delete_pods(b, fenced, grace_seconds=REPLACE_GRACE_SECONDS)
+
+
+def _untainted_quarantines(b: PlanBuilder) -> list[str]:
+    """Nodes quarantined by this job whose taint the cached node does not show yet."""
+    who = claimant(b)
+    waiting = []
+    for q in b.status.quarantined_nodes:
+        node = b.snap.nodes.get(q.node)
+        if node is not None and not holds_claim(node, record_taint(b, q), who):
+            waiting.append(q.node)
+    return waiting
 
 
 def _peers(b: PlanBuilder, live: Sequence[Json], state: InPlacePhase) -> PeerView:

@@ -372,3 +372,24 @@ class FakeWorld:
                                    node=p["spec"]["nodeName"])  # fmt: skip
                 return k
         raise AssertionError(f"no pod {index} in attempt {attempt}")
+
+
+def tainted_by(nodes: dict[str, Obj], plan: rc.Plan) -> dict[str, Obj]:
+    """The nodes as the API server shows them once the plan's TaintNode claims are placed."""
+    out = copy.deepcopy(nodes)
+    for action in plan.actions:
+        if not isinstance(action, rc.TaintNode) or action.node not in out:
+            continue
+        found = out[action.node]
+        annotations = found.setdefault("metadata", {}).setdefault("annotations", {})
+        spec = found.setdefault("spec", {})
+        edit = rc.claim(
+            spec.get("taints") or [],
+            annotations.get(keys.QUARANTINE_OWNERS_ANNOTATION),
+            action.taint,
+            rc.Claimant(action.job, action.uid),
+        )
+        if edit is not None:
+            spec["taints"] = list(edit.taints)
+            annotations[keys.QUARANTINE_OWNERS_ANNOTATION] = edit.annotation or ""
+    return out

@@ -60,7 +60,7 @@ def _checkpoint(step: int) -> VerifiedCheckpoint:
 
 TABLE = [
     # (name, class, policy, status fields, expected action type, expected reason / detail)
-    ("gpu first quarantines", C.GPU_FAULT, {}, {}, Quarantine, "NodesQuarantined"),
+    ("gpu first quarantines", C.GPU_FAULT, {}, {}, Restart, "RestartScheduled"),
     ("infra restarts", C.NETWORK_FAULT, {}, {}, Restart, "RestartScheduled"),
     ("unknown is flagged", C.UNKNOWN, {}, {}, Restart, "UnknownFailureFlagged"),
     ("infra budget spent", C.NODE_LOST, {"maxRestarts": 2},
@@ -95,6 +95,8 @@ def test_decision_table(
     action = decide(_spec(**policy), _running(**fields), _found(cls, nodes), NOW)
     assert isinstance(action, kind), action
     assert action.reason.value == reason  # type: ignore[union-attr]
+    quarantine = getattr(action, "quarantine", None)
+    assert (quarantine is not None) == (name == "gpu first quarantines"), action
 
 
 def _quarantined(node: str) -> QuarantinedNode:
@@ -104,10 +106,23 @@ def _quarantined(node: str) -> QuarantinedNode:
 def test_quarantine_carries_the_taint_from_the_spec() -> None:
     spec = make_job(nodeHealth={"taintKey": "example.com/bad", "taintEffect": "NoExecute"}).spec
     action = decide(spec, _running(), _found(C.GPU_FAULT, ("gpu-node-011",)), NOW)
-    assert isinstance(action, Quarantine)
-    assert (action.nodes, action.taint_key, action.taint_effect) == (
-        ("gpu-node-011",), "example.com/bad", "NoExecute",
+    assert isinstance(action, Restart) and isinstance(action.quarantine, Quarantine)
+    q = action.quarantine
+    assert (q.nodes, q.taint_key, q.taint_effect, q.reason.value) == (
+        ("gpu-node-011",), "example.com/bad", "NoExecute", "NodesQuarantined",
     )  # fmt: skip
+
+
+def test_quarantine_and_restart_are_one_decision_and_the_quarantine_outlives_the_budget() -> None:
+    """One call of the policy: the nodes to taint and the restart (or the failure, when the
+    budget is spent: a bad node is bad for the next job too) come back together."""
+    first = decide(_spec(), _running(), _found(C.GPU_FAULT, ("gpu-node-011",)), NOW)
+    assert isinstance(first, Restart) and first.quarantine is not None
+    assert first.restarts.infrastructure == 1
+    spent = _running(restarts=RestartCounts(infrastructure=3))
+    last = decide(_spec(maxRestarts=3), spent, _found(C.NODE_LOST, ("gpu-node-011",)), NOW)
+    assert isinstance(last, Fail) and last.quarantine is not None
+    assert last.quarantine.nodes == ("gpu-node-011",)
 
 
 def test_restart_after_quarantine_counts_and_backs_off() -> None:
@@ -240,7 +255,7 @@ def test_user_failures_never_restart_beyond_their_budget(
 ) -> None:
     action = decide(_spec(**policy), status, _found(cls, bad), NOW)
     budget = policy["userErrorRestarts"]
-    assert not isinstance(action, Quarantine), "never taint a node for a user failure"
+    assert getattr(action, "quarantine", None) is None, "never taint a node for a user failure"
     if status.restarts.user >= budget:
         assert isinstance(action, Fail)
     else:

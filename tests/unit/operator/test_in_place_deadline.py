@@ -86,8 +86,7 @@ def test_a_restart_whose_every_pod_already_runs_past_the_deadline_finishes() -> 
 def test_past_the_deadline_the_reason_says_what_held_the_stop() -> None:
     pods, names, _, nodes, exited = gpu_fault()
     raw = rtj_raw(RUNNING, **IN_PLACE)
-    raw = with_status(raw, plan(raw, pods, exited, nodes=nodes))  # the node quarantined
-    raw = with_status(raw, plan(raw, pods, exited, nodes=nodes))  # its pod being replaced
+    raw = with_status(raw, plan(raw, pods, exited, nodes=nodes))  # quarantined, replacing
     assert raw["status"]["inPlace"]["replacing"] == [names[1]]
     survivor = supervisors({names[0]: (1, "stopped", None)})
 

@@ -170,8 +170,7 @@ def _replace_pod_1(pods: list[dict[str, Any]]) -> tuple[dict[str, Any], list[Any
     p0, p1, p2 = names(pods)
     exited = supervisors({p0: (0, "running", None), p1: (0, "exited", 1),
                           p2: (0, "running", None)})  # fmt: skip
-    raw = with_status(raw, plan(raw, pods, exited, nodes=nodes))  # quarantined first
-    raw = with_status(raw, plan(raw, pods, exited, nodes=nodes))  # then replaced
+    raw = with_status(raw, plan(raw, pods, exited, nodes=nodes))  # quarantined, replacing
     assert raw["status"]["inPlace"]["replacing"] == [p1]
     new = copy.deepcopy(pods[1])
     new["metadata"]["name"] = p1.replace("abcde", "fghij")

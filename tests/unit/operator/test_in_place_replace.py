@@ -11,7 +11,16 @@ from datetime import timedelta
 from typing import Any
 
 from rtj_test_support import NOW, make_job
-from rtj_world import jobset, node, nodes_for, reading, rtj_raw, snapshot, with_status
+from rtj_world import (
+    jobset,
+    node,
+    nodes_for,
+    reading,
+    rtj_raw,
+    snapshot,
+    tainted_by,
+    with_status,
+)
 from test_in_place import IN_PLACE, KEY, RUNNING, T, plan, supervised_pods
 
 from rtj_operator import reconcile as rc
@@ -117,26 +126,30 @@ def test_a_gpu_fault_under_a_trainers_exit_replaces_that_pod_and_restarts_the_ot
     pods, names, bad, nodes, exited = gpu_fault()
     raw = rtj_raw(RUNNING, **IN_PLACE)
 
-    # 1. the node is quarantined first (recorded, then tainted), nothing restarted yet
+    # 1. one plan: the node is quarantined (recorded, then tainted) and the restart begins:
+    # the pod on it is to be replaced, the other restarts in place; no JobSet touched
     first = plan(raw, pods, exited, nodes=nodes)
     raw = with_status(raw, first)
     assert [q["node"] for q in raw["status"]["quarantinedNodes"]] == [bad]
-    assert "inPlace" not in raw["status"]
-    assert not [a for a in first.actions if isinstance(a, (rc.DeleteJobSet, rc.DeletePod))]
-
-    # 2. then: the pod on it is replaced, the other restarts in place; no JobSet touched
-    second = plan(raw, pods, exited, nodes=nodes)
-    raw = with_status(raw, second)
     state = raw["status"]["inPlace"]
     assert (state["phase"], state["replacing"]) == ("Stopping", [names[1]])
     entry = raw["status"]["attempts"][0]["inPlaceRestarts"][0]
     assert entry["failureClass"] == "GPUFault" and entry["replaced"] == [f"{names[1]} on {bad}"]
     assert any("exited with code 1" in line for line in entry["evidence"])
     assert entry["firstFailed"]["container"] == "trainer", entry["firstFailed"]
+    assert [a.node for a in first.actions if isinstance(a, rc.TaintNode)] == [bad]
+    assert not [a for a in first.actions if isinstance(a, (rc.DeleteJobSet, rc.DeletePod))], (
+        "the pod on the node is deleted only once its taint holds: else its replacement "
+        "could be scheduled back onto it"
+    )
+    assert raw["status"]["attempt"] == 1
+
+    # 2. the taint holds: the pod on the node is deleted, briefly
+    nodes = tainted_by(nodes, first)
+    second = plan(raw, pods, exited, nodes=nodes)
     deletes = [a for a in second.actions if isinstance(a, rc.DeletePod)]
     assert [(d.name, d.grace_seconds) for d in deletes] == [(names[1], 2)]
     assert not [a for a in second.actions if isinstance(a, rc.DeleteJobSet)]
-    assert raw["status"]["attempt"] == 1
 
     # 3. the old pod still terminating: the barrier holds even with the survivor stopped
     going = copy.deepcopy(pods)
@@ -203,6 +216,7 @@ def _two_lost(spec: dict[str, Any]) -> tuple[Any, ...]:
         NodeLease(NOW - timedelta(seconds=1)),
         NodeLease(NOW - timedelta(seconds=10)),
     )
+    cluster = {"nodes": nodes_for(pods)}  # tainted as each plan's claims are placed
 
     def step(
         raw: dict[str, Any], seconds: float, late_renews: bool = False
@@ -218,8 +232,9 @@ def _two_lost(spec: dict[str, Any]) -> tuple[Any, ...]:
             supervisors={names[0]: {"generation": 0, "state": "running",
                                     "updated_wall_time": now.timestamp() - 1}},
         )  # fmt: skip
-        snap = snapshot(raw, jobsets=[jobset(1)], pods=pods, now=now)
+        snap = snapshot(raw, jobsets=[jobset(1)], pods=pods, now=now, nodes=cluster["nodes"])
         p = rc.plan(dc_replace(snap, ranks=ranks, control_key=KEY, node_leases=alive))
+        cluster["nodes"] = tainted_by(cluster["nodes"], p)
         return p, (raw if p.status_patch is None else with_status(raw, p))
 
     return rtj_raw(RUNNING, **spec), names, late, early, step
@@ -240,18 +255,22 @@ def test_two_nodes_lost_together_are_both_replaced_not_the_whole_world() -> None
     assert held.status_patch is None and "inPlace" not in raw["status"], held.summary
     assert not [a for a in held.actions if isinstance(a, (rc.DeleteJobSet, rc.DeletePod))]
     assert f"{names[1]} silent after NodeLost; waiting up to 24 s" in held.summary
-    # 12 s after: the late node's verdict; it is quarantined, then both pods are replaced
-    _, raw = step(raw, 12)
+    # 12 s after: the late node's verdict; in one plan it is quarantined and both pods are
+    # to be replaced: the one on the early node (tainted by now) is deleted at once, the
+    # one on the late node once its taint holds
+    begun, raw = step(raw, 12)
     assert [q["node"] for q in raw["status"]["quarantinedNodes"]] == [early, late]
-    begun, raw = step(raw, 12.5)
     state = raw["status"]["inPlace"]
     assert (state["phase"], sorted(state["replacing"])) == ("Stopping", names[1:]), state
     entry = raw["status"]["attempts"][0]["inPlaceRestarts"][0]
     assert entry["failureClass"] == "NodeLost"
     assert sorted(entry["replaced"]) == [f"{names[1]} on {late}", f"{names[2]} on {early}"]
-    assert sorted(a.name for a in begun.actions if isinstance(a, rc.DeletePod)) == names[1:]
+    assert [a.name for a in begun.actions if isinstance(a, rc.DeletePod)] == [names[2]]
     assert not [a for a in begun.actions if isinstance(a, rc.DeleteJobSet)]
     assert raw["status"]["attempt"] == 1
+    tainted, raw = step(raw, 12.5)
+    assert names[1] in [a.name for a in tainted.actions if isinstance(a, rc.DeletePod)]
+    assert not [a for a in tainted.actions if isinstance(a, rc.DeleteJobSet)]
 
 
 def test_a_second_silent_pod_past_the_wait_or_the_limit_recreates_the_whole_world() -> None:
@@ -259,9 +278,8 @@ def test_a_second_silent_pod_past_the_wait_or_the_limit_recreates_the_whole_worl
     raw, _, late, early, step = _two_lost({**IN_PLACE, "replicas": 3})
     _, raw = step(raw, 2)
     _, raw = step(raw, 2.5)
-    _, raw = step(raw, 12)
+    over, raw = step(raw, 12)
     assert [q["node"] for q in raw["status"]["quarantinedNodes"]] == [early, late]
-    over, raw = step(raw, 12.5)
     assert raw["status"]["phase"] == "Restarting", over.summary
     assert "inPlaceMaxReplacedPods is 1" in over.summary
     # no second verdict within 24 s of the first node's last renewal (10 s before the
@@ -292,11 +310,9 @@ def test_two_gpu_faults_at_once_quarantine_both_nodes() -> None:
         spec = {**IN_PLACE, "replicas": 3,
                 "recovery": {"inPlace": True, "inPlaceMaxReplacedPods": limit}}  # fmt: skip
         raw = rtj_raw(RUNNING, **spec)
-        first = plan(raw, pods, exited, nodes=nodes)
-        raw = with_status(raw, first)
-        assert sorted(q["node"] for q in raw["status"]["quarantinedNodes"]) == sorted(bad)
-        second = plan(raw, pods, exited, nodes=nodes)
+        second = plan(raw, pods, exited, nodes=nodes)  # one plan: quarantine and recovery
         raw = with_status(raw, second)
+        assert sorted(q["node"] for q in raw["status"]["quarantinedNodes"]) == sorted(bad)
         if replaced:
             assert sorted(raw["status"]["inPlace"]["replacing"]) == names[1:], second.summary
             entry = raw["status"]["attempts"][0]["inPlaceRestarts"][0]

@@ -258,46 +258,43 @@ def test_gpu_fault_quarantines_then_restarts_converging_before_the_next_attempt(
     nodes = {**nodes_for(pods), "gpu-node-002": node("gpu-node-002", xid=79)}
     snap = dict(jobsets=[jobset(1)], pods=pods, nodes=nodes)
 
-    quarantine = rc.plan(snapshot(raw, **snap))
-    assert kinds(quarantine)[:3] == ["PatchStatus", "SetFinalizer", "TaintNode"], (
+    # one plan quarantines and restarts (one classification, one call of the policy)
+    restart = rc.plan(snapshot(raw, **snap))
+    order = kinds(restart)
+    assert order[:2] == ["PatchStatus", "DeleteJobSet"], "record the failure, then tear down"
+    assert order.index("SetFinalizer") < order.index("TaintNode"), (
         "the quarantine is recorded (the intent), then the finalizer, then the taint"
     )
-    taint = of(quarantine, rc.TaintNode)[0]
+    taint = of(restart, rc.TaintNode)[0]
     assert (taint.node, taint.job, taint.uid) == ("gpu-node-002", "team-a/llm", JOB_UID)
     assert dict(taint.taint) == {
         "key": keys.DEFAULT_TAINT_KEY,
         "value": "llm",
         "effect": "NoSchedule",
     }
-    assert quarantine.requeue_after == 0
-    raw = with_status(raw, quarantine)
-    raw["metadata"]["finalizers"] = [keys.RELEASE_FINALIZER]
-    record = raw["status"]["quarantinedNodes"][0]
-    assert (record["node"], record["taintKey"], record["taintEffect"]) == (
+    assert of(restart, rc.DeleteJobSet)[0].name == "llm-a1"
+    status = status_of(restart, raw)
+    quarantined = status["quarantinedNodes"][0]
+    assert (quarantined["node"], quarantined["taintKey"], quarantined["taintEffect"]) == (
         "gpu-node-002", keys.DEFAULT_TAINT_KEY, "NoSchedule")  # fmt: skip
+    assert status["phase"] == "Restarting" and status["recoveryPhase"] == "BackingOff"
+    assert status["restarts"]["infrastructure"] == 1
+    record = status["attempts"][0]
+    assert record["failureClass"] == "GPUFault" and record["failureCategory"] == "infrastructure"
+    assert record["firstFailed"]["pod"].startswith("llm-a1-worker-0-2")
+    assert record["detectionSeconds"] is not None
+    assert record["evidence"] and record["quarantinedNodes"] == ["gpu-node-002"]
+    warnings = [e for e in of(restart, rc.PostEvent) if e.type == "Warning"]
+    assert [e.reason for e in warnings][:2] == ["NodesQuarantined", "RestartScheduled"]
+    assert all("GPUFault" in e.message and "evidence" in e.message for e in warnings[:2])
+    assert {m.kind for m in restart.metrics} == {"failure", "restart", "detection"}
+    raw = with_status(raw, restart)
+    raw["metadata"]["finalizers"] = [keys.RELEASE_FINALIZER]
     # the node as the API server then shows it: tainted, the claim recorded
     edit = rc.claim([], None, taint.taint, rc.Claimant(taint.job, taint.uid))
     assert edit is not None
     claimed = {keys.QUARANTINE_OWNERS_ANNOTATION: edit.annotation or ""}
     nodes["gpu-node-002"] = node("gpu-node-002", xid=79, taints=edit.taints, annotations=claimed)
-
-    restart = rc.plan(snapshot(raw, now=NOW + timedelta(seconds=1), **snap))
-    assert kinds(restart)[:2] == ["PatchStatus", "DeleteJobSet"], (
-        "record the failure, then tear down"
-    )
-    assert of(restart, rc.DeleteJobSet)[0].name == "llm-a1"
-    status = status_of(restart, raw)
-    assert status["phase"] == "Restarting"
-    assert status["restarts"]["infrastructure"] == 1
-    record = status["attempts"][0]
-    assert record["failureClass"] == "GPUFault" and record["failureCategory"] == "infrastructure"
-    assert record["firstFailed"]["pod"].startswith("llm-a1-worker-0-2")
-    assert record["detectionSeconds"] == 1.0
-    assert record["evidence"] and record["quarantinedNodes"] == ["gpu-node-002"]
-    event = next(e for e in of(restart, rc.PostEvent) if e.type == "Warning")
-    assert "GPUFault" in event.message and "evidence" in event.message
-    assert {m.kind for m in restart.metrics} == {"failure", "restart", "detection"}
-    raw = with_status(raw, restart)
 
     # the old world is still there (being deleted): nothing new starts
     later = NOW + timedelta(seconds=30)

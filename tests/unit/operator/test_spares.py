@@ -13,7 +13,17 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 from rtj_test_support import NOW, make_job
-from rtj_world import jobset, node, nodes_for, pod, reading, rtj_raw, snapshot, with_status
+from rtj_world import (
+    jobset,
+    node,
+    nodes_for,
+    pod,
+    reading,
+    rtj_raw,
+    snapshot,
+    tainted_by,
+    with_status,
+)
 from test_in_place import IN_PLACE, KEY, RUNNING, plan
 from test_in_place_replace import XID, replaceable_pods, supervisors
 
@@ -164,11 +174,14 @@ def test_a_gpu_fault_is_replaced_by_a_ready_spare_at_once() -> None:
     assert not [a for a in quiet.actions if isinstance(a, (rc.DeleteJobSet, rc.DeletePod))]
     assert quiet.status_patch is None or "inPlace" not in with_status(raw, quiet)["status"]
 
-    # 1. quarantine; 2. the pod on the bad node is replaced and the spare takes its rank
-    raw = with_status(raw, plan(raw, world, exited, nodes=nodes))
+    # 1. one plan: the bad node is quarantined, its pod is to be replaced and the spare
+    # takes its rank; 2. the pod is deleted once the node's taint holds
+    first = plan(raw, world, exited, nodes=nodes)
+    raw = stopping_raw = with_status(raw, first)
     assert [q["node"] for q in raw["status"]["quarantinedNodes"]] == [bad]
+    assert not [a for a in first.actions if isinstance(a, rc.DeletePod)]
+    nodes = tainted_by(nodes, first)
     second = plan(raw, world, exited, nodes=nodes)
-    raw = stopping_raw = with_status(raw, second)
     state = raw["status"]["inPlace"]
     assert (state["phase"], state["replacing"], state["replacedRanks"]) == (
         "Stopping", [names[1]], [1],
