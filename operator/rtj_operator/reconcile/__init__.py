@@ -32,7 +32,7 @@ passed over: the newest verified step known before the restart minus the step re
 
 The package, by phase: `world` (the snapshot), `trim` (what the caches keep), `actions` and
 `builder` (the plan), `admit` (the next attempt), `converge` (the old world's teardown),
-`detect` (the current attempt), `failure` (recording and acting on a failure), `progress`
+`detect` (the current attempt), `failure` (recording and acting on a failure), `healthy_attempt`
 (admission, running, success), `checkpoints` (verified steps, store readings, checkpoint
 age), `quarantine` (taints), `orphan_claims` (claims of jobs gone without releasing them),
 `liveness` (silent nodes, flickers, partitions), `ranks` (hangs, stragglers and the progress
@@ -76,9 +76,9 @@ from rtj_operator.reconcile.converge import CONVERGE_POLL_SECONDS, DELETE_RESEND
 from rtj_operator.reconcile.detect import USER_FAILURE_SETTLE, plan_current_attempt
 from rtj_operator.reconcile.failure import release_failed_job
 from rtj_operator.reconcile.finalizer import release_deleted_job
+from rtj_operator.reconcile.healthy_attempt import QUEUE_RECHECK
 from rtj_operator.reconcile.in_place import restart_order
 from rtj_operator.reconcile.pod_messages import PodMessages, pod_messages
-from rtj_operator.reconcile.progress import QUEUE_RECHECK
 from rtj_operator.reconcile.quarantine import (
     Claimant,
     NodeEdit,

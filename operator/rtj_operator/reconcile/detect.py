@@ -15,8 +15,8 @@ from rtj_operator.reconcile.builder import PlanBuilder
 from rtj_operator.reconcile.checkpoints import read_init_results, refresh_checkpoint
 from rtj_operator.reconcile.converge import delete_orphans
 from rtj_operator.reconcile.failure import on_failure, within_quarantine_limit
+from rtj_operator.reconcile.healthy_attempt import finish_with_idle_pods, follow_admission, succeed
 from rtj_operator.reconcile.liveness import hold_for_partition, judged_nodes
-from rtj_operator.reconcile.progress import finish_with_idle_pods, progress, succeed
 from rtj_operator.reconcile.ranks import find_hang, note_progress
 from rtj_operator.reconcile.supervised_exits import supervisor_failure
 from rtj_operator.reconcile.world import (
@@ -126,7 +126,7 @@ def plan_current_attempt(b: PlanBuilder) -> None:
         elif finish_with_idle_pods(b, n, name, live):
             return
         else:
-            progress(b, current, live)
+            follow_admission(b, current, live)
             found = supervisor_failure(b, live, nodes) or find_hang(b, live)
             if found is None:
                 note_progress(b)

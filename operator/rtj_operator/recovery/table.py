@@ -77,7 +77,7 @@ TRANSITIONS: tuple[Transition, ...] = (
                f"{_RECONCILE}.admit.plan_next_attempt",
                "once no pod or JobSet of an older attempt remains and the store is read"),
     Transition((P.RUNNING, *_IN_PLACE), Fact.NO_FAILURE, (), f"{_DECIDE}.keep_running",
-               f"{_RECONCILE}.progress.progress",
+               f"{_RECONCILE}.healthy_attempt.follow_admission",
                "admission, progress, checkpoint age (in place: waiting at the stage's barrier)"),
     Transition((P.RUNNING,), Fact.FAILURE, (P.STOPPING_IN_PLACE,),
                "rtj_operator.policy.in_place.choose", f"{_RECONCILE}.in_place.begin",
@@ -88,7 +88,7 @@ TRANSITIONS: tuple[Transition, ...] = (
                "quarantine the nodes it blames, then restart the whole world after the "
                "backoff (none for a bad step), or fail when the failure's budget is spent"),
     Transition((P.RUNNING,), Fact.WORLD_SUCCEEDED, (P.SUCCEEDED,), None,
-               f"{_RECONCILE}.progress.succeed", "every rank finished"),
+               f"{_RECONCILE}.healthy_attempt.succeed", "every rank finished"),
     Transition((P.STOPPING_IN_PLACE,), Fact.TRAINERS_STOPPED, (P.STARTING_IN_PLACE,),
                "rtj_operator.policy.fast_tier.pin", f"{_RECONCILE}.in_place.follow",
                "pin the durable step and the fast-tier step every pod holds"),

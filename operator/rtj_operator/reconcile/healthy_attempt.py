@@ -18,7 +18,8 @@ QUEUE_RECHECK = timedelta(seconds=60)
 """While a JobSet waits for admission, the job's LocalQueue is looked up this often."""
 
 
-def progress(b: PlanBuilder, js: JobSetView, pods: Sequence[Json]) -> None:
+def follow_admission(b: PlanBuilder, js: JobSetView, pods: Sequence[Json]) -> None:
+    """Admission by Kueue, the workers getting to Running (or stalling on the way)."""
     n = b.status.attempt
     if js.suspended:
         _awaiting_admission(b, js)
