@@ -5,7 +5,7 @@ Everything here is a plain function over plain data (Kubernetes JSON, the API mo
 apply what they return.
 """
 
-from rtj_operator.policy.classify import Classification, FirstFailedRank, classify_failure
+from rtj_operator.policy.classify import Classification, classify_failure
 from rtj_operator.policy.decide import (
     Action,
     Fail,
@@ -23,7 +23,6 @@ __all__ = [
     "Action",
     "Classification",
     "Fail",
-    "FirstFailedRank",
     "Quarantine",
     "Restart",
     "StartAttempt",

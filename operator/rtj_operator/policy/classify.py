@@ -35,6 +35,7 @@ from typing import Any
 
 from rtj_operator.api.detection_spec import NodeHealth
 from rtj_operator.api.reasons import FailureCategory, FailureClass
+from rtj_operator.api.status import FirstFailed
 from rtj_operator.policy import node_event_sources, node_signals, pod_signals
 from rtj_operator.policy.findings import (
     CLOCK_SKEW,
@@ -64,7 +65,7 @@ __all__ = [
     "NODE_MONITOR_GRACE",
     "Classification",
     "Decision",
-    "FirstFailedRank",
+    "FirstFailed",
     "classify_failure",
     "no_failure_json",
     "reads_event",
@@ -92,28 +93,6 @@ class PodFailure:
 
 
 @dataclass(frozen=True)
-class FirstFailedRank:
-    pod: str
-    rank: int | None
-    node_rank: int | None
-    node: str | None
-    container: str | None
-    exit_code: int | None
-    finished_at: datetime | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "pod": self.pod,
-            "rank": self.rank,
-            "node_rank": self.node_rank,
-            "node": self.node,
-            "container": self.container,
-            "exit_code": self.exit_code,
-            "finished_at": iso(self.finished_at),
-        }
-
-
-@dataclass(frozen=True)
 class Decision:
     """Which signal decided the class, where it came from, and the rule that applied."""
 
@@ -136,7 +115,7 @@ class Classification:
     """Why the attempt failed, which rank failed first, and the evidence used."""
 
     failure_class: FailureClass
-    first_failed: FirstFailedRank | None
+    first_failed: FirstFailed | None
     nodes_to_quarantine: tuple[str, ...] = ()
     evidence: tuple[str, ...] = field(default_factory=tuple)
     decided_by: Decision | None = None
@@ -158,7 +137,7 @@ class Classification:
             "class": self.failure_class.value,
             "category": self.category.value,
             "retryable": self.retryable,
-            "first_failed": self.first_failed.to_json() if self.first_failed else None,
+            "first_failed": _first_failed_json(self.first_failed),
             "nodes_to_quarantine": list(self.nodes_to_quarantine),
             "decided_by": self.decided_by.to_json() if self.decided_by else None,
             "evidence": list(self.evidence),
@@ -279,12 +258,12 @@ def reads_event(body: Mapping[str, Any]) -> bool:
     )
 
 
-def _first_failed(failure: PodFailure) -> FirstFailedRank:
+def _first_failed(failure: PodFailure) -> FirstFailed:
     cause, pod = failure.cause, failure.pod
     term = next((f for f in failure.findings if f.exit_code is not None), None)
     exit_from = cause if cause.exit_code is not None else term
     rank = next((f.rank for f in failure.findings if f.rank is not None), None)
-    return FirstFailedRank(
+    return FirstFailed(
         pod=pod.name,
         rank=rank if rank is not None else pod.node_rank,
         node_rank=pod.node_rank,
@@ -410,3 +389,10 @@ def _evicted_by_kueue(
         (line, *others),
         Decision(signal, KUEUE, rule),
     )
+
+
+def _first_failed_json(first: FirstFailed | None) -> dict[str, Any] | None:
+    """The first failed rank as `rtj classify` prints it (snake_case, as since v0.1)."""
+    if first is None:
+        return None
+    return {**first.model_dump(), "finished_at": iso(first.finished_at)}

@@ -7,7 +7,6 @@ from dataclasses import replace
 
 from rtj_operator.api.reasons import ConditionType, FailureCategory, FailureClass, Phase, Reason
 from rtj_operator.api.status import (
-    FirstFailed,
     QuarantinedNode,
 )
 from rtj_operator.policy.classify import Classification
@@ -17,21 +16,6 @@ from rtj_operator.reconcile.actions import DeleteJobSet, MetricRecord
 from rtj_operator.reconcile.builder import MAX_EVIDENCE_CHARS, PlanBuilder, trim_evidence
 from rtj_operator.reconcile.converge import HANG_TEARDOWN_GRACE, delete_pods
 from rtj_operator.reconcile.world import JobSetView, read_jobset
-
-
-def _first_failed(found: Classification) -> FirstFailed | None:
-    first = found.first_failed
-    if first is None:
-        return None
-    return FirstFailed(
-        pod=first.pod,
-        rank=first.rank,
-        node_rank=first.node_rank,
-        node=first.node,
-        container=first.container,
-        exit_code=first.exit_code,
-        finished_at=first.finished_at,
-    )
 
 
 def describe(found: Classification, lines: int = 3) -> str:
@@ -50,7 +34,7 @@ def _end_record(b: PlanBuilder, found: Classification) -> float | None:
         "ended_at": b.now,
         "failure_class": found.failure_class,
         "failure_category": found.category,
-        "first_failed": _first_failed(found),
+        "first_failed": found.first_failed,
         "evidence": trim_evidence(found.evidence),
         "detection_seconds": round(max(detection, 0.0), 3) if detection is not None else None,
         "quarantined_nodes": sorted(

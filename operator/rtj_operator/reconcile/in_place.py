@@ -35,7 +35,6 @@ from typing import Any
 from rtj_operator.api.reasons import ConditionType, FailureClass, InPlaceStage, Phase, Reason
 from rtj_operator.api.status import (
     MAX_FAST_SOURCES,
-    FirstFailed,
     InPlacePhase,
     InPlaceRestart,
     ResilientTrainingJobStatus,
@@ -151,7 +150,7 @@ def begin(
         generation=generation,
         failure_class=found.failure_class,
         failure_category=found.category,
-        first_failed=FirstFailed(**first.to_json()) if first is not None else None,
+        first_failed=first,
         evidence=trim_evidence(found.evidence),
         detected_at=b.now,
         replaced=[f"{pod_name(p)} on {in_place.node_of(p)}" for p in victims],

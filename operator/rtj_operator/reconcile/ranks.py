@@ -16,11 +16,11 @@ from datetime import datetime, timedelta
 
 from rtj_operator.api import keys
 from rtj_operator.api.reasons import ConditionType, FailureClass, Phase, Reason
-from rtj_operator.api.status import JobProgress, Straggler
+from rtj_operator.api.status import FirstFailed, JobProgress, Straggler
 from rtj_operator.metrics import ProgressFacts
 from rtj_operator.policy import fast_drain, fast_tier, peer_replica, spares
 from rtj_operator.policy import progress as rank_progress
-from rtj_operator.policy.classify import Classification, Decision, FirstFailedRank
+from rtj_operator.policy.classify import Classification, Decision
 from rtj_operator.policy.render import trainer_name
 from rtj_operator.reconcile.builder import PlanBuilder, condition_true
 from rtj_operator.reconcile.world import (
@@ -151,7 +151,7 @@ def find_hang(b: PlanBuilder, live: Sequence[Json]) -> Classification | None:
     silent = sorted(set(pods) - {r.pod for r in reports})
     pod = pods.get(hang.pod, {})
     index = get_in(pod, "metadata", "annotations", keys.JOB_COMPLETION_INDEX)
-    first = FirstFailedRank(
+    first = FirstFailed(
         pod=hang.pod,
         rank=hang.rank,
         node_rank=int(index) if isinstance(index, str) and index.isdigit() else None,

@@ -14,11 +14,11 @@ from typing import Any
 
 from rtj_operator.api import keys
 from rtj_operator.api.reasons import FailureClass
+from rtj_operator.api.status import FirstFailed
 from rtj_operator.policy import in_place
 from rtj_operator.policy.classify import (
     Classification,
     Decision,
-    FirstFailedRank,
     classify_failure,
 )
 from rtj_operator.policy.findings import iso
@@ -55,7 +55,7 @@ def supervisor_failure(
     when = report.get("updated_wall_time")
     index = get_in(pod, "metadata", "annotations", keys.JOB_COMPLETION_INDEX)
     name, node = pod_name(pod), get_in(pod, "spec", "nodeName")
-    first = FirstFailedRank(
+    first = FirstFailed(
         pod=name,
         rank=None,
         node_rank=int(index) if isinstance(index, str) and index.isdigit() else None,

@@ -21,7 +21,8 @@ from rtj_operator.api import (
     RestartCounts,
     VerifiedCheckpoint,
 )
-from rtj_operator.policy.classify import Classification, FirstFailedRank
+from rtj_operator.api.status import FirstFailed
+from rtj_operator.policy.classify import Classification
 from rtj_operator.policy.decide import (
     Fail,
     Quarantine,
@@ -40,7 +41,8 @@ def _spec(**failure_policy: Any) -> ResilientTrainingJobSpec:
 
 
 def _found(cls: FailureClass, nodes: tuple[str, ...] = ()) -> Classification:
-    first = FirstFailedRank("llm-a1-worker-0-1-b9q4m", 11, 1, "gpu-node-011", "trainer", 1, NOW)
+    first = FirstFailed(pod="llm-a1-worker-0-1-b9q4m", rank=11, node_rank=1, node="gpu-node-011",
+                        container="trainer", exit_code=1, finished_at=NOW)  # fmt: skip
     return Classification(cls, first, nodes, ("evidence",))
 
 
