@@ -4,13 +4,14 @@ operator tests, end-to-end scenarios and benchmarks share."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
@@ -31,6 +32,44 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+class UnknownLabels(LookupError):
+    """Asked for a sample by label names none of the metric's series carries."""
+
+
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+_ESCAPE = re.compile(r"\\(.)")
+
+
+def _unescape(m: re.Match[str]) -> str:
+    return "\n" if m[1] == "n" else m[1]
+
+
+def metric_value(text: str, metric_name: str, labels: Mapping[str, str]) -> float:
+    """The sample of `metric_name` with exactly `labels` in a /metrics page; 0.0 when absent.
+
+    Raises UnknownLabels when the metric has series but none with exactly the label names
+    asked (a label added or renamed since the caller was written) instead of reading 0, which
+    would make an assertion of "no restart" pass and one of "one more" fail far from its cause."""
+    want = dict(labels)
+    shapes: set[tuple[str, ...]] = set()
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        metric, _, rest = head.partition("{")
+        if metric != metric_name:
+            continue
+        got = {k: _ESCAPE.sub(_unescape, v) for k, v in _LABEL.findall(rest)}
+        if got == want:
+            return float(value)
+        shapes.add(tuple(sorted(got)))
+    if shapes and tuple(sorted(want)) not in shapes:
+        raise UnknownLabels(
+            f"{metric_name} has series labelled {sorted(shapes)}, none {sorted(want)}"
+        )
+    return 0.0
 
 
 def wait_for(
@@ -224,16 +263,8 @@ class OperatorProcess:
             return str(r.read().decode())
 
     def metric(self, metric_name: str, /, **labels: str) -> float:
-        want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-        for line in self.metrics().splitlines():
-            if line.startswith("#"):
-                continue
-            head, _, value = line.rpartition(" ")
-            metric, _, rest = head.partition("{")
-            got = ",".join(sorted(rest.rstrip("}").split(","))) if rest else ""
-            if metric == metric_name and got == want:
-                return float(value)
-        return 0.0
+        """One sample of /metrics (see `metric_value`)."""
+        return metric_value(self.metrics(), metric_name, labels)
 
     def log(self) -> str:
         return (

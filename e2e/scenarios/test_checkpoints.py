@@ -119,7 +119,7 @@ def test_a_corrupt_pinned_step_is_marked_bad_and_the_previous_verified_step_is_p
     assert status["badSteps"] == [200]
     assert op.metric("rtj_checkpoint_last_verified_step", namespace=ns, name=JOB) == 100
     assert op.metric("rtj_restarts_total", namespace=ns, name=JOB,
-                     **{"class": "CheckpointCorrupt"}) == 1  # fmt: skip
+                     **{"class": "CheckpointCorrupt", "scope": "world"}) == 1  # fmt: skip
 
 
 # --- an unreachable or unreadable store ------------------------------------------------------

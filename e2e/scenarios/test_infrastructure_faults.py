@@ -55,7 +55,7 @@ def test_gpu_fault_on_rank_2_quarantines_its_node_and_restarts_from_the_newest_s
     tl = timeline(JOB)
     pods = by_rank(start_job(rtj_api, ns, JOB, s3_root, replicas=4))
     publish_steps(s3_root, [200, 300], tmp_path, run_id=f"{ns}.{JOB}")  # the trainer went on
-    gpu_restarts = {"namespace": ns, "name": JOB, "class": "GPUFault"}
+    gpu_restarts = {"namespace": ns, "name": JOB, "class": "GPUFault", "scope": "world"}
     before = op.metric("rtj_restarts_total", **gpu_restarts)
 
     victim = pods[2]
@@ -134,4 +134,5 @@ def test_a_node_that_disappears_mid_run_restarts_the_group_elsewhere(
     status = rtj_status(rtj_api, ns, JOB)
     assert status["restarts"]["infrastructure"] == 1
     assert status["phase"] == "Running"
-    assert op.metric("rtj_restarts_total", namespace=ns, name=JOB, **{"class": "NodeLost"}) == 1
+    assert op.metric("rtj_restarts_total", namespace=ns, name=JOB,
+                     **{"class": "NodeLost", "scope": "world"}) == 1  # fmt: skip

@@ -91,7 +91,7 @@ def test_a_kueue_preemption_is_free_and_the_job_is_readmitted_when_quota_frees(
         reasons = wait_events(rtj_api, ns, JOB, "AttemptAdmitted", count=2)
         assert reasons.count("AttemptAdmitted") == 2
         assert op.metric("rtj_restarts_total", namespace=ns, name=JOB,
-                         **{"class": "Preempted"}) == 1  # fmt: skip
+                         **{"class": "Preempted", "scope": "world"}) == 1  # fmt: skip
 
 
 def test_the_third_infrastructure_failure_spends_max_restarts_after_growing_backoffs(
@@ -133,7 +133,7 @@ def test_the_third_infrastructure_failure_spends_max_restarts_after_growing_back
     assert tl.names("JobSet", 4) == set()
     assert op.metric("rtj_restart_budget_remaining", namespace=ns, name=JOB) == 0
     assert op.metric("rtj_restarts_total", namespace=ns, name=JOB,
-                     **{"class": "NetworkFault"}) == 2  # fmt: skip
+                     **{"class": "NetworkFault", "scope": "world"}) == 2  # fmt: skip
 
 
 @pytest.mark.gpu_quota(16)

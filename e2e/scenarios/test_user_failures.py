@@ -76,7 +76,8 @@ def test_a_python_traceback_fails_the_job_at_once_and_says_why(
     # a failed job holds nothing: its JobSet (and so its Workload's quota) is gone
     wait_for("the failed job's JobSet deleted", lambda: not jobsets_of(rtj_api, ns, JOB), WAIT)
     assert op.metric("rtj_failures_total", namespace=ns, name=JOB, **{"class": "UserError"}) == 1
-    assert op.metric("rtj_restarts_total", namespace=ns, name=JOB, **{"class": "UserError"}) == 0
+    assert op.metric("rtj_restarts_total", namespace=ns, name=JOB,
+                     **{"class": "UserError", "scope": "world"}) == 0  # fmt: skip
 
 
 def test_oom_then_collective_timeouts_is_out_of_memory_and_spends_user_error_restarts(
@@ -117,6 +118,6 @@ def test_oom_then_collective_timeouts_is_out_of_memory_and_spends_user_error_res
     assert status["restarts"]["infrastructure"] == 0, "maxRestarts untouched"
     _no_quarantine(rtj_api, status, nodes)
     cls = {"namespace": ns, "name": JOB, "class": "OutOfMemory"}
-    assert op.metric("rtj_restarts_total", **cls) == 1
+    assert op.metric("rtj_restarts_total", **cls, scope="world") == 1
     assert op.metric("rtj_failures_total", **cls) == 2
     assert op.metric("rtj_restart_budget_remaining", namespace=ns, name=JOB) == 5

@@ -35,6 +35,9 @@ from rtj_operator.api.reasons import FailureClass, Phase, Reason
 from rtj_operator.api.resource import ResilientTrainingJob
 
 JOB_LABELS = ("namespace", "name")
+RESTART_SCOPES = ("world", "in_place")
+"""The `scope` label of rtj_restarts_total: a whole-world restart (a new attempt, every pod
+recreated) or a restart in place (spec.recovery: trainers restarted in their pods)."""
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 
 
@@ -289,8 +292,9 @@ class Metrics:
         r = self.registry
         self.restarts = Counter(
             "rtj_restarts",
-            "Whole-group restarts, by failure class.",
-            [*JOB_LABELS, "class"],
+            "Restarts, by failure class and scope (world: every pod of a new attempt; "
+            "in_place: the trainers restarted in the pods they ran in).",
+            [*JOB_LABELS, "class", "scope"],
             registry=r,
         )
         self.failures = Counter(
@@ -381,9 +385,11 @@ class Metrics:
             self._progress.pop((namespace, name), None)
             classes = self._classes.pop((namespace, name), set())
         for cls in classes:
-            for counter in (self.restarts, self.failures):
+            with contextlib.suppress(KeyError):
+                self.failures.remove(namespace, name, cls)
+            for scope in RESTART_SCOPES:
                 with contextlib.suppress(KeyError):
-                    counter.remove(namespace, name, cls)
+                    self.restarts.remove(namespace, name, cls, scope)
         with contextlib.suppress(KeyError):
             self.lost_steps.remove(namespace, name)
 
@@ -397,9 +403,12 @@ class Metrics:
         self._seen(namespace, name, cls)
         self.failures.labels(namespace, name, cls.value).inc()
 
-    def record_restart(self, namespace: str, name: str, cls: FailureClass) -> None:
+    def record_restart(
+        self, namespace: str, name: str, cls: FailureClass, *, in_place: bool = False
+    ) -> None:
+        """One restart: whole-world (a new attempt) unless `in_place`."""
         self._seen(namespace, name, cls)
-        self.restarts.labels(namespace, name, cls.value).inc()
+        self.restarts.labels(namespace, name, cls.value, restart_scope(in_place=in_place)).inc()
 
     def record_detection(self, cls: FailureClass, seconds: float) -> None:
         self.detection.labels(cls.value).observe(max(seconds, 0.0))
@@ -426,10 +435,32 @@ class Metrics:
         return start_http_server(port, addr=addr, registry=self.registry)
 
 
+def restart_scope(*, in_place: bool) -> str:
+    """The `scope` label value of rtj_restarts_total."""
+    return RESTART_SCOPES[1] if in_place else RESTART_SCOPES[0]
+
+
+class UnknownLabels(LookupError):
+    """Asked for a sample by label names none of the metric's series carries."""
+
+
 def sample(registry: CollectorRegistry, name: str, labels: dict[str, str] | None = None) -> float:
-    """One sample's value (0.0 when absent): a helper for tests and benchmarks."""
-    value = registry.get_sample_value(name, labels or {})
-    return float(value) if value is not None else 0.0
+    """One sample's value (0.0 when absent): a helper for tests and benchmarks.
+
+    Raises UnknownLabels when the metric has series but none with exactly the label names
+    asked (a label added or renamed since the caller was written), rather than reading 0."""
+    want = labels or {}
+    shapes: set[tuple[str, ...]] = set()
+    for family in registry.collect():
+        for s in family.samples:
+            if s.name != name:
+                continue
+            if s.labels == want:
+                return float(s.value)
+            shapes.add(tuple(sorted(s.labels)))
+    if shapes and tuple(sorted(want)) not in shapes:
+        raise UnknownLabels(f"{name} has series labelled {sorted(shapes)}, none {sorted(want)}")
+    return 0.0
 
 
 def names(registry: CollectorRegistry) -> Iterable[str]:

@@ -197,7 +197,7 @@ class PlanApplier:
             if r.kind == "failure" and cls is not None:
                 m.record_failure(*key, cls)
             elif r.kind == "restart" and cls is not None:
-                m.record_restart(*key, cls)
+                m.record_restart(*key, cls, in_place=r.in_place)
             elif r.kind == "detection" and cls is not None:
                 m.record_detection(cls, r.value)
             elif r.kind == "recovery" and cls is not None:

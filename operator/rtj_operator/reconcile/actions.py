@@ -133,6 +133,9 @@ class MetricRecord:
     kind: str
     failure_class: FailureClass | None = None
     value: float = 1.0
+    in_place: bool = False
+    """A restart only: the trainers restarted in their pods (rtj_restarts_total's
+    scope="in_place") rather than a new attempt of every pod (scope="world")."""
 
 
 @dataclass(frozen=True)

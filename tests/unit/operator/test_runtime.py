@@ -19,11 +19,16 @@ from rtj_operator.api import FailureClass, ResilientTrainingJob, keys
 from rtj_operator.cache import WatchCache, newer_or_same
 from rtj_operator.kube_errors import Conflict, Unavailable
 from rtj_operator.leader import LeaseRecord, Move, lease_decision
-from rtj_operator.metrics import Metrics, sample
+from rtj_operator.metrics import Metrics, UnknownLabels, sample
 from rtj_operator.selection import Selection
 from rtj_operator.settings import Settings
 
 # --- metrics -----------------------------------------------------------------------------------
+
+
+def _series(reg: CollectorRegistry, name: str) -> list[dict[str, str]]:
+    """The label sets of every sample named `name`."""
+    return [s.labels for f in reg.collect() for s in f.samples if s.name == name]
 
 
 def test_metrics_have_the_documented_names_and_labels() -> None:
@@ -37,6 +42,8 @@ def test_metrics_have_the_documented_names_and_labels() -> None:
     m.observe_job(job)
     m.record_failure("team-a", "llm", FailureClass.GPU_FAULT)
     m.record_restart("team-a", "llm", FailureClass.GPU_FAULT)
+    m.record_restart("team-a", "llm", FailureClass.GPU_FAULT, in_place=True)
+    m.record_restart("team-a", "llm", FailureClass.GPU_FAULT, in_place=True)
     m.record_detection(FailureClass.GPU_FAULT, 0.4)
     m.record_recovery(FailureClass.GPU_FAULT, 12.0)
     m.record_lost_steps("team-a", "llm", 500)
@@ -50,8 +57,12 @@ def test_metrics_have_the_documented_names_and_labels() -> None:
     assert sample(reg, "rtj_quarantined_nodes", per_job) == 0
     assert sample(reg, "rtj_jobs", {"phase": "Running"}) == 1
     assert sample(reg, "rtj_jobs", {"phase": "Failed"}) == 0
-    assert sample(reg, "rtj_restarts_total", {**per_job, "class": "GPUFault"}) == 1
-    assert sample(reg, "rtj_failures_total", {**per_job, "class": "GPUFault"}) == 1
+    gpu = {**per_job, "class": "GPUFault"}
+    assert sample(reg, "rtj_restarts_total", {**gpu, "scope": "world"}) == 1
+    assert sample(reg, "rtj_restarts_total", {**gpu, "scope": "in_place"}) == 2
+    with pytest.raises(UnknownLabels, match="scope"):  # the old label set: not a silent 0
+        sample(reg, "rtj_restarts_total", gpu)
+    assert sample(reg, "rtj_failures_total", gpu) == 1
     assert sample(reg, "rtj_lost_steps_total", per_job) == 500
     assert sample(reg, "rtj_detection_seconds_count", {"class": "GPUFault"}) == 1
     assert sample(reg, "rtj_recovery_seconds_sum", {"class": "GPUFault"}) == 12.0
@@ -59,6 +70,9 @@ def test_metrics_have_the_documented_names_and_labels() -> None:
     for name in ("rtj_detection_seconds_bucket", "rtj_recovery_seconds_bucket", "rtj_jobs{"):
         assert name in text
     assert "rtj_checkpoint_fast_last_step{" not in text, "no fast tier: no sample"
+    m.forget_job("team-a", "llm")
+    assert not _series(reg, "rtj_restarts_total"), "both scopes' series go with the job"
+    assert not _series(reg, "rtj_failures_total")
 
 
 def test_the_fast_tier_has_its_own_step_and_age_beside_the_durable_ones() -> None:
@@ -110,7 +124,7 @@ def test_the_fast_tier_has_its_own_step_and_age_beside_the_durable_ones() -> Non
     m.forget_job("team-a", "llm")
     assert reg.get_sample_value("rtj_job_failed", {**per_job, "category": "user"}) is None
     assert sample(reg, "rtj_checkpoint_last_verified_step", per_job) == 0
-    assert sample(reg, "rtj_restarts_total", {**per_job, "class": "GPUFault"}) == 0
+    assert not _series(reg, "rtj_restarts_total")
     assert sample(reg, "rtj_jobs", {"phase": "Running"}) == 0
 
 
@@ -301,8 +315,7 @@ def test_controller_retries_quickly_on_a_stale_decision() -> None:
         await c.reconcile(("team-a", "llm"))
         calls = [x[0] for x in kube.calls]
         assert calls == ["list_events"] * 4 + ["patch_status"], "nothing deleted after a refusal"
-        assert sample(reg, "rtj_restarts_total", {"namespace": "team-a", "name": "llm",
-                                                  "class": "NetworkFault"}) == 0  # fmt: skip
+        assert not _series(reg, "rtj_restarts_total"), "no restart of any class or scope"
         c.executor.shutdown()
 
     asyncio.run(scenario())
@@ -348,7 +361,8 @@ def test_a_failed_delete_still_lets_the_committed_decisions_event_and_metrics_ou
         await asyncio.gather(*c._posting)
         assert "event" in [x[0] for x in kube.calls], "the decision's Event went out"
         record = c.rtjs[("team-a", "llm")]["status"]["attempts"][0]
-        labels = {"namespace": "team-a", "name": "llm", "class": record["failureClass"]}
+        labels = {"namespace": "team-a", "name": "llm", "class": record["failureClass"],
+                  "scope": "world"}  # fmt: skip
         assert sample(reg, "rtj_restarts_total", labels) == 1, "the committed restart counts"
         c.executor.shutdown()
 
