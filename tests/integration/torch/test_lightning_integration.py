@@ -1,6 +1,7 @@
 """The Lightning CheckpointIO plugin: every ModelCheckpoint save is a published, verified
 step; a run killed mid-epoch resumes from the newest step that verifies and trains the
-remaining steps with exactly the losses of an uninterrupted run.
+remaining steps with exactly the losses of an uninterrupted run. The same plugin works
+with a Trainer of the ``lightning`` package and of the standalone ``pytorch_lightning``.
 
 Exact here because everything that decides a step is in Lightning's checkpoint (weights,
 Adam moments, the LR scheduler, the loops' position) and the data order is fixed: saves at
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import pytorch_lightning as pl
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -38,10 +40,14 @@ def _env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         monkeypatch.delenv(name)
     monkeypatch.setenv("RTJ_RESUME_FILE", str(tmp_path / "absent-resume.json"))
     monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
-    warnings.filterwarnings("ignore", module="lightning")
+    warnings.filterwarnings("ignore", module="(pytorch_)?lightning")
 
 
-class Tiny(LightningModule):
+class TinyLogic:
+    """The model, data and optimizer; mixed into either package's LightningModule."""
+
+    global_step: int
+
     def __init__(self) -> None:
         super().__init__()
         torch.manual_seed(0)
@@ -64,6 +70,14 @@ class Tiny(LightningModule):
         x = torch.randn(32, 4, generator=g)
         y = x.sum(dim=1, keepdim=True).sin()
         return DataLoader(TensorDataset(x, y), batch_size=8, shuffle=False)
+
+
+class Tiny(TinyLogic, LightningModule):
+    pass
+
+
+class TinyPL(TinyLogic, pl.LightningModule):  # import pytorch_lightning as pl
+    pass
 
 
 class Killed(Exception):
@@ -176,3 +190,39 @@ def test_an_s3_root_resumes_through_a_verified_copy(s3_root: str, tmp_path: Path
     assert all(resumed.losses[s] == full.losses[s] for s in resumed.losses)
     assert sorted(resumed.losses) == list(range(9, STEPS_PER_EPOCH * EPOCHS + 1))
     assert sorted(published(s3_root)) == [(s, True) for s in (4, 8, 12, 16)]
+
+
+def test_a_pytorch_lightning_trainer_takes_the_plugin_and_resumes(tmp_path: Path) -> None:
+    """``import pytorch_lightning as pl``: its Trainer accepts the plugin (no
+    MisconfigurationException), publishes through it and resumes from it, with the losses
+    of the ``lightning.pytorch`` run."""
+    root_a, root_b = f"file://{tmp_path}/a", f"file://{tmp_path}/b"
+    full, _ = fit(root_a, tmp_path / "out-a")
+
+    def fit_pl(epochs: int, resume: bool) -> tuple[TinyPL, PublishingCheckpointIO]:
+        io = PublishingCheckpointIO(root_b)
+        assert isinstance(io, pl.plugins.io.CheckpointIO)
+        model = TinyPL()
+        trainer = pl.Trainer(
+            max_epochs=epochs,
+            accelerator="cpu",
+            devices=1,
+            callbacks=[pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "out-b", every_n_epochs=1)],
+            plugins=[io],
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+        trainer.fit(model, ckpt_path=io.resume_path() if resume else None)
+        assert trainer.strategy.checkpoint_io is io
+        return model, io
+
+    first, io = fit_pl(2, resume=False)
+    assert io.resumed is None and sorted(first.losses) == list(range(1, 9))
+    assert sorted(published(root_b)) == [(4, True), (8, True)]
+    resumed, io = fit_pl(EPOCHS, resume=True)
+    assert io.resumed is not None and io.resumed.step == 8
+    assert sorted(resumed.losses) == list(range(9, STEPS_PER_EPOCH * EPOCHS + 1))
+    assert all(first.losses[s] == full.losses[s] for s in first.losses)
+    assert all(resumed.losses[s] == full.losses[s] for s in resumed.losses)
+    assert sorted(published(root_b)) == [(s, True) for s in (4, 8, 12, 16)]

@@ -11,22 +11,28 @@ the manifest's size and sha256 while it is written.
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import shutil
 import sys
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
+from rtj_shim import pod_env
 from rtj_shim.errors import StepAlreadyPublished
 from rtj_shim.layout import COMMITTED_FILE, MANIFEST_FILE, StepDirName, step_dir_name, step_key
 from rtj_shim.manifest import Manifest, sha256_hex
 from rtj_shim.protocol import (
+    RETENTION_FROM_ENV,
     CommitProtocol,
     PublishResult,
     StepMetadata,
     _FromEnv,
+    retention_from_env,
 )
 from rtj_shim.resolver import resolve
 from rtj_shim.retention import RetentionPolicy
@@ -35,6 +41,7 @@ from rtj_shim.storage.filesystem import FilesystemStore
 from rtj_shim.torch.checkpointer import DEFAULT_RESUME_FILE
 from rtj_shim.torch.outcomes import CheckpointError
 from rtj_shim.torch.restore import pinned_step
+from rtj_shim.torch.schedule import merged_retention
 from rtj_shim.verification import Depth, check_commit
 from rtj_shim.verifier import verify_step
 
@@ -43,7 +50,19 @@ log = logging.getLogger("rtj_shim.integrations")
 Retention = RetentionPolicy | _FromEnv | None
 
 
-def open_root(root: str | CheckpointStore) -> CheckpointStore:
+class _Unset(enum.Enum):
+    UNSET = "unset"
+
+
+UNSET: Final = _Unset.UNSET
+"""The default of the deprecated ``retention=`` argument: not given."""
+
+
+def open_root(root: str | CheckpointStore | None) -> CheckpointStore:
+    """``root`` as a store; None: the operator's ``RTJ_CHECKPOINT_URI``, as for a
+    ``Checkpointer()`` given no root (ValueError naming both when it is not set)."""
+    if root is None:
+        root = pod_env.checkpoint_uri()
     return open_store(root) if isinstance(root, str) else root
 
 
@@ -53,6 +72,35 @@ def make_protocol(
     return CommitProtocol(
         store, attempt=attempt or os.environ.get("RTJ_ATTEMPT") or "0", retention=retention
     )
+
+
+def retention_policy(
+    owner: str, keep_last: int | None, retention: Retention | _Unset = UNSET
+) -> Retention:
+    """The policy applied after each publish, as the Checkpointer decides it: the job's
+    (``RTJ_KEEP_LAST``/``RTJ_KEEP_EVERY``) first, ``keep_last`` when the environment sets
+    none, else every step kept. ``retention`` (a ``RetentionPolicy``, None to keep every
+    step) is the deprecated spelling, still honoured as before for one release, with a
+    DeprecationWarning naming ``keep_last``."""
+    if retention is UNSET:
+        if keep_last is not None and (isinstance(keep_last, bool) or keep_last < 1):
+            raise ValueError(f"{owner}: keep_last={keep_last!r}, expected an int >= 1 or None")
+        return merged_retention(retention_from_env(), keep_last, 0, None)
+    if keep_last is not None:
+        raise TypeError(f"{owner}: pass keep_last= only (retention= is its deprecated name)")
+    if retention is not RETENTION_FROM_ENV and not isinstance(retention, RetentionPolicy | None):
+        raise TypeError(
+            f"{owner}: retention={retention!r}, expected a RetentionPolicy or None "
+            "(better: keep_last=N)"
+        )
+    warnings.warn(
+        f"{owner}(retention=...) is deprecated and will be removed in the next release: "
+        "use keep_last=N (the steps kept after each publish, as Checkpointer(keep_last=N)); "
+        "the job's RTJ_KEEP_LAST still comes first",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return retention
 
 
 def publish_step(
@@ -88,7 +136,7 @@ class LocalStep:
 
 
 def resolve_local(
-    root: str | CheckpointStore,
+    root: str | CheckpointStore | None,
     *,
     download_dir: str | os.PathLike[str] | None = None,
     resume_file: str | os.PathLike[str] | None = None,

@@ -1,10 +1,10 @@
 """Hugging Face ``Trainer``: a callback that publishes every checkpoint directory the
 ``Trainer`` writes as a verified step, and the resume helper that finds the step.
 
-    publisher = PublishCheckpoints(root)            # a path, file:// or s3://
+    publisher = PublishCheckpoints()  # RTJ_CHECKPOINT_URI; or a path, file:// or s3://
     trainer = Trainer(model=model, args=TrainingArguments(output_dir=out, save_steps=500),
                       train_dataset=data, callbacks=[publisher])
-    trainer.train(resume_from_checkpoint=resume_checkpoint(root))   # None: a fresh start
+    trainer.train(resume_from_checkpoint=resume_checkpoint())   # None: a fresh start
 
 The ``Trainer`` writes ``output_dir/checkpoint-<global_step>/`` (model, optimizer,
 scheduler, every rank's RNG states, ``trainer_state.json``) and then calls ``on_save``;
@@ -27,15 +27,18 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from rtj_shim.integrations._common import (
+    UNSET,
     LocalStep,
     Retention,
+    _Unset,
     make_protocol,
     open_root,
     publish_step,
     resolve_local,
+    retention_policy,
 )
 from rtj_shim.manifest import Framework
-from rtj_shim.protocol import RETENTION_FROM_ENV, PublishResult, StepMetadata
+from rtj_shim.protocol import PublishResult, StepMetadata
 from rtj_shim.storage import CheckpointStore
 
 __all__ = ["PublishCheckpoints", "resume_checkpoint", "resume_step"]
@@ -44,19 +47,24 @@ log = logging.getLogger("rtj_shim.integrations")
 
 
 class PublishCheckpoints(TrainerCallback):
-    """``root``: the checkpoint root; ``attempt``: the writer attempt (default
-    ``RTJ_ATTEMPT`` or 0); ``retention``: applied after every publish (default: the job's,
-    from the environment)."""
+    """``root``: the checkpoint root (default: the operator's ``RTJ_CHECKPOINT_URI``);
+    ``attempt``: the writer attempt (default ``RTJ_ATTEMPT`` or 0); ``keep_last``: the
+    steps kept after every publish when the job's environment sets no retention
+    (``RTJ_KEEP_LAST`` comes first; neither: every step is kept), as
+    ``Checkpointer(keep_last=...)``. ``retention`` (a ``RetentionPolicy``) is the
+    deprecated spelling of ``keep_last``."""
 
     def __init__(
         self,
-        root: str | CheckpointStore,
+        root: str | CheckpointStore | None = None,
         *,
         attempt: str | None = None,
-        retention: Retention = RETENTION_FROM_ENV,
+        keep_last: int | None = None,
+        retention: Retention | _Unset = UNSET,
     ) -> None:
         self.store = open_root(root)
-        self.protocol = make_protocol(self.store, attempt, retention)
+        policy = retention_policy(type(self).__name__, keep_last, retention)
+        self.protocol = make_protocol(self.store, attempt, policy)
         self.last_publish: PublishResult | None = None
 
     def on_save(
@@ -91,21 +99,21 @@ class PublishCheckpoints(TrainerCallback):
 
 
 def resume_step(
-    root: str | CheckpointStore,
+    root: str | CheckpointStore | None = None,
     *,
     download_dir: str | os.PathLike[str] | None = None,
     restored_once: bool = False,
 ) -> LocalStep | None:
     """The step to resume (the operator's pin, else the newest step that passes deep
-    verification) as a local directory, with why newer steps were skipped; None when
-    there is nothing to resume. A non-filesystem root (S3) is copied into
-    ``download_dir`` (default: a new temporary directory), each file checked against the
-    manifest."""
+    verification) under ``root`` (default: ``RTJ_CHECKPOINT_URI``) as a local directory,
+    with why newer steps were skipped; None when there is nothing to resume. A
+    non-filesystem root (S3) is copied into ``download_dir`` (default: a new temporary
+    directory), each file checked against the manifest."""
     return resolve_local(root, download_dir=download_dir, restored_once=restored_once)
 
 
 def resume_checkpoint(
-    root: str | CheckpointStore,
+    root: str | CheckpointStore | None = None,
     *,
     download_dir: str | os.PathLike[str] | None = None,
     restored_once: bool = False,

@@ -1,10 +1,15 @@
 """PyTorch Lightning: a ``CheckpointIO`` plugin that publishes every checkpoint Lightning
 saves as a verified step, and resumes from the newest step that verifies.
 
-    io = PublishingCheckpointIO(root)              # a path, file:// or s3://
+    io = PublishingCheckpointIO()       # RTJ_CHECKPOINT_URI; or a path, file:// or s3://
     trainer = Trainer(callbacks=[ModelCheckpoint(every_n_epochs=1, save_top_k=-1)],
                       plugins=[io])
     trainer.fit(model, ckpt_path=io.resume_path())  # None on a fresh start
+
+The plugin works with a ``Trainer`` from either package, ``lightning`` (``from
+lightning.pytorch import Trainer``) or the standalone ``pytorch_lightning``: it subclasses
+the ``CheckpointIO`` of the first one installed and is registered as a ``CheckpointIO`` of
+the other.
 
 Each save (``ModelCheckpoint``, ``trainer.save_checkpoint``) is written with ``torch.save``
 into a temporary directory and published under the checkpoint's ``global_step`` through
@@ -22,23 +27,26 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+from abc import ABCMeta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from lightning.pytorch.plugins.io import CheckpointIO
 
 from rtj_shim.integrations._common import (
+    UNSET,
     LocalStep,
     Retention,
+    _Unset,
     local_step,
     make_protocol,
     open_root,
     publish_step,
     resolve_local,
+    retention_policy,
 )
 from rtj_shim.manifest import Framework
-from rtj_shim.protocol import RETENTION_FROM_ENV, PublishResult, StepMetadata
+from rtj_shim.protocol import PublishResult, StepMetadata
 from rtj_shim.storage import CheckpointStore
 
 __all__ = ["PublishingCheckpointIO"]
@@ -48,23 +56,63 @@ log = logging.getLogger("rtj_shim.integrations")
 CKPT_SUFFIX = ".ckpt"
 
 
+def checkpoint_io_classes() -> tuple[ABCMeta, ...]:
+    """The ``CheckpointIO`` base classes installed: ``lightning`` (``lightning.pytorch``)'s,
+    then the standalone ``pytorch_lightning``'s (from ``lightning_fabric``). Two distinct
+    classes: each package's ``Trainer`` accepts only a plugin that is an instance of its own
+    (otherwise ``MisconfigurationException: Found invalid type for plugin``)."""
+    found: list[ABCMeta] = []
+    try:
+        from lightning.fabric.plugins.io import CheckpointIO as Unified
+
+        found.append(Unified)
+    except ImportError:
+        pass
+    try:
+        from lightning_fabric.plugins.io import CheckpointIO as Standalone
+
+        found.append(Standalone)
+    except ImportError:
+        pass
+    if not found:
+        raise ImportError(
+            "rtj_shim.integrations.lightning needs PyTorch Lightning: pip install lightning "
+            "(or the standalone pytorch-lightning)"
+        )
+    return tuple(found)
+
+
+_BASES = checkpoint_io_classes()
+if TYPE_CHECKING:
+    from lightning.fabric.plugins.io import CheckpointIO
+else:
+    CheckpointIO = _BASES[0]
+
+
 class PublishingCheckpointIO(CheckpointIO):
-    """``root``: the checkpoint root; ``attempt``: the writer attempt (default
-    ``RTJ_ATTEMPT`` or 0); ``retention``: applied after every publish (default: the job's,
-    from the environment); ``download_dir``: where a step of a non-filesystem root is copied
-    to be loaded (default: a temporary directory per load)."""
+    """``root``: the checkpoint root (default: the operator's ``RTJ_CHECKPOINT_URI``);
+    ``attempt``: the writer attempt (default ``RTJ_ATTEMPT`` or 0); ``keep_last``: the
+    steps kept after every publish when the job's environment sets no retention
+    (``RTJ_KEEP_LAST`` comes first; neither: every step is kept), as
+    ``Checkpointer(keep_last=...)``; ``download_dir``: where a step of a non-filesystem root
+    is copied to be loaded (default: a temporary directory per load). ``retention``
+    (a ``RetentionPolicy``) is the deprecated spelling of ``keep_last``.
+
+    A plugin for ``lightning.pytorch.Trainer`` and ``pytorch_lightning.Trainer`` alike."""
 
     def __init__(
         self,
-        root: str | CheckpointStore,
+        root: str | CheckpointStore | None = None,
         *,
         attempt: str | None = None,
-        retention: Retention = RETENTION_FROM_ENV,
+        keep_last: int | None = None,
         download_dir: str | os.PathLike[str] | None = None,
+        retention: Retention | _Unset = UNSET,
     ) -> None:
         super().__init__()
         self.store = open_root(root)
-        self.protocol = make_protocol(self.store, attempt, retention)
+        policy = retention_policy(type(self).__name__, keep_last, retention)
+        self.protocol = make_protocol(self.store, attempt, policy)
         self.download_dir = download_dir
         self.last_publish: PublishResult | None = None
         self.resumed: LocalStep | None = None
@@ -132,6 +180,10 @@ class PublishingCheckpointIO(CheckpointIO):
         if not isinstance(loaded, dict):
             raise TypeError(f"{local}: not a Lightning checkpoint (a {type(loaded).__name__})")
         return loaded
+
+
+for _other in _BASES[1:]:  # the other package's Trainer accepts it too (isinstance)
+    _other.register(PublishingCheckpointIO)
 
 
 def checkpoint_file(step: LocalStep) -> Path:
