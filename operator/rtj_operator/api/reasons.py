@@ -29,6 +29,12 @@ class FailureClass(str, Enum):
     PODS_READY_TIMEOUT = "PodsReadyTimeout"
     """Kueue evicted the admitted workload because its pods were not all ready within
     `waitForPodsReady.timeout`: the group never started, which is no failure of its code."""
+    SILENT_DATA_CORRUPTION = "SilentDataCorruption"
+    """The trainer refused to publish a state that showed a symptom of silent data
+    corruption (rtj_shim.integrity: replicas that differ bit for bit, a loss or gradient
+    norm far outside its recent values) and exited: the newest published step was reached
+    before the symptom. The trainer's word names no node (category infrastructure, spends
+    maxRestarts, quarantines nothing; the whole world restarts from the durable step)."""
     HANG = "Hang"
     """Every pod Running, but the rank furthest behind has made no progress in its section
     for longer than the job's hang timeout (from the ranks' progress reports). A wedged GPU,
@@ -69,6 +75,7 @@ _CATEGORY = {
     FailureClass.IMAGE_PULL_FAILED: FailureCategory.INFRASTRUCTURE,
     FailureClass.PODS_READY_TIMEOUT: FailureCategory.INFRASTRUCTURE,
     FailureClass.HANG: FailureCategory.UNKNOWN,
+    FailureClass.SILENT_DATA_CORRUPTION: FailureCategory.INFRASTRUCTURE,
 }
 
 

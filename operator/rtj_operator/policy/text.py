@@ -56,6 +56,8 @@ _NETWORK = re.compile(
     r"|Connection closed by (?:remote )?peer|ProcessGroupNCCL.*(?:timed out|time ?out)",
     re.I,
 )
+_SUSPECT_STATE = re.compile(r"rtj_shim\.integrity\.SuspectState: (.*)")
+"""The verdict rtj_shim.integrity raises on every rank (its traceback's final line)."""
 _EXCEPTION = re.compile(
     r"^(?:\[rank\d+\]:\s*)?(?:\s*traceback\s*:\s*)?\s*"
     r"((?:[A-Za-z_][\w]*\.)*([A-Z]\w*(?:Error|Exception|Interrupt)))(?::\s?(.*))?$",
@@ -145,6 +147,9 @@ def read_message(text: str, quarantine_codes: frozenset[int]) -> Reading:
         return Reading(
             C.OUT_OF_MEMORY, f"host memory exhausted ({match.group(0)})", rank=rank, hints=hints
         )
+    if match := _SUSPECT_STATE.search(text):
+        why = f"the trainer refused to publish a suspect state ({match.group(1)[:200]})"
+        return Reading(C.SILENT_DATA_CORRUPTION, why, True, rank, hints)
     if match := _NCCL_MISUSE.search(text):
         why = f"NCCL used wrongly ({match.group(0).strip(', ')})"
         return Reading(C.USER_ERROR, why, rank=rank, hints=hints)

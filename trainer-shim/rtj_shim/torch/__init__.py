@@ -9,6 +9,7 @@ with a rendezvous namespace of its own per restart round (see its docstring);
 
 from __future__ import annotations
 
+from rtj_shim.integrity import AnomalyGuard, SuspectState
 from rtj_shim.run_config import ConfigMismatch
 from rtj_shim.torch.checkpointer import (
     Checkpointer,
@@ -25,6 +26,7 @@ from rtj_shim.torch.sampler import ResumableSampler
 from rtj_shim.torch.validation import RestoreValidationError
 
 __all__ = [
+    "AnomalyGuard",
     "CheckpointError",
     "CheckpointInfo",
     "Checkpointer",
@@ -34,6 +36,7 @@ __all__ = [
     "RestoreValidationError",
     "ResumableSampler",
     "SaveReport",
+    "SuspectState",
     "UnsafeStateError",
     "init_process_group",
     "isolated_rng",

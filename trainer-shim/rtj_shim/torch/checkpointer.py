@@ -33,11 +33,12 @@ import torch
 
 from rtj_shim import pod_env, progress
 from rtj_shim.fast_tier import FastTierConfig
+from rtj_shim.integrity import AnomalyGuard
 from rtj_shim.layout import step_key
 from rtj_shim.protocol import CommitProtocol, retention_from_env
 from rtj_shim.run_config import RunConfig, allowed_changes, user_config
 from rtj_shim.storage import CheckpointStore, open_store
-from rtj_shim.torch import _dist, fast_save, fingerprint, resave, rng, run_record
+from rtj_shim.torch import _dist, fast_save, fingerprint, integrity_watch, resave, rng, run_record
 from rtj_shim.torch.agreement import StepAgreement
 from rtj_shim.torch.capture import (
     FORMAT,
@@ -50,6 +51,7 @@ from rtj_shim.torch.capture import (
 )
 from rtj_shim.torch.emergency import SigtermGuard
 from rtj_shim.torch.fingerprint import replica_mismatches
+from rtj_shim.torch.integrity_watch import IntegrityWatch, RankIntegrity
 from rtj_shim.torch.outcomes import (
     CheckpointError,
     NonFiniteStateError,
@@ -114,6 +116,11 @@ class Checkpointer:
     ``RTJ_FAST_EVERY_STEPS``, ``RTJ_FAST_KEEP`` from the operator): every ``fast_every_steps``
     steps, ``step_boundary`` also keeps each rank's copy in that pod-local directory (the
     fast tier, :mod:`rtj_shim.torch.fast_save`), from which an in-place restart resumes.
+
+    Silent corruption (:mod:`rtj_shim.integrity`): every save compares the exact checksums
+    of the replicated modules and optimizers across ranks; with ``anomaly_guard`` it also
+    judges the losses and gradient norms ``step_boundary`` is given. A suspect state is
+    never published: the save raises ``SuspectState`` on every rank, naming the rank.
     """
 
     def __init__(
@@ -149,6 +156,7 @@ class Checkpointer:
         fast_keep: int | None = None,
         config: Mapping[str, Any] | None = None,
         allow_config_change: Iterable[str] = (),
+        anomaly_guard: AnomalyGuard | None = None,
     ) -> None:
         if root is None:  # in an operator's pod: spec.checkpoint.uri
             root = pod_env.checkpoint_uri()
@@ -230,6 +238,7 @@ class Checkpointer:
         self._last_save_at = time.monotonic()  # for every_seconds
         self._run_config: RunConfig | None = None  # recorded in every manifest published
         self._sigterm = SigtermGuard(self.rank, emergency_deadline_s, emergency_exit_code)
+        self._integrity = IntegrityWatch(anomaly_guard)
         atexit.register(_drain_at_exit, weakref.ref(self))
 
     # ================================================================== public API
@@ -259,6 +268,7 @@ class Checkpointer:
         problem = loss_problem(loss) if self.check_finite else None
         replicas: dict[str, str] = {}
         again: resave.Check | None = None
+        integrity: RankIntegrity | None = None
         try:  # local work only: a rank that fails here must not leave the others waiting
             entries = classify(objects, self.rank_local, self.replicated)
             self._record_run_config(entries)
@@ -266,6 +276,7 @@ class Checkpointer:
                 [e for e in entries if e.placement == COMMON and e.kind in USER_KINDS],
                 identity=False,
             )
+            integrity = self._integrity.local(entries)
             snapshot = self._snapshot(step, entries, "this run published")
             again = resave.check(self._clean, step, snapshot.digests, snapshot.rng)
             job = capture(
@@ -285,13 +296,14 @@ class Checkpointer:
         except Exception as exc:
             local_error, failure = f"rank {coord.rank}: {type(exc).__name__}: {exc}", exc
         score = None if metric is None else as_float(metric)
-        rows = coord.all_gather((local_error, replicas, again, score))
-        errors = [error for error, _, _, _ in rows if error]
+        rows = coord.all_gather((local_error, replicas, again, score, integrity))
+        errors = [error for error, *_ in rows if error]
         if errors:
             if local_error is not None:
                 raise failure
             raise CheckpointError(f"save of step {step} failed: " + "; ".join(errors))
-        differing = replica_mismatches([digests for _, digests, _, _ in rows])
+        integrity_watch.verdict(step, [row[4] for row in rows if row[4] is not None])
+        differing = replica_mismatches([digests for _, digests, *_ in rows])
         if differing:
             raise CheckpointError(
                 f"save of step {step} refused: {differing} differ between ranks but are "
@@ -299,7 +311,7 @@ class Checkpointer:
                 f"rank_local={tuple(differing)!r}) to save one copy per rank"
             )
         if self._clean is not None and self._clean.step == step:
-            checks = [c for _, _, c, _ in rows]
+            checks = [c for _, _, c, *_ in rows]
             done = resave.settle(self.store, step, self._clean, checks, coord, blocking, started)
             if done is not None:
                 self.last_save = done
@@ -438,6 +450,7 @@ class Checkpointer:
         loss: float | torch.Tensor | None = None,
         metric: float | torch.Tensor | None = None,
         blocking: bool = True,
+        grad_norm: float | torch.Tensor | None = None,
     ) -> SaveReport | None:
         """Collective; call after every completed step. Saves ``step`` when the schedule
         says so (``every_steps``, ``every_seconds``) or when ``metric`` (rank 0's value;
@@ -448,8 +461,10 @@ class Checkpointer:
 
         Arms the SIGTERM handler on first use; when a SIGTERM arrived on any rank, every
         rank saves ``step`` (unless already published) within the deadline and exits with
-        ``emergency_exit_code``."""
+        ``emergency_exit_code``. ``loss`` and ``grad_norm`` (this rank's) feed the
+        ``anomaly_guard``, judged at the next save without a per-step device sync."""
         progress.step_done(step)  # the pod's progress server reports it (rtj_shim.progress)
+        self._integrity.note(step, loss=loss, grad_norm=grad_norm)
         self._sigterm.install()
         value = None if metric is None else as_float(metric)
         if value is not None and self.schedule.monitor is None:

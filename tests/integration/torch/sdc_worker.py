@@ -1,0 +1,67 @@
+"""A worker for test_torch_sdc: DDP on gloo, 3 ranks by torchrun. Trains to step 8 with a
+save at step 4, then does what argv[2] says before the save of step 8:
+
+* ``clean``: nothing (both saves publish);
+* ``flip``: flips one bit of one element of rank 2's first Linear weight, as a silently
+  failing GPU would, after the step's all-reduce (DDP then never repairs it);
+* ``spike``: rank 1's loss at step 7 is reported a million times larger (a gradient scaled
+  before the all-reduce, or a flipped exponent bit, shows this way), with an AnomalyGuard
+  on every rank.
+
+Rank 0 prints JSON: the steps published and the error each rank raised at the step-8 save.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from rtj_shim.layout import step_key
+from rtj_shim.torch import AnomalyGuard, Checkpointer, SuspectState
+
+
+def main(root: str, mode: str) -> None:
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 1))
+    model = DistributedDataParallel(net)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    guard = AnomalyGuard(window=16, warmup=4) if mode == "spike" else None
+    ckpt = Checkpointer(root, anomaly_guard=guard)
+    objects = {"model": model, "opt": opt}
+    data = torch.Generator().manual_seed(100 + rank)
+    error = None
+    for step in range(1, 9):
+        loss = model(torch.randn(32, 64, generator=data)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if mode == "flip" and step == 8 and rank == 2:
+            with torch.no_grad():
+                net[0].weight.view(-1).view(torch.int32)[4097] ^= 1 << 3
+        reported = loss * 1e6 if mode == "spike" and step == 7 and rank == 1 else loss
+        try:
+            ckpt.step_boundary(step, objects, loss=reported.detach())
+            if step in (4, 8):
+                ckpt.save(step, objects)
+        except SuspectState as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            break
+    ckpt.close()
+    errors = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    if rank == 0:
+        published = [s for s in (4, 8) if os.path.exists(os.path.join(root, step_key(s)))]
+        print(json.dumps({"published": published, "errors": errors}))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

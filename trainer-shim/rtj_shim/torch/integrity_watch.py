@@ -1,0 +1,99 @@
+"""The Checkpointer's silent-corruption watch: what each rank brings to a save, and the
+collective verdict that refuses to publish a suspect state (`rtj_shim.integrity`).
+
+At every save each rank brings the exact checksums of its replicated modules and optimizers
+(`replica_check`) and, with an `AnomalyGuard`, the first anomaly its loss or gradient norm
+showed (sticky: a state once suspect stays suspect in this process). Losses and gradient
+norms given to `step_boundary` are kept as they come (tensors stay on their device: no
+per-step sync) and judged in one batch at the next save, or every `BATCH` steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rtj_shim.integrity import AnomalyGuard, SuspectState, odd_ranks
+from rtj_shim.torch import replica_check
+from rtj_shim.torch.state import Entry
+
+BATCH = 64
+"""Signals kept before they are judged without waiting for a save (bounds the memory)."""
+
+
+@dataclass(frozen=True)
+class RankIntegrity:
+    """What one rank brings to a save's verdict."""
+
+    suspect: str | None
+    checksums: dict[str, int]
+
+
+class IntegrityWatch:
+    def __init__(self, guard: AnomalyGuard | None) -> None:
+        self.guard = guard
+        self.suspect: str | None = None
+        self._pending: list[tuple[int, str, Any]] = []
+
+    def note(self, step: int, **signals: float | torch.Tensor | None) -> None:
+        """Keep this step's signals (loss, grad_norm) for the guard; no device sync."""
+        if self.guard is None:
+            return
+        for name, value in signals.items():
+            if value is not None:
+                kept = value.detach().reshape(()) if isinstance(value, torch.Tensor) else value
+                self._pending.append((step, name, kept))
+        if len(self._pending) >= BATCH:
+            self.judge_pending()
+
+    def judge_pending(self) -> None:
+        pending, self._pending = self._pending, []
+        if self.guard is None or not pending:
+            return
+        values = _floats([v for _, _, v in pending])
+        for (step, name, _), value in zip(pending, values, strict=True):
+            found = self.guard.observe(step, name, value)
+            if found is not None and self.suspect is None:
+                self.suspect = found.describe()
+
+    def local(self, entries: Iterable[Entry]) -> RankIntegrity:
+        self.judge_pending()
+        return RankIntegrity(self.suspect, replica_check.checksums(entries))
+
+
+def _floats(values: Sequence[Any]) -> list[float]:
+    """The values as floats, each device's tensors in one transfer."""
+    out: list[float | None] = [None] * len(values)
+    by_device: dict[torch.device, list[int]] = {}
+    for i, v in enumerate(values):
+        if isinstance(v, torch.Tensor):
+            by_device.setdefault(v.device, []).append(i)
+        else:
+            out[i] = float(v)
+    for indexes in by_device.values():
+        stacked = torch.stack([values[i].float() for i in indexes]).tolist()
+        for i, f in zip(indexes, stacked, strict=True):
+            out[i] = float(f)
+    return [float("nan") if f is None else f for f in out]
+
+
+def verdict(step: int, rows: Sequence[RankIntegrity]) -> None:
+    """Raise SuspectState on every rank (they read the same rows) when any rank saw an
+    anomaly, or a replicated module's or optimizer's checksum differs between ranks."""
+    seen = [f"rank {rank}: {row.suspect}" for rank, row in enumerate(rows) if row.suspect]
+    if seen:
+        raise SuspectState(f"step {step} not published: " + "; ".join(seen))
+    names = sorted({name for row in rows for name in row.checksums})
+    differing = []
+    for name in names:
+        odd = odd_ranks([str(row.checksums.get(name)) for row in rows])
+        if odd:
+            differing.append(f"{name!r} on rank {', '.join(map(str, odd))}")
+    if differing:
+        raise SuspectState(
+            f"step {step} not published: replicas diverged ({'; '.join(differing)} "
+            "differs from the other ranks' copy bit for bit): a rank computing wrong"
+        )
