@@ -541,3 +541,12 @@ def test_the_sidecar_policy_takes_its_own_namespaces_and_every_port_jobs_use(
     assert "networkPolicy.sidecarPorts: expected distinct ports in ascending order" in (
         failed.stderr
     )
+
+
+def test_the_chart_refuses_a_cluster_without_native_sidecars() -> None:
+    """The progress sidecar (on by default) is an init container with restartPolicy Always:
+    Kubernetes 1.29 and later. helm says so on an older cluster instead of a pod that never
+    starts its sidecar."""
+    old = helm(*template_args(), "--kube-version", "1.28.9", check=False)
+    assert old.returncode != 0 and "kubeVersion" in old.stderr, old.stderr
+    assert helm(*template_args(), "--kube-version", "1.29.0").returncode == 0
