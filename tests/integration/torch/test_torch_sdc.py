@@ -57,3 +57,32 @@ def test_a_suspect_state_is_never_published_and_every_rank_names_the_culprit(
     assert len(set(errors)) == 1, "every rank raises the same verdict"
     assert errors[0].startswith("SuspectState: step 8 not published"), errors[0]
     assert named in errors[0], errors[0]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+def test_every_single_bit_flip_changes_the_checksum(dtype: str) -> None:
+    import torch
+    from torch import nn
+
+    from rtj_shim.torch import replica_check
+    from rtj_shim.torch.state import classify
+
+    model = nn.Linear(64, 64).to(getattr(torch, dtype))
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(2, 64, dtype=model.weight.dtype)).sum().backward()
+    opt.step()
+    entries = classify({"model": model, "opt": opt})
+    clean = replica_check.checksums(entries)
+    assert set(clean) == {"model", "opt"} and clean == replica_check.checksums(entries)
+    width = model.weight.element_size() * 8
+    as_int = {16: torch.int16, 32: torch.int32, 64: torch.int64}[width]
+    for target, name in ((model.weight, "model"), (opt.state[model.weight]["exp_avg"], "opt")):
+        bits = target.detach().view(-1).view(as_int)
+        for bit in range(width):
+            flip = torch.tensor(1, dtype=as_int) << bit
+            with torch.no_grad():
+                bits[17] ^= flip
+            assert replica_check.checksums(entries)[name] != clean[name], (name, bit)
+            with torch.no_grad():
+                bits[17] ^= flip
+        assert replica_check.checksums(entries) == clean
