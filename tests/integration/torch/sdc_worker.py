@@ -4,11 +4,13 @@ save at step 4, then does what argv[2] says before the save of step 8:
 * ``clean``: nothing (both saves publish);
 * ``flip``: flips one bit of one element of rank 2's first Linear weight, as a silently
   failing GPU would, after the step's all-reduce (DDP then never repairs it);
+* ``between``: the same flip at step 6, with ``integrity_every_steps=2``: caught by the
+  check at step 6, before any save;
 * ``spike``: rank 1's loss at step 7 is reported a million times larger (a gradient scaled
   before the all-reduce, or a flipped exponent bit, shows this way), with an AnomalyGuard
   on every rank.
 
-Rank 0 prints JSON: the steps published and the error each rank raised at the step-8 save.
+Rank 0 prints JSON: the steps published and the error each rank raised.
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ def main(root: str, mode: str) -> None:
     model = DistributedDataParallel(net)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     guard = AnomalyGuard(window=16, warmup=4) if mode == "spike" else None
-    ckpt = Checkpointer(root, anomaly_guard=guard)
+    every = 2 if mode == "between" else None
+    ckpt = Checkpointer(root, anomaly_guard=guard, integrity_every_steps=every)
+    flip_at = {"flip": 8, "between": 6}.get(mode)
     objects = {"model": model, "opt": opt}
     data = torch.Generator().manual_seed(100 + rank)
     error = None
@@ -43,7 +47,7 @@ def main(root: str, mode: str) -> None:
         loss.backward()
         opt.step()
         opt.zero_grad()
-        if mode == "flip" and step == 8 and rank == 2:
+        if step == flip_at and rank == 2:
             with torch.no_grad():
                 net[0].weight.view(-1).view(torch.int32)[4097] ^= 1 << 3
         reported = loss * 1e6 if mode == "spike" and step == 7 and rank == 1 else loss

@@ -45,6 +45,7 @@ def clean_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     [
         ("flip", "'model' on rank 2"),  # the exact checksum: one bit of 16,384 weights
         ("spike", "rank 1: loss"),  # the anomaly guard on the rank that saw it
+        ("between", "'model' on rank 2"),  # integrity_every_steps: before any save
     ],
 )
 def test_a_suspect_state_is_never_published_and_every_rank_names_the_culprit(
@@ -55,7 +56,8 @@ def test_a_suspect_state_is_never_published_and_every_rank_names_the_culprit(
     assert faulty["published"] == [4], "the state before the symptom stays the newest"
     errors = faulty["errors"]
     assert len(set(errors)) == 1, "every rank raises the same verdict"
-    assert errors[0].startswith("SuspectState: step 8 not published"), errors[0]
+    verdict = "step 6 failed its integrity check" if mode == "between" else "step 8 not published"
+    assert errors[0].startswith(f"SuspectState: {verdict}"), errors[0]
     assert named in errors[0], errors[0]
 
 
@@ -86,3 +88,11 @@ def test_every_single_bit_flip_changes_the_checksum(dtype: str) -> None:
             with torch.no_grad():
                 bits[17] ^= flip
         assert replica_check.checksums(entries) == clean
+
+
+def test_a_bad_check_interval_names_the_argument() -> None:
+    from rtj_shim.torch.integrity_watch import IntegrityWatch
+
+    for bad in (0, -3, True):
+        with pytest.raises(ValueError, match=r"Checkpointer\(integrity_every_steps="):
+            IntegrityWatch(None, bad)

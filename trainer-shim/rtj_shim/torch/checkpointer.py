@@ -119,8 +119,10 @@ class Checkpointer:
 
     Silent corruption (:mod:`rtj_shim.integrity`): every save compares the exact checksums
     of the replicated modules and optimizers across ranks; with ``anomaly_guard`` it also
-    judges the losses and gradient norms ``step_boundary`` is given. A suspect state is
-    never published: the save raises ``SuspectState`` on every rank, naming the rank.
+    judges the losses and gradient norms ``step_boundary`` is given; with
+    ``integrity_every_steps`` ``step_boundary`` takes the same verdict between saves. A
+    suspect state is never published: ``SuspectState`` is raised on every rank, naming the
+    rank.
     """
 
     def __init__(
@@ -157,6 +159,7 @@ class Checkpointer:
         config: Mapping[str, Any] | None = None,
         allow_config_change: Iterable[str] = (),
         anomaly_guard: AnomalyGuard | None = None,
+        integrity_every_steps: int | None = None,
     ) -> None:
         if root is None:  # in an operator's pod: spec.checkpoint.uri
             root = pod_env.checkpoint_uri()
@@ -238,7 +241,7 @@ class Checkpointer:
         self._last_save_at = time.monotonic()  # for every_seconds
         self._run_config: RunConfig | None = None  # recorded in every manifest published
         self._sigterm = SigtermGuard(self.rank, emergency_deadline_s, emergency_exit_code)
-        self._integrity = IntegrityWatch(anomaly_guard)
+        self._integrity = IntegrityWatch(anomaly_guard, integrity_every_steps)
         atexit.register(_drain_at_exit, weakref.ref(self))
 
     # ================================================================== public API
@@ -489,6 +492,8 @@ class Checkpointer:
             log.warning("step %d: %s is %s; not recorded", step, self.schedule.monitor, value)
         best_metric = agreed.metric if agreed.metric_flag == 1.0 else None
         decision = decide_save(self.schedule, step, agreed.time_due, best_metric, self._best)
+        if self._integrity.due(step):  # collective: every rank passes the same step
+            self._check_integrity(step, objects)
         if self._fast is not None and self._fast.config.due(step):
             self._fast_save(step, objects)
         if not decision.save:
@@ -496,6 +501,13 @@ class Checkpointer:
         if rank0:
             log.info("saving step %d (%s)", step, decision.why)
         return self.save(step, objects, blocking=blocking, loss=loss, metric=best_metric)
+
+    def _check_integrity(self, step: int, objects: Mapping[str, Any]) -> None:
+        """Between saves: the same verdict a save takes, so training stops on a suspect
+        state within `integrity_every_steps`, not at the next save."""
+        entries = classify(objects, self.rank_local, self.replicated)
+        rows = self._coordinator().all_gather(self._integrity.local(entries))
+        integrity_watch.verdict(step, rows, what="failed its integrity check")
 
     def _emergency(self, step: int, objects: Mapping[str, Any]) -> None:
         self._sigterm.arm()

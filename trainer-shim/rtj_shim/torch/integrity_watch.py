@@ -33,8 +33,14 @@ class RankIntegrity:
 
 
 class IntegrityWatch:
-    def __init__(self, guard: AnomalyGuard | None) -> None:
+    def __init__(self, guard: AnomalyGuard | None, every_steps: int | None = None) -> None:
+        if every_steps is not None and (isinstance(every_steps, bool) or every_steps < 1):
+            raise ValueError(
+                f"Checkpointer(integrity_every_steps={every_steps!r}): expected a positive "
+                "number of steps, or None (check at saves only)"
+            )
         self.guard = guard
+        self.every_steps = every_steps
         self.suspect: str | None = None
         self._pending: list[tuple[int, str, Any]] = []
 
@@ -48,6 +54,9 @@ class IntegrityWatch:
                 self._pending.append((step, name, kept))
         if len(self._pending) >= BATCH:
             self.judge_pending()
+
+    def due(self, step: int) -> bool:
+        return self.every_steps is not None and step > 0 and step % self.every_steps == 0
 
     def judge_pending(self) -> None:
         pending, self._pending = self._pending, []
@@ -80,12 +89,12 @@ def _floats(values: Sequence[Any]) -> list[float]:
     return [float("nan") if f is None else f for f in out]
 
 
-def verdict(step: int, rows: Sequence[RankIntegrity]) -> None:
+def verdict(step: int, rows: Sequence[RankIntegrity], what: str = "not published") -> None:
     """Raise SuspectState on every rank (they read the same rows) when any rank saw an
     anomaly, or a replicated module's or optimizer's checksum differs between ranks."""
     seen = [f"rank {rank}: {row.suspect}" for rank, row in enumerate(rows) if row.suspect]
     if seen:
-        raise SuspectState(f"step {step} not published: " + "; ".join(seen))
+        raise SuspectState(f"step {step} {what}: " + "; ".join(seen))
     names = sorted({name for row in rows for name in row.checksums})
     differing = []
     for name in names:
@@ -94,6 +103,6 @@ def verdict(step: int, rows: Sequence[RankIntegrity]) -> None:
             differing.append(f"{name!r} on rank {', '.join(map(str, odd))}")
     if differing:
         raise SuspectState(
-            f"step {step} not published: replicas diverged ({'; '.join(differing)} "
+            f"step {step} {what}: replicas diverged ({'; '.join(differing)} "
             "differs from the other ranks' copy bit for bit): a rank computing wrong"
         )
