@@ -59,9 +59,10 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any, Protocol, TypeGuard, TypeVar
 
 from rtj_shim import lineage
 
@@ -243,18 +244,50 @@ def verify(key: str, body: bytes, signature: str | None) -> bool:
     return signature_matches(sign(key, body), signature)
 
 
+class SignedMessage(Protocol):
+    """A message the operator signs with the job's key: an order, a peer-replica
+    assignment, a drain order. Each names the job it is for."""
+
+    @property
+    def job_uid(self) -> str: ...
+
+
+M = TypeVar("M", bound=SignedMessage)
+
+
+def accept_signed(
+    raw: bytes,
+    signature: str | None,
+    *,
+    key: str,
+    job_uid: str,
+    parse: Callable[[bytes], M],
+    error: type[OrderError],
+    name: str,
+    off: str,
+) -> M:
+    """The one reader of a signed message: the pod holds the job's key (`off` says what is
+    off without one), the body is signed with it, parses (`parse` names the field that is
+    wrong), and is for this pod's job; else `error`, naming `name`'s field."""
+    if not key:
+        raise error(f"this pod has no control key ({off})")
+    if not verify(key, raw, signature):
+        raise error(f"{SIGNATURE_HEADER}: missing or not this job's signature")
+    message = parse(raw)
+    if message.job_uid != job_uid:
+        raise error(f"{name}.job_uid: {message.job_uid!r} is not this pod's job")
+    return message
+
+
 def accept(
     raw: bytes, signature: str | None, *, key: str, job_uid: str, last: Order | None
 ) -> Order:
     """The order a sidecar may pass on, or OrderError: signed with this job's key, for this
     job, not older than the last accepted one (the same one again is accepted: retries)."""
-    if not key:
-        raise OrderError("this pod has no control key (in-place restart is off for its job)")
-    if not verify(key, raw, signature):
-        raise OrderError(f"{SIGNATURE_HEADER}: missing or not this job's signature")
-    order = parse_order(raw)
-    if order.job_uid != job_uid:
-        raise OrderError(f"order.job_uid: {order.job_uid!r} is not this pod's job")
+    order = accept_signed(
+        raw, signature, key=key, job_uid=job_uid, parse=parse_order, error=OrderError,
+        name="order", off="in-place restart is off for its job",
+    )  # fmt: skip
     if last is not None and (order.generation, ACTIONS.index(order.action)) < (
         last.generation,
         ACTIONS.index(last.action),

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rtj_shim.control import OrderError, count, is_address, json_object, verify
+from rtj_shim.control import OrderError, accept_signed, count, is_address, json_object
 from rtj_shim.layout import validate_attempt
 
 MAX_DRAIN_ORDER_BYTES = 128 * 1024
@@ -81,11 +81,7 @@ def parse_drain_order(raw: bytes) -> DrainOrder:
 def accept_drain_order(raw: bytes, signature: str | None, *, key: str, job_uid: str) -> DrainOrder:
     """The drain order a sidecar may follow, or DrainOrderError: signed with this job's
     key, for this job."""
-    if not key:
-        raise DrainOrderError("this pod has no control key (no drain for its job)")
-    if not verify(key, raw, signature):
-        raise DrainOrderError("X-RTJ-Signature: missing or not this job's signature")
-    order = parse_drain_order(raw)
-    if order.job_uid != job_uid:
-        raise DrainOrderError(f"drain.job_uid: {order.job_uid!r} is not this pod's job")
-    return order
+    return accept_signed(
+        raw, signature, key=key, job_uid=job_uid, parse=parse_drain_order,
+        error=DrainOrderError, name="drain", off="no drain for its job",
+    )  # fmt: skip

@@ -44,12 +44,12 @@ from typing import Any
 
 from rtj_shim.control import (
     OrderError,
+    accept_signed,
     count,
     is_address,
     json_object,
     sign,
     signature_matches,
-    verify,
 )
 
 PEER_DIR = "peer"
@@ -97,14 +97,10 @@ def parse_assignment(raw: bytes) -> Assignment:
 def accept_assignment(raw: bytes, signature: str | None, *, key: str, job_uid: str) -> Assignment:
     """The assignment a sidecar may follow, or AssignmentError: signed with this job's key,
     for this job."""
-    if not key:
-        raise AssignmentError("this pod has no control key (no peer replica for its job)")
-    if not verify(key, raw, signature):
-        raise AssignmentError("X-RTJ-Signature: missing or not this job's signature")
-    assignment = parse_assignment(raw)
-    if assignment.job_uid != job_uid:
-        raise AssignmentError(f"assignment.job_uid: {assignment.job_uid!r} is not this pod's job")
-    return assignment
+    return accept_signed(
+        raw, signature, key=key, job_uid=job_uid, parse=parse_assignment,
+        error=AssignmentError, name="assignment", off="no peer replica for its job",
+    )  # fmt: skip
 
 
 # --- request and answer signatures -------------------------------------------------------
