@@ -26,6 +26,7 @@ from typing import Any
 from rtj_operator.policy.init_result import InitResult as InitResult
 from rtj_operator.policy.init_result import parse_init_result as parse_init_result
 from rtj_operator.s3_clients import S3Clients
+from rtj_shim.selection import resume_candidates, select_resume_step
 
 S3_SCHEME = "s3://"
 FILE_SCHEME = "file://"
@@ -70,7 +71,7 @@ def operator_reads_store(uri: str) -> bool:
 
 def plan_candidates(published: Iterable[int], bad_steps: Iterable[int]) -> list[int]:
     """Published steps newest first, without those an init container already rejected."""
-    return sorted(set(published) - set(bad_steps), reverse=True)
+    return resume_candidates(published, bad_steps)
 
 
 def choose(
@@ -79,17 +80,15 @@ def choose(
     bad_steps: Iterable[int] = (),
     step_uri: Callable[[int], str] = str,
 ) -> Selection:
-    """Verify candidates newest first; the first that verifies wins (lazy: stops there)."""
+    """Verify candidates newest first; the first that verifies wins (lazy: stops there):
+    the shim's chooser, with the steps marked bad reported among those passed over."""
+    found, passed = select_resume_step(list(candidates), verify)
     skipped = [(step, "marked bad by an earlier attempt's init container") for step in bad_steps]
-    for step in candidates:
-        verdict = verify(step)
-        if verdict.valid:
-            skipped.sort(reverse=True)
-            newer = tuple(s for s in skipped if s[0] > step)
-            return Selection(step, step_uri(step), verdict.committed_at, newer)
-        skipped.append((step, verdict.reason))
-    skipped.sort(reverse=True)
-    return Selection(None, None, None, tuple(skipped))
+    skipped = sorted([*skipped, *((p.step, p.reason) for p in passed)], reverse=True)
+    if found is None:
+        return Selection(None, None, None, tuple(skipped))
+    newer = tuple(s for s in skipped if s[0] > found.step)
+    return Selection(found.step, step_uri(found.step), found.committed_at, newer)
 
 
 def pin_for(uri: str, selection: Selection | None, decided: int | None) -> int | None:

@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from rtj_shim.layout import LATEST_FILE, StepDirName
-from rtj_shim.verification import Depth, Verdict
+from rtj_shim.verification import Depth
 
 
 @dataclass(frozen=True)
@@ -60,9 +61,10 @@ def parse_latest_hint(raw: bytes | None) -> Hint:
     return Hint(step, None)
 
 
-def resume_candidates(published: Iterable[int]) -> list[int]:
-    """Every published step, newest first."""
-    return sorted(set(published), reverse=True)
+def resume_candidates(published: Iterable[int], bad_steps: Iterable[int] = ()) -> list[int]:
+    """Every published step, newest first, but those marked bad (the operator's record of
+    steps an earlier attempt's init container rejected)."""
+    return sorted(set(published) - set(bad_steps), reverse=True)
 
 
 def hint_problem(hint: Hint, published: Iterable[int], chosen: int | None) -> str | None:
@@ -87,10 +89,25 @@ def in_progress_skips(dirs: Iterable[StepDirName], newer_than: int | None) -> li
     ]
 
 
+class StepJudgement(Protocol):
+    """What a chooser needs of a verdict on one step (`Verdict`, the operator's own)."""
+
+    @property
+    def valid(self) -> bool: ...
+
+    @property
+    def reason(self) -> str: ...
+
+
+J = TypeVar("J", bound=StepJudgement)
+
+
 def select_resume_step(
-    candidates: Sequence[int], verify: Callable[[int], Verdict]
-) -> tuple[Verdict | None, list[Skipped]]:
-    """Verify candidates in order; return the first valid verdict and what was skipped."""
+    candidates: Sequence[int], verify: Callable[[int], J]
+) -> tuple[J | None, list[Skipped]]:
+    """The one resume chooser (the init container's, the trainer's and the operator's):
+    verify candidates in order (lazily: it stops at the first that verifies); return that
+    verdict and what was skipped."""
     skipped: list[Skipped] = []
     for step in candidates:
         verdict = verify(step)

@@ -74,3 +74,20 @@ def test_in_progress_dirs_newer_than_choice_are_reported() -> None:
     skips = in_progress_skips(dirs, newer_than=100)
     assert [s.step for s in skips] == [150]
     assert "never resumed" in skips[0].reason
+
+
+def test_steps_marked_bad_are_no_candidates_and_the_chooser_is_lazy() -> None:
+    """The operator's bad-step filter is the shim's, and every chooser stops at the first
+    step that verifies (a deep verification of every older step would read it all)."""
+    from rtj_shim.selection import resume_candidates, select_resume_step
+
+    assert resume_candidates([100, 300, 200, 300], bad_steps=[300]) == [200, 100]
+    asked: list[int] = []
+
+    def verify(step: int) -> Verdict:
+        asked.append(step)
+        return Verdict(step, step != 400, "checksum mismatch" if step == 400 else "ok", Depth.DEEP)
+
+    found, skipped = select_resume_step(resume_candidates([400, 300, 200, 100]), verify)
+    assert found is not None and found.step == 300 and asked == [400, 300]
+    assert [(s.step, s.reason) for s in skipped] == [(400, "checksum mismatch")]
