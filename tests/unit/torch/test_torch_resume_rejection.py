@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rtj_shim.protocol import CommitProtocol
 from rtj_shim.storage.filesystem import FilesystemStore
-from rtj_shim.torch.restore import REJECTED_SUFFIX, decide
+from rtj_shim.torch.restore import REJECTED_SUFFIX, durable_resume
 
 
 def test_a_pinned_step_that_does_not_verify_is_refused_with_its_verdict_beside(
@@ -22,7 +22,7 @@ def test_a_pinned_step_that_does_not_verify_is_refused_with_its_verdict_beside(
     (store.root / "steps" / "step-000000000040" / "state.bin").write_bytes(b"y" * 32)
     resume = tmp_path / "resume-3.json"
     resume.write_text(json.dumps({"step": 40, "skipped": [], "source": "in-place restart"}))
-    decision = decide(store, resume, restored_once=False)
+    decision = durable_resume(store, resume, restored_once=False)
     assert "pins step 40, which does not verify" in decision["error"]
     verdict = json.loads(resume.with_name(resume.name + REJECTED_SUFFIX).read_text())
     assert verdict["step"] == 40 and "sha256" in verdict["reason"], verdict
@@ -31,5 +31,5 @@ def test_a_pinned_step_that_does_not_verify_is_refused_with_its_verdict_beside(
     CommitProtocol(FilesystemStore(fine), retention=None).publish_directory(40, payload)
     ok = tmp_path / "resume-4.json"
     ok.write_text(json.dumps({"step": 40, "skipped": [], "source": "in-place restart"}))
-    assert decide(FilesystemStore(fine), ok, restored_once=False)["step"] == 40
+    assert durable_resume(FilesystemStore(fine), ok, restored_once=False)["step"] == 40
     assert not ok.with_name(ok.name + REJECTED_SUFFIX).exists()

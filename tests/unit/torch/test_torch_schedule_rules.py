@@ -11,35 +11,35 @@ from rtj_shim.torch.schedule import (
     Best,
     Schedule,
     best_from,
-    decide,
     improved,
     merged_retention,
+    save_decision,
     updated,
 )
 
 
 def test_every_n_steps_and_every_t_seconds() -> None:
     schedule = Schedule(every_steps=50, every_seconds=600.0)
-    assert [s for s in range(1, 201) if decide(schedule, s, False, None, None).save] == [
+    assert [s for s in range(1, 201) if save_decision(schedule, s, False, None, None).save] == [
         50,
         100,
         150,
         200,
     ]
-    assert decide(schedule, 7, True, None, None).why == "every 600s"
-    assert decide(schedule, 100, True, None, None).why == "every 50 steps, every 600s"
+    assert save_decision(schedule, 7, True, None, None).why == "every 600s"
+    assert save_decision(schedule, 100, True, None, None).why == "every 50 steps, every 600s"
     assert not Schedule().time_due(1e9) and not Schedule().step_due(100)
     assert Schedule(every_seconds=600.0).time_due(600.0)
 
 
 def test_save_if_the_metric_improved() -> None:
     schedule = Schedule(monitor="val_loss", mode="min")
-    first = decide(schedule, 3, False, 0.5, None)
+    first = save_decision(schedule, 3, False, 0.5, None)
     assert first.save and first.why == "val_loss improved to 0.5"
     best = Best("val_loss", "min", 0.5, 3)
-    assert not decide(schedule, 4, False, 0.5, best).save  # equal is no improvement
-    assert decide(schedule, 5, False, 0.4, best).save
-    assert not decide(schedule, 5, False, math.nan, best).save
+    assert not save_decision(schedule, 4, False, 0.5, best).save  # equal is no improvement
+    assert save_decision(schedule, 5, False, 0.4, best).save
+    assert not save_decision(schedule, 5, False, math.nan, best).save
     assert improved(Best("acc", "max", 0.5, 1), 0.6, "max")
     assert not improved(None, math.inf, "max")
 

@@ -69,9 +69,9 @@ from rtj_shim.torch.schedule import (
     best_from,
     merged_retention,
     metric_flag,
+    save_decision,
     scores,
 )
-from rtj_shim.torch.schedule import decide as decide_save
 from rtj_shim.torch.staging import Staging, mark_staged
 from rtj_shim.torch.state import COMMON, USER_KINDS, Entry, classify, reclassify
 from rtj_shim.torch.validation import Probe, loss_problem, optimizer_moments, run_probe
@@ -380,7 +380,7 @@ class Checkpointer:
                 raise TypeError("plain values are restored into the mapping: pass a dict")
         except Exception as exc:
             local_error = f"rank {coord.rank}: {type(exc).__name__}: {exc}"
-        decision = self._decide(coord)
+        decision = self._resume_decision(coord)
         self._peeked = None
         raise_if_any(coord, local_error, "restore failed")
         skipped = tuple((int(s), str(r)) for s, r in decision["skipped"])
@@ -439,7 +439,7 @@ class Checkpointer:
         resumes this very step without verifying it again."""
         self.wait()
         coord = self._coordinator()
-        decision = self._decide(coord)
+        decision = self._resume_decision(coord)
         self._peeked = decision
         if decision["step"] is None:
             return None
@@ -491,7 +491,7 @@ class Checkpointer:
         if agreed.metric_flag == 2.0 and rank0:
             log.warning("step %d: %s is %s; not recorded", step, self.schedule.monitor, value)
         best_metric = agreed.metric if agreed.metric_flag == 1.0 else None
-        decision = decide_save(self.schedule, step, agreed.time_due, best_metric, self._best)
+        decision = save_decision(self.schedule, step, agreed.time_due, best_metric, self._best)
         if self._integrity.due(step):  # collective: every rank passes the same step
             self._check_integrity(step, objects)
         if self._fast is not None and self._fast.config.due(step):
@@ -569,9 +569,9 @@ class Checkpointer:
         )
         self._record_run_config(entries, record)
 
-    def _decide(self, coord: _dist.Coordinator) -> dict[str, Any]:
+    def _resume_decision(self, coord: _dist.Coordinator) -> dict[str, Any]:
         """Collective: the resume decision (the one peek() took, if it did)."""
-        decision = self._peeked or self._sources.decide(coord, self._restored_once)
+        decision = self._peeked or self._sources.resume_decision(coord, self._restored_once)
         if decision.get("error"):
             raise CheckpointError(f"restore: {decision['error']}")
         return decision

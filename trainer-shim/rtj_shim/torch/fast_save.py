@@ -341,7 +341,7 @@ def pinned_fast_step(resume_file: Path, restored_once: bool) -> tuple[int, str |
     return step, pinned if isinstance(pinned, str) else None
 
 
-def decide(
+def fast_resume(
     tier: FastTier | None, resume_file: Path, restored_once: bool, coord: _dist.Coordinator
 ) -> tuple[dict[str, Any] | None, list[tuple[int, str]]]:
     """Collective: this rank's decision to resume from the fast tier (None: not from it),

@@ -1,6 +1,6 @@
 """Restore: which step to resume, loading every rank's part of it, applying it.
 
-Rank 0 takes the resume decision (:func:`decide`: the init container's ``resume.json`` in
+Rank 0 takes the resume decision (:func:`durable_resume`: the init container's ``resume.json`` in
 the pod's first incarnation or, failing that, deep resolution of the newest verified
 step) and the Checkpointer broadcasts it with the manifest. Every rank then loads its part
 (:class:`StepLoader`) and reports; a rank that cannot load fails the restore on every
@@ -50,7 +50,9 @@ log = logging.getLogger("rtj_shim.torch")
 # ====================================================================== the decision
 
 
-def decide(store: CheckpointStore, resume_file: Path, restored_once: bool) -> dict[str, Any]:
+def durable_resume(
+    store: CheckpointStore, resume_file: Path, restored_once: bool
+) -> dict[str, Any]:
     """Rank 0: which step to resume, and why the newer ones were skipped."""
     try:
         pinned = pinned_step(store, resume_file, restored_once)
@@ -185,16 +187,16 @@ class ResumeSources:
         self.durable = loader(store)
         self.fast_loader = None if fast is None else loader(fast.store)
 
-    def decide(self, coord: _dist.Coordinator, restored_once: bool) -> dict[str, Any]:
+    def resume_decision(self, coord: _dist.Coordinator, restored_once: bool) -> dict[str, Any]:
         """Collective: every rank's own decision from the fast tier, or rank 0's from the
         durable store with the fast step skipped and why (every rank gets it)."""
-        fast, skipped = fast_save.decide(self.fast, self.resume_file, restored_once, coord)
+        fast, skipped = fast_save.fast_resume(self.fast, self.resume_file, restored_once, coord)
         if fast is not None:
             problem = coord.broadcast(claim_problem(self.claim) if coord.rank == 0 else None)
             return fast if problem is None else {"error": f"claiming the run: {problem}"}
         decision = None
         if coord.rank == 0:
-            decision = decide(self.durable.store, self.resume_file, restored_once)
+            decision = durable_resume(self.durable.store, self.resume_file, restored_once)
             if skipped and "skipped" in decision:
                 decision["skipped"] = [*skipped, *decision["skipped"]]
             if "error" not in decision and (problem := claim_problem(self.claim)):

@@ -95,7 +95,7 @@ class Decision:
     why: str  # "steps", "time", "improved" (comma-separated when several), or ""
 
 
-def decide(
+def save_decision(
     schedule: Schedule, step: int, time_due: bool, metric: float | None, best: Best | None
 ) -> Decision:
     reasons = []
