@@ -263,8 +263,9 @@ class ResilientTrainingJobSpec(ApiModel):
         "validation (kubectl's default) and dropped otherwise, a wrongly typed one is refused. "
         "May change only while the job is suspended. The operator fills only what it leaves "
         "unset, and keeps every explicit value: automountServiceAccountToken false; pod "
-        "seccompProfile RuntimeDefault; pod runAsNonRoot true unless the pod or any container "
-        "sets runAsUser or runAsNonRoot (a root image needs runAsUser: 0); per container "
+        "seccompProfile RuntimeDefault; no runAsNonRoot (a root image runs as root; where the "
+        "namespace's Pod Security is restricted set spec.template.spec.securityContext."
+        "runAsNonRoot true and a non-root runAsUser); per container "
         "allowPrivilegeEscalation false unless privileged or adding CAP_SYS_ADMIN, and "
         "capabilities.drop [ALL] unless it sets capabilities, is privileged or runs as root "
         "by choice (docs/operations.md).",

@@ -5,14 +5,13 @@ Many GPU images run as root (the NGC PyTorch images have no `USER`), RDMA needs
 `IPC_LOCK`, and some trainers call the Kubernetes API. So:
 
 - **Pod.** `automountServiceAccountToken: false` unless the template sets it (an explicit
-  true is kept). `seccompProfile: RuntimeDefault` unless set. `runAsNonRoot: true` only when
-  the template says nothing about who the pod runs as: neither the pod nor any of the user's
-  containers or init containers sets `runAsUser` or `runAsNonRoot` (a pod-level
-  runAsNonRoot would veto a container's explicit `runAsUser: 0`: the kubelet refuses a
-  container whose runAsUser breaks the non-root policy). A root image with no word about
-  identity therefore fails to start with the kubelet's "container has runAsNonRoot and image
-  will run as root" (a ConfigError naming the container): say `runAsUser: 0` (or
-  `runAsNonRoot: false`) to run it.
+  true is kept). `seccompProfile: RuntimeDefault` unless set. No `runAsNonRoot` unless the
+  template sets it: the operator cannot see the namespace's Pod Security level, and a pod
+  that says nothing about identity runs as its image's user, so the common root images (NGC
+  PyTorch, most Hugging Face images) start on day one. In a namespace whose Pod Security
+  is `restricted`, the API server refuses such a pod; set
+  `spec.template.spec.securityContext.runAsNonRoot: true` (and a non-root
+  `spec.template.spec.securityContext.runAsUser` for a root image) to run there.
 - **The user's containers.** `allowPrivilegeEscalation: false` unless set, or the container
   is privileged or adds CAP_SYS_ADMIN (the API server refuses false with either:
   kubernetes `pkg/apis/core/validation/validation.go`, ValidateSecurityContext).
@@ -31,7 +30,9 @@ Many GPU images run as root (the NGC PyTorch images have no `USER`), RDMA needs
   65532 when the user chose root for the trainer (a restricted container cannot run as
   root; the kubelet makes the termination-message file writable by any user, mode 0666 in
   `pkg/kubelet/kuberuntime/kuberuntime_container.go`, and the resume volume is an emptyDir).
-  Otherwise they inherit the pod's user, as before.
+  When neither the trainer container nor the pod names a user, they run as 65532 too (the
+  image's user may be root, which their runAsNonRoot would refuse); when the pod names a
+  non-root uid they inherit it.
 """
 
 from __future__ import annotations
@@ -87,17 +88,12 @@ def service_account_token(pod_spec: Mapping[str, Any]) -> bool:
 
 
 def pod_security_context(pod_sc: object, user_containers: Iterable[Mapping[str, Any]]) -> Obj:
-    """The pod's securityContext: the user's, with seccomp RuntimeDefault and runAsNonRoot
-    true added only where the user said nothing (see the module docstring)."""
+    """The pod's securityContext: the user's, with seccomp RuntimeDefault added where unset.
+    No runAsNonRoot is added (see the module docstring); `user_containers` are kept in the
+    signature for callers that pass them."""
+    del user_containers
     chosen = _context(pod_sc)
-    out: Obj = {}
-    silent = not says_identity(chosen) and not any(
-        says_identity(c.get("securityContext")) for c in user_containers
-    )
-    if silent:
-        out["runAsNonRoot"] = True
-    out["seccompProfile"] = {"type": "RuntimeDefault"}
-    return {**out, **copy.deepcopy(chosen)}
+    return {"seccompProfile": {"type": "RuntimeDefault"}, **copy.deepcopy(chosen)}
 
 
 def user_container_security(container_sc: object, pod_sc: object) -> Obj:
@@ -125,6 +121,27 @@ def operator_container_security(current: object, trainer: Mapping[str, Any], pod
     uid = trainer_sc.get("runAsUser")
     if isinstance(uid, int) and not isinstance(uid, bool) and uid > 0:
         out["runAsUser"] = uid  # the trainer's own user: it reads what the trainer wrote
-    elif runs_as_root_by_choice(trainer_sc, pod_sc):
+    elif runs_as_root_by_choice(trainer_sc, pod_sc) or not _names_user(trainer_sc, pod_sc):
         out["runAsUser"] = NONROOT_UID
     return out
+
+
+def _names_user(trainer_sc: Obj, pod_sc: object) -> bool:
+    """The trainer or the pod chose who runs (so the image's user is not all we know)."""
+    return says_identity(trainer_sc) or says_identity(_context(pod_sc))
+
+
+ROOT_FIX = (
+    "set spec.template.spec.securityContext.runAsNonRoot: true and a non-root "
+    "spec.template.spec.securityContext.runAsUser (e.g. 1000) for an image that runs as root, "
+    "or run the job in a namespace whose Pod Security level allows root"
+)
+"""What to change when a pod is refused for running as root (the fields, by path)."""
+
+_ROOT_REFUSALS = ("runAsNonRoot != true", "image will run as root", "runAsUser=0")
+
+
+def root_refusal_hint(message: str) -> str | None:
+    """ROOT_FIX when a kubelet or Pod Security admission message refuses a pod for running
+    as root (or for not saying runAsNonRoot under `restricted`); None otherwise."""
+    return ROOT_FIX if any(word in message for word in _ROOT_REFUSALS) else None

@@ -20,6 +20,7 @@ from rtj_operator.policy import runtime_words, text
 from rtj_operator.policy.findings import CONTROL_PLANE, KUBELET, TRAINER, Finding, iso, who
 from rtj_operator.policy.init_result import parse_init_result
 from rtj_operator.policy.observed import EventView, PodView, Termination, Waiting, first_line
+from rtj_operator.policy.pod_security import root_refusal_hint
 
 C = FailureClass
 CONFIG_ERROR_GRACE = timedelta(seconds=120)
@@ -225,6 +226,8 @@ def waiting(pod: PodView, ctx: PodContext) -> list[Finding]:
             cls, why = _pull_failure(pod, w, ctx)
         elif stuck and w.reason in _CONFIG_WAITING:
             cls, why = C.CONFIG_ERROR, "its configuration cannot be satisfied"
+            if hint := root_refusal_hint(w.message or ""):
+                why = f"{why}: {hint}"
         else:
             continue
         found.append(

@@ -330,3 +330,9 @@ def test_read_once_reads_an_object_once_and_a_new_object_afresh() -> None:
     small = ReadOnce(limit=2)
     views = [small.pod({**pod}) for _ in range(5)]  # past its limit it starts again: bounded
     assert len(small._pods) <= 2 and all(v == views[0] for v in views)
+
+
+def test_a_root_image_refused_by_the_kubelet_names_the_fields_to_change() -> None:
+    result = _classify(_case("config_error_runs_as_root"))
+    assert result is not None and result.failure_class is C.CONFIG_ERROR
+    assert "spec.template.spec.securityContext.runAsUser" in result.evidence[0], result.evidence

@@ -9,6 +9,7 @@ import pytest
 from rtj_test_support import NOW, job_body
 
 from rtj_operator.api import FailureClass, QuarantinedNode, ResilientTrainingJob
+from rtj_operator.policy.pod_security import root_refusal_hint
 from rtj_operator.policy.render import (
     master_addr,
     quarantine_taint,
@@ -184,7 +185,7 @@ def test_pod_hardening_and_termination_messages() -> None:
     spec = pod["spec"]
     assert spec["automountServiceAccountToken"] is False
     assert spec["terminationGracePeriodSeconds"] == 135
-    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert "runAsNonRoot" not in spec["securityContext"], "a root image must start as written"
     trainer = spec["containers"][0]
     assert trainer["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert trainer["securityContext"]["allowPrivilegeEscalation"] is False
@@ -287,12 +288,13 @@ def _ours(pod: dict[str, Any]) -> list[dict[str, Any]]:
     return [c for c in pod["initContainers"] if c["name"] in ("rtj-resume", "rtj-progress")]
 
 
-def test_a_template_that_says_nothing_gets_the_restricted_defaults() -> None:
+def test_a_template_that_says_nothing_runs_as_its_images_user() -> None:
+    """No injected runAsNonRoot (the operator cannot see the namespace's Pod Security): a
+    root image (NGC, Hugging Face) starts as written; the operator's containers, which
+    must stay restricted, run as 65532 since the image's user may be root."""
     pod = _rendered({})
     assert pod["automountServiceAccountToken"] is False
-    assert pod["securityContext"] == {
-        "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"},
-    }  # fmt: skip
+    assert pod["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
     # no container-level runAsNonRoot or seccomp: the container inherits the pod's
     assert pod["containers"][0]["securityContext"] == {
         "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
@@ -301,7 +303,35 @@ def test_a_template_that_says_nothing_gets_the_restricted_defaults() -> None:
     for c in _ours(pod):
         sc = c["securityContext"]
         assert sc["runAsNonRoot"] is True and sc["allowPrivilegeEscalation"] is False
-        assert sc["capabilities"] == {"drop": ["ALL"]} and "runAsUser" not in sc
+        assert sc["capabilities"] == {"drop": ["ALL"]} and sc["runAsUser"] == 65532
+
+
+def test_a_template_for_a_restricted_namespace_keeps_its_non_root_choice() -> None:
+    """Where the namespace requires restricted, the template says runAsNonRoot true (and a
+    non-root uid): kept as written, and the operator's containers inherit the pod's user."""
+    pod = _rendered({"securityContext": {"runAsNonRoot": True, "runAsUser": 1000}})
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True, "runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"},
+    }  # fmt: skip
+    assert pod["containers"][0]["securityContext"] == {
+        "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+    }  # fmt: skip
+    for c in _ours(pod):
+        assert c["securityContext"]["runAsNonRoot"] is True
+        assert "runAsUser" not in c["securityContext"], "inherits the pod's uid 1000"
+
+
+def test_a_root_refusal_names_the_fields_to_change() -> None:
+    for message in (
+        'violates PodSecurity "restricted:latest": runAsNonRoot != true (pod or container '
+        '"trainer" must set securityContext.runAsNonRoot=true)',
+        "container has runAsNonRoot and image will run as root (pod: w-0, container: trainer)",
+    ):
+        hint = root_refusal_hint(message)
+        assert hint is not None
+        assert "spec.template.spec.securityContext.runAsNonRoot" in hint
+        assert "spec.template.spec.securityContext.runAsUser" in hint
+    assert root_refusal_hint("exceeded quota: compute-resources") is None
 
 
 def test_an_explicit_service_account_token_is_kept() -> None:
