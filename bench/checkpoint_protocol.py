@@ -55,7 +55,7 @@ from bench.checkpoint_protocol_s3 import bench_s3
 from bench.checkpoint_protocol_sources import QUICK_SHAPES, SHAPES, make_sources, rmtree
 from bench.checkpoint_protocol_timing import machine_context, print_context
 from bench.common import BENCH_DIR
-from rtj_shim.storage.filesystem import FilesystemStore
+from rtj_shim.checkpoint.storage.filesystem import FilesystemStore
 
 VERIFY_SHAPE = 1  # index of the shape whose published step section 2 verifies
 SECTIONS = ("fs", "verify", "commit", "memory", "s3")

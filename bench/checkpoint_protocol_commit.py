@@ -21,9 +21,9 @@ from bench.checkpoint_protocol_report import Report, Row, fmt_ms, fmt_s
 from bench.checkpoint_protocol_sources import RUN_ID, Shape, rmtree
 from bench.checkpoint_protocol_timing import RUN_LOG, busy_note, timed
 from bench.common import REPO, KiB, MiB, fsync_path, loadavg_text, med, quiesce
-from rtj_shim.manifest import Manifest, committed_marker, encode_manifest, utc_now
-from rtj_shim.protocol import CommitProtocol
-from rtj_shim.storage.filesystem import FilesystemStepWriter, FilesystemStore
+from rtj_shim.checkpoint.manifest import Manifest, committed_marker, encode_manifest, utc_now
+from rtj_shim.checkpoint.protocol import CommitProtocol
+from rtj_shim.checkpoint.storage.filesystem import FilesystemStepWriter, FilesystemStore
 
 N_FILES = 8  # tiny shards of the commit benchmark
 
@@ -152,8 +152,8 @@ MEMORY_CHILD = textwrap.dedent(
     """
     import json, sys, time
     from pathlib import Path
-    from rtj_shim.protocol import CommitProtocol
-    from rtj_shim.storage.filesystem import FilesystemStore
+    from rtj_shim.checkpoint.protocol import CommitProtocol
+    from rtj_shim.checkpoint.storage.filesystem import FilesystemStore
 
     def hwm():
         with open("/proc/self/status") as fh:

@@ -13,10 +13,10 @@ from bench.checkpoint_protocol_report import Report, Row, fmt_s, fmt_size
 from bench.checkpoint_protocol_sources import RUN_ID, Shape, rmtree, warm
 from bench.checkpoint_protocol_timing import RUN_LOG, Usage, last_usage, summarize, timed
 from bench.common import MiB, fsync_path, loadavg_text, med, sha256_file
-from rtj_shim.protocol import CommitProtocol
-from rtj_shim.storage.filesystem import FilesystemStore
-from rtj_shim.verification import Depth
-from rtj_shim.verifier import verify_step
+from rtj_shim.checkpoint.protocol import CommitProtocol
+from rtj_shim.checkpoint.storage.filesystem import FilesystemStore
+from rtj_shim.checkpoint.verification import Depth
+from rtj_shim.checkpoint.verifier import verify_step
 
 PUBLISH_MAX_RATIO = 1.3
 VERIFY_MIN_SPEEDUP = 1.7

@@ -17,7 +17,7 @@ from bench.checkpoint_protocol_report import Report, Row, fmt_s, fmt_size
 from bench.checkpoint_protocol_sources import Shape
 from bench.checkpoint_protocol_timing import RUN_LOG, busy_note
 from bench.common import REPO, KiB, MiB, loadavg_text, med, quiesce
-from rtj_shim.storage.s3_upload import DEFAULT_CONCURRENCY, DEFAULT_PART_BYTES
+from rtj_shim.checkpoint.storage.s3_upload import DEFAULT_CONCURRENCY, DEFAULT_PART_BYTES
 
 S3_CHILD = textwrap.dedent(
     """
@@ -32,8 +32,8 @@ S3_CHILD = textwrap.dedent(
             return [int(line.split()[1]) for line in fh if line.startswith("VmHWM:")][0]
 
     if mode == "publish":
-        from rtj_shim.protocol import CommitProtocol
-        from rtj_shim.storage.s3 import S3Store
+        from rtj_shim.checkpoint.protocol import CommitProtocol
+        from rtj_shim.checkpoint.storage.s3 import S3Store
 
         store = S3Store(bucket, prefix, part_size=part, concurrency=concurrency)
         protocol = CommitProtocol(store, run_id="bench-s3", attempt="0", retention=None)

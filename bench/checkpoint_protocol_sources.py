@@ -13,7 +13,7 @@ from pathlib import Path
 
 from bench.checkpoint_protocol_report import Report, fmt_size
 from bench.common import GiB, MiB, fsync_path
-from rtj_shim.storage.base import CHUNK_BYTES
+from rtj_shim.checkpoint.storage.base import CHUNK_BYTES
 
 RUN_ID = "bench-run"
 SOURCE_BLOCK = 64 * MiB  # random bytes written once and repeated to build large sources

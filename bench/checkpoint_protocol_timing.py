@@ -18,7 +18,7 @@ from typing import Any
 
 from bench.checkpoint_protocol_report import Report, fmt_s
 from bench.common import GiB, KiB, MiB, med, mount_of, quiesce
-from rtj_shim.storage.base import CHUNK_BYTES
+from rtj_shim.checkpoint.storage.base import CHUNK_BYTES
 
 BUSY_CPUS = 0.5  # other load (in CPUs) above which a section gets a "machine was busy" note
 

@@ -50,7 +50,7 @@ def component(argv: Sequence[str], waiting: bool = False) -> str | None:
     if "supervise" in argv and any("rtj-shim" in w for w in words[:3]):
         return "rtj-shim supervise"
     if "ddp_train.py" in joined:  # the trainer, directly or handed to a warm standby
-        if "rtj_shim.preload" not in argv:
+        if "rtj_shim.agent.preload" not in argv:
             return "trainer"
         return WAITING if waiting else WARM_TRAINER
     if "rtj_operator" in joined:

@@ -33,11 +33,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from rtj_shim import fast_tier
-from rtj_shim.control import job_key, write_json
-from rtj_shim.peer_pull import PeerClient, ReplicaPuller, copy_step, fetch_back
-from rtj_shim.peer_replica import PEER_DIR, SOURCE_FILE, Assignment
-from rtj_shim.progress_cli import ENV_CONTROL_KEY, ENV_JOB_UID
+from rtj_shim.agent.progress_cli import ENV_CONTROL_KEY, ENV_JOB_UID
+from rtj_shim.fast import fast_tier
+from rtj_shim.fast.peer_pull import PeerClient, ReplicaPuller, copy_step, fetch_back
+from rtj_shim.fast.peer_replica import PEER_DIR, SOURCE_FILE, Assignment
+from rtj_shim.wire.control import job_key, write_json
 
 JOB_UID = "bench-fast-tier-buddy"
 KEY = job_key(b"bench.fast_tier", JOB_UID)

@@ -300,7 +300,7 @@ def markdown(results: list[SizeResult], context: dict[str, Any]) -> str:
         out.append("")
     if any(r.s3_drain_s for r in results):
         out.append(
-            "The newest fast step drained into that S3 server (`rtj_shim.drain`: its files "
+            "The newest fast step drained into that S3 server (`rtj_shim.fast.drain`: its files "
             "read from the fast tier, hashed while uploaded, checked against its manifest, one "
             "publish under the commit protocol; a world of one, so every file is this pod's; "
             "a fresh root each time): "

@@ -28,12 +28,12 @@ from bench.fast_tier_results import (
     fmt_s,
 )
 from bench.torch_models import Trainer
-from rtj_shim.drain import drain_step
-from rtj_shim.fast_tier import holdings, rank_store
-from rtj_shim.layout import MANIFEST_FILE, step_key
-from rtj_shim.manifest import decode_manifest
-from rtj_shim.protocol import CommitProtocol
-from rtj_shim.storage import open_store
+from rtj_shim.checkpoint.layout import MANIFEST_FILE, step_key
+from rtj_shim.checkpoint.manifest import decode_manifest
+from rtj_shim.checkpoint.protocol import CommitProtocol
+from rtj_shim.checkpoint.storage import open_store
+from rtj_shim.fast.drain import drain_step
+from rtj_shim.fast.fast_tier import holdings, rank_store
 from rtj_shim.torch import Checkpointer, SaveReport
 
 
@@ -60,7 +60,7 @@ def s3_server(work: Path) -> Iterator[tuple[str, Any]]:
 
 
 def drain_fast_step(fast_root: Path, step: int, root: str) -> None:
-    """Publish the fast step as a durable step in ``root`` (``rtj_shim.drain``; this pod
+    """Publish the fast step as a durable step in ``root`` (``rtj_shim.fast.drain``; this pod
     holds every rank of a world of one, so no peer is asked)."""
     raw = rank_store(fast_root, 0).read(step_key(step, MANIFEST_FILE))
     assert raw is not None, f"fast step {step} has no manifest"

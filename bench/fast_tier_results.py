@@ -69,7 +69,7 @@ class SizeResult:
     restores: dict[str, list[float]] = field(default_factory=dict)  # RESTORES
     load: tuple[float, float] = (0.0, 0.0)  # 1-minute load average before and after
     s3_save_s: list[float] = field(default_factory=list)
-    s3_drain_s: list[float] = field(default_factory=list)  # rtj_shim.drain of the fast step
+    s3_drain_s: list[float] = field(default_factory=list)  # rtj_shim.fast.drain of the fast step
     replica_copy_s: list[float] = field(default_factory=list)  # the holder's pull_once
     buddy_bytes: int = 0  # the bytes one copy-back moved (the step's shards)
     notes: list[str] = field(default_factory=list)

@@ -14,7 +14,7 @@ import torch
 from bench.common import quiesce, timed
 from bench.fast_tier_results import FAST_EVERY, FAST_KEEP, METHODS, SizeResult, fmt_s
 from bench.torch_models import Trainer
-from rtj_shim.fast_tier import holdings
+from rtj_shim.fast.fast_tier import holdings
 from rtj_shim.torch import Checkpointer, SaveReport
 
 MAX_OVERLAP = 64  # steps trained at most while one background save is in flight

@@ -2,7 +2,7 @@
 benches measured, what is assumed, each named with where it comes from. The fast tier's
 terms are medians of bench/results/fast-tier.md at its largest model, projected per byte to
 `RANK_STATE_BYTES` (`per_byte`); the peer replica's copies run `COPY_STREAMS` ranks of a pod
-at once, as `rtj_shim.peer_pull` does (`copy_rounds`).
+at once, as `rtj_shim.fast.peer_pull` does (`copy_rounds`).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from rtj_shim import peer_pull
+from rtj_shim.fast import peer_pull
 
 LLAMA3_INTERRUPTIONS = 419
 LLAMA3_DAYS = 54
@@ -181,7 +181,7 @@ S3_RESTORE_MEASURED = 1.37
 (1.35 s in the run before). What the previous version of this model assumed each rank's
 copy took, the ranks one after another (9.18 s a rank x 8 = 73.4 s a pod)."""
 COPY_STREAMS = peer_pull.COPY_STREAMS
-"""Ranks a sidecar copies at once (`rtj_shim.peer_pull.COPY_STREAMS`, 4): both the holder's
+"""Ranks a sidecar copies at once (`rtj_shim.fast.peer_pull.COPY_STREAMS`, 4): both the holder's
 copy and the copy-back run a pod's ranks in rounds of this many."""
 
 

@@ -232,7 +232,7 @@ def _fast_tier_terms(own: Stack, peer: Stack, rate: float) -> list[str]:
         "before); with a peer replica, from the fast step its holder copied (below).",
         f"- **Copy-back** (a replaced pod, from the pod holding its replica): its sidecar "
         f"copies the pinned step of its {RANKS_PER_POD} ranks back over HTTP "
-        f"(`rtj_shim.peer_pull.fetch_back`), hashing as it writes, before the trainers start, "
+        f"(`rtj_shim.fast.peer_pull.fetch_back`), hashing as it writes, before the trainers start, "
         f"{COPY_STREAMS} ranks at a time (`COPY_STREAMS`): ⌈{RANKS_PER_POD} / {COPY_STREAMS}⌉ "
         f"= {rounds} rounds. Measured (bench/results/fast-tier.md, section 2, from a buddy): "
         f"one rank's copy-back of {MEASURED_STATE / 2**20:.1f} MiB between two sidecars on "

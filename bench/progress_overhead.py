@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from rtj_shim import progress as module
+from rtj_shim.agent.progress_report import report
 from rtj_shim.progress import Progress
-from rtj_shim.progress_report import report
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH_DIR = REPO / ".bench"

@@ -9,19 +9,19 @@ own order checks and supervisor decisions.
 - The pods come from a watch of the namespace (`scale_probes.RawWatch`): the address, the
   job's control key and uid from the sidecar's environment (as the real sidecar reads them),
   a spare (``RTJ_SPARE=1``) or a replacement (`job-index-failure-count` > 0) held.
-- ``POST /control``: `rtj_shim.control.accept` (signature, job, not older than the last),
+- ``POST /control``: `rtj_shim.wire.control.accept` (signature, job, not older than the last),
   403 with the reason, like the sidecar; else at once (the sidecar rings the supervisor's
-  doorbell, `rtj_shim.doorbell`) `rtj_shim.supervisor.next_action` on the pod's state:
+  doorbell, `rtj_shim.agent.doorbell`) `rtj_shim.agent.supervisor.next_action` on the pod's state:
   stop, start (with the rank an order gives), finish, with nothing to wait for (a trainer
   that stops and starts in no time: what is measured is the control plane), and 202 with
   the pod's report after it, as the sidecar answers once its supervisor took the order. A
   real stop answers ``stopping`` (the trainer's processes take their time to end) and is
   read back in a later round; here it answers ``stopped``.
 - ``GET /progress``: the sidecar's body with no ranks and the supervisor's report, the
-  fields `rtj_shim.supervisor` writes; for a pod rendered with ``RTJ_SIGNED_READS=1`` only
-  when signed with its job's key (`rtj_shim.peer_replica.check_request`, as the sidecar
+  fields `rtj_shim.agent.supervisor` writes; for a pod rendered with ``RTJ_SIGNED_READS=1`` only
+  when signed with its job's key (`rtj_shim.fast.peer_replica.check_request`, as the sidecar
   checks it), else 403. A pod rendered with ``RTJ_SEALED_ANSWERS=1`` seals its answers to
-  a read or an order carrying a nonce with its name and attempt (`rtj_shim.answer_seal`),
+  a read or an order carrying a nonce with its name and attempt (`rtj_shim.wire.answer_seal`),
   as the sidecar does.
 - Commands from the bench over a pipe: ``("exit", pod, code)`` (the pod's command exits),
   ``("stats",)`` (requests served, orders taken, and when the last pod started each
@@ -47,9 +47,10 @@ from typing import Any
 from bench.scale_probes import RawWatch
 from e2e.cluster.kube import Kube as HarnessKube
 from rtj_operator.api import keys
-from rtj_shim import answer_seal, control, peer_replica
-from rtj_shim.progress_server import KEEP_ALIVE_IDLE_S
-from rtj_shim.supervisor import Supervised, next_action
+from rtj_shim.agent.progress_server import KEEP_ALIVE_IDLE_S
+from rtj_shim.agent.supervisor import Supervised, next_action
+from rtj_shim.fast import peer_replica
+from rtj_shim.wire import answer_seal, control
 
 HEAD = (
     b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"

@@ -71,9 +71,9 @@ from bench.common import (
     sha256_file,
 )
 from bench.torch_models import WIDTH, linear_stack, state_bytes, train_step
-from rtj_shim.layout import StepDirName
-from rtj_shim.resolver import resolve
-from rtj_shim.storage import open_store
+from rtj_shim.checkpoint.layout import StepDirName
+from rtj_shim.checkpoint.resolver import resolve
+from rtj_shim.checkpoint.storage import open_store
 from rtj_shim.torch import Checkpointer
 
 SAVE_MAX_RATIO = 1.15

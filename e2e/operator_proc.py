@@ -326,8 +326,8 @@ def running_pods(
 
 def publish_steps(uri: str, steps: list[int], tmp: Path, run_id: str) -> None:
     """Publish real checkpoint steps through the shim's protocol (the trainer's side)."""
-    from rtj_shim.protocol import CommitProtocol
-    from rtj_shim.storage import open_store
+    from rtj_shim.checkpoint.protocol import CommitProtocol
+    from rtj_shim.checkpoint.storage import open_store
 
     for step in steps:
         src = tmp / f"ckpt-src-{step}"

@@ -51,7 +51,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from rtj_shim import progress
-from rtj_shim.storage import open_store
+from rtj_shim.checkpoint.storage import open_store
 from rtj_shim.torch import Checkpointer, ResumableSampler, SaveReport, init_process_group
 
 DIM = 16

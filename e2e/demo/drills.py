@@ -27,7 +27,7 @@ from e2e.operator_proc import REPO, SINGLE_REPLICA_LEASE, wait_for
 from e2e.podrunner.pod import kill_tree
 from e2e.podrunner.runner import descendants
 from rtj_operator.api import keys
-from rtj_shim.control import STATE_FILE
+from rtj_shim.wire.control import STATE_FILE
 
 RANK_LABEL = "batch.kubernetes.io/job-completion-index"
 
@@ -126,9 +126,9 @@ def is_trainer(pid: int) -> bool:
 
 
 def waiting_standby(pid: int, cmdline: bytes) -> bool:
-    """A `rtj_shim.preload` standby reads its generation from a pipe on stdin; once handed
+    """A `rtj_shim.agent.preload` standby reads its generation from a pipe on stdin; once handed
     over, its stdin is /dev/null (and it is the trainer). `cmdline`: its /proc cmdline."""
-    if b"rtj_shim.preload" not in cmdline:
+    if b"rtj_shim.agent.preload" not in cmdline:
         return False
     try:
         return os.readlink(f"/proc/{pid}/fd/0").startswith("pipe:")

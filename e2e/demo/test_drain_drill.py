@@ -26,10 +26,10 @@ import pytest
 
 from e2e.demo import drills, story
 from e2e.operator_proc import wait_for
-from rtj_shim.layout import MANIFEST_FILE, step_key
-from rtj_shim.manifest import decode_manifest
-from rtj_shim.storage import open_store
-from rtj_shim.storage.base import CheckpointStore
+from rtj_shim.checkpoint.layout import MANIFEST_FILE, step_key
+from rtj_shim.checkpoint.manifest import decode_manifest
+from rtj_shim.checkpoint.storage import open_store
+from rtj_shim.checkpoint.storage.base import CheckpointStore
 
 JOB = "drill-drain"
 STEPS, SAVE_EVERY, FAST_EVERY, DRAIN_EVERY = 600, 300, 5, 20

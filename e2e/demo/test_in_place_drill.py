@@ -30,9 +30,9 @@ from e2e.cluster.testenv import TestNamespace
 from e2e.demo import drills, story
 from e2e.operator_proc import wait_for
 from rtj_operator.api import keys
-from rtj_shim import fast_tier
-from rtj_shim.control import ORDER_FILE
-from rtj_shim.peer_replica import PEER_DIR
+from rtj_shim.fast import fast_tier
+from rtj_shim.fast.peer_replica import PEER_DIR
+from rtj_shim.wire.control import ORDER_FILE
 
 pytestmark = [pytest.mark.demo, pytest.mark.timeout(900)]
 

@@ -27,7 +27,7 @@ import pytest
 from e2e.demo import drills, story
 from e2e.operator_proc import wait_for
 from rtj_operator.api import keys
-from rtj_shim.control import ORDER_FILE
+from rtj_shim.wire.control import ORDER_FILE
 
 pytestmark = [pytest.mark.demo, pytest.mark.timeout(900)]
 

@@ -44,7 +44,7 @@ from kubernetes.client.exceptions import ApiException
 
 # a container's processes are its tree (torchrun's workers run in sessions of their own),
 # found as the supervisor finds them
-from rtj_shim.supervisor import descendants
+from rtj_shim.agent.supervisor import descendants
 
 from .podip import NoPodIP
 from .spec import LocalProcess, PodNotRunnable, plan_pod

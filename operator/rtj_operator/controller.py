@@ -46,7 +46,7 @@ from rtj_operator.store_reads import (
     StoreReads,
 )
 from rtj_operator.work_queue import WorkQueue
-from rtj_shim.control import job_key
+from rtj_shim.wire.control import job_key
 
 MAX_RTJ_TOMBSTONES = 10_000
 """Deleted jobs remembered (by uid) so a late LIST cannot bring one back."""

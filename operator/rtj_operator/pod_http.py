@@ -5,14 +5,14 @@ connection kept per pod across the poller's rounds (`SidecarConnections`).
 Why kept connections and one watchdog: at 1,250 pods a round that opened a connection and
 started a timer thread per pod cost the operator ~1.4 CPU-seconds (bench.poll_round), more
 than a 1 s poll period; the sidecar serves HTTP/1.1 and keeps a connection open while it is
-used (`rtj_shim.progress_server.KEEP_ALIVE_IDLE_S` idle), so the next round reuses it.
+used (`rtj_shim.agent.progress_server.KEEP_ALIVE_IDLE_S` idle), so the next round reuses it.
 
 Every read of a job that has a control key is signed with it (`progress_headers`: the
-request signature the sidecars sign ``GET /fast-tier/...`` with, `rtj_shim.peer_replica`): a
+request signature the sidecars sign ``GET /fast-tier/...`` with, `rtj_shim.fast.peer_replica`): a
 sidecar rendered with ``RTJ_SIGNED_READS`` answers nobody else; an older one ignores the
 headers. Where the pod was rendered to seal its answers (`Answerer`: its name and attempt),
 the read and every message carry a fresh nonce and an answer counts only with the pod's
-seal over it (`rtj_shim.answer_seal`): whatever answers at a reused pod IP is not the pod.
+seal over it (`rtj_shim.wire.answer_seal`): whatever answers at a reused pod IP is not the pod.
 """
 
 from __future__ import annotations
@@ -32,17 +32,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from rtj_operator.reconcile.world import PollMessage
-from rtj_shim import answer_seal
-from rtj_shim.answer_seal import Answerer
-from rtj_shim.control import SIGNATURE_HEADER
-from rtj_shim.peer_replica import request_headers
+from rtj_shim.fast.peer_replica import request_headers
+from rtj_shim.wire import answer_seal
+from rtj_shim.wire.answer_seal import Answerer
+from rtj_shim.wire.control import SIGNATURE_HEADER
 
 PROGRESS_PATH = "/progress"
 MAX_BODY = 1 << 20
 """A progress body is ~1 KiB per rank (1,024 ranks at most per pod): 1 MiB bounds it."""
 IDLE_REUSE_SECONDS = 25.0
 """A kept connection idle longer than this is not used again: the sidecar drops one idle for
-`rtj_shim.progress_server.KEEP_ALIVE_IDLE_S` (30 s; an older sidecar after 5 s, which the
+`rtj_shim.agent.progress_server.KEEP_ALIVE_IDLE_S` (30 s; an older sidecar after 5 s, which the
 look before reuse sees as closed), and a request racing that close would fail for nothing."""
 STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
 """What a request on a kept connection the server has closed meets: asked again once, on a
@@ -118,7 +118,7 @@ def progress_headers(key: str | None, now: float) -> dict[str, str]:
 
 
 class Sealing:
-    """One request's nonce and the check of its answer's seal (`rtj_shim.answer_seal`):
+    """One request's nonce and the check of its answer's seal (`rtj_shim.wire.answer_seal`):
     nothing to check without the job's key or an `Answerer` (a pod rendered without
     sealing, or by an older operator)."""
 

@@ -18,7 +18,7 @@ next round.
 Before reading a pod the poller posts it the signed messages the plan names for it
 (`reconcile.pod_messages`: an in-place restart's order, a peer-replica assignment), so the
 answer already tells whether it took them; a restart order's own answer carries the pod's
-report once its supervisor took the order (`rtj_shim.progress_server`), which stands for the
+report once its supervisor took the order (`rtj_shim.agent.progress_server`), which stands for the
 read.
 """
 
@@ -51,7 +51,7 @@ from rtj_operator.pod_http import (
 from rtj_operator.policy import poll_budget
 from rtj_operator.policy import stragglers as rank_stragglers
 from rtj_operator.reconcile.world import CONTROL_PATH, PollMessage, PollTarget, RankReadings
-from rtj_shim.answer_seal import Answerer
+from rtj_shim.wire.answer_seal import Answerer
 
 log = logging.getLogger("rtj_operator.rank_polls")
 

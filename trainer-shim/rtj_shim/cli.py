@@ -14,17 +14,19 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from rtj_shim import output, progress_cli
+from rtj_shim import output
+from rtj_shim.agent import progress_cli
+from rtj_shim.checkpoint.layout import MAX_STEP, validate_attempt
+from rtj_shim.checkpoint.manifest import Framework
+from rtj_shim.checkpoint.protocol import CommitProtocol, StepMetadata
+from rtj_shim.checkpoint.pruning import prune
+from rtj_shim.checkpoint.resolver import describe_steps, resolve
+from rtj_shim.checkpoint.retention import RetentionPolicy
+from rtj_shim.checkpoint.storage import open_store
+from rtj_shim.checkpoint.verification import Depth, Share
+from rtj_shim.checkpoint.verifier import verify_step
 from rtj_shim.errors import Refused, ShimError, StoreError, UsageError
-from rtj_shim.layout import MAX_STEP, validate_attempt
-from rtj_shim.manifest import Framework
-from rtj_shim.protocol import CommitProtocol, StepMetadata
-from rtj_shim.pruning import prune
-from rtj_shim.resolver import describe_steps, resolve
-from rtj_shim.retention import RetentionPolicy
-from rtj_shim.storage import open_store
-from rtj_shim.verification import Depth, Share
-from rtj_shim.verifier import verify_step
+from rtj_shim.wire.resume_file import ResumeFile
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE, EXIT_STORE = 0, 1, 2, 3  # argparse also exits 2
 
@@ -205,7 +207,7 @@ def _resolve(args: argparse.Namespace) -> int:
         return _resolve_and_report(args)
     except (StoreError, UsageError) as exc:
         if args.termination_log is not None:
-            _write_termination_log(args.termination_log, {"error": str(exc)})
+            _write_termination_log(args.termination_log, ResumeFile(error=str(exc)).encode())
         raise
 
 
@@ -236,7 +238,7 @@ def _resolve_and_report(args: argparse.Namespace) -> int:
         print(f"rtj-shim: note: {resolution.hint_problem}", file=sys.stderr)
     for skipped in resolution.skipped:
         print(f"rtj-shim: skipped step {skipped.step}: {skipped.reason}", file=sys.stderr)
-    body = resolution.to_json()
+    body = ResumeFile.of_resolution(resolution).encode()
     if args.write is not None:
         write_atomically(args.write, (json.dumps(body, indent=2) + "\n").encode())
     if args.termination_log is not None:

@@ -2,7 +2,7 @@
 is in, for the operator's hang and straggler detection (docs/progress.md).
 
 Each rank writes a fixed-size record into ``$RTJ_PROGRESS_DIR/rank-NNNNN.progress``
-through a shared memory mapping (:mod:`rtj_shim.progress_record`): an update is a few
+through a shared memory mapping (:mod:`rtj_shim.wire.progress_record`): an update is a few
 stores, no system call, and the training thread never waits for anyone.
 ``rtj-shim progress-server`` (another process in the pod) reads the records and serves
 them, so a rank hung in a collective or stopped by SIGSTOP keeps being reported: its
@@ -62,7 +62,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import ParamSpec, TypeVar
 
-from rtj_shim.progress_record import (
+from rtj_shim.wire.progress_record import (
     RING,
     STATE_EXITED,
     STATE_RUNNING,

@@ -37,9 +37,9 @@ JOB_INDEX_FAILURE_COUNT: Final = "batch.kubernetes.io/job-index-failure-count"
 """Set by the Job controller on each pod of a Job with backoffLimitPerIndex: how often the
 pod's index failed before (kubernetes pkg/controller/job/indexed_job_utils.go, v1.35)."""
 ENV_INDEX_FAILURES: Final = "RTJ_INDEX_FAILURES"
-"""rtj_shim.supervisor.ENV_INDEX_FAILURES: > 0 marks a replacement pod, held until ordered."""
+"""rtj_shim.agent.supervisor.ENV_INDEX_FAILURES: > 0 marks a replacement pod, held until ordered."""
 ENV_SPARE: Final = "RTJ_SPARE"
-"""rtj_shim.supervisor.ENV_SPARE: "1" marks a warm spare, held until a run order names its
+"""rtj_shim.agent.supervisor.ENV_SPARE: "1" marks a warm spare, held until a run order names its
 rank."""
 JOBSET_NAME_LABEL: Final = "jobset.sigs.k8s.io/jobset-name"
 JOBSET_UID_LABEL: Final = "jobset.sigs.k8s.io/jobset-uid"
@@ -77,10 +77,10 @@ PEER_REPLICA_ANNOTATION: Final = "training.resilient.dev/peer-replica"
 only those are sent replica assignments (a pod rendered before has a read-only fast tier)."""
 CONTROL_VOLUME: Final = "rtj-control"
 CONTROL_DIR: Final = "/var/run/rtj-control"
-"""Restart orders and the supervisor's reports (spec.recovery.inPlace, rtj_shim.control)."""
+"""Restart orders and the supervisor's reports (spec.recovery.inPlace, rtj_shim.wire.control)."""
 FAST_TIER_VOLUME: Final = "rtj-fast-tier"
 FAST_TIER_DIR: Final = "/var/run/rtj-fast-tier"
-"""Each rank's fast-tier copies of its state (spec.checkpoint.fastTier, rtj_shim.fast_tier):
+"""Each rank's fast-tier copies of its state (spec.checkpoint.fastTier, rtj_shim.fast.fast_tier):
 a volume of its own, not under RESUME_DIR (mounted read-only in the trainer, where no mount
 point can be made)."""
 
@@ -109,10 +109,11 @@ ENV_CONTROL_DIR: Final = "RTJ_CONTROL_DIR"
 ENV_CONTROL_KEY: Final = "RTJ_CONTROL_KEY"
 ENV_JOB_UID: Final = "RTJ_JOB_UID"
 ENV_SIGNED_READS: Final = "RTJ_SIGNED_READS"
-"""``1``: the sidecar answers only reads signed with the job's key (rtj_shim.progress_server)."""
+"""``1``: the sidecar answers only reads signed with the job's key
+(rtj_shim.agent.progress_server)."""
 ENV_SEALED_ANSWERS: Final = "RTJ_SEALED_ANSWERS"
 """``1``: the sidecar seals its answers to the operator's nonce with its pod name and attempt
-(``RTJ_POD_NAME``, ``RTJ_POD_ATTEMPT``; rtj_shim.answer_seal), and the poller counts only
+(``RTJ_POD_NAME``, ``RTJ_POD_ATTEMPT``; rtj_shim.wire.answer_seal), and the poller counts only
 sealed answers from it."""
 ENV_POD_NAME: Final = "RTJ_POD_NAME"
 ENV_POD_ATTEMPT: Final = "RTJ_POD_ATTEMPT"
@@ -121,9 +122,9 @@ ENV_POD_IP: Final = "RTJ_POD_IP"
 ENV_FAST_TIER_DIR: Final = "RTJ_FAST_TIER_DIR"
 ENV_FAST_EVERY_STEPS: Final = "RTJ_FAST_EVERY_STEPS"
 ENV_FAST_KEEP: Final = "RTJ_FAST_KEEP"
-"""rtj_shim.fast_tier.ENV_DIR, ENV_EVERY_STEPS and ENV_KEEP, copied: the API and policy may
-not import rtj_shim.fast_tier (it imports rtj_shim.storage, which the import-linter contract
-keeps out of them); a unit test holds the copies equal."""
+"""rtj_shim.fast.fast_tier.ENV_DIR, ENV_EVERY_STEPS and ENV_KEEP, copied: the API and policy may
+not import rtj_shim.fast.fast_tier (it imports rtj_shim.checkpoint.storage, which the import-linter
+contract keeps out of them); a unit test holds the copies equal."""
 
 # --- limits derived from names ----------------------------------------------------------
 MAX_NAME_LENGTH: Final = 36

@@ -1,6 +1,6 @@
 """Where a job's pods get the job's control key (issue 42, finding 8). Pure.
 
-The key (`rtj_shim.control.job_key`: derived from the operator's secret and the job's uid)
+The key (`rtj_shim.wire.control.job_key`: derived from the operator's secret and the job's uid)
 signs the operator's reads, orders, assignments and drain orders to the job's progress
 sidecars, and their answers' seals. It is not written into the pod template: a template is
 copied into the JobSet, its Jobs, its pods and Kueue's Workload, which anyone who may *view*

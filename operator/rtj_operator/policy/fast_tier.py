@@ -21,8 +21,8 @@ from rtj_operator.api import keys
 from rtj_operator.api.resource import ResilientTrainingJob
 from rtj_operator.policy import peer_replica
 from rtj_operator.policy.peer_replica import PeerView
-from rtj_shim import lineage
-from rtj_shim.lineage import Held
+from rtj_shim.checkpoint import lineage
+from rtj_shim.checkpoint.lineage import Held
 
 Obj = dict[str, Any]
 
@@ -100,7 +100,7 @@ class FastPin:
     step: int | None = None
     sources: Mapping[int, str] = field(default_factory=dict)
     note: str | None = None
-    lineage: str | None = None  # the history `step` belongs to on every pod (rtj_shim.lineage)
+    lineage: str | None = None  # the history `step` is of on every pod (checkpoint.lineage)
 
 
 def pin(

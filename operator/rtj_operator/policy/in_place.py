@@ -25,7 +25,7 @@ from rtj_operator.api import keys
 from rtj_operator.api.reasons import FailureCategory, FailureClass, InPlaceStage
 from rtj_operator.api.resource import ResilientTrainingJob
 from rtj_operator.policy.classify import Classification
-from rtj_shim.control import Order
+from rtj_shim.wire.control import Order
 
 Obj = dict[str, Any]
 CONTROL_VOLUME_SIZE = "1Mi"

@@ -3,7 +3,7 @@ Pure.
 
 Each pod's fast steps live in its own memory and are lost with its node. With a peer
 replica the progress sidecar of a *holder* pod keeps a copy of its *source* pod's fast steps
-(``rtj_shim.peer_replica``). The operator decides who holds whom (:func:`ring`): a ring over
+(``rtj_shim.fast.peer_replica``). The operator decides who holds whom (:func:`ring`): a ring over
 the running pods' completion indexes, the smallest shift that puts every holder on another
 node than its source. Each holder is sent its assignment (``POST /replica``) until its
 report (``replica`` in ``GET /progress``) shows it (:func:`unassigned`), so a re-created

@@ -1,7 +1,7 @@
 """Hangs and timeouts from the ranks' progress reports. Pure.
 
 Input: what each pod's ``rtj-shim progress-server`` answered to ``GET /progress`` (schema
-1, rtj_shim.progress_server), wrapped in a :class:`PodReport` with the time the operator
+1, rtj_shim.agent.progress_server), wrapped in a :class:`PodReport` with the time the operator
 received it, on one clock the caller chooses (``time.monotonic()``), and ``now`` on that
 clock. Each rank's "in its section since" is placed on that clock
 (``received_at - seconds_in_section``), so ranks of different pods, polled at different

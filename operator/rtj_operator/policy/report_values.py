@@ -1,7 +1,7 @@
 """What a value in a pod's progress report may be: the one check of everything the operator
 reads from one. Pure.
 
-A progress report is the pod speaking: its sidecar's answer (`rtj_shim.progress_report`), of
+A progress report is the pod speaking: its sidecar's answer (`rtj_shim.agent.progress_report`), of
 records the trainer itself writes, or anything a process listening on that port sends. JSON
 lets it carry integers of any size (a 400-digit step number no float holds), NaN and
 Infinity (Python's `json.loads` accepts both), negative durations and lists of any length
@@ -30,7 +30,7 @@ MAX_SECONDS = 1e9
 """About 31 years: longer than any record's age since its machine booted."""
 MAX_TEXT = 4096
 MAX_SECTION = 256
-"""The shim keeps 32 bytes of a section's name (`rtj_shim.progress_record.SECTION_BYTES`)."""
+"""The shim keeps 32 bytes of a section's name (`rtj_shim.wire.progress_record.SECTION_BYTES`)."""
 MAX_LIST = 4096
 MAX_RANKS = 4096
 """Rank entries per pod; the shim reads at most 1,024 records (`progress_report.MAX_FILES`)."""

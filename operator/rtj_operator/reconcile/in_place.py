@@ -63,7 +63,7 @@ from rtj_operator.reconcile.world import (
     pod_name,
 )
 from rtj_operator.selection import operator_reads_store
-from rtj_shim.control import Order
+from rtj_shim.wire.control import Order
 
 MAX_IN_PLACE_RECORDS = 64
 QUIET_SETTLE = timedelta(seconds=12)

@@ -33,9 +33,9 @@ from rtj_operator.reconcile.world import (
     get_in,
     pod_name,
 )
-from rtj_shim.control import Order, sign
-from rtj_shim.drain_order import DrainOrder
-from rtj_shim.peer_replica import Assignment
+from rtj_shim.fast.peer_replica import Assignment
+from rtj_shim.wire.control import Order, sign
+from rtj_shim.wire.drain_order import DrainOrder
 
 
 @dataclass(frozen=True)

@@ -178,15 +178,15 @@ class PollTarget:
     """A warm spare, or a pod whose rank a spare took: held, serving no rank (`policy.spares`)."""
     sealed: bool = False
     """Its sidecar was rendered to seal its answers (``RTJ_SEALED_ANSWERS``): only an answer
-    carrying its seal is its own (`rtj_shim.answer_seal`)."""
+    carrying its seal is its own (`rtj_shim.wire.answer_seal`)."""
 
 
 CONTROL_PATH = "/control"
-"""Where a pod's progress sidecar takes restart orders (rtj_shim.control)."""
+"""Where a pod's progress sidecar takes restart orders (rtj_shim.wire.control)."""
 REPLICA_PATH = "/replica"
-"""Where it takes its peer-replica assignment (rtj_shim.peer_replica)."""
+"""Where it takes its peer-replica assignment (rtj_shim.fast.peer_replica)."""
 DRAIN_PATH = "/drain"
-"""Where the sidecar of the pod holding rank 0 takes its drain order (rtj_shim.drain_order)."""
+"""Where the sidecar of the pod holding rank 0 takes its drain order (rtj_shim.wire.drain_order)."""
 
 
 @dataclass(frozen=True)

@@ -124,8 +124,8 @@ TRAIN = f'''\
 {EVERY} steps with `rtj-shim commit` and resumed from what the resume init container
 verified (resume.json), the way docs/shim.md describes it for any framework."""
 import hashlib, json, os, pathlib, subprocess, sys, tempfile, time
-from rtj_shim.layout import step_key
-from rtj_shim.storage import open_store
+from rtj_shim.checkpoint.layout import step_key
+from rtj_shim.checkpoint.storage import open_store
 
 uri = os.environ["RTJ_CHECKPOINT_URI"]
 resume = json.loads(pathlib.Path(os.environ["RTJ_RESUME_FILE"]).read_text())

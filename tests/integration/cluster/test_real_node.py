@@ -21,8 +21,8 @@ from e2e.operator_proc import rtj_body
 from rtj_operator.api import FailureClass, ResilientTrainingJob, keys
 from rtj_operator.policy.classify import classify_failure
 from rtj_operator.policy.render import jobset_name, pod_template
-from rtj_shim.protocol import CommitProtocol
-from rtj_shim.storage import open_store
+from rtj_shim.checkpoint.protocol import CommitProtocol
+from rtj_shim.checkpoint.storage import open_store
 
 pytestmark = [pytest.mark.cluster, pytest.mark.local_only]
 Obj = dict[str, Any]

@@ -315,13 +315,14 @@ print("ok", sys.version.split()[0], len(sys.modules), "modules")
 """
 
 RESOLVER_IMPORTS = [
-    "pydantic_core", "botocore", "rtj_shim.cli", "rtj_shim.storage.s3", "rtj_shim.resolver",
-    "rtj_shim.progress_server",
+    "pydantic_core", "botocore", "rtj_shim.cli", "rtj_shim.checkpoint.storage.s3",
+    "rtj_shim.checkpoint.resolver",
+    "rtj_shim.agent.progress_server",
 ]  # fmt: skip
 OPERATOR_IMPORTS = [
     "pydantic_core", "kopf", "kubernetes.client", "aiohttp", "yaml", "prometheus_client",
     "rtj_operator.main", "rtj_operator.handlers", "rtj_operator.kube", "rtj_operator.selection",
-    "rtj_shim.storage.s3",
+    "rtj_shim.checkpoint.storage.s3",
 ]  # fmt: skip
 COMMANDS = {
     "rtj-resolver": [

@@ -22,7 +22,7 @@ from rtj_operator.pod_http import Deadlines, PollFailed, SidecarConnections, rea
 from rtj_operator.rank_polls import JobTargets, RankPolls
 from rtj_operator.reconcile import PollMessage, PollTarget
 from rtj_operator.reconcile.world import CONTROL_PATH
-from rtj_shim.control import Order, sign
+from rtj_shim.wire.control import Order, sign
 
 
 @pytest.fixture

@@ -22,8 +22,8 @@ from rtj_operator.policy import progress as rank_progress
 from rtj_operator.rank_polls import JobTargets, RankPolls
 from rtj_operator.reconcile import PollMessage, PollTarget
 from rtj_operator.reconcile.world import CONTROL_PATH, REPLICA_PATH
-from rtj_shim.control import ORDER_FILE, Order, job_key, sign
 from rtj_shim.progress import Progress
+from rtj_shim.wire.control import ORDER_FILE, Order, job_key, sign
 
 KEY = ("team-a", "llm")
 

@@ -303,7 +303,7 @@ def test_both_packages_install_offline_hash_checked(
         "-r", str(out / "requirements" / f"{SHIM}.txt"),
     )  # fmt: skip
     assert installed.returncode == 0, installed.stdout + installed.stderr
-    assert _in_venv(python, "import rtj_shim.storage.s3").returncode == 0
+    assert _in_venv(python, "import rtj_shim.checkpoint.storage.s3").returncode == 0
     missing = _in_venv(python, "import rtj_operator")
     assert "ModuleNotFoundError" in missing.stderr
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from supervised_pod import KEY, RTJ_SHIM, UID, Pod
 
-from rtj_shim.supervisor import descendants
+from rtj_shim.agent.supervisor import descendants
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 Run as ``python crash_publisher.py --root R --step N --attempt A --stop POINT --reached F
 --trace T``. It publishes ``N`` through ``CommitProtocol`` (begin, write_file per shard,
 publish) and, on its way, names every protocol point it passes. The package is not changed:
-this process alone wraps a few functions of ``rtj_shim.storage.filesystem`` (its ``os``
+this process alone wraps a few functions of ``rtj_shim.checkpoint.storage.filesystem`` (its ``os``
 module reference, ``fsync_dir``, ``_rename_noreplace``, ``FilesystemStepWriter._write`` and
 ``commit``, ``FilesystemStore.begin_step``) so that each call announces itself before and
 after it runs.
@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from rtj_shim.protocol import CommitProtocol, PublishResult, StepMetadata
-from rtj_shim.storage import filesystem as fs
+from rtj_shim.checkpoint.protocol import CommitProtocol, PublishResult, StepMetadata
+from rtj_shim.checkpoint.storage import filesystem as fs
 
 RUN_ID = "run-crash"
 CHUNK = 64 * 1024
@@ -120,7 +120,8 @@ class Points:
 
 
 class _OsProxy:
-    """Stands in for ``os`` inside rtj_shim.storage.filesystem; announces link and replace."""
+    """Stands in for ``os`` inside rtj_shim.checkpoint.storage.filesystem; announces link and
+    replace."""
 
     def __init__(self, point: Points) -> None:
         self._point = point

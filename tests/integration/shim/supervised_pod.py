@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rtj_shim.control import Order, job_key, sign
+from rtj_shim.wire.control import Order, job_key, sign
 
 RTJ_SHIM = str(Path(sys.executable).with_name("rtj-shim"))
 UID = "9d1e2c3b-job-under-test"

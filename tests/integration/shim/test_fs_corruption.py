@@ -14,12 +14,18 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rtj_shim.layout import COMMITTED_FILE, LATEST_FILE, MANIFEST_FILE, step_dir_name, tmp_dir_name
-from rtj_shim.manifest import committed_marker
-from rtj_shim.protocol import CommitProtocol
-from rtj_shim.resolver import resolve
-from rtj_shim.storage.filesystem import FilesystemStore
-from rtj_shim.verification import Depth
+from rtj_shim.checkpoint.layout import (
+    COMMITTED_FILE,
+    LATEST_FILE,
+    MANIFEST_FILE,
+    step_dir_name,
+    tmp_dir_name,
+)
+from rtj_shim.checkpoint.manifest import committed_marker
+from rtj_shim.checkpoint.protocol import CommitProtocol
+from rtj_shim.checkpoint.resolver import resolve
+from rtj_shim.checkpoint.storage.filesystem import FilesystemStore
+from rtj_shim.checkpoint.verification import Depth
 
 CORRUPTIONS = (
     "intact",

@@ -34,13 +34,13 @@ from types import ModuleType
 import pytest
 
 import rtj_shim
+from rtj_shim.checkpoint.layout import LATEST_FILE, RUN_FILE, STEPS_DIR, step_dir_name, tmp_dir_name
+from rtj_shim.checkpoint.protocol import CommitProtocol
+from rtj_shim.checkpoint.resolver import resolve
+from rtj_shim.checkpoint.storage.filesystem import FilesystemStore
+from rtj_shim.checkpoint.verification import Depth
+from rtj_shim.checkpoint.verifier import verify_step
 from rtj_shim.errors import StepAlreadyPublished
-from rtj_shim.layout import LATEST_FILE, RUN_FILE, STEPS_DIR, step_dir_name, tmp_dir_name
-from rtj_shim.protocol import CommitProtocol
-from rtj_shim.resolver import resolve
-from rtj_shim.storage.filesystem import FilesystemStore
-from rtj_shim.verification import Depth
-from rtj_shim.verifier import verify_step
 
 PUBLISHER = Path(__file__).resolve().parent / "crash_publisher.py"
 PREV_STEP = 100

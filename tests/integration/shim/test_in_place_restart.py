@@ -17,10 +17,10 @@ from pathlib import Path
 
 from supervised_pod import UID, Pod, until
 
-from rtj_shim.control import Order
-from rtj_shim.resolver import resolve
-from rtj_shim.storage import open_store
-from rtj_shim.supervisor import descendants
+from rtj_shim.agent.supervisor import descendants
+from rtj_shim.checkpoint.resolver import resolve
+from rtj_shim.checkpoint.storage import open_store
+from rtj_shim.wire.control import Order
 
 REPO = Path(__file__).resolve().parents[3]
 STEPS, SAVE_EVERY = 120, 40

@@ -18,14 +18,14 @@ from typing import Any
 
 import pytest
 
-from rtj_shim import fast_tier
-from rtj_shim.control import ORDER_FILE, Order, job_key, read_json, sign
-from rtj_shim.layout import STEPS_DIR, step_dir_name
-from rtj_shim.peer_pull import PeerClient, PeerError, copy_step
-from rtj_shim.peer_replica import Assignment, request_headers
-from rtj_shim.progress_server import ProgressServer
-from rtj_shim.protocol import CommitProtocol
-from rtj_shim.verification import check_commit
+from rtj_shim.agent.progress_server import ProgressServer
+from rtj_shim.checkpoint.layout import STEPS_DIR, step_dir_name
+from rtj_shim.checkpoint.protocol import CommitProtocol
+from rtj_shim.checkpoint.verification import check_commit
+from rtj_shim.fast import fast_tier
+from rtj_shim.fast.peer_pull import PeerClient, PeerError, copy_step
+from rtj_shim.fast.peer_replica import Assignment, request_headers
+from rtj_shim.wire.control import ORDER_FILE, Order, job_key, read_json, sign
 
 UID = "5d1f0c2a-9a4e-4f7b-8c61-2b7e0f3d9a10"
 KEY = job_key(b"operator secret", UID)

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from rtj_shim.control import job_key
 from rtj_shim.progress import Progress
+from rtj_shim.wire.control import job_key
 
 RTJ_SHIM = str(Path(sys.executable).with_name("rtj-shim"))
 

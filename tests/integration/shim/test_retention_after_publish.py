@@ -22,12 +22,12 @@ import pytest
 
 from rtj_operator.api import ResilientTrainingJob
 from rtj_operator.policy.render import render_jobset
-from rtj_shim.layout import COMMITTED_FILE, MANIFEST_FILE, StepDirName, step_key
-from rtj_shim.protocol import CommitProtocol
-from rtj_shim.resolver import describe_steps, resolve
-from rtj_shim.retention import RetentionPolicy
-from rtj_shim.storage import CheckpointStore, open_store
-from rtj_shim.verification import Depth
+from rtj_shim.checkpoint.layout import COMMITTED_FILE, MANIFEST_FILE, StepDirName, step_key
+from rtj_shim.checkpoint.protocol import CommitProtocol
+from rtj_shim.checkpoint.resolver import describe_steps, resolve
+from rtj_shim.checkpoint.retention import RetentionPolicy
+from rtj_shim.checkpoint.storage import CheckpointStore, open_store
+from rtj_shim.checkpoint.verification import Depth
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -197,8 +197,8 @@ def test_an_interrupted_filesystem_deletion_leaves_no_resolvable_step(
     child = (
         "import os, signal, sys\n"
         "from pathlib import Path\n"
-        "from rtj_shim.layout import StepDirName\n"
-        "from rtj_shim.storage import filesystem as fs\n"
+        "from rtj_shim.checkpoint.layout import StepDirName\n"
+        "from rtj_shim.checkpoint.storage import filesystem as fs\n"
         "fs.shutil.rmtree = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)\n"
         "fs.FilesystemStore(Path(sys.argv[1])).delete_step_dir(StepDirName(10))\n"
     )

@@ -25,16 +25,22 @@ import pytest
 from botocore.exceptions import ClientError
 
 from e2e import s3server
+from rtj_shim.checkpoint.layout import (
+    COMMITTED_FILE,
+    LATEST_FILE,
+    MANIFEST_FILE,
+    RUN_FILE,
+    StepDirName,
+)
+from rtj_shim.checkpoint.manifest import committed_marker, decode_manifest
+from rtj_shim.checkpoint.protocol import CommitProtocol, StepMetadata
+from rtj_shim.checkpoint.resolver import resolve
+from rtj_shim.checkpoint.storage import open_store
+from rtj_shim.checkpoint.storage import s3 as s3mod
+from rtj_shim.checkpoint.storage.s3 import S3Store, part_size_for
+from rtj_shim.checkpoint.verification import Depth
+from rtj_shim.checkpoint.verifier import verify_step
 from rtj_shim.errors import Refused, RunOwnershipConflict, StepAlreadyPublished, StoreError
-from rtj_shim.layout import COMMITTED_FILE, LATEST_FILE, MANIFEST_FILE, RUN_FILE, StepDirName
-from rtj_shim.manifest import committed_marker, decode_manifest
-from rtj_shim.protocol import CommitProtocol, StepMetadata
-from rtj_shim.resolver import resolve
-from rtj_shim.storage import open_store
-from rtj_shim.storage import s3 as s3mod
-from rtj_shim.storage.s3 import S3Store, part_size_for
-from rtj_shim.verification import Depth
-from rtj_shim.verifier import verify_step
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -647,8 +653,8 @@ def test_endpoint_down_is_a_store_error_in_bounded_time(
 CHILD = r"""
 import collections, os, sys, time
 from pathlib import Path
-from rtj_shim.protocol import CommitProtocol, StepMetadata
-from rtj_shim.storage.s3 import S3Store
+from rtj_shim.checkpoint.protocol import CommitProtocol, StepMetadata
+from rtj_shim.checkpoint.storage.s3 import S3Store
 
 root, step, attempt, source, stop, marker = sys.argv[1:7]
 store = S3Store.from_uri(root, part_size=5 * 1024 * 1024)

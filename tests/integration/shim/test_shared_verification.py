@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from rtj_shim.protocol import CommitProtocol
-from rtj_shim.resolver import resolve
-from rtj_shim.storage import open_store
-from rtj_shim.verification import Depth, Share
+from rtj_shim.checkpoint.protocol import CommitProtocol
+from rtj_shim.checkpoint.resolver import resolve
+from rtj_shim.checkpoint.storage import open_store
+from rtj_shim.checkpoint.verification import Depth, Share
 
 FILES = 24
 

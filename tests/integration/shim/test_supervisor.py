@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from supervised_pod import UID, Pod, alive, until
 
-from rtj_shim.control import Order, job_key
-from rtj_shim.fast_tier import ENV_DIR, rank_store
-from rtj_shim.protocol import CommitProtocol
-from rtj_shim.supervisor import descendants
+from rtj_shim.agent.supervisor import descendants
+from rtj_shim.checkpoint.protocol import CommitProtocol
+from rtj_shim.fast.fast_tier import ENV_DIR, rank_store
+from rtj_shim.wire.control import Order, job_key
 
 # the "trainer": starts a worker in a session of its own (as torchrun does), ignores
 # SIGTERM (so only SIGKILL ends it), and writes its pids, attempt and resume file
@@ -225,7 +225,7 @@ time.sleep(300)
 
 
 def _standbys(supervisor: int, waiting: bool = False) -> list[int]:
-    """The supervisor's descendants started as a warm interpreter (`rtj_shim.preload`;
+    """The supervisor's descendants started as a warm interpreter (`rtj_shim.agent.preload`;
     `waiting`: only those not running a trainer, a fork server or a standby)."""
     out = []
     for pid in descendants(supervisor):
@@ -233,7 +233,7 @@ def _standbys(supervisor: int, waiting: bool = False) -> list[int]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"rtj_shim.preload" in cmdline and (not waiting or _reads_a_pipe(pid)):
+        if b"rtj_shim.agent.preload" in cmdline and (not waiting or _reads_a_pipe(pid)):
             out.append(pid)
     return out
 

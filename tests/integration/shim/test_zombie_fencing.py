@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from rtj_shim.checkpoint.protocol import CommitProtocol, StepMetadata
+from rtj_shim.checkpoint.resolver import resolve
+from rtj_shim.checkpoint.storage import open_store
+from rtj_shim.checkpoint.verification import Depth
 from rtj_shim.errors import RunOwnershipConflict
-from rtj_shim.protocol import CommitProtocol, StepMetadata
-from rtj_shim.resolver import resolve
-from rtj_shim.storage import open_store
-from rtj_shim.verification import Depth
 
 RUN = "team-a.llm"
 

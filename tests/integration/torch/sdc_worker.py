@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from rtj_shim.layout import step_key
+from rtj_shim.checkpoint.layout import step_key
 from rtj_shim.torch import AnomalyGuard, Checkpointer, SuspectState
 
 

@@ -19,9 +19,9 @@ from types import ModuleType
 
 import pytest
 
-from rtj_shim.resolver import describe_steps
-from rtj_shim.storage import open_store
-from rtj_shim.verification import Depth
+from rtj_shim.checkpoint.resolver import describe_steps
+from rtj_shim.checkpoint.storage import open_store
+from rtj_shim.checkpoint.verification import Depth
 
 WORKER = Path(__file__).with_name("converting_doc_worker.py")
 NAMES = {"plain", "dcp", "lightning", "lightning-rng", "hf"}

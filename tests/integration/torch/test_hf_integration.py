@@ -27,11 +27,11 @@ from transformers import (
     TrainingArguments,
 )
 
+from rtj_shim.checkpoint.layout import step_key
+from rtj_shim.checkpoint.resolver import describe_steps
+from rtj_shim.checkpoint.storage import open_store
+from rtj_shim.checkpoint.verification import Depth
 from rtj_shim.integrations.hf import PublishCheckpoints, resume_checkpoint, resume_step
-from rtj_shim.layout import step_key
-from rtj_shim.resolver import describe_steps
-from rtj_shim.storage import open_store
-from rtj_shim.verification import Depth
 
 SAMPLES, BATCH = 32, 4  # 8 steps per epoch
 MAX_STEPS, SAVE_STEPS, KILL_AFTER = 20, 6, 14

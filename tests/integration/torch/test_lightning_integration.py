@@ -24,11 +24,11 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from rtj_shim.checkpoint.layout import step_key
+from rtj_shim.checkpoint.resolver import describe_steps
+from rtj_shim.checkpoint.storage import open_store
+from rtj_shim.checkpoint.verification import Depth
 from rtj_shim.integrations.lightning import PublishingCheckpointIO
-from rtj_shim.layout import step_key
-from rtj_shim.resolver import describe_steps
-from rtj_shim.storage import open_store
-from rtj_shim.verification import Depth
 
 STEPS_PER_EPOCH = 4  # 32 samples, batches of 8
 EPOCHS = 4

@@ -14,9 +14,10 @@ import pytest
 import torch
 from torch import nn
 
-from rtj_shim.layout import step_key
-from rtj_shim.resolver import resolve
-from rtj_shim.storage import open_store
+from rtj_shim.checkpoint.layout import step_key
+from rtj_shim.checkpoint.resolver import resolve
+from rtj_shim.checkpoint.storage import open_store
+from rtj_shim.checkpoint.verification import Depth
 from rtj_shim.torch import (
     Checkpointer,
     CheckpointError,
@@ -25,7 +26,6 @@ from rtj_shim.torch import (
     ResumableSampler,
     UnsafeStateError,
 )
-from rtj_shim.verification import Depth
 
 
 class Job:

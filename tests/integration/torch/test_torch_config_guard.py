@@ -15,9 +15,9 @@ import pytest
 import torch
 from torch import nn
 
-from rtj_shim.layout import step_key
-from rtj_shim.manifest import decode_manifest
-from rtj_shim.run_config import RUN_CONFIG_EXTRA, ConfigMismatch, RunConfig
+from rtj_shim.checkpoint.layout import step_key
+from rtj_shim.checkpoint.manifest import decode_manifest
+from rtj_shim.checkpoint.run_config import RUN_CONFIG_EXTRA, ConfigMismatch, RunConfig
 from rtj_shim.torch import Checkpointer
 
 WORKER = Path(__file__).with_name("config_worker.py")

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from rtj_shim.resolver import resolve
-from rtj_shim.storage import open_store
-from rtj_shim.verification import Depth
+from rtj_shim.checkpoint.resolver import resolve
+from rtj_shim.checkpoint.storage import open_store
+from rtj_shim.checkpoint.verification import Depth
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "examples" / "ddp_train.py"

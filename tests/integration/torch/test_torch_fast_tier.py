@@ -5,7 +5,7 @@ Rank 1 is SIGKILLed after step 47: the newest durable step is 40, the newest fas
 rank holds is 45. A restart pinned as an in-place restart pins it (``fast_step`` in the
 resume file) resumes from 45 and continues the no-fault run bit for bit; a corrupted
 fast-tier shard on one rank is skipped on every rank, with the reason, for the durable 40.
-Drained (``rtj_shim.drain``: rank 0's pod publishes fast step 45 into a durable root, rank 1's
+Drained (``rtj_shim.fast.drain``: rank 0's pod publishes fast step 45 into a durable root, rank 1's
 file read from its pod's real progress sidecar), step 45 is a durable step the trainer
 resumes from bit for bit, on a filesystem and on S3.
 """
@@ -27,18 +27,18 @@ from typing import Any
 import pytest
 
 from rtj_operator.policy import fast_tier as fast_tier_policy
-from rtj_shim import fast_tier
-from rtj_shim.control import job_key, sign
-from rtj_shim.drain import DrainReport, drain_step
-from rtj_shim.drain_order import DrainOrder
-from rtj_shim.drain_sidecar import Drainer
-from rtj_shim.fast_tier import committed_steps, holdings, rank_store
-from rtj_shim.peer_pull import PeerError
-from rtj_shim.progress_server import ProgressServer
-from rtj_shim.protocol import CommitProtocol
-from rtj_shim.storage import open_store
-from rtj_shim.verification import Depth
-from rtj_shim.verifier import verify_step
+from rtj_shim.agent.progress_server import ProgressServer
+from rtj_shim.checkpoint.protocol import CommitProtocol
+from rtj_shim.checkpoint.storage import open_store
+from rtj_shim.checkpoint.verification import Depth
+from rtj_shim.checkpoint.verifier import verify_step
+from rtj_shim.fast import fast_tier
+from rtj_shim.fast.drain import DrainReport, drain_step
+from rtj_shim.fast.drain_sidecar import Drainer
+from rtj_shim.fast.fast_tier import committed_steps, holdings, rank_store
+from rtj_shim.fast.peer_pull import PeerError
+from rtj_shim.wire.control import job_key, sign
+from rtj_shim.wire.drain_order import DrainOrder
 
 REPO = Path(__file__).resolve().parents[3]
 STEPS, DURABLE_EVERY, FAST_EVERY, KILL_AFTER = 60, 20, 5, 47

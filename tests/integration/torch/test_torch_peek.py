@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from rtj_shim.storage import open_store
+from rtj_shim.checkpoint.storage import open_store
 from rtj_shim.torch import Checkpointer
 
 

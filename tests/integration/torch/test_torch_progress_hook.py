@@ -10,8 +10,8 @@ from torch import nn
 
 from rtj_shim import progress
 from rtj_shim.progress import Progress
-from rtj_shim.progress_record import read_file
 from rtj_shim.torch import Checkpointer
+from rtj_shim.wire.progress_record import read_file
 
 
 def test_step_boundary_and_saves_reach_the_progress_record(tmp_path: Path) -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from torch import nn
 
-from rtj_shim.layout import step_key
-from rtj_shim.storage import open_store
+from rtj_shim.checkpoint.layout import step_key
+from rtj_shim.checkpoint.storage import open_store
 from rtj_shim.torch import Checkpointer
 
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 from torch import nn
 
-from rtj_shim.resolver import describe_steps
-from rtj_shim.storage import open_store
+from rtj_shim.checkpoint.resolver import describe_steps
+from rtj_shim.checkpoint.storage import open_store
 from rtj_shim.torch import Checkpointer
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from rtj_shim.layout import step_key
+from rtj_shim.checkpoint.layout import step_key
 from rtj_shim.torch import Checkpointer
 
 WORKER = Path(__file__).with_name("schedule_worker.py")

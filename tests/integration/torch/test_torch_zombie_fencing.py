@@ -14,12 +14,12 @@ import pytest
 import torch
 from torch import nn
 
+from rtj_shim.checkpoint.resolver import resolve
+from rtj_shim.checkpoint.storage import open_store
+from rtj_shim.checkpoint.verification import Depth
 from rtj_shim.errors import StoreError
-from rtj_shim.resolver import resolve
-from rtj_shim.storage import open_store
 from rtj_shim.torch import Checkpointer, CheckpointError
 from rtj_shim.torch.restore import claim_problem
-from rtj_shim.verification import Depth
 
 RUN = "team-a.llm"
 

@@ -23,7 +23,7 @@ def test_each_process_of_a_soak_has_its_component() -> None:
     assert component([f"{VENV}/python", f"{VENV}/rtj-shim", "supervise", "--control-dir", "/c",
                       "--", "python", "examples/ddp_train.py"]) == "rtj-shim supervise"  # fmt: skip
     assert component([f"{VENV}/python", "-u", "examples/ddp_train.py", "--steps=10"]) == "trainer"
-    standby = [f"{VENV}/python", "-m", "rtj_shim.preload", "examples/ddp_train.py"]
+    standby = [f"{VENV}/python", "-m", "rtj_shim.agent.preload", "examples/ddp_train.py"]
     assert component(standby, waiting=True) == "fork server / warm standby (waiting)"
     assert component(standby) == "trainer (forked or handed over warm)"
     assert component([f"{VENV}/python", f"{VENV}/rtj-shim", "progress-server", "--dir", "/p"]) == (

@@ -12,7 +12,8 @@ import pytest
 from bench.sidecar_sim import Sidecars, sim_pod
 from rtj_operator.api import keys
 from rtj_operator.pod_http import progress_headers
-from rtj_shim import answer_seal, control, peer_replica
+from rtj_shim.fast import peer_replica
+from rtj_shim.wire import answer_seal, control
 
 KEY = control.job_key(b"s" * 32, "job-uid")
 
@@ -127,7 +128,7 @@ def test_a_pod_rendered_for_signed_reads_answers_only_its_jobs_signed_read() -> 
 
 def test_a_pod_rendered_to_seal_answers_seals_them_as_its_sidecar_does() -> None:
     """Issue 42: the poller counts a sealed pod's answer only with its seal over the read's
-    nonce, the pod's name and attempt (`rtj_shim.answer_seal`)."""
+    nonce, the pod's name and attempt (`rtj_shim.wire.answer_seal`)."""
     sidecars = Sidecars()
     sidecars.on_pod("ADDED", _pod("w0", "127.4.0.2", sealed=True), 0.0)
     sidecars.on_pod("ADDED", _pod("w1", "127.4.0.3"), 0.0)

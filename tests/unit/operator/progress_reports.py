@@ -1,4 +1,4 @@
-"""Progress reports as `rtj-shim progress-server` writes them (`rtj_shim.progress_report`),
+"""Progress reports as `rtj-shim progress-server` writes them (`rtj_shim.agent.progress_report`),
 for the tests of the operator's progress policies."""
 
 from __future__ import annotations

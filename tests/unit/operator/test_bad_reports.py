@@ -1,7 +1,7 @@
 """A pod's progress report is the pod speaking (issue 42): a value no sidecar writes makes that
 pod's report no report, never an exception that stops the poller for every other job.
 
-Reports are JSON text as a sidecar would send it (`rtj_shim.progress_report`, through
+Reports are JSON text as a sidecar would send it (`rtj_shim.agent.progress_report`, through
 `progress_reports.rank`), read with `json.loads` as `pod_http.read_progress` reads it: it
 accepts integers of any size, NaN and Infinity.
 """
@@ -105,7 +105,7 @@ def test_a_bad_value_makes_that_pods_report_no_report(why: str) -> None:
 
 
 def test_what_a_sidecar_writes_is_a_report() -> None:
-    """The bounds leave every value `rtj_shim.progress_report` writes: nulls before a first
+    """The bounds leave every value `rtj_shim.agent.progress_report` writes: nulls before a first
     step, a save or a section, zero durations, the shim's 16 recent steps."""
     body = _body(
         _entry(step="null", median_step_seconds="null", max_checkpoint_seconds="null"),

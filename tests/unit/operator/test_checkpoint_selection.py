@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from rtj_operator import selection as sel
-from rtj_shim.protocol import CommitProtocol
-from rtj_shim.storage.filesystem import FilesystemStore
+from rtj_shim.checkpoint.protocol import CommitProtocol
+from rtj_shim.checkpoint.storage.filesystem import FilesystemStore
 
 AT = datetime(2025, 3, 14, tzinfo=timezone.utc)
 
@@ -56,7 +56,7 @@ def test_only_s3_is_read_and_pinned_by_the_operator() -> None:
     ("message", "expected"),
     [
         (json.dumps({"step": 12, "uri": "file:///c/steps/x", "verification": "deep"}),
-         sel.InitResult(12, "file:///c/steps/x")),
+         sel.InitResult(12, "file:///c/steps/x", verification="deep")),
         (json.dumps({"step": None, "uri": None, "skipped": []}), sel.InitResult(None, None)),
         (json.dumps({"error": "access denied"}), sel.InitResult(None, None, "access denied")),
         ("Traceback: not json", None),

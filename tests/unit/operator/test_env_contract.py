@@ -1,5 +1,5 @@
 """The environment contract, from the operator's side (issue 44): the trainer container the
-operator renders holds exactly the variables of `rtj_shim.pod_env.TRAINER_ENV` (with every
+operator renders holds exactly the variables of `rtj_shim.wire.pod_env.TRAINER_ENV` (with every
 feature on; none undocumented), and its grace period covers the emergency-save deadline it
 gives the trainer."""
 
@@ -11,7 +11,7 @@ from rtj_test_support import job_body
 
 from rtj_operator.api import ResilientTrainingJob
 from rtj_operator.policy.render import GRACE_MARGIN_SECONDS, render_jobset
-from rtj_shim import pod_env
+from rtj_shim.wire import pod_env
 
 EVERYTHING: dict[str, Any] = {
     "recovery": {"inPlace": True, "inPlaceMaxReplacedPods": 1},
@@ -44,8 +44,8 @@ def test_every_variable_the_operator_renders_is_in_the_contract_and_the_other_wa
     trainers = _trainers(job_body(**EVERYTHING))
     assert len(trainers) == 2, "the workers' and the spares' templates"
     rendered = set().union(*(_ours(t) for t in trainers))
-    assert rendered - pod_env.names() == set(), "rendered but not in rtj_shim.pod_env"
-    assert pod_env.names() - rendered == set(), "in rtj_shim.pod_env but never rendered"
+    assert rendered - pod_env.names() == set(), "rendered but not in rtj_shim.wire.pod_env"
+    assert pod_env.names() - rendered == set(), "in rtj_shim.wire.pod_env but never rendered"
 
 
 def test_a_plain_job_renders_only_the_always_on_variables_and_the_user_keeps_theirs() -> None:

@@ -20,7 +20,7 @@ from rtj_operator.api.resource import ResilientTrainingJob
 from rtj_operator.policy import fast_drain
 from rtj_operator.policy.render import pod_template
 from rtj_operator.reconcile.ranks import progress_facts
-from rtj_shim.drain_order import accept_drain_order, peers_digest
+from rtj_shim.wire.drain_order import accept_drain_order, peers_digest
 
 UID = "6f1c-uid"
 DRAIN = {
@@ -108,7 +108,8 @@ def test_after_an_in_place_restart_the_order_names_the_new_writer_attempt() -> N
     raw = rtj_raw({**RUNNING, "attempts": [record], "trainerGeneration": 2}, **DRAIN)
     (message,) = drain_messages(running_snap(raw, pods))[names(pods)[0]]
     order = accept_drain_order(message.body, message.signature, key=KEY, job_uid=UID)
-    assert order.attempt == "1.2"  # as the trainers of generation 2 write (rtj_shim.supervisor)
+    # as the trainers of generation 2 write (rtj_shim.agent.supervisor)
+    assert order.attempt == "1.2"
 
 
 def test_no_order_while_restarting_without_every_pod_or_without_a_drain() -> None:

@@ -248,7 +248,7 @@ def test_the_poller_sends_each_pod_its_order_then_reads_it_back_in_the_next_roun
 
 def test_an_order_whose_answer_carries_the_report_is_read_in_the_same_round() -> None:
     """A sidecar answers a restart order once its supervisor took it, with the pod's report
-    (`rtj_shim.progress_server`): that stands for the read, and no round reads it back."""
+    (`rtj_shim.agent.progress_server`): that stands for the read, and no round reads it back."""
     import asyncio
 
     from rtj_operator.rank_polls import JobTargets, RankPolls

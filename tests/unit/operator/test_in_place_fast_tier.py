@@ -18,8 +18,8 @@ from rtj_operator.api.status import InPlacePhase
 from rtj_operator.policy import fast_tier as fast_tier_policy
 from rtj_operator.policy import in_place
 from rtj_operator.policy.render import render_jobset
-from rtj_shim import fast_tier
-from rtj_shim.control import parse_order
+from rtj_shim.fast import fast_tier
+from rtj_shim.wire.control import parse_order
 
 KEY = "0123456789abcdef" * 4
 IN_PLACE = {"inPlace": True}

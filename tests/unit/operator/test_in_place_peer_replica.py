@@ -21,8 +21,8 @@ from rtj_operator.api import keys
 from rtj_operator.metrics import Metrics, sample
 from rtj_operator.pod_http import PollFailed
 from rtj_operator.rank_polls import JobTargets, RankPolls
-from rtj_shim.control import parse_order, verify
-from rtj_shim.peer_replica import accept_assignment
+from rtj_shim.fast.peer_replica import accept_assignment
+from rtj_shim.wire.control import parse_order, verify
 
 FAST = {
     "replicas": 3,

@@ -49,7 +49,8 @@ def rank(
     steps: tuple[float, ...] = (0.05,) * 8,
     completed: int = 100,
 ) -> dict[str, Any]:
-    """One rank as `rtj-shim progress-server` serves it (rtj_shim.progress_server, schema 1)."""
+    """One rank as `rtj-shim progress-server` serves it (rtj_shim.agent.progress_server, schema
+    1)."""
     median = sorted(steps)[len(steps) // 2] if steps else None
     return {
         "rank": r, "local_rank": 0, "pid": 100 + r, "restart": 0, "state": "running",

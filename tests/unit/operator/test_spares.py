@@ -35,7 +35,7 @@ from rtj_operator.policy.render import render_jobset
 from rtj_operator.rank_polls import JobTargets
 from rtj_operator.reconcile.in_place import restart_orders
 from rtj_operator.reconcile.world import PollTarget
-from rtj_shim import preload
+from rtj_shim.agent import preload
 
 JOB_KEY = ("team-a", "llm")
 

@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from rtj_shim import answer_seal, control, peer_replica
-from rtj_shim.answer_seal import Answerer, check, seal, subkey
+from rtj_shim.agent.progress_cli import answerer_from_env
+from rtj_shim.agent.progress_handler import Reads
+from rtj_shim.agent.progress_server import ProgressServer
 from rtj_shim.errors import UsageError
+from rtj_shim.fast import peer_replica
 from rtj_shim.progress import Progress
-from rtj_shim.progress_cli import answerer_from_env
-from rtj_shim.progress_handler import Reads
-from rtj_shim.progress_server import ProgressServer
+from rtj_shim.wire import answer_seal, control
+from rtj_shim.wire.answer_seal import Answerer, check, seal, subkey
 
 UID = "job-uid"
 KEY = control.job_key(b"the operator's secret", UID)

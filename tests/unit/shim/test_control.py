@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from rtj_shim.control import Order, OrderError, accept, job_key, parse_order, sign, verify
-from rtj_shim.supervisor import Supervised, next_action
+from rtj_shim.agent.supervisor import Supervised, next_action
+from rtj_shim.wire.control import Order, OrderError, accept, job_key, parse_order, sign, verify
 
 UID = "0c2f7a4e-1b7c-4f0e-9d55-3f1f0b1a2c3d"
 KEY = job_key(b"operator secret", UID)

@@ -1,4 +1,4 @@
-"""The control directory's doorbell (`rtj_shim.doorbell`): a ring wakes the supervisor's
+"""The control directory's doorbell (`rtj_shim.agent.doorbell`): a ring wakes the supervisor's
 wait at once, every ring so far is taken by one wake, and ringing where no supervisor holds
 the doorbell, or where the path is not a FIFO, does nothing and writes nothing."""
 
@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-from rtj_shim.doorbell import DOORBELL_FILE, Doorbell, Ring, ring
+from rtj_shim.agent.doorbell import DOORBELL_FILE, Doorbell, Ring, ring
 
 
 def test_a_ring_wakes_the_wait_at_once(tmp_path: Path) -> None:

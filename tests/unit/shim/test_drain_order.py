@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from rtj_shim.control import job_key, sign
-from rtj_shim.drain_order import (
+from rtj_shim.wire.control import job_key, sign
+from rtj_shim.wire.drain_order import (
     MAX_DRAIN_ORDER_BYTES,
     DrainOrder,
     DrainOrderError,

@@ -6,9 +6,9 @@ import hashlib
 
 import pytest
 
-from rtj_shim.drain import DRAINED_FROM, DrainError, compose, trainers_publish
-from rtj_shim.drain_sidecar import due_step
-from rtj_shim.manifest import FileEntry, Manifest, utc_now
+from rtj_shim.checkpoint.manifest import FileEntry, Manifest, utc_now
+from rtj_shim.fast.drain import DRAINED_FROM, DrainError, compose, trainers_publish
+from rtj_shim.fast.drain_sidecar import due_step
 
 STEP = 45
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from rtj_shim.drain_sidecar import Drainer
+from rtj_shim.checkpoint.storage import CheckpointStore, open_store
 from rtj_shim.errors import StoreError
-from rtj_shim.storage import CheckpointStore, open_store
+from rtj_shim.fast.drain_sidecar import Drainer
 
 
 def test_the_store_is_opened_once_and_a_failed_open_is_tried_again(tmp_path: Path) -> None:

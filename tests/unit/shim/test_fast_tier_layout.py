@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from rtj_shim.fast_tier import (
+from rtj_shim.agent.progress_report import report
+from rtj_shim.checkpoint.layout import COMMITTED_FILE, step_key
+from rtj_shim.checkpoint.protocol import CommitProtocol
+from rtj_shim.fast.fast_tier import (
     ENV_DIR,
     ENV_EVERY_STEPS,
     ENV_KEEP,
@@ -20,9 +23,6 @@ from rtj_shim.fast_tier import (
     newest_held,
     rank_store,
 )
-from rtj_shim.layout import COMMITTED_FILE, step_key
-from rtj_shim.progress_report import report
-from rtj_shim.protocol import CommitProtocol
 
 
 def test_settings_come_from_arguments_then_the_operators_environment() -> None:

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from rtj_shim.checkpoint.resolver import describe_steps
+from rtj_shim.checkpoint.retention import RetentionPolicy
 from rtj_shim.integrations.hf import PublishCheckpoints, resume_step
 from rtj_shim.integrations.lightning import PublishingCheckpointIO
-from rtj_shim.resolver import describe_steps
-from rtj_shim.retention import RetentionPolicy
 
 Make = Callable[..., Any]
 KINDS: list[Make] = [PublishingCheckpointIO, PublishCheckpoints]

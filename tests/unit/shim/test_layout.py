@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rtj_shim.layout import (
+from rtj_shim.checkpoint.layout import (
     MAX_STEP,
     StepDirName,
     parse_step_dir,

@@ -9,11 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from rtj_shim import lineage
-from rtj_shim.fast_tier import held, holdings, rank_store
-from rtj_shim.lineage import LEGACY, Held
-from rtj_shim.manifest import FileEntry, Manifest, decode_manifest, encode_manifest, with_lineage
-from rtj_shim.protocol import CommitProtocol
+from rtj_shim.checkpoint import lineage
+from rtj_shim.checkpoint.lineage import LEGACY, Held
+from rtj_shim.checkpoint.manifest import (
+    FileEntry,
+    Manifest,
+    decode_manifest,
+    encode_manifest,
+    with_lineage,
+)
+from rtj_shim.checkpoint.protocol import CommitProtocol
+from rtj_shim.fast.fast_tier import held, holdings, rank_store
 
 A = lineage.derive(None, None, lineage.FRESH, "run-1")
 

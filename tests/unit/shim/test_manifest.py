@@ -7,8 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rtj_shim.errors import ManifestError
-from rtj_shim.manifest import (
+from rtj_shim.checkpoint.manifest import (
     FileEntry,
     Manifest,
     committed_marker,
@@ -18,6 +17,7 @@ from rtj_shim.manifest import (
     parse_committed,
     sha256_hex,
 )
+from rtj_shim.errors import ManifestError
 
 SHA = "a" * 64
 

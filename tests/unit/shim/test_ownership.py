@@ -2,14 +2,14 @@ from __future__ import annotations
 
 import pytest
 
+from rtj_shim.checkpoint.protocol import RunRecord, check_ownership
 from rtj_shim.errors import Refused, RunOwnershipConflict
-from rtj_shim.protocol import RunRecord, check_ownership
 
 
 @pytest.mark.parametrize(
     ("recorded", "attempt", "moves_on"),
     [("3", "3", False), ("3", "4", True), ("a", "b", True),
-     # an in-place restart's generation g of attempt a writes as "a.g" (rtj_shim.supervisor)
+     # an in-place restart's generation g of attempt a writes as "a.g" (rtj_shim.agent.supervisor)
      ("3", "3.1", True), ("3.1", "3.2", True), ("3.9", "4", True), ("3.2", "3.2", False)],
 )  # fmt: skip
 def test_same_run_may_write(recorded: str, attempt: str, moves_on: bool) -> None:

@@ -6,8 +6,7 @@ import json
 
 import pytest
 
-from rtj_shim.control import job_key, sign
-from rtj_shim.peer_replica import (
+from rtj_shim.fast.peer_replica import (
     MAX_SKEW_S,
     Assignment,
     AssignmentError,
@@ -19,6 +18,7 @@ from rtj_shim.peer_replica import (
     request_headers,
     request_signature,
 )
+from rtj_shim.wire.control import job_key, sign
 
 UID = "0c2f7a4e-1b7c-4f0e-9d55-3f1f0b1a2c3d"
 KEY = job_key(b"operator secret", UID)

@@ -1,6 +1,6 @@
-"""The environment contract, from the library's side (issue 44): what `rtj_shim.pod_env`
-says the shim reads, it reads; the README's table lists the contract; the two variables the
-Checkpointer takes from the operator parse strictly."""
+"""The environment contract, from the library's side (issue 44): what `rtj_shim.wire.pod_env`
+says the shim reads, it reads; the table in docs/shim.md lists the contract; the two variables
+the Checkpointer takes from the operator parse strictly."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from rtj_shim import pod_env
-from rtj_shim.pod_env import Reader
+from rtj_shim.wire import pod_env
+from rtj_shim.wire.pod_env import Reader
 
-SHIM = Path(pod_env.__file__).parent
-README = Path(__file__).resolve().parents[3] / "README.md"
+SHIM = Path(pod_env.__file__).parents[1]  # the package, every wing
+SHIM_DOC = Path(__file__).resolve().parents[3] / "docs" / "shim.md"
 
 
 def _shim_sources() -> str:
@@ -32,8 +32,8 @@ def test_every_variable_the_contract_says_the_shim_reads_is_read_by_it() -> None
     assert unread == []
 
 
-def test_the_readmes_table_lists_the_contract() -> None:
-    text = README.read_text()
+def test_the_shim_docs_table_lists_the_contract() -> None:
+    text = SHIM_DOC.read_text()
     section = text.split("### Environment the operator injects", 1)[1].split("\n#", 1)[0]
     listed = set(re.findall(r"`((?:RTJ_|PET_)[A-Z_]+|MASTER_ADDR|MASTER_PORT|WORLD_SIZE|"
                             r"NNODES|NODE_RANK|RANK)`", section))  # fmt: skip

@@ -1,10 +1,10 @@
-"""Which commands a warm standby can run, and the module list (`rtj_shim.preload`)."""
+"""Which commands a warm standby can run, and the module list (`rtj_shim.agent.preload`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from rtj_shim.preload import PythonCommand, parse_modules, split_command
+from rtj_shim.agent.preload import PythonCommand, parse_modules, split_command
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ import pytest
 
 from rtj_shim import progress
 from rtj_shim.progress import NULL, Progress
-from rtj_shim.progress_record import STATE_EXITED, STATE_RUNNING, Record, read_file
+from rtj_shim.wire.progress_record import STATE_EXITED, STATE_RUNNING, Record, read_file
 
 
 @pytest.fixture(autouse=True)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rtj_shim import progress_record as pr
-from rtj_shim.progress_record import Record, RecordError, RecordWriter, read_file, read_record
+from rtj_shim.wire import progress_record as pr
+from rtj_shim.wire.progress_record import Record, RecordError, RecordWriter, read_file, read_record
 
 
 def make(n: int) -> Record:
@@ -221,7 +221,7 @@ import sys
 from pathlib import Path
 sys.path.insert(0, {tests!r})
 from test_progress_record import make
-from rtj_shim.progress_record import RecordWriter
+from rtj_shim.wire.progress_record import RecordWriter
 writer = RecordWriter(Path({path!r}), reuse=True)
 print("ready", flush=True)
 for n in range(2, 300_000):

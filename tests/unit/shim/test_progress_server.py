@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from rtj_shim import control
-from rtj_shim.control import Order
-from rtj_shim.doorbell import Doorbell
+from rtj_shim.agent.doorbell import Doorbell
+from rtj_shim.agent.progress_report import SCHEMA, report
+from rtj_shim.agent.progress_server import ProgressServer
 from rtj_shim.progress import Progress
-from rtj_shim.progress_record import FILE_SIZE
-from rtj_shim.progress_report import SCHEMA, report
-from rtj_shim.progress_server import ProgressServer
+from rtj_shim.wire import control
+from rtj_shim.wire.control import Order
+from rtj_shim.wire.progress_record import FILE_SIZE
 
 RANK_KEYS = {
     "rank", "local_rank", "pid", "restart", "state", "step", "steps_completed", "section",

@@ -4,8 +4,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rtj_shim.layout import StepDirName
-from rtj_shim.retention import RetentionPolicy, StepState, plan_retention, policy_from_env
+from rtj_shim.checkpoint.layout import StepDirName
+from rtj_shim.checkpoint.retention import (
+    RetentionPolicy,
+    StepState,
+    plan_retention,
+    policy_from_env,
+)
 
 
 def states(verified: list[int], broken: list[int] = (), tmp: list[int] = ()) -> list[StepState]:  # type: ignore[assignment]

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from rtj_shim.layout import StepDirName
-from rtj_shim.retention import (
+from rtj_shim.checkpoint.layout import StepDirName
+from rtj_shim.checkpoint.retention import (
     Metric,
     RetentionPolicy,
     StepState,

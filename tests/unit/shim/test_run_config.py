@@ -1,4 +1,4 @@
-"""rtj_shim.run_config: the configuration guard's pure rules (issue 43 section 4)."""
+"""rtj_shim.checkpoint.run_config: the configuration guard's pure rules (issue 43 section 4)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from rtj_shim.manifest import Manifest
-from rtj_shim.run_config import (
+from rtj_shim.checkpoint.manifest import Manifest
+from rtj_shim.checkpoint.run_config import (
     RUN_CONFIG_EXTRA,
     ConfigMismatch,
     RunConfig,

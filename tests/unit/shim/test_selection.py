@@ -2,15 +2,15 @@ from __future__ import annotations
 
 import pytest
 
-from rtj_shim.layout import StepDirName
-from rtj_shim.selection import (
+from rtj_shim.checkpoint.layout import StepDirName
+from rtj_shim.checkpoint.selection import (
     hint_problem,
     in_progress_skips,
     parse_latest_hint,
     resume_candidates,
     select_resume_step,
 )
-from rtj_shim.verification import Depth, Verdict
+from rtj_shim.checkpoint.verification import Depth, Verdict
 
 
 @pytest.mark.parametrize(
@@ -79,7 +79,7 @@ def test_in_progress_dirs_newer_than_choice_are_reported() -> None:
 def test_steps_marked_bad_are_no_candidates_and_the_chooser_is_lazy() -> None:
     """The operator's bad-step filter is the shim's, and every chooser stops at the first
     step that verifies (a deep verification of every older step would read it all)."""
-    from rtj_shim.selection import resume_candidates, select_resume_step
+    from rtj_shim.checkpoint.selection import resume_candidates, select_resume_step
 
     assert resume_candidates([100, 300, 200, 300], bad_steps=[300]) == [200, 100]
     asked: list[int] = []

@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 
-from rtj_shim import control, peer_replica
-from rtj_shim.control import Order, OrderError
-from rtj_shim.drain_order import accept_drain_order
-from rtj_shim.progress_server import ProgressServer
+from rtj_shim.agent.progress_server import ProgressServer
+from rtj_shim.fast import peer_replica
+from rtj_shim.wire import control
+from rtj_shim.wire.control import Order, OrderError
+from rtj_shim.wire.drain_order import accept_drain_order
 
 UID = "job-uid"
 KEY = control.job_key(b"the operator's secret", UID)

@@ -14,12 +14,13 @@ from typing import Any
 
 import pytest
 
-from rtj_shim import control, peer_replica
+from rtj_shim.agent.progress_cli import reads_from_env
+from rtj_shim.agent.progress_handler import Reads
+from rtj_shim.agent.progress_server import ProgressServer
 from rtj_shim.errors import UsageError
+from rtj_shim.fast import peer_replica
 from rtj_shim.progress import Progress
-from rtj_shim.progress_cli import reads_from_env
-from rtj_shim.progress_handler import Reads
-from rtj_shim.progress_server import ProgressServer
+from rtj_shim.wire import control
 
 UID = "job-uid"
 KEY = control.job_key(b"the operator's secret", UID)

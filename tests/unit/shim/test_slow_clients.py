@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 
 from rtj_operator.pod_http import fetch_progress, progress_headers
-from rtj_shim import control
-from rtj_shim.http_gate import Need, framing, victim
+from rtj_shim.agent.http_gate import Need, framing, victim
+from rtj_shim.agent.progress_handler import Reads
+from rtj_shim.agent.progress_server import ProgressServer
 from rtj_shim.progress import Progress
-from rtj_shim.progress_handler import Reads
-from rtj_shim.progress_server import ProgressServer
+from rtj_shim.wire import control
 
 UID = "job-uid"
 KEY = control.job_key(b"the operator's secret", UID)

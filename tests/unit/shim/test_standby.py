@@ -1,4 +1,4 @@
-"""The supervisor's warm-interpreter keeper (`rtj_shim.standby`): the fork server that
+"""The supervisor's warm-interpreter keeper (`rtj_shim.agent.standby`): the fork server that
 imports once and forks every trainer, the fall back to a standby per generation when it
 ends, and that a failed import makes every later generation start cold, said once."""
 
@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from rtj_shim import preload, warm
-from rtj_shim.standby import StandbyKeeper
-from rtj_shim.warm import ForkedTrainer
+from rtj_shim.agent import preload, warm
+from rtj_shim.agent.standby import StandbyKeeper
+from rtj_shim.agent.warm import ForkedTrainer
 
 
 def _keeper(argv: list[str], modules: list[str], said: list[str]) -> StandbyKeeper:

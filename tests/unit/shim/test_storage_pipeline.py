@@ -1,5 +1,5 @@
 """The filesystem data paths: hash exactly what is written, surface every failure, publish
-nothing after one, and keep memory bounded (rtj_shim.storage.pipeline and its use by
+nothing after one, and keep memory bounded (rtj_shim.checkpoint.storage.pipeline and its use by
 FilesystemStepWriter)."""
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from typing import Any
 
 import pytest
 
+from rtj_shim.checkpoint.layout import STEPS_DIR
+from rtj_shim.checkpoint.protocol import PUBLISH_STREAMS, CommitProtocol
+from rtj_shim.checkpoint.resolver import resolve
+from rtj_shim.checkpoint.storage import pipeline
+from rtj_shim.checkpoint.storage.filesystem import FilesystemStepWriter, FilesystemStore
+from rtj_shim.checkpoint.verification import Depth
+from rtj_shim.checkpoint.verifier import verify_step
 from rtj_shim.errors import StoreError
-from rtj_shim.layout import STEPS_DIR
-from rtj_shim.protocol import PUBLISH_STREAMS, CommitProtocol
-from rtj_shim.resolver import resolve
-from rtj_shim.storage import pipeline
-from rtj_shim.storage.filesystem import FilesystemStepWriter, FilesystemStore
-from rtj_shim.verification import Depth
-from rtj_shim.verifier import verify_step
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -300,8 +300,8 @@ CHILD = textwrap.dedent(
     """
     import json, sys
     from pathlib import Path
-    from rtj_shim.protocol import PUBLISH_STREAMS, CommitProtocol
-    from rtj_shim.storage.filesystem import FilesystemStepWriter, FilesystemStore
+    from rtj_shim.checkpoint.protocol import PUBLISH_STREAMS, CommitProtocol
+    from rtj_shim.checkpoint.storage.filesystem import FilesystemStepWriter, FilesystemStore
 
     def hwm():
         with open("/proc/self/status") as fh:

@@ -1,12 +1,12 @@
-"""A checkpoint root is parsed strictly in one place (`rtj_shim.storage.open_store`), and a
-library caller's error names the library's argument, not the CLI's flag (issue 44)."""
+"""A checkpoint root is parsed strictly in one place (`rtj_shim.checkpoint.storage.open_store`),
+and a library caller's error names the library's argument, not the CLI's flag (issue 44)."""
 
 from __future__ import annotations
 
 import pytest
 
+from rtj_shim.checkpoint.storage import open_store
 from rtj_shim.errors import Refused, UsageError
-from rtj_shim.storage import open_store
 
 
 @pytest.mark.parametrize(

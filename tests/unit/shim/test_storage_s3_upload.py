@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
+from rtj_shim.checkpoint.storage.s3 import S3Store
+from rtj_shim.checkpoint.storage.s3_upload import S3StepWriter
 from rtj_shim.errors import StoreError
-from rtj_shim.storage.s3 import S3Store
-from rtj_shim.storage.s3_upload import S3StepWriter
 
 MiB = 1024 * 1024
 PART = 5 * MiB

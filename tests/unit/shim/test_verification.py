@@ -4,9 +4,15 @@ from datetime import datetime, timezone
 
 import pytest
 
+from rtj_shim.checkpoint.manifest import (
+    FileEntry,
+    Manifest,
+    committed_marker,
+    encode_manifest,
+    sha256_hex,
+)
+from rtj_shim.checkpoint.verification import check_commit, check_digests, check_sizes
 from rtj_shim.errors import ManifestError
-from rtj_shim.manifest import FileEntry, Manifest, committed_marker, encode_manifest, sha256_hex
-from rtj_shim.verification import check_commit, check_digests, check_sizes
 
 DATA = {"a.bin": b"alpha", "dir/b.bin": b"bravo-bravo"}
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rtj_shim.protocol import CommitProtocol
-from rtj_shim.storage.filesystem import FilesystemStore
+from rtj_shim.checkpoint.protocol import CommitProtocol
+from rtj_shim.checkpoint.storage.filesystem import FilesystemStore
 from rtj_shim.torch.restore import REJECTED_SUFFIX, durable_resume
 
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from rtj_shim.retention import RetentionPolicy
+from rtj_shim.checkpoint.retention import RetentionPolicy
 from rtj_shim.torch.schedule import (
     Best,
     Schedule,

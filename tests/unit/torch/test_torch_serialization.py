@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from rtj_shim.manifest import FileEntry
+from rtj_shim.checkpoint.manifest import FileEntry
 from rtj_shim.torch import UnsafeStateError, rng
 from rtj_shim.torch import serialization as ser
 

@@ -22,11 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from rtj_shim import pod_env
-from rtj_shim.errors import StepAlreadyPublished
-from rtj_shim.layout import COMMITTED_FILE, MANIFEST_FILE, StepDirName, step_dir_name, step_key
-from rtj_shim.manifest import Manifest, sha256_hex
-from rtj_shim.protocol import (
+from rtj_shim.checkpoint.layout import (
+    COMMITTED_FILE,
+    MANIFEST_FILE,
+    StepDirName,
+    step_dir_name,
+    step_key,
+)
+from rtj_shim.checkpoint.manifest import Manifest, sha256_hex
+from rtj_shim.checkpoint.protocol import (
     RETENTION_FROM_ENV,
     CommitProtocol,
     PublishResult,
@@ -34,16 +38,18 @@ from rtj_shim.protocol import (
     _FromEnv,
     retention_from_env,
 )
-from rtj_shim.resolver import resolve
-from rtj_shim.retention import RetentionPolicy
-from rtj_shim.storage import CheckpointStore, open_store
-from rtj_shim.storage.filesystem import FilesystemStore
+from rtj_shim.checkpoint.resolver import resolve
+from rtj_shim.checkpoint.retention import RetentionPolicy
+from rtj_shim.checkpoint.storage import CheckpointStore, open_store
+from rtj_shim.checkpoint.storage.filesystem import FilesystemStore
+from rtj_shim.checkpoint.verification import Depth, check_commit
+from rtj_shim.checkpoint.verifier import verify_step
+from rtj_shim.errors import StepAlreadyPublished
 from rtj_shim.torch.checkpointer import DEFAULT_RESUME_FILE
 from rtj_shim.torch.outcomes import CheckpointError
 from rtj_shim.torch.restore import pinned_step
 from rtj_shim.torch.schedule import merged_retention
-from rtj_shim.verification import Depth, check_commit
-from rtj_shim.verifier import verify_step
+from rtj_shim.wire import pod_env
 
 log = logging.getLogger("rtj_shim.integrations")
 

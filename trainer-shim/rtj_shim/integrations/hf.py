@@ -26,6 +26,9 @@ import transformers
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from rtj_shim.checkpoint.manifest import Framework
+from rtj_shim.checkpoint.protocol import PublishResult, StepMetadata
+from rtj_shim.checkpoint.storage import CheckpointStore
 from rtj_shim.integrations._common import (
     UNSET,
     LocalStep,
@@ -37,9 +40,6 @@ from rtj_shim.integrations._common import (
     resolve_local,
     retention_policy,
 )
-from rtj_shim.manifest import Framework
-from rtj_shim.protocol import PublishResult, StepMetadata
-from rtj_shim.storage import CheckpointStore
 
 __all__ = ["PublishCheckpoints", "resume_checkpoint", "resume_step"]
 

@@ -33,6 +33,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rtj_shim.checkpoint.manifest import Framework
+from rtj_shim.checkpoint.protocol import PublishResult, StepMetadata
+from rtj_shim.checkpoint.storage import CheckpointStore
 from rtj_shim.integrations._common import (
     UNSET,
     LocalStep,
@@ -45,9 +48,6 @@ from rtj_shim.integrations._common import (
     resolve_local,
     retention_policy,
 )
-from rtj_shim.manifest import Framework
-from rtj_shim.protocol import PublishResult, StepMetadata
-from rtj_shim.storage import CheckpointStore
 
 __all__ = ["PublishingCheckpointIO"]
 

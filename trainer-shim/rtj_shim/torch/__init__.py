@@ -9,8 +9,8 @@ with a rendezvous namespace of its own per restart round (see its docstring);
 
 from __future__ import annotations
 
+from rtj_shim.checkpoint.run_config import ConfigMismatch
 from rtj_shim.integrity import AnomalyGuard, SuspectState
-from rtj_shim.run_config import ConfigMismatch
 from rtj_shim.torch.checkpointer import (
     Checkpointer,
     CheckpointError,

@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 import rtj_shim
-from rtj_shim.manifest import Framework
-from rtj_shim.protocol import StepMetadata
+from rtj_shim.checkpoint.manifest import Framework
+from rtj_shim.checkpoint.protocol import StepMetadata
 from rtj_shim.torch import _dist, fsdp, rng
 from rtj_shim.torch import serialization as ser
 from rtj_shim.torch.plain import all_plain_leaves

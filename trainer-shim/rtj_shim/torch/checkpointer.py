@@ -31,13 +31,14 @@ from typing import Any
 
 import torch
 
-from rtj_shim import pod_env, progress
-from rtj_shim.fast_tier import FastTierConfig
+from rtj_shim import progress
+from rtj_shim.checkpoint.layout import step_key
+from rtj_shim.checkpoint.protocol import CommitProtocol, retention_from_env
+from rtj_shim.checkpoint.run_config import RunConfig, allowed_changes, user_config
+from rtj_shim.checkpoint.storage import CheckpointStore, open_store
+from rtj_shim.checkpoint.verification import check_commit
+from rtj_shim.fast.fast_tier import FastTierConfig
 from rtj_shim.integrity import AnomalyGuard
-from rtj_shim.layout import step_key
-from rtj_shim.protocol import CommitProtocol, retention_from_env
-from rtj_shim.run_config import RunConfig, allowed_changes, user_config
-from rtj_shim.storage import CheckpointStore, open_store
 from rtj_shim.torch import _dist, fast_save, fingerprint, integrity_watch, resave, rng, run_record
 from rtj_shim.torch.agreement import StepAgreement
 from rtj_shim.torch.capture import (
@@ -76,7 +77,7 @@ from rtj_shim.torch.staging import Staging, mark_staged
 from rtj_shim.torch.state import COMMON, USER_KINDS, Entry, classify, reclassify
 from rtj_shim.torch.validation import Probe, loss_problem, optimizer_moments, run_probe
 from rtj_shim.torch.writer import CollectiveWriter
-from rtj_shim.verification import check_commit
+from rtj_shim.wire import pod_env
 
 __all__ = [  # the names this module has always offered
     "DEFAULT_RESUME_FILE",
@@ -103,7 +104,7 @@ class Checkpointer:
     ``root``: a path, ``file://`` or ``s3://`` URI (or an opened store); omitted: the
     operator's ``RTJ_CHECKPOINT_URI`` (``spec.checkpoint.uri``). ``emergency_deadline_s``
     omitted: ``RTJ_EMERGENCY_SAVE_SECONDS`` (``spec.checkpoint.emergencySaveSeconds``), else
-    30 s (``rtj_shim.pod_env``: the whole environment contract). Rank and world size come
+    30 s (``rtj_shim.wire.pod_env``: the whole environment contract). Rank and world size come
     from ``torch.distributed`` when it is initialized.
 
     ``rank_local`` / ``replicated``: names of objects whose placement differs from their

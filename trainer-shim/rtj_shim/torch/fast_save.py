@@ -1,5 +1,5 @@
 """The fast tier for the torch Checkpointer: each rank's own step in pod-local memory, and
-the collective decision to resume from it (layout and rules: :mod:`rtj_shim.fast_tier`).
+the collective decision to resume from it (layout and rules: :mod:`rtj_shim.fast.fast_tier`).
 
 A fast save is local and staged like a background durable save: the rank captures the
 same state, copies what the next forward and backward may change into its own reused host
@@ -18,7 +18,6 @@ the report names the fast step and why it was skipped.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import queue
@@ -28,14 +27,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rtj_shim import fast_tier
-from rtj_shim import lineage as lineage_mod
-from rtj_shim.fast_tier import FastTierConfig, rank_store
-from rtj_shim.layout import COMMITTED_FILE, MANIFEST_FILE, step_key
-from rtj_shim.manifest import decode_manifest, sha256_hex
-from rtj_shim.protocol import CommitProtocol
-from rtj_shim.retention import RetentionPolicy
-from rtj_shim.storage.filesystem import FilesystemStore
+from rtj_shim.checkpoint import lineage as lineage_mod
+from rtj_shim.checkpoint.layout import COMMITTED_FILE, MANIFEST_FILE, step_key
+from rtj_shim.checkpoint.manifest import decode_manifest, sha256_hex
+from rtj_shim.checkpoint.protocol import CommitProtocol
+from rtj_shim.checkpoint.retention import RetentionPolicy
+from rtj_shim.checkpoint.storage.filesystem import FilesystemStore
+from rtj_shim.checkpoint.verification import Depth
+from rtj_shim.checkpoint.verifier import verify_step
+from rtj_shim.fast import fast_tier
+from rtj_shim.fast.fast_tier import FastTierConfig, rank_store
 from rtj_shim.torch import _dist
 from rtj_shim.torch import serialization as ser
 from rtj_shim.torch.capture import (
@@ -52,8 +53,7 @@ from rtj_shim.torch.capture import (
 from rtj_shim.torch.staging import Staging, mark_staged
 from rtj_shim.torch.state import SHARDED, Entry
 from rtj_shim.torch.validation import nonfinite_problem
-from rtj_shim.verification import Depth
-from rtj_shim.verifier import verify_step
+from rtj_shim.wire.resume_file import ResumeFile, ResumeFileError
 
 log = logging.getLogger("rtj_shim.torch")
 
@@ -118,7 +118,7 @@ class FastTier:
         self._staging = Staging(None, check_finite=False)  # its own buffers and fences
         self._writing: int | None = None
         # the Checkpointer's durable schedule, recorded in every fast manifest: the drain
-        # leaves the steps the trainers publish themselves to them (rtj_shim.drain)
+        # leaves the steps the trainers publish themselves to them (rtj_shim.fast.drain)
         self.durable_schedule: dict[str, Any] = {}
         self._adopted = False  # whether this rank's directory was made one history (adopt)
 
@@ -330,15 +330,10 @@ def pinned_fast_step(resume_file: Path, restored_once: bool) -> tuple[int, str |
     if restored_once or int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0) > 0:
         return None
     try:
-        data = json.loads(resume_file.read_bytes())
-    except (FileNotFoundError, ValueError):
+        pin = ResumeFile.parse(resume_file.read_bytes())
+    except (FileNotFoundError, ResumeFileError):  # the durable restore reports a bad file
         return None
-    if not isinstance(data, dict):
-        return None
-    step, pinned = data.get("fast_step"), data.get("fast_lineage")
-    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-        return None
-    return step, pinned if isinstance(pinned, str) else None
+    return None if pin.fast_step is None else (pin.fast_step, pin.fast_lineage)
 
 
 def fast_resume(

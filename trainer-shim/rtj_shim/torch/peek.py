@@ -16,14 +16,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from rtj_shim.layout import step_key
-from rtj_shim.manifest import Manifest
+from rtj_shim.checkpoint.layout import step_key
+from rtj_shim.checkpoint.manifest import Manifest
+from rtj_shim.checkpoint.verification import check_commit
 from rtj_shim.torch import _dist
 from rtj_shim.torch import serialization as ser
 from rtj_shim.torch.outcomes import CheckpointError
 from rtj_shim.torch.restore import StepLoader
 from rtj_shim.torch.state import COMMON
-from rtj_shim.verification import check_commit
 
 
 @dataclass(frozen=True)

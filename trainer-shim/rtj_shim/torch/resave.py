@@ -23,12 +23,12 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from rtj_shim.layout import step_key
-from rtj_shim.storage import CheckpointStore
+from rtj_shim.checkpoint.layout import step_key
+from rtj_shim.checkpoint.storage import CheckpointStore
+from rtj_shim.checkpoint.verification import Depth
+from rtj_shim.checkpoint.verifier import verify_step
 from rtj_shim.torch import _dist
 from rtj_shim.torch.outcomes import CheckpointError, SaveReport
-from rtj_shim.verification import Depth
-from rtj_shim.verifier import verify_step
 
 log = logging.getLogger("rtj_shim.torch")
 

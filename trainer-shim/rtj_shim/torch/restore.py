@@ -24,12 +24,13 @@ from typing import Any
 
 import torch
 
+from rtj_shim.checkpoint.layout import COMMITTED_FILE, MANIFEST_FILE, step_key
+from rtj_shim.checkpoint.manifest import FileEntry, Manifest, sha256_hex
+from rtj_shim.checkpoint.resolver import resolve
+from rtj_shim.checkpoint.storage import CheckpointStore
+from rtj_shim.checkpoint.storage.filesystem import FilesystemStore
+from rtj_shim.checkpoint.verification import Depth
 from rtj_shim.errors import StoreError
-from rtj_shim.layout import COMMITTED_FILE, MANIFEST_FILE, step_key
-from rtj_shim.manifest import FileEntry, Manifest, sha256_hex
-from rtj_shim.resolver import resolve
-from rtj_shim.storage import CheckpointStore
-from rtj_shim.storage.filesystem import FilesystemStore
 from rtj_shim.torch import _dist, fast_save, fsdp, rng
 from rtj_shim.torch import serialization as ser
 from rtj_shim.torch.capture import FORMAT, rank_path
@@ -42,7 +43,7 @@ from rtj_shim.torch.validation import (
     optimizer_moments,
     run_probe,
 )
-from rtj_shim.verification import Depth
+from rtj_shim.wire.resume_file import ResumeFile, ResumeFileError
 
 log = logging.getLogger("rtj_shim.torch")
 
@@ -120,22 +121,19 @@ def pinned_step(
         raw = resume_file.read_bytes()
     except FileNotFoundError:
         return None
-    data = json.loads(raw)
-    if "step" not in data:  # an in-place restart that pinned only a fast-tier step
+    try:
+        pin = ResumeFile.parse(raw)
+    except ResumeFileError as exc:
+        raise CheckpointError(f"{resume_file}: {exc}") from exc
+    if pin.error is not None:
+        raise CheckpointError(f"{resume_file}: the resume decision failed: {pin.error}")
+    if not pin.pins_step:  # an in-place restart that pinned only a fast-tier step
         return None
-    uri = data.get("uri")
-    if uri is not None and not str(uri).startswith(store.uri):
+    if pin.uri is not None and not pin.uri.startswith(store.uri):
         raise CheckpointError(
-            f"{resume_file} names {uri}, which is not under this job's root {store.uri}"
+            f"{resume_file} names {pin.uri}, which is not under this job's root {store.uri}"
         )
-    skipped = [(int(s["step"]), str(s["reason"])) for s in data.get("skipped", [])]
-    step = data.get("step")
-    verified_there = data.get("verification") == Depth.DEEP.value
-    return (
-        (None if step is None else int(step)),
-        skipped,
-        (Depth.SHALLOW if verified_there else Depth.DEEP),
-    )
+    return pin.step, list(pin.skipped), (Depth.SHALLOW if pin.verified_deeply else Depth.DEEP)
 
 
 def claim_problem(claim: Callable[[], object] | None) -> str | None:

@@ -1,5 +1,5 @@
-"""This run's configuration record (`rtj_shim.run_config.RunConfig`) read off its objects,
-and the guard a restore applies with it.
+"""This run's configuration record (`rtj_shim.checkpoint.run_config.RunConfig`) read off its
+objects, and the guard a restore applies with it.
 
 Parameter shapes are the model's own: a DDP module's, an FSDP2 (``fully_shard``) module's
 global shapes (a DTensor's ``shape``), so they do not change with the world size. A legacy
@@ -15,7 +15,7 @@ from typing import Any
 
 from torch import nn
 
-from rtj_shim.run_config import (
+from rtj_shim.checkpoint.run_config import (
     RUN_CONFIG_EXTRA,
     ConfigMismatch,
     RunConfig,

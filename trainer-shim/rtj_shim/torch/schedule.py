@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rtj_shim.retention import RetentionPolicy
+from rtj_shim.checkpoint.retention import RetentionPolicy
 
 Mode = Literal["min", "max"]
 

@@ -34,8 +34,8 @@ from typing import IO, Any, cast
 import numpy as np
 import torch
 
-from rtj_shim.manifest import FileEntry
-from rtj_shim.storage.base import StepWriter
+from rtj_shim.checkpoint.manifest import FileEntry
+from rtj_shim.checkpoint.storage.base import StepWriter
 from rtj_shim.torch.plain import (
     PLAIN_LEAVES,
     all_plain_leaves,

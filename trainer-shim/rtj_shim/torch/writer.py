@@ -18,11 +18,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from rtj_shim.checkpoint.layout import StepDirName
+from rtj_shim.checkpoint.manifest import FileEntry
+from rtj_shim.checkpoint.protocol import CommitProtocol
+from rtj_shim.checkpoint.storage import CheckpointStore, StepWriter
+from rtj_shim.checkpoint.verification import Depth
+from rtj_shim.checkpoint.verifier import verify_step
 from rtj_shim.errors import StepAlreadyPublished
-from rtj_shim.layout import StepDirName
-from rtj_shim.manifest import FileEntry
-from rtj_shim.protocol import CommitProtocol
-from rtj_shim.storage import CheckpointStore, StepWriter
 from rtj_shim.torch import _dist
 from rtj_shim.torch import serialization as ser
 from rtj_shim.torch.capture import (
@@ -35,8 +37,6 @@ from rtj_shim.torch.capture import (
 )
 from rtj_shim.torch.outcomes import CheckpointError, NonFiniteStateError, SaveReport
 from rtj_shim.torch.validation import nonfinite_problem
-from rtj_shim.verification import Depth
-from rtj_shim.verifier import verify_step
 
 log = logging.getLogger("rtj_shim.torch")
 

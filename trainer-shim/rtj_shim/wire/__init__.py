@@ -1,0 +1,5 @@
+"""Messages that cross a process: the operator's signed restart order and its answer seal,
+the drain order, the per-rank progress record and the environment contract between the
+operator and the trainer's container. Each module holds one message, its ``encode``/``parse``
+(or write/read) side by side; the operator imports these types instead of re-parsing them.
+"""
