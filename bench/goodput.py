@@ -32,313 +32,40 @@ The same schedule against a plain JobSet, side by side: `bench.goodput_baseline`
 from __future__ import annotations
 
 import argparse
-import contextlib
-import copy
 import json
 import os
 import re
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from bench import soak_accounting as acc
 from bench import soak_judge, soak_report
 from bench.cpu_account import CpuSampler
-from bench.soak_schedule import DEFAULT_MIX, Fault, schedule
-from e2e.cluster import faults as cluster_faults
+from bench.soak_faults import Injector as Injector
+from bench.soak_faults import inject as inject
+from bench.soak_faults import preemption_text as preemption_text
+from bench.soak_faults import prepare_preemption as prepare_preemption
+from bench.soak_schedule import schedule
+from bench.soak_training import CAPS as CAPS
+from bench.soak_training import CLUSTER_QUEUE as CLUSTER_QUEUE
+from bench.soak_training import JOB as JOB
+from bench.soak_training import MAX_RESTARTS as MAX_RESTARTS
+from bench.soak_training import NODES as NODES
+from bench.soak_training import PREEMPTION_HOLD as PREEMPTION_HOLD
+from bench.soak_training import PREEMPTION_PRIORITY as PREEMPTION_PRIORITY
+from bench.soak_training import RANKS as RANKS
+from bench.soak_training import SoakOptions as SoakOptions
+from bench.soak_training import job_body as job_body
+from bench.soak_training import no_fault_run as no_fault_run
+from bench.soak_training import settings as settings
+from e2e.cluster import kueue_preemption
 from e2e.cluster.cluster import LocalCluster
-from e2e.demo import drills, story
+from e2e.demo import story
 from e2e.operator_proc import REPO, wait_for
-from e2e.podrunner.runner import descendants
-
-JOB = "soak"
-NODES = 6
-RANKS = 2
-# each takes a node out for good (quarantined, or powered off); one spare node stays
-CAPS = {"gpu_xid": NODES - RANKS - 2, "node_lost": 1}
-MAX_RESTARTS = 50
-PREEMPTION_HOLD = 5.0
-"""Seconds a preemption's urgent workload keeps the quota once admitted (`--preemption-hold`)."""
-PREEMPTION_PRIORITY = 1000
-"""Its WorkloadPriorityClass's value (the soak's job has none: 0)."""
-CLUSTER_QUEUE = story.NAMESPACE
-"""The platform's ClusterQueue (`story.start_platform` names it after the namespace)."""
-
-
-@dataclass
-class SoakOptions:
-    steps: int = 3000
-    save_every: int = 100
-    step_sleep: float = 0.05
-    mtbf: float = 60.0
-    seed: int = 1
-    hang_timeout: int = 15
-    mix: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_MIX))
-    work: Path = Path("/tmp/rtj-soak")
-    expected_step_seconds: float = 0.09
-    """For the schedule's horizon only (steps x this); faults past the end are dropped."""
-    faults: list[Fault] | None = None
-    """A fixed schedule instead of the seeded one (the smoke test's)."""
-    in_place: bool = True
-    """spec.recovery.inPlace (and the operator's --control-secret-file)."""
-    fast_every: int = 10
-    """spec.checkpoint.fastTier.everySteps (0: no fast tier; it needs in_place)."""
-    in_place_deadline: int = 60
-    """spec.recovery.inPlaceDeadlineSeconds."""
-    preemption_hold: float = PREEMPTION_HOLD
-    """How long a preemption's urgent workload keeps the quota once Kueue admitted it."""
-    spares: int = 0
-    """spec.spares (warm spares; they need in_place). The platform gets as many more nodes,
-    and one per GPU fault or lost node (the pod its Job creates again is the new spare), so
-    the faults have the nodes they have without spares."""
-    preload: bool = False
-    """spec.recovery.inPlacePreload (`drills.preloaded`: a warm standby interpreter per pod,
-    the trainer under python directly instead of torchrun; it needs in_place)."""
-    async_save: bool = False
-    """The trainer's durable saves in the background (`save(blocking=False)`: staged, then
-    written, hashed and committed by a thread) instead of blocking every `save_every` steps:
-    the example's `--async-save`. Off: the durable save to S3 holds the step (~0.55 s for
-    the soak's model on this machine, every 100 steps)."""
-    drain_every: int = 0
-    """spec.checkpoint.fastTier.drainEverySteps (0: no drain). With a drain the durable tier
-    is fed by pod 0's progress sidecar publishing every `drain_every`-th fast step, off the
-    training processes; the trainers' own durable save is then only their last step."""
-
-    def __post_init__(self) -> None:
-        if self.fast_every < 0 or (self.fast_every and not self.in_place):
-            raise ValueError("the fast tier (fast_every > 0) needs in-place restarts")
-        if self.spares < 0 or (self.spares and not self.in_place):
-            raise ValueError("warm spares (spares > 0) need in-place restarts")
-        if self.preload and not self.in_place:
-            raise ValueError("a warm standby interpreter (preload) needs in-place restarts")
-        if self.drain_every < 0 or (
-            self.drain_every and (not self.fast_every or self.drain_every % self.fast_every)
-        ):
-            raise ValueError("a drain (drain_every > 0) needs the fast tier, every "
-                             "fast_every-th step a multiple of it")  # fmt: skip
-
-    def features(self) -> dict[str, Any]:
-        return {"in_place": self.in_place, "fast_every": self.fast_every, "spares": self.spares,
-                "preload": self.preload, "async_save": self.async_save,
-                "drain_every": self.drain_every}  # fmt: skip
-
-    def nodes(self) -> int:
-        return NODES + (self.spares + sum(CAPS.values()) if self.spares else 0)
-
-    def variant(self) -> str:
-        """In words, for reports."""
-        if not self.in_place:
-            return "whole world only"
-        tier = f"fast tier every {self.fast_every} steps" if self.fast_every else "no fast tier"
-        spares = f", {self.spares} warm spare(s)" if self.spares else ""
-        preload = ", warm interpreters (a fork server per pod)" if self.preload else ""
-        background = ", background durable saves" if self.async_save else ""
-        drain = f", drained to S3 every {self.drain_every} steps" if self.drain_every else ""
-        return f"in place, {tier}{drain}{spares}{preload}{background}"
-
-    def trainer_save_every(self) -> int:
-        """The trainers' own durable interval: with a drain, only their last step."""
-        return self.steps if self.drain_every else self.save_every
-
-
-def _trainer_args(opts: SoakOptions) -> list[str]:
-    return [
-        f"--steps={opts.steps}",
-        f"--save-every={opts.trainer_save_every()}",
-        f"--step-sleep={opts.step_sleep}",
-        *(["--async-save"] if opts.async_save else []),
-    ]
-
-
-def job_body(opts: SoakOptions) -> dict[str, Any]:
-    body: dict[str, Any] = copy.deepcopy(yaml.safe_load(story.EXAMPLE.read_text()))
-    body["metadata"]["name"] = JOB
-    spec = body["spec"]
-    spec["checkpoint"]["uri"] = f"s3://{story.BUCKET}/{JOB}"
-    spec["failurePolicy"] = {"maxRestarts": MAX_RESTARTS,
-                             "backoff": {"initialSeconds": 1, "maxSeconds": 5}}  # fmt: skip
-    spec["progress"] = {"hangTimeoutSeconds": opts.hang_timeout}
-    if opts.in_place:
-        spec["recovery"] = {"inPlace": True, "inPlaceDeadlineSeconds": opts.in_place_deadline}
-    if opts.fast_every:
-        spec["checkpoint"]["fastTier"] = {"everySteps": opts.fast_every}
-    if opts.drain_every:
-        spec["checkpoint"]["fastTier"]["drainEverySteps"] = opts.drain_every
-    if opts.spares:
-        spec["spares"] = opts.spares
-    container = spec["template"]["spec"]["containers"][0]
-    keep = [a for a in container["command"] if not a.startswith(("--steps", "--save-every",
-                                                                 "--step-sleep"))]  # fmt: skip
-    container["command"] = [*keep, *_trainer_args(opts)]
-    if opts.preload:
-        drills.preloaded(body)
-    return dict(body)
-
-
-def no_fault_run(opts: SoakOptions) -> dict[int, dict[int, float]]:
-    """The same training without faults (torchrun --standalone): rank -> step -> loss."""
-    logs = opts.work / "baseline-logs"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RTJ_", "AWS_"))}
-    subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone",
-         f"--nproc-per-node={RANKS}", "examples/ddp_train.py",
-         f"--root=file://{opts.work / 'baseline-ckpt'}", f"--log-dir={logs}",
-         *_trainer_args(opts), "--step-sleep=0"],
-        cwd=REPO, env=env, check=True, timeout=1800, capture_output=True,
-    )  # fmt: skip
-    return {
-        r: dict(acc.parse_attempt(0, (logs / f"rank-{r}.jsonl").read_text().splitlines()).losses)
-        for r in range(RANKS)
-    }
-
-
-class Injector:
-    """Applies one fault to the current attempt's world (pod-runner processes; for a
-    preemption, Kueue)."""
-
-    def __init__(
-        self, opts: story.Options, kube: Any, api: Any, preemption_hold: float = PREEMPTION_HOLD
-    ) -> None:
-        self.opts, self.kube, self.api = opts, kube, api
-        self.preemption_hold = preemption_hold
-        self.preemptions: list[cluster_faults.Preemption] = []
-
-    def _current(self, rank: int) -> dict[str, Any] | None:
-        status = self.api.get_rtj(story.NAMESPACE, JOB).get("status") or {}
-        attempt = status.get("attempt")
-        pods = self.api.list_pods(
-            story.NAMESPACE,
-            f"training.resilient.dev/job={JOB},training.resilient.dev/attempt={attempt}",
-        )
-        index = "batch.kubernetes.io/job-completion-index"
-        running = [p for p in pods if p["metadata"]["labels"].get(index) == str(rank)
-                   and (p.get("status") or {}).get("phase") == "Running"]  # fmt: skip
-        # a lost node's pod stays Running in the API beside its replacement (restart in
-        # place replaces only the pods on a lost node): the one whose trainer is alive
-        alive = [p for p in running if self._trainer(p) is not None]
-        return next(iter(alive or running), None)
-
-    def _trainer(self, pod: dict[str, Any]) -> int | None:
-        """The rank's training process: not torchrun, nor the in-place supervisor, whose
-        command lines name the script too."""
-        pid_file = story._pod_dir(self.opts, pod) / "containers" / "trainer" / "pid"
-        with contextlib.suppress(OSError, ValueError):
-            for pid in descendants(int(pid_file.read_text())):
-                if drills.is_trainer(pid):
-                    return pid
-        return None
-
-    def apply(self, fault: Fault) -> str:
-        """What was done (or why nothing was: no training world to hit)."""
-        pod = self._current(fault.rank)
-        pid = self._trainer(pod) if pod is not None else None
-        if pod is None or pid is None:
-            return "skipped: no running trainer for that rank"
-        if fault.kind == "preemption":
-            return self._preempt()
-        node, name = pod["spec"]["nodeName"], pod["metadata"]["name"]
-        if fault.kind == "hang":
-            os.kill(pid, signal.SIGSTOP)
-            return f"SIGSTOP rank {fault.rank} (pid {pid}, {name})"
-        if fault.kind == "node_lost":
-            off = self.opts.state / "runner" / "power-off" / node
-            off.parent.mkdir(parents=True, exist_ok=True)
-            off.touch()  # the runner's next heartbeat powers the node off
-            return f"powered {node} off silently (rank {fault.rank}, {name})"
-        if fault.kind == "eviction":
-            self.kube.core.create_namespaced_pod_eviction(
-                name, story.NAMESPACE, {"metadata": {"name": name}}
-            )
-            return f"evicted {name} (Eviction API)"
-        if fault.kind == "gpu_xid":
-            cluster_faults.gpu_xid(self.kube, node, story.XID)
-        if fault.kind == "corrupt_newest":
-            what = self._corrupt_newest()
-            os.kill(pid, signal.SIGKILL)
-            return f"{what}; SIGKILL rank {fault.rank}"
-        os.kill(pid, signal.SIGKILL)
-        return f"{'XID 79 on ' + node + '; ' if fault.kind == 'gpu_xid' else ''}SIGKILL " \
-            f"rank {fault.rank} (pid {pid})"  # fmt: skip
-
-    def _preempt(self) -> str:
-        """Kueue preempts the job: an urgent workload needing the ClusterQueue's whole quota
-        (`cluster_faults.kueue_preempt`), gone `preemption_hold` s after its admission."""
-        p = cluster_faults.kueue_preempt(
-            self.kube, story.NAMESPACE, story.QUEUE, CLUSTER_QUEUE,
-            hold=self.preemption_hold, name=f"urgent-{len(self.preemptions) + 1}",
-            priority=PREEMPTION_PRIORITY,
-        )  # fmt: skip
-        self.preemptions.append(p)
-        return preemption_text(p)
-
-    def _corrupt_newest(self) -> str:
-        """Flip one byte of a data file of the newest committed step in the store (the
-        checkpoint the next attempt will pin; its init containers must reject it)."""
-        import base64
-
-        import boto3
-
-        secret = self.kube.core.read_namespaced_secret(story.SECRET, story.NAMESPACE)
-        env = {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
-        s3 = boto3.client(
-            "s3", endpoint_url=env["AWS_ENDPOINT_URL_S3"], region_name=env["AWS_DEFAULT_REGION"],
-            aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-            aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-        )  # fmt: skip
-        keys: list[str] = []
-        for page in s3.get_paginator("list_objects_v2").paginate(
-            Bucket=story.BUCKET, Prefix=f"{JOB}/"
-        ):
-            keys += [o["Key"] for o in page.get("Contents", [])]
-        committed = sorted(k.rsplit("/", 1)[0] for k in keys if k.endswith("/COMMITTED"))
-        if not committed:
-            return "no committed step yet: nothing corrupted"
-        step = committed[-1]
-        data = [k for k in keys if k.startswith(step + "/") and not k.endswith(
-            ("/COMMITTED", "/manifest.json"))]  # fmt: skip
-        if not data:
-            return f"{step}: no data file"
-        key = sorted(data)[0]
-        body = bytearray(s3.get_object(Bucket=story.BUCKET, Key=key)["Body"].read())
-        body[len(body) // 2] ^= 0xFF
-        s3.put_object(Bucket=story.BUCKET, Key=key, Body=bytes(body))
-        return f"flipped a byte of {key}"
-
-
-def preemption_text(p: cluster_faults.Preemption) -> str:
-    """A preemption in words, for the report's list of what was injected."""
-    head = (f"Kueue: urgent Job {p.name} ({p.pods} pods x {p.gpus_per_pod} GPUs, the "
-            f"ClusterQueue's whole quota, priority {p.priority})")  # fmt: skip
-    if p.admitted is None:
-        return f"{head} not admitted: nothing preempted"
-    gone = f"{p.gone - p.released:.1f} s" if p.gone is not None else "not within the timeout"
-    return (f"{head} admitted {p.admitted - p.created:.1f} s after it arrived (ours evicted), "
-            f"held the quota {p.released - p.admitted:.1f} s, gone {gone} after its "
-            "deletion")  # fmt: skip
-
-
-def preemption_facts(p: cluster_faults.Preemption) -> dict[str, Any]:
-    """What the injected record keeps of a preemption (Unix times)."""
-    return {"preemptor": {"name": p.name, "created": p.created, "admitted": p.admitted,
-                          "released": p.released, "gone": p.gone}}  # fmt: skip
-
-
-def prepare_preemption(kube: Any, plan: list[Fault]) -> bool:
-    """Let the ClusterQueue preempt (`withinClusterQueue: LowerPriority`) when the schedule
-    holds a preemption. Only then: with one priority level it never preempts anything, but
-    a schedule without one keeps the platform exactly as before."""
-    if not any(f.kind == "preemption" for f in plan):
-        return False
-    cluster_faults.enable_kueue_preemption(kube, CLUSTER_QUEUE)
-    return True
 
 
 def run(opts: SoakOptions) -> dict[str, Any]:
@@ -397,19 +124,6 @@ def run(opts: SoakOptions) -> dict[str, Any]:
     return facts
 
 
-def inject(injector: Injector, fault: Fault) -> dict[str, Any]:
-    """Apply `fault` now; its record. `at`: when it was done (a preemption, which takes its
-    hold to apply: when the urgent workload arrived)."""
-    before = len(injector.preemptions)
-    what = injector.apply(fault)
-    out = {"kind": fault.kind, "rank": fault.rank, "at": time.time(), "scheduled": fault.at,
-           "what": what}  # fmt: skip
-    if len(injector.preemptions) > before:
-        p = injector.preemptions[-1]
-        out.update(at=p.created, **preemption_facts(p))
-    return out
-
-
 def _finished(api: Any) -> bool:
     phase = (api.get_rtj(story.NAMESPACE, JOB).get("status") or {}).get("phase")
     return phase in ("Succeeded", "Failed")
@@ -431,7 +145,7 @@ STARTED = re.compile(
     r"rtj-shim supervise: generation (\d+): started \S+ "
     r"(from its warm standby|from the pod's fork server|cold)"
 )
-"""The supervisor's line for each generation it starts (`rtj_shim.supervisor.Supervisor`)."""
+"""The supervisor's line for each generation it starts (`rtj_shim.agent.supervisor.Supervisor`)."""
 
 
 def generation_starts(platform: story.Options) -> list[dict[str, Any]]:
@@ -451,7 +165,7 @@ def _leaks(api: Any, kube: Any, status: dict[str, Any]) -> list[str]:
     """JobSets and pods of earlier attempts, taints the job does not record, and what a
     preemption's urgent workload left."""
     final = status.get("attempt")
-    out = cluster_faults.kueue_preemptor_leaks(kube, story.NAMESPACE)
+    out = kueue_preemption.kueue_preemptor_leaks(kube, story.NAMESPACE)
     for js in api.list_jobsets(story.NAMESPACE):
         if js["metadata"]["labels"].get("training.resilient.dev/attempt") != str(final):
             out.append(f"JobSet {js['metadata']['name']}")
@@ -498,28 +212,6 @@ def load_average() -> str:
 
 def machine() -> str:
     return f"{os.cpu_count()} CPUs, load average {load_average()}"
-
-
-def settings(opts: SoakOptions) -> dict[str, Any]:
-    return {"steps": opts.steps, "mean time between faults": f"{opts.mtbf:.0f} s",
-            "seed": opts.seed, "hangTimeoutSeconds": opts.hang_timeout,
-            "checkpoint every": (f"{opts.drain_every} steps, drained from the fast tier "
-                                 "by pod 0's sidecar" if opts.drain_every else
-                                 f"{opts.save_every} steps"
-                                 + (" (in the background)" if opts.async_save else "")),
-            "restart in place": (f"on (deadline {opts.in_place_deadline} s)"
-                                 if opts.in_place else "off"),
-            "fast tier": f"every {opts.fast_every} steps" if opts.fast_every else "off",
-            **({"preemption hold": f"{opts.preemption_hold:g} s"}
-               if may_preempt(opts) else {}),
-            "workers": RANKS, "nodes": opts.nodes()}  # fmt: skip
-
-
-def may_preempt(opts: SoakOptions) -> bool:
-    """Whether the run's schedule may hold a preemption."""
-    if opts.faults is not None:
-        return any(f.kind == "preemption" for f in opts.faults)
-    return opts.mix.get("preemption", 0) > 0
 
 
 def write_report(

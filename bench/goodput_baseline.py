@@ -51,8 +51,8 @@ from bench import baseline_judge, goodput, soak_compare
 from bench import soak_accounting as acc
 from bench.cpu_account import CpuSampler
 from bench.soak_schedule import DEFAULT_MIX, KINDS, Fault, schedule
-from e2e.cluster import faults as cluster_faults
 from e2e.cluster.cluster import LocalCluster
+from e2e.cluster.kueue_preemption import kueue_preemptor_leaks
 from e2e.demo import story
 from e2e.operator_proc import REPO, wait_for
 
@@ -254,7 +254,7 @@ def run(opts: goodput.SoakOptions, cap: float) -> dict[str, Any]:
         completed = _finished(kube)
         if completed != "Completed":
             stall = _stall(platform, kube, api, stopped)
-        leaks = cluster_faults.kueue_preemptor_leaks(kube, story.NAMESPACE)
+        leaks = kueue_preemptor_leaks(kube, story.NAMESPACE)
     finally:
         cpu_seconds = cpu.stop()
         left = story.down(platform, display)

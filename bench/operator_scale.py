@@ -42,7 +42,7 @@ RTJ_E2E_KUBECONFIG points at a running one.
 
 The last four are for 1,000+ nodes on a small machine (`bench.large_cluster`).
 The groups and their faults: `bench.operator_scale_workload`; the records and the report:
-`bench.operator_scale_report`.
+`bench.operator_scale_report`; the correctness checks: `bench.operator_scale_checks`.
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from bench import large_cluster
+from bench.operator_scale_checks import verify_jobsets, verify_rtjs
 from bench.operator_scale_report import (
     QUIET_SECONDS,
     FaultRecord,
@@ -74,7 +75,6 @@ from bench.operator_scale_report import (
 )
 from bench.operator_scale_workload import (
     FAULT_MESSAGE,
-    RESTARTS_LABEL,
     baseline_jobset,
     jobset_generation,
     rtj_generation,
@@ -89,7 +89,6 @@ from bench.scale_probes import (
     cpu_seconds,
     delta,
     operator_requests,
-    parse_counter,
     profile_summary,
     rss_mib,
 )
@@ -208,7 +207,9 @@ class Bench:
                 sampler.start()
             self._create_and_run(phase, ns, obs, op)
             self._fault_and_recover(phase, ns, obs, op, sampler)
-            phase.problems = self._verify_rtj(ns, op) if rtj else self._verify_jobsets(ns)
+            phase.problems = (
+                verify_rtjs(self.kube, a, ns, op) if rtj else verify_jobsets(self.harness, a, ns)
+            )
         finally:
             if sampler is not None:
                 sampler.stop()
@@ -390,82 +391,6 @@ class Bench:
         cluster = apiserver_requests(self.harness.api)
         mine = operator_requests(op.metrics()) if op is not None else Counter()
         return cluster, mine, self._cpu(op), time.time()
-
-    # --- correctness ------------------------------------------------------------------------
-    def _verify_rtj(self, ns: str, op: OperatorProcess | None) -> list[str]:
-        a = self.args
-        faulted = {f"s{(k * a.jobs) // a.faults:03d}" for k in range(a.faults)}
-        problems: list[str] = []
-        jobsets: dict[str, list[str]] = {}
-        for js in self.kube.list_jobsets(ns):
-            owner = (js["metadata"].get("labels") or {}).get(keys.JOB_LABEL, "?")
-            jobsets.setdefault(owner, []).append(js["metadata"]["name"])
-        pods: Counter[tuple[str, str]] = Counter()
-        for p in self.kube.list_pods(ns, keys.JOB_LABEL):
-            if p["metadata"].get("deletionTimestamp"):
-                continue
-            labels = p["metadata"]["labels"]
-            pods[(labels[keys.JOB_LABEL], labels.get(keys.ATTEMPT_LABEL, "?"))] += 1
-        rtjs = self.kube.list_rtjs(ns)
-        if len(rtjs) != a.jobs:
-            problems.append(f"{len(rtjs)} RTJs, expected {a.jobs}")
-        for obj in rtjs:
-            name = obj["metadata"]["name"]
-            status = obj.get("status") or {}
-            records = status.get("attempts") or []
-            n = 2 if name in faulted else 1
-            got = [r.get("attempt") for r in records]
-            if status.get("attempt") != n or got != list(range(1, n + 1)):
-                problems.append(f"{name}: attempt {status.get('attempt')}, records {got}")
-            classified = [r.get("attempt") for r in records if r.get("failureClass")]
-            if classified != list(range(1, n)):
-                problems.append(f"{name}: classified records {classified}")
-            if sorted(jobsets.get(name, [])) != [jobset_name(name, n)]:
-                problems.append(f"{name}: JobSets {sorted(jobsets.get(name, []))}")
-            if pods[(name, str(n))] != a.workers or (n == 2 and pods[(name, "1")]):
-                problems.append(
-                    f"{name}: {pods[(name, str(n))]} pods of attempt {n}, "
-                    f"{pods[(name, '1')] if n == 2 else 0} of attempt 1 left"
-                )
-            if status.get("phase") != "Running":
-                problems.append(f"{name}: phase {status.get('phase')}")
-        if op is not None:
-            text = op.metrics()
-            restarts = sum(v for _, v in parse_counter(text, "rtj_restarts_total"))
-            if restarts != a.faults:
-                problems.append(f"rtj_restarts_total = {restarts:.0f}, expected {a.faults}")
-        return problems
-
-    def _verify_jobsets(self, ns: str) -> list[str]:
-        a = self.args
-        faulted = {f"b{(k * a.jobs) // a.faults:03d}" for k in range(a.faults)}
-        problems: list[str] = []
-        pods: Counter[tuple[str, str]] = Counter()
-        for p in self.harness.core.list_namespaced_pod(ns).items:
-            if p.metadata.deletion_timestamp:
-                continue
-            labels = p.metadata.labels or {}
-            pods[(labels.get(keys.JOBSET_NAME_LABEL, "?"), labels.get(RESTARTS_LABEL, "?"))] += 1
-        items = self.harness.custom.list_namespaced_custom_object(
-            JOBSET_GROUP, JOBSET_VERSION, ns, "jobsets"
-        )["items"]
-        if len(items) != a.jobs:
-            problems.append(f"{len(items)} JobSets, expected {a.jobs}")
-        for js in items:
-            name = js["metadata"]["name"]
-            status = js.get("status") or {}
-            want = 1 if name in faulted else 0
-            if int(status.get("restarts") or 0) != want:
-                problems.append(f"{name}: restarts {status.get('restarts')}, expected {want}")
-            if pods[(name, str(want))] != a.workers or (want and pods[(name, "0")]):
-                problems.append(f"{name}: {pods[(name, str(want))]} pods of restart {want}")
-            terminal = [
-                c["type"] for c in status.get("conditions") or []
-                if c.get("type") in ("Failed", "Completed") and c.get("status") == "True"
-            ]  # fmt: skip
-            if terminal:
-                problems.append(f"{name}: {terminal}")
-        return problems
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,8 +6,8 @@ by round (ABAB) on the same stand-ins so drift hits both.
 
 One asyncio process stands in for `--pods` progress sidecars on 127.4.x.y:`port`, HTTP/1.1
 keep-alive as the sidecar serves it (idle connections dropped after
-`rtj_shim.progress_server.KEEP_ALIVE_IDLE_S`), each answering
-`bench.hang_detection.pod_body` (8 ranks of the product's `rank_json`). Measured per round:
+`rtj_shim.agent.progress_server.KEEP_ALIVE_IDLE_S`), each answering
+`bench.hang_ranks.pod_body` (8 ranks of the product's `rank_json`). Measured per round:
 the operator process's CPU seconds (every thread: the event loop, the poller's workers,
 the watchdog), the round's wall seconds, the pods answered. Figures, never assertions.
 
@@ -29,11 +29,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from bench.hang_detection import Sim, pod_body
+from bench.hang_ranks import Sim, pod_body
 from rtj_operator.pod_http import fetch_progress
 from rtj_operator.rank_polls import JobTargets, RankPolls
 from rtj_operator.reconcile.world import PollTarget
-from rtj_shim.progress_server import KEEP_ALIVE_IDLE_S
+from rtj_shim.agent.progress_server import KEEP_ALIVE_IDLE_S
 
 PORT = 9477
 KEY = ("bench", "poll-round")
@@ -48,7 +48,7 @@ def address(pod: int) -> str:
 def serve(sim: Sim, port: int, conn: Any) -> None:
     """Every pod's sidecar on one port of 0.0.0.0: the address a connection arrived on says
     which pod it is for; requests on a connection until the client closes it or it is idle
-    KEEP_ALIVE_IDLE_S (as `rtj_shim.progress_server` serves them)."""
+    KEEP_ALIVE_IDLE_S (as `rtj_shim.agent.progress_server` serves them)."""
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 

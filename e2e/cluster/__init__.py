@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
-from .cluster import DEFAULT_NAME, ClusterState, LocalCluster, StartupError
+from .cluster import LocalCluster
+from .cluster_state import DEFAULT_NAME, ClusterState
+from .processes import StartupError
 
 __all__ = ["DEFAULT_NAME", "ClusterState", "LocalCluster", "StartupError"]

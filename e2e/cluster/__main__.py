@@ -8,7 +8,8 @@ import sys
 import time
 
 from . import build
-from .cluster import DEFAULT_NAME, ClusterState, LocalCluster
+from .cluster import LocalCluster
+from .cluster_state import DEFAULT_NAME, ClusterState
 from .processes import StartupError
 from .versions import CLUSTER_PROGRAMS, NODE_PROGRAMS, TOOL_PROGRAMS, load_versions
 

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from .cluster import LocalCluster, state_root
+from .cluster import LocalCluster
+from .cluster_state import state_root
 from .kube import Kube
 from .node_health import NodeProblem
 from .processes import pid_alive

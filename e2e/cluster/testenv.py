@@ -13,9 +13,10 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 
 from . import faults, kwok
-from .cluster import NODE_LEASE_SECONDS, RESOURCE_FLAVOR, LocalCluster
+from .cluster import NODE_LEASE_SECONDS, LocalCluster
 from .kube import JOBSET_GROUP, JOBSET_VERSION, KUEUE_GROUP, KUEUE_VERSION, Kube, eventually
 from .node_health import REPAIRED_BY_RESET, LeaseView, NodeProblem, NodeView, node_problems
+from .startup import RESOURCE_FLAVOR
 
 Obj = dict[str, Any]
 RTJ_GROUP, RTJ_VERSION, RTJ_PLURAL = "training.resilient.dev", "v1alpha1", "resilienttrainingjobs"

@@ -24,8 +24,9 @@ from pathlib import Path
 import yaml
 
 from e2e.cluster import build, kwok
-from e2e.cluster.cluster import PODS_READY_TIMEOUT, RESOURCE_FLAVOR
+from e2e.cluster.cluster import PODS_READY_TIMEOUT
 from e2e.cluster.components import KUEUE_NAMESPACE, kueue_config
+from e2e.cluster.startup import RESOURCE_FLAVOR
 from e2e.cluster.versions import load_versions
 
 NAME = "rtj-kind"

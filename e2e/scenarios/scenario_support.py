@@ -1,6 +1,7 @@
 """Helpers the fault drills share: what a user can see, recorded precisely, and the few
-things the harness's fault helpers do not say yet (an init container's exit, an endpoint
-that goes down).
+things the harness's fault helpers do not say yet. Beside it: the kubelet's report of an
+init container's exit (``scenario_kubelet``), Kueue's Workloads and priorities
+(``scenario_kueue``), an endpoint that goes down (``scenario_tcp_proxy``).
 
 Imported by the scenario tests as ``scenario_support`` (pytest puts this folder on
 ``sys.path``; like the unit tests' support modules, it has a name no other module uses).
@@ -8,15 +9,12 @@ Imported by the scenario tests as ``scenario_support`` (pytest puts this folder 
 
 from __future__ import annotations
 
-import contextlib
-import datetime as dt
 import os
-import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +23,7 @@ from kubernetes import watch
 from kubernetes.client.rest import ApiException
 
 from e2e.cluster import faults
-from e2e.cluster.kube import JOBSET_GROUP, JOBSET_VERSION, KUEUE_GROUP, KUEUE_VERSION
+from e2e.cluster.kube import JOBSET_GROUP, JOBSET_VERSION
 from e2e.cluster.kube import Kube as HarnessKube
 from e2e.operator_proc import (
     events_of,
@@ -310,87 +308,6 @@ class Timeline:
 # --- faults the harness does not report yet -------------------------------------------------
 
 
-def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def kubelet_reports_init_failure(
-    kube: HarnessKube, namespace: str, pod: str, *, exit_code: int, message: str
-) -> None:
-    """The kubelet's report of the resume init container failing (``restartPolicy: Never``):
-    the init container terminated with its termination-log message, the trainer never
-    started (waiting PodInitializing), the pod Failed, Initialized=False."""
-    faults.ignore_in_kwok(kube, pod=(namespace, pod))
-    p = kube.api.sanitize_for_serialization(kube.core.read_namespaced_pod(pod, namespace))
-    now = _now()
-    init = next(c for c in p["spec"]["initContainers"] if c["name"] == keys.RESUME_INIT_CONTAINER)
-    trainer = p["spec"]["containers"][0]
-    not_init = f"containers with incomplete status: [{keys.RESUME_INIT_CONTAINER}]"
-    pending = f"containers with unready status: [{trainer['name']}]"
-    status = {
-        "phase": "Failed",
-        "initContainerStatuses": [
-            {
-                "name": init["name"],
-                "image": init["image"],
-                "ready": False,
-                "restartCount": 0,
-                "started": False,
-                "state": {
-                    "terminated": {
-                        "exitCode": exit_code,
-                        "reason": "Error",
-                        "message": message,
-                        "startedAt": now,
-                        "finishedAt": now,
-                        "containerID": f"containerd://kwok-{pod}-{init['name']}",
-                    },
-                    "running": None,
-                    "waiting": None,
-                },
-            }
-        ],
-        "containerStatuses": [
-            {
-                "name": trainer["name"],
-                "image": trainer["image"],
-                "ready": False,
-                "restartCount": 0,
-                "started": False,
-                "state": {
-                    "waiting": {"reason": "PodInitializing"},
-                    "running": None,
-                    "terminated": None,
-                },
-            }
-        ],
-        "conditions": [
-            {
-                "type": "Initialized",
-                "status": "False",
-                "reason": "ContainersNotInitialized",
-                "message": not_init,
-                "lastTransitionTime": now,
-            },
-            {
-                "type": "Ready",
-                "status": "False",
-                "reason": "PodFailed",
-                "message": pending,
-                "lastTransitionTime": now,
-            },
-            {
-                "type": "ContainersReady",
-                "status": "False",
-                "reason": "PodFailed",
-                "message": pending,
-                "lastTransitionTime": now,
-            },
-        ],
-    }
-    kube.core.patch_namespaced_pod_status(pod, namespace, {"status": status})
-
-
 def terminate_ranks(
     kube: HarnessKube, namespace: str, pods: list[Obj], message: Callable[[int], str]
 ) -> int:
@@ -432,123 +349,3 @@ def shim_resolve(root: str, step: int, tmp: Path) -> ShimRun:
     )  # fmt: skip
     message = log.read_text(encoding="utf-8") if log.exists() else ""
     return ShimRun(done.returncode, done.stdout, done.stderr, message)
-
-
-# --- Kueue -------------------------------------------------------------------------------
-
-
-def workload_of(kube: HarnessKube, namespace: str, jobset: str) -> Obj | None:
-    for wl in kube.kueue_list("workloads", namespace):
-        owners = wl["metadata"].get("ownerReferences") or []
-        if any(o.get("kind") == "JobSet" and o.get("name") == jobset for o in owners):
-            return wl
-    return None
-
-
-def workload_condition(wl: Obj | None, type_: str) -> Obj | None:
-    if wl is None:
-        return None
-    return next((c for c in (wl.get("status") or {}).get("conditions") or []
-                 if c.get("type") == type_), None)  # fmt: skip
-
-
-@contextlib.contextmanager
-def priority_class(kube: HarnessKube, name: str, value: int) -> Iterator[str]:
-    """A cluster-wide Kueue WorkloadPriorityClass, removed afterwards."""
-    kube.kueue_create(
-        "workloadpriorityclasses",
-        {"apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}", "kind": "WorkloadPriorityClass",
-         "metadata": {"name": name}, "value": value,
-         "description": "a drill's urgent workload"},
-    )  # fmt: skip
-    try:
-        yield name
-    finally:
-        with contextlib.suppress(ApiException):
-            kube.custom.delete_cluster_custom_object(
-                KUEUE_GROUP, KUEUE_VERSION, "workloadpriorityclasses", name
-            )
-
-
-def enable_preemption(kube: HarnessKube, cluster_queue: str) -> None:
-    """``withinClusterQueue: LowerPriority`` on the test's ClusterQueue."""
-    kube.custom.patch_cluster_custom_object(
-        KUEUE_GROUP, KUEUE_VERSION, "clusterqueues", cluster_queue,
-        {"spec": {"preemption": {"withinClusterQueue": "LowerPriority"}}},
-    )  # fmt: skip
-
-
-# --- tools -------------------------------------------------------------------------------
-
-
-class TcpProxy:
-    """A loopback TCP forwarder in front of a server: ``down()`` closes the listening port
-    and every open connection (the endpoint is unreachable: connection refused), ``up()``
-    listens on the same port again. The server behind it keeps its data."""
-
-    def __init__(self, upstream_port: int) -> None:
-        self.upstream = ("127.0.0.1", upstream_port)
-        self.port = 0
-        self._listener: socket.socket | None = None
-        self._conns: set[socket.socket] = set()
-        self._lock = threading.Lock()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def up(self) -> TcpProxy:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", self.port))
-        sock.listen(64)
-        self.port = sock.getsockname()[1]
-        self._listener = sock
-        threading.Thread(target=self._accept, args=(sock,), daemon=True, name="proxy").start()
-        return self
-
-    def down(self) -> None:
-        sock, self._listener = self._listener, None
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
-        with self._lock:
-            conns, self._conns = self._conns, set()
-        for c in conns:
-            with contextlib.suppress(OSError):
-                c.shutdown(socket.SHUT_RDWR)
-            c.close()
-
-    def _accept(self, sock: socket.socket) -> None:
-        while True:
-            try:
-                client, _ = sock.accept()
-            except OSError:
-                return
-            try:
-                server = socket.create_connection(self.upstream, timeout=10)
-            except OSError:
-                client.close()
-                continue
-            with self._lock:
-                if self._listener is not sock:  # went down meanwhile
-                    client.close()
-                    server.close()
-                    return
-                self._conns |= {client, server}
-            for a, b in ((client, server), (server, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
-            with self._lock:
-                self._conns -= {src, dst}

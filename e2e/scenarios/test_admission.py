@@ -9,13 +9,12 @@ from typing import Any
 
 import pytest
 import yaml
+from scenario_kueue import workload_condition, workload_of
 from scenario_support import (
     WAIT,
     condition,
     wait_events,
     wait_running,
-    workload_condition,
-    workload_of,
 )
 
 from e2e.cluster.build import kubectl

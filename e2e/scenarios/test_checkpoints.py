@@ -21,21 +21,21 @@ from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
+from scenario_kubelet import kubelet_reports_init_failure
 from scenario_support import (
     NCCL_TIMEOUT,
     WAIT,
-    TcpProxy,
     by_rank,
     condition,
     condition_true,
     failed_record,
-    kubelet_reports_init_failure,
     pinned_step,
     shim_resolve,
     start_job,
     wait_events,
     wait_running,
 )
+from scenario_tcp_proxy import TcpProxy
 
 from e2e.cluster import faults
 from e2e.cluster.build import kubectl
@@ -188,7 +188,7 @@ def test_a_store_the_jobs_credentials_cannot_read_blocks_the_first_attempt(
     run_operator()
     tl = timeline(JOB)
     rtj_api.create_rtj(ns, rtj_body(JOB, ns, s3_root, checkpoint={
-        "uri": s3_root, "credentialsSecret": "ckpt-denied"}))  # fmt: skip
+        "uri": s3_root, "credentialsSecretRef": {"name": "ckpt-denied"}}))  # fmt: skip
 
     def blocked() -> dict[str, Any] | None:
         return condition_true(rtj_status(rtj_api, ns, JOB), "CheckpointUnreadable")

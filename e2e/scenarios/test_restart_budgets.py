@@ -9,13 +9,12 @@ from datetime import datetime
 from typing import Any
 
 import pytest
+from scenario_kueue import enable_preemption, priority_class
 from scenario_support import (
     WAIT,
     by_rank,
     condition_true,
-    enable_preemption,
     failed_record,
-    priority_class,
     start_job,
     wait_events,
     wait_phase,

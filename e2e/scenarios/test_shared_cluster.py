@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
+from scenario_kubelet import kubelet_reports_init_failure
 from scenario_support import (
     NCCL_TIMEOUT,
     WAIT,
     by_rank,
     condition_true,
     failed_record,
-    kubelet_reports_init_failure,
     start_job,
     taints,
     terminate_ranks,
@@ -345,7 +345,7 @@ def test_a_black_holed_store_of_one_job_does_not_delay_another_jobs_start(
         stuck_uri = "s3://somewhere-unreachable/team-a/stuck"
         for i in range(3):  # more jobs on the black hole than reads it may hold at once
             rtj_api.create_rtj(ns, rtj_body(f"stuck-{i}", ns, stuck_uri, checkpoint={
-                "uri": stuck_uri, "credentialsSecret": "hole"}))  # fmt: skip
+                "uri": stuck_uri, "credentialsSecretRef": {"name": "hole"}}))  # fmt: skip
         time.sleep(1)  # their first reads are in flight, waiting on the black hole
         publish_steps(s3_root, [100], tmp_path, run_id=f"{ns}.ok")
         ok = start_job(rtj_api, ns, "ok", s3_root, replicas=2)  # reads its own store

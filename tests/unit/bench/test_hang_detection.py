@@ -7,23 +7,23 @@ from pathlib import Path
 
 import pytest
 
-from bench.hang_detection import (
+from bench.hang_defaults import cpp_timeout
+from bench.hang_ranks import (
     PHASES,
     WAIT,
     Freeze,
     Sim,
     address,
-    cpp_timeout,
     freeze_point,
     phase_at,
     pod_body,
     pod_name,
     stop_ns,
-    summarize,
 )
+from bench.hang_report import summarize
 from rtj_operator.policy import progress as policy
+from rtj_shim.agent.progress_report import report
 from rtj_shim.progress import Progress
-from rtj_shim.progress_report import report
 
 S = 10**9 * 10  # 10 s steps
 T0 = 10**12  # the simulation's start on CLOCK_MONOTONIC

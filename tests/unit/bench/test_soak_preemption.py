@@ -14,7 +14,7 @@ from test_soak import CREATED, INJECTED, KILL, NODE_LOST, job_logs, job_status, 
 
 from bench import goodput, goodput_baseline, soak_judge, soak_report
 from bench.soak_schedule import DEFAULT_MIX, KINDS, Fault, schedule
-from e2e.cluster import faults
+from e2e.cluster import kueue_preemption
 
 # ---------------------------------------------------------------- the schedule
 
@@ -40,7 +40,7 @@ def test_the_verification_seed_preempts_early() -> None:
 
 
 class Clock:
-    """`faults.time` without waiting: each `monotonic()` call `step` seconds later."""
+    """`kueue_preemption.time` without waiting: each `monotonic()` call `step` seconds later."""
 
     def __init__(self, step: float) -> None:
         self.step, self.now = step, 0.0
@@ -57,7 +57,7 @@ class Clock:
 
 
 class FakeKube:
-    """What `faults.kueue_preempt` calls: Kueue admits the urgent Job's Workload after
+    """What `kueue_preemption.kueue_preempt` calls: Kueue admits the urgent Job's Workload after
     `admit_after` polls; its Job and Workload go `gone_after` polls after the delete."""
 
     def __init__(self, quota: int = 48, admit_after: int = 2, gone_after: int = 2) -> None:
@@ -117,9 +117,9 @@ class FakeKube:
 def test_kueue_preempt_creates_the_urgent_work_holds_and_cleans_up(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(faults, "time", Clock(1))
+    monkeypatch.setattr(kueue_preemption, "time", Clock(1))
     kube = FakeKube()
-    p = faults.kueue_preempt(kube, "ns", "q", "cq", hold=5.0, name="urgent-1",  # type: ignore[arg-type]
+    p = kueue_preemption.kueue_preempt(kube, "ns", "q", "cq", hold=5.0, name="urgent-1",  # type: ignore[arg-type]
                              priority=goodput.PREEMPTION_PRIORITY)  # fmt: skip
     assert kube.calls == [
         ("create", "workloadpriorityclasses/urgent-1"),
@@ -143,9 +143,9 @@ def test_kueue_preempt_creates_the_urgent_work_holds_and_cleans_up(
 def test_an_urgent_workload_never_admitted_is_still_deleted(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(faults, "time", Clock(10))
+    monkeypatch.setattr(kueue_preemption, "time", Clock(10))
     kube = FakeKube(admit_after=10**6, gone_after=0)
-    p = faults.kueue_preempt(kube, "ns", "q", "cq", hold=5.0, timeout=30.0)  # type: ignore[arg-type]
+    p = kueue_preemption.kueue_preempt(kube, "ns", "q", "cq", hold=5.0, timeout=30.0)  # type: ignore[arg-type]
     assert p.admitted is None
     assert ("delete", "jobs/urgent") in kube.calls
     assert kube.calls[-1] == ("delete", "workloadpriorityclasses/urgent")
@@ -176,11 +176,11 @@ def test_the_cluster_queue_preempts_only_when_the_schedule_holds_a_preemption() 
 def test_a_preemption_is_recorded_from_the_urgent_workloads_arrival() -> None:
     class Injector:
         def __init__(self) -> None:
-            self.preemptions: list[faults.Preemption] = []
+            self.preemptions: list[kueue_preemption.Preemption] = []
 
         def apply(self, fault: Fault) -> str:
             if fault.kind == "preemption":
-                self.preemptions.append(faults.Preemption("urgent-1", 6, 8, 1000, 100.0,
+                self.preemptions.append(kueue_preemption.Preemption("urgent-1", 6, 8, 1000, 100.0,
                                                           101.5, 106.5, 108.0))  # fmt: skip
                 return goodput.preemption_text(self.preemptions[-1])
             return "SIGKILL"
