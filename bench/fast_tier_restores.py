@@ -33,8 +33,9 @@ from rtj_shim.checkpoint.manifest import decode_manifest
 from rtj_shim.checkpoint.protocol import CommitProtocol
 from rtj_shim.checkpoint.storage import open_store
 from rtj_shim.fast.drain import drain_step
-from rtj_shim.fast.fast_tier import holdings, rank_store
+from rtj_shim.fast.fast_tier import FastTierConfig, holdings, rank_store
 from rtj_shim.torch import Checkpointer, SaveReport
+from rtj_shim.torch.options import ResumeOptions
 
 
 def resume_file(path: Path, body: dict[str, Any]) -> Path:
@@ -101,7 +102,9 @@ def measure_restores(
         kinds[1:1] = [BUDDY, HOLDER_COPY]
     if s3_root is not None:
         s3 = Checkpointer(
-            s3_root, keep_last=FAST_KEEP, resume_file=work / "no-resume.json", restore_report=False
+            s3_root,
+            keep_last=FAST_KEEP,
+            resume=ResumeOptions(resume_file=work / "no-resume.json", report=False),
         )
         for n in (1, 2):  # the same state twice: a new step each time (two saves timed)
             result.s3_save_s.append(timed(partial(s3.save, durable_step + n, tr.objects)))
@@ -113,10 +116,11 @@ def measure_restores(
         expected["s3 deep"] = durable_step + 2
         kinds.append("s3 deep")
     result.restores = {k: [] for k in RESTORES if k in kinds or (buddy and k == BUDDY_COPY)}
-    fast_tier = {"fast_every_steps": FAST_EVERY, "fast_keep": FAST_KEEP}
 
-    def restore(kind: str, root: Any, pin: Path, **extra: Any) -> float:
-        ckpt = Checkpointer(root, resume_file=pin, restore_report=False, **extra)
+    def restore(kind: str, root: Any, pin: Path, fast: Path | None = None) -> float:
+        tier = None if fast is None else FastTierConfig(fast, FAST_EVERY, keep=FAST_KEEP)
+        resume = ResumeOptions(resume_file=pin, report=False)
+        ckpt = Checkpointer(root, resume=resume, fast_tier=tier)
         if kind == "fs deep cold":
             evict([work / "durable"])
         took = timed(partial(ckpt.restore, tr.objects))
@@ -143,15 +147,14 @@ def measure_restores(
                     dest = pods.new_tier(rep)
                     copied = timed(partial(pods.copy_back, dest))
                     result.buddy_bytes = pods.last_bytes
-                    took = restore(BUDDY, work / "durable", pins["fast"],
-                                   fast_tier_dir=dest, **fast_tier)  # fmt: skip
+                    took = restore(BUDDY, work / "durable", pins["fast"], fast=dest)
                     shutil.rmtree(dest)  # untimed: the replaced pod's tier goes
                     result.restores[BUDDY_COPY].append(copied)
                     result.restores[BUDDY].append(copied + took)
                 else:
                     root: Any = s3_root if kind == "s3 deep" else work / "durable"
-                    extra = {"fast_tier_dir": fast_root, **fast_tier} if kind == "fast" else {}
-                    result.restores[kind].append(restore(kind, root, pins[kind], **extra))
+                    fast = fast_root if kind == "fast" else None
+                    result.restores[kind].append(restore(kind, root, pins[kind], fast))
             holder = f", holder's copy {fmt_s(result.replica_copy_s[-1])}" if buddy else ""
             print(
                 f"  restore {rep + 1}: "

@@ -14,8 +14,9 @@ import torch
 from bench.common import quiesce, timed
 from bench.fast_tier_results import FAST_EVERY, FAST_KEEP, METHODS, SizeResult, fmt_s
 from bench.torch_models import Trainer
-from rtj_shim.fast.fast_tier import holdings
+from rtj_shim.fast.fast_tier import FastTierConfig, holdings
 from rtj_shim.torch import Checkpointer, SaveReport
+from rtj_shim.torch.options import ResumeOptions
 
 MAX_OVERLAP = 64  # steps trained at most while one background save is in flight
 
@@ -46,12 +47,15 @@ def measure_stalls(
     with them, before the restores)."""
     no_resume = work / "no-resume.json"
     durable = Checkpointer(
-        work / "durable", keep_last=FAST_KEEP, resume_file=no_resume, restore_report=False
+        work / "durable",
+        keep_last=FAST_KEEP,
+        resume=ResumeOptions(resume_file=no_resume, report=False),
     )
     fast = Checkpointer(
-        work / "fast-only-root", resume_file=no_resume, restore_report=False,
-        fast_tier_dir=fast_root, fast_every_steps=FAST_EVERY, fast_keep=FAST_KEEP,
-    )  # fmt: skip
+        work / "fast-only-root",
+        resume=ResumeOptions(resume_file=no_resume, report=False),
+        fast_tier=FastTierConfig(fast_root, every_steps=FAST_EVERY, keep=FAST_KEEP),
+    )
     result.stalls = {m: [] for m in METHODS}
     fast_step = 0  # fast's step_boundary counter: odd ones do not save, even ones do
     durable_step = 0

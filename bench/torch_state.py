@@ -75,6 +75,7 @@ from rtj_shim.checkpoint.layout import StepDirName
 from rtj_shim.checkpoint.resolver import resolve
 from rtj_shim.checkpoint.storage import open_store
 from rtj_shim.torch import Checkpointer
+from rtj_shim.torch.options import ResumeOptions
 
 SAVE_MAX_RATIO = 1.15
 CPU_MAX_RATIO = 2.0
@@ -264,7 +265,9 @@ def run(args: argparse.Namespace, rows: list[Row], context: dict[str, Any]) -> N
             opt.load_state_dict(state["optim"])
 
         def restore() -> None:
-            Checkpointer(root, resume_file=work / "no-resume.json").restore(objects)
+            Checkpointer(root, resume=ResumeOptions(resume_file=work / "no-resume.json")).restore(
+                objects
+            )
 
         # a restarted pod: its resume init container deep-verified the step it pins
         newest = resolve(open_store(str(root)))
@@ -272,7 +275,7 @@ def run(args: argparse.Namespace, rows: list[Row], context: dict[str, Any]) -> N
         pin.write_text(json.dumps({**newest.to_json(), "verification": "deep"}))
 
         def restore_pinned() -> None:
-            Checkpointer(root, resume_file=pin).restore(objects)
+            Checkpointer(root, resume=ResumeOptions(resume_file=pin)).restore(objects)
 
         for cache in ("warm", "cold"):
             runs: dict[str, list[float]] = {

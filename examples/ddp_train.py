@@ -53,6 +53,7 @@ from torch.utils.data import DataLoader, Dataset
 from rtj_shim import progress
 from rtj_shim.checkpoint.storage import open_store
 from rtj_shim.torch import Checkpointer, ResumableSampler, SaveReport, init_process_group
+from rtj_shim.torch.options import EmergencyOptions, IoOptions, ResumeOptions
 
 DIM = 16
 
@@ -370,10 +371,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         ckpt = Checkpointer(
             root,
-            probe=probe if args.probe else None,
-            emergency_deadline_s=args.emergency_deadline,
-            every_steps=args.save_every,  # step_boundary() saves; every rank agrees
-            **({"shard_bytes": args.shard_kib << 10} if args.shard_kib else {}),
+            every_steps=args.save_every,
+            io=IoOptions(shard_bytes=args.shard_kib << 10) if args.shard_kib else None,
+            resume=ResumeOptions(probe=probe if args.probe else None),
+            emergency=EmergencyOptions(deadline_s=args.emergency_deadline),
         )
     # Plain values go into the checkpoint as they are (replicated: equal on every rank).
     objects: dict[str, Any] = {

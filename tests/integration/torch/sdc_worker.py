@@ -26,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from rtj_shim.checkpoint.layout import step_key
 from rtj_shim.torch import AnomalyGuard, Checkpointer, SuspectState
+from rtj_shim.torch.options import IntegrityOptions
 
 
 def main(root: str, mode: str) -> None:
@@ -37,7 +38,7 @@ def main(root: str, mode: str) -> None:
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     guard = AnomalyGuard(window=16, warmup=4) if mode == "spike" else None
     every = 2 if mode == "between" else None
-    ckpt = Checkpointer(root, anomaly_guard=guard, integrity_every_steps=every)
+    ckpt = Checkpointer(root, integrity=IntegrityOptions(anomaly_guard=guard, every_steps=every))
     flip_at = {"flip": 8, "between": 6}.get(mode)
     objects = {"model": model, "opt": opt}
     data = torch.Generator().manual_seed(100 + rank)

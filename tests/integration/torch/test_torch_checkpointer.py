@@ -18,6 +18,7 @@ from rtj_shim.checkpoint.layout import step_key
 from rtj_shim.checkpoint.resolver import resolve
 from rtj_shim.checkpoint.storage import open_store
 from rtj_shim.checkpoint.verification import Depth
+from rtj_shim.fast.fast_tier import FastTierConfig
 from rtj_shim.torch import (
     Checkpointer,
     CheckpointError,
@@ -26,6 +27,7 @@ from rtj_shim.torch import (
     ResumableSampler,
     UnsafeStateError,
 )
+from rtj_shim.torch.options import IoOptions, ResumeOptions
 
 
 class Job:
@@ -106,7 +108,7 @@ def test_resume_continues_bit_for_bit(tmp_path: Path, blocking: bool) -> None:
 
 def test_async_save_publishes_the_state_at_the_call_not_later(tmp_path: Path) -> None:
     job = Job()
-    ckpt = Checkpointer(tmp_path, shard_bytes=1024)  # several shards
+    ckpt = Checkpointer(tmp_path, io=IoOptions(shard_bytes=1024))  # several shards
     job.train(3)
     at_save = params(job.model)
     ckpt.save(3, job.objects, blocking=False)
@@ -127,7 +129,8 @@ def test_a_fast_save_keeps_the_state_at_its_boundary_not_later(tmp_path: Path) -
     that boundary, not of the steps trained while it was written."""
     job, resume = Job(), tmp_path / "resume.json"
     settings: dict[str, Any] = dict(
-        resume_file=resume, fast_tier_dir=tmp_path / "fast", fast_every_steps=3
+        resume=ResumeOptions(resume_file=resume),
+        fast_tier=FastTierConfig(tmp_path / "fast", every_steps=3),
     )
     ckpt = Checkpointer(tmp_path / "durable", **settings)
     job.train(3)
@@ -183,7 +186,8 @@ def test_a_fast_save_keeps_what_the_next_forward_changes_as_it_was_at_the_bounda
 
     resume = tmp_path / "resume.json"
     settings: dict[str, Any] = dict(
-        resume_file=resume, fast_tier_dir=tmp_path / "fast", fast_every_steps=2
+        resume=ResumeOptions(resume_file=resume),
+        fast_tier=FastTierConfig(tmp_path / "fast", every_steps=2),
     )
     objects = job(0)
     data = iter(objects["data"])
@@ -251,8 +255,8 @@ def test_tied_weights_are_saved_once_by_blocking_and_background_saves(
     opt.step()
     objects = {"model": model, "opt": opt}
     blocking, background = tmp_path / "blocking", tmp_path / "background"
-    Checkpointer(blocking, shard_bytes=shard_kib * 1024).save(1, objects)
-    ckpt = Checkpointer(background, shard_bytes=shard_kib * 1024)
+    Checkpointer(blocking, io=IoOptions(shard_bytes=shard_kib * 1024)).save(1, objects)
+    ckpt = Checkpointer(background, io=IoOptions(shard_bytes=shard_kib * 1024))
     ckpt.save(1, objects, blocking=False)
     ckpt.wait()
     moments = [t for per_param in opt.state_dict()["state"].values() for t in per_param.values()]
@@ -273,7 +277,7 @@ def test_tied_weights_are_saved_once_by_blocking_and_background_saves(
 def test_manifest_records_framework_topology_and_layout(tmp_path: Path) -> None:
     job = Job()
     job.train(2)
-    ckpt = Checkpointer(tmp_path, shard_bytes=2048)
+    ckpt = Checkpointer(tmp_path, io=IoOptions(shard_bytes=2048))
     ckpt.save(2, job.objects, loss=0.5)
     manifest = json.loads((tmp_path / step_key(2, "manifest.json")).read_text())
     assert manifest["framework"]["name"] == "pytorch"
@@ -360,12 +364,14 @@ class Holder:
 def test_unsafe_state_is_refused_at_save_unless_opted_in(tmp_path: Path) -> None:
     with pytest.raises(UnsafeStateError, match="weights_only"):
         Checkpointer(tmp_path / "safe").save(1, {"holder": Holder()})
-    unsafe = Checkpointer(tmp_path / "unsafe", allow_unsafe_pickle=True)
+    unsafe = Checkpointer(tmp_path / "unsafe", resume=ResumeOptions(allow_unsafe_pickle=True))
     unsafe.save(1, {"holder": Holder()})
     other = Holder()
     other.cfg.value = 0
     with pytest.warns(UserWarning, match="arbitrary code"):
-        Checkpointer(tmp_path / "unsafe", allow_unsafe_pickle=True).restore({"holder": other})
+        Checkpointer(tmp_path / "unsafe", resume=ResumeOptions(allow_unsafe_pickle=True)).restore(
+            {"holder": other}
+        )
     assert other.cfg.value == 3
 
 
@@ -377,13 +383,16 @@ def test_probe_validates_the_restore_and_catches_lost_optimizer_state(tmp_path: 
 
     job = Job()
     job.train(5)
-    Checkpointer(tmp_path, probe=probe_for(job)).save(5, job.objects)
+    Checkpointer(tmp_path, resume=ResumeOptions(probe=probe_for(job))).save(5, job.objects)
     extra = json.loads((tmp_path / step_key(5, "manifest.json")).read_text())["extra"]["torch"]
     assert {"loss", "grad_norm", "moments"} <= set(extra["validation"])
     assert extra["validation"]["moments"]["opt"]["exp_avg_sq"] > 0
 
     good = Job(seed=7)
-    assert Checkpointer(tmp_path, probe=probe_for(good)).restore(good.objects) == 5
+    assert (
+        Checkpointer(tmp_path, resume=ResumeOptions(probe=probe_for(good))).restore(good.objects)
+        == 5
+    )
     assert all(p.grad is None for p in good.model.parameters())  # probe left no gradients
 
     class LossyAdamW(torch.optim.AdamW):
@@ -394,14 +403,14 @@ def test_probe_validates_the_restore_and_catches_lost_optimizer_state(tmp_path: 
     bad.opt = LossyAdamW(bad.model.parameters(), lr=1e-2)
     bad.sched = torch.optim.lr_scheduler.LambdaLR(bad.opt, lambda i: 1.0)
     with pytest.raises(RestoreValidationError, match="exp_avg"):
-        Checkpointer(tmp_path, probe=probe_for(bad)).restore(bad.objects)
+        Checkpointer(tmp_path, resume=ResumeOptions(probe=probe_for(bad))).restore(bad.objects)
 
     wrong = Job(seed=7)
     other_batch = torch.randn(16, 8) * 10
     with pytest.raises(RestoreValidationError, match="probe loss"):
-        Checkpointer(tmp_path, probe=lambda: wrong.model(other_batch).pow(2).mean()).restore(
-            wrong.objects
-        )
+        Checkpointer(
+            tmp_path, resume=ResumeOptions(probe=lambda: wrong.model(other_batch).pow(2).mean())
+        ).restore(wrong.objects)
 
 
 def test_probe_does_not_perturb_training(tmp_path: Path) -> None:
@@ -413,7 +422,7 @@ def test_probe_does_not_perturb_training(tmp_path: Path) -> None:
         job = Job()
         job.train(3)
         probe = (lambda j=job: j.model(batch).sum()) if with_probe else None
-        Checkpointer(tmp_path / name, probe=probe).save(3, job.objects)
+        Checkpointer(tmp_path / name, resume=ResumeOptions(probe=probe)).save(3, job.objects)
         runs.append(job.train(5))
     assert runs[0] == runs[1]
 
@@ -505,7 +514,7 @@ def test_missing_object_state_fails_loudly(tmp_path: Path) -> None:
 @pytest.mark.s3
 def test_s3_root_round_trip(s3_root: str) -> None:
     job = Job()
-    ckpt = Checkpointer(s3_root, shard_bytes=2048)
+    ckpt = Checkpointer(s3_root, io=IoOptions(shard_bytes=2048))
     job.train(4)
     ckpt.save(4, job.objects)
     expected = job.train(6)

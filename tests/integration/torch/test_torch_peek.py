@@ -12,6 +12,7 @@ from torch import nn
 
 from rtj_shim.checkpoint.storage import open_store
 from rtj_shim.torch import Checkpointer
+from rtj_shim.torch.options import IoOptions
 
 
 @pytest.fixture(autouse=True)
@@ -54,7 +55,9 @@ def test_peek_reads_the_saved_arguments_and_restore_resumes_that_step(tmp_path: 
     config = {"hidden": 48, "depth": 3, "name": "small"}
     state = build(config)
     state["norm"] = np.array([0.5, 1.5, 2.5])
-    Checkpointer(tmp_path, shard_bytes=4096).save(10, state)  # the model spans many shards
+    Checkpointer(tmp_path, io=IoOptions(shard_bytes=4096)).save(
+        10, state
+    )  # the model spans many shards
 
     ckpt = Checkpointer(tmp_path)
     info = ckpt.peek()
@@ -75,7 +78,7 @@ def test_peek_reads_the_saved_arguments_and_restore_resumes_that_step(tmp_path: 
 def test_peek_reads_only_the_shards_its_values_are_in(tmp_path: Path) -> None:
     state = build({"hidden": 64, "depth": 4, "name": "x"})
     state["norm"] = np.arange(3.0)
-    Checkpointer(tmp_path, shard_bytes=4096).save(1, state)
+    Checkpointer(tmp_path, io=IoOptions(shard_bytes=4096)).save(1, state)
     shards = sorted(p.name for p in (tmp_path / "steps/step-000000000001/common").iterdir())
     assert len(shards) > 8
 

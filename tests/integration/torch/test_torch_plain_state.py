@@ -22,6 +22,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from rtj_shim.torch import Checkpointer, CheckpointError, UnsafeStateError
 from rtj_shim.torch.fingerprint import replica_mismatches
+from rtj_shim.torch.options import ResumeOptions
 
 WORKER = Path(__file__).with_name("plain_worker.py")
 
@@ -241,7 +242,7 @@ def test_an_object_added_after_the_checkpoint_restores_only_when_not_strict(
     with pytest.raises(CheckpointError, match=r"no state for \['ema'\].*strict=False"):
         Checkpointer(tmp_path).restore(objects)
 
-    ckpt = Checkpointer(tmp_path, restore_report=False)  # then the line is a warning
+    ckpt = Checkpointer(tmp_path, resume=ResumeOptions(report=False))  # then the line is a warning
     with caplog.at_level(logging.WARNING, logger="rtj_shim.torch"):
         assert ckpt.restore(objects, strict=False) == 4
     assert "not in the checkpoint, left as they are: ['ema']" in caplog.text

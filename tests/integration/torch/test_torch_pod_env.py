@@ -12,6 +12,7 @@ from torch import nn
 
 from rtj_shim.checkpoint.layout import step_key
 from rtj_shim.torch import Checkpointer
+from rtj_shim.torch.options import EmergencyOptions
 
 
 def test_no_root_saves_under_the_operators_uri_with_its_deadline(
@@ -21,13 +22,13 @@ def test_no_root_saves_under_the_operators_uri_with_its_deadline(
     monkeypatch.setenv("RTJ_EMERGENCY_SAVE_SECONDS", "7")
     model = nn.Linear(2, 2)
     ckpt = Checkpointer()
-    assert ckpt.emergency_deadline_s == 7.0
+    assert ckpt.options.emergency.deadline_s == 7.0
     assert ckpt.restore({"model": model}) == 0
     ckpt.save(1, {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.1)})
     ckpt.close()
     assert (tmp_path / "ckpt" / step_key(1) / "COMMITTED").is_file()
-    explicit = Checkpointer(tmp_path / "other", emergency_deadline_s=3)
-    assert explicit.emergency_deadline_s == 3  # an argument wins over the environment
+    explicit = Checkpointer(tmp_path / "other", emergency=EmergencyOptions(deadline_s=3))
+    assert explicit.options.emergency.deadline_s == 3  # an argument wins over the environment
     explicit.close()
 
 

@@ -11,6 +11,7 @@ from torch import nn
 from rtj_shim.checkpoint.layout import step_key
 from rtj_shim.checkpoint.storage import open_store
 from rtj_shim.torch import Checkpointer
+from rtj_shim.torch.options import ResumeOptions
 
 
 @pytest.fixture(autouse=True)
@@ -71,7 +72,7 @@ def test_the_resume_file_is_named_and_the_line_can_be_turned_off(
     assert "skipped 7 (x)" in line
     assert ckpt.last_restore is not None and ckpt.last_restore.line() == line
 
-    quiet = Checkpointer(root, restore_report=False)
+    quiet = Checkpointer(root, resume=ResumeOptions(report=False))
     quiet.restore({"model": nn.Linear(2, 2)})
     assert lines(capsys.readouterr().err) == []
     assert quiet.last_restore is not None and quiet.last_restore.step == 5

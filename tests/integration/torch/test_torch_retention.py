@@ -17,6 +17,7 @@ from torch import nn
 from rtj_shim.checkpoint.resolver import describe_steps
 from rtj_shim.checkpoint.storage import open_store
 from rtj_shim.torch import Checkpointer
+from rtj_shim.torch.options import IoOptions
 
 
 @pytest.fixture(params=["filesystem", pytest.param("s3", marks=pytest.mark.s3)])
@@ -55,7 +56,7 @@ def test_saves_keep_the_newest_milestones_and_the_protected_step(
     monkeypatch.setenv("RTJ_KEEP_EVERY", "4")
     monkeypatch.setenv("RTJ_PROTECT_STEP", "1")
     state = objects(0)
-    ckpt = Checkpointer(root, shard_bytes=256)
+    ckpt = Checkpointer(root, io=IoOptions(shard_bytes=256))
     for step in range(1, 11):
         train_step(state)
         ckpt.save(step, state, blocking=step % 2 == 0)  # odd steps publish in the background

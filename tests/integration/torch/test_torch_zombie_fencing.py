@@ -19,6 +19,7 @@ from rtj_shim.checkpoint.storage import open_store
 from rtj_shim.checkpoint.verification import Depth
 from rtj_shim.errors import StoreError
 from rtj_shim.torch import Checkpointer, CheckpointError
+from rtj_shim.torch.options import ResumeOptions
 from rtj_shim.torch.restore import claim_problem
 
 RUN = "team-a.llm"
@@ -45,11 +46,11 @@ def _state(seed: int) -> dict[str, Any]:
 
 
 def test_the_old_world_is_refused_once_the_new_one_restored(root: str) -> None:
-    old = Checkpointer(root, run_id=RUN, attempt="1", restore_report=False)
+    old = Checkpointer(root, run_id=RUN, attempt="1", resume=ResumeOptions(report=False))
     old.save(10, _state(0))
     # attempt 1's node goes silent; the operator starts attempt 2, which restores step 10
     # and trains, its first save still steps away
-    new = Checkpointer(root, run_id=RUN, attempt="2", restore_report=False)
+    new = Checkpointer(root, run_id=RUN, attempt="2", resume=ResumeOptions(report=False))
     assert new.restore(_state(1)) == 10
     # the old world, still training, reaches its next save
     with pytest.raises(CheckpointError, match="attempt 1 is stale; attempt 2"):
@@ -60,11 +61,13 @@ def test_the_old_world_is_refused_once_the_new_one_restored(root: str) -> None:
 
 
 def test_a_world_older_than_the_roots_owner_does_not_train(root: str) -> None:
-    Checkpointer(root, run_id=RUN, attempt="3", restore_report=False).save(10, _state(0))
-    stale = Checkpointer(root, run_id=RUN, attempt="2", restore_report=False)
+    Checkpointer(root, run_id=RUN, attempt="3", resume=ResumeOptions(report=False)).save(
+        10, _state(0)
+    )
+    stale = Checkpointer(root, run_id=RUN, attempt="2", resume=ResumeOptions(report=False))
     with pytest.raises(CheckpointError, match=r"claiming the run: .*attempt 2 is stale"):
         stale.restore(_state(1))
-    other = Checkpointer(root, run_id="team-b.llm", attempt="1", restore_report=False)
+    other = Checkpointer(root, run_id="team-b.llm", attempt="1", resume=ResumeOptions(report=False))
     with pytest.raises(CheckpointError, match="each run needs its own checkpoint root"):
         other.peek()
 

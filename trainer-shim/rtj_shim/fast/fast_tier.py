@@ -62,10 +62,12 @@ def rank_store(root: Path, rank: int) -> FilesystemStore:
 
 
 class FastTierConfig:
-    """The fast tier's settings (``Checkpointer(fast_tier_dir=..., fast_every_steps=...,
-    fast_keep=...)``, or the operator's environment); bad values name the field."""
+    """The fast tier's settings (``Checkpointer(fast_tier=FastTierConfig(directory,
+    every_steps, keep))``, or the operator's environment); bad values name the field."""
 
-    def __init__(self, directory: str | os.PathLike[str], every_steps: int, keep: int) -> None:
+    def __init__(
+        self, directory: str | os.PathLike[str], every_steps: int, keep: int = MIN_KEEP
+    ) -> None:
         if isinstance(every_steps, bool) or not isinstance(every_steps, int) or every_steps < 1:
             raise ValueError(f"fast_every_steps: expected an integer >= 1, got {every_steps!r}")
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < MIN_KEEP:

@@ -5,11 +5,14 @@ through the verified commit protocol; ``ResumableSampler`` is a ``DistributedSam
 whose position is part of that state; ``init_process_group`` creates the default group
 with a rendezvous namespace of its own per restart round (see its docstring);
 ``isolated_rng`` runs a block (an evaluation) without moving any global generator.
+The Checkpointer's option groups (``IoOptions``, ``ResumeOptions``, ``EmergencyOptions``,
+``IntegrityOptions``, ``FastTierConfig``) are here too.
 """
 
 from __future__ import annotations
 
 from rtj_shim.checkpoint.run_config import ConfigMismatch
+from rtj_shim.fast.fast_tier import FastTierConfig
 from rtj_shim.integrity import AnomalyGuard, SuspectState
 from rtj_shim.torch.checkpointer import (
     Checkpointer,
@@ -18,6 +21,7 @@ from rtj_shim.torch.checkpointer import (
     RestoreReport,
     SaveReport,
 )
+from rtj_shim.torch.options import EmergencyOptions, IntegrityOptions, IoOptions, ResumeOptions
 from rtj_shim.torch.peek import CheckpointInfo
 from rtj_shim.torch.plain import UnsafeStateError
 from rtj_shim.torch.rendezvous import init_process_group
@@ -31,10 +35,15 @@ __all__ = [
     "CheckpointInfo",
     "Checkpointer",
     "ConfigMismatch",
+    "EmergencyOptions",
+    "FastTierConfig",
+    "IntegrityOptions",
+    "IoOptions",
     "NonFiniteStateError",
     "RestoreReport",
     "RestoreValidationError",
     "ResumableSampler",
+    "ResumeOptions",
     "SaveReport",
     "SuspectState",
     "UnsafeStateError",

@@ -23,15 +23,21 @@ on, so a SIGTERM on a job of long steps starts its emergency save one step after
 from __future__ import annotations
 
 import datetime
+import logging
 import math
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from rtj_shim import progress
 from rtj_shim.torch._dist import Coordinator
+from rtj_shim.torch.schedule import Best, Decision, Schedule, metric_flag, save_decision
+
+log = logging.getLogger("rtj_shim.torch")
 
 LAGGED_MAX_STEP_S = 1.0
 """A step at least this long (on any rank) ends the lag: the agreement's own wait (about a
@@ -129,3 +135,42 @@ class StepAgreement:
 def _agreed(values: list[float]) -> Agreed:
     sigterm, time_due, flag, metric = values
     return Agreed(bool(sigterm), bool(time_due), flag, metric if math.isfinite(metric) else None)
+
+
+@dataclass(frozen=True)
+class BoundaryVerdict:
+    """What every rank decides at a step boundary, from one reduction."""
+
+    sigterm: bool
+    save: Decision
+    best_metric: float | None
+    """The monitored metric a save records: rank 0's finite value, agreed; None without one."""
+
+
+def decide_at_boundary(
+    agreement: StepAgreement,
+    schedule: Schedule,
+    step: int,
+    value: float | None,
+    *,
+    sigterm: bool,
+    last_save_at: float,
+    best: Best | None,
+) -> BoundaryVerdict:
+    """Collective: agree on a SIGTERM anywhere, a passed interval and rank 0's metric, then
+    take the save decision every rank shares (rank 0's ``value``; others pass theirs, unused)."""
+    coordinator = agreement.coordinator
+    rank0 = coordinator.rank == 0
+    with progress.section("collective") if coordinator.world > 1 else nullcontext():
+        agreed = agreement.agree(  # a wait for the slowest rank: a hang verdict looks past it
+            sigterm,
+            schedule.time_due(time.monotonic() - last_save_at),
+            metric_flag(value) if rank0 else 0.0,
+            value if rank0 and value is not None and math.isfinite(value) else -math.inf,
+            last_save_at,
+        )
+    if agreed.metric_flag == 2.0 and rank0:
+        log.warning("step %d: %s is %s; not recorded", step, schedule.monitor, value)
+    best_metric = agreed.metric if agreed.metric_flag == 1.0 else None
+    decision = save_decision(schedule, step, agreed.time_due, best_metric, best)
+    return BoundaryVerdict(agreed.sigterm, decision, best_metric)
