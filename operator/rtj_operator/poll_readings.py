@@ -19,6 +19,7 @@ from typing import Any
 from rtj_operator.policy import progress as rank_progress
 from rtj_operator.policy import stragglers as rank_stragglers
 from rtj_operator.reconcile.world import PollTarget, RankReadings
+from rtj_shim.wire.supervisor_report import SupervisorReport, SupervisorReportError
 
 log = logging.getLogger("rtj_operator.rank_polls")
 
@@ -46,7 +47,7 @@ def reading_of(
     reports: list[rank_progress.PodReport] = []
     unanswered: list[str] = []
     quiet_since: dict[str, float] = {}
-    supervisors: dict[str, Mapping[str, Any]] = {}
+    supervisors: dict[str, SupervisorReport] = {}
     fast_tiers: dict[str, Mapping[str, Any] | None] = {}
     replicas: dict[str, Mapping[str, Any] | None] = {}
     drains: dict[str, Mapping[str, Any] | None] = {}
@@ -66,9 +67,15 @@ def reading_of(
             report = rank_progress.PodReport(target.pod, arrived, body)
             # every value read from it checked once, here: a bad report is a bad answer
             error = rank_progress.report_problem(report)
+            supervisor: SupervisorReport | None = None
+            if error is None and body.get("supervisor") is not None:
+                try:
+                    supervisor = SupervisorReport.parse(body["supervisor"])
+                except SupervisorReportError as exc:
+                    error = str(exc)
             if error is None:
                 reports.append(report)
-                if isinstance(supervisor := body.get("supervisor"), Mapping):
+                if supervisor is not None:
                     supervisors[target.pod] = supervisor
                 for name, kept in kept_parts:
                     if name in body:

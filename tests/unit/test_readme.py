@@ -169,8 +169,10 @@ def test_the_install_section_is_commands_that_exist() -> None:
 
 
 def _built_files() -> set[str]:
-    """What `make images` writes into dist/images (images/build.py)."""
-    source = (REPO / "images" / "build.py").read_text(encoding="utf-8")
+    """What `make images` writes into dist/images (images/*.py)."""
+    source = "\n".join(
+        p.read_text(encoding="utf-8") for p in sorted((REPO / "images").glob("*.py"))
+    )
     assert 'f"{spec.name}.oci.tar"' in source and "build-info.json" in source
     return {
         "rtj-operator.oci.tar",

@@ -23,6 +23,7 @@ from rtj_operator.policy import peer_replica
 from rtj_operator.policy.peer_replica import PeerView
 from rtj_shim.checkpoint import lineage
 from rtj_shim.checkpoint.lineage import Held
+from rtj_shim.wire.supervisor_report import SupervisorReport
 
 Obj = dict[str, Any]
 
@@ -104,7 +105,7 @@ class FastPin:
 
 
 def pin(
-    reports: Mapping[str, Mapping[str, Any]],
+    reports: Mapping[str, SupervisorReport],
     pods: Sequence[str],
     durable_step: int | None,
     bad_steps: Collection[int],
@@ -121,8 +122,8 @@ def pin(
     if not pods:
         return FastPin()
     peers = peers or PeerView()
-    own = {pod: _own(reports.get(pod)) for pod in pods}
-    listed = any(isinstance((reports.get(p) or {}).get(k), list) for p in pods for k in OWN_KEYS)
+    own = {pod: r.holdings if (r := reports.get(pod)) is not None else frozenset() for pod in pods}
+    listed = any(r.lists_fast_tier for p in pods if (r := reports.get(p)) is not None)
     held = peer_replica.holders(peers)
     kept = {pod: held.get(peers.indexes[pod], []) if pod in peers.indexes else [] for pod in pods}
 
@@ -138,19 +139,6 @@ def pin(
         return FastPin()  # no fast tier in these pods
     steps = {p: frozenset(h.step for h in own[p] if h.pinnable) for p in pods}
     return FastPin(note=_why(pods, steps, kept, peers, usable, durable_step)[:MAX_NOTE])
-
-
-OWN_KEYS = ("fast_held", "fast_steps")
-"""What a supervisor reports of its pod's fast tier: (lineage, step) pairs, and the steps
-alone (an older supervisor's, of unknown lineage: never pinned)."""
-
-
-def _own(report: Mapping[str, Any] | None) -> frozenset[Held]:
-    """The (lineage, step) pairs a pod's supervisor reports holding itself."""
-    report = report or {}
-    if isinstance(report.get("fast_held"), list):
-        return lineage.parse_all(report["fast_held"])
-    return frozenset(Held(s, lineage.LEGACY) for s in peer_replica.steps(report.get("fast_steps")))
 
 
 def _sources(

@@ -26,6 +26,7 @@ from rtj_operator.api.reasons import FailureCategory, FailureClass, InPlaceStage
 from rtj_operator.api.resource import ResilientTrainingJob
 from rtj_operator.policy.classify import Classification
 from rtj_shim.wire.control import Order
+from rtj_shim.wire.supervisor_report import SupervisorReport, SupervisorState
 
 Obj = dict[str, Any]
 CONTROL_VOLUME_SIZE = "1Mi"
@@ -112,7 +113,7 @@ def choose(
     rtj: ResilientTrainingJob,
     found: Classification,
     pods: Sequence[Mapping[str, Any]],
-    reports: Mapping[str, Mapping[str, Any]],
+    reports: Mapping[str, SupervisorReport],
     quarantined: Collection[str] = (),
     gone: Sequence[Mapping[str, Any]] = (),
 ) -> InPlaceChoice:
@@ -228,19 +229,7 @@ def order(
                  state.fast_lineage if state.fast_step is not None else None)  # fmt: skip
 
 
-STOPPED = frozenset({"stopped"})
-"""A supervisor's states that show a stop order carried out."""
-STARTED = frozenset({"running", "exited", "finished"})
-"""A supervisor's states that show a run order carried out (its trainer started; it may
-already have ended)."""
-
-
-def reported(reports: Mapping[str, Mapping[str, Any]], pods: Sequence[str],
-             generation: int, states: frozenset[str]) -> list[str]:  # fmt: skip
+def reported(reports: Mapping[str, SupervisorReport], pods: Sequence[str],
+             generation: int, states: frozenset[SupervisorState]) -> list[str]:  # fmt: skip
     """The pods whose supervisor has not yet reported one of `states` for `generation`."""
-    return [
-        p for p in pods
-        if (r := reports.get(p)) is None
-        or r.get("generation") != generation
-        or r.get("state") not in states
-    ]  # fmt: skip
+    return [p for p in pods if (r := reports.get(p)) is None or not r.shows(generation, states)]

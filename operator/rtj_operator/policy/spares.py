@@ -18,6 +18,7 @@ from typing import Any
 
 from rtj_operator.api import keys
 from rtj_operator.policy.in_place import node_of
+from rtj_shim.wire.supervisor_report import SupervisorReport, SupervisorState
 
 Json = Mapping[str, Any]
 
@@ -95,7 +96,7 @@ def assign(assigned: Mapping[str, int], pod: Json, rank: int) -> dict[str, int]:
     return out
 
 
-def ready(pod: Json, report: Mapping[str, Any] | None) -> bool:
+def ready(pod: Json, report: SupervisorReport | None) -> bool:
     """An idle pod that can take a rank now: running, not being deleted, supervised, and its
     supervisor holding (stopped, its command not started)."""
     if (pod.get("status") or {}).get("phase") != "Running" or (pod.get("metadata") or {}).get(
@@ -104,12 +105,12 @@ def ready(pod: Json, report: Mapping[str, Any] | None) -> bool:
         return False
     if _meta(pod, "annotations").get(keys.SUPERVISED_ANNOTATION) != "true":
         return False
-    return report is not None and report.get("state") == "stopped"
+    return report is not None and report.state is SupervisorState.STOPPED
 
 
 def pick(
     candidates: Sequence[Json],
-    reports: Mapping[str, Mapping[str, Any]],
+    reports: Mapping[str, SupervisorReport],
     ranks: Mapping[str, int],
     avoid: Collection[str],
 ) -> dict[str, int] | None:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
-from typing import Any
 
 from rtj_operator.api.reasons import ConditionType, FailureClass, InPlaceStage, Phase, Reason
 from rtj_operator.api.status import (
@@ -64,6 +63,7 @@ from rtj_operator.reconcile.world import (
 )
 from rtj_operator.selection import operator_reads_store
 from rtj_shim.wire.control import Order
+from rtj_shim.wire.supervisor_report import STARTED_STATES, STOPPED_STATES, SupervisorReport
 
 MAX_IN_PLACE_RECORDS = 64
 QUIET_SETTLE = timedelta(seconds=12)
@@ -225,7 +225,7 @@ def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
         old = [p for p in b.snap.pods if pod_name(p) in state.replacing]
         old = [p for p in old if not _ended(p)]
         _replace(b, old)
-        waiting = in_place.reported(reports, names, state.generation, in_place.STOPPED)
+        waiting = in_place.reported(reports, names, state.generation, STOPPED_STATES)
         if old or len(names) != b.rtj.spec.replicas:
             gone = ", ".join(pod_name(p) for p in old) or "-"
             b.notes.append(f"in place: replacing: still there {gone}; {len(names)} of "
@@ -255,7 +255,7 @@ def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
         }))  # fmt: skip
         b.requeue_in(0.5)
         return True
-    waiting = in_place.reported(reports, names, state.generation, in_place.STARTED)
+    waiting = in_place.reported(reports, names, state.generation, STARTED_STATES)
     if waiting:
         b.notes.append(f"in place: waiting for {', '.join(waiting[:5])} to start")
         b.requeue_in(1.0)
@@ -287,7 +287,7 @@ def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
 
 
 def _overdue(
-    b: PlanBuilder, state: InPlacePhase, reports: Mapping[str, Mapping[str, Any]],
+    b: PlanBuilder, state: InPlacePhase, reports: Mapping[str, SupervisorReport],
     names: Sequence[str],
 ) -> str | None:  # fmt: skip
     """Why a restart past its deadline falls back, naming what held it: the first pods whose
@@ -297,9 +297,9 @@ def _overdue(
     within = f"within {b.rtj.spec.recovery.in_place_deadline_seconds}s"
     g = state.generation
     if state.phase != InPlaceStage.STOPPING:
-        late = in_place.reported(reports, names, g, in_place.STARTED)
+        late = in_place.reported(reports, names, g, STARTED_STATES)
         return f"{_first(late)} had not started generation {g} {within}" if late else None
-    late = in_place.reported(reports, names, g, in_place.STOPPED)
+    late = in_place.reported(reports, names, g, STOPPED_STATES)
     if late:
         return f"{_first(late)} had not stopped generation {g} {within}"
     old = [pod_name(p) for p in b.snap.pods if pod_name(p) in state.replacing and not _ended(p)]

@@ -16,12 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from rtj_operator.api import keys
 from rtj_operator.api.reasons import Phase
 from rtj_operator.policy import fast_drain, fast_tier, peer_replica
-from rtj_operator.policy.in_place import STARTED, STOPPED
 from rtj_operator.reconcile.in_place import restart_orders
 from rtj_operator.reconcile.world import (
     CONTROL_PATH,
@@ -36,6 +34,12 @@ from rtj_operator.reconcile.world import (
 from rtj_shim.fast.peer_replica import Assignment
 from rtj_shim.wire.control import Order, sign
 from rtj_shim.wire.drain_order import DrainOrder
+from rtj_shim.wire.supervisor_report import (
+    STARTED_STATES,
+    STOPPED_STATES,
+    SupervisorReport,
+    SupervisorState,
+)
 
 
 @dataclass(frozen=True)
@@ -80,7 +84,7 @@ def pod_messages(snap: Snapshot, targets: Sequence[PollTarget]) -> PodMessages:
     return PodMessages({pod: tuple(ms) for pod, ms in out.items()}, ring.note)
 
 
-def _unheeded(order: Order, report: Mapping[str, Any] | None, *, idle: bool) -> bool:
+def _unheeded(order: Order, report: SupervisorReport | None, *, idle: bool) -> bool:
     """Whether the pod's last report does not yet show `order` carried out: its order then
     goes out in close rounds (and the pod is read in each); once it does, the order stands
     (posted whenever the pod is read, at the usual pace), so a round of a restart costs
@@ -91,9 +95,9 @@ def _unheeded(order: Order, report: Mapping[str, Any] | None, *, idle: bool) -> 
     if report is None:
         return not idle
     if order.action == "finish":
-        return report.get("state") != "finished"
-    shown = STOPPED if order.action == "stop" else STARTED
-    return report.get("generation") != order.generation or report.get("state") not in shown
+        return report.state is not SupervisorState.FINISHED
+    shown = STOPPED_STATES if order.action == "stop" else STARTED_STATES
+    return not report.shows(order.generation, shown)
 
 
 def drain_order(snap: Snapshot, targets: Sequence[PollTarget]) -> fast_drain.DrainTarget | None:

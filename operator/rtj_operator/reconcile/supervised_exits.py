@@ -25,9 +25,10 @@ from rtj_operator.policy.findings import iso
 from rtj_operator.policy.render import trainer_name
 from rtj_operator.reconcile.builder import PlanBuilder
 from rtj_operator.reconcile.world import Json, get_in, pod_name
+from rtj_shim.wire.supervisor_report import SupervisorReport, SupervisorState
 
 
-def supervisors(b: PlanBuilder) -> Mapping[str, Mapping[str, Any]]:
+def supervisors(b: PlanBuilder) -> Mapping[str, SupervisorReport]:
     """The current attempt's supervisors' last reports, by pod."""
     readings = b.snap.ranks
     if readings is None or readings.attempt != b.status.attempt:
@@ -46,13 +47,12 @@ def supervisor_failure(
     exited = [
         (p, r) for p in live
         if (r := reports.get(pod_name(p))) is not None
-        and r.get("state") == "exited" and r.get("generation") == generation
+        and r.shows(generation, frozenset({SupervisorState.EXITED}))
     ]  # fmt: skip
     if not exited:
         return None
-    pod, report = min(exited, key=lambda pr: float(pr[1].get("updated_wall_time") or 0))
-    code = report.get("exit_code")
-    when = report.get("updated_wall_time")
+    pod, report = min(exited, key=lambda pr: pr[1].updated_wall_time or 0.0)
+    code, when = report.exit_code, report.updated_wall_time
     index = get_in(pod, "metadata", "annotations", keys.JOB_COMPLETION_INDEX)
     name, node = pod_name(pod), get_in(pod, "spec", "nodeName")
     first = FirstFailed(
@@ -61,7 +61,7 @@ def supervisor_failure(
         node_rank=int(index) if isinstance(index, str) and index.isdigit() else None,
         node=node if isinstance(node, str) else None,
         container=trainer_name(b.rtj),
-        exit_code=code if isinstance(code, int) else None,
+        exit_code=code,
         finished_at=datetime.fromtimestamp(float(when), timezone.utc) if when else b.now,
     )
     others = [pod_name(p) for p, _ in exited if p is not pod]
@@ -71,10 +71,10 @@ def supervisor_failure(
     ]
     if others:
         evidence.append(f"also exited: {', '.join(others[:5])}")
-    rejected = report.get("rejected")
-    if isinstance(rejected, Mapping) and isinstance(step := rejected.get("step"), int):
+    if (rejected := report.rejected_step) is not None:
+        step, reason = rejected
         evidence.insert(0, f"pod {name}: the restarted trainers refused pinned step {step}: "
-                           f"{str(rejected.get('reason') or '')[:300]}")  # fmt: skip
+                           f"{reason[:300]}")  # fmt: skip
         return Classification(
             FailureClass.CHECKPOINT_CORRUPT, first, (), tuple(evidence),
             Decision(signal=f"step {step} refused", source=f"pod {name}: supervisor",
@@ -100,7 +100,7 @@ def _node_cause(
     b: PlanBuilder,
     live: Sequence[Json],
     nodes: Sequence[Json],
-    exited: Sequence[tuple[Json, Mapping[str, Any]]],
+    exited: Sequence[tuple[Json, SupervisorReport]],
 ) -> Classification | None:
     """What the classifier makes of the exits (each supervised pod whose trainer exited,
     with its supervisor's report) read as the trainer containers' terminations, beside the
@@ -120,16 +120,16 @@ def _node_cause(
     return found
 
 
-def _terminated(b: PlanBuilder, pod: Json, report: Mapping[str, Any]) -> Json:
+def _terminated(b: PlanBuilder, pod: Json, report: SupervisorReport) -> Json:
     """`pod` as if its trainer container had ended as its supervisor reports the command
     did (exit code, time; now when it gives none)."""
-    code, when = report.get("exit_code"), report.get("updated_wall_time")
+    code, when = report.exit_code, report.updated_wall_time
     terminated: dict[str, Any] = {
-        "exitCode": code if isinstance(code, int) else 1,
+        "exitCode": code if code is not None else 1,
         "reason": "Error",
     }
     at = b.now
-    if isinstance(when, int | float) and not isinstance(when, bool) and when:
+    if when:
         at = datetime.fromtimestamp(float(when), timezone.utc)
     terminated["finishedAt"] = iso(at)
     statuses = [

@@ -18,6 +18,7 @@ from rtj_operator.policy.stragglers import Straggler
 from rtj_operator.selection import (
     Selection,
 )
+from rtj_shim.wire.supervisor_report import SupervisorReport
 
 Json = Mapping[str, Any]
 
@@ -220,9 +221,9 @@ class RankReadings:
     poll of their current run of failures went unanswered (one of two signals of a node
     gone silent, `policy.liveness.silent_since`)."""
     stragglers: tuple[Straggler, ...] = ()
-    supervisors: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    supervisors: Mapping[str, SupervisorReport] = field(default_factory=dict)
     """Per pod, what its supervisor last reported (spec.recovery.inPlace): generation,
-    state (running, exited, stopping, stopped, finished), exit code."""
+    state, exit code, fast-tier holdings (`rtj_shim.wire.supervisor_report`)."""
     fast_tiers: Mapping[str, Mapping[str, Any] | None] = field(default_factory=dict)
     """Per pod, the newest fast-tier step every rank holds and when (spec.checkpoint.fastTier;
     `policy.fast_tier.summary`)."""

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from rtj_operator.api import ResilientTrainingJob
+from rtj_shim.wire.supervisor_report import SupervisorReport
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 NOW = datetime(2025, 3, 14, 12, 0, 0, tzinfo=timezone.utc)
@@ -48,3 +50,9 @@ def make_job(**spec: Any) -> ResilientTrainingJob:
 
 def load_json(path: Path) -> Any:
     return json.loads(path.read_text(encoding="utf-8"))
+
+
+def supervisor_reports(body: Mapping[str, Mapping[str, Any]]) -> dict[str, SupervisorReport]:
+    """Per pod, a supervisor's report as the operator holds it: parsed where it arrives
+    (`rtj_shim.wire.supervisor_report`), from the JSON a supervisor writes."""
+    return {pod: SupervisorReport.parse(report) for pod, report in body.items()}

@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from rtj_test_support import NOW, make_job
+from rtj_test_support import NOW, make_job, supervisor_reports
 from rtj_world import jobset, node, nodes_for, reading, rtj_raw, snapshot, with_status
 from test_rank_progress import running_pods
 
@@ -17,6 +17,7 @@ from rtj_operator import reconcile as rc
 from rtj_operator.api import keys
 from rtj_operator.policy import control_key
 from rtj_operator.policy.render import render_jobset
+from rtj_shim.wire.supervisor_report import SupervisorReport
 
 KEY = "0123456789abcdef" * 4
 IN_PLACE = {"replicas": 2, "recovery": {"inPlace": True, "inPlaceDeadlineSeconds": 60}}
@@ -37,7 +38,12 @@ def readings(pods: list[dict[str, Any]], *states: tuple[int, str, int | None]) -
     reports = {p["metadata"]["name"]: {"generation": g, "state": s, "exit_code": c,
                                        "updated_wall_time": T - 5 + i}
                for i, (p, (g, s, c)) in enumerate(zip(pods, states, strict=True))}  # fmt: skip
-    return rc.RankReadings(attempt=1, reports=(), polled_at=T, supervisors=reports)
+    return rc.RankReadings(
+        attempt=1,
+        reports=(),
+        polled_at=T,
+        supervisors=supervisor_reports(reports),
+    )
 
 
 def plan(raw: dict[str, Any], pods: list[dict[str, Any]], ranks: rc.RankReadings,
@@ -123,7 +129,12 @@ def stopped_holding(pods: list[dict[str, Any]], *held: list[int] | None) -> rc.R
                                        **({} if h is None else {"fast_steps": h,
                                                            "fast_held": held_as(h)})}
                for p, h in zip(pods, held, strict=True)}  # fmt: skip
-    return rc.RankReadings(attempt=1, reports=(), polled_at=T, supervisors=reports)
+    return rc.RankReadings(
+        attempt=1,
+        reports=(),
+        polled_at=T,
+        supervisors=supervisor_reports(reports),
+    )
 
 
 def stopping(raw: dict[str, Any], pods: list[dict[str, Any]]) -> dict[str, Any]:
@@ -240,7 +251,9 @@ def test_the_poller_sends_each_pod_its_order_then_reads_it_back_in_the_next_roun
     assert not sent, "the order was taken: the next round only reads the pod back"
     reading = polls.reading(key)
     assert reading is not None
-    assert reading.supervisors["p0"] == {"generation": 1, "state": "stopped"}
+    assert reading.supervisors["p0"] == SupervisorReport.parse(
+        {"generation": 1, "state": "stopped"}
+    )
     asyncio.run(polls.poll_once([JobTargets(key, targets)]))
     assert not sent, "no order, nothing sent"
     polls.close()
@@ -271,9 +284,9 @@ def test_an_order_whose_answer_carries_the_report_is_read_in_the_same_round() ->
     asyncio.run(polls.poll_once([JobTargets(key, targets, messages={"p0": order, "p1": order})]))
     reading = polls.reading(key)
     assert reading is not None and not reading.unanswered
-    assert reading.supervisors == {"p0": {"generation": 1, "state": "stopped"}}, (
-        "p0's answer was its report; p1's older sidecar is read back in the next round"
-    )
+    assert reading.supervisors == {
+        "p0": SupervisorReport.parse({"generation": 1, "state": "stopped"})
+    }, "p0's answer was its report; p1's older sidecar is read back in the next round"
     assert fetched == [], "no GET after a first order"
     polls.close()
 
@@ -317,7 +330,7 @@ def test_close_rounds_read_only_the_pods_still_to_carry_out_their_order(
     assert len(posted) == 3, "an order its sidecar took is not posted again for a while"
     reading = polls.reading(key)
     assert reading is not None and not reading.unanswered and not reading.quiet_since
-    assert {p: s["state"] for p, s in reading.supervisors.items()} == dict.fromkeys(
+    assert {p: s.state for p, s in reading.supervisors.items()} == dict.fromkeys(
         ("p1", "p2", "p3"), "stopped"
     ), "a pod not asked again keeps its last answer, supervisor included"
     assert len(reading.reports) == 3
@@ -364,7 +377,7 @@ def test_a_pod_that_refuses_its_order_is_still_read_back() -> None:
         "refused, so posted again; and read back, so its report shows why it stays"
     )
     reading = polls.reading(key)
-    assert reading is not None and reading.supervisors["p1"]["generation"] == 2
+    assert reading is not None and reading.supervisors["p1"].generation == 2
     polls.close()
 
 

@@ -6,18 +6,25 @@ from __future__ import annotations
 
 from typing import Any
 
+from rtj_test_support import supervisor_reports
 from rtj_world import pod, rtj_raw, with_status
 from test_in_place import IN_PLACE, STARTED, T, plan, supervised_pods
 from test_rank_progress import with_sidecar
 
 from rtj_operator import reconcile as rc
 from rtj_operator.api import keys
+from rtj_shim.wire.supervisor_report import SupervisorReport
 
 
 def reports(pods: list[dict[str, Any]], *states: dict[str, Any]) -> rc.RankReadings:
     body = {p["metadata"]["name"]: {"updated_wall_time": T - 5, **s}
             for p, s in zip(pods, states, strict=True)}  # fmt: skip
-    return rc.RankReadings(attempt=2, reports=(), polled_at=T, supervisors=body)
+    return rc.RankReadings(
+        attempt=2,
+        reports=(),
+        polled_at=T,
+        supervisors=supervisor_reports(body),
+    )
 
 
 def test_an_exit_in_a_later_attempt_is_seen_at_generation_0() -> None:
@@ -86,8 +93,8 @@ def test_a_survivors_exit_waits_briefly_for_a_silent_peers_node_before_the_whole
     raw = rtj_raw({"phase": "Running", "attempt": 1, "attempts": [STARTED]}, **IN_PLACE)
     survivor = pods[0]["metadata"]["name"]
     quiet = rc.RankReadings(attempt=1, reports=(), polled_at=T, supervisors={
-        survivor: {"generation": 0, "state": "exited", "exit_code": 1,
-                   "updated_wall_time": T - 5}})  # fmt: skip
+        survivor: SupervisorReport.parse({"generation": 0, "state": "exited", "exit_code": 1,
+                                          "updated_wall_time": T - 5})})  # fmt: skip
     held = plan(raw, pods, quiet)
     assert held.status_patch is None, held.summary
     assert not [a for a in held.actions if isinstance(a, (rc.DeleteJobSet, rc.DeletePod))]

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from rtj_test_support import NOW, job_body, make_job
+from rtj_test_support import NOW, job_body, make_job, supervisor_reports
 
 from rtj_operator.api import ResilientTrainingJob, keys
 from rtj_operator.api.checkpoint_spec import FAST_TIER_MIN_KEEP, SIZE_PATTERN
@@ -237,58 +237,58 @@ def _reports(*held: list[int] | None) -> dict[str, dict[str, Any]]:
     }
 
 
+def _pin(reports: dict[str, dict[str, Any]], *args: Any) -> fast_tier_policy.FastPin:
+    """`policy.fast_tier.pin` over the supervisors' JSON, parsed as the operator parses it."""
+    return fast_tier_policy.pin(supervisor_reports(reports), *args)
+
+
 def test_the_newest_step_every_pod_holds_is_pinned() -> None:
     reports = _reports([100, 120, 140], [100, 120, 140], [100, 120, 140])
-    assert fast_tier_policy.pin(reports, PODS, 100, []).step == 140
-    assert fast_tier_policy.pin(reports, PODS, None, []).step == 140, "durable unknown: any goes"
-    assert fast_tier_policy.pin(reports, PODS, 140, []).step == 140, (
-        "equal to durable: still pinned"
-    )
+    assert _pin(reports, PODS, 100, []).step == 140
+    assert _pin(reports, PODS, None, []).step == 140, "durable unknown: any goes"
+    assert _pin(reports, PODS, 140, []).step == 140, "equal to durable: still pinned"
 
 
 def test_pods_that_disagree_pin_the_newest_step_they_share() -> None:
     # p2 had not published 140 yet when its rank was stopped; p1 already dropped 100
     reports = _reports([100, 120, 140], [120, 140], [100, 120])
-    assert fast_tier_policy.pin(reports, PODS, 80, []).step == 120
-    assert fast_tier_policy.pin(_reports([140], [120], [140]), PODS, None, []).step is None
+    assert _pin(reports, PODS, 80, []).step == 120
+    assert _pin(_reports([140], [120], [140]), PODS, None, []).step is None
 
 
 def test_a_pod_without_a_report_or_without_a_list_pins_nothing() -> None:
     reports = _reports([100, 120], [100, 120], [100, 120])
-    assert (
-        fast_tier_policy.pin({k: v for k, v in reports.items() if k != "p1"}, PODS, 0, []).step
-        is None
-    )
-    assert fast_tier_policy.pin(_reports([100], [100], None), PODS, 0, []).step is None
-    assert fast_tier_policy.pin(_reports([100], [100], []), PODS, 0, []).step is None
+    assert _pin({k: v for k, v in reports.items() if k != "p1"}, PODS, 0, []).step is None
+    assert _pin(_reports([100], [100], None), PODS, 0, []).step is None
+    assert _pin(_reports([100], [100], []), PODS, 0, []).step is None
     garbage = _reports([100], [100], [100])
     garbage["p2"]["fast_steps"] = "100"
     garbage["p2"]["fast_held"] = "100"
-    assert fast_tier_policy.pin(garbage, PODS, 0, []).step is None
-    assert fast_tier_policy.pin(reports, (), 0, []).step is None, "no pods, nothing held by all"
+    assert _pin(garbage, PODS, 0, []).step is None
+    assert _pin(reports, (), 0, []).step is None, "no pods, nothing held by all"
     # the reason, when the pods keep a fast tier; none when no pod keeps one at all
-    assert fast_tier_policy.pin(_reports([100], [100], []), PODS, 0, []).note == (
+    assert _pin(_reports([100], [100], []), PODS, 0, []).note == (
         "pod p2 holds no fast step and no pod holds its replica (no pod keeps a peer replica)"
     )
-    assert fast_tier_policy.pin(_reports(None, None, None), PODS, 0, []).note is None
+    assert _pin(_reports(None, None, None), PODS, 0, []).note is None
 
 
 def test_a_fast_step_older_than_the_durable_one_is_not_pinned() -> None:
     reports = _reports([100, 120], [100, 120], [100, 120])
-    assert fast_tier_policy.pin(reports, PODS, 121, []).step is None
-    assert fast_tier_policy.pin(reports, PODS, 110, []).step == 120
+    assert _pin(reports, PODS, 121, []).step is None
+    assert _pin(reports, PODS, 110, []).step == 120
 
 
 def test_a_bad_step_is_never_pinned() -> None:
     reports = _reports([100, 120], [100, 120], [100, 120])
-    assert fast_tier_policy.pin(reports, PODS, 100, [120]).step == 100, "the next newest shared one"
-    assert fast_tier_policy.pin(reports, PODS, 110, [120]).step is None, "the older one is too old"
-    assert fast_tier_policy.pin(reports, PODS, None, [100, 120]).step is None
+    assert _pin(reports, PODS, 100, [120]).step == 100, "the next newest shared one"
+    assert _pin(reports, PODS, 110, [120]).step is None, "the older one is too old"
+    assert _pin(reports, PODS, None, [100, 120]).step is None
 
 
 def test_values_that_are_not_steps_are_ignored() -> None:
     reports = _reports([True, -5, 100, "120"], [100, 120], [100, 120])
-    assert fast_tier_policy.pin(reports, PODS, None, []).step == 100
+    assert _pin(reports, PODS, None, []).step == 100
 
 
 def test_a_step_two_pods_hold_in_different_lineages_is_never_pinned() -> None:
@@ -298,20 +298,20 @@ def test_a_step_two_pods_hold_in_different_lineages_is_never_pinned() -> None:
     reports["p0"]["fast_held"] = _held([1200, 1250, 1260], LINEAGE_A)
     reports["p1"]["fast_held"] = _held([1200], LINEAGE_A) + _held([1250, 1260], LINEAGE_B)
     reports["p2"]["fast_held"] = _held([1200], LINEAGE_A) + _held([1250, 1260], LINEAGE_B)
-    pinned = fast_tier_policy.pin(reports, PODS, 1200, [])
+    pinned = _pin(reports, PODS, 1200, [])
     assert (pinned.step, pinned.lineage) == (1200, LINEAGE_A), "the newest step all share"
-    assert fast_tier_policy.pin(reports, PODS, 1210, []).step is None
+    assert _pin(reports, PODS, 1210, []).step is None
     reports["p0"]["fast_held"] = _held([1250, 1260], LINEAGE_B)
-    pinned = fast_tier_policy.pin(reports, PODS, 1200, [])
+    pinned = _pin(reports, PODS, 1200, [])
     assert (pinned.step, pinned.lineage) == (1260, LINEAGE_B)
 
 
 def test_steps_of_unknown_lineage_are_never_pinned() -> None:
     legacy = {p: {"generation": 1, "state": "stopped", "fast_steps": [100, 120]} for p in PODS}
-    assert fast_tier_policy.pin(legacy, PODS, 0, []).step is None, "an older supervisor's"
+    assert _pin(legacy, PODS, 0, []).step is None, "an older supervisor's"
     reports = _reports([100], [100], [100])
     reports["p1"]["fast_held"] = ["legacy@100"]
-    assert fast_tier_policy.pin(reports, PODS, 0, []).step is None
+    assert _pin(reports, PODS, 0, []).step is None
 
 
 # --- the order --------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
-from rtj_test_support import NOW
+from rtj_test_support import NOW, supervisor_reports
 from rtj_world import jobset, node, nodes_for, reading, rtj_raw, snapshot, with_status
 from test_in_place import KEY, RUNNING, T, plan
 from test_in_place_replace import XID, replaceable_pods, supervisors
@@ -187,7 +187,7 @@ def _barrier(world: list[Any], held: list[list[int]], replicas: dict[str, Any]) 
                                 "fast_held": [f"0123456789abcdef@{s}" for s in h]}
         for p, h in zip(world, held, strict=True)
     }  # fmt: skip
-    return rc.RankReadings(attempt=1, reports=(), polled_at=T, supervisors=body,
+    return rc.RankReadings(attempt=1, reports=(), polled_at=T, supervisors=supervisor_reports(body),
                            replicas=replicas)  # fmt: skip
 
 

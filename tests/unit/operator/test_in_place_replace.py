@@ -10,7 +10,7 @@ from dataclasses import replace as dc_replace
 from datetime import timedelta
 from typing import Any
 
-from rtj_test_support import NOW, make_job
+from rtj_test_support import NOW, make_job, supervisor_reports
 from rtj_world import (
     jobset,
     node,
@@ -29,6 +29,7 @@ from rtj_operator.policy import in_place
 from rtj_operator.policy.classify import Classification
 from rtj_operator.policy.liveness import NodeLease
 from rtj_operator.policy.render import render_jobset
+from rtj_shim.wire.supervisor_report import SupervisorReport
 
 XID = 79
 
@@ -45,7 +46,12 @@ def supervisors(reports: dict[str, tuple[int, str, int | None]]) -> rc.RankReadi
         pod: {"generation": g, "state": s, "exit_code": c, "updated_wall_time": T - 5}
         for pod, (g, s, c) in reports.items()
     }
-    return rc.RankReadings(attempt=1, reports=(), polled_at=T, supervisors=body)
+    return rc.RankReadings(
+        attempt=1,
+        reports=(),
+        polled_at=T,
+        supervisors=supervisor_reports(body),
+    )
 
 
 def test_a_replaceable_world_is_rendered_with_a_per_index_backoff_and_the_failure_count() -> None:
@@ -229,8 +235,9 @@ def _two_lost(spec: dict[str, Any]) -> tuple[Any, ...]:
         ranks = rc.RankReadings(
             attempt=1, reports=(), polled_at=now.timestamp(),
             quiet_since={names[1]: NOW.timestamp(), names[2]: NOW.timestamp()},
-            supervisors={names[0]: {"generation": 0, "state": "running",
-                                    "updated_wall_time": now.timestamp() - 1}},
+            supervisors={names[0]: SupervisorReport.parse({
+                "generation": 0, "state": "running", "updated_wall_time": now.timestamp() - 1,
+            })},
         )  # fmt: skip
         snap = snapshot(raw, jobsets=[jobset(1)], pods=pods, now=now, nodes=cluster["nodes"])
         p = rc.plan(dc_replace(snap, ranks=ranks, control_key=KEY, node_leases=alive))

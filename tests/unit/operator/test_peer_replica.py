@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from rtj_test_support import supervisor_reports
+
 from rtj_operator.policy import fast_tier, peer_replica
 from rtj_operator.policy.peer_replica import Member, PeerView
+from rtj_shim.wire.supervisor_report import SupervisorReport
 
 
 def members(*nodes: str | None) -> list[Member]:
@@ -92,10 +95,10 @@ INDEXES = {p: i for i, p in enumerate(PODS)}
 LINEAGE = "0123456789abcdef"
 
 
-def stopped(*held: list[int]) -> dict[str, dict[str, Any]]:
-    return {p: {"generation": 1, "state": "stopped", "fast_steps": h,
-                "fast_held": [f"{LINEAGE}@{s}" for s in h]}
-            for p, h in zip(PODS, held, strict=True)}  # fmt: skip
+def stopped(*held: list[int]) -> dict[str, SupervisorReport]:
+    return supervisor_reports({p: {"generation": 1, "state": "stopped", "fast_steps": h,
+                                   "fast_held": [f"{LINEAGE}@{s}" for s in h]}
+                               for p, h in zip(PODS, held, strict=True)})  # fmt: skip
 
 
 def ring_replicas(*steps: list[int] | None) -> dict[str, dict[str, Any] | None]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from rtj_test_support import NOW, make_job
+from rtj_test_support import NOW, make_job, supervisor_reports
 from rtj_world import (
     jobset,
     node,
@@ -127,20 +127,20 @@ def test_a_spare_is_picked_only_ready_and_off_the_bad_nodes() -> None:
     held = {"generation": 0, "state": "stopped"}
     a, b = spare_pod(0, "gpu-node-005"), spare_pod(1, "gpu-node-006")
     na, nb = a["metadata"]["name"], b["metadata"]["name"]
-    reports = {na: held, nb: held}
+    reports = supervisor_reports({na: held, nb: held})
     assert spares.pick([b, a], reports, {"victim": 1}, ()) == {na: 1}
     assert spares.pick([a, b], reports, {"victim": 1}, {"gpu-node-005"}) == {nb: 1}
     assert spares.pick([a, b], reports, {"v1": 1, "v2": 3}, ()) == {na: 1, nb: 3}
     assert spares.pick([a], reports, {"v1": 1, "v2": 3}, ()) is None, "not enough: none"
-    running = {na: {"generation": 0, "state": "running"}}
+    running = supervisor_reports({na: {"generation": 0, "state": "running"}})
     assert spares.pick([a], running, {"victim": 1}, ()) is None
     assert spares.pick([a], {}, {"victim": 1}, ()) is None, "never reported"
     going = copy.deepcopy(a)
     going["metadata"]["deletionTimestamp"] = "2025-03-14T12:00:30Z"
     assert spares.pick([going], reports, {"victim": 1}, ()) is None
     same_node = spare_pod(1, "gpu-node-005")
-    assert len(spares.pick([a, same_node], {**reports, same_node["metadata"]["name"]: held},
-                           {"v1": 1, "v2": 2}, ()) or {}) == 0  # fmt: skip
+    both = {**reports, **supervisor_reports({same_node["metadata"]["name"]: held})}
+    assert len(spares.pick([a, same_node], both, {"v1": 1, "v2": 2}, ()) or {}) == 0
 
 
 def _target(pod: dict[str, Any], raw: dict[str, Any]) -> PollTarget:

@@ -93,6 +93,8 @@ from rtj_shim.wire.control import (
 from rtj_shim.wire.control import parse_order as _parse_order
 from rtj_shim.wire.progress_record import FILE_PREFIX, FILE_SUFFIX
 from rtj_shim.wire.resume_file import ResumeFile
+from rtj_shim.wire.supervisor_report import SupervisorReport, SupervisorReportError
+from rtj_shim.wire.supervisor_report import SupervisorState as State
 
 PR_SET_CHILD_SUBREAPER = 36
 ENV_INDEX_FAILURES = "RTJ_INDEX_FAILURES"
@@ -110,10 +112,12 @@ class Supervised:
     """What the supervisor knows of its command."""
 
     generation: int
-    state: str  # running | exited | stopped | finished
+    state: State
     attempt: int | None = None
     exit_code: int | None = None
-    fast_steps: tuple[int, ...] = ()  # reported with "stopped" (rtj_shim.fast.fast_tier.holdings)
+    fast_steps: tuple[
+        int, ...
+    ] = ()  # reported with State.STOPPED (rtj_shim.fast.fast_tier.holdings)
     fast_held: tuple[Held, ...] = ()  # the same with their lineages (rtj_shim.fast.fast_tier.held)
     rejected: dict[str, object] | None = None  # the pinned step the command's restore refused
 
@@ -125,11 +129,11 @@ def next_action(current: Supervised, order: Order | None) -> str:
     pod whose command is not running (held, idle) finishes on order."""
     if order is None or order.generation < current.generation:
         return "wait"
-    if current.state == "finished":
+    if current.state == State.FINISHED:
         return "wait"
     if order.action == "finish":
-        return "finish" if current.state == "stopped" else "wait"
-    stopped_for_it = current.state == "stopped" and current.generation == order.generation
+        return "finish" if current.state == State.STOPPED else "wait"
+    stopped_for_it = current.state == State.STOPPED and current.generation == order.generation
     if order.action == "stop":
         return "wait" if stopped_for_it or order.generation == current.generation else "stop"
     if stopped_for_it:
@@ -140,11 +144,11 @@ def next_action(current: Supervised, order: Order | None) -> str:
 def carried_out(state: Mapping[str, object], order: Order) -> bool:
     """Whether a supervisor's report (`STATE_FILE`'s body) shows nothing left to do for
     `order` (the progress sidecar's wait for the supervisor to take it)."""
-    generation, attempt = state.get("generation"), state.get("attempt")
-    if not isinstance(generation, int) or not isinstance(state.get("state"), str):
+    try:
+        report = SupervisorReport.parse(state)
+    except SupervisorReportError:
         return False
-    current = Supervised(generation, str(state["state"]),
-                         attempt if isinstance(attempt, int) else None)  # fmt: skip
+    current = Supervised(report.generation, report.state, report.attempt)
     return next_action(current, order) == "wait"
 
 
@@ -188,7 +192,7 @@ class Supervisor:
         self.order_deadline = order_deadline
         self.env = dict(os.environ if env is None else env)
         attempt = self.env.get("RTJ_ATTEMPT", "")
-        self.current = Supervised(0, "stopped", int(attempt) if attempt.isdigit() else None)
+        self.current = Supervised(0, State.STOPPED, int(attempt) if attempt.isdigit() else None)
         self.child: Trainer | None = None
         self._terminated = False
         self._exited_at: float | None = None
@@ -239,13 +243,13 @@ class Supervisor:
             self._reap_child()
             if self.standbys.keep(self._standby_wanted()):
                 self._set(self.current)  # report it importing, ready or given up on
-            if self.current.state == "finished":
+            if self.current.state == State.FINISHED:
                 return 0
             order = self._order()
             self.addressed = self.addressed or order is not None
             action = next_action(self.current, order)
             if action == "finish":
-                self._set(replace(self.current, state="finished", exit_code=0))
+                self._set(replace(self.current, state=State.FINISHED, exit_code=0))
                 self._say("finished on order: the world's trainers are done")
                 return 0
             if action == "stop" and order is not None:
@@ -253,7 +257,7 @@ class Supervisor:
                 continue  # a run order waits for no poll period to start what it stopped
             if action == "start" and order is not None:
                 self._start(self._env_for(order), order.attempt)
-            elif self.current.state == "exited" and self._given_up():
+            elif self.current.state == State.EXITED and self._given_up():
                 return self.current.exit_code or 1
             elif self.held and not self.addressed and self.child is None and self._given_up():
                 return 1
@@ -287,7 +291,7 @@ class Supervisor:
                 self.argv, env=dict(env), stdin=subprocess.DEVNULL, start_new_session=True
             )  # stdin: nothing, as a standby's (a container's has none unless it asks)
         self.child, self._started_at = child, time.monotonic()
-        self._set(replace(self.current, state="running", attempt=attempt, exit_code=None,
+        self._set(replace(self.current, state=State.RUNNING, attempt=attempt, exit_code=None,
                           rejected=None))  # fmt: skip
         how = self.standbys.source if self.preloaded else "cold"
         self._say(f"generation {generation}: started {self.argv[0]} {how} (pid {child.pid})")
@@ -297,10 +301,10 @@ class Supervisor:
         """The next generation's standby starts at once while nothing runs; in a running
         generation once its trainer wrote its progress record (its own imports done), or
         ``STANDBY_AFTER_SECONDS`` into it."""
-        if self.current.state in ("finished", "stopping"):
+        if self.current.state in (State.FINISHED, State.STOPPING):
             return False
         early = time.monotonic() - self._started_at < STANDBY_AFTER_SECONDS
-        return self.current.state != "running" or not early or self._progress_recorded()
+        return self.current.state != State.RUNNING or not early or self._progress_recorded()
 
     def _progress_recorded(self) -> bool:
         directory = self.env.get(ENV_DIR)
@@ -331,7 +335,7 @@ class Supervisor:
                 "RTJ_RESUME_FILE": str(resume)}  # fmt: skip
 
     def _reap_child(self) -> None:
-        if self.child is None or self.current.state != "running":
+        if self.child is None or self.current.state != State.RUNNING:
             return
         code = self.child.poll()
         if code is None:
@@ -339,19 +343,19 @@ class Supervisor:
         code = 128 - code if code < 0 else code  # killed by a signal: as a shell reports it
         self._reap_orphans()
         self._exited_at = time.monotonic()
-        state = "finished" if code == 0 else "exited"
+        state = State.FINISHED if code == 0 else State.EXITED
         rejected = read_json(self.dir / f"resume-{self.current.generation}.json.rejected")
         self._set(replace(self.current, state=state, exit_code=code, rejected=rejected))
         self._say(f"generation {self.current.generation}: the command exited with {code}")
 
     def _stop(self, generation: int) -> None:
-        self._set(replace(self.current, state="stopping"))
+        self._set(replace(self.current, state=State.STOPPING))
         self._kill_all(self.stop_grace)
         code = self.child.returncode if self.child is not None else None
         self._forget_progress()
         fast_dir = self.env.get(fast_tier.ENV_DIR)
         held = tuple(fast_tier.held(Path(fast_dir))) if fast_dir else ()
-        self._set(Supervised(generation, "stopped", self.current.attempt,
+        self._set(Supervised(generation, State.STOPPED, self.current.attempt,
                              128 - code if code is not None and code < 0 else code,
                              tuple(h.step for h in held), held))  # fmt: skip
         self._say(f"generation {generation}: every process of the old one is gone")
@@ -414,23 +418,23 @@ class Supervisor:
         self._kill_all(self.grace)
         self.standbys.drop()
         code = self.child.returncode if self.child is not None else None
-        self._set(replace(self.current, state="stopped"))
+        self._set(replace(self.current, state=State.STOPPED))
         return 128 + signal.SIGTERM if code is None else (128 - code if code < 0 else code)
 
     # --- reporting ------------------------------------------------------------------------
     def _set(self, state: Supervised) -> None:
         self.current = state
-        write_json(self.dir / STATE_FILE, {
-            "generation": state.generation, "state": state.state, "attempt": state.attempt,
-            "exit_code": state.exit_code, "fast_steps": list(state.fast_steps),
-            "fast_held": [h.encode() for h in state.fast_held],
-            "rejected": state.rejected, "spare": self.spare,
-            "rank": int(self.assigned["RANK"]) if "RANK" in self.assigned else None,
-            "pid": self.child.pid if self.child is not None and state.state == "running" else None,
-            "preloaded": self.preloaded,
-            "standby": self.standbys.report(),
-            "updated_wall_time": round(time.time(), 6),
-        })  # fmt: skip
+        running = self.child is not None and state.state is State.RUNNING
+        report = SupervisorReport(
+            state.generation, state.state, state.attempt, state.exit_code,
+            fast_steps=state.fast_steps, fast_held=frozenset(state.fast_held),
+            rejected=state.rejected, spare=self.spare,
+            rank=int(self.assigned["RANK"]) if "RANK" in self.assigned else None,
+            pid=self.child.pid if running and self.child is not None else None,
+            preloaded=self.preloaded, standby=self.standbys.report(),
+            updated_wall_time=round(time.time(), 6),
+        )  # fmt: skip
+        write_json(self.dir / STATE_FILE, report.encode())
 
     def _say(self, line: str) -> None:
         sys.stderr.write(f"rtj-shim supervise: {line}\n")
