@@ -43,7 +43,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from rtj_shim.agent import preload
+from rtj_shim.agent import preflight, preload
 from rtj_shim.agent.progress_handler import Reads
 from rtj_shim.agent.progress_server import ProgressServer
 from rtj_shim.agent.supervisor import Supervisor
@@ -317,4 +317,6 @@ def register(
     """The one call rtj_shim.cli makes: add the parsers, and their handlers to
     ``commands`` (its name -> handler table, whose inferred type is not ours to widen)."""
     add_parsers(sub)
+    preflight.add_parser(sub)
     commands.update(COMMANDS)
+    commands["preflight"] = preflight.main
