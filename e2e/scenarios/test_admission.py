@@ -125,12 +125,12 @@ def test_a_job_whose_queue_does_not_exist_says_so_in_a_condition(
          ["spec.replicas", "should be greater than or equal to 1"]),
         ("typo", {"failurePolicy": {"maxRestart": 3}},
          ['unknown field "spec.failurePolicy.maxRestart"']),
-        ("no-queue", {"queueName": None}, ["spec.queueName", "Required value"]),
+        ("no-replicas", {"replicas": None}, ["spec.replicas", "Required value"]),
         ("a" * 40, {},
          ["metadata.name must be a DNS-1035 label of at most 36 characters"]),
     ],
     ids=["bad-uri", "bad-backoff", "no-containers", "zero-replicas", "unknown-field",
-         "no-queue", "long-name"],
+         "no-replicas", "long-name"],
 )  # fmt: skip
 def test_kubectl_apply_of_a_malformed_spec_is_refused_with_its_field_message(
     rtj_api: Kube, rtj_cluster: Any, rtj_ns: Any, tmp_path: Path,

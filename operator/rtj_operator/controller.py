@@ -169,6 +169,8 @@ class Controller(ControllerLoops):
         self._held: dict[Key, float] = {}
         """Per job: when its next change may be planned (a rate limit with a burst, GCRA),
         and when a batched plan is already due (monotonic)."""
+        self._managed_elsewhere: set[Key] = set()
+        """Jobs whose spec.managedBy names another controller (said once in the log)."""
 
     # --- inputs from the watches -----------------------------------------------------------
 
@@ -213,6 +215,7 @@ class Controller(ControllerLoops):
         self.metrics.forget_job(*key)
         for per_job in (self._plan_seconds, self._next_plan, self._held):
             per_job.pop(key, None)
+        self._managed_elsewhere.discard(key)
 
     def on_pod(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         key = job_key_of(body)
@@ -333,6 +336,12 @@ class Controller(ControllerLoops):
             rtj = ResilientTrainingJob.from_object(raw)
         except ValidationError as exc:
             log.warning("%s/%s: cannot read the job: %s", *key, exc)
+            return None
+        if rtj.spec.managed_elsewhere:  # nothing planned, polled, read or exported for it
+            if key not in self._managed_elsewhere:
+                self._managed_elsewhere.add(key)
+                log.info("%s/%s: spec.managedBy is %s: left to that controller",
+                         *key, rtj.spec.managed_by)  # fmt: skip
             return None
         self.metrics.observe_job(rtj)
         pods = tuple(self.pods.get(("job", key)))

@@ -175,12 +175,15 @@ class ControllerLoops:
                 except ValidationError:
                     continue
                 active = rtj.status.phase in (Phase.RUNNING, Phase.ADMITTED)
+                if rtj.spec.managed_elsewhere:
+                    continue  # its status is another controller's (MultiKueue's copy)
                 if active and selection.operator_reads_store(rtj.spec.checkpoint.uri):
                     jobs.append((key, rtj))
 
             async def refresh(key: Key, rtj: ResilientTrainingJob) -> None:
                 ckpt = rtj.spec.checkpoint
-                secret = ckpt.credentials_secret and f"{key[0]}/{ckpt.credentials_secret}"
+                name = ckpt.credentials_secret_name
+                secret = name and f"{key[0]}/{name}"
                 if self.store_reads.resting(store_key(ckpt.uri, secret or None)):
                     return  # failed recently: the restart lane still reads it when needed
                 self._keep_reading(key, await self.read_store(rtj, Lane.REFRESH))

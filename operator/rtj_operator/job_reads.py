@@ -46,20 +46,15 @@ class JobReads:
         ckpt = rtj.spec.checkpoint
         credentials: Mapping[str, str] | None = None
         excluded = frozenset(rtj.status.bad_steps)
-        secret = (
-            f"{rtj.metadata.namespace}/{ckpt.credentials_secret}"
-            if ckpt.credentials_secret
-            else None
-        )
+        name = ckpt.credentials_secret_name
+        secret = f"{rtj.metadata.namespace}/{name}" if name else None
         started = self.clock()
         refused = operator_identity_refusal(ckpt.uri, secret or None, self.operator_identity_stores)
         if refused is not None:
             return rc.StoreReading(started, error=refused, excluded=excluded)
         try:
-            if ckpt.credentials_secret:
-                credentials = await self._io(
-                    self.kube.secret_data, rtj.metadata.namespace, ckpt.credentials_secret
-                )
+            if name:
+                credentials = await self._io(self.kube.secret_data, rtj.metadata.namespace, name)
             picked = await self.store_reads.read(
                 lane, store_key(ckpt.uri, secret or None), ckpt.uri, excluded, credentials
             )

@@ -61,7 +61,7 @@ def parser() -> argparse.ArgumentParser:
         default=[],
         metavar="URI_PREFIX",
         help="a checkpoint URI prefix (e.g. s3://ckpt-bucket/) the operator may read with its "
-        "own credentials for jobs that name no credentialsSecret (default: none)",
+        "own credentials for jobs that name no credentialsSecretRef (default: none)",
     )
     p.add_argument("--store-read-timeout", type=float, default=30.0)
     p.add_argument(

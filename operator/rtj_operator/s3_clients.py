@@ -27,7 +27,7 @@ CREDENTIAL_KEYS = (
     "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION",
     "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL",
 )  # fmt: skip
-"""What a job's `checkpoint.credentialsSecret` can set that shapes its client."""
+"""What a job's `checkpoint.credentialsSecretRef` can set that shapes its client."""
 
 Key = tuple[tuple[str, str], ...]
 
@@ -65,7 +65,7 @@ class S3Clients:
 
 
 def _make(credentials: Mapping[str, str]) -> Any:
-    from rtj_shim.storage.s3 import client_config, make_client
+    from rtj_shim.checkpoint.storage.s3 import client_config, make_client
 
     if not credentials:
         return make_client()

@@ -26,7 +26,7 @@ from typing import Any
 from rtj_operator.policy.init_result import InitResult as InitResult
 from rtj_operator.policy.init_result import parse_init_result as parse_init_result
 from rtj_operator.s3_clients import S3Clients
-from rtj_shim.selection import resume_candidates, select_resume_step
+from rtj_shim.checkpoint.selection import resume_candidates, select_resume_step
 
 S3_SCHEME = "s3://"
 FILE_SCHEME = "file://"
@@ -111,15 +111,15 @@ def read_store(
 ) -> Selection:
     """Read the checkpoint root and choose (shallow verification). Blocking: run in a thread.
 
-    `credentials` are the keys of the job's `checkpoint.credentialsSecret` (the same
+    `credentials` are the keys of the job's `checkpoint.credentialsSecretRef` (the same
     AWS_* variables the pods get); without them the operator's own environment is used.
     Raises CheckpointUnreadable when the store cannot be read; a root that does not exist
     yet is an ordinary "no checkpoint" (a fresh run).
     """
+    from rtj_shim.checkpoint.layout import step_key
+    from rtj_shim.checkpoint.verification import Depth
+    from rtj_shim.checkpoint.verifier import verify_step
     from rtj_shim.errors import ShimError, StoreError
-    from rtj_shim.layout import step_key
-    from rtj_shim.verification import Depth
-    from rtj_shim.verifier import verify_step
 
     bad = sorted(set(bad_steps), reverse=True)
     try:
@@ -153,11 +153,11 @@ def read_store(
 def _open(uri: str, credentials: Mapping[str, str] | None) -> Any:
     """The store at `uri`; an S3 root through the client for its credentials, made once
     (`s3_clients`)."""
-    from rtj_shim.storage import open_store
+    from rtj_shim.checkpoint.storage import open_store
 
     if not operator_reads_store(uri):
         return open_store(uri)
-    from rtj_shim.storage.s3 import S3Store
+    from rtj_shim.checkpoint.storage.s3 import S3Store
 
     return S3Store.from_uri(uri, client=S3_CLIENTS.client(credentials))
 

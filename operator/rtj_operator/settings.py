@@ -20,7 +20,7 @@ class Settings:
     store_read_timeout: float = 30.0
     operator_identity_stores: tuple[str, ...] = ()
     """URI prefixes the operator may read with its own identity (jobs without a
-    credentialsSecret); see store_reads.operator_identity_refusal."""
+    credentialsSecretRef); see store_reads.operator_identity_refusal."""
     node_health: NodeHealthPolicy = field(default_factory=NodeHealthPolicy)
     """The platform's node-health policy (taint key/effect, XID codes, node signals)."""
     watch_node_leases: bool = True
@@ -35,7 +35,7 @@ class Settings:
     spec.checkpoint.resolverImage wins; None: the trainer's image)."""
     control_secret: bytes | None = None
     """The operator's secret for restart orders (every replica the same): each job's key is
-    derived from it and the job's uid (rtj_shim.control.job_key). None: nothing restarts in
+    derived from it and the job's uid (rtj_shim.wire.control.job_key). None: nothing restarts in
     place (spec.recovery.inPlace falls back to re-creating the world)."""
     progress_poll_timeout: float = 2.0
     progress_poll_concurrency: int = 16

@@ -51,7 +51,7 @@ def operator_identity_refusal(
 ) -> str | None:
     """Why the operator must not read this store (None: it may).
 
-    A job that names no `checkpoint.credentialsSecret` would have the operator read its URI
+    A job that names no `checkpoint.credentialsSecretRef` would have the operator read its URI
     with the operator's own cloud identity: any tenant could then make the operator read
     (and report on) any bucket that identity reaches (a confused deputy). So that is allowed
     only under the prefixes the platform team configured (`--operator-identity-store`,
@@ -64,7 +64,7 @@ def operator_identity_refusal(
         return None
     return (
         f"the operator reads {uri} only with the job's own credentials "
-        "(spec.checkpoint.credentialsSecret): it is not under a prefix the platform team "
+        "(spec.checkpoint.credentialsSecretRef): it is not under a prefix the platform team "
         "lets the operator read with its own identity (operator.checkpointStores."
         "operatorIdentityPrefixes)"
     )

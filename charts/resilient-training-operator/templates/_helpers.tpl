@@ -107,7 +107,7 @@ in each of operator.watchNamespaces otherwise. Exactly what the code calls there
   resources: ["localqueues"]
   verbs: ["get"]
 {{- if .Values.rbac.readCheckpointSecrets }}
-# spec.checkpoint.credentialsSecret, read by name in the job's namespace (no list/watch:
+# spec.checkpoint.credentialsSecretRef, read by name in the job's namespace (no list/watch:
 # secrets are never enumerated)
 - apiGroups: [""]
   resources: ["secrets"]

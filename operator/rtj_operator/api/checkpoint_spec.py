@@ -33,9 +33,9 @@ class Retention(ApiModel):
 
 
 FAST_TIER_MIN_KEEP = 2
-"""rtj_shim.fast_tier.MIN_KEEP, copied (the API may not import rtj_shim.fast_tier, which
-imports rtj_shim.storage; a unit test holds them equal): ranks publish a fast step moments
-apart, so the one before it must still be on every rank."""
+"""rtj_shim.fast.fast_tier.MIN_KEEP, copied (the API may not import the fast tier, which
+imports rtj_shim.checkpoint.storage; a unit test holds them equal): ranks publish a fast step
+moments apart, so the one before it must still be on every rank."""
 
 SIZE_PATTERN = r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[kMGTPE])?$"
 """A size in bytes as Kubernetes writes one (`512Mi`, `8Gi`, `1G`, `1500000000`): the part
@@ -109,7 +109,7 @@ class FastTier(ApiModel):
         "the trainers: a hung trainer does not stop it. A multiple of everySteps. Steps the "
         "trainer saves durably itself (a multiple of its own save interval) are left to it; "
         "a trainer that also saves on a time or metric schedule is not drained. The sidecars "
-        "get the store's credentials (checkpoint.credentialsSecret). Unset: no drain.",
+        "get the store's credentials (checkpoint.credentialsSecretRef). Unset: no drain.",
     )
 
     @model_validator(mode="after")
@@ -119,8 +119,39 @@ class FastTier(ApiModel):
         return self
 
 
+class SecretReference(ApiModel):
+    """A Secret in the job's own namespace, by name (Kubernetes' LocalObjectReference)."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        description="The Secret's name, in the job's namespace.",
+    )
+
+
+CREDENTIALS_CONFLICT = (
+    "checkpoint.credentialsSecret (deprecated) and checkpoint.credentialsSecretRef.name name "
+    "different Secrets: set only checkpoint.credentialsSecretRef"
+)
+CREDENTIALS_DEPRECATED = (
+    "spec.checkpoint.credentialsSecret is deprecated: use spec.checkpoint.credentialsSecretRef "
+    "({name: ...}, the same Secret); the old field is accepted for one more release"
+)
+
+
 class Checkpoint(ApiModel):
     """Where checkpoints live and how often the trainer promises to write one."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": validations(
+            cel(
+                "!has(self.credentialsSecret) || !has(self.credentialsSecretRef) "
+                "|| self.credentialsSecret == self.credentialsSecretRef.name",
+                CREDENTIALS_CONFLICT,
+                ".credentialsSecretRef",
+            )
+        )
+    }
 
     uri: str = Field(
         min_length=1,
@@ -143,12 +174,20 @@ class Checkpoint(ApiModel):
         default=600, ge=1, description="Planned seconds between checkpoints (age alert)."
     )
     retention: Retention = Field(default_factory=Retention, json_schema_extra={"default": {}})
+    credentials_secret_ref: SecretReference | None = Field(
+        default=None,
+        description="Secret (in the job's namespace) whose keys become env of the trainer "
+        "and the resume init container (e.g. AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
+        "AWS_ENDPOINT_URL_S3); the operator reads the store with them too.",
+    )
     credentials_secret: str | None = Field(
         default=None,
         min_length=1,
         max_length=253,
-        description="Secret whose keys become env of the trainer and the resume init "
-        "container (e.g. AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL_S3).",
+        description="Deprecated: use credentialsSecretRef (this name is read as "
+        "credentialsSecretRef.name; a job that sets it gets a Warning Event, reason "
+        "DeprecatedField). Setting both with different names is refused. Accepted for one "
+        "more release.",
     )
     emergency_save_seconds: int = Field(
         default=SHIM_DEADLINE_SECONDS,
@@ -175,3 +214,18 @@ class Checkpoint(ApiModel):
         if not uri.startswith(URI_SCHEMES):
             raise ValueError("checkpoint.uri must start with s3:// or file://")
         return uri
+
+    @model_validator(mode="after")
+    def _one_credentials_secret(self) -> Checkpoint:
+        ref, old = self.credentials_secret_ref, self.credentials_secret
+        if ref is not None and old is not None and ref.name != old:
+            raise ValueError(CREDENTIALS_CONFLICT)
+        return self
+
+    @property
+    def credentials_secret_name(self) -> str | None:
+        """The credentials Secret's name: credentialsSecretRef's, else the deprecated
+        credentialsSecret's (None: the job names none)."""
+        if self.credentials_secret_ref is not None:
+            return self.credentials_secret_ref.name
+        return self.credentials_secret

@@ -22,6 +22,11 @@ restart the machine or VM, the XID 48 / NVLink workflows, check the mechanicals)
 catalog's list, `rtj_operator.policy.xid.catalog_quarantine_codes()`. Application XIDs
 (13, 31, 43, 94, ...) and informational ones (63, 92) never quarantine."""
 
+TAINT_KEY_DEPRECATED = (
+    "spec.nodeHealth.taintKey is deprecated and ignored: quarantine taints use the platform's "
+    "key (the operator's nodeHealth.taintKey); remove it from the job"
+)
+
 DEFAULT_XID_CONDITION_TYPES = ("SysLogsXIDError", "GpuXidError")
 """Node condition types NVSentinel's syslog monitor sets (current and older name)."""
 
@@ -33,7 +38,9 @@ class NodeHealth(ApiModel):
         default=DEFAULT_TAINT_KEY,
         min_length=1,
         max_length=316,
-        description="Ignored: the taint key is the platform's (operator nodeHealth.taintKey).",
+        description="Deprecated and ignored: quarantine taints use the platform's key (the "
+        "operator's nodeHealth.taintKey). A job that sets another key than this default gets "
+        "a Warning Event (reason DeprecatedField). Accepted for one more release.",
     )
     taint_effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = Field(
         default="NoSchedule",

@@ -48,6 +48,10 @@ sigs.k8s.io/jobset pkg/controllers/jobset_controller.go, v0.11.1)."""
 HOSTNAME_TOPOLOGY: Final = "kubernetes.io/hostname"
 
 # --- labels and annotations this operator owns ------------------------------------------
+CONTROLLER_NAME: Final = f"{GROUP}/rtj-operator"
+"""This operator's name in `spec.managedBy`: a job whose managedBy is set to another value is
+left to that controller (Kueue's MultiKueue: `kueue.x-k8s.io/multikueue`), as JobSet leaves a
+JobSet whose managedBy is not `jobset.sigs.k8s.io/jobset-controller`."""
 JOB_LABEL: Final = f"{GROUP}/job"
 ATTEMPT_LABEL: Final = f"{GROUP}/attempt"
 RESUME_STEP_ANNOTATION: Final = f"{GROUP}/resume-step"

@@ -216,3 +216,6 @@ class Reason(str, Enum):
     """Event: every pod runs the new generation of the trainers."""
     IN_PLACE_FELL_BACK = "InPlaceRestartFellBack"
     """Event: the in-place restart missed its deadline; the whole world is re-created."""
+    DEPRECATED_FIELD = "DeprecatedField"
+    """Warning Event, once per spec generation: the job sets a deprecated field (the
+    message names it and what replaces it)."""

@@ -12,9 +12,9 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator, model_validator
 
 from rtj_operator.api.base import ApiModel, cel, validations
-from rtj_operator.api.checkpoint_spec import Checkpoint
-from rtj_operator.api.detection_spec import NodeHealth, ProgressMonitoring
-from rtj_operator.api.keys import MAX_REPLICAS
+from rtj_operator.api.checkpoint_spec import CREDENTIALS_DEPRECATED, Checkpoint
+from rtj_operator.api.detection_spec import TAINT_KEY_DEPRECATED, NodeHealth, ProgressMonitoring
+from rtj_operator.api.keys import CONTROLLER_NAME, DEFAULT_TAINT_KEY, MAX_REPLICAS
 from rtj_operator.api.schemas import KUBERNETES_VERSION
 
 SUSPENDED = "(has(self.suspend) && self.suspend) || (has(oldSelf.suspend) && oldSelf.suspend)"
@@ -41,6 +41,12 @@ SPEC_TRANSITION_RULES = (
         "runId is immutable: it names the run in the checkpoint store (a new run id would "
         "start a second writer beside the first)",
         ".runId",
+    ),
+    cel(
+        _unchanged_optional("managedBy"),
+        "managedBy is immutable: the controller that manages the job is chosen when it is "
+        "created (create a new job for another)",
+        ".managedBy",
     ),
     cel(
         f"{SUSPENDED} || self.replicas == oldSelf.replicas",
@@ -71,6 +77,13 @@ evaluates them on every update; pydantic cannot (it sees one object), so they li
 and are tested against a real API server (tests/integration/operator/test_lifecycle_cluster.py)."""
 
 
+MANAGED_BY_PATTERN = (
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+    r"/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+"""A domain-prefixed path (`kueue.x-k8s.io/multikueue`), as a batch Job's spec.managedBy."""
+
+
 SPARES_NEED_REPLACING = (
     "spec.spares needs spec.recovery.inPlace: true and spec.recovery.inPlaceMaxReplacedPods "
     ">= 1: a spare takes the rank of a pod replaced while the others restart in place"
@@ -80,7 +93,7 @@ PRELOAD_NEEDS_IN_PLACE = (
     "is the supervisor's, which runs only for restarts in place"
 )
 MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
-"""A dotted Python module name (rtj_shim.preload.MODULE_NAME, which the API may not import;
+"""A dotted Python module name (rtj_shim.agent.preload.MODULE_NAME, which the API may not import;
 a unit test holds them equal)."""
 FAST_TIER_NEEDS_IN_PLACE = (
     "spec.checkpoint.fastTier needs spec.recovery.inPlace: true: only a restart inside the "
@@ -250,11 +263,28 @@ class ResilientTrainingJobSpec(ApiModel):
         "pod created again becomes a spare. Needs spec.recovery.inPlace. May change only "
         "while the job is suspended.",
     )
-    queue_name: str = Field(
+    queue_name: str | None = Field(
+        default=None,
         min_length=1,
         max_length=63,
-        description="Kueue LocalQueue: the whole group is admitted or none of it. A change "
-        "applies to the next attempt's JobSet.",
+        description="Kueue LocalQueue: Kueue admits the whole group or none of it (quota, "
+        "queueing, preemption). Unset (clusters without Kueue): each attempt's JobSet is "
+        "created running, with no queue label, and gang scheduling is then JobSet's alone: "
+        "no quota and no all-or-nothing admission; the pods are scheduled one by one, and "
+        "a group that does not fit waits partly placed (reported by the Stalled condition). "
+        "A change applies to the next attempt's JobSet.",
+    )
+    managed_by: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=63,
+        pattern=MANAGED_BY_PATTERN,
+        description="The controller that reconciles this job (a domain-prefixed path). Unset "
+        f"or {CONTROLLER_NAME}: this operator. Any other value (Kueue's MultiKueue: "
+        "kueue.x-k8s.io/multikueue) leaves the job to that controller: this operator "
+        "creates nothing for it and writes nothing to it, not even its status (MultiKueue "
+        "runs it on a worker cluster and copies the status back), as JobSet and the batch "
+        "Job do. Immutable.",
     )
     template: dict[str, Any] = Field(
         description="Worker PodTemplateSpec (the user's image and command). The API server "
@@ -328,6 +358,21 @@ class ResilientTrainingJobSpec(ApiModel):
         "(foreground: its JobSets go first; its quarantines are released as on any "
         "deletion). Unset: never. A change applies at once.",
     )
+
+    @property
+    def managed_elsewhere(self) -> bool:
+        """spec.managedBy names another controller: this operator leaves the job alone."""
+        return self.managed_by is not None and self.managed_by != CONTROLLER_NAME
+
+    def deprecations(self) -> tuple[str, ...]:
+        """What this spec sets of the deprecated fields: one message per field, naming
+        what replaces it (the operator posts each as a Warning Event)."""
+        found = []
+        if self.checkpoint.credentials_secret is not None:
+            found.append(CREDENTIALS_DEPRECATED)
+        if self.node_health.taint_key != DEFAULT_TAINT_KEY:  # the CRD default is not a use
+            found.append(TAINT_KEY_DEPRECATED)
+        return tuple(found)
 
     @field_validator("template")
     @classmethod

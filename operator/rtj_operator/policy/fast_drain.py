@@ -2,7 +2,7 @@
 issue 16). Pure.
 
 The progress sidecar of the pod holding rank 0 (completion index 0) publishes every fast step
-that is a multiple of ``drainEverySteps`` as a durable step (`rtj_shim.drain_sidecar`),
+that is a multiple of ``drainEverySteps`` as a durable step (`rtj_shim.fast.drain_sidecar`),
 reading the other ranks' files from their pods' sidecars. Rendering (:func:`render`): every
 pod's sidecar gets what the shim needs to write the store (the run, the root, retention,
 the credentials secret, the trainer's volume mounts for a ``file://`` root on a shared
@@ -20,15 +20,15 @@ from typing import Any
 
 from rtj_operator.api import keys
 from rtj_operator.api.resource import ResilientTrainingJob
-from rtj_shim.control import writer_attempt
-from rtj_shim.drain_order import peers_digest
+from rtj_shim.wire.control import writer_attempt
+from rtj_shim.wire.drain_order import peers_digest
 
 Obj = dict[str, Any]
 
 DRAIN_MEMORY_LIMIT = "1Gi"
 """The sidecar's memory limit with a drain: up to 4 files uploaded at once, each with up to
-5 parts of 16 MiB in memory on S3 (`rtj_shim.storage.s3_upload`), 320 MiB, plus Python and
-boto3."""
+5 parts of 16 MiB in memory on S3 (`rtj_shim.checkpoint.storage.s3_upload`), 320 MiB, plus Python
+and boto3."""
 DRAIN_MEMORY_REQUEST = "128Mi"
 
 
@@ -52,7 +52,7 @@ def render(spec: Obj, rtj: ResilientTrainingJob, store_env: Sequence[Obj], train
         *(e for e in sidecar.get("env", []) if e.get("name") not in names),
         *(dict(e) for e in store_env),
     ]
-    secret = rtj.spec.checkpoint.credentials_secret
+    secret = rtj.spec.checkpoint.credentials_secret_name
     if secret is not None:
         sidecar["envFrom"] = [{"secretRef": {"name": secret}}]
     mounted = {m.get("name") for m in sidecar.get("volumeMounts", [])}

@@ -1,14 +1,15 @@
 """Render attempt n of a ResilientTrainingJob as one JobSet (jobset.x-k8s.io/v1alpha2). Pure.
 
-The JobSet is created suspended with the Kueue queue label, so Kueue admits the whole group
-or none of it. JobSet's own restarts are off (`failurePolicy.maxRestarts: 0`, Job
-`backoffLimit: 0`, pod `restartPolicy: Never`): the first failed pod fails the attempt, and
-the operator decides what happens next. One replicated Job of `replicas` Indexed pods gives
-every worker a stable rank (its completion index) and a stable DNS name through JobSet's
-headless Service: `<jobset>-worker-0-<index>.<jobset>`. With spec.spares, a second replicated
-Job of `spares` pods (`<jobset>-spare-0-<index>`) holds the warm spares: the workers' pod, its
-trainer held by its supervisor until an in-place restart gives it a replaced pod's rank
-(`policy.spares`).
+The JobSet is created suspended with the Kueue queue label, so Kueue admits the whole group or
+none of it; a job without spec.queueName (no Kueue) gets a JobSet with no queue label, created
+running (JobSet alone starts the group). JobSet's own restarts are off
+(`failurePolicy.maxRestarts: 0`, Job `backoffLimit: 0`, pod `restartPolicy: Never`): the first
+failed pod fails the attempt, and the operator decides what happens next. One replicated Job of
+`replicas` Indexed pods gives every worker a stable rank (its completion index) and a stable
+DNS name through JobSet's headless Service: `<jobset>-worker-0-<index>.<jobset>`. With
+spec.spares, a second replicated Job of `spares` pods (`<jobset>-spare-0-<index>`) holds the
+warm spares: the workers' pod, its trainer held by its supervisor until an in-place restart
+gives it a replaced pod's rank (`policy.spares`).
 
 Nothing here mutates the job; the user's pod template is deep-copied, then completed.
 """
@@ -53,7 +54,7 @@ DRAIN_ENV = frozenset({
 })  # fmt: skip
 """What the progress sidecar's drain reads of the shim's environment (the store, the run,
 the retention it applies after each publish, as a trainer's save does)."""
-"""912 bytes per rank record (rtj_shim.progress_record): room for ~1,000 ranks per pod."""
+"""912 bytes per rank record (rtj_shim.wire.progress_record): room for ~1,000 ranks per pod."""
 
 GPU_RESOURCE = "nvidia.com/gpu"
 ENV_SHARE_INDEX = "RTJ_VERIFY_SHARE"
@@ -102,6 +103,20 @@ def kueue_labels(rtj: ResilientTrainingJob) -> dict[str, str]:
     }
 
 
+def queue_labels(rtj: ResilientTrainingJob) -> dict[str, str]:
+    """The JobSet's Kueue labels: the user's (`kueue_labels`) and the queue's name; no queue
+    name without spec.queueName (a Kueue configured to manage such jobs too, with
+    manageJobsWithoutQueueName, suspends the JobSet itself, and the attempt waits for it)."""
+    queue = rtj.spec.queue_name
+    return {**kueue_labels(rtj), **({keys.KUEUE_QUEUE_LABEL: queue} if queue else {})}
+
+
+def waits_for_kueue(rtj: ResilientTrainingJob) -> bool:
+    """Whether the attempt's JobSet is created suspended, for Kueue to admit (spec.queueName
+    set), or running (no queue name: JobSet alone)."""
+    return rtj.spec.queue_name is not None
+
+
 def attempt_labels(rtj: ResilientTrainingJob, attempt: int) -> dict[str, str]:
     return {keys.JOB_LABEL: rtj.metadata.name, keys.ATTEMPT_LABEL: str(attempt)}
 
@@ -134,12 +149,12 @@ def render_jobset(
         "metadata": {
             "name": name,
             "namespace": rtj.metadata.namespace,
-            "labels": {**kueue_labels(rtj), keys.KUEUE_QUEUE_LABEL: rtj.spec.queue_name, **labels},
+            "labels": {**queue_labels(rtj), **labels},
             "annotations": _resume_annotation(resume),
             "ownerReferences": [owner_reference(rtj)],
         },
         "spec": {
-            "suspend": True,
+            "suspend": waits_for_kueue(rtj),
             "failurePolicy": {"maxRestarts": 0},
             "successPolicy": {"operator": "All"},
             "network": {"enableDNSHostnames": True, "subdomain": name},
@@ -245,6 +260,9 @@ def pod_template(
             *(v for v in spec.get("volumes", []) if v.get("name") not in owned_volumes), *volumes
         ],
         affinity=_affinity(spec.get("affinity"), avoided_nodes(rtj, attempt), js),
+        # no toleration of the quarantine taint: nodeHealth.taintKey is the platform's key
+        # here (reconcile.plan judges the spec by the platform's policy before rendering;
+        # the job's own, deprecated taintKey is ignored)
         tolerations=[
             t for t in spec.get("tolerations", []) if t.get("key") != rtj.spec.node_health.taint_key
         ],
@@ -409,7 +427,7 @@ def resolver_container(
     rtj: ResilientTrainingJob, attempt: int, resume: int | None, trainer: Obj
 ) -> Obj:
     """The init container: the trainer's image and mounts (file:// roots, credentials)."""
-    secret = rtj.spec.checkpoint.credentials_secret
+    secret = rtj.spec.checkpoint.credentials_secret_name
     ours = (keys.RESUME_VOLUME, keys.PROGRESS_VOLUME)
     mounts = [m for m in trainer.get("volumeMounts", []) if m.get("name") not in ours]
     container: Obj = {

@@ -36,8 +36,9 @@ The package, by phase: `world` (the snapshot), `trim` (what the caches keep), `a
 (admission, running, success), `checkpoints` (verified steps, store readings, checkpoint
 age), `quarantine` (taints), `orphan_claims` (claims of jobs gone without releasing them),
 `liveness` (silent nodes, flickers, partitions), `ranks` (hangs, stragglers and the progress
-summary, from the ranks' progress reports) and `lifecycle` (suspend and resume,
-activeDeadlineSeconds, ttlSecondsAfterFinished).
+summary, from the ranks' progress reports), `lifecycle` (suspend and resume,
+activeDeadlineSeconds, ttlSecondsAfterFinished) and `deprecated` (warnings about deprecated
+spec fields).
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ from rtj_operator.reconcile.checkpoints import (
     STORE_RETRY_SECONDS,
 )
 from rtj_operator.reconcile.converge import CONVERGE_POLL_SECONDS, DELETE_RESEND
+from rtj_operator.reconcile.deprecated import warn_deprecated
 from rtj_operator.reconcile.detect import USER_FAILURE_SETTLE, plan_current_attempt
 from rtj_operator.reconcile.failure import release_failed_job
 from rtj_operator.reconcile.finalizer import release_deleted_job
@@ -167,12 +169,16 @@ __all__ = [
 
 def plan(snap: Snapshot) -> Plan:
     """What to do now for one job. Pure: the same snapshot always gives the same plan."""
+    if snap.rtj.spec.managed_elsewhere:  # spec.managedBy: another controller's job
+        return Plan((), None, False, (), f"managed by {snap.rtj.spec.managed_by}")
+    deprecated = snap.rtj.spec.deprecations()  # as the user wrote it
     snap = _judged_by_platform_policy(snap)
     b = PlanBuilder(snap, snap.rtj.status)
     lift_expired_quarantines(b)
     if snap.rtj.metadata.deletion_timestamp is not None:
         release_deleted_job(b)  # nothing else: a job being deleted starts nothing
         return b.build()
+    warn_deprecated(b, deprecated)
     held = lifecycle.hold(b)  # suspended, or failed by its deadline: nothing else runs
     status = b.status  # a resume has just made it Restarting: the next attempt follows now
     if held:

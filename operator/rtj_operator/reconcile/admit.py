@@ -144,7 +144,10 @@ def record_started(
         ConditionType.ADMITTED,
         False,
         Reason.AWAITING_ADMISSION,
-        f"JobSet {name} waits for Kueue to admit the whole group",
+        f"JobSet {name} waits for Kueue to admit the whole group"
+        if b.rtj.spec.queue_name is not None
+        else f"JobSet {name} created running, without Kueue (spec.queueName unset): JobSet "
+        "alone starts the group",
     )
     b.condition(
         ConditionType.RUNNING, False, Reason.AWAITING_ADMISSION, f"attempt {n} not running yet"

@@ -19,7 +19,9 @@ QUEUE_RECHECK = timedelta(seconds=60)
 
 
 def follow_admission(b: PlanBuilder, js: JobSetView, pods: Sequence[Json]) -> None:
-    """Admission by Kueue, the workers getting to Running (or stalling on the way)."""
+    """Admission by Kueue (or none: a JobSet without a queue label is created running and
+    admitted as soon as it is seen), the workers getting to Running (or stalling on the
+    way)."""
     n = b.status.attempt
     if js.suspended:
         _awaiting_admission(b, js)
@@ -30,7 +32,9 @@ def follow_admission(b: PlanBuilder, js: JobSetView, pods: Sequence[Json]) -> No
             ConditionType.ADMITTED,
             True,
             Reason.ATTEMPT_ADMITTED,
-            f"Kueue admitted JobSet {js.name}",
+            f"Kueue admitted JobSet {js.name}"
+            if js.queue_name
+            else f"JobSet {js.name} runs without Kueue (spec.queueName unset)",
         )
         b.event(False, Reason.ATTEMPT_ADMITTED, f"attempt {n}: JobSet {js.name} admitted")
     running = sum(
@@ -121,6 +125,16 @@ def _awaiting_admission(b: PlanBuilder, js: JobSetView) -> None:
     queue = b.snap.queue
     # the queue the JobSet was labelled with at creation (spec.queueName may change since)
     name, namespace = js.queue_name or b.rtj.spec.queue_name, b.rtj.metadata.namespace
+    if name is None:  # suspended with no queue: by a Kueue that manages such jobs too
+        b.condition(
+            ConditionType.ADMITTED,
+            False,
+            Reason.AWAITING_ADMISSION,
+            f"JobSet {js.name} is suspended although it names no LocalQueue "
+            "(spec.queueName unset): it waits for what suspended it (a Kueue with "
+            "manageJobsWithoutQueueName)",
+        )
+        return
     if queue is None or queue.name != name or b.now - queue.read_at >= QUEUE_RECHECK:
         b.needs_queue = name
         return

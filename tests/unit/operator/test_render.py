@@ -147,7 +147,9 @@ def test_operator_env_replaces_stale_user_values() -> None:
 
 
 def test_resume_init_container_shares_an_empty_dir_with_the_trainer() -> None:
-    body = job_body(checkpoint={"uri": "s3://ckpt/team-a/llm", "credentialsSecret": "s3-creds"})
+    body = job_body(
+        checkpoint={"uri": "s3://ckpt/team-a/llm", "credentialsSecretRef": {"name": "s3-creds"}}
+    )
     body["spec"]["template"]["spec"]["containers"][0]["volumeMounts"] = [
         {"name": "data", "mountPath": "/data"}
     ]

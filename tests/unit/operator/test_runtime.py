@@ -293,6 +293,31 @@ def test_controller_starts_an_attempt_and_remembers_its_own_status_write() -> No
     asyncio.run(scenario())
 
 
+def test_a_job_managed_by_another_controller_is_left_alone() -> None:
+    """spec.managedBy (issue 44): MultiKueue's job is dispatched to a worker cluster; here
+    nothing is created, patched, posted, polled, read or exported for it."""
+
+    async def scenario() -> None:
+        kube, reg = FakeKube(), CollectorRegistry()
+        c = _controller(kube, reg)
+        key = ("team-a", "llm")
+        running = {"phase": "Running", "attempt": 1, "attempts": [{"attempt": 1,
+                   "jobSet": "llm-a1"}]}  # fmt: skip
+        c.on_rtj(None, rtj_raw(running, managedBy="kueue.x-k8s.io/multikueue"))
+        assert await c.reconcile(key) is None
+        assert c.snapshot(key) is None and c.progress_targets() == []
+        assert kube.calls == [] and key not in c.store_readings
+        assert sample(reg, "rtj_jobs", {"phase": "Running"}) == 0
+        # its own name, or none: this operator's job
+        c.on_rtj(None, rtj_raw(rv=11, managedBy=keys.CONTROLLER_NAME))
+        await c.reconcile(key)
+        await asyncio.gather(*c._posting)
+        assert [x[0] for x in kube.calls] == ["create_jobset", "patch_status", "event"]
+        c.executor.shutdown()
+
+    asyncio.run(scenario())
+
+
 def _running_attempt_1(c: Any) -> None:
     """The controller's caches hold job `llm` running attempt 1 (JobSet llm-a1)."""
     status = {"phase": "Running", "attempt": 1, "attempts": [{"attempt": 1, "jobSet": "llm-a1"}]}
