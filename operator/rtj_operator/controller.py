@@ -383,6 +383,7 @@ class Controller(ControllerLoops):
             partition=self.node_leases.partition,
             ranks=self.rank_polls.reading(key),
             resolver_image=self.settings.resolver_image,
+            preflight=self.settings.preflight,
             control_key=self._control_key(rtj.metadata.uid),
             read_once=self._read_once,
             accepted_deletes=self.applier.accepted(key, (rc.pod_name(p) for p in pods)),

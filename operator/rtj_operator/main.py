@@ -207,6 +207,7 @@ async def run(args: argparse.Namespace) -> int:
             claim_sweep_grace_seconds=args.claim_sweep_grace_seconds,
             watch_node_leases=args.watch_node_leases,
             resolver_image=args.resolver_image,
+            preflight=args.preflight,
             control_secret=_control_secret(args.control_secret_file),
         ),
         namespaces=args.namespace or None,
@@ -267,13 +268,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         NodeHealthPolicy,
         PlatformConfigError,
         load_platform_config,
+        load_preflight_policy,
     )
+    from rtj_operator.policy.preflight import PreflightPolicy
 
-    args.node_health = NodeHealthPolicy()
+    args.node_health, args.preflight = NodeHealthPolicy(), PreflightPolicy()
     if args.platform_config:
         try:
             with open(args.platform_config, encoding="utf-8") as f:
-                args.node_health = load_platform_config(f.read())
+                text = f.read()
+            args.node_health = load_platform_config(text)
+            args.preflight = load_preflight_policy(text)
         except (OSError, PlatformConfigError) as exc:
             print(f"rtj run: --platform-config {args.platform_config}: {exc}", file=sys.stderr)
             return EXIT_USAGE

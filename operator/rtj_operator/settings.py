@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rtj_operator.policy.platform import NodeHealthPolicy
+from rtj_operator.policy.preflight import PreflightPolicy
 
 
 @dataclass
@@ -33,6 +34,8 @@ class Settings:
     resolver_image: str | None = None
     """The platform's image for resume init containers and progress sidecars (a job's
     spec.checkpoint.resolverImage wins; None: the trainer's image)."""
+    preflight: PreflightPolicy = field(default_factory=PreflightPolicy)
+    """The platform's preflight: its image (None: resolver_image) and node-local command."""
     control_secret: bytes | None = None
     """The operator's secret for restart orders (every replica the same): each job's key is
     derived from it and the job's uid (rtj_shim.wire.control.job_key). None: nothing restarts in

@@ -131,3 +131,31 @@ class ProgressMonitoring(ApiModel):
         "the first save) in automatic mode; with hangTimeoutSeconds the larger of the two.",
     )
     stragglers: Stragglers = Field(default_factory=Stragglers, json_schema_extra={"default": {}})
+
+
+class Preflight(ApiModel):
+    """The platform's check before a new world trains (`rtj-shim preflight`)."""
+
+    enabled: bool = Field(
+        default=True,
+        description="Run the platform's preflight in every worker pod before the job's state "
+        "is loaded: a ring transfer across the new world (a pod slower than the median by "
+        "bandwidthFactor both ways fails) and the platform's node-local check (dcgmi diag "
+        "-r 1 by default). A pod that fails has its node quarantined (PreflightFailed) and "
+        "the attempt replaced without spending maxRestarts. Rendered only where the platform "
+        "has an image for it (the operator's resolver image by default).",
+    )
+    timeout_seconds: int = Field(
+        default=120,
+        ge=10,
+        le=3600,
+        description="Seconds for the whole check (a world that does not gather within it "
+        "blames nobody).",
+    )
+    bandwidth_factor: float = Field(
+        default=4.0,
+        ge=1.5,
+        le=1000.0,
+        description="How many times slower than the world's median, sending and receiving "
+        "both, a pod's link may be before it fails (judged in worlds of 4 pods or more).",
+    )

@@ -35,6 +35,14 @@ class FailureClass(str, Enum):
     norm far outside its recent values) and exited: the newest published step was reached
     before the symptom. The trainer's word names no node (category infrastructure, spends
     maxRestarts, quarantines nothing; the whole world restarts from the durable step)."""
+    PREFLIGHT_FAILED = "PreflightFailed"
+    """A pod of a new world failed the platform's preflight before the job's state was
+    loaded (`rtj-shim preflight` in the ``rtj-preflight`` init container, the platform's
+    image and command): its node-local check failed, or its link was slower than the
+    world's median by the job's factor both ways. Its node is quarantined and the attempt is
+    replaced without spending maxRestarts while a new node is quarantined each time (the
+    quarantine limit bounds it); after that it spends maxRestarts like any infrastructure
+    failure."""
     HANG = "Hang"
     """Every pod Running, but the rank furthest behind has made no progress in its section
     for longer than the job's hang timeout (from the ranks' progress reports). A wedged GPU,
@@ -76,6 +84,7 @@ _CATEGORY = {
     FailureClass.PODS_READY_TIMEOUT: FailureCategory.INFRASTRUCTURE,
     FailureClass.HANG: FailureCategory.UNKNOWN,
     FailureClass.SILENT_DATA_CORRUPTION: FailureCategory.INFRASTRUCTURE,
+    FailureClass.PREFLIGHT_FAILED: FailureCategory.INFRASTRUCTURE,
 }
 
 
@@ -170,6 +179,7 @@ class Reason(str, Enum):
     RESTART_SCHEDULED = "RestartScheduled"
     NODES_QUARANTINED = "NodesQuarantined"
     CHECKPOINT_MARKED_BAD = "CheckpointMarkedBad"
+    PREFLIGHT_NODE_REPLACED = "PreflightNodeReplaced"
     RESTART_BUDGET_EXHAUSTED = "RestartBudgetExhausted"
     USER_ERROR_BUDGET_EXHAUSTED = "UserErrorBudgetExhausted"
     UNKNOWN_FAILURE_FLAGGED = "UnknownFailureFlagged"

@@ -13,7 +13,12 @@ from pydantic import Field, field_validator, model_validator
 
 from rtj_operator.api.base import ApiModel, cel, validations
 from rtj_operator.api.checkpoint_spec import CREDENTIALS_DEPRECATED, Checkpoint
-from rtj_operator.api.detection_spec import TAINT_KEY_DEPRECATED, NodeHealth, ProgressMonitoring
+from rtj_operator.api.detection_spec import (
+    TAINT_KEY_DEPRECATED,
+    NodeHealth,
+    Preflight,
+    ProgressMonitoring,
+)
 from rtj_operator.api.keys import CONTROLLER_NAME, DEFAULT_TAINT_KEY, MAX_REPLICAS
 from rtj_operator.api.schemas import KUBERNETES_VERSION
 
@@ -331,6 +336,7 @@ class ResilientTrainingJobSpec(ApiModel):
         default_factory=FailurePolicy, json_schema_extra={"default": {}}
     )
     node_health: NodeHealth = Field(default_factory=NodeHealth, json_schema_extra={"default": {}})
+    preflight: Preflight = Field(default_factory=Preflight, json_schema_extra={"default": {}})
     progress: ProgressMonitoring = Field(
         default_factory=ProgressMonitoring, json_schema_extra={"default": {}}
     )

@@ -349,6 +349,14 @@ class RestartCounts(StatusModel):
         ge=0,
         description="Restarts from an older step after the pinned checkpoint proved corrupt.",
     )
+    preflight: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "New attempts after a pod failed the platform's preflight and its node was "
+            "quarantined (free while each quarantines a new node)."
+        ),
+    )
 
 
 class ResilientTrainingJobStatus(StatusModel):

@@ -320,6 +320,7 @@ def classify_failure(
     *,
     node_health: NodeHealth | None = None,
     read: ReadOnce | None = None,
+    preflight_image: str | None = None,
 ) -> Classification | None:
     """Why this attempt failed, or None while no pod has failed.
 
@@ -328,7 +329,8 @@ def classify_failure(
     nothing); `events` those about the pods, their nodes, the JobSet and its Kueue Workload
     (core/v1 and events.k8s.io/v1 alike; a Node's count only from its own reporters,
     `node_event_sources`). `read`: pods and nodes already read, kept across calls (for
-    objects never edited in place, `ReadOnce`).
+    objects never edited in place, `ReadOnce`). `preflight_image`: the platform's preflight
+    image (`policy.preflight`): a failed preflight that ran it blames its node.
     """
     health = node_health or NodeHealth()
     by_pod, by_node = (read.pod, read.node) if read is not None else (read_pod, read_node)
@@ -341,6 +343,7 @@ def classify_failure(
             seen_events,
             frozenset(i for v in views for i in v.started_images),
             now,
+            preflight_image,
         ),
         NodeContext(health, node_views, seen_events),
     )

@@ -14,6 +14,9 @@ and later `StartAttempt` once the backoff has elapsed. Budgets:
 - user failures (OutOfMemory, UserError, ConfigError) spend `userErrorRestarts`;
 - preemptions spend nothing unless `countPreemptions`, but restart with a backoff that grows
   with the preemptions so far, so a job preempted again and again does not churn;
+- a pod that failed the platform's preflight quarantines its node and restarts at once,
+  spending nothing while each failure quarantines a new node (the quarantine limit bounds
+  it), then `maxRestarts`;
 - a corrupt checkpoint marks the pinned step bad and restarts at once from an older step;
   it spends nothing, since each one removes a step from the candidates (if it cannot, it
   spends `maxRestarts` so that the loop still ends).
@@ -216,6 +219,8 @@ def _on_failure(
             pending, health.taint_key, health.taint_effect, found.failure_class,
             Reason.NODES_QUARANTINED, f"{why} {', '.join(pending)}",
         )  # fmt: skip
+        if found.failure_class is FailureClass.PREFLIGHT_FAILED:
+            return replace(_preflight_failure(status, found, now), quarantine=first)
         return replace(_infrastructure_failure(spec.failure_policy, status, found, now),
                        quarantine=first)  # fmt: skip
     if category is FailureCategory.USER:
@@ -231,6 +236,16 @@ def _on_failure(
         note = f"step {bad} marked bad; resuming from an older verified step"
         return _restart(status, found, now, 0.0, counts, Reason.CHECKPOINT_MARKED_BAD, note, bad)
     return _infrastructure_failure(spec.failure_policy, status, found, now)
+
+
+def _preflight_failure(
+    status: ResilientTrainingJobStatus, found: Classification, now: datetime
+) -> Restart:
+    """A pod failed the platform's preflight and its node is being quarantined: the job's
+    state was never loaded there, so the next attempt starts at once and spends nothing."""
+    counts = status.restarts.model_copy(update={"preflight": status.restarts.preflight + 1})
+    note = f"not counted (preflight {counts.preflight}: the node is replaced)"
+    return _restart(status, found, now, 0.0, counts, Reason.PREFLIGHT_NODE_REPLACED, note)
 
 
 def _unquarantined(status: ResilientTrainingJobStatus, found: Classification) -> tuple[str, ...]:

@@ -17,6 +17,7 @@ PRIORITY = (
     C.PREEMPTED,
     C.PODS_READY_TIMEOUT,
     C.EVICTED,
+    C.PREFLIGHT_FAILED,
     C.CHECKPOINT_CORRUPT,
     C.CONFIG_ERROR,
     C.IMAGE_PULL_FAILED,
@@ -38,6 +39,7 @@ KUBELET = "kubelet"  # pod status written by the node's kubelet or container run
 CONTROL_PLANE = "control-plane"  # node lifecycle, taint manager, PodGC, scheduler
 NODE_AGENT = "node-agent"  # NVSentinel, EKS node monitoring agent, NPD, device plugin
 TRAINER = "trainer"  # the container's own words: a hint, never proof of hardware
+PLATFORM = "platform-preflight"  # the platform's preflight (its image, its command, its verdict)
 KUEUE = "kueue"
 
 

@@ -77,6 +77,8 @@ class Termination:
     reason: str
     message: str
     finished_at: datetime | None
+    image: str = ""
+    """The image the kubelet reports it ran (`status.*ContainerStatuses[].image`)."""
 
 
 @dataclass(frozen=True)
@@ -156,6 +158,7 @@ def _termination(raw: Json, init: bool) -> Termination | None:
         _str(term.get("reason")),
         _str(term.get("message")),
         parse_time(term.get("finishedAt")),
+        _str(raw.get("image")),
     )
 
 

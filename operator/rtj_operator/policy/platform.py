@@ -30,6 +30,7 @@ from rtj_operator.api.detection_spec import (
     NodeHealth,
 )
 from rtj_operator.api.keys import DEFAULT_TAINT_KEY
+from rtj_operator.policy.preflight import PreflightConfigError, PreflightPolicy
 
 TaintEffect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
 EFFECT_STRENGTH: Mapping[str, int] = {"PreferNoSchedule": 0, "NoSchedule": 1, "NoExecute": 2}
@@ -133,12 +134,33 @@ def load_platform_config(text: str) -> NodeHealthPolicy:
         raise PlatformConfigError(f"platform configuration: not YAML: {exc}") from exc
     if not isinstance(raw, Mapping):
         raise PlatformConfigError("platform configuration: expected a mapping at the top")
-    unknown = sorted(set(raw) - {"nodeHealth"})
+    unknown = sorted(set(raw) - {"nodeHealth", "preflight"})
     if unknown:
         raise PlatformConfigError(
-            f"platform configuration: unknown field(s) {', '.join(unknown)}; expected nodeHealth"
+            f"platform configuration: unknown field(s) {', '.join(unknown)}; expected "
+            "nodeHealth, preflight"
         )
     block = raw.get("nodeHealth") or {}
     if not isinstance(block, Mapping):
         raise PlatformConfigError("nodeHealth: expected a mapping")
     return NodeHealthPolicy.from_mapping(block)
+
+
+def load_preflight_policy(text: str) -> PreflightPolicy:
+    """The ``preflight`` block of the platform configuration (`policy.preflight`); the
+    default policy when the file has none."""
+    import yaml
+
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise PlatformConfigError(f"platform configuration: not YAML: {exc}") from exc
+    block = raw.get("preflight") if isinstance(raw, Mapping) else None
+    if block is None:
+        return PreflightPolicy()
+    if not isinstance(block, Mapping):
+        raise PlatformConfigError("preflight: expected a mapping")
+    try:
+        return PreflightPolicy.from_mapping(block)
+    except PreflightConfigError as exc:
+        raise PlatformConfigError(str(exc)) from exc

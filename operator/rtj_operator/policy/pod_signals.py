@@ -17,10 +17,19 @@ from datetime import datetime, timedelta
 from rtj_operator.api.keys import RESUME_INIT_CONTAINER
 from rtj_operator.api.reasons import FailureClass
 from rtj_operator.policy import runtime_words, text
-from rtj_operator.policy.findings import CONTROL_PLANE, KUBELET, TRAINER, Finding, iso, who
+from rtj_operator.policy.findings import (
+    CONTROL_PLANE,
+    KUBELET,
+    PLATFORM,
+    TRAINER,
+    Finding,
+    iso,
+    who,
+)
 from rtj_operator.policy.init_result import parse_init_result
 from rtj_operator.policy.observed import EventView, PodView, Termination, Waiting, first_line
 from rtj_operator.policy.pod_security import root_refusal_hint
+from rtj_operator.policy.preflight import PREFLIGHT_INIT_CONTAINER, preflight_finding
 
 C = FailureClass
 CONFIG_ERROR_GRACE = timedelta(seconds=120)
@@ -57,6 +66,8 @@ class PodContext:
     pulled_images: frozenset[str]
     """Images some pod of the attempt started: they can be pulled, somewhere."""
     now: datetime
+    preflight_image: str | None = None
+    """The platform's preflight image: a failed preflight that ran it blames its node."""
 
 
 # --- one container termination ------------------------------------------------------------
@@ -90,6 +101,16 @@ def _init_verdict(term: Termination) -> tuple[FailureClass, str]:
     return C.UNKNOWN, f"the resume init container exited {term.exit_code} after verifying"
 
 
+def _blamed_node(
+    pod: PodView, cls: FailureClass, word: runtime_words.RuntimeWord | None, source: str
+) -> str | None:
+    """The node a finding proves bad: the runtime's own word on a GPU fault, or the
+    platform's preflight run in the platform's image."""
+    if source == PLATFORM and cls is C.PREFLIGHT_FAILED:
+        return pod.node
+    return runtime_words.node_to_quarantine(pod, cls, word)
+
+
 def termination(pod: PodView, term: Termination, ctx: PodContext) -> Finding | None:
     if term.exit_code in (0, None) and term.reason != "OOMKilled":
         return None
@@ -102,6 +123,11 @@ def termination(pod: PodView, term: Termination, ctx: PodContext) -> Finding | N
         cls, why = _cannot_run(term)
     elif term.init and term.container == RESUME_INIT_CONTAINER:
         cls, why = _init_verdict(term)
+    elif term.init and term.container == PREFLIGHT_INIT_CONTAINER:
+        cls, why, blamed = preflight_finding(
+            term.message, term.exit_code, term.image, ctx.preflight_image
+        )
+        source = PLATFORM if blamed else source
     elif term.init:
         cls, why = C.CONFIG_ERROR, "an init container failed"
     else:
@@ -120,7 +146,7 @@ def termination(pod: PodView, term: Termination, ctx: PodContext) -> Finding | N
         at=term.finished_at,
         container=term.container,
         exit_code=term.exit_code,
-        quarantine=runtime_words.node_to_quarantine(pod, cls, word),
+        quarantine=_blamed_node(pod, cls, word, source),
         rank=rank,
         source=source,
         signal=f"pod {pod.name} container {term.container} state.terminated"

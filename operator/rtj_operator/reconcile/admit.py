@@ -4,6 +4,7 @@ and the backoff, read the store, pin the resume step, render and create the JobS
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from rtj_operator.api.reasons import ConditionType, Phase, Reason
 from rtj_operator.api.status import (
@@ -11,6 +12,7 @@ from rtj_operator.api.status import (
 )
 from rtj_operator.policy import control_key
 from rtj_operator.policy.decide import StartAttempt, Wait, decide
+from rtj_operator.policy.preflight import with_preflight
 from rtj_operator.policy.render import jobset_name, owner_reference, render_jobset
 from rtj_operator.reconcile.actions import CreateJobSet, CreateKeySecret, MetricRecord
 from rtj_operator.reconcile.builder import PlanBuilder
@@ -25,7 +27,7 @@ from rtj_operator.reconcile.checkpoints import (
 )
 from rtj_operator.reconcile.converge import converge
 from rtj_operator.reconcile.lifecycle import suspended_since
-from rtj_operator.reconcile.world import read_jobset
+from rtj_operator.reconcile.world import Snapshot, preflight_image, read_jobset
 from rtj_operator.selection import (
     Selection,
     operator_reads_store,
@@ -91,7 +93,9 @@ def plan_next_attempt(b: PlanBuilder) -> None:
         meta = b.rtj.metadata
         secret = control_key.key_secret(meta.name, meta.uid, snap.control_key, owner)
         b.before.append(CreateKeySecret(secret))
-    b.before.append(CreateJobSet(render_jobset(rendered, n, pin, snap.control_key)))
+    b.before.append(
+        CreateJobSet(_with_preflight(snap, render_jobset(rendered, n, pin, snap.control_key)))
+    )
     where = f"step {pin}" if pin is not None else "the newest step the init container verifies"
     detail = f" (store: {selection.summary()})" if selection is not None else ""
     b.event(
@@ -176,3 +180,14 @@ def _rejected(b: PlanBuilder, name: str) -> bool:
     b.condition(ConditionType.ADMITTED, False, Reason.JOBSET_REJECTED, message)
     b.notes.append(message)
     return True
+
+
+def _with_preflight(snap: Snapshot, jobset: dict[str, Any]) -> dict[str, Any]:
+    """The attempt's JobSet with the platform's preflight in its pods, where the job keeps
+    it enabled and the platform has an image for it (`policy.preflight`)."""
+    spec = snap.rtj.spec.preflight
+    image = preflight_image(snap)
+    if image is None:
+        return jobset
+    node = snap.preflight.node_command
+    return with_preflight(jobset, image, node, spec.timeout_seconds, spec.bandwidth_factor)

@@ -23,6 +23,7 @@ from rtj_operator.reconcile.world import (
     attempt_of,
     owned_jobset_uids,
     pod_name,
+    preflight_image,
     read_jobset,
     trusted_pod,
 )
@@ -99,6 +100,7 @@ def plan_current_attempt(b: PlanBuilder) -> None:
         b.now,
         node_health=b.rtj.spec.node_health,
         read=snap.read_once,
+        preflight_image=preflight_image(snap),
     )
     if found is not None and snap.events is None:
         b.needs_events = True  # classify again with the events (eviction, preemption, node)

@@ -14,6 +14,7 @@ from rtj_operator.policy import progress as rank_progress
 from rtj_operator.policy.liveness import NodeLease
 from rtj_operator.policy.observed import ReadOnce, parse_time
 from rtj_operator.policy.platform import NodeHealthPolicy
+from rtj_operator.policy.preflight import PreflightPolicy
 from rtj_operator.policy.stragglers import Straggler
 from rtj_operator.selection import (
     Selection,
@@ -271,6 +272,8 @@ class Snapshot:
     attempt whose JobSet is gone trusted as evidence)."""
     resolver_image: str | None = None
     """The platform's default image for the resume init container and progress sidecar."""
+    preflight: PreflightPolicy = field(default_factory=PreflightPolicy)
+    """The platform's preflight (its image, None: resolver_image; its node-local command)."""
     control_key: str | None = None
     """This job's key for signing restart orders (from the operator's control secret and
     the job's uid); None: the operator has no control secret, nothing restarts in place."""
@@ -286,6 +289,14 @@ class Snapshot:
     """Pods of `pods` whose delete the API server already accepted (by name; the operator's
     memory, `plan_apply.PlanApplier.accepted`): not deleted again while the watch cache has
     not caught up with them (at 1,250 pods it lags by tens of seconds)."""
+
+
+def preflight_image(snap: Snapshot) -> str | None:
+    """The image the job's preflight runs (the platform's); None: the job has no preflight
+    (disabled, or the platform has no image for it)."""
+    if not snap.rtj.spec.preflight.enabled:
+        return None
+    return snap.preflight.image_for(snap.resolver_image)
 
 
 def with_store(snap: Snapshot, reading: StoreReading) -> Snapshot:

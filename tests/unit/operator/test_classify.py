@@ -43,14 +43,17 @@ def _case(name: str) -> dict[str, Any]:
         else NodeHealth()
     )
     data["meta"] = load_json(folder / "case.json")
+    platform = folder / "platform.json"
+    data["preflight_image"] = load_json(platform)["preflightImage"] if platform.exists() else None
     return data
 
 
 def _classify(data: dict[str, Any], **overrides: Any) -> Classification | None:
     merged = {**data, **overrides}
     return classify_failure(
-        merged["pods"], merged["nodes"], merged["events"], NOW, node_health=merged["health"]
-    )
+        merged["pods"], merged["nodes"], merged["events"], NOW, node_health=merged["health"],
+        preflight_image=merged["preflight_image"],
+    )  # fmt: skip
 
 
 def test_the_corpus_is_large_and_covers_every_class() -> None:
@@ -82,7 +85,8 @@ def test_fixture_case(name: str) -> None:
     read = ReadOnce()
     for _ in range(2):
         kept = classify_failure(data["pods"], data["nodes"], data["events"], NOW,
-                                node_health=data["health"], read=read)  # fmt: skip
+                                node_health=data["health"], read=read,
+                                preflight_image=data["preflight_image"])  # fmt: skip
         assert kept == result
     if want["class"] is None:
         assert result is None

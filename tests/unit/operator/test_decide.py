@@ -327,3 +327,22 @@ def test_decide_does_not_mutate_its_inputs(
     before = (spec.model_dump(), status.model_dump())
     decide(spec, status, _found(cls, ("gpu-node-011",)), NOW)
     assert (spec.model_dump(), status.model_dump()) == before
+
+
+def test_a_failed_preflight_replaces_its_node_at_once_and_spends_nothing() -> None:
+    """Issue 43 section 3: no state was loaded on the bad node, so the next attempt starts
+    without backoff and maxRestarts stays whole, while each failure quarantines a new node."""
+    spent = _running(restarts=RestartCounts(infrastructure=2))
+    action = decide(_spec(maxRestarts=2), spent, _found(C.PREFLIGHT_FAILED, ("gpu-node-011",)), NOW)
+    assert isinstance(action, Restart) and action.quarantine is not None
+    assert action.quarantine.nodes == ("gpu-node-011",)
+    assert (action.restarts.preflight, action.restarts.infrastructure) == (1, 2)
+    assert action.backoff_seconds == 0 and action.reason.value == "PreflightNodeReplaced"
+    # the node is already quarantined (or none may be): an infrastructure failure as any other
+    again = _running(quarantined_nodes=[_quarantined("gpu-node-011")],
+                     restarts=RestartCounts(infrastructure=2, preflight=1))  # fmt: skip
+    last = decide(_spec(maxRestarts=2), again, _found(C.PREFLIGHT_FAILED, ("gpu-node-011",)), NOW)
+    assert isinstance(last, Fail) and last.reason.value == "RestartBudgetExhausted"
+    untrusted = decide(_spec(), _running(), _found(C.PREFLIGHT_FAILED), NOW)
+    assert isinstance(untrusted, Restart) and untrusted.quarantine is None
+    assert untrusted.restarts.infrastructure == 1, "a verdict that blames no node spends"

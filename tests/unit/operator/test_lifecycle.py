@@ -82,7 +82,13 @@ def test_suspending_a_running_job_stops_its_attempt_without_spending_budget() ->
     assert st["phase"] == "Suspended"
     assert st["attempts"][-1]["endReason"] == "Suspended" and st["attempts"][-1]["endedAt"]
     assert "failureClass" not in st["attempts"][-1]
-    assert st["restarts"] == {"infrastructure": 0, "user": 0, "preemption": 0, "checkpoint": 0}
+    assert st["restarts"] == {
+        "infrastructure": 0,
+        "user": 0,
+        "preemption": 0,
+        "checkpoint": 0,
+        "preflight": 0,
+    }
     suspended = condition(world, "Suspended")
     assert suspended is not None and suspended["status"] == "True"
     assert suspended["reason"] == "JobSuspended"

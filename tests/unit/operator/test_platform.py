@@ -16,7 +16,9 @@ from rtj_operator.policy.platform import (
     PlatformConfigError,
     effective_node_health,
     load_platform_config,
+    load_preflight_policy,
 )
+from rtj_operator.policy.preflight import PreflightPolicy
 
 RUNNING = {"phase": "Running", "attempt": 1, "attempts": [{"attempt": 1, "jobSet": "llm-a1"}]}
 PLATFORM = NodeHealthPolicy(
@@ -108,3 +110,28 @@ def test_the_platform_configuration_file_is_checked_field_by_field() -> None:
     ]:
         with pytest.raises(PlatformConfigError, match=re.escape(field)):
             load_platform_config(text)
+
+
+def test_the_platform_names_the_preflights_image_and_node_command() -> None:
+    text = (
+        "preflight:\n  image: registry.example/rtj-dcgm:1\n  nodeCommand: [dcgmi, diag, -r, '2']\n"
+    )
+    policy = load_preflight_policy(text)
+    assert policy == PreflightPolicy("registry.example/rtj-dcgm:1", ("dcgmi", "diag", "-r", "2"))
+    assert policy.image_for("ghcr.io/x/rtj-resolver:1") == "registry.example/rtj-dcgm:1"
+    default = load_preflight_policy("nodeHealth: {}\n")
+    assert default.node_command == ("dcgmi", "diag", "-r", "1")
+    assert default.image_for("ghcr.io/x/rtj-resolver:1") == "ghcr.io/x/rtj-resolver:1"
+    assert default.image_for(None) is None, "no platform image: no preflight"
+    assert load_platform_config(text) == NodeHealthPolicy(), "both blocks in one file"
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [("preflight: {imag: x}\n", "imag"), ("preflight: {image: ''}\n", "preflight.image"),
+     ("preflight: {nodeCommand: 'dcgmi diag'}\n", "preflight.nodeCommand"),
+     ("preflight: [1]\n", "preflight: expected a mapping")],
+)  # fmt: skip
+def test_a_bad_preflight_block_is_refused_by_name(text: str, named: str) -> None:
+    with pytest.raises(PlatformConfigError, match=named):
+        load_preflight_policy(text)

@@ -375,7 +375,7 @@ def _took(rates: Sequence[LinkRate], rank: int, size: int) -> float:
 
 # --- the command ---------------------------------------------------------------------------
 
-ENV_RANK = "JOB_COMPLETION_INDEX"
+ENV_RANK = "NODE_RANK"
 ENV_WORLD = "WORLD_SIZE"
 ENV_MASTER_ADDR = "MASTER_ADDR"
 ENV_MASTER_PORT = "MASTER_PORT"
