@@ -26,7 +26,12 @@ from rtj_chart import (
 )
 
 from rtj_operator.api import keys
-from rtj_operator.policy.platform import NodeHealthPolicy, load_platform_config
+from rtj_operator.policy.platform import (
+    NodeHealthPolicy,
+    load_platform_config,
+    load_preflight_policy,
+)
+from rtj_operator.policy.preflight import PreflightPolicy
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -123,6 +128,21 @@ def test_the_platform_node_health_policy_reaches_the_operator_and_rolls_it(tmp_p
     assert yaml.safe_load(default_cm["data"]["platform.yaml"])["nodeHealth"]["taintEffect"] == (
         "NoSchedule"
     )
+
+
+def test_the_platform_preflight_reaches_the_operator(tmp_path: Path) -> None:
+    """The chart's preflight block is what `rtj run --platform-config` reads: the chart's
+    defaults are the operator's; an image and a command of the platform's come through."""
+    default_cm = one(render(), "ConfigMap", "rtj-resilient-training-operator-platform")
+    assert load_preflight_policy(default_cm["data"]["platform.yaml"]) == PreflightPolicy()
+    own = {"preflight": {"image": "registry.example/rtj-dcgm:1", "nodeCommand": ["true"]}}
+    cm = one(render(own, tmp_path), "ConfigMap", "rtj-resilient-training-operator-platform")
+    assert load_preflight_policy(cm["data"]["platform.yaml"]) == PreflightPolicy(
+        "registry.example/rtj-dcgm:1", ("true",)
+    )
+    none = {"preflight": {"nodeCommand": []}}
+    cm = one(render(none, tmp_path), "ConfigMap", "rtj-resilient-training-operator-platform")
+    assert load_preflight_policy(cm["data"]["platform.yaml"]).node_command == ()
 
 
 def test_every_object_has_the_standard_labels(tmp_path: Path) -> None:
