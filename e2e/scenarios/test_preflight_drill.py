@@ -1,0 +1,142 @@
+"""Drill (issue 43 section 3): a node whose platform check fails is caught by the preflight
+before the job's state is loaded, quarantined, and the job trains elsewhere.
+
+Real parts: the control plane, JobSet (no Kueue: the job names no queue), the operator
+process, and the pod runner's nodes running every container as a local process, so the
+`rtj-preflight` init containers of the four pods really join one another on rank 0's
+rendezvous and run the platform's node command. The platform (`--platform-config`) names
+the preflight's image and a node command that fails on one node, as `dcgmi diag` would on a
+GPU that fails its memory test. One of the five nodes is cordoned for attempt 1, so its four
+pods are certain to include the bad node; it is uncordoned once that node is quarantined.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+from scenario_support import WAIT, condition_true
+
+from e2e.operator_proc import REPO, pods_of, rtj_status, wait_for
+from e2e.podrunner.runner import NODE_LABEL, NODE_LABEL_VALUE, PodRunner
+from rtj_operator.api import keys
+from rtj_operator.kube import Kube
+
+pytestmark = [pytest.mark.cluster, pytest.mark.operator, pytest.mark.local_only,
+              pytest.mark.timeout(300)]  # fmt: skip
+
+JOB = "drill"
+IMAGE = "registry.example/rtj-preflight:e2e"
+TAINT = {"key": "e2e.resilient.dev/preflight-drill", "value": "runner", "effect": "NoSchedule"}
+DCGM_FAILURE = "dcgmi diag: GPU 0 failed the memory test (errors detected)"
+
+
+@pytest.fixture
+def runner(rtj_cluster: Any, rtj_ns: Any, tmp_path: Path) -> Iterator[PodRunner]:
+    """Five tainted nodes of the pod runner (the session's KWOK nodes stay for the others);
+    set up after the namespace, so torn down after it (the runner finalizes its pods)."""
+    prefix = f"preflight-{uuid.uuid4().hex[:4]}-"
+    r = PodRunner(rtj_cluster.kubeconfig, tmp_path / "runner", nodes=5, prefix=prefix,
+                  taints=[TAINT], workdir=REPO)  # fmt: skip
+    stop = threading.Event()
+    thread = threading.Thread(target=r.run, args=(stop,), daemon=True)
+    thread.start()
+    wait_for("the runner's nodes", lambda: _ready(rtj_cluster, r.node_names), 60)
+    try:
+        yield r
+    finally:
+        stop.set()
+        r.shutdown()
+        r.deregister_nodes()
+
+
+def _ready(rtj_cluster: Any, names: list[str]) -> bool:
+    for name in names:
+        try:
+            node = rtj_cluster.kube.core.read_node(name)
+        except k8s.ApiException:
+            return False
+        if not any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or []):
+            return False
+    return True
+
+
+def _cordon(rtj_cluster: Any, node: str, on: bool) -> None:
+    rtj_cluster.kube.core.patch_node(node, {"spec": {"unschedulable": on}})
+
+
+def _platform(tmp: Path, bad: str) -> Path:
+    """The platform's configuration: its preflight image, and a node command that fails on
+    `bad` as `dcgmi diag -r 1` does on a GPU with memory errors (exit 226, its report)."""
+    script = (f'if [ "$RTJ_NODE_NAME" = "{bad}" ]; then echo "{DCGM_FAILURE}" >&2; exit 226; '
+              "fi")  # fmt: skip
+    path = tmp / "platform.yaml"
+    preflight = {"image": IMAGE, "nodeCommand": ["sh", "-c", script]}
+    path.write_text(yaml.safe_dump({"preflight": preflight}))
+    return path
+
+
+def _job(ns: str, root: Path) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{keys.GROUP}/{keys.VERSION}", "kind": keys.KIND,
+        "metadata": {"name": JOB, "namespace": ns},
+        "spec": {
+            "replicas": 4,
+            "checkpoint": {"uri": f"file://{root}"},
+            "failurePolicy": {"maxRestarts": 1, "backoff": {"initialSeconds": 1, "maxSeconds": 2}},
+            # a factor no loopback hiccup reaches: this drill is about the node check
+            "preflight": {"timeoutSeconds": 60, "bandwidthFactor": 1000},
+            "template": {"spec": {
+                "nodeSelector": {NODE_LABEL: NODE_LABEL_VALUE},
+                "tolerations": [{**TAINT, "operator": "Equal"}],
+                "containers": [{
+                    "name": "trainer", "image": "registry.example/trainer:1",
+                    "command": ["python3", "-c", "import time; time.sleep(1); print('trained')"],
+                }],
+            }},
+        },
+    }  # fmt: skip
+
+
+def test_a_node_that_fails_the_preflight_is_quarantined_and_the_job_trains_elsewhere(
+    rtj_cluster: Any, rtj_api: Kube, rtj_ns: Any, runner: PodRunner, run_operator: Any,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    ns = rtj_ns.name
+    bad, spare = runner.node_names[2], runner.node_names[4]
+    run_operator("--platform-config", str(_platform(tmp_path, bad)))
+    _cordon(rtj_cluster, spare, True)  # attempt 1's four pods take the other four nodes
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    rtj_api.create_rtj(ns, _job(ns, root))
+
+    def failed() -> dict[str, Any] | None:
+        attempts = rtj_status(rtj_api, ns, JOB).get("attempts") or []
+        return attempts[0] if attempts and attempts[0].get("failureClass") else None
+
+    record = wait_for("attempt 1's failure record", failed, WAIT)
+    assert record["failureClass"] == "PreflightFailed", record
+    assert record["firstFailed"]["node"] == bad, record
+    assert any(DCGM_FAILURE in line and "node check" in line for line in record["evidence"]), record
+    status = rtj_status(rtj_api, ns, JOB)
+    assert [q["node"] for q in status["quarantinedNodes"]] == [bad], status
+    assert status["restarts"]["preflight"] == 1 and status["restarts"]["infrastructure"] == 0
+
+    _cordon(rtj_cluster, spare, False)
+    done = wait_for("the job to complete on healthy nodes", lambda: (
+        (s := rtj_status(rtj_api, ns, JOB)).get("phase") == "Succeeded" and s
+    ), WAIT)  # fmt: skip
+    assert condition_true(done, "Complete") and done["attempt"] == 2, done
+    second = [
+        p
+        for p in pods_of(rtj_api, ns, JOB)
+        if p["metadata"]["labels"].get(keys.ATTEMPT_LABEL) == "2"
+    ]
+    assert second and all(p["spec"]["nodeName"] != bad for p in second), second
+    assert all(p["spec"]["initContainers"][0]["name"] == "rtj-preflight" for p in second)
