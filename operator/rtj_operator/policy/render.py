@@ -11,13 +11,13 @@ spec.spares, a second replicated Job of `spares` pods (`<jobset>-spare-0-<index>
 warm spares: the workers' pod, its trainer held by its supervisor until an in-place restart
 gives it a replaced pod's rank (`policy.spares`).
 
-Nothing here mutates the job; the user's pod template is deep-copied, then completed.
+Nothing here mutates the job; the user's pod template is deep-copied, then completed (the
+containers' environment and mounts: `policy.worker_env`).
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
 from typing import Any
 
 from rtj_operator.api import keys
@@ -29,6 +29,16 @@ from rtj_operator.policy.pod_security import (
     pod_security_context,
     service_account_token,
     user_container_security,
+)
+from rtj_operator.policy.worker_env import (
+    env_var,
+    field_env,
+    field_ref_env,
+    progress_mount,
+    resume_mount,
+    shim_env,
+    worker_container,
+    worker_env,
 )
 
 GRACE_MARGIN_SECONDS = 15
@@ -56,7 +66,6 @@ DRAIN_ENV = frozenset({
 the retention it applies after each publish, as a trainer's save does)."""
 """912 bytes per rank record (rtj_shim.wire.progress_record): room for ~1,000 ranks per pod."""
 
-GPU_RESOURCE = "nvidia.com/gpu"
 ENV_SHARE_INDEX = "RTJ_VERIFY_SHARE"
 """The pod's index (its completion index): which share of the files its init container
 hashes."""
@@ -64,11 +73,6 @@ hashes."""
 
 def jobset_name(job: str, attempt: int) -> str:
     return f"{job}-a{attempt}"
-
-
-def master_addr(jobset: str) -> str:
-    """Rank 0's stable hostname: JobSet pod hostname + subdomain (the headless Service)."""
-    return f"{jobset}-{keys.WORKER_REPLICATED_JOB}-0-0.{jobset}"
 
 
 def quarantine_taint(rtj: ResilientTrainingJob) -> Obj:
@@ -206,7 +210,7 @@ def _spare_job_template(
         c for c in spec["initContainers"] if c.get("name") != keys.RESUME_INIT_CONTAINER
     ]
     trainer = next(c for c in spec["containers"] if c.get("name") == trainer_name(rtj))
-    trainer["env"] = [*trainer.get("env", []), _env_var(keys.ENV_SPARE, 1)]
+    trainer["env"] = [*trainer.get("env", []), env_var(keys.ENV_SPARE, 1)]
     return {
         "metadata": {"labels": attempt_labels(rtj, attempt)},
         "spec": {
@@ -232,7 +236,7 @@ def pod_template(
     env = worker_env(rtj, attempt, resume, js)
     progress = rtj.spec.progress.enabled
     user_sc = spec.get("securityContext")
-    containers = [_worker_container(c, env, progress) for c in spec["containers"]]
+    containers = [worker_container(c, env, progress) for c in spec["containers"]]
     for c in containers:
         c["securityContext"] = user_container_security(c.get("securityContext"), user_sc)
     trainer = _trainer(rtj, containers)
@@ -305,105 +309,6 @@ def avoided_nodes(rtj: ResilientTrainingJob, attempt: int) -> list[str]:
     return sorted(avoid)
 
 
-def _env_var(name: str, value: object) -> Obj:
-    return {"name": name, "value": str(value)}
-
-
-def _field_env(name: str, annotation: str) -> Obj:
-    return _field_ref_env(name, f"metadata.annotations['{annotation}']")
-
-
-def _field_ref_env(name: str, path: str) -> Obj:
-    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
-
-
-def shim_env(rtj: ResilientTrainingJob, attempt: int, resume: int | None) -> list[Obj]:
-    """What rtj-shim reads: run, attempt, provenance, resume file, retention, protected step."""
-    spec, prov = rtj.spec, rtj.spec.provenance
-    env = [
-        _env_var(keys.ENV_RUN_ID, rtj.run_id),
-        _env_var(keys.ENV_ATTEMPT, attempt),
-        _env_var(keys.ENV_CHECKPOINT_URI, spec.checkpoint.uri),
-        _env_var(keys.ENV_RESUME_FILE, keys.DEFAULT_RESUME_FILE),
-        _env_var(keys.ENV_KEEP_LAST, spec.checkpoint.retention.keep_last),
-        _env_var(keys.ENV_EMERGENCY_SAVE_SECONDS, spec.checkpoint.emergency_save_seconds),
-    ]
-    optional = {
-        keys.ENV_CODE_COMMIT: prov.code_commit,
-        keys.ENV_IMAGE_DIGEST: prov.image_digest,
-        keys.ENV_DATASET_SNAPSHOT: prov.dataset_snapshot,
-        keys.ENV_KEEP_EVERY: spec.checkpoint.retention.keep_every,
-        keys.ENV_RESUME_STEP: resume,
-        keys.ENV_PROTECT_STEP: resume,
-    }
-    return env + [_env_var(k, v) for k, v in optional.items() if v is not None]
-
-
-def worker_env(rtj: ResilientTrainingJob, attempt: int, resume: int | None, js: str) -> list[Obj]:
-    """Shim env plus torchrun-style rendezvous env (PET_* are torchrun's own defaults)."""
-    addr, port, nodes = master_addr(js), rtj.spec.master_port, rtj.spec.replicas
-    rank = keys.JOB_COMPLETION_INDEX
-    return [
-        *shim_env(rtj, attempt, resume),
-        _env_var(keys.ENV_MASTER_ADDR, addr),
-        _env_var(keys.ENV_MASTER_PORT, port),
-        _env_var(keys.ENV_WORLD_SIZE, nodes),
-        _env_var(keys.ENV_NNODES, nodes),
-        _field_env(keys.ENV_NODE_RANK, rank),
-        _field_env(keys.ENV_RANK, rank),
-        _env_var("PET_MASTER_ADDR", addr),
-        _env_var("PET_MASTER_PORT", port),
-        _env_var("PET_NNODES", nodes),
-        _field_env("PET_NODE_RANK", rank),
-    ]
-
-
-def _merge_env(user: Iterable[Obj], ours: list[Obj]) -> list[Obj]:
-    """The operator's variables win: a stale user RTJ_ATTEMPT would break the protocol."""
-    owned = {e["name"] for e in ours}
-    return [e for e in user if e.get("name") not in owned] + ours
-
-
-def _resume_mount(read_only: bool) -> Obj:
-    return {"name": keys.RESUME_VOLUME, "mountPath": keys.RESUME_DIR, "readOnly": read_only}
-
-
-def _nproc_per_node(container: Obj) -> list[Obj]:
-    """`PET_NPROC_PER_NODE` as Kubeflow Trainer sets it for torchrun: one process per GPU
-    the container asks for. Only when the user set none and the container asks for GPUs
-    (torchrun's own default, 1, stays otherwise)."""
-    if any(e.get("name") == "PET_NPROC_PER_NODE" for e in container.get("env") or []):
-        return []
-    resources = container.get("resources") or {}
-    gpus = (resources.get("limits") or {}).get(GPU_RESOURCE) or (
-        resources.get("requests") or {}
-    ).get(GPU_RESOURCE)
-    try:
-        count = int(str(gpus))
-    except ValueError:
-        return []
-    return [_env_var("PET_NPROC_PER_NODE", count)] if count > 0 else []
-
-
-def _progress_mount(read_only: bool) -> Obj:
-    return {"name": keys.PROGRESS_VOLUME, "mountPath": keys.PROGRESS_DIR, "readOnly": read_only}
-
-
-def _worker_container(container: Obj, env: list[Obj], progress: bool = True) -> Obj:
-    out = copy.deepcopy(container)
-    ours = [*env, *_nproc_per_node(container)]
-    mounts = [_resume_mount(read_only=True)]
-    if progress:
-        ours.append(_env_var(keys.ENV_PROGRESS_DIR, keys.PROGRESS_DIR))
-        mounts.append(_progress_mount(read_only=False))
-    out["env"] = _merge_env(out.get("env", []), ours)
-    owned = {m["name"] for m in mounts}
-    kept = [m for m in out.get("volumeMounts", []) if m.get("name") not in owned]
-    out["volumeMounts"] = [*kept, *mounts]
-    out.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
-    return out
-
-
 def resolver_command(uri: str, resume: int | None, replicas: int = 1) -> list[str]:
     """`rtj-shim resolve`: re-verify the pinned step from inside the pod, report the result.
 
@@ -436,9 +341,9 @@ def resolver_container(
         "command": resolver_command(rtj.spec.checkpoint.uri, resume, rtj.spec.replicas),
         "env": [
             *shim_env(rtj, attempt, resume),
-            _field_env(ENV_SHARE_INDEX, keys.JOB_COMPLETION_INDEX),
+            field_env(ENV_SHARE_INDEX, keys.JOB_COMPLETION_INDEX),
         ],
-        "volumeMounts": [*mounts, _resume_mount(read_only=False)],
+        "volumeMounts": [*mounts, resume_mount(read_only=False)],
         "resources": copy.deepcopy(RESOLVER_RESOURCES),
         "terminationMessagePath": keys.TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",  # a crash shows its traceback
@@ -471,10 +376,10 @@ def progress_sidecar(rtj: ResilientTrainingJob, trainer: Obj, key: str | None = 
     ``spec.checkpoint.resolverImage``)."""
     port = rtj.spec.progress.port
     signed = (
-        [control_key.key_env(rtj.metadata.uid), _env_var(keys.ENV_JOB_UID, rtj.metadata.uid),
-         _env_var(keys.ENV_SIGNED_READS, 1), _env_var(keys.ENV_SEALED_ANSWERS, 1),
-         _field_ref_env(keys.ENV_POD_NAME, "metadata.name"),
-         _field_ref_env(keys.ENV_POD_ATTEMPT, f"metadata.labels['{keys.ATTEMPT_LABEL}']")]
+        [control_key.key_env(rtj.metadata.uid), env_var(keys.ENV_JOB_UID, rtj.metadata.uid),
+         env_var(keys.ENV_SIGNED_READS, 1), env_var(keys.ENV_SEALED_ANSWERS, 1),
+         field_ref_env(keys.ENV_POD_NAME, "metadata.name"),
+         field_ref_env(keys.ENV_POD_ATTEMPT, f"metadata.labels['{keys.ATTEMPT_LABEL}']")]
         if key else []
     )  # fmt: skip
     return {
@@ -487,7 +392,7 @@ def progress_sidecar(rtj: ResilientTrainingJob, trainer: Obj, key: str | None = 
             *signed,
         ],
         "ports": [{"name": keys.PROGRESS_PORT_NAME, "containerPort": port, "protocol": "TCP"}],
-        "volumeMounts": [_progress_mount(read_only=True)],
+        "volumeMounts": [progress_mount(read_only=True)],
         "resources": copy.deepcopy(PROGRESS_RESOURCES),
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {**copy.deepcopy(_RESTRICTED_CONTAINER), "readOnlyRootFilesystem": True},

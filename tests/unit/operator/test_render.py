@@ -11,11 +11,11 @@ from rtj_test_support import NOW, job_body
 from rtj_operator.api import FailureClass, QuarantinedNode, ResilientTrainingJob
 from rtj_operator.policy.pod_security import root_refusal_hint
 from rtj_operator.policy.render import (
-    master_addr,
     quarantine_taint,
     render_jobset,
     resolver_command,
 )
+from rtj_operator.policy.worker_env import master_addr
 
 RANK_PATH = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 
