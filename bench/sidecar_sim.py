@@ -51,6 +51,7 @@ from rtj_shim.agent.progress_server import KEEP_ALIVE_IDLE_S
 from rtj_shim.agent.supervisor import Supervised, next_action
 from rtj_shim.fast import peer_replica
 from rtj_shim.wire import answer_seal, control
+from rtj_shim.wire.supervisor_report import SupervisorReport, SupervisorState
 
 HEAD = (
     b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
@@ -79,12 +80,12 @@ class SimPod:
     def report(self) -> dict[str, Any]:
         self.settle()
         s = self.current
-        return {
-            "generation": s.generation, "state": s.state, "attempt": s.attempt,
-            "exit_code": s.exit_code, "fast_steps": [], "rejected": None, "spare": self.spare,
-            "rank": self.rank, "pid": 1 if s.state == "running" else None, "preloaded": False,
-            "standby": None, "updated_wall_time": round(self.updated, 6),
-        }  # fmt: skip
+        state = SupervisorState(s.state)
+        return SupervisorReport(
+            s.generation, state, s.attempt, s.exit_code, fast_steps=(), spare=self.spare,
+            rank=self.rank, pid=1 if state is SupervisorState.RUNNING else None,
+            updated_wall_time=round(self.updated, 6),
+        ).encode()  # fmt: skip
 
     def progress(self) -> dict[str, Any]:
         return {"schema": 1, "pod_wall_time": time.time(), "hostname": self.name, "ranks": [],
@@ -107,20 +108,22 @@ class SimPod:
         order = self.last
         action = next_action(self.current, order)
         if action == "stop":
-            self._set(replace(self.current, generation=order.generation, state="stopped"))
+            self._set(
+                replace(self.current, generation=order.generation, state=SupervisorState.STOPPED)
+            )
         elif action == "start":
             if order.rank is not None:
                 self.rank = order.rank
-            self._set(replace(self.current, state="running", attempt=order.attempt,
+            self._set(replace(self.current, state=SupervisorState.RUNNING, attempt=order.attempt,
                               exit_code=None))  # fmt: skip
         elif action == "finish":
-            self._set(replace(self.current, state="finished", exit_code=0))
+            self._set(replace(self.current, state=SupervisorState.FINISHED, exit_code=0))
         if action in ("stop", "start") and next_action(self.current, order) != "wait":
             return self.settle()  # a run order to a pod not yet stopped for it: stop, start
         return action
 
     def exit(self, code: int) -> None:
-        self._set(replace(self.current, state="exited", exit_code=code))
+        self._set(replace(self.current, state=SupervisorState.EXITED, exit_code=code))
 
     def _set(self, state: Supervised) -> None:
         self.current, self.updated = state, time.time()
@@ -163,7 +166,7 @@ def sim_pod(body: dict[str, Any], secret: SecretValue | None = None
     failures = (meta.get("annotations") or {}).get(keys.JOB_INDEX_FAILURE_COUNT, "0")
     held = spare or (failures.isdigit() and int(failures) > 0)
     attempt = (meta.get("labels") or {}).get(keys.ATTEMPT_LABEL, "")
-    state = Supervised(0, "stopped" if held else "running",
+    state = Supervised(0, SupervisorState.STOPPED if held else SupervisorState.RUNNING,
                        int(attempt) if attempt.isdigit() else None)  # fmt: skip
     sealed = env.get(keys.ENV_SEALED_ANSWERS) == "1"
     answerer = answer_seal.Answerer(meta["name"], attempt) if sealed else None

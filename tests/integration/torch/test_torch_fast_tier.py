@@ -39,6 +39,7 @@ from rtj_shim.fast.fast_tier import committed_steps, holdings, rank_store
 from rtj_shim.fast.peer_pull import PeerError
 from rtj_shim.wire.control import job_key, sign
 from rtj_shim.wire.drain_order import DrainOrder
+from rtj_shim.wire.supervisor_report import SupervisorReport, SupervisorState
 
 REPO = Path(__file__).resolve().parents[3]
 STEPS, DURABLE_EVERY, FAST_EVERY, KILL_AFTER = 60, 20, 5, 47
@@ -188,14 +189,16 @@ def _run_from(work: Path, pin: dict[str, Any], name: str, *extra: str) -> tuple[
 def _pods_pin(fast: Path, durable: int) -> fast_tier_policy.FastPin:
     """What the operator pins at the next in-place restart: each rank in a pod of its own,
     its supervisor reporting what its pod holds (`fast_tier.held`)."""
-    reports = {}
+    reports: dict[str, SupervisorReport] = {}
     for rank in (0, 1):
         pod = fast.parent / f"pod-{rank}"
         shutil.rmtree(pod, ignore_errors=True)
         shutil.copytree(fast / f"rank-0000{rank}", pod / f"rank-0000{rank}")
         held = fast_tier.held(pod)
-        reports[f"pod-{rank}"] = {"fast_steps": [h.step for h in held],
-                                  "fast_held": [h.encode() for h in held]}  # fmt: skip
+        reports[f"pod-{rank}"] = SupervisorReport(
+            1, SupervisorState.STOPPED, fast_steps=tuple(h.step for h in held),
+            fast_held=frozenset(held),
+        )  # fmt: skip
     return fast_tier_policy.pin(reports, ["pod-0", "pod-1"], durable, [])
 
 

@@ -117,6 +117,8 @@ def test_every_rank_takes_the_same_decision(tmp_path: Path) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=180)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     seen = [json.loads((out / f"rank-{r}.json").read_text()) for r in (0, 1)]
-    assert seen[0] == seen[1] == {"time": [2, 4], "metric": [1, 3], "slow": [2, 4, 5, 6, 7, 8]}
+    assert seen[0] == seen[1] == {
+        "time": [2, 4], "metric": [1, 3], "slow": [2, 4, 5, 6, 7, 8], "sparse": [2, 7, 15],
+    }  # fmt: skip
     assert published(tmp_path / "ckpt" / "time") == [2, 4]
     assert published(tmp_path / "ckpt" / "metric") == [1, 3]

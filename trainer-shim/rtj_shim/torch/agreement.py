@@ -18,6 +18,15 @@ agreed maximum has reached `LAGGED_MAX_STEP_S` at `LONG_STEPS` boundaries in a r
 step on a loaded machine is not a long-step job), every rank (at the same boundary: they read
 the same values) waits for that boundary's own reduction too and stays synchronous from then
 on, so a SIGTERM on a job of long steps starts its emergency save one step after it, not two.
+
+**Not every boundary.** A reduction per boundary cost a step that saves nothing 0.5 ms (the
+tensor, the collective's launch, the wait; issue 48's target is 0.1 ms), so in the lagged mode
+the ranks reduce only every `cadence` boundaries: enough of them to span `AGREE_PERIOD_S` of
+agreed step time (at most `MAX_CADENCE`). Every rank computes the next cadence from the same
+agreed values at the same boundary, so they all reduce at the same boundaries; the others do
+no collective at all (`due` is False). A SIGTERM or a passed interval is then acted on within
+about `AGREE_PERIOD_S` (and a step), well inside any emergency deadline; the schedule's
+``every_steps`` needs no agreement (every rank counts the same steps).
 """
 
 from __future__ import annotations
@@ -46,6 +55,13 @@ its grace period."""
 
 LONG_STEPS = 3
 """Agreed long steps in a row that end the lag."""
+
+AGREE_PERIOD_S = 0.25
+"""Agreed step time between two reductions in the lagged mode (the reaction time to a
+SIGTERM or a passed interval, beside the lag)."""
+
+MAX_CADENCE = 64
+"""At most this many boundaries between two reductions, however short the steps."""
 
 CLOSE_WAIT_S = 5.0
 """How long ``close`` waits for the last background reduction (every rank started it at its
@@ -78,17 +94,29 @@ class StepAgreement:
         self.lagged = lagged
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self._pending: _Pending | None = None
-        self._last_boundary: float | None = None
+        self._last_reduced = (0, 0.0)  # the boundary that last reduced, and when (monotonic)
         self._long_steps = 0  # agreed long steps in a row (the same on every rank)
+        self._boundaries = 0  # boundaries seen (the same count on every rank)
+        self._next_reduction = 1  # the boundary that reduces next (the same on every rank)
+
+    def due(self) -> bool:
+        """Whether this boundary reduces (always, but in the lagged mode's in-between
+        boundaries); counts the boundary. Every rank gets the same answer at the same one."""
+        self._boundaries += 1
+        if not self.lagged or self.coordinator.world == 1:
+            return True
+        return self._boundaries >= self._next_reduction
 
     def agree(
         self, sigterm: bool, time_due: bool, metric_flag: float, metric: float, last_save: float
     ) -> Agreed:
         """This rank's flags (``metric``: -inf unless rank 0's finite value) in, the agreed
-        ones out. ``last_save``: when this rank's newest save began (monotonic)."""
+        ones out, at a boundary `due` said reduces. ``last_save``: when this rank's newest save
+        began (monotonic)."""
         now = time.monotonic()
-        step_s = 0.0 if self._last_boundary is None else now - self._last_boundary
-        self._last_boundary = now
+        steps = self._boundaries - self._last_reduced[0]
+        step_s = (now - self._last_reduced[1]) / steps if self._last_reduced[0] else 0.0
+        self._last_reduced = (self._boundaries, now)
         mine = [float(sigterm), float(time_due), metric_flag, metric]
         if self.coordinator.world == 1:
             return _agreed(mine)
@@ -101,9 +129,12 @@ class StepAgreement:
         )
         current = self._pending = _Pending(work, values, now)
         if before is None:
+            self._next_reduction = self._boundaries + 1
             return NOTHING
         agreed = self._late(before, last_save)
-        long = before.values[4].item() >= LAGGED_MAX_STEP_S
+        agreed_step_s = before.values[4].item()
+        self._next_reduction = self._boundaries + cadence(agreed_step_s)
+        long = agreed_step_s >= LAGGED_MAX_STEP_S
         self._long_steps = self._long_steps + 1 if long else 0
         if self._long_steps < LONG_STEPS:
             return agreed
@@ -130,6 +161,15 @@ class StepAgreement:
             pending.work.wait(datetime.timedelta(seconds=CLOSE_WAIT_S))
         except Exception:
             return
+
+
+def cadence(agreed_step_s: float) -> int:
+    """Boundaries until the next reduction: enough to span `AGREE_PERIOD_S` of the agreed
+    (slowest rank's) step time, between 1 and `MAX_CADENCE`. Pure: every rank computes it
+    from the same agreed value."""
+    if not agreed_step_s > 0 or not math.isfinite(agreed_step_s):
+        return 1
+    return max(1, min(MAX_CADENCE, math.ceil(AGREE_PERIOD_S / agreed_step_s)))
 
 
 def _agreed(values: list[float]) -> Agreed:
@@ -161,6 +201,8 @@ def decide_at_boundary(
     take the save decision every rank shares (rank 0's ``value``; others pass theirs, unused)."""
     coordinator = agreement.coordinator
     rank0 = coordinator.rank == 0
+    if not agreement.due():  # no collective at this boundary: the schedule's steps alone
+        return BoundaryVerdict(False, save_decision(schedule, step, False, None, best), None)
     with progress.section("collective") if coordinator.world > 1 else nullcontext():
         agreed = agreement.agree(  # a wait for the slowest rank: a hang verdict looks past it
             sigterm,
