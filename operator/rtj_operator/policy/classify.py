@@ -312,6 +312,11 @@ def _decision(root: PodFailure, first: PodFailure, quarantined: tuple[str, ...])
     return Decision(cause.signal or "pod status", cause.source, rule, cause.suspect)
 
 
+def jobset_failure(evidence: str) -> Classification:
+    """A failure seen on the JobSet rather than on a pod (gone, or failed with no pod)."""
+    return Classification(FailureClass.UNKNOWN, None, (), (evidence,))
+
+
 def classify_failure(
     pods: Sequence[Mapping[str, Any]],
     nodes: Sequence[Mapping[str, Any]] | None,

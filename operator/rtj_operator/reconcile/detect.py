@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from rtj_operator.api.reasons import FailureCategory, FailureClass
+from rtj_operator.api.reasons import FailureCategory
 from rtj_operator.policy import spares
-from rtj_operator.policy.classify import Classification, classify_failure
+from rtj_operator.policy.classify import Classification, classify_failure, jobset_failure
 from rtj_operator.policy.render import jobset_name
 from rtj_operator.reconcile import in_place
 from rtj_operator.reconcile.actions import DeleteJobSet
@@ -42,11 +42,6 @@ recorded only this long after the first failed rank's termination (its `finished
 GPU node agent may report the XID that explains a CUDA traceback a moment after the
 traceback reaches the operator, and a user-category record fails the job for good.
 Infrastructure, preemption and checkpoint classes are recorded at once."""
-
-
-def synthetic_failure(evidence: str) -> Classification:
-    """A failure seen on the JobSet rather than on a pod (gone, or failed with no pod)."""
-    return Classification(FailureClass.UNKNOWN, None, (), (evidence,))
 
 
 def plan_current_attempt(b: PlanBuilder) -> None:
@@ -115,7 +110,7 @@ def plan_current_attempt(b: PlanBuilder) -> None:
                 b.requeue_in(1.0)
                 return
             what = "no longer exists" if current is None else "is being deleted"
-            found = synthetic_failure(f"JobSet {name} of attempt {n} {what} (not by this operator)")
+            found = jobset_failure(f"JobSet {name} of attempt {n} {what} (not by this operator)")
         elif current.completed:
             succeed(b, n, name)
             return
@@ -124,7 +119,7 @@ def plan_current_attempt(b: PlanBuilder) -> None:
             if b.now - failed_at < JOBSET_FAILED_GRACE:
                 b.requeue_in((JOBSET_FAILED_GRACE - (b.now - failed_at)).total_seconds())
                 return
-            found = synthetic_failure(f"JobSet {name} failed: {current.failure_message}")
+            found = jobset_failure(f"JobSet {name} failed: {current.failure_message}")
         elif finish_with_idle_pods(b, n, name, live):
             return
         else:

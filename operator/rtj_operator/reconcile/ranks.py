@@ -15,12 +15,13 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from rtj_operator.api import keys
-from rtj_operator.api.reasons import ConditionType, FailureClass, Phase, Reason
-from rtj_operator.api.status import FirstFailed, JobProgress, Straggler
+from rtj_operator.api.reasons import ConditionType, Phase, Reason
+from rtj_operator.api.status import JobProgress, Straggler
 from rtj_operator.metrics import ProgressFacts
 from rtj_operator.policy import fast_drain, fast_tier, peer_replica, spares
 from rtj_operator.policy import progress as rank_progress
-from rtj_operator.policy.classify import Classification, Decision
+from rtj_operator.policy.classify import Classification
+from rtj_operator.policy.hang import hang_failure
 from rtj_operator.policy.render import trainer_name
 from rtj_operator.reconcile.builder import PlanBuilder, condition_true
 from rtj_operator.reconcile.world import (
@@ -149,32 +150,8 @@ def find_hang(b: PlanBuilder, live: Sequence[Json]) -> Classification | None:
     if hang is None:
         return None
     silent = sorted(set(pods) - {r.pod for r in reports})
-    pod = pods.get(hang.pod, {})
-    index = get_in(pod, "metadata", "annotations", keys.JOB_COMPLETION_INDEX)
-    first = FirstFailed(
-        pod=hang.pod,
-        rank=hang.rank,
-        node_rank=int(index) if isinstance(index, str) and index.isdigit() else None,
-        node=get_in(pod, "spec", "nodeName"),
-        container=trainer_name(b.rtj),
-        exit_code=None,
-        finished_at=b.now - timedelta(seconds=hang.seconds),
-    )
-    evidence = [hang.message, f"allowance: {timeouts.reason or f'{hang.timeout:.0f}s'}"]
-    if silent:
-        evidence.append(f"no progress report from {', '.join(silent[:5])}")
-    return Classification(
-        FailureClass.HANG,
-        first,
-        (),
-        tuple(evidence),
-        Decision(
-            signal=f"rank {hang.rank} in '{hang.section}' for {hang.seconds:.0f}s",
-            source=f"pod {hang.pod}: {keys.PROGRESS_SIDECAR} GET /progress",
-            rule="the rank furthest behind made no progress in its section beyond the "
-            "allowance; the ranks ahead wait for it",
-        ),
-    )
+    allowance = timeouts.reason or f"{hang.timeout:.0f}s"
+    return hang_failure(hang, pods.get(hang.pod, {}), silent, allowance, trainer_name(b.rtj), b.now)
 
 
 def _stragglers(b: PlanBuilder, readings: RankReadings, was: JobProgress | None) -> list[Straggler]:

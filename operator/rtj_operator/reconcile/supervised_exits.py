@@ -1,31 +1,17 @@
-"""What a supervised trainer's exit means (spec.recovery.inPlace, issue 15): the pod stays
-up (its supervisor keeps it for an in-place restart), so only the supervisor's report, read
-through the progress sidecar, says the command ended. The earliest exit of the generation is
-the first failed; read beside the nodes' signals it may implicate a node (a GPU fault, a
-lost node: replace), and a pinned step the restarted trainers refused is a bad step. Pure.
-"""
+"""The supervisors' reports of the current attempt, and the failure their exits mean
+(`policy.supervised_exit`, pure): this module gathers its inputs from the plan."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
-from datetime import datetime, timezone
-from typing import Any
 
-from rtj_operator.api import keys
-from rtj_operator.api.reasons import FailureClass
-from rtj_operator.api.status import FirstFailed
-from rtj_operator.policy import in_place
-from rtj_operator.policy.classify import (
-    Classification,
-    Decision,
-    classify_failure,
-)
-from rtj_operator.policy.findings import iso
+from rtj_operator.policy.classify import Classification
 from rtj_operator.policy.render import trainer_name
+from rtj_operator.policy.supervised_exit import ExitContext
+from rtj_operator.policy.supervised_exit import supervisor_failure as exit_failure
 from rtj_operator.reconcile.builder import PlanBuilder
-from rtj_operator.reconcile.world import Json, get_in, pod_name
-from rtj_shim.wire.supervisor_report import SupervisorReport, SupervisorState
+from rtj_operator.reconcile.world import Json, preflight_image
+from rtj_shim.wire.supervisor_report import SupervisorReport
 
 
 def supervisors(b: PlanBuilder) -> Mapping[str, SupervisorReport]:
@@ -39,102 +25,14 @@ def supervisors(b: PlanBuilder) -> Mapping[str, SupervisorReport]:
 def supervisor_failure(
     b: PlanBuilder, live: Sequence[Json], nodes: Sequence[Json]
 ) -> Classification | None:
-    """A supervised pod whose trainer command exited with an error in this generation (the
-    pod stays up: only its supervisor knows). The earliest exit is the first failed.
-    `nodes`: the job's nodes as this plan judged them (`liveness.judged_nodes`)."""
-    reports = supervisors(b)
-    generation = b.status.attempt_generation
-    exited = [
-        (p, r) for p in live
-        if (r := reports.get(pod_name(p))) is not None
-        and r.shows(generation, frozenset({SupervisorState.EXITED}))
-    ]  # fmt: skip
-    if not exited:
-        return None
-    pod, report = min(exited, key=lambda pr: pr[1].updated_wall_time or 0.0)
-    code, when = report.exit_code, report.updated_wall_time
-    index = get_in(pod, "metadata", "annotations", keys.JOB_COMPLETION_INDEX)
-    name, node = pod_name(pod), get_in(pod, "spec", "nodeName")
-    first = FirstFailed(
-        pod=name,
-        rank=None,
-        node_rank=int(index) if isinstance(index, str) and index.isdigit() else None,
-        node=node if isinstance(node, str) else None,
-        container=trainer_name(b.rtj),
-        exit_code=code,
-        finished_at=datetime.fromtimestamp(float(when), timezone.utc) if when else b.now,
-    )
-    others = [pod_name(p) for p, _ in exited if p is not pod]
-    evidence = [
-        f"pod {name} on node {node}: the trainer's command exited with code {code} "
-        "(rtj-shim supervise keeps the pod up for an in-place restart)"
-    ]
-    if others:
-        evidence.append(f"also exited: {', '.join(others[:5])}")
-    if (rejected := report.rejected_step) is not None:
-        step, reason = rejected
-        evidence.insert(0, f"pod {name}: the restarted trainers refused pinned step {step}: "
-                           f"{reason[:300]}")  # fmt: skip
-        return Classification(
-            FailureClass.CHECKPOINT_CORRUPT, first, (), tuple(evidence),
-            Decision(signal=f"step {step} refused", source=f"pod {name}: supervisor",
-                     rule="a pinned step the restore does not verify is bad"),
-        )  # fmt: skip
-    cause = _node_cause(b, live, nodes, exited)
-    if cause is not None:  # a GPU fault or a lost node under the exit: replace, not restart
-        return replace(cause, evidence=(*cause.evidence, *evidence))
-    return Classification(
-        FailureClass.UNKNOWN,
-        first,
-        (),
-        tuple(evidence),
-        Decision(
-            signal=f"exit code {code}",
-            source=f"pod {name}: {keys.PROGRESS_SIDECAR} GET /progress (supervisor)",
-            rule="a supervised trainer that exits with an error is a failure of the attempt",
-        ),
-    )
-
-
-def _node_cause(
-    b: PlanBuilder,
-    live: Sequence[Json],
-    nodes: Sequence[Json],
-    exited: Sequence[tuple[Json, SupervisorReport]],
-) -> Classification | None:
-    """What the classifier makes of the exits (each supervised pod whose trainer exited,
-    with its supervisor's report) read as the trainer containers' terminations, beside the
-    nodes' signals (an XID condition, a lost node), when that implicates a node; None when
-    nothing explains them better than the exits themselves. Every exit counts: two GPU
-    faults at once quarantine both nodes, not only the first exit's."""
-    ended = {id(pod): _terminated(b, pod, report) for pod, report in exited}
-    found = classify_failure(
-        [ended.get(id(p), p) for p in live],
-        list(nodes),
-        list(b.snap.events or ()),
-        b.now,
+    """The failure a supervised trainer's exit means in this generation, if any (`nodes`:
+    the job's nodes as this plan judged them, `liveness.judged_nodes`)."""
+    ctx = ExitContext(
+        generation=b.status.attempt_generation,
+        trainer=trainer_name(b.rtj),
+        now=b.now,
+        events=tuple(b.snap.events or ()),
         node_health=b.rtj.spec.node_health,
+        preflight_image=preflight_image(b.snap),
     )
-    if found is None or found.failure_class not in in_place.REPLACE_CLASSES:
-        return None
-    return found
-
-
-def _terminated(b: PlanBuilder, pod: Json, report: SupervisorReport) -> Json:
-    """`pod` as if its trainer container had ended as its supervisor reports the command
-    did (exit code, time; now when it gives none)."""
-    code, when = report.exit_code, report.updated_wall_time
-    terminated: dict[str, Any] = {
-        "exitCode": code if code is not None else 1,
-        "reason": "Error",
-    }
-    at = b.now
-    if when:
-        at = datetime.fromtimestamp(float(when), timezone.utc)
-    terminated["finishedAt"] = iso(at)
-    statuses = [
-        c for c in get_in(pod, "status", "containerStatuses") or []
-        if c.get("name") != trainer_name(b.rtj)
-    ]  # fmt: skip
-    statuses.append({"name": trainer_name(b.rtj), "state": {"terminated": terminated}})
-    return {**pod, "status": {**(pod.get("status") or {}), "containerStatuses": statuses}}
+    return exit_failure(supervisors(b), live, nodes, ctx)
