@@ -1,5 +1,6 @@
-"""`rtj-shim preflight` as real processes on loopback (issue 43 section 3): a world of pods
-joins rank 0's coordinator, passes its ring transfer and its node check; a pod whose link is
+"""`rtj-shim preflight` as real processes on loopback (issue 43 section 3): a world of four
+pods joins rank 0's coordinator, passes its ring transfer and its node check; a smaller one
+runs the node check alone; a pod whose link is
 slow both ways fails the collective check (its neighbours do not); a node check that exits
 non-zero fails its pod; a world that does not gather proves nothing against anyone; a pod
 without the job's key cannot join; a replacement pod runs the node check alone."""
@@ -53,10 +54,10 @@ def _world(
 
 
 def test_a_healthy_world_passes_and_reports_its_rates(tmp_path: Path) -> None:
-    found = _world(tmp_path, 3)
+    found = _world(tmp_path, 4)
     for code, verdict in found.values():
         assert code == 0 and verdict["passed"] is True, verdict
-        assert verdict["world"] == 3 and float(str(verdict["send_bytes_per_second"])) > 0
+        assert verdict["world"] == 4 and float(str(verdict["send_bytes_per_second"])) > 0
         assert verdict["node_check"] is not None and str(verdict["node_check"]).startswith("exit 0")
 
 
@@ -82,17 +83,25 @@ def test_a_node_check_this_image_lacks_is_skipped_with_a_note(tmp_path: Path) ->
 
 
 def test_a_world_that_does_not_gather_blames_nobody(tmp_path: Path) -> None:
-    found = _world(tmp_path, 3, ranks=range(2), timeout=3)  # rank 2 never starts
+    found = _world(tmp_path, 4, ranks=range(3), timeout=3)  # rank 3 never starts
     for code, verdict in found.values():
         assert code == 0 and verdict["passed"] is True
         assert "did not join in time" in " ".join(map(str, verdict["notes"])), verdict
 
 
 def test_a_pod_without_the_jobs_key_cannot_join(tmp_path: Path) -> None:
-    found = _world(tmp_path, 2, env={1: {"RTJ_CONTROL_KEY": "x" * 64}}, timeout=3)
+    found = _world(tmp_path, 4, env={1: {"RTJ_CONTROL_KEY": "x" * 64}}, timeout=3)
     assert all(code == 0 for code, _ in found.values()), "nobody is blamed for a stranger"
     notes = " ".join(map(str, found[0][1]["notes"]))
     assert "did not join in time" in notes, found
+
+
+def test_a_small_world_runs_the_node_check_alone(tmp_path: Path) -> None:
+    """Under 4 pods no link can be put on one pod: no ring, nothing waited for (a world of
+    one, whose coordinator may not even resolve yet, starts at once)."""
+    found = _world(tmp_path, 3, ranks=range(1), timeout=60)
+    code, verdict = found[0]
+    assert code == 0 and "under 4 pods" in " ".join(map(str, verdict["notes"])), verdict
 
 
 def test_a_replacement_pod_runs_the_node_check_alone(tmp_path: Path) -> None:

@@ -2,7 +2,8 @@
 is loaded (the ``rtj-preflight`` init container; the verdict's type and rule are
 `rtj_shim.wire.preflight_verdict`).
 
-1. **The collective test** (a new attempt's whole world; not in a replacement pod or a spare,
+1. **The collective test** (a new attempt's whole world of at least `MIN_WORLD_TO_JUDGE`
+   pods, below which no link can be put on one pod; not in a replacement pod or a spare,
    which join a world already past it): every pod joins a coordinator that rank 0 runs on
    ``MASTER_ADDR:MASTER_PORT`` (the trainer's rendezvous, free until the trainer starts),
    learns its ring successor, sends it ``--bytes`` while receiving as many from its
@@ -105,9 +106,13 @@ class _Lines:
 
 def run(config: PreflightConfig) -> PreflightVerdict:
     notes: list[str] = []
-    collective = _collective(config, notes) if config.collective else None
+    ring = config.collective and config.world >= MIN_WORLD_TO_JUDGE
+    collective = _collective(config, notes) if ring else None
     if not config.collective:
         notes.append("collective test skipped: this pod joins a world already past it")
+    elif not ring:
+        notes.append(f"collective test skipped: a world under {MIN_WORLD_TO_JUDGE} pods "
+                     "cannot put a slow link on one pod")  # fmt: skip
     node_failure, node_summary = _node_check(config.node_command, config.timeout_s, notes)
     if node_failure is not None:
         return PreflightVerdict(False, PreflightCheck.NODE, node_failure, config.world,
