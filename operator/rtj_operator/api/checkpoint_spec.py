@@ -176,9 +176,11 @@ class Checkpoint(ApiModel):
     retention: Retention = Field(default_factory=Retention, json_schema_extra={"default": {}})
     credentials_secret_ref: SecretReference | None = Field(
         default=None,
-        description="Secret (in the job's namespace) whose keys become env of the trainer "
-        "and the resume init container (e.g. AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
-        "AWS_ENDPOINT_URL_S3); the operator reads the store with them too.",
+        description="Secret (in the job's namespace) whose keys become env of the resume "
+        "init container and the fast tier's drain (e.g. AWS_ACCESS_KEY_ID, "
+        "AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL_S3); the operator reads the store with them "
+        "too. The trainer's container gets them only from its own envFrom (the template's "
+        "choice).",
     )
     credentials_secret: str | None = Field(
         default=None,

@@ -1,19 +1,28 @@
-"""The real install: `helm install` of the chart with the operator image `make images` built,
-on the harness's real node (kubelet + containerd, e2e/cluster/real_node.py), in a namespace
-enforcing restricted Pod Security. Both replicas run in real containers under the chart's
-ServiceAccount, reach the API server at the `kubernetes` Service as any in-cluster client,
-pass the kubelet's probes (/healthz, /readyz), and one leads; when the leader's pod is
+"""The real install: the README's install section, command for command (the README is the
+script: `make images`, `ctr images import`, `helm install`, `kubectl rollout status`), on the
+harness's real node (kubelet + containerd, e2e/cluster/real_node.py), in its `rtj-system`
+namespace made to enforce restricted Pod Security. Both replicas run in real containers under
+the chart's ServiceAccount, reach the API server at the `kubernetes` Service as any in-cluster
+client, pass the kubelet's probes (/healthz, /readyz), and one leads; when the leader's pod is
 killed (SIGKILL, no release of the Lease), another replica takes the Lease over.
 
-Then jobs through that installed operator, in real containers: Kueue admits them into a
-flavor of the real node; a worker killed mid-run resumes on attempt 2 from the newest step
-our resolver image verified and ends with the fault-free result; a worker over its memory
-limit is OOM-killed by its cgroup and the job's failure is OutOfMemory."""
+Then jobs through that installed operator, in real containers of a root image (the resolver
+image's layers under a config with `User: 0`, as NGC and Hugging Face images run; the operator
+adds no runAsNonRoot): Kueue admits them into a flavor of the real node; a worker killed
+mid-run resumes on attempt 2 from the newest step our resolver image verified and ends with the
+fault-free result; a worker over its memory limit is OOM-killed by its cgroup and the job's
+failure is OutOfMemory."""
 
 from __future__ import annotations
 
+import copy
 import hashlib
+import io
 import json
+import os
+import re
+import subprocess
+import tarfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,8 +30,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client as k8s
-from rtj_chart import CHART, helm, set_args
+from rtj_chart import REPO, helm, tool
 
 from e2e.cluster.kube import KUEUE_GROUP, KUEUE_VERSION
 from e2e.cluster.real_node import LABEL, TAINT, RealNode, record
@@ -37,32 +47,106 @@ RELEASE = "rtj"
 FULLNAME = "rtj-resilient-training-operator"
 
 
+# --- the README's install section, run as written --------------------------------------------
+
+README = REPO / "README.md"
+NAMESPACE = "rtj-system"
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
+REGISTRY_PATH = "skopeo copy"
+"""Marks the README's block for installing from a registry: not run (the test machine has
+no registry); the block without one, importing into the node's containerd, is."""
+HELM_INSTALL = (
+    f"helm install {RELEASE} charts/resilient-training-operator -n {NAMESPACE} --create-namespace"
+)
+"""Substitution 1 of 1, PIN_TO_THE_REAL_NODE: this README line gains ``-f <values>`` that
+place the replicas on the harness's real node (its label and taint; the cluster's other
+nodes are KWOK's, which run no container). Nothing else of a README line is changed."""
+IMPORTS = [f"ctr -n k8s.io images import dist/images/{image}.oci.tar"
+           for image in ("rtj-operator", "rtj-resolver")]  # fmt: skip
+"""Run as written; ``CONTAINERD_ADDRESS`` (ctr's own variable) points them at the real
+node's containerd, which has a socket of its own."""
+# What else differs on the test machine is environment, not text (readme_env): KUBECONFIG
+# (the harness's cluster), CONTAINERD_ADDRESS (the real node's containerd), PATH (the pinned
+# helm and kubectl first, as `make cluster-build` builds them).
+
+
+def install_commands(text: str) -> list[str]:
+    """The commands of the README's install section, in order: its fenced bash blocks but the
+    registry one, continuation lines joined, comments and blank lines dropped."""
+    section = text.split("\n## Install\n", 1)[1].split("\n## ", 1)[0]
+    commands = []
+    for lang, block in FENCE.findall(section):
+        if lang != "bash" or REGISTRY_PATH in block:
+            continue
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split(" # ", 1)[0].strip()
+            if line and not line.startswith("#"):
+                commands.append(" ".join(line.split()))
+    return commands
+
+
+def substituted(commands: list[str], values: Path) -> list[str]:
+    """The README's commands with PIN_TO_THE_REAL_NODE applied; each substitution (and each
+    line run for its effect on this machine) must match exactly one README line."""
+    for line in (HELM_INSTALL, *IMPORTS):
+        assert commands.count(line) == 1, f"the README's install section lost {line!r}"
+    return [f"{c} -f {values}" if c == HELM_INSTALL else c for c in commands]
+
+
+def run_readme(command: str, env: dict[str, str], timeout: float = 300) -> str:
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout, check=False)  # fmt: skip
+    assert done.returncode == 0, f"README: {command}\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def readme_env(node: RealNode, kubeconfig: str, tmp: Path) -> dict[str, str]:
+    bin_dir = tmp / "bin"
+    bin_dir.mkdir()
+    for name in ("helm", "kubectl"):
+        (bin_dir / name).symlink_to(tool(name))
+    return {**os.environ, "KUBECONFIG": kubeconfig, "CONTAINERD_ADDRESS": str(node.socket),
+            "PATH": f"{bin_dir}:{os.environ['PATH']}"}  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def release(
     rtj_real_node: RealNode, rtj_cluster: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    tmp_path = tmp_path_factory.mktemp("real-install")
-    core = rtj_cluster.kube.core
-    ns = f"rtj-real-{uuid.uuid4().hex[:6]}"
+    """The README's install section, command for command, on the real node. The namespace
+    is made first, enforcing restricted Pod Security (``--create-namespace`` then finds it):
+    the chart's pods must pass it."""
+    tmp = tmp_path_factory.mktemp("real-install")
+    core, ns = rtj_cluster.kube.core, NAMESPACE
+    if _exists(rtj_cluster.kube, ns):  # left by another install of the session: start clean
+        core.delete_namespace(ns)
+        wait_for(f"namespace {ns} gone", lambda: not _exists(rtj_cluster.kube, ns), 120)
     core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(
         name=ns,
         labels={"pod-security.kubernetes.io/enforce": "restricted",
                 "pod-security.kubernetes.io/enforce-version": "latest"},
     )))  # fmt: skip
-    values = {
-        "image": {"pullPolicy": "Never"},  # imported into the node's containerd, no registry
-        "nodeSelector": {LABEL: "true"},
-        "tolerations": [{**TAINT, "operator": "Equal"}],
-    }
-    kubeconfig = rtj_cluster.kubeconfig
+    values = tmp / "real-node.yaml"
+    pin = {"nodeSelector": {LABEL: "true"}, "tolerations": [{**TAINT, "operator": "Equal"}]}
+    values.write_text(yaml.safe_dump(pin))
+    env = readme_env(rtj_real_node, rtj_cluster.kubeconfig, tmp)
+    commands = substituted(install_commands(README.read_text(encoding="utf-8")), values)
     try:
-        helm("install", RELEASE, str(CHART), "--namespace", ns, "--kubeconfig", kubeconfig,
-             *set_args(values, tmp_path), "--wait", "--timeout", "180s", timeout=240)  # fmt: skip
+        for command in commands:
+            run_readme(command, env)
         yield ns
     finally:
-        helm("uninstall", RELEASE, "--namespace", ns, "--kubeconfig", kubeconfig, "--wait",
-             "--timeout", "60s", check=False, timeout=90)  # fmt: skip
+        helm("uninstall", RELEASE, "--namespace", ns, "--kubeconfig", rtj_cluster.kubeconfig,
+             "--wait", "--timeout", "60s", check=False, timeout=90)  # fmt: skip
         core.delete_namespace(ns)
+        wait_for(f"namespace {ns} gone", lambda: not _exists(rtj_cluster.kube, ns), 120)
+
+
+def test_the_readme_install_section_is_what_ran() -> None:
+    """What the fixture runs: every command of the section but the registry block's."""
+    commands = install_commands(README.read_text(encoding="utf-8"))
+    assert commands[0] == "make images" and HELM_INSTALL in commands
+    assert f"kubectl -n {NAMESPACE} rollout status deploy/{FULLNAME}" in commands
 
 
 def _holder(rtj_cluster: Any, ns: str) -> str | None:
@@ -203,11 +287,64 @@ def _exists(kube: Any, ns: str) -> bool:
     return True
 
 
-def _job(node: RealNode, ns: str, name: str, store: Path, command: list[str]) -> Obj:
+ROOT_IMAGE = "rtj.local/trainer-root:py"
+
+
+def root_archive(resolver: Path, out: Path) -> Path:
+    """An OCI archive of a root image: the resolver image's layers and config (python3 and
+    rtj-shim on its PATH) with ``User`` 0, named ROOT_IMAGE. No download: the layers are the
+    ones containerd already holds."""
+    with tarfile.open(resolver) as tar:
+        files = [(m.name, tar.extractfile(m)) for m in tar.getmembers() if m.isfile()]
+        blobs = {name: f.read() for name, f in files if f is not None}
+
+    def blob(digest: str) -> bytes:
+        return blobs["blobs/sha256/" + digest.removeprefix("sha256:")]
+
+    index = json.loads(blobs["index.json"])
+    manifest = json.loads(blob(index["manifests"][0]["digest"]))
+    config = copy.deepcopy(json.loads(blob(manifest["config"]["digest"])))
+    config["config"]["User"] = "0:0"
+
+    def put(data: bytes) -> tuple[str, int]:
+        digest = hashlib.sha256(data).hexdigest()
+        blobs[f"blobs/sha256/{digest}"] = data
+        return f"sha256:{digest}", len(data)
+
+    digest, size = put(json.dumps(config, sort_keys=True).encode())
+    manifest = {**manifest, "config": {**manifest["config"], "digest": digest, "size": size}}
+    manifest.pop("annotations", None)
+    digest, size = put(json.dumps(manifest, sort_keys=True).encode())
+    blobs["index.json"] = json.dumps({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
+                       "digest": digest, "size": size,
+                       "annotations": {"io.containerd.image.name": ROOT_IMAGE,
+                                       "org.opencontainers.image.ref.name": "py"}}],
+    }).encode()  # fmt: skip
+    with tarfile.open(out, "w") as tar:
+        for name, data in sorted(blobs.items()):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return out
+
+
+@pytest.fixture(scope="module")
+def root_image(rtj_real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> str:
+    out = root_archive(rtj_real_node.archives["rtj-resolver"],
+                       tmp_path_factory.mktemp("root-image") / "root.oci.tar")  # fmt: skip
+    done = rtj_real_node.ctr("images", "import", "--snapshotter", "overlayfs", str(out))
+    assert done.returncode == 0, done.stderr
+    return ROOT_IMAGE
+
+
+def _job(image: str, ns: str, name: str, store: Path, command: list[str]) -> Obj:
+    """Nothing about identity in the template: the root image runs as root."""
     body = rtj_body(name, ns, "file:///ckpt", replicas=1)
     body["spec"]["template"]["spec"] = {
         "containers": [{
-            "name": "trainer", "image": node.refs["rtj-resolver"], "imagePullPolicy": "Never",
+            "name": "trainer", "image": image, "imagePullPolicy": "Never",
             "command": command,
             "resources": {"requests": {"cpu": "200m", "memory": "64Mi"},
                           "limits": {"cpu": "1", "memory": "128Mi"}},
@@ -223,9 +360,11 @@ def _job(node: RealNode, ns: str, name: str, store: Path, command: list[str]) ->
 
 
 def _store(tmp_path: Path) -> Path:
+    """Writable by root only (0755): only a trainer running as root can save into it; the
+    operator's resume container (uid 65532) reads what umask 022 left readable."""
     store = tmp_path / "ckpt"
     store.mkdir()
-    store.chmod(0o777)  # the trainer runs as the image's non-root user
+    store.chmod(0o755)
     tmp_path.chmod(0o755)
     return store
 
@@ -252,19 +391,32 @@ def _terminated(pod: Obj | None, container: str, field: str = "containerStatuses
 
 
 def test_a_killed_worker_in_a_real_container_resumes_a_verified_step_to_the_same_result(
-    release: str, rtj_real_node: RealNode, rtj_cluster: Any, job_ns: str, tmp_path: Path
+    release: str,
+    rtj_real_node: RealNode,
+    rtj_cluster: Any,
+    job_ns: str,
+    root_image: str,
+    tmp_path: Path,
 ) -> None:
     node, ns = rtj_real_node, job_ns
     store = _store(tmp_path)
     api = client(rtj_cluster.kubeconfig)
-    api.create_rtj(ns, _job(node, ns, "chain", store, ["/usr/bin/python3", "/opt/train/train.py"]))
+    train = ["/usr/bin/python3", "/opt/train/train.py"]
+    api.create_rtj(ns, _job(root_image, ns, "chain", store, train))
 
     def running_after_a_save() -> Obj | None:
         pod = _pod_of(rtj_cluster, ns, "chain", 1)
         saved = [p for p in (store / "steps").glob("*") if (p / "COMMITTED").exists()]
         return pod if pod and saved and pod["status"].get("phase") == "Running" else None
 
-    pod = wait_for("attempt 1 running with a committed step", running_after_a_save, 180)
+    try:
+        pod = wait_for("attempt 1 running with a committed step", running_after_a_save, 180)
+    except TimeoutError as exc:
+        now = _pod_of(rtj_cluster, ns, "chain", 1)
+        logs = {c: node.container_log(ns, now["metadata"]["name"], c)[-2000:]
+                for c in (keys.RESUME_INIT_CONTAINER, "trainer")} if now else {}  # fmt: skip
+        status = rtj_status(api, ns, "chain")
+        raise AssertionError(f"{exc}; pod {now and now['status']}; logs {logs}; {status}") from exc
     trainer = next(s for s in pod["status"]["containerStatuses"] if s["name"] == "trainer")
     killed = node.ctr("tasks", "kill", "-s", "SIGKILL", trainer["containerID"].split("//")[-1])
     assert killed.returncode == 0, killed.stderr
@@ -291,14 +443,18 @@ def test_a_killed_worker_in_a_real_container_resumes_a_verified_step_to_the_same
     assert json.loads(final["message"]) == {"step": STEPS, "state": _expected_state()}
     wait_for("the job Succeeded", lambda: rtj_status(api, ns, "chain").get("phase") == "Succeeded",
              60)  # fmt: skip
+    saved = [p for p in (store / "steps").rglob("*") if p.is_file()]
+    assert saved and {p.stat().st_uid for p in saved} == {0}, "the root image saved as root"
 
 
 def test_a_worker_over_its_memory_limit_fails_the_job_as_out_of_memory(
-    release: str, rtj_real_node: RealNode, rtj_cluster: Any, job_ns: str, tmp_path: Path
+    release: str, rtj_cluster: Any, job_ns: str, root_image: str, tmp_path: Path
 ) -> None:
-    node, ns = rtj_real_node, job_ns
+    ns = job_ns
     hog = "chunks = []\nwhile True: chunks.append(bytearray(16 << 20))"
     api = client(rtj_cluster.kubeconfig)
-    api.create_rtj(ns, _job(node, ns, "hog", _store(tmp_path), ["/usr/bin/python3", "-c", hog]))
+    api.create_rtj(
+        ns, _job(root_image, ns, "hog", _store(tmp_path), ["/usr/bin/python3", "-c", hog])
+    )
     first = failed_record(api, ns, "hog", 1)
     assert first["failureClass"] == "OutOfMemory", first
