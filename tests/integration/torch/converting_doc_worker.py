@@ -194,7 +194,41 @@ def hf(total: int) -> dict[str, Any]:
     return {"final": ns["trainer"].state.global_step}
 
 
-EXAMPLES = {"plain": plain, "dcp": dcp, "lightning": lightning, "hf": hf}
+def accelerate(total: int) -> dict[str, Any]:
+    from accelerate import Accelerator, DataLoaderConfiguration
+
+    net = small_net()
+    ns: Namespace = {}
+
+    def train_step(batch: list[torch.Tensor]) -> None:
+        x, y = batch
+        loss = nn.functional.mse_loss(ns["model"](x), y)
+        ns["optimizer"].zero_grad()
+        ns["accelerator"].backward(loss)
+        ns["optimizer"].step()
+        ns["scheduler"].step()
+
+    optimizer = torch.optim.Adam(net.parameters(), lr=0.01)
+    ns.update(
+        Accelerator=Accelerator,
+        DataLoaderConfiguration=DataLoaderConfiguration,
+        model=net,
+        optimizer=optimizer,
+        scheduler=torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.9),
+        loader=DataLoader(regression_data(40), batch_size=8, shuffle=True,
+                          generator=torch.Generator()),  # 5 steps an epoch
+        train_step=train_step,
+        total_steps=total,
+        out="out",
+    )  # fmt: skip
+    run("accelerate", ns)
+    resumed = ns["state"].resumed
+    return {"restored": 0 if resumed is None else resumed.step, "final": ns["step"]}
+
+
+EXAMPLES = {
+    "plain": plain, "dcp": dcp, "lightning": lightning, "hf": hf, "accelerate": accelerate,
+}  # fmt: skip
 
 
 def main(name: str, total: int, result: Path) -> int:

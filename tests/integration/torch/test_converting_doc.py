@@ -1,8 +1,9 @@
 """docs/converting.md runs as written: each marked "after" block (plain PyTorch, DCP,
-Lightning with the RNG mixin, the Hugging Face Trainer) runs in a fresh process on a tiny
-CPU model with the checkpoint root in ``RTJ_CHECKPOINT_URI`` (as the operator sets it),
-then runs again, longer, and resumes from the step the first run published, saying so in
-one line on stderr. The "before" blocks are checked to be Python too.
+Lightning with the RNG mixin, the Hugging Face Trainer, Accelerate) runs in a fresh
+process on a tiny CPU model with the checkpoint root in ``RTJ_CHECKPOINT_URI`` (as the
+operator sets it), then runs again, longer, and resumes from the step the first run
+published, saying so in one line on stderr. The "before" blocks are checked to be Python
+too.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from rtj_shim.checkpoint.storage import open_store
 from rtj_shim.checkpoint.verification import Depth
 
 WORKER = Path(__file__).with_name("converting_doc_worker.py")
-NAMES = {"plain", "dcp", "lightning", "lightning-rng", "hf"}
+NAMES = {"plain", "dcp", "lightning", "lightning-rng", "hf", "accelerate"}
 
 
 def load_worker() -> ModuleType:
@@ -71,6 +72,7 @@ EXAMPLES = {
     "dcp": Example((500, 504), [500], [500], TORCH_FRESH, TORCH_RESUME),
     "lightning": Example((2, 3), [2, 4], [2, 4, 6], "", INTEGRATION_RESUME),  # 2 steps/epoch
     "hf": Example((8, 12), [8], [8, 12], "", INTEGRATION_RESUME),  # a final save at the end
+    "accelerate": Example((8, 12), [8], [8, 12], "", INTEGRATION_RESUME),  # a final save too
 }
 
 
