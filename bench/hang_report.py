@@ -137,18 +137,3 @@ def markdown(r: dict[str, Any]) -> str:
         f"{100 * cost / 0.05:.3f}% of a 50 ms step (bench.progress_overhead's `per_step_cost`, "
         "re-run here for 0.1 s; docs/progress.md: 22-51 µs = 0.04-0.10% at load 3.4-4.3).",
         ""])  # fmt: skip
-
-
-OPTIONS: tuple[tuple[str, Any, Any, str], ...] = (
-    ("--pods", int, 1250, "simulated pods (8 ranks each)"),
-    ("--step-seconds", float, 10.0, "the simulated job's step time"),
-    ("--interval", float, 5.0, "the poll period (the product's default)"),
-    ("--warm-rounds", int, 6, "rounds before the first freeze"),
-    ("--trials", int, 2, "freezes (each gives both allowances)"),
-    ("--silent", int, 125, "pods that accept and never answer (0: none)"),
-    ("--silent-rounds", int, 4, "rounds with them"),
-    ("--api-sizes", lambda v: [int(x) for x in v.split(",")], [32, 125], "N pods, a,b,..."),
-    ("--window", float, 60.0, "steady-state window (s)"),
-    ("--settle", float, 15.0, "seconds after Running before the window"),
-    ("--startup-budget", float, 300.0, "seconds for N pods to be Running, else N is skipped"),
-)  # fmt: skip

@@ -12,7 +12,6 @@ pods are certain to include the bad node; it is uncordoned once that node is qua
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,10 +19,10 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client as k8s
+from scenario_runner import runner_nodes
 from scenario_support import WAIT, condition_true
 
-from e2e.operator_proc import REPO, pods_of, rtj_status, wait_for
+from e2e.operator_proc import pods_of, rtj_status, wait_for
 from e2e.podrunner.runner import NODE_LABEL, NODE_LABEL_VALUE, PodRunner
 from rtj_operator.api import keys
 from rtj_operator.kube import Kube
@@ -42,29 +41,9 @@ def runner(rtj_cluster: Any, rtj_ns: Any, tmp_path: Path) -> Iterator[PodRunner]
     """Five tainted nodes of the pod runner (the session's KWOK nodes stay for the others);
     set up after the namespace, so torn down after it (the runner finalizes its pods)."""
     prefix = f"preflight-{uuid.uuid4().hex[:4]}-"
-    r = PodRunner(rtj_cluster.kubeconfig, tmp_path / "runner", nodes=5, prefix=prefix,
-                  taints=[TAINT], workdir=REPO)  # fmt: skip
-    stop = threading.Event()
-    thread = threading.Thread(target=r.run, args=(stop,), daemon=True)
-    thread.start()
-    wait_for("the runner's nodes", lambda: _ready(rtj_cluster, r.node_names), 60)
-    try:
+    with runner_nodes(rtj_cluster, tmp_path / "runner", nodes=5, prefix=prefix,
+                      taint=TAINT) as r:  # fmt: skip
         yield r
-    finally:
-        stop.set()
-        r.shutdown()
-        r.deregister_nodes()
-
-
-def _ready(rtj_cluster: Any, names: list[str]) -> bool:
-    for name in names:
-        try:
-            node = rtj_cluster.kube.core.read_node(name)
-        except k8s.ApiException:
-            return False
-        if not any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or []):
-            return False
-    return True
 
 
 def _cordon(rtj_cluster: Any, node: str, on: bool) -> None:

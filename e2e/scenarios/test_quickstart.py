@@ -30,7 +30,6 @@ import os
 import re
 import shlex
 import subprocess
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -39,6 +38,7 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client as k8s
+from scenario_runner import runner_nodes
 from scenario_support import WAIT, condition_true
 
 from e2e.cluster import build
@@ -140,29 +140,9 @@ def expected_state() -> str:
 def runner(rtj_cluster: Any, tmp_path: Path) -> Iterator[PodRunner]:
     """Two tainted nodes of the pod runner (the session's KWOK nodes stay for the others)."""
     prefix = f"quickstart-{uuid.uuid4().hex[:4]}-"
-    r = PodRunner(rtj_cluster.kubeconfig, tmp_path / "runner", nodes=2, prefix=prefix,
-                  taints=[TAINT], workdir=REPO)  # fmt: skip
-    stop = threading.Event()
-    thread = threading.Thread(target=r.run, args=(stop,), daemon=True)
-    thread.start()
-    wait_for("the runner's nodes", lambda: _nodes_ready(rtj_cluster, r.node_names), 60)
-    try:
+    with runner_nodes(rtj_cluster, tmp_path / "runner", nodes=2, prefix=prefix,
+                      taint=TAINT) as r:  # fmt: skip
         yield r
-    finally:
-        stop.set()
-        r.shutdown()
-        r.deregister_nodes()
-
-
-def _nodes_ready(rtj_cluster: Any, names: list[str]) -> bool:
-    for name in names:
-        try:
-            node = rtj_cluster.kube.core.read_node(name)
-        except k8s.ApiException:
-            return False
-        if not any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or []):
-            return False
-    return True
 
 
 def _shell_env(rtj_cluster: Any, tmp: Path) -> dict[str, str]:
