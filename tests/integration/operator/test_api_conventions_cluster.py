@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from rtj_patches import refused
 
 from e2e.operator_proc import (
     events_of,
@@ -28,21 +29,6 @@ FILE_URI = "file:///mnt/ckpt/llm"
 MULTIKUEUE = "kueue.x-k8s.io/multikueue"
 
 
-def _patch(kube: Kube, ns: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
-    path = f"/apis/{keys.API_VERSION}/namespaces/{ns}/{keys.PLURAL}/{name}"
-    return kube.request(
-        "patch rtj", "PATCH", path, {"spec": spec}, content_type="application/merge-patch+json"
-    )
-
-
-def _refused(kube: Kube, ns: str, name: str, spec: dict[str, Any], field: str) -> str:
-    with pytest.raises(Invalid) as err:
-        _patch(kube, ns, name, spec)
-    message = str(err.value)
-    assert f"spec.{field}" in message, message
-    return message
-
-
 def test_the_api_server_holds_the_new_fields_to_their_rules(rtj_api: Kube, rtj_ns: Any) -> None:
     ns = rtj_ns.name
     # two different Secrets: refused, naming both fields
@@ -56,9 +42,9 @@ def test_the_api_server_holds_the_new_fields_to_their_rules(rtj_api: Kube, rtj_n
     with pytest.raises(Invalid):
         rtj_api.create_rtj(ns, rtj_body("bad", ns, FILE_URI, managedBy="multikueue"))
     rtj_api.create_rtj(ns, rtj_body("mk", ns, FILE_URI, managedBy=MULTIKUEUE))
-    assert "immutable" in _refused(rtj_api, ns, "mk", {"managedBy": "example.com/x"}, "managedBy")
-    _refused(rtj_api, ns, "mk", {"managedBy": None}, "managedBy")
-    _refused(rtj_api, ns, "same", {"managedBy": MULTIKUEUE}, "managedBy")
+    assert "immutable" in refused(rtj_api, ns, "mk", {"managedBy": "example.com/x"}, "managedBy")
+    refused(rtj_api, ns, "mk", {"managedBy": None}, "managedBy")
+    refused(rtj_api, ns, "same", {"managedBy": MULTIKUEUE}, "managedBy")
     # queueName is optional now
     body = rtj_body("free", ns, FILE_URI)
     body["spec"].pop("queueName")

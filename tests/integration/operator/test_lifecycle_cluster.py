@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from rtj_patches import patch_spec, refused
 
 from e2e.operator_proc import (
     events_of,
@@ -24,29 +25,12 @@ from e2e.operator_proc import (
     running_pods,
     wait_for,
 )
-from rtj_operator.api import keys
 from rtj_operator.kube import Kube
 from rtj_operator.kube_errors import Invalid, NotFound
 
 pytestmark = [pytest.mark.cluster, pytest.mark.operator]
 
 FILE_URI = "file:///mnt/ckpt/llm"
-
-
-def _patch(kube: Kube, ns: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
-    """`kubectl patch rtj <name> --type merge -p '{"spec": ...}'`."""
-    path = f"/apis/{keys.API_VERSION}/namespaces/{ns}/{keys.PLURAL}/{name}"
-    return kube.request(
-        "patch rtj", "PATCH", path, {"spec": spec}, content_type="application/merge-patch+json"
-    )
-
-
-def _refused(kube: Kube, ns: str, name: str, spec: dict[str, Any], field: str) -> str:
-    with pytest.raises(Invalid) as err:
-        _patch(kube, ns, name, spec)
-    message = str(err.value)
-    assert f"spec.{field}" in message, message
-    return message
 
 
 def _trainer(image: str) -> dict[str, Any]:
@@ -61,32 +45,32 @@ def test_fields_unsafe_to_change_mid_run_are_refused_by_the_api_server(
 ) -> None:
     ns = rtj_ns.name
     rtj_api.create_rtj(ns, rtj_body("cel", ns, "s3://bucket/a", runId="run-a"))
-    assert "another store" in _refused(
+    assert "another store" in refused(
         rtj_api, ns, "cel", {"checkpoint": {"uri": "s3://bucket/b"}}, "checkpoint.uri"
     )
-    _refused(rtj_api, ns, "cel", {"runId": "run-b"}, "runId")
-    _refused(rtj_api, ns, "cel", {"runId": None}, "runId")  # removing it changes the run too
-    _refused(rtj_api, ns, "cel", {"replicas": 3}, "replicas")
+    refused(rtj_api, ns, "cel", {"runId": "run-b"}, "runId")
+    refused(rtj_api, ns, "cel", {"runId": None}, "runId")  # removing it changes the run too
+    refused(rtj_api, ns, "cel", {"replicas": 3}, "replicas")
     # the image is not a declared field of the template's schema: equality still sees it
-    assert "suspended" in _refused(rtj_api, ns, "cel", {"template": _trainer("img:2")}, "template")
-    _refused(rtj_api, ns, "cel", {"trainerContainer": "trainer"}, "trainerContainer")
+    assert "suspended" in refused(rtj_api, ns, "cel", {"template": _trainer("img:2")}, "template")
+    refused(rtj_api, ns, "cel", {"trainerContainer": "trainer"}, "trainerContainer")
     # what may change while the job runs
-    spec = _patch(
+    spec = patch_spec(
         rtj_api, ns, "cel",
         {"activeDeadlineSeconds": 7200, "ttlSecondsAfterFinished": 600, "queueName": "team-b",
          "failurePolicy": {"maxRestarts": 9}, "checkpoint": {"plannedIntervalSeconds": 60}},
     )["spec"]  # fmt: skip
     assert (spec["activeDeadlineSeconds"], spec["failurePolicy"]["maxRestarts"]) == (7200, 9)
     # suspended (in the same update or an earlier one): the next attempt may change
-    spec = _patch(
+    spec = patch_spec(
         rtj_api, ns, "cel", {"suspend": True, "replicas": 3, "template": _trainer("img:2")}
     )["spec"]
     assert spec["replicas"] == 3 and spec["template"]["spec"]["containers"][0]["image"] == "img:2"
-    spec = _patch(rtj_api, ns, "cel", {"suspend": False, "replicas": 4})["spec"]
+    spec = patch_spec(rtj_api, ns, "cel", {"suspend": False, "replicas": 4})["spec"]
     assert (spec["suspend"], spec["replicas"]) == (False, 4)
-    _refused(rtj_api, ns, "cel", {"replicas": 2}, "replicas")  # running again
+    refused(rtj_api, ns, "cel", {"replicas": 2}, "replicas")  # running again
     # the store and the run stay immutable even while suspended
-    _refused(rtj_api, ns, "cel", {"suspend": True, "checkpoint": {"uri": "s3://b/c"}},
+    refused(rtj_api, ns, "cel", {"suspend": True, "checkpoint": {"uri": "s3://b/c"}},
              "checkpoint.uri")  # fmt: skip
     # the operator's status writes are not spec updates
     rtj_api.patch_rtj_status(ns, "cel", {"phase": "Pending"}, None)
@@ -127,7 +111,7 @@ def test_a_fast_tier_needs_a_restart_in_place(rtj_api: Kube, rtj_ns: Any) -> Non
         "sizeLimit": "8Gi",
     }
     # turning inPlace off under it is refused too
-    assert "fastTier" in _refused(rtj_api, ns, "fast", {"recovery": {"inPlace": False}},
+    assert "fastTier" in refused(rtj_api, ns, "fast", {"recovery": {"inPlace": False}},
                                   "checkpoint.fastTier")  # fmt: skip
 
 
@@ -158,7 +142,7 @@ def test_suspend_stops_the_attempt_and_resume_starts_the_next_one(
     run_operator()
     rtj_api.create_rtj(ns, rtj_body("llm", ns, FILE_URI))
     wait_for("attempt 1 to run", lambda: running_pods(rtj_api, ns, "llm", 1, 2), 90)
-    _patch(rtj_api, ns, "llm", {"suspend": True})
+    patch_spec(rtj_api, ns, "llm", {"suspend": True})
     wait_for(
         "the old world to go",
         lambda: not jobsets_of(rtj_api, ns, "llm") and not pods_of(rtj_api, ns, "llm"),
@@ -170,7 +154,7 @@ def test_suspend_stops_the_attempt_and_resume_starts_the_next_one(
     suspended = next(c for c in status["conditions"] if c["type"] == "Suspended")
     assert (suspended["status"], suspended["reason"]) == ("True", "JobSuspended")
     # resized while suspended: the resume starts attempt 2 at the new size, no budget spent
-    _patch(rtj_api, ns, "llm", {"replicas": 3, "suspend": False})
+    patch_spec(rtj_api, ns, "llm", {"replicas": 3, "suspend": False})
     wait_for("attempt 2 to run", lambda: running_pods(rtj_api, ns, "llm", 2, 3), 90)
     status = rtj_status(rtj_api, ns, "llm")
     assert status["restarts"]["infrastructure"] == 0
