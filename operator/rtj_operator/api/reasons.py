@@ -39,10 +39,11 @@ class FailureClass(str, Enum):
     """A pod of a new world failed the platform's preflight before the job's state was
     loaded (`rtj-shim preflight` in the ``rtj-preflight`` init container, the platform's
     image and command): its node-local check failed, or its link was slower than the
-    world's median by the job's factor both ways. Its node is quarantined and the attempt is
-    replaced without spending maxRestarts while a new node is quarantined each time (the
-    quarantine limit bounds it); after that it spends maxRestarts like any infrastructure
-    failure."""
+    world's median by the job's factor both ways. A failed node check quarantines its node
+    and the attempt is replaced without spending maxRestarts while a new node is quarantined
+    each time (the quarantine limit bounds it); a slow link (measured with the job's own
+    pods, which the tenant can slow) taints nothing: the job's next attempt avoids the node
+    and the restart spends maxRestarts."""
     HANG = "Hang"
     """Every pod Running, but the rank furthest behind has made no progress in its section
     for longer than the job's hang timeout (from the ranks' progress reports). A wedged GPU,

@@ -9,9 +9,12 @@ user's budget while each failure quarantines a new node (`policy.decide`).
 
 Who speaks: the container's image and command are the platform's (the operator's
 configuration, ``preflight`` in ``--platform-config``; its image defaults to the platform's
-resolver image), never the job's. A verdict counts against a node only when the kubelet
-reports that the container that failed ran the platform's image (a tenant who edits its own
-pod's image gets a restart, never a quarantine). Without a platform image the job gets no
+resolver image), never the job's. A verdict quarantines a node only when its node check
+failed and the kubelet reports that the container ran the platform's image (a tenant who
+edits its own pod's image gets a restart, never a quarantine). The ring's verdict is measured
+with the job's own pods, which the tenant can slow (it runs pods beside them and can read
+its job's key): it never taints a node; the job's next attempt avoids that node
+(`render.avoided_nodes`), no one else's. Without a platform image the job gets no
 preflight: the trainer's image is the tenant's.
 """
 
@@ -24,7 +27,7 @@ from typing import Any
 
 from rtj_operator.api import keys
 from rtj_operator.api.reasons import FailureClass
-from rtj_shim.wire.preflight_verdict import PreflightVerdict, PreflightVerdictError
+from rtj_shim.wire.preflight_verdict import PreflightCheck, PreflightVerdict, PreflightVerdictError
 
 Obj = dict[str, Any]
 
@@ -144,12 +147,15 @@ def preflight_finding(
     if verdict.passed:
         why = f"the preflight exited {exit_code} after passing"
         return FailureClass.UNKNOWN, why, False
-    trusted = platform_image is not None and same_image(ran_image, platform_image)
+    platforms = platform_image is not None and same_image(ran_image, platform_image)
     check = verdict.check.value if verdict.check is not None else "preflight"
     why = f"failed the platform's {check} check: {verdict.reason[:400]}"
-    if not trusted:
+    if not platforms:
         why += f" (image {ran_image or '?'} is not the platform's: its node is not blamed)"
-    return FailureClass.PREFLIGHT_FAILED, why, trusted
+    elif verdict.check is not PreflightCheck.NODE:
+        why += (" (a link measured with the job's own pods, which the tenant runs beside: "
+                "this job's next attempt avoids the node, no one else's does)")  # fmt: skip
+    return FailureClass.PREFLIGHT_FAILED, why, platforms and verdict.check is PreflightCheck.NODE
 
 
 RENDEZVOUS_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NODE_RANK")

@@ -21,6 +21,7 @@ import copy
 from typing import Any
 
 from rtj_operator.api import keys
+from rtj_operator.api.reasons import FailureClass
 from rtj_operator.api.resource import ResilientTrainingJob
 from rtj_operator.policy import control_key, fast_drain, fast_tier, in_place
 from rtj_operator.policy.pod_security import (
@@ -299,10 +300,17 @@ def trainer_name(rtj: ResilientTrainingJob) -> str:
 
 
 def avoided_nodes(rtj: ResilientTrainingJob, attempt: int) -> list[str]:
-    """Nodes attempt `attempt` must not use: every node the job quarantined, and with
-    `progress.stragglers.action: ReplaceNode` the nodes of the previous attempt's
-    stragglers (replaced at the next restart, not tainted for anyone else)."""
+    """Nodes attempt `attempt` must not use: every node the job quarantined, the node whose
+    pod failed the previous attempt's preflight (a slow link: avoided by this job, not
+    tainted for anyone else), and with `progress.stragglers.action: ReplaceNode` the nodes
+    of the previous attempt's stragglers (likewise)."""
     avoid = {q.node for q in rtj.status.quarantined_nodes}
+    avoid |= {
+        a.first_failed.node
+        for a in rtj.status.attempts
+        if a.attempt == attempt - 1 and a.failure_class is FailureClass.PREFLIGHT_FAILED
+        and a.first_failed is not None and a.first_failed.node
+    }  # fmt: skip
     progress = rtj.status.progress
     if rtj.spec.progress.stragglers.action == "ReplaceNode" and progress is not None:
         avoid |= {s.node for s in progress.stragglers if s.node and s.attempt == attempt - 1}

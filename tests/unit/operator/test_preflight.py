@@ -14,12 +14,14 @@ from rtj_world import reading, rtj_raw, snapshot
 from rtj_operator import reconcile as rc
 from rtj_operator.api import keys
 from rtj_operator.api.reasons import FailureClass
+from rtj_operator.api.resource import ResilientTrainingJob
 from rtj_operator.policy.preflight import (
     PREFLIGHT_INIT_CONTAINER,
     PreflightPolicy,
     preflight_finding,
     same_image,
 )
+from rtj_operator.policy.render import avoided_nodes
 
 IMAGE = "ghcr.io/resilient-training/rtj-resolver:0.1.0"
 FAILED = json.dumps({"passed": False, "check": "node", "reason": "dcgmi diag exited 226"})
@@ -78,3 +80,17 @@ def test_a_failed_verdict_blames_its_node_only_from_the_platforms_image() -> Non
 def test_runtimes_report_short_names_fully_qualified() -> None:
     assert same_image("docker.io/library/rtj:1", "rtj:1")
     assert not same_image("", "rtj:1") and not same_image("rtj:2", "rtj:1")
+
+
+def test_a_slow_link_is_avoided_by_the_job_never_tainted() -> None:
+    """The ring is measured with the job's own pods (the tenant can slow them): no taint;
+    the job's next attempt keeps off the node, and only this job's."""
+    slow = json.dumps({"passed": False, "check": "collective", "reason": "rank 2 sent at 9 MB/s"})
+    cls, why, blamed = preflight_finding(slow, 1, IMAGE, IMAGE)
+    assert cls is FailureClass.PREFLIGHT_FAILED and not blamed and "avoids the node" in why
+    failed = {"attempt": 1, "jobSet": "llm-a1", "failureClass": "PreflightFailed",
+              "firstFailed": {"pod": "llm-a1-worker-0-2-x", "node": "gpu-node-007",
+                              "container": "trainer"}}  # fmt: skip
+    rtj = ResilientTrainingJob.from_object(rtj_raw({"attempt": 1, "attempts": [failed]}))
+    assert avoided_nodes(rtj, 2) == ["gpu-node-007"]
+    assert avoided_nodes(rtj, 3) == [], "the attempt after next may use it again"
