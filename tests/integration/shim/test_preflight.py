@@ -111,6 +111,19 @@ def test_a_replacement_pod_runs_the_node_check_alone(tmp_path: Path) -> None:
     assert code == 0 and "collective test skipped" in " ".join(map(str, verdict["notes"]))
 
 
+def test_a_coordinator_port_in_use_blames_nobody(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = [*SHIM, "--rank", "0", "--world", "4", "--coordinator", f"127.0.0.1:{port}",
+                "--advertise", "127.0.0.1", "--timeout", "30", "--", "true"]  # fmt: skip
+        done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60)
+    verdict = json.loads(done.stdout)
+    assert done.returncode == 0 and verdict["passed"] is True, done.stdout + done.stderr
+    assert "cannot listen on port" in " ".join(verdict["notes"])
+
+
 @pytest.mark.parametrize(
     ("args", "named"),
     [(["--rank", "4", "--world", "4", "--coordinator", "h:1"], "--rank"),

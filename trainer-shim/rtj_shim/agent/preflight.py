@@ -150,7 +150,12 @@ def _node_check(
 
 def _collective(config: PreflightConfig, notes: list[str]) -> PreflightVerdict | None:
     deadline = time.monotonic() + config.timeout_s
-    server = _Coordinator(config, deadline) if config.rank == 0 else None
+    try:
+        server = _Coordinator(config, deadline) if config.rank == 0 else None
+    except OSError as exc:  # the port taken: nothing proven against anyone
+        notes.append(f"collective test not run: cannot listen on port {config.coordinator[1]}: "
+                     f"{exc}")  # fmt: skip
+        return None
     if server is not None:
         server.start()
     try:
