@@ -84,9 +84,16 @@ def _tally(opts: story.Options, pods: list[dict[str, Any]]) -> dict[str, int]:
     return total
 
 
+NOT_TRAINING = ("", "start", "restore", "barrier", "collective")
+"""Sections a rank is not training in: starting, restoring, or waiting for the others (a
+rank frozen right after a barrier returned still shows ``barrier``, and the hang verdict
+looks past a waiting rank to the one it waits for: the other rank, running on into the
+next collective, would be blamed)."""
+
+
 def _freeze_in_training(opts: story.Options, pod: dict[str, Any]) -> float:
     """SIGSTOP the rank's training process once its record shows it training (any section
-    but ``start``/``restore``); the time of the freeze."""
+    but those `NOT_TRAINING` names); the time of the freeze."""
     records = story._pod_dir(opts, pod) / "volumes" / keys.PROGRESS_VOLUME
     pid = drills.trainer_pid(opts, pod)
     for _ in range(100):
@@ -94,7 +101,7 @@ def _freeze_in_training(opts: story.Options, pod: dict[str, Any]) -> float:
         at = time.time()
         time.sleep(0.05)
         found = sorted(records.glob("rank-*.progress"))
-        if found and read_file(found[0]).section not in ("", "start", "restore"):
+        if found and read_file(found[0]).section not in NOT_TRAINING:
             return at
         os.kill(pid, signal.SIGCONT)
         time.sleep(0.013)

@@ -64,9 +64,13 @@ def test_managed_elsewhere_is_left_alone_and_no_queue_runs_by_jobset_alone(
     wait_for("the job without a queue to run", lambda: running_pods(rtj_api, ns, "free", 1, 2), 90)
     (js,) = jobsets_of(rtj_api, ns, "free")
     assert keys.KUEUE_QUEUE_LABEL not in js["metadata"]["labels"]
-    status = rtj_status(rtj_api, ns, "free")
-    admitted = next(c for c in status["conditions"] if c["type"] == "Admitted")
-    assert admitted["status"] == "True" and "without Kueue" in admitted["message"]
+    admitted = wait_for(  # the pods may run a poll before the status says so
+        "Admitted",
+        lambda: next((c for c in rtj_status(rtj_api, ns, "free").get("conditions", [])
+                      if c["type"] == "Admitted" and c["status"] == "True"), None),
+        30,
+    )  # fmt: skip
+    assert "without Kueue" in admitted["message"]
     warned = wait_for(
         "the deprecation warning",
         lambda: [e for e in events_of(rtj_api, ns, "free") if e["reason"] == "DeprecatedField"],
