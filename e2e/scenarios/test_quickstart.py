@@ -55,7 +55,7 @@ FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 SAVE_AS = re.compile(r"save this as `([\w.-]+)`", re.I)
 NS, JOB, RELEASE_NS = "rtj-quickstart", "quickstart", "rtj-system"
 SA = "rtj-resilient-training-operator"
-STEPS, EVERY = 60, 10
+STEPS, EVERY = 240, 10
 """As the doc's train.py says (checked below)."""
 TAINT = {"key": "e2e.resilient.dev/quickstart", "value": "runner", "effect": "NoSchedule"}
 
