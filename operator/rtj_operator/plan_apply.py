@@ -98,7 +98,9 @@ class PlanApplier:
         namespace, name = key
         kube = self.kube
         actions = list(plan.actions)
-        committed = not any(isinstance(a, rc.PatchStatus) for a in actions)
+        patches = any(isinstance(a, rc.PatchStatus) for a in actions)
+        committed = not patches
+        counted = False
         failed: BaseException | None = None
         i = 0
         while i < len(actions):
@@ -165,9 +167,16 @@ class PlanApplier:
                     return
                 committed = True
                 self._committed(key, new)
+                # The decision's counters move with its record, not after the actions that
+                # follow it: a reader who sees the status sees them, and a later action's
+                # error (retried from the new status, which plans no second count) loses none.
+                if not counted:
+                    self._record(key, plan.metrics)
+                    counted = True
             elif isinstance(action, rc.PostEvent):
                 self._post_later(key, self._involved(snap), action)
-        self._record(key, plan.metrics)
+        if not patches:
+            self._record(key, plan.metrics)
         if failed is not None:
             raise failed
 

@@ -3,8 +3,10 @@ from the plan's MetricRecord through the applier to the registry."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, cast
 
+import pytest
 from prometheus_client import CollectorRegistry
 from rtj_world import jobset, pod, rtj_raw, snapshot
 from test_in_place import IN_PLACE, RUNNING, plan, readings, supervised_pods
@@ -61,3 +63,42 @@ def test_a_whole_world_restart_is_counted_with_scope_world() -> None:
     assert _restarts(reg, "NetworkFault", "in_place") == 1
     # summed over scope, the counter still says how often the job restarted at all
     assert sum(_restarts(reg, "NetworkFault", s) for s in ("world", "in_place")) == 3
+
+
+class _SlowDeletes:
+    """A Kube whose status patch succeeds and whose JobSet delete fails, noting what
+    /metrics said at the moment each call came."""
+
+    def __init__(self, reg: CollectorRegistry) -> None:
+        self.reg = reg
+        self.seen: dict[str, float] = {}
+
+    def _failures(self) -> float:
+        return sample(self.reg, "rtj_failures_total",
+                      {"namespace": KEY[0], "name": KEY[1], "class": "NetworkFault"})  # fmt: skip
+
+    def patch_rtj_status(self, *args: Any) -> dict[str, Any]:
+        self.seen["patch"] = self._failures()
+        return {}
+
+    def delete_jobset(self, *args: Any) -> None:
+        self.seen["delete"] = self._failures()
+        raise ConnectionResetError("the apiserver went away mid-delete")
+
+
+def test_a_decisions_counters_move_when_its_status_is_committed_not_after_later_actions() -> None:
+    reg = CollectorRegistry()
+    kube = _SlowDeletes(reg)
+    applier = _applier(reg)
+    applier.kube = cast(Kube, kube)
+    decided = rc.Plan(
+        actions=(rc.PatchStatus({}, {}, "1"), rc.DeleteJobSet("llm-1")),
+        metrics=(MetricRecord("failure", FailureClass.NETWORK_FAULT),),
+    )
+    raw = rtj_raw(RUNNING)
+    with pytest.raises(ConnectionResetError):
+        asyncio.run(applier.apply(KEY, snapshot(raw, jobsets=[jobset(1)], pods=[]), decided))
+    # counted once, before the delete went out: a reader of the Failed status sees it, and
+    # the retry (planned from the committed status) has nothing left to count
+    assert kube.seen == {"patch": 0, "delete": 1}
+    assert kube._failures() == 1

@@ -169,7 +169,10 @@ def cadence(agreed_step_s: float) -> int:
     from the same agreed value."""
     if not agreed_step_s > 0 or not math.isfinite(agreed_step_s):
         return 1
-    return max(1, min(MAX_CADENCE, math.ceil(AGREE_PERIOD_S / agreed_step_s)))
+    boundaries = AGREE_PERIOD_S / agreed_step_s  # infinite for a subnormal step time
+    if boundaries >= MAX_CADENCE:
+        return MAX_CADENCE
+    return max(1, math.ceil(boundaries))
 
 
 def _agreed(values: list[float]) -> Agreed:
