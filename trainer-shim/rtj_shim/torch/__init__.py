@@ -2,8 +2,10 @@
 
 ``Checkpointer`` saves and restores the complete training state of a (distributed) job
 through the verified commit protocol; ``ResumableSampler`` is a ``DistributedSampler``
-whose position is part of that state; ``init_process_group`` creates the default group
-with a rendezvous namespace of its own per restart round (see its docstring);
+whose position is part of that state; ``ElasticBatchSampler`` hands out optimizer steps of
+a fixed global batch on whatever world size is training (the elastic path);
+``init_process_group`` creates the default group with a rendezvous namespace of its own per
+restart round (see its docstring);
 ``isolated_rng`` runs a block (an evaluation) without moving any global generator.
 The Checkpointer's option groups (``IoOptions``, ``ResumeOptions``, ``EmergencyOptions``,
 ``IntegrityOptions``, ``FastTierConfig``) are here too.
@@ -21,6 +23,7 @@ from rtj_shim.torch.checkpointer import (
     RestoreReport,
     SaveReport,
 )
+from rtj_shim.torch.elastic_batches import ElasticBatchSampler, MicroBatch, StepBatch
 from rtj_shim.torch.options import EmergencyOptions, IntegrityOptions, IoOptions, ResumeOptions
 from rtj_shim.torch.peek import CheckpointInfo
 from rtj_shim.torch.plain import UnsafeStateError
@@ -35,16 +38,19 @@ __all__ = [
     "CheckpointInfo",
     "Checkpointer",
     "ConfigMismatch",
+    "ElasticBatchSampler",
     "EmergencyOptions",
     "FastTierConfig",
     "IntegrityOptions",
     "IoOptions",
+    "MicroBatch",
     "NonFiniteStateError",
     "RestoreReport",
     "RestoreValidationError",
     "ResumableSampler",
     "ResumeOptions",
     "SaveReport",
+    "StepBatch",
     "SuspectState",
     "UnsafeStateError",
     "init_process_group",

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from rtj_shim.torch.elastic_batches import ElasticBatchSampler
 from rtj_shim.torch.plain import (
     generator_state,
     is_generator,
@@ -95,7 +96,7 @@ def kind_of(obj: Any) -> str:
         return "scheduler"
     if isinstance(obj, torch.amp.GradScaler):
         return "scaler"
-    if isinstance(obj, ResumableSampler):
+    if isinstance(obj, ResumableSampler | ElasticBatchSampler):
         return "sampler"
     if is_generator(obj):
         return "generator"
