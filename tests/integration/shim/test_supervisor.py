@@ -148,7 +148,7 @@ def _read(path: Path) -> str | None:
 RANKED = """
 import json, os, sys, time
 keys = ("RANK", "NODE_RANK", "PET_NODE_RANK", "MASTER_ADDR", "PET_MASTER_ADDR",
-        "RTJ_RESTART_GENERATION")
+        "RTJ_RESTART_GENERATION", "WORLD_SIZE", "NNODES", "PET_NNODES")
 out = {k: os.environ.get(k) for k in keys}
 path = sys.argv[1] + "/gen-" + (out["RTJ_RESTART_GENERATION"] or "0") + ".json"
 open(path + ".tmp", "w").write(json.dumps(out)); os.replace(path + ".tmp", path)
@@ -192,6 +192,29 @@ def test_a_warm_spare_waits_past_the_deadline_and_takes_the_rank_it_is_given(pod
     assert pod.post(Order(UID, 5, "run", attempt=2, step=80))[0] == 202
     second = json.loads(until("generation 5", lambda: _read(pod.out / "gen-5.json")))
     assert (second["RANK"], second["MASTER_ADDR"]) == ("1", "llm-a1-spare-0-0.llm-a1")
+
+
+def test_an_elastic_order_gives_the_trainers_a_smaller_world_then_the_whole_one(pod: Pod) -> None:
+    """A shrink renumbers the survivors into a world of 3 (this pod, rank 2 of 4, becomes
+    rank 1 of 3); the grow-back gives it its own rank in the world of 4 again."""
+    own = {"RANK": "2", "NODE_RANK": "2", "PET_NODE_RANK": "2", "WORLD_SIZE": "4",
+           "NNODES": "4", "PET_NNODES": "4"}  # fmt: skip
+    pod.supervise(sys.executable, "-c", RANKED, str(pod.out), env=own)
+    first = json.loads(until("generation 0", lambda: _read(pod.out / "gen-0.json")))
+    assert [first[k] for k in ("RANK", "WORLD_SIZE", "NNODES", "PET_NNODES")] == ["2"] + ["4"] * 3
+    assert pod.post(Order(UID, 1, "stop"))[0] == 202
+    until("stopped for 1", lambda: (s := pod.supervisor() or {}).get("generation") == 1
+          and s.get("state") == "stopped")  # fmt: skip
+    assert pod.post(Order(UID, 1, "run", attempt=1, step=40, rank=1, world_size=3))[0] == 202
+    shrunk = json.loads(until("generation 1", lambda: _read(pod.out / "gen-1.json")))
+    assert [shrunk[k] for k in ("RANK", "NODE_RANK", "PET_NODE_RANK")] == ["1"] * 3
+    assert [shrunk[k] for k in ("WORLD_SIZE", "NNODES", "PET_NNODES")] == ["3"] * 3
+    assert pod.post(Order(UID, 2, "stop"))[0] == 202
+    until("stopped for 2", lambda: (s := pod.supervisor() or {}).get("generation") == 2
+          and s.get("state") == "stopped")  # fmt: skip
+    assert pod.post(Order(UID, 2, "run", attempt=1, step=90, rank=2, world_size=4))[0] == 202
+    grown = json.loads(until("generation 2", lambda: _read(pod.out / "gen-2.json")))
+    assert [grown[k] for k in ("RANK", "WORLD_SIZE", "PET_NNODES")] == ["2", "4", "4"]
 
 
 def test_a_held_pod_the_operator_addressed_waits_and_finishes_on_order(pod: Pod) -> None:

@@ -182,6 +182,22 @@ def test_a_run_order_may_name_the_rank_and_the_rendezvous_host() -> None:
             parse_order(body(generation=2, action="run", attempt=1, **fields))
 
 
+def test_a_run_order_may_name_the_world_size_of_an_elastic_generation() -> None:
+    shrink = Order(UID, 3, "run", attempt=1, step=400, rank=1, world_size=3)
+    assert parse_order(shrink.encode()) == shrink and shrink.to_json()["world_size"] == 3
+    assert "world_size" not in Order(UID, 3, "run", attempt=1, step=400).to_json()
+    assert parse_order(body(generation=3, action="stop", world_size=3)).world_size is None
+    wrong: list[tuple[dict[str, object], str]] = [
+        ({"world_size": 0}, "order.world_size"),
+        ({"world_size": "3"}, "order.world_size"),
+        ({"world_size": True}, "order.world_size"),
+        ({"world_size": 3, "rank": 3}, "order.rank: 3 is outside a world of 3"),
+    ]
+    for fields, field in wrong:
+        with pytest.raises(OrderError, match=re.escape(field)):
+            parse_order(body(generation=2, action="run", attempt=1, **fields))
+
+
 def test_only_an_idle_pod_finishes_on_order() -> None:
     finish = Order(UID, 3, "finish")
     assert parse_order(finish.encode()) == finish

@@ -42,7 +42,9 @@ carried out as soon as it arrives, not up to a poll period later.
   rendezvous host (``master_addr``). They replace the pod's own ``RANK``, ``NODE_RANK``,
   ``PET_NODE_RANK`` and ``MASTER_ADDR``, ``PET_MASTER_ADDR`` for this and every later
   generation (a pod keeps the rank it was given until an order names another), and the
-  report says which rank the pod runs as. ``finish`` ends an idle pod with 0 once the
+  report says which rank the pod runs as. Any ``run`` order may name a ``world_size`` (an
+  elastic shrink or grow-back, with the ranks renumbered): it replaces ``WORLD_SIZE``,
+  ``NNODES`` and ``PET_NNODES`` the same way. ``finish`` ends an idle pod with 0 once the
   world's trainers finished (its Job completes, and with it the JobSet).
 - Generation g > 0 writes checkpoints as attempt ``a.g`` (``RTJ_ATTEMPT``): a rank of an
   earlier generation still running on a lost node (a zombie) is older than ``a.g`` and may
@@ -101,6 +103,7 @@ ENV_INDEX_FAILURES = "RTJ_INDEX_FAILURES"
 ENV_SPARE = "RTJ_SPARE"
 RANK_ENV = ("RANK", "NODE_RANK", "PET_NODE_RANK")
 MASTER_ENV = ("MASTER_ADDR", "PET_MASTER_ADDR")
+WORLD_ENV = ("WORLD_SIZE", "NNODES", "PET_NNODES")
 POLL_SECONDS = 0.1
 # a running generation's standby waits for the trainer's progress record, or this long, before
 # it imports: it would take CPU from the trainer's own start
@@ -329,6 +332,8 @@ class Supervisor:
             self.assigned.update(dict.fromkeys(RANK_ENV, str(order.rank)))
         if order.master_addr is not None:
             self.assigned.update(dict.fromkeys(MASTER_ENV, order.master_addr))
+        if order.world_size is not None:
+            self.assigned.update(dict.fromkeys(WORLD_ENV, str(order.world_size)))
         return {**self.env, **self.assigned,
                 "RTJ_ATTEMPT": writer_attempt(order.attempt, order.generation),
                 "RTJ_RESTART_GENERATION": str(order.generation),

@@ -97,6 +97,9 @@ class Order:
     rank: int | None = None
     master_addr: str | None = None
     fast_lineage: str | None = None
+    world_size: int | None = None
+    """The world the trainers of this generation form (elastic: fewer pods than the job's
+    replicas after a shrink, all of them again after a grow-back); None: the pod's own."""
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -117,6 +120,8 @@ class Order:
                 body["rank"] = self.rank
             if self.master_addr is not None:
                 body["master_addr"] = self.master_addr
+            if self.world_size is not None:
+                body["world_size"] = self.world_size
         return body
 
     def encode(self) -> bytes:
@@ -164,9 +169,14 @@ def parse_order(raw: bytes) -> Order:
         raise OrderError(
             f"order.master_addr: expected null, a DNS name or an IP address, got {master!r}"
         )
+    world = data.get("world_size")
+    if run and world is not None and (not count(world) or world < 1):
+        raise OrderError(f"order.world_size: expected null or an integer >= 1, got {world!r}")
+    if run and world is not None and rank is not None and rank >= world:
+        raise OrderError(f"order.rank: {rank} is outside a world of {world} (order.world_size)")
     return Order(uid, generation, action, attempt if run else None, step if run else None,
                  fast if run else None, source, rank if run else None,
-                 master if run else None, pinned)  # fmt: skip
+                 master if run else None, pinned, world if run else None)  # fmt: skip
 
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
