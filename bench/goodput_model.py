@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from bench.goodput_elastic import ElasticPath, section
 from bench.goodput_inputs import (
     BUDDY_COPY_BACK_MEASURED,
     BUDDY_REPLICATION_MEASURED,
@@ -366,6 +367,10 @@ def report(gpus: int) -> str:
         "first step, is dominated by the trainer's own start (torchrun and the worker each "
         "import torch: ~12 s on 2 CPUs), so a spare recovers in about three quarters of the "
         "whole world's time there, not a third (bench/results/in-place-spares.md).",
+        "",
+        "## Elastic N-k when no node can be had (issue 45)",
+        "",
+        *section(ElasticPath(peer), rate),
         "",
         "## Warm standby interpreters",
         "",
