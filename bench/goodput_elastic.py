@@ -27,9 +27,10 @@ from dataclasses import dataclass
 
 from bench.goodput_inputs import WORLD_PODS
 from bench.goodput_stacks import Stack
+from rtj_operator.api.elastic_spec import DEFAULT_WAIT_FOR_REPLACEMENT_SECONDS
 
-WAIT_FOR_REPLACEMENT = 120.0
-"""spec.elastic.waitForReplacementSeconds' default (rtj_operator.policy.elastic)."""
+WAIT_FOR_REPLACEMENT = float(DEFAULT_WAIT_FOR_REPLACEMENT_SECONDS)
+"""spec.elastic.waitForReplacementSeconds' default."""
 SCARCE_SHARES = (0.1, 0.5, 1.0)
 """Assumed: the share of replaced-pod interruptions that find no free node within `T`."""
 CAPACITY_WAITS = (900.0, 3600.0, 4 * 3600.0)

@@ -19,6 +19,13 @@ from rtj_operator.api.detection_spec import (
     Preflight,
     ProgressMonitoring,
 )
+from rtj_operator.api.elastic_spec import (
+    ELASTIC_MIN_ABOVE_REPLICAS,
+    ELASTIC_NEEDS_REPLACING,
+    ELASTIC_RULES,
+    ELASTIC_WAIT_PAST_DEADLINE,
+    Elastic,
+)
 from rtj_operator.api.keys import CONTROLLER_NAME, DEFAULT_TAINT_KEY, MAX_REPLICAS
 from rtj_operator.api.schemas import KUBERNETES_VERSION
 
@@ -239,6 +246,7 @@ SPEC_RULES = (
         SPARES_NEED_REPLACING,
         ".spares",
     ),
+    *ELASTIC_RULES,
 )
 """Rules across spec fields (the matching pydantic validator is on the spec model)."""
 
@@ -341,6 +349,7 @@ class ResilientTrainingJobSpec(ApiModel):
         default_factory=ProgressMonitoring, json_schema_extra={"default": {}}
     )
     recovery: Recovery = Field(default_factory=Recovery, json_schema_extra={"default": {}})
+    elastic: Elastic = Field(default_factory=Elastic, json_schema_extra={"default": {}})
     provenance: Provenance = Field(default_factory=Provenance, json_schema_extra={"default": {}})
     suspend: bool = Field(
         default=False,
@@ -399,4 +408,22 @@ class ResilientTrainingJobSpec(ApiModel):
             self.recovery.in_place and self.recovery.in_place_max_replaced_pods >= 1
         ):
             raise ValueError(SPARES_NEED_REPLACING)
+        self._elastic_rules()
         return self
+
+    def _elastic_rules(self) -> None:
+        low = self.elastic.min_replicas
+        if low is not None and low > self.replicas:
+            raise ValueError(ELASTIC_MIN_ABOVE_REPLICAS)
+        if low is None or low >= self.replicas:
+            return
+        recovery = self.recovery
+        if not (recovery.in_place and recovery.in_place_max_replaced_pods >= 1):
+            raise ValueError(ELASTIC_NEEDS_REPLACING)
+        if self.elastic.wait_for_replacement_seconds >= recovery.in_place_deadline_seconds:
+            raise ValueError(ELASTIC_WAIT_PAST_DEADLINE)
+
+    @property
+    def elastic_minimum(self) -> int:
+        """The fewest pods the job trains on (spec.replicas: not elastic)."""
+        return self.elastic.minimum(self.replicas)

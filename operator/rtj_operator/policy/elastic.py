@@ -19,47 +19,26 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-DEFAULT_WAIT_FOR_REPLACEMENT_SECONDS = 120
-
-
-class ElasticSpecError(ValueError):
-    """spec.elastic is not what it must be (the message names the field)."""
+from rtj_operator.api.elastic_spec import DEFAULT_WAIT_FOR_REPLACEMENT_SECONDS
+from rtj_operator.api.spec import ResilientTrainingJobSpec
 
 
 @dataclass(frozen=True)
 class ElasticSpec:
+    """spec.elastic as the decisions read it (`of`)."""
+
     min_replicas: int
     wait_for_replacement_seconds: int = DEFAULT_WAIT_FOR_REPLACEMENT_SECONDS
     grow_back: bool = True
 
     @classmethod
-    def parse(cls, raw: Mapping[str, Any] | None, replicas: int) -> ElasticSpec:
-        """spec.elastic (absent: off, ``minReplicas`` = ``replicas``)."""
-        raw = raw or {}
-        low = raw.get("minReplicas", replicas)
-        if not _count(low) or not 1 <= low <= replicas:
-            raise ElasticSpecError(
-                f"spec.elastic.minReplicas: expected an integer from 1 to spec.replicas "
-                f"({replicas}), got {low!r}"
-            )
-        wait = raw.get("waitForReplacementSeconds", DEFAULT_WAIT_FOR_REPLACEMENT_SECONDS)
-        if not _count(wait):
-            raise ElasticSpecError(
-                f"spec.elastic.waitForReplacementSeconds: expected an integer >= 0, got {wait!r}"
-            )
-        grow = raw.get("growBack", True)
-        if not isinstance(grow, bool):
-            raise ElasticSpecError(f"spec.elastic.growBack: expected true or false, got {grow!r}")
-        return cls(low, wait, grow)
+    def of(cls, spec: ResilientTrainingJobSpec) -> ElasticSpec:
+        e = spec.elastic
+        return cls(spec.elastic_minimum, e.wait_for_replacement_seconds, e.grow_back)
 
     def enabled(self, replicas: int) -> bool:
         return self.min_replicas < replicas
-
-
-def _count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 class Verdict(str, enum.Enum):

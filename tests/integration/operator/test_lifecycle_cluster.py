@@ -115,6 +115,35 @@ def test_a_fast_tier_needs_a_restart_in_place(rtj_api: Kube, rtj_ns: Any) -> Non
                                   "checkpoint.fastTier")  # fmt: skip
 
 
+def test_elastic_needs_replacing_restarts_and_a_wait_within_their_deadline(
+    rtj_api: Kube, rtj_ns: Any
+) -> None:
+    """spec.elastic (issue 45): the API server's CEL rules name the field and the reason."""
+    ns = rtj_ns.name
+    in_place = {"inPlace": True}
+    cases = (
+        ("above", {"minReplicas": 5}, in_place, "spec.elastic.minReplicas must be at most"),
+        ("off", {"minReplicas": 1}, {}, "spec.elastic.minReplicas below spec.replicas needs"),
+        ("late", {"minReplicas": 1, "waitForReplacementSeconds": 60}, in_place,
+         "spec.elastic.waitForReplacementSeconds must be less than"),
+        ("zero", {"minReplicas": 0}, in_place, "minReplicas"),
+    )  # fmt: skip
+    for name, elastic, recovery, message in cases:
+        body = rtj_body(name, ns, FILE_URI, replicas=4, elastic=elastic, recovery=recovery)
+        with pytest.raises(Invalid) as err:
+            rtj_api.create_rtj(ns, body)
+        assert message in str(err.value), (name, str(err.value))
+    rtj_api.create_rtj(ns, rtj_body("on", ns, FILE_URI, replicas=4, elastic={"minReplicas": 3},
+                                    recovery=in_place))  # fmt: skip
+    stored = rtj_api.get_rtj(ns, "on")["spec"]["elastic"]
+    assert stored == {"minReplicas": 3, "waitForReplacementSeconds": 30, "growBack": True}
+    rtj_api.create_rtj(ns, rtj_body("plain", ns, FILE_URI, replicas=4))
+    assert rtj_api.get_rtj(ns, "plain")["spec"]["elastic"] == {
+        "waitForReplacementSeconds": 30,
+        "growBack": True,
+    }, "not elastic unless asked"
+
+
 def test_a_preload_needs_a_restart_in_place_and_module_names(rtj_api: Kube, rtj_ns: Any) -> None:
     """spec.recovery.inPlacePreload (issue 15): only with inPlace, only dotted module names."""
     ns = rtj_ns.name

@@ -33,9 +33,9 @@ def test_shrinking_loses_less_than_waiting_exactly_past_the_break_even(
 
 def test_capacity_back_within_the_wait_changes_nothing() -> None:
     path = ElasticPath(PEER)
-    assert path.lost(60.0) == 60.0
-    assert path.goodput(RATE, 0.5, 60.0, elastic=True) == path.goodput(
-        RATE, 0.5, 60.0, elastic=False
+    assert path.lost(20.0) == 20.0
+    assert path.goodput(RATE, 0.5, 20.0, elastic=True) == path.goodput(
+        RATE, 0.5, 20.0, elastic=False
     )
 
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
+from rtj_test_support import make_job
 
 from rtj_operator.policy.elastic import (
     ElasticSpec,
-    ElasticSpecError,
     Verdict,
     on_missing,
     on_shrunk,
@@ -17,34 +18,37 @@ from rtj_operator.policy.elastic import (
 )
 
 ELASTIC = ElasticSpec(min_replicas=2, wait_for_replacement_seconds=120)
+ELASTIC_JOB = {"replicas": 4, "elastic": {"minReplicas": 3}, "recovery": {"inPlace": True}}
 
 
-def test_absent_is_off_and_fields_default() -> None:
-    off = ElasticSpec.parse(None, 4)
+def test_absent_is_off_and_the_spec_decides_the_rest() -> None:
+    off = ElasticSpec.of(make_job(replicas=4).spec)
     assert (off.min_replicas, off.enabled(4)) == (4, False)
-    on = ElasticSpec.parse({"minReplicas": 3}, 4)
-    assert on == ElasticSpec(3, 120, True) and on.enabled(4)
+    on = ElasticSpec.of(make_job(**ELASTIC_JOB).spec)
+    assert on == ElasticSpec(3, 30, True) and on.enabled(4)
 
 
 @pytest.mark.parametrize(
-    ("raw", "field"),
+    ("elastic", "recovery", "message"),
     [
-        ({"minReplicas": 0}, "spec.elastic.minReplicas"),
-        ({"minReplicas": 5}, "spec.elastic.minReplicas"),
-        ({"minReplicas": "3"}, "spec.elastic.minReplicas"),
-        ({"minReplicas": True}, "spec.elastic.minReplicas"),
-        ({"waitForReplacementSeconds": -1}, "spec.elastic.waitForReplacementSeconds"),
-        ({"waitForReplacementSeconds": 1.5}, "spec.elastic.waitForReplacementSeconds"),
-        ({"growBack": "yes"}, "spec.elastic.growBack"),
+        ({"minReplicas": 5}, {"inPlace": True}, "spec.elastic.minReplicas must be at most"),
+        ({"minReplicas": 3}, {}, "needs spec.recovery.inPlace: true"),
+        ({"minReplicas": 3}, {"inPlace": True, "inPlaceMaxReplacedPods": 0}, "needs spec"),
+        ({"minReplicas": 3, "waitForReplacementSeconds": 60}, {"inPlace": True},
+         "waitForReplacementSeconds must be less than spec.recovery.inPlaceDeadlineSeconds"),
+        ({"minReplicas": 0}, {"inPlace": True}, "spec.elastic.minReplicas\n"),
+        ({"growBack": "sometimes"}, {"inPlace": True}, "spec.elastic.growBack\n"),
     ],
-)
-def test_a_bad_field_is_named_with_what_was_expected(raw: dict[str, object], field: str) -> None:
-    with pytest.raises(ElasticSpecError, match=field + ": expected"):
-        ElasticSpec.parse(raw, 4)
+)  # fmt: skip
+def test_the_spec_refuses_what_the_api_server_refuses(
+    elastic: dict[str, object], recovery: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ValidationError, match=message):
+        make_job(replicas=4, elastic=elastic, recovery=recovery)
 
 
 def test_not_elastic_waits_as_before() -> None:
-    off = ElasticSpec.parse(None, 4)
+    off = ElasticSpec.of(make_job(replicas=4).spec)
     assert on_missing(off, 4, {"a": 0, "b": 1, "c": 2}, {3: 0.0}, 1e6).verdict is Verdict.OFF
 
 
