@@ -227,6 +227,12 @@ class Reason(str, Enum):
     """Event: every pod runs the new generation of the trainers."""
     IN_PLACE_FELL_BACK = "InPlaceRestartFellBack"
     """Event: the in-place restart missed its deadline; the whole world is re-created."""
+    SHRUNK = "Shrunk"
+    """Warning Event (spec.elastic): a replaced pod's replacement did not come within
+    waitForReplacementSeconds; the other pods restart as a smaller world."""
+    GROWING_BACK = "GrowingBack"
+    """Event (spec.elastic): pods for a shrunk world's missing ranks run again; the trainers
+    restart in place as the larger world."""
     DEPRECATED_FIELD = "DeprecatedField"
     """Warning Event, once per spec generation: the job sets a deprecated field (the
     message names it and what replaces it)."""

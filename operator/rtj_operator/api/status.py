@@ -76,8 +76,17 @@ class InPlaceRestart(StatusModel):
     the pods' trainers were stopped and started again."""
 
     generation: int = Field(ge=1, description="The trainers' generation it started.")
-    failure_class: FailureClass
-    failure_category: FailureCategory
+    failure_class: FailureClass | None = Field(
+        default=None, description="What failed (null for a grow-back, which no failure began)."
+    )
+    failure_category: FailureCategory | None = None
+    world_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_REPLICAS,
+        description="The pods the new generation trains on when it changed them (spec.elastic): "
+        "fewer than spec.replicas after a shrink, more after a grow-back.",
+    )
     first_failed: FirstFailed | None = None
     evidence: list[str] = Field(
         default_factory=list, description="The signals that decided the class, one per line."
@@ -176,6 +185,13 @@ class InPlacePhase(StatusModel):
         description="The ranks the pods being replaced served (their replacement or a warm "
         "spare takes each).",
     )
+    world_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_REPLICAS,
+        description="The world the new generation forms when it changes (spec.elastic: a "
+        "shrink or a grow-back; its run orders name each pod's rank in it); null: unchanged.",
+    )
 
 
 class AttemptRecord(StatusModel):
@@ -226,6 +242,14 @@ class AttemptRecord(StatusModel):
         description="Which pod serves which rank where it is not the pod's own (spec.spares): "
         "a warm spare that took a replaced pod's rank in an in-place restart. A worker pod "
         "whose rank a spare took serves none (the pod its Job creates again is a spare).",
+    )
+    world_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_REPLICAS,
+        description="The pods the trainers run as once spec.elastic changed the world: fewer "
+        "than spec.replicas while shrunk, spec.replicas after a grow-back (the pods' ranks "
+        "and world size then travel in every run order); null: spec.replicas, never changed.",
     )
     end_reason: str | None = Field(
         default=None,
@@ -424,6 +448,14 @@ class ResilientTrainingJobStatus(StatusModel):
         if record is None or record.attempt != self.attempt:
             return {}
         return dict(record.spare_ranks)
+
+    @property
+    def world_size(self) -> int | None:
+        """The current attempt's world size once spec.elastic changed it (None: never)."""
+        record = self.current
+        if record is None or record.attempt != self.attempt:
+            return None
+        return record.world_size
 
     @property
     def attempt_generation(self) -> int:

@@ -151,8 +151,9 @@ def choose(
             if not replaceable(world[name]):
                 return InPlaceChoice(f"pod {name} cannot be replaced by its Job")
     there = len(world) if evicted else len(pods)  # an evicted pod may be gone already
-    if there != rtj.spec.replicas:
-        return InPlaceChoice(f"{there} of {rtj.spec.replicas} pods are there")
+    expected = rtj.status.world_size or rtj.spec.replicas  # spec.elastic may have resized it
+    if there != expected:
+        return InPlaceChoice(f"{there} of {expected} pods are there")
     quiet = []
     for pod in pods:
         name = _name(pod)
@@ -211,12 +212,14 @@ def order(
     *,
     rank: bool = False,
     master_addr: str | None = None,
+    world_size: int | None = None,
 ) -> Order | None:
     """The order the job's pod serving rank `index` is to carry out now (None: no in-place
     restart). Every pod gets the same one, except that a run order with a fast step names,
     for a pod that does not hold the step itself, the peer replica it copies it from
     (`status.inPlace.fastSources`); with `rank`, the rank it takes (a warm spare serving a
-    replaced pod's); with `master_addr`, the rendezvous host (rank 0 moved to a spare)."""
+    replaced pod's); with `master_addr`, the rendezvous host (rank 0 moved to a spare);
+    with `world_size`, the world a spec.elastic resize made."""
     state = rtj.status.in_place
     if state is None:
         return None
@@ -226,7 +229,8 @@ def order(
     return Order(rtj.metadata.uid, state.generation, "run", rtj.status.attempt, state.step,
                  state.fast_step, source if state.fast_step is not None else None,
                  index if rank else None, master_addr,
-                 state.fast_lineage if state.fast_step is not None else None)  # fmt: skip
+                 state.fast_lineage if state.fast_step is not None else None,
+                 world_size)  # fmt: skip
 
 
 def reported(reports: Mapping[str, SupervisorReport], pods: Sequence[str],

@@ -45,33 +45,48 @@ def natural_rank(pod: Json) -> int | None:
     return int(index) if isinstance(index, str) and index.isdigit() else None
 
 
-def is_idle(pod: Json, assigned: Mapping[str, int]) -> bool:
-    """A spare no restart gave a rank, or a worker pod whose rank a spare took."""
+def is_idle(pod: Json, assigned: Mapping[str, int], world_size: int | None = None) -> bool:
+    """A spare no restart gave a rank, a worker pod whose rank another pod took, or (a
+    world shrunk to `world_size` pods: spec.elastic) a worker pod whose rank it lacks."""
     if _name(pod) in assigned:
         return False
     if is_spare_pod(pod):
         return True
     natural = natural_rank(pod)
+    if natural is not None and world_size is not None and natural >= world_size:
+        return True
     return natural is not None and natural in assigned.values()
 
 
-def rank_of(pod: Json, assigned: Mapping[str, int]) -> int | None:
+def rank_of(pod: Json, assigned: Mapping[str, int], world_size: int | None = None) -> int | None:
     """The rank `pod` serves: the one a restart gave it, else its own (None: idle, or a pod
     with no completion index)."""
     name = _name(pod)
     if name in assigned:
         return assigned[name]
-    return None if is_idle(pod, assigned) else natural_rank(pod)
+    return None if is_idle(pod, assigned, world_size) else natural_rank(pod)
 
 
-def serving(pods: Iterable[Json], assigned: Mapping[str, int]) -> list[Json]:
+def serving(
+    pods: Iterable[Json], assigned: Mapping[str, int], world_size: int | None = None
+) -> list[Json]:
     """The pods of the world (every pod that is not idle), in their order."""
-    return [p for p in pods if not is_idle(p, assigned)]
+    return [p for p in pods if not is_idle(p, assigned, world_size)]
 
 
-def idle(pods: Iterable[Json], assigned: Mapping[str, int]) -> list[Json]:
-    """The pods that serve no rank: spares, and worker pods whose rank a spare took."""
-    return [p for p in pods if is_idle(p, assigned)]
+def idle(
+    pods: Iterable[Json], assigned: Mapping[str, int], world_size: int | None = None
+) -> list[Json]:
+    """The pods that serve no rank: spares, worker pods whose rank another pod took or
+    that a shrunk world lacks."""
+    return [p for p in pods if is_idle(p, assigned, world_size)]
+
+
+def renumbered(world: Mapping[str, int], pods: Iterable[Json]) -> dict[str, int]:
+    """The `assigned` map (`status.current.spareRanks`) of a world given as pod -> rank:
+    an entry for each pod that serves another rank than its own (spec.elastic)."""
+    natural = {_name(p): natural_rank(p) for p in pods}
+    return {pod: rank for pod, rank in world.items() if natural.get(pod) != rank}
 
 
 def as_serving(pod: Json, assigned: Mapping[str, int]) -> Json:

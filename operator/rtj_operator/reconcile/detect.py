@@ -9,7 +9,7 @@ from rtj_operator.api.reasons import FailureCategory
 from rtj_operator.policy import spares
 from rtj_operator.policy.classify import Classification, classify_failure, jobset_failure
 from rtj_operator.policy.render import jobset_name
-from rtj_operator.reconcile import in_place
+from rtj_operator.reconcile import elastic, in_place
 from rtj_operator.reconcile.actions import DeleteJobSet
 from rtj_operator.reconcile.builder import PlanBuilder
 from rtj_operator.reconcile.checkpoints import read_init_results, refresh_checkpoint
@@ -78,10 +78,10 @@ def plan_current_attempt(b: PlanBuilder) -> None:
         gone = [p for p in gone if pod_name(p) not in replaced]
     # the world: the pods that serve a rank, each read under it; idle warm spares (and the
     # pods whose rank a spare took) are no evidence of the world's failure
-    assigned = status.spare_ranks
-    idle = spares.idle(live, assigned)
-    live = [spares.as_serving(p, assigned) for p in spares.serving(live, assigned)]
-    gone = [spares.as_serving(p, assigned) for p in spares.serving(gone, assigned)]
+    assigned, world = status.spare_ranks, status.world_size  # world: spec.elastic's size
+    idle = spares.idle(live, assigned, world)
+    live = [spares.as_serving(p, assigned) for p in spares.serving(live, assigned, world)]
+    gone = [spares.as_serving(p, assigned) for p in spares.serving(gone, assigned, world)]
     read_init_results(b, live)
     refresh_checkpoint(b)
 
@@ -125,6 +125,8 @@ def plan_current_attempt(b: PlanBuilder) -> None:
         else:
             follow_admission(b, current, live)
             found = supervisor_failure(b, live, nodes) or find_hang(b, live)
+            if found is None and elastic.grow(b, live, idle):
+                return  # a shrunk world's missing ranks have pods again (spec.elastic)
             if found is None:
                 note_progress(b)
                 return

@@ -43,12 +43,13 @@ def follow_admission(b: PlanBuilder, js: JobSetView, pods: Sequence[Json]) -> No
         if get_in(p, "status", "phase") == "Running"
         and get_in(p, "metadata", "deletionTimestamp") is None
     )
-    if running >= b.rtj.spec.replicas and b.status.phase is not Phase.RUNNING:
+    expected = b.status.world_size or b.rtj.spec.replicas  # spec.elastic may have resized it
+    if running >= expected and b.status.phase is not Phase.RUNNING:
         b.update(phase=Phase.RUNNING)
         message = f"attempt {n}: all {running} workers of JobSet {js.name} are running"
         b.condition(ConditionType.RUNNING, True, Reason.ATTEMPT_RUNNING, message)
         b.event(False, Reason.ATTEMPT_RUNNING, message)
-    if running >= b.rtj.spec.replicas:
+    if running >= expected:
         if condition_true(b.status, ConditionType.STALLED):
             b.condition(ConditionType.STALLED, False, Reason.PROGRESSING, "all workers running")
         return
@@ -71,7 +72,7 @@ def _unschedulable(pod: Json) -> str | None:
 
 def stall_of(b: PlanBuilder, pods: Sequence[Json]) -> tuple[Reason, str] | None:
     """Why an admitted attempt's workers are not all running (None: no sign of a stall)."""
-    replicas = b.rtj.spec.replicas
+    replicas = b.status.world_size or b.rtj.spec.replicas
     stuck = [(pod_name(p), why) for p in pods if (why := _unschedulable(p)) is not None]
     if stuck:
         name, why = stuck[0]

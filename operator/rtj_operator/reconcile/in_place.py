@@ -45,11 +45,13 @@ from rtj_operator.policy.classify import (
 from rtj_operator.policy.decide import Restart, decide
 from rtj_operator.policy.peer_replica import PeerView
 from rtj_operator.policy.render import jobset_name
+from rtj_operator.reconcile import elastic
 from rtj_operator.reconcile.actions import DeleteJobSet, MetricRecord
 from rtj_operator.reconcile.builder import PlanBuilder, trim_evidence
 from rtj_operator.reconcile.checkpoints import read_since
 from rtj_operator.reconcile.converge import HANG_TEARDOWN_GRACE, delete_pods
 from rtj_operator.reconcile.failure import MAX_BAD_STEPS, record_quarantine
+from rtj_operator.reconcile.in_place_records import record_entry, update_entry
 from rtj_operator.reconcile.quarantine import claimant, holds_claim, record_taint
 from rtj_operator.reconcile.ranks import completion_index, progress_port
 from rtj_operator.reconcile.supervised_exits import supervisors
@@ -65,7 +67,6 @@ from rtj_operator.selection import operator_reads_store
 from rtj_shim.wire.control import Order
 from rtj_shim.wire.supervisor_report import STARTED_STATES, STOPPED_STATES, SupervisorReport
 
-MAX_IN_PLACE_RECORDS = 64
 QUIET_SETTLE = timedelta(seconds=12)
 """How long a supervised exit waits for a silent pod's node to be judged (the Lease is
 overdue 11 s after its last renewal; the pods' silence corroborates it at once)."""
@@ -156,7 +157,7 @@ def begin(
         replaced=[f"{pod_name(p)} on {in_place.node_of(p)}" for p in victims],
         spares=took,
     )
-    _record(b, entry)
+    record_entry(b, entry)
     if picked:
         assigned = b.status.spare_ranks
         by_name = {pod_name(p): p for p in idle}
@@ -226,10 +227,13 @@ def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
         old = [p for p in old if not _ended(p)]
         _replace(b, old)
         waiting = in_place.reported(reports, names, state.generation, STOPPED_STATES)
-        if old or len(names) != b.rtj.spec.replicas:
+        world = world_size(b)
+        if not old and (waiting or len(names) != world) and elastic.shrink(b, state, live):
+            return True  # waiting for the replacement, or the survivors made the world
+        if old or len(names) != world:
             gone = ", ".join(pod_name(p) for p in old) or "-"
             b.notes.append(f"in place: replacing: still there {gone}; {len(names)} of "
-                           f"{b.rtj.spec.replicas} pods")  # fmt: skip
+                           f"{world} pods")  # fmt: skip
             b.requeue_in(1.0)
             return True
         if waiting:
@@ -243,8 +247,10 @@ def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
             return True  # before the failure (its reading still under way) counts
         step = _pin(b)
         fast = fast_tier.pin(reports, names, step, b.status.bad_steps, _peers(b, live, state))
+        if state.world_size is not None:  # the ranks change: the fast tier's copies are per rank
+            fast = fast_tier.FastPin(note=f"the world changes to {state.world_size} pods")
         sources = {str(i): a for i, a in sorted(fast.sources.items())[:MAX_FAST_SOURCES]}
-        _update_entry(b, stopped_at=b.now, resumed_from_step=step, resumed_from_fast_step=fast.step,
+        update_entry(b, stopped_at=b.now, resumed_from_step=step, resumed_from_fast_step=fast.step,
                       fast_sources=sources, fast_tier_fallback=fast.note)  # fmt: skip
         if fast.note:
             b.notes.append(f"in place: no fast-tier step: {fast.note}")
@@ -262,10 +268,10 @@ def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
         return True
     record = b.status.current
     entry = record.in_place_restarts[-1] if record and record.in_place_restarts else None
-    _update_entry(b, started_at=b.now, outcome="Running")
+    update_entry(b, started_at=b.now, outcome="Running")
     b.update(in_place=None)
     took = (b.now - state.since).total_seconds()
-    if entry is not None:
+    if entry is not None and entry.failure_class is not None:
         b.metrics.append(MetricRecord("recovery", entry.failure_class, took))
     origin = f"step {state.step}" if state.step is not None else "the newest verified step"
     if state.fast_step is not None:
@@ -280,7 +286,8 @@ def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
     b.event(
         False,
         Reason.RESTARTED_IN_PLACE,
-        f"attempt {b.status.attempt}: generation {state.generation} runs in every pod, "
+        f"attempt {b.status.attempt}: generation {state.generation} runs in every pod"
+        f"{f' of a world of {state.world_size}' if state.world_size is not None else ''}, "
         f"{took:.1f}s after the failure was seen, from {origin}",
     )
     return True
@@ -305,8 +312,8 @@ def _overdue(
     old = [pod_name(p) for p in b.snap.pods if pod_name(p) in state.replacing and not _ended(p)]
     if old:
         return f"{_first(old)} being replaced had not ended {within}"
-    if len(names) != b.rtj.spec.replicas:
-        return f"{len(names)} of {b.rtj.spec.replicas} pods were there {within}"
+    if len(names) != world_size(b):
+        return f"{len(names)} of {world_size(b)} pods were there {within}"
     if operator_reads_store(b.rtj.spec.checkpoint.uri) and not read_since(
         b, b.snap.store, state.since
     ):
@@ -406,29 +413,12 @@ def _pin(b: PlanBuilder) -> int | None:
     return step if step is not None and step not in b.status.bad_steps else None
 
 
-def _record(b: PlanBuilder, entry: InPlaceRestart) -> None:
-    record = b.status.current
-    if record is None:
-        return
-    kept = [*record.in_place_restarts, entry][-MAX_IN_PLACE_RECORDS:]
-    b.replace_current(record.model_copy(update={"in_place_restarts": kept}))
-
-
-def _update_entry(b: PlanBuilder, **fields: object) -> None:
-    record = b.status.current
-    if record is None or not record.in_place_restarts:
-        return
-    entries = list(record.in_place_restarts)
-    entries[-1] = entries[-1].model_copy(update=fields)
-    b.replace_current(record.model_copy(update={"in_place_restarts": entries}))
-
-
 def _fall_back(b: PlanBuilder, why: str) -> None:
     """Re-create the whole world (the restart was paid for when the in-place one began)."""
     n = b.status.attempt
     record = b.status.current
     entry = record.in_place_restarts[-1] if record and record.in_place_restarts else None
-    _update_entry(b, outcome="FellBack")
+    update_entry(b, outcome="FellBack")
     record = b.status.current
     if record is not None and entry is not None:
         b.replace_current(record.model_copy(update={
@@ -476,17 +466,24 @@ def restart_orders(snap: Snapshot, targets: Sequence[PollTarget]) -> dict[str, O
     moved = spares.moved_master(snap.pods, assigned) if assigned else None
     for t in targets:
         if not t.idle:
-            order = in_place.order(rtj, t.index, rank=t.pod in assigned, master_addr=moved)
+            world, host = elastic.run_fields(snap, t.index)  # a resized world: every field
+            order = in_place.order(rtj, t.index, rank=world is not None or t.pod in assigned,
+                                   master_addr=host or moved, world_size=world)  # fmt: skip
             if order is not None:
                 out[t.pod] = order
     return out
+
+
+def world_size(b: PlanBuilder) -> int:
+    """The pods the attempt's world has now: spec.replicas unless spec.elastic resized it."""
+    return b.status.world_size or b.rtj.spec.replicas
 
 
 def _idle_order(snap: Snapshot, assigned: Mapping[str, int]) -> Order | None:
     rtj = snap.rtj
     status = rtj.status
     world = [
-        p for p in spares.serving(snap.pods, assigned)
+        p for p in spares.serving(snap.pods, assigned, status.world_size)
         if attempt_of(p) == status.attempt
     ]  # fmt: skip
     done = bool(world) and all(get_in(p, "status", "phase") == "Succeeded" for p in world)

@@ -62,7 +62,7 @@ def poll_targets(snap: Snapshot) -> tuple[PollTarget, ...]:
     ):
         return ()
     owned = owned_jobset_uids(snap)
-    assigned = status.spare_ranks
+    assigned, world = status.spare_ranks, status.world_size
     out = []
     for pod in snap.pods:
         if attempt_of(pod) != status.attempt or not trusted_pod(pod, owned):
@@ -75,9 +75,10 @@ def poll_targets(snap: Snapshot) -> tuple[PollTarget, ...]:
         if wanted and isinstance(ip, str) and ip and port is not None:
             node = get_in(pod, "spec", "nodeName")
             out.append(PollTarget(pod_name(pod), ip, port, status.attempt,
-                                  spares.rank_of(pod, assigned),
+                                  spares.rank_of(pod, assigned, world),
                                   node if isinstance(node, str) else None,
-                                  spares.is_idle(pod, assigned), answers_sealed(pod)))  # fmt: skip
+                                  spares.is_idle(pod, assigned, world),
+                                  answers_sealed(pod)))  # fmt: skip
     return tuple(sorted(out, key=lambda t: t.pod))
 
 

@@ -43,6 +43,10 @@ class Fact(str, Enum):
     """spec.suspend became false again."""
     DEADLINE_EXCEEDED = "DeadlineExceeded"
     """spec.activeDeadlineSeconds passed since the job was first admitted."""
+    REPLACEMENT_MISSING = "ReplacementMissing"
+    """Every other pod stopped, and a replaced pod's replacement is not there (spec.elastic)."""
+    CAPACITY_RETURNED = "CapacityReturned"
+    """A shrunk world's missing ranks have pods running and held again (spec.elastic)."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,14 @@ TRANSITIONS: tuple[Transition, ...] = (
                "backoff (none for a bad step), or fail when the failure's budget is spent"),
     Transition((P.RUNNING,), Fact.WORLD_SUCCEEDED, (P.SUCCEEDED,), None,
                f"{_RECONCILE}.healthy_attempt.succeed", "every rank finished"),
+    Transition((P.STOPPING_IN_PLACE,), Fact.REPLACEMENT_MISSING, (),
+               "rtj_operator.policy.elastic.on_missing", f"{_RECONCILE}.elastic.shrink",
+               "wait waitForReplacementSeconds, then the pods that stopped are the world "
+               "(ranks renumbered, never below minReplicas); the barrier then holds for them"),
+    Transition((P.RUNNING,), Fact.CAPACITY_RETURNED, (P.STOPPING_IN_PLACE,),
+               "rtj_operator.policy.elastic.on_shrunk", f"{_RECONCILE}.elastic.grow",
+               "a new generation as the larger world (whole: every pod at its own rank); "
+               "no budget spent"),
     Transition((P.STOPPING_IN_PLACE,), Fact.TRAINERS_STOPPED, (P.STARTING_IN_PLACE,),
                "rtj_operator.policy.fast_tier.pin", f"{_RECONCILE}.in_place.follow",
                "pin the durable step and the fast-tier step every pod holds"),
