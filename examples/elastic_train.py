@@ -13,7 +13,7 @@ once.
     torchrun --nproc-per-node 4 examples/elastic_train.py --root /tmp/ckpt --log-dir /tmp/l
     torchrun --nproc-per-node 3 examples/elastic_train.py --root /tmp/ckpt --log-dir /tmp/l
 
-Every rank appends ``{step, epoch, world, loss, lr, samples}`` per step to
+Every rank appends ``{step, epoch, world, rank, generation, loss, lr, samples}`` per step to
 ``<log-dir>/rank-<r>.jsonl`` (``samples``: the dataset indices this rank consumed; ``loss``:
 the step's mean loss over every rank's samples, the same on every rank).
 """
@@ -72,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    # the in-place supervisor's generation (rtj-shim supervise): 0 for a pod's first start
+    generation = int(os.environ.get("RTJ_RESTART_GENERATION") or 0)
     if world > 1:
         init_process_group("gloo")
     rank = dist.get_rank() if world > 1 else 0
@@ -118,9 +120,10 @@ def main(argv: list[str] | None = None) -> int:
         lr = sched.get_last_lr()[0]
         sched.step()
         step += 1
-        log.write(json.dumps({"step": step, "epoch": batch.epoch, "world": world, "lr": lr,
-                              "loss": float(total), "samples": list(batch.indices),
-                              "time": time.time()}) + "\n")  # fmt: skip
+        record = {"step": step, "epoch": batch.epoch, "world": world, "rank": rank,
+                  "generation": generation, "lr": lr, "loss": float(total),
+                  "samples": list(batch.indices), "time": time.time()}  # fmt: skip
+        log.write(json.dumps(record) + "\n")
         if args.step_sleep:
             time.sleep(args.step_sleep)
         ckpt.step_boundary(step, objects, loss=float(total))

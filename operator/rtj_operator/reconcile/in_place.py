@@ -245,7 +245,9 @@ def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
         ):
             b.needs_store = True  # pin what the store holds now: a step committed just
             return True  # before the failure (its reading still under way) counts
-        step = _pin(b)
+        # a grow-back stopped a healthy world, which saved until it stopped (after the
+        # store was read): its trainers resolve the newest verified step themselves
+        step = None if state.world_size is not None and not state.replaced_ranks else _pin(b)
         fast = fast_tier.pin(reports, names, step, b.status.bad_steps, _peers(b, live, state))
         if state.world_size is not None:  # the ranks change: the fast tier's copies are per rank
             fast = fast_tier.FastPin(note=f"the world changes to {state.world_size} pods")
