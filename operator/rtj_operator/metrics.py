@@ -33,6 +33,7 @@ from prometheus_client.registry import Collector
 from rtj_operator import __version__
 from rtj_operator.api.reasons import FailureClass, Phase, Reason
 from rtj_operator.api.resource import ResilientTrainingJob
+from rtj_operator.metrics_elastic import WorldFacts, world_facts, world_families
 
 JOB_LABELS = ("namespace", "name")
 RESTART_SCOPES = ("world", "in_place")
@@ -60,6 +61,8 @@ class JobFacts:
     failed_category: str | None = None
     """While Failed: the category of the failure that ended the job (user, infrastructure,
     ...), so the alert pages for what the platform must fix and warns for the user's code."""
+    world: WorldFacts | None = None
+    """While Running: the world the trainers run as (spec.elastic)."""
 
 
 def _running_since(rtj: ResilientTrainingJob) -> float | None:
@@ -100,6 +103,7 @@ def job_facts(rtj: ResilientTrainingJob) -> JobFacts:
         infrastructure_restarts=status.restarts.infrastructure,
         running_since=_running_since(rtj) if ages else None,
         failed_category=_failed_category(rtj),
+        world=world_facts(rtj),
         fast_step=status.progress.fast_step if status.progress is not None else None,
         fast_timestamp=(
             status.progress.fast_committed_at.timestamp()
@@ -204,6 +208,7 @@ class _JobsCollector(Collector):
         yield from (last, planned, step, since, failed, quarantined, jobs, job_phase, budget_max)
         yield budget_left
         yield from (fast_step, fast_last)
+        yield from world_families((key, facts.world) for key, facts in items)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ ALERTS = (
     "RTJJobFailed",
     "RTJRecoverySlow",
     "RTJNodeQuarantined",
+    "RTJRunningShrunk",
     "RTJFastTierReplicaStalled",
     "RTJFastTierDrainStalled",
     "RTJOperatorDown",

@@ -10,6 +10,7 @@ import copy
 from datetime import timedelta
 from typing import Any
 
+from prometheus_client import CollectorRegistry
 from rtj_test_support import NOW, supervisor_reports
 from rtj_world import node, reading, rtj_raw, snapshot, tainted_by, with_status
 from test_in_place import RUNNING, T, plan
@@ -17,6 +18,8 @@ from test_in_place_replace import XID, replaceable_pods
 
 from rtj_operator import reconcile as rc
 from rtj_operator.api import keys
+from rtj_operator.api.resource import ResilientTrainingJob
+from rtj_operator.metrics import Metrics, sample
 from rtj_operator.policy import spares
 from rtj_operator.reconcile.world import PollTarget
 
@@ -108,6 +111,8 @@ def test_a_replacement_that_cannot_be_scheduled_shrinks_the_world_then_it_grows_
     assert "of a world of 2" in " ".join(
         a.message for a in done.actions if isinstance(a, rc.PostEvent)
     )
+    # from when the smaller world ran (the restart done at +40 s)
+    assert _world_gauges(raw) == (2.0, 3.0, (since + timedelta(seconds=40)).timestamp())
     # shrunk and healthy: nothing to do while the replacement cannot run
     calm = plan(raw, world, running, nodes=nodes, now=since + timedelta(seconds=60))
     assert calm.status_patch is None or "inPlace" not in with_status(raw, calm)["status"]
@@ -149,3 +154,15 @@ def test_a_replacement_that_cannot_be_scheduled_shrinks_the_world_then_it_grows_
                  nodes=nodes, now=since + timedelta(seconds=95))  # fmt: skip
     raw = with_status(raw, final)
     assert "inPlace" not in raw["status"] and raw["status"]["restarts"] == budget
+    assert _world_gauges(raw) == (3.0, 3.0, 0.0), "whole again: no shrunk-since sample"
+
+
+def _world_gauges(raw: dict[str, Any]) -> tuple[float, float, float]:
+    """rtj_world_size, rtj_world_size_desired and rtj_world_shrunk_since_timestamp_seconds
+    as /metrics shows them for the job (0.0: no sample)."""
+    registry = CollectorRegistry()
+    Metrics(registry).observe_job(ResilientTrainingJob.from_object(raw))
+    labels = {"namespace": raw["metadata"]["namespace"], "name": raw["metadata"]["name"]}
+    names = ("rtj_world_size", "rtj_world_size_desired", "rtj_world_shrunk_since_timestamp_seconds")
+    size, desired, since = (sample(registry, n, labels) for n in names)
+    return size, desired, since
