@@ -170,6 +170,9 @@ class ConditionType(str, Enum):
     SUSPENDED = "Suspended"
     """True while spec.suspend holds the job (reason JobSuspended); False once resumed
     (JobResumed), as on a batch Job."""
+    ELASTIC = "Elastic"
+    """spec.elastic: True while the job trains on fewer pods than spec.replicas (reason
+    Shrunk, the message says which ranks and why); False once it grew back (GrowingBack)."""
 
 
 class Reason(str, Enum):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from rtj_operator.api.reasons import InPlaceStage, Reason
+from rtj_operator.api.reasons import ConditionType, InPlaceStage, Reason
 from rtj_operator.api.status import InPlacePhase, InPlaceRestart
 from rtj_operator.policy import spares
 from rtj_operator.policy.elastic import ElasticSpec, Verdict, on_missing, on_shrunk
@@ -67,7 +67,9 @@ def shrink(b: PlanBuilder, state: InPlacePhase, live: Sequence[Json]) -> bool:
     _resize(b, decision.ranks)
     b.update(in_place=state.model_copy(update={"world_size": len(decision.ranks)}))
     update_entry(b, world_size=len(decision.ranks))
-    b.event(True, Reason.SHRUNK, f"attempt {b.status.attempt}: {decision.reason}")
+    message = f"attempt {b.status.attempt}: {decision.reason}"
+    b.event(True, Reason.SHRUNK, message)
+    b.condition(ConditionType.ELASTIC, True, Reason.SHRUNK, message)
     b.requeue_in(0.2)
     return True
 
@@ -100,8 +102,10 @@ def grow(b: PlanBuilder, live: Sequence[Json], idle: Sequence[Json]) -> bool:
         in_place=InPlacePhase(generation=generation, phase=InPlaceStage.STOPPING, since=b.now,
                               world_size=size),
     )  # fmt: skip
-    b.event(False, Reason.GROWING_BACK, f"attempt {b.status.attempt}: {decision.reason}; "
-            f"stopping the trainers for generation {generation}")  # fmt: skip
+    message = f"attempt {b.status.attempt}: {decision.reason}"
+    b.event(False, Reason.GROWING_BACK,
+            f"{message}; stopping the trainers for generation {generation}")  # fmt: skip
+    b.condition(ConditionType.ELASTIC, size < replicas, Reason.GROWING_BACK, message)
     b.requeue_in(1.0)
     return True
 

@@ -88,6 +88,7 @@ def test_a_replacement_that_cannot_be_scheduled_shrinks_the_world_then_it_grows_
     record = raw["status"]["attempts"][0]
     assert (record["worldSize"], record["spareRanks"]) == (2, {names[2]: 1})
     assert raw["status"]["inPlace"]["worldSize"] == 2 and "Shrunk" in events(shrunk)
+    assert _condition(raw) == ("True", "Shrunk")
     assert raw["status"]["restarts"] == budget, "the shrink spends nothing more"
 
     # the barrier now holds for the world of 2: pinned (durable only: the ranks change)
@@ -132,6 +133,7 @@ def test_a_replacement_that_cannot_be_scheduled_shrinks_the_world_then_it_grows_
     entry = record["inPlaceRestarts"][-1]
     assert entry.get("failureClass") is None and entry["worldSize"] == 3
     assert "GrowingBack" in events(growing) and raw["status"]["restarts"] == budget
+    assert _condition(raw) == ("False", "GrowingBack")
 
     all_stopped = reports({n: (2, "stopped") for n in (names[0], names[2], fresh)})
     again = plan(raw, world, all_stopped, nodes=nodes, now=since + timedelta(seconds=92),
@@ -155,6 +157,11 @@ def test_a_replacement_that_cannot_be_scheduled_shrinks_the_world_then_it_grows_
     raw = with_status(raw, final)
     assert "inPlace" not in raw["status"] and raw["status"]["restarts"] == budget
     assert _world_gauges(raw) == (3.0, 3.0, 0.0), "whole again: no shrunk-since sample"
+
+
+def _condition(raw: dict[str, Any]) -> tuple[str, str]:
+    (found,) = [c for c in raw["status"]["conditions"] if c["type"] == "Elastic"]
+    return found["status"], found["reason"]
 
 
 def _world_gauges(raw: dict[str, Any]) -> tuple[float, float, float]:
