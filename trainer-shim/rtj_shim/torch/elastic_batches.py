@@ -33,9 +33,7 @@ from collections.abc import Iterator, Sized
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from rtj_shim.torch import _dist
+from rtj_shim.torch import sample_order
 
 STATE_VERSION = 1
 
@@ -115,10 +113,7 @@ class ElasticBatchSampler:
         drop_last: bool = False,
         dataset_id: str | None = None,
     ) -> None:
-        self.num_replicas = _dist.world_size() if num_replicas is None else num_replicas
-        self.rank = _dist.rank() if rank is None else rank
-        if self.num_replicas < 1 or not 0 <= self.rank < self.num_replicas:
-            raise ValueError(f"invalid rank {self.rank} for {self.num_replicas} replicas")
+        self.num_replicas, self.rank = sample_order.replica_and_rank(num_replicas, rank)
         if global_batch < 1:
             raise ValueError(
                 f"global_batch: expected a positive number of samples, got {global_batch}"
@@ -130,7 +125,7 @@ class ElasticBatchSampler:
                 f"micro_batch: expected a positive number of samples, got {micro_batch}"
             )
         self.dataset_len = len(dataset)
-        self.dataset_id = dataset_id or f"{type(dataset).__name__}:{self.dataset_len}"
+        self.dataset_id = sample_order.dataset_id(dataset, dataset_id)
         self.shuffle, self.seed, self.drop_last = shuffle, int(seed), drop_last
         self.epoch = 0
         self._consumed = 0
@@ -141,12 +136,7 @@ class ElasticBatchSampler:
 
     def _order(self) -> list[int]:
         if self._order_cache is None or self._order_cache[0] != self.epoch:
-            if self.shuffle:
-                gen = torch.Generator()
-                gen.manual_seed(self.seed + self.epoch)
-                order = torch.randperm(self.dataset_len, generator=gen).tolist()
-            else:
-                order = list(range(self.dataset_len))
+            order = sample_order.epoch_order(self.dataset_len, self.shuffle, self.seed, self.epoch)
             self._order_cache = (self.epoch, order)
         return self._order_cache[1]
 

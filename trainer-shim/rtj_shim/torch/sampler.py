@@ -31,10 +31,9 @@ import warnings
 from collections.abc import Iterator, Sized
 from typing import Any
 
-import torch
 from torch.utils.data import Sampler
 
-from rtj_shim.torch import _dist
+from rtj_shim.torch import sample_order
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +51,9 @@ class ResumableSampler(Sampler[int]):
         drop_last: bool = False,
         dataset_id: str | None = None,
     ) -> None:
-        self.num_replicas = _dist.world_size() if num_replicas is None else num_replicas
-        self.rank = _dist.rank() if rank is None else rank
-        if self.num_replicas < 1 or not 0 <= self.rank < self.num_replicas:
-            raise ValueError(f"invalid rank {self.rank} for {self.num_replicas} replicas")
+        self.num_replicas, self.rank = sample_order.replica_and_rank(num_replicas, rank)
         self.dataset_len = len(dataset)
-        self.dataset_id = dataset_id or f"{type(dataset).__name__}:{self.dataset_len}"
+        self.dataset_id = sample_order.dataset_id(dataset, dataset_id)
         self.shuffle = shuffle
         self.seed = int(seed)
         self.drop_last = drop_last
@@ -73,12 +69,7 @@ class ResumableSampler(Sampler[int]):
     def _order(self) -> list[int]:
         if self._order_cache is not None and self._order_cache[0] == self.epoch:
             return self._order_cache[1]
-        if self.shuffle:
-            gen = torch.Generator()
-            gen.manual_seed(self.seed + self.epoch)
-            order = torch.randperm(self.dataset_len, generator=gen).tolist()
-        else:
-            order = list(range(self.dataset_len))
+        order = sample_order.epoch_order(self.dataset_len, self.shuffle, self.seed, self.epoch)
         self._order_cache = (self.epoch, order)
         return order
 
