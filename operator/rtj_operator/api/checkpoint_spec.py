@@ -191,6 +191,15 @@ class Checkpoint(ApiModel):
         "DeprecatedField). Setting both with different names is refused. Accepted for one "
         "more release.",
     )
+    max_write_bytes_per_second: int | None = Field(
+        default=None,
+        ge=1,
+        description="The most bytes a second each pod's durable saves write (the trainers' "
+        "and the fast tier's drain): a save's upload is paced so it never takes more of the "
+        "node's network or disk from the all-reduce and the data loader. Unset: no limit. "
+        "An emergency save on SIGTERM is never paced (its deadline runs). Takes effect with "
+        "the next attempt.",
+    )
     emergency_save_seconds: int = Field(
         default=SHIM_DEADLINE_SECONDS,
         ge=0,

@@ -61,10 +61,10 @@ PROGRESS_RESOURCES = {
 PROGRESS_VOLUME_SIZE = "1Mi"
 DRAIN_ENV = frozenset({
     keys.ENV_RUN_ID, keys.ENV_CHECKPOINT_URI, keys.ENV_KEEP_LAST, keys.ENV_KEEP_EVERY,
-    keys.ENV_PROTECT_STEP,
+    keys.ENV_PROTECT_STEP, keys.ENV_MAX_WRITE_BYTES_PER_SECOND,
 })  # fmt: skip
 """What the progress sidecar's drain reads of the shim's environment (the store, the run,
-the retention it applies after each publish, as a trainer's save does)."""
+the retention it applies after each publish and the write limit, as a trainer's save does)."""
 """912 bytes per rank record (rtj_shim.wire.progress_record): room for ~1,000 ranks per pod."""
 
 ENV_SHARE_INDEX = "RTJ_VERIFY_SHARE"

@@ -49,6 +49,7 @@ def shim_env(rtj: ResilientTrainingJob, attempt: int, resume: int | None) -> lis
         keys.ENV_IMAGE_DIGEST: prov.image_digest,
         keys.ENV_DATASET_SNAPSHOT: prov.dataset_snapshot,
         keys.ENV_KEEP_EVERY: spec.checkpoint.retention.keep_every,
+        keys.ENV_MAX_WRITE_BYTES_PER_SECOND: spec.checkpoint.max_write_bytes_per_second,
         keys.ENV_RESUME_STEP: resume,
         keys.ENV_PROTECT_STEP: resume,
     }

@@ -20,6 +20,7 @@ EVERYTHING: dict[str, Any] = {
     "checkpoint": {
         "uri": "s3://ckpt/team-a/llm",
         "emergencySaveSeconds": 40,
+        "maxWriteBytesPerSecond": 52428800,
         "retention": {"keepLast": 3, "keepEvery": 1000},
         "fastTier": {"everySteps": 5},
     },

@@ -25,9 +25,11 @@ from typing import Any
 from rtj_shim.checkpoint.protocol import CommitProtocol
 from rtj_shim.checkpoint.storage import open_store
 from rtj_shim.checkpoint.storage.base import CheckpointStore
+from rtj_shim.checkpoint.storage.throttle import throttled
 from rtj_shim.errors import StepAlreadyPublished
 from rtj_shim.fast import fast_tier
 from rtj_shim.fast.drain import LeftToTheTrainers, drain_step
+from rtj_shim.wire import pod_env
 from rtj_shim.wire.drain_order import DrainOrder, peers_digest
 
 log = logging.getLogger("rtj_shim.fast.drain")
@@ -104,8 +106,9 @@ class Drainer:
         made once, not for every drained step (making one parses botocore's service model,
         tens of milliseconds of CPU beside the trainers). A failed open is tried again at
         the next drain."""
-        if self._store is None:
-            self._store = self._open(self._uri)
+        if self._store is None:  # paced as the trainers' own durable saves are
+            limit = pod_env.max_write_bytes_per_second()
+            self._store = throttled(self._open(self._uri), limit, lambda: False)
         return self._store
 
     def drain_once(self) -> int | None:

@@ -19,6 +19,7 @@ from typing import Any
 from rtj_shim.checkpoint.protocol import CommitProtocol, retention_from_env
 from rtj_shim.checkpoint.run_config import RunConfig, allowed_changes, user_config
 from rtj_shim.checkpoint.storage import CheckpointStore, open_store
+from rtj_shim.checkpoint.storage.throttle import throttled
 from rtj_shim.fast.fast_tier import FastTierConfig
 from rtj_shim.torch import _dist, fast_save, fingerprint, resave, rng, run_record
 from rtj_shim.torch.agreement import StepAgreement
@@ -91,7 +92,9 @@ class CheckpointerState:
         self.options = opts = with_pod_defaults(grouped)
         if root is None:  # in an operator's pod: spec.checkpoint.uri
             root = pod_env.checkpoint_uri()
-        self.store = open_store(os.fspath(root)) if isinstance(root, str | os.PathLike) else root
+        store = open_store(os.fspath(root)) if isinstance(root, str | os.PathLike) else root
+        # durable saves paced (spec.checkpoint.maxWriteBytesPerSecond); never an emergency save
+        self.store = throttled(store, opts.io.max_write_bytes_per_second, self._sigterm_requested)
         self.schedule = Schedule(every_steps, every_seconds, monitor, mode)
         self.config = user_config(config)  # ValueError naming `config` before anything runs
         self.allow_config_change = allowed_changes(allow_config_change)
@@ -137,6 +140,10 @@ class CheckpointerState:
         self._sigterm = SigtermGuard(self.rank, deadline, opts.emergency.exit_code)
         self._integrity = IntegrityWatch(opts.integrity.anomaly_guard, opts.integrity.every_steps)
         atexit.register(_drain_at_exit, weakref.ref(self))
+
+    def _sigterm_requested(self) -> bool:
+        guard = getattr(self, "_sigterm", None)
+        return guard is not None and bool(guard.requested)
 
     def _open_fast_tier(self, given: FastTierConfig | None) -> fast_save.FastTier | None:
         args = self.options.fast_args

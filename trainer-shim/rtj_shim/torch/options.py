@@ -46,6 +46,9 @@ class IoOptions:
     max_shards: int = 64
     staging_dir: str | os.PathLike[str] | None = None
     collective_timeout_s: float = 600.0
+    max_write_bytes_per_second: int | None = None
+    """Pace durable saves' writes to this many bytes a second (None:
+    ``RTJ_MAX_WRITE_BYTES_PER_SECOND``, else no limit); an emergency save is never paced."""
 
 
 @dataclass(frozen=True)
@@ -165,15 +168,26 @@ def group_legacy_options(options: Options, legacy: Mapping[str, Any]) -> Options
 def with_pod_defaults(options: Options, env: Mapping[str, str] = os.environ) -> Options:
     """`options` with what the operator's pod says filled in where the caller said nothing:
     the emergency deadline (``RTJ_EMERGENCY_SAVE_SECONDS``), the resume file
-    (``RTJ_RESUME_FILE``) and the staging directory (``RTJ_STAGING_DIR``)."""
+    (``RTJ_RESUME_FILE``), the staging directory (``RTJ_STAGING_DIR``) and the write limit
+    (``RTJ_MAX_WRITE_BYTES_PER_SECOND``)."""
     deadline = options.emergency.deadline_s
     if deadline is None:  # the operator's spec.checkpoint.emergencySaveSeconds
         deadline = pod_env.emergency_save_seconds(env)
     resume_file = options.resume.resume_file or env.get("RTJ_RESUME_FILE") or DEFAULT_RESUME_FILE
     staging = options.io.staging_dir or env.get("RTJ_STAGING_DIR") or None
+    limit = options.io.max_write_bytes_per_second
+    if limit is None:  # the operator's spec.checkpoint.maxWriteBytesPerSecond
+        limit = pod_env.max_write_bytes_per_second(env)
+    elif limit <= 0:
+        raise ValueError(f"io.max_write_bytes_per_second: expected bytes > 0, got {limit!r}")
     return replace(
         options,
-        io=replace(options.io, staging_dir=staging, io_workers=max(1, options.io.io_workers)),
+        io=replace(
+            options.io,
+            staging_dir=staging,
+            io_workers=max(1, options.io.io_workers),
+            max_write_bytes_per_second=limit,
+        ),
         resume=replace(options.resume, resume_file=Path(resume_file)),
         emergency=replace(options.emergency, deadline_s=deadline),
     )

@@ -29,6 +29,7 @@ from rtj_shim.checkpoint.manifest import FileEntry, Manifest, sha256_hex
 from rtj_shim.checkpoint.resolver import resolve
 from rtj_shim.checkpoint.storage import CheckpointStore
 from rtj_shim.checkpoint.storage.filesystem import FilesystemStore
+from rtj_shim.checkpoint.storage.throttle import unwrapped
 from rtj_shim.checkpoint.verification import Depth
 from rtj_shim.errors import StoreError
 from rtj_shim.torch import _dist, fast_save, fsdp, rng
@@ -327,8 +328,9 @@ class StepLoader:
         )
 
     def _local_path(self, step: int, rel: str) -> Path | None:
-        if isinstance(self.store, FilesystemStore):
-            return self.store.root / step_key(step, rel)
+        store = unwrapped(self.store)  # paced writes, not reads
+        if isinstance(store, FilesystemStore):
+            return store.root / step_key(step, rel)
         return None
 
     def _read_verified(self, step: int, entry: FileEntry) -> bytes:

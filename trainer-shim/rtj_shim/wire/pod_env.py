@@ -16,6 +16,7 @@ from enum import Enum
 
 CHECKPOINT_URI = "RTJ_CHECKPOINT_URI"
 EMERGENCY_SAVE_SECONDS = "RTJ_EMERGENCY_SAVE_SECONDS"
+MAX_WRITE_BYTES_PER_SECOND = "RTJ_MAX_WRITE_BYTES_PER_SECOND"
 DEFAULT_EMERGENCY_SAVE_SECONDS = 30.0
 """The trainer's SIGTERM deadline outside the operator (the operator's default is the same)."""
 
@@ -55,6 +56,9 @@ TRAINER_ENV: tuple[EnvVar, ...] = (
     EnvVar(EMERGENCY_SAVE_SECONDS, Reader.CHECKPOINTER,
            "the SIGTERM deadline of the emergency save (`spec.checkpoint."
            "emergencySaveSeconds`); the pod's grace period covers it plus 15 s"),
+    EnvVar(MAX_WRITE_BYTES_PER_SECOND, Reader.CHECKPOINTER,
+           "the most bytes a second a durable save writes (emergency saves are not paced)",
+           "spec.checkpoint.maxWriteBytesPerSecond"),
     EnvVar("RTJ_KEEP_LAST", Reader.CHECKPOINTER,
            "retention after each publish; unset: keep every step",
            "spec.checkpoint.retention.keepLast"),
@@ -129,3 +133,16 @@ def emergency_save_seconds(environ: Mapping[str, str] | None = None) -> float:
     if not value >= 0 or value == float("inf"):
         raise ValueError(f"{EMERGENCY_SAVE_SECONDS}={raw!r}: expected a number of seconds >= 0")
     return value
+
+
+def max_write_bytes_per_second(environ: Mapping[str, str] | None = None) -> int | None:
+    """The operator's write limit for durable saves (None: unset, no limit); ValueError
+    naming the variable when it is not a whole number of bytes > 0."""
+    raw = (os.environ if environ is None else environ).get(MAX_WRITE_BYTES_PER_SECOND, "")
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) <= 0:
+        raise ValueError(
+            f"{MAX_WRITE_BYTES_PER_SECOND}={raw!r}: expected a whole number of bytes > 0"
+        )
+    return int(raw)
