@@ -29,6 +29,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "rtj_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group(CLUSTER_GROUP))
+    items.sort(key=_queue_position)
+
+
+def _queue_position(item: pytest.Item) -> int:
+    """Longest work first, so that no drill of minutes starts last while the other worker
+    idles (xdist hands out work in collection order, where e2e/ came after tests/): the
+    shared cluster's group (one unit of many minutes), then the demo drills and the slow
+    tests, then the rest in their order (the sort is stable)."""
+    if "rtj_cluster" in getattr(item, "fixturenames", ()):
+        return 0
+    if item.get_closest_marker("demo") or item.get_closest_marker("slow"):
+        return 1
+    return 2
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

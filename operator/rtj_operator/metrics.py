@@ -33,9 +33,9 @@ from prometheus_client.registry import Collector
 from rtj_operator import __version__
 from rtj_operator.api.reasons import FailureClass, Phase, Reason
 from rtj_operator.api.resource import ResilientTrainingJob
+from rtj_operator.metric_labels import JOB_LABELS
 from rtj_operator.metrics_elastic import WorldFacts, world_facts, world_families
 
-JOB_LABELS = ("namespace", "name")
 RESTART_SCOPES = ("world", "in_place")
 """The `scope` label of rtj_restarts_total: a whole-world restart (a new attempt, every pod
 recreated) or a restart in place (spec.recovery: trainers restarted in their pods)."""

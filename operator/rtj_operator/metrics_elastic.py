@@ -12,8 +12,7 @@ from prometheus_client.metrics_core import Metric
 
 from rtj_operator.api.reasons import Phase
 from rtj_operator.api.resource import ResilientTrainingJob
-
-JOB_LABELS = ("namespace", "name")
+from rtj_operator.metric_labels import JOB_LABELS
 
 
 @dataclass(frozen=True)

@@ -248,9 +248,11 @@ def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
         # a grow-back stopped a healthy world, which saved until it stopped (after the
         # store was read): its trainers resolve the newest verified step themselves
         step = None if state.world_size is not None and not state.replaced_ranks else _pin(b)
-        fast = fast_tier.pin(reports, names, step, b.status.bad_steps, _peers(b, live, state))
-        if state.world_size is not None:  # the ranks change: the fast tier's copies are per rank
-            fast = fast_tier.FastPin(note=f"the world changes to {state.world_size} pods")
+        fast = (
+            fast_tier.FastPin(note=f"the world changes to {state.world_size} pods")
+            if state.world_size is not None  # the ranks change: the fast tier's copies are per rank
+            else fast_tier.pin(reports, names, step, b.status.bad_steps, _peers(b, live, state))
+        )
         sources = {str(i): a for i, a in sorted(fast.sources.items())[:MAX_FAST_SOURCES]}
         update_entry(b, stopped_at=b.now, resumed_from_step=step, resumed_from_fast_step=fast.step,
                       fast_sources=sources, fast_tier_fallback=fast.note)  # fmt: skip

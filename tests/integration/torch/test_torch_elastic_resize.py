@@ -20,6 +20,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "examples" / "elastic_train.py"
 STEPS = 12  # 48 samples, global batch 16: three epochs of three steps, and three more
@@ -68,6 +70,7 @@ def params(path: Path) -> list[float]:
     return [x for values in json.loads(path.read_text()).values() for x in values]
 
 
+@pytest.mark.slow  # five torchrun launches
 def test_shrinking_to_three_and_growing_back_trains_as_four_did(tmp_path: Path) -> None:
     runs = {name: (tmp_path / f"ckpt-{name}", tmp_path / f"logs-{name}") for name in
             ("four", "three", "resized")}  # fmt: skip

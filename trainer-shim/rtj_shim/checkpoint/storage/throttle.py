@@ -51,9 +51,14 @@ class TokenBucket:
         self.waited = 0.0
         """Seconds the writers were held, in all (for reports and tests)."""
 
+    @property
+    def unpaced(self) -> bool:
+        """Whether writes go at full speed now (an emergency save's deadline runs)."""
+        return self._unpaced()
+
     def take(self, nbytes: int) -> None:
         """Wait until `nbytes` may go (a request above the burst waits for its share)."""
-        if nbytes <= 0 or self._unpaced():
+        if nbytes <= 0 or self.unpaced:
             return
         with self._lock:  # one writer refills and reserves at a time; the waits overlap
             now = self._clock()
@@ -95,7 +100,7 @@ class ThrottledWriter:
         return self._inner.write_file(path, cast(Iterable[bytes], paced(chunks, self._bucket)))
 
     def copy_file(self, path: str, source: Path) -> FileEntry:
-        if self._bucket._unpaced():
+        if self._bucket.unpaced:
             return self._inner.copy_file(path, source)
         if not source.is_file() or source.is_symlink():
             return self._inner.copy_file(path, source)  # the backend refuses it, naming it
