@@ -26,6 +26,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from rtj_shim.wire.suspect_verdict import SuspectVerdict
+
 MAD_SCALE = 1.4826
 """The median absolute deviation of a normal distribution, times this, is its sigma."""
 
@@ -34,7 +36,14 @@ class SuspectState(RuntimeError):
     """The training state shows a symptom of silent data corruption; it is not published.
 
     The operator classifies a trainer that exits with it as `SilentDataCorruption` and
-    restarts from the newest published step (one reached before the symptom)."""
+    restarts from the newest published step (one reached before the symptom), on other
+    nodes than the suspect ranks' pods. `verdict` (the message ends with its marked form,
+    so a termination message carries it): the step and the ranks and pods suspected."""
+
+    def __init__(self, detail: str, verdict: SuspectVerdict | None = None) -> None:
+        super().__init__(f"{detail} [{verdict.encode_text()}]" if verdict else detail)
+        self.detail = detail
+        self.verdict = verdict
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,11 @@ class FailureClass(str, Enum):
     """The trainer refused to publish a state that showed a symptom of silent data
     corruption (rtj_shim.integrity: replicas that differ bit for bit, a loss or gradient
     norm far outside its recent values) and exited: the newest published step was reached
-    before the symptom. The trainer's word names no node (category infrastructure, spends
-    maxRestarts, quarantines nothing; the whole world restarts from the durable step)."""
+    before the symptom. Its verdict may name the suspect ranks and their pods
+    (`rtj_shim.wire.suspect_verdict`): the first failed is then the suspect pod
+    (`firstFailed.suspect`), and the job's later attempts avoid its node. The trainer's
+    word taints no node for anyone else (category infrastructure, spends maxRestarts; the
+    whole world restarts from the newest published step)."""
     PREFLIGHT_FAILED = "PreflightFailed"
     """A pod of a new world failed the platform's preflight before the job's state was
     loaded (`rtj-shim preflight` in the ``rtj-preflight`` init container, the platform's

@@ -69,6 +69,13 @@ class FirstFailed(StatusModel):
     finished_at: datetime | None = Field(
         default=None, description="When it failed (the kubelet's time, in seconds)."
     )
+    suspect: bool = Field(
+        default=False,
+        description="Named by the trainers' verdict on a suspect state (SilentDataCorruption): "
+        "the rank whose replicated state diverged from the others' or whose loss left its "
+        "distribution, not the first to exit. The job's later attempts avoid its node; the "
+        "trainers' word taints it for no one else.",
+    )
 
 
 class InPlaceRestart(StatusModel):

@@ -274,6 +274,31 @@ def _first_failed(failure: PodFailure) -> FirstFailed:
     )
 
 
+def suspected(
+    first: FirstFailed,
+    findings: Sequence[Finding],
+    failures: Sequence[PodFailure],
+    views: Sequence[PodView],
+) -> FirstFailed:
+    """For a suspect state (every rank exits with the same verdict): the first pod of the
+    attempt the trainers' verdict names, with the rank it names, instead of the first pod to
+    exit; `first` when the verdict names no pod of the attempt."""
+    verdict = next((f.verdict for f in findings if f.verdict is not None), None)
+    if verdict is None:
+        return first
+    by_rank = {v.node_rank: v for v in views if v.node_rank is not None}
+    pod = next((by_rank[n] for n in verdict.pods if n in by_rank), None)
+    if pod is None:
+        return first
+    own = next((f for f in failures if f.pod.name == pod.name), None)
+    named = _first_failed(own) if own is not None else first
+    return named.model_copy(update={
+        "pod": pod.name, "node_rank": pod.node_rank, "node": pod.node, "suspect": True,
+        "rank": verdict.ranks[0] if verdict.ranks else None,
+        **({} if own is not None else {"exit_code": None}),
+    })  # fmt: skip
+
+
 def _quarantine(
     cls: FailureClass, failures: Sequence[PodFailure], root: PodFailure, ctx: _Context
 ) -> tuple[str, ...]:
@@ -368,7 +393,7 @@ def classify_failure(
     quarantined = _quarantine(cls, failures, root, ctx)
     return Classification(
         cls,
-        _first_failed(root),
+        suspected(_first_failed(root), root.findings, failures, views),
         quarantined,
         _evidence(root, failures, extra),
         _decision(root, first, quarantined),

@@ -8,6 +8,7 @@ from datetime import datetime, timedelta, timezone
 
 from rtj_operator.api.reasons import FailureClass
 from rtj_operator.policy.observed import PodView
+from rtj_shim.wire.suspect_verdict import SuspectVerdict
 
 C = FailureClass
 
@@ -60,6 +61,9 @@ class Finding:
     """The field or object that carried it, e.g. `node condition SysLogsXIDError`."""
     suspect: bool = False
     """Hardware words with no node-level evidence: restart, do not quarantine."""
+    verdict: SuspectVerdict | None = None
+    """The trainers' verdict on a suspect state (silent data corruption), as its message
+    carried it: the ranks and pods it suspects (the tenant's word: names no node)."""
 
 
 def most_specific(findings: Iterable[Finding]) -> Finding | None:

@@ -114,7 +114,7 @@ def _blamed_node(
 def termination(pod: PodView, term: Termination, ctx: PodContext) -> Finding | None:
     if term.exit_code in (0, None) and term.reason != "OOMKilled":
         return None
-    source, suspect, rank = KUBELET, False, None
+    source, suspect, rank, verdict = KUBELET, False, None, None
     hints: tuple[str, ...] = ()
     word = runtime_words.container_word(term)
     if term.reason == "OOMKilled":
@@ -133,7 +133,7 @@ def termination(pod: PodView, term: Termination, ctx: PodContext) -> Finding | N
     else:
         reading = text.read_message(term.message, ctx.quarantine_codes)
         cls, why, suspect, rank = reading.failure_class, reading.why, reading.suspect, reading.rank
-        hints = reading.hints
+        hints, verdict = reading.hints, reading.verdict
         source = TRAINER
     detail = first_line(term.message)
     detail = "" if detail and detail in why else detail
@@ -152,6 +152,7 @@ def termination(pod: PodView, term: Termination, ctx: PodContext) -> Finding | N
         signal=f"pod {pod.name} container {term.container} state.terminated"
         + (" message" if source == TRAINER else f" reason {term.reason or '-'}"),
         suspect=suspect,
+        verdict=verdict,
     )
 
 

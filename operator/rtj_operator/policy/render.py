@@ -299,11 +299,18 @@ def trainer_name(rtj: ResilientTrainingJob) -> str:
     return str(_trainer(rtj, containers).get("name") or "")
 
 
+MAX_SUSPECT_NODES = 16
+"""Nodes suspected of silent data corruption a job keeps avoiding (the newest): a job whose
+trainers suspect more is more likely broken itself than unlucky with so many machines."""
+
+
 def avoided_nodes(rtj: ResilientTrainingJob, attempt: int) -> list[str]:
     """Nodes attempt `attempt` must not use: every node the job quarantined, the node whose
     pod failed the previous attempt's preflight (a slow link: avoided by this job, not
-    tainted for anyone else), and with `progress.stragglers.action: ReplaceNode` the nodes
-    of the previous attempt's stragglers (likewise)."""
+    tainted for anyone else), the node of every pod an earlier attempt's trainers suspected
+    of silent data corruption (likewise: the newest MAX_SUSPECT_NODES), and with
+    `progress.stragglers.action: ReplaceNode` the nodes of the previous attempt's stragglers
+    (likewise)."""
     avoid = {q.node for q in rtj.status.quarantined_nodes}
     avoid |= {
         a.first_failed.node
@@ -311,6 +318,13 @@ def avoided_nodes(rtj: ResilientTrainingJob, attempt: int) -> list[str]:
         if a.attempt == attempt - 1 and a.failure_class is FailureClass.PREFLIGHT_FAILED
         and a.first_failed is not None and a.first_failed.node
     }  # fmt: skip
+    suspects = [
+        a.first_failed.node
+        for a in rtj.status.attempts
+        if a.attempt < attempt and a.failure_class is FailureClass.SILENT_DATA_CORRUPTION
+        and a.first_failed is not None and a.first_failed.suspect and a.first_failed.node
+    ]  # fmt: skip
+    avoid |= set(suspects[-MAX_SUSPECT_NODES:])
     progress = rtj.status.progress
     if rtj.spec.progress.stragglers.action == "ReplaceNode" and progress is not None:
         avoid |= {s.node for s in progress.stragglers if s.node and s.attempt == attempt - 1}

@@ -22,6 +22,7 @@ from rtj_operator.policy import in_place
 from rtj_operator.policy.classify import Classification, Decision, classify_failure
 from rtj_operator.policy.findings import iso
 from rtj_shim.wire.supervisor_report import SupervisorReport, SupervisorState
+from rtj_shim.wire.suspect_verdict import SuspectVerdict
 
 Json = Mapping[str, Any]
 
@@ -98,6 +99,9 @@ def supervisor_failure(
             Decision(signal=f"step {step} refused", source=f"pod {name}: supervisor",
                      rule="a pinned step the restore does not verify is bad"),
         )  # fmt: skip
+    verdict = next((r.suspect for _, r in exited if r.suspect is not None), None)
+    if verdict is not None:
+        return _suspect_state(verdict, first, live, reports, tuple(evidence), name)
     cause = _node_cause(ctx, live, nodes, exited)
     if cause is not None:  # a GPU fault or a lost node under the exit: replace, not restart
         return replace(cause, evidence=(*cause.evidence, *evidence))
@@ -112,6 +116,50 @@ def supervisor_failure(
             rule="a supervised trainer that exits with an error is a failure of the attempt",
         ),
     )
+
+
+def _suspect_state(
+    verdict: SuspectVerdict,
+    first: FirstFailed,
+    live: Sequence[Json],
+    reports: Mapping[str, SupervisorReport],
+    evidence: tuple[str, ...],
+    exited_first: str,
+) -> Classification:
+    """The trainers exited refusing a suspect state: silent data corruption, named at the
+    pod their verdict suspects (the rank its supervisor serves, else its own index)."""
+
+    def served(pod: Json) -> int | None:
+        report = reports.get(_pod_name(pod))
+        if report is not None and report.rank is not None:
+            return report.rank
+        index = _get(pod, "metadata", "annotations", keys.JOB_COMPLETION_INDEX)
+        return int(index) if isinstance(index, str) and index.isdigit() else None
+
+    by_rank = {rank: p for p in live if (rank := served(p)) is not None}
+    pod = next((by_rank[n] for n in verdict.pods if n in by_rank), None)
+    if pod is not None:
+        report, node = reports.get(_pod_name(pod)), _get(pod, "spec", "nodeName")
+        first = first.model_copy(update={
+            "pod": _pod_name(pod), "node_rank": served(pod), "suspect": True,
+            "node": node if isinstance(node, str) else None,
+            "rank": verdict.ranks[0] if verdict.ranks else None,
+            "exit_code": report.exit_code if report is not None else None,
+        })  # fmt: skip
+    named = "no rank (no majority to judge by)"
+    if first.suspect:
+        ranks = ", ".join(map(str, verdict.ranks))
+        named = f"rank {ranks} (pod {first.pod} on node {first.node or '?'})"
+    line = (f"the trainers refused to publish step {verdict.step} as a suspect state "
+            f"({verdict.kind.value}); they suspect {named}")  # fmt: skip
+    return Classification(
+        FailureClass.SILENT_DATA_CORRUPTION, first, (), (line, *evidence),
+        Decision(signal=f"suspect state at step {verdict.step} ({verdict.kind.value})",
+                 source=f"pod {exited_first}: {keys.PROGRESS_SIDECAR} GET /progress "
+                 "(supervisor)",
+                 rule="a state the trainers refuse as suspect restarts the whole world from "
+                 "the newest published step, away from the suspect pod's node"),
+    )  # fmt: skip
 
 
 def _node_cause(

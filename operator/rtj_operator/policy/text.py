@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from rtj_operator.api.reasons import FailureClass
 from rtj_operator.policy import xid
+from rtj_shim.wire.suspect_verdict import MARK, SuspectVerdict
 
 C = FailureClass
 
@@ -82,6 +83,8 @@ class Reading:
     suspect: bool = False
     rank: int | None = None
     hints: tuple[str, ...] = ()
+    verdict: SuspectVerdict | None = None
+    """A suspect state's verdict, as its message carried it (`rtj_shim.wire.suspect_verdict`)."""
 
 
 @dataclass(frozen=True)
@@ -148,8 +151,10 @@ def read_message(text: str, quarantine_codes: frozenset[int]) -> Reading:
             C.OUT_OF_MEMORY, f"host memory exhausted ({match.group(0)})", rank=rank, hints=hints
         )
     if match := _SUSPECT_STATE.search(text):
-        why = f"the trainer refused to publish a suspect state ({match.group(1)[:200]})"
-        return Reading(C.SILENT_DATA_CORRUPTION, why, True, rank, hints)
+        verdict = SuspectVerdict.find(match.group(0))
+        detail = match.group(1).split(f" [{MARK}", 1)[0]
+        why = f"the trainer refused to publish a suspect state ({detail[:200]})"
+        return Reading(C.SILENT_DATA_CORRUPTION, why, True, rank, hints, verdict)
     if match := _NCCL_MISUSE.search(text):
         why = f"NCCL used wrongly ({match.group(0).strip(', ')})"
         return Reading(C.USER_ERROR, why, rank=rank, hints=hints)

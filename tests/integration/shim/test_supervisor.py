@@ -138,6 +138,32 @@ def test_a_failed_command_with_no_order_ends_the_supervisor_with_its_code(pod: P
     assert done.wait(30) == 0, "a command that succeeds ends the supervisor at once"
 
 
+SUSPECTING = """
+import json, os, sys
+verdict = {"step": 40, "kind": "diverged", "ranks": [3], "pods": [1]}
+open(os.environ["RTJ_RESUME_FILE"] + ".suspect", "w").write(json.dumps(verdict))
+sys.exit(1)
+"""
+
+
+def test_a_trainer_that_refused_a_suspect_state_is_reported_with_its_verdict(pod: Pod) -> None:
+    """The trainers leave their verdict beside the generation's resume file
+    (`rtj_shim.torch.restore.record_suspect`); the supervisor reports it with the exit, so
+    the operator restarts the world away from the suspect pod's node."""
+    verdict = {"step": 40, "kind": "diverged", "ranks": [3], "pods": [1]}
+    pod.supervise(sys.executable, "-c", SUSPECTING, env={"RTJ_RESUME_FILE": str(pod.out / "r")})
+    report = until("exited", lambda: (r := pod.supervisor() or {}).get("state") == "exited" and r)
+    assert report["exit_code"] == 1 and report["suspect"] == verdict, "generation 0's file"
+
+    status, _ = pod.post(Order(UID, 1, "stop"))
+    until("stopped", lambda: (pod.supervisor() or {}).get("state") == "stopped")
+    status, _ = pod.post(Order(UID, 1, "run", attempt=1, step=30))
+    assert status == 202
+    report = until("exited again", lambda: (r := pod.supervisor() or {}).get("generation") == 1
+                   and r.get("state") == "exited" and r)  # fmt: skip
+    assert report["suspect"] == verdict, "a restarted generation's, beside its own resume file"
+
+
 def _read(path: Path) -> str | None:
     try:
         return path.read_text()

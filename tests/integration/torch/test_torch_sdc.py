@@ -6,6 +6,7 @@ the clean run publishes both steps. Each run is compared with the clean one, sid
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -13,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from rtj_shim.wire.suspect_verdict import SUFFIX, SuspectKind, SuspectVerdict
 
 WORKER = Path(__file__).with_name("sdc_worker.py")
 
@@ -29,10 +32,15 @@ def _run(root: Path, mode: str) -> dict[str, Any]:
         "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
         str(WORKER), str(root), mode,
     ]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    env = {**os.environ, "RTJ_RESUME_FILE": str(_resume_file(root)), "NODE_RANK": "5"}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False, env=env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
+
+
+def _resume_file(root: Path) -> Path:
+    return root.with_name(f"{root.name}-resume.json")
 
 
 @pytest.fixture(scope="module")
@@ -41,15 +49,15 @@ def clean_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(
-    ("mode", "named"),
+    ("mode", "named", "kind", "rank"),
     [
-        ("flip", "'model' on rank 2"),  # the exact checksum: one bit of 16,384 weights
-        ("spike", "rank 1: loss"),  # the anomaly guard on the rank that saw it
-        ("between", "'model' on rank 2"),  # integrity_every_steps: before any save
+        ("flip", "'model' on rank 2", "diverged", 2),  # the exact checksum: one bit flipped
+        ("spike", "rank 1: loss", "anomaly", 1),  # the anomaly guard on the rank that saw it
+        ("between", "'model' on rank 2", "diverged", 2),  # integrity_every_steps: no save
     ],
 )
 def test_a_suspect_state_is_never_published_and_every_rank_names_the_culprit(
-    tmp_path: Path, mode: str, named: str, clean_run: dict[str, Any]
+    tmp_path: Path, mode: str, named: str, kind: str, rank: int, clean_run: dict[str, Any]
 ) -> None:
     assert clean_run == {"published": [4, 8], "errors": [None, None, None]}
     faulty = _run(tmp_path / mode, mode)
@@ -59,6 +67,14 @@ def test_a_suspect_state_is_never_published_and_every_rank_names_the_culprit(
     verdict = "step 6 failed its integrity check" if mode == "between" else "step 8 not published"
     assert errors[0].startswith(f"SuspectState: {verdict}"), errors[0]
     assert named in errors[0], errors[0]
+    # the verdict, typed, in the message (a termination message carries it) and beside the
+    # resume file (an in-place restart's supervisor reports it): the rank and its pod
+    # (NODE_RANK, as the operator numbers the pods)
+    step = 6 if mode == "between" else 8
+    want = SuspectVerdict(step, SuspectKind(kind), (rank,), (5,))
+    assert SuspectVerdict.find(errors[0]) == want, errors[0]
+    written = _resume_file(tmp_path / mode).with_name(f"{mode}-resume.json{SUFFIX}")
+    assert SuspectVerdict.parse(written.read_text()) == want
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])

@@ -16,6 +16,7 @@ from rtj_shim.wire.supervisor_report import (
     SupervisorReportError,
     SupervisorState,
 )
+from rtj_shim.wire.suspect_verdict import SuspectKind, SuspectVerdict
 
 LINEAGE = "0123456789abcdef"
 
@@ -25,6 +26,7 @@ def test_a_full_report_round_trips_through_json() -> None:
         3, SupervisorState.STOPPED, attempt=4, exit_code=None, fast_steps=(40, 50),
         fast_held=frozenset({Held(40, LINEAGE), Held(50, LINEAGE)}),
         rejected={"step": 30, "reason": "sha256 mismatch"}, spare=True, rank=2, pid=None,
+        suspect=SuspectVerdict(40, SuspectKind.DIVERGED, (5,), (2,)),
         preloaded=True, standby="fork-server", updated_wall_time=1733400000.5,
     )  # fmt: skip
     again = SupervisorReport.parse(json.loads(json.dumps(report.encode())))
@@ -61,6 +63,11 @@ def test_states_that_show_an_order_carried_out() -> None:
         ({"generation": 1, "state": "exited", "exit_code": "1"}, "supervisor.exit_code"),
         ({"generation": 1, "state": "running", "updated_wall_time": "now"}, "updated_wall_time"),
         ({"generation": 1, "state": "exited", "rejected": "step 3"}, "supervisor.rejected"),
+        ({"generation": 1, "state": "exited", "suspect": "rank 3"}, "supervisor.suspect"),
+        (
+            {"generation": 1, "state": "exited", "suspect": {"step": 3, "kind": "odd"}},
+            "supervisor.suspect verdict: kind",
+        ),
     ],
 )
 def test_a_field_of_the_wrong_kind_is_refused_by_name(body: object, field: str) -> None:

@@ -97,6 +97,8 @@ from rtj_shim.wire.progress_record import FILE_PREFIX, FILE_SUFFIX
 from rtj_shim.wire.resume_file import ResumeFile
 from rtj_shim.wire.supervisor_report import SupervisorReport, SupervisorReportError
 from rtj_shim.wire.supervisor_report import SupervisorState as State
+from rtj_shim.wire.suspect_verdict import SUFFIX as SUSPECT_SUFFIX
+from rtj_shim.wire.suspect_verdict import SuspectVerdict, SuspectVerdictError
 
 PR_SET_CHILD_SUBREAPER = 36
 ENV_INDEX_FAILURES = "RTJ_INDEX_FAILURES"
@@ -123,6 +125,7 @@ class Supervised:
     ] = ()  # reported with State.STOPPED (rtj_shim.fast.fast_tier.holdings)
     fast_held: tuple[Held, ...] = ()  # the same with their lineages (rtj_shim.fast.fast_tier.held)
     rejected: dict[str, object] | None = None  # the pinned step the command's restore refused
+    suspect: SuspectVerdict | None = None  # the trainers' verdict on a suspect state
 
 
 def next_action(current: Supervised, order: Order | None) -> str:
@@ -295,7 +298,7 @@ class Supervisor:
             )  # stdin: nothing, as a standby's (a container's has none unless it asks)
         self.child, self._started_at = child, time.monotonic()
         self._set(replace(self.current, state=State.RUNNING, attempt=attempt, exit_code=None,
-                          rejected=None))  # fmt: skip
+                          rejected=None, suspect=None))  # fmt: skip
         how = self.standbys.source if self.preloaded else "cold"
         self._say(f"generation {generation}: started {self.argv[0]} {how} (pid {child.pid})")
 
@@ -349,8 +352,14 @@ class Supervisor:
         self._reap_orphans()
         self._exited_at = time.monotonic()
         state = State.FINISHED if code == 0 else State.EXITED
-        rejected = read_json(self.dir / f"resume-{self.current.generation}.json.rejected")
-        self._set(replace(self.current, state=state, exit_code=code, rejected=rejected))
+        generation = self.current.generation
+        resume = self.dir / f"resume-{generation}.json"
+        rejected = read_json(resume.with_name(resume.name + ".rejected"))
+        if generation == 0 and self.env.get("RTJ_RESUME_FILE"):  # the pod's own, as started
+            resume = Path(self.env["RTJ_RESUME_FILE"])
+        suspect = _suspect(read_json(resume.with_name(resume.name + SUSPECT_SUFFIX)))
+        self._set(replace(self.current, state=state, exit_code=code, rejected=rejected,
+                          suspect=suspect))  # fmt: skip
         self._say(f"generation {self.current.generation}: the command exited with {code}")
 
     def _stop(self, generation: int) -> None:
@@ -433,7 +442,7 @@ class Supervisor:
         report = SupervisorReport(
             state.generation, state.state, state.attempt, state.exit_code,
             fast_steps=state.fast_steps, fast_held=frozenset(state.fast_held),
-            rejected=state.rejected, spare=self.spare,
+            rejected=state.rejected, suspect=state.suspect, spare=self.spare,
             rank=int(self.assigned["RANK"]) if "RANK" in self.assigned else None,
             pid=self.child.pid if running and self.child is not None else None,
             preloaded=self.preloaded, standby=self.standbys.report(),
@@ -461,3 +470,11 @@ def _become_subreaper() -> bool:
         return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
+
+
+def _suspect(body: dict[str, object] | None) -> SuspectVerdict | None:
+    """The trainers' verdict file, parsed (None: none, or one that does not parse)."""
+    try:
+        return None if body is None else SuspectVerdict.parse(body)
+    except SuspectVerdictError:
+        return None

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
 import torch
@@ -28,6 +28,7 @@ import torch
 from rtj_shim import progress
 from rtj_shim.checkpoint.layout import step_key
 from rtj_shim.checkpoint.verification import check_commit
+from rtj_shim.integrity import SuspectState
 from rtj_shim.torch import fast_save, fingerprint, integrity_watch, resave
 from rtj_shim.torch.agreement import decide_at_boundary
 from rtj_shim.torch.capture import (
@@ -53,7 +54,7 @@ from rtj_shim.torch.outcomes import (
     raise_if_any,
 )
 from rtj_shim.torch.peek import CheckpointInfo, peek_step
-from rtj_shim.torch.restore import validate_restored
+from rtj_shim.torch.restore import record_suspect, validate_restored
 from rtj_shim.torch.schedule import (
     best_from,
     scores,
@@ -161,7 +162,7 @@ class Checkpointer(CheckpointerState):
             if local_error is not None:
                 raise failure
             raise CheckpointError(f"save of step {step} failed: " + "; ".join(errors))
-        integrity_watch.verdict(step, [row[4] for row in rows if row[4] is not None])
+        self._judge(step, [row[4] for row in rows if row[4] is not None])
         differing = replica_mismatches([digests for _, digests, *_ in rows])
         if differing:
             raise CheckpointError(
@@ -355,7 +356,16 @@ class Checkpointer(CheckpointerState):
         state within `integrity_every_steps`, not at the next save."""
         entries = classify(objects, self.rank_local, self.replicated)
         rows = self._coordinator().all_gather(self._integrity.local(entries))
-        integrity_watch.verdict(step, rows, what="failed its integrity check")
+        self._judge(step, rows, what="failed its integrity check")
+
+    def _judge(self, step: int, rows: Sequence[RankIntegrity], what: str = "not published") -> None:
+        """The collective verdict; a suspect one is left beside the resume file too."""
+        try:
+            integrity_watch.verdict(step, rows, what)
+        except SuspectState as exc:
+            if exc.verdict is not None:
+                record_suspect(self._sources.resume_file, exc.verdict)
+            raise
 
     def _emergency(self, step: int, objects: Mapping[str, Any]) -> None:
         self._sigterm.arm()

@@ -10,7 +10,8 @@ per-step sync) and judged in one batch at the next save, or every `BATCH` steps.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import os
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ import torch
 from rtj_shim.integrity import AnomalyGuard, SuspectState, odd_ranks
 from rtj_shim.torch import replica_check
 from rtj_shim.torch.state import Entry
+from rtj_shim.wire.suspect_verdict import MAX_RANKS, SuspectKind, SuspectVerdict
 
 BATCH = 64
 """Signals kept before they are judged without waiting for a save (bounds the memory)."""
@@ -30,6 +32,8 @@ class RankIntegrity:
 
     suspect: str | None
     checksums: dict[str, int]
+    pod: int | None = None
+    """The node rank (pod index) this rank runs in: what a verdict names beside the rank."""
 
 
 class IntegrityWatch:
@@ -41,6 +45,7 @@ class IntegrityWatch:
             )
         self.guard = guard
         self.every_steps = every_steps
+        self.pod = pod_index(os.environ)
         self.suspect: str | None = None
         self._pending: list[tuple[int, str, Any]] = []
 
@@ -70,7 +75,7 @@ class IntegrityWatch:
 
     def local(self, entries: Iterable[Entry]) -> RankIntegrity:
         self.judge_pending()
-        return RankIntegrity(self.suspect, replica_check.checksums(entries))
+        return RankIntegrity(self.suspect, replica_check.checksums(entries), self.pod)
 
 
 def _floats(values: Sequence[Any]) -> list[float]:
@@ -89,20 +94,44 @@ def _floats(values: Sequence[Any]) -> list[float]:
     return [float("nan") if f is None else f for f in out]
 
 
+def pod_index(env: Mapping[str, str]) -> int | None:
+    """The pod this process runs in, as the operator numbers them: ``NODE_RANK`` (the pod's
+    completion index, or the rank a restart in place gave it), else torchrun's
+    ``GROUP_RANK``; None outside a job."""
+    for name in ("NODE_RANK", "GROUP_RANK"):
+        value = env.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return None
+
+
 def verdict(step: int, rows: Sequence[RankIntegrity], what: str = "not published") -> None:
     """Raise SuspectState on every rank (they read the same rows) when any rank saw an
     anomaly, or a replicated module's or optimizer's checksum differs between ranks."""
-    seen = [f"rank {rank}: {row.suspect}" for rank, row in enumerate(rows) if row.suspect]
+    seen = [rank for rank, row in enumerate(rows) if row.suspect]
     if seen:
-        raise SuspectState(f"step {step} {what}: " + "; ".join(seen))
+        detail = "; ".join(f"rank {rank}: {rows[rank].suspect}" for rank in seen)
+        raise SuspectState(f"step {step} {what}: {detail}",
+                           _named(step, SuspectKind.ANOMALY, seen, rows))  # fmt: skip
     names = sorted({name for row in rows for name in row.checksums})
-    differing = []
+    differing, suspects = [], set()
     for name in names:
         odd = odd_ranks([str(row.checksums.get(name)) for row in rows])
         if odd:
             differing.append(f"{name!r} on rank {', '.join(map(str, odd))}")
+            suspects.update(odd)
     if differing:
+        named = sorted(suspects) if len(suspects) < len(rows) else []  # no majority: no one
         raise SuspectState(
             f"step {step} {what}: replicas diverged ({'; '.join(differing)} "
-            "differs from the other ranks' copy bit for bit): a rank computing wrong"
+            "differs from the other ranks' copy bit for bit): a rank computing wrong",
+            _named(step, SuspectKind.DIVERGED, named, rows),
         )
+
+
+def _named(
+    step: int, kind: SuspectKind, ranks: Sequence[int], rows: Sequence[RankIntegrity]
+) -> SuspectVerdict:
+    ranks = list(ranks)[:MAX_RANKS]
+    pods = {p for r in ranks if (p := rows[r].pod) is not None}
+    return SuspectVerdict(step, kind, tuple(ranks), tuple(sorted(pods)))

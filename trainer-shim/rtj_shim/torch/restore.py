@@ -45,6 +45,8 @@ from rtj_shim.torch.validation import (
     run_probe,
 )
 from rtj_shim.wire.resume_file import ResumeFile, ResumeFileError
+from rtj_shim.wire.suspect_verdict import SUFFIX as SUSPECT_SUFFIX
+from rtj_shim.wire.suspect_verdict import SuspectVerdict
 
 log = logging.getLogger("rtj_shim.torch")
 
@@ -101,6 +103,17 @@ def reject(resume_file: Path, step: int, why: str) -> None:
 
 
 REJECTED_SUFFIX = ".rejected"
+
+
+def record_suspect(resume_file: Path, verdict: SuspectVerdict) -> None:
+    """Leave the trainers' suspect-state verdict beside the resume file (``<resume
+    file>.suspect``): an in-place restart's supervisor reports it, so the operator restarts
+    the world away from the suspect pods' nodes. Best effort (the exception carries it too)."""
+    target = resume_file.with_name(resume_file.name + SUSPECT_SUFFIX)
+    try:
+        target.write_text(json.dumps(verdict.encode()))
+    except OSError as exc:
+        log.warning("could not record the suspect-state verdict at %s: %s", target, exc)
 
 
 def pinned_step(

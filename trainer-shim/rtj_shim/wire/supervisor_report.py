@@ -4,8 +4,8 @@ pod's control directory (``supervisor.json``), served by the progress sidecar as
 arrives). Pure.
 
 ``{"generation": 3, "state": "stopped", "attempt": 4, "exit_code": null, "fast_steps": [40],
-"fast_held": ["<lineage>@40"], "rejected": null, "spare": false, "rank": 2, "pid": null,
-"preloaded": false, "standby": "fork-server", "updated_wall_time": 1733400000.5}``
+"fast_held": ["<lineage>@40"], "rejected": null, "suspect": null, "spare": false, "rank": 2,
+"pid": null, "preloaded": false, "standby": "fork-server", "updated_wall_time": 1733400000.5}``
 
 Only ``generation`` and ``state`` are required (an older supervisor reports less); a known
 key of the wrong kind is an error naming it. The report is the tenant's pod speaking: it can
@@ -21,6 +21,7 @@ from typing import Any
 
 from rtj_shim.checkpoint import lineage
 from rtj_shim.checkpoint.lineage import Held
+from rtj_shim.wire.suspect_verdict import SuspectVerdict, SuspectVerdictError
 
 
 class SupervisorState(str, Enum):
@@ -69,6 +70,9 @@ class SupervisorReport:
     """The same with their lineages; None from a supervisor that does not report them."""
     rejected: Mapping[str, Any] | None = None
     """The pinned step the restarted trainers refused: ``{"step": S, "reason": ...}``."""
+    suspect: SuspectVerdict | None = None
+    """The trainers' verdict on a suspect state (silent data corruption) when they exited
+    with one (`rtj_shim.wire.suspect_verdict`)."""
     spare: bool = False
     rank: int | None = None
     pid: int | None = None
@@ -109,6 +113,7 @@ class SupervisorReport:
                 h.encode() for h in self.fast_held
             ),
             "rejected": None if self.rejected is None else dict(self.rejected),
+            "suspect": None if self.suspect is None else self.suspect.encode(),
             "spare": self.spare, "rank": self.rank, "pid": self.pid,
             "preloaded": self.preloaded, "standby": self.standby,
             "updated_wall_time": self.updated_wall_time,
@@ -137,6 +142,7 @@ class SupervisorReport:
             fast_held=lineage.parse_all(body["fast_held"])
             if isinstance(body.get("fast_held"), list) else None,
             rejected=_mapping(body, "rejected"),
+            suspect=_suspect(body),
             spare=body.get("spare") is True,
             rank=_count(body, "rank"),
             pid=_count(body, "pid"),
@@ -144,6 +150,18 @@ class SupervisorReport:
             standby=body.get("standby") if isinstance(body.get("standby"), str) else None,
             updated_wall_time=_seconds(body, "updated_wall_time"),
         )  # fmt: skip
+
+
+def _suspect(body: Mapping[str, Any]) -> SuspectVerdict | None:
+    value = body.get("suspect")
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise SupervisorReportError("supervisor.suspect: expected an object or null")
+    try:
+        return SuspectVerdict.parse(value)
+    except SuspectVerdictError as exc:
+        raise SupervisorReportError(f"supervisor.{exc}") from None
 
 
 def _integer(body: Mapping[str, Any], key: str) -> int | None:
