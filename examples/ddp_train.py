@@ -263,12 +263,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fault-kill-step", type=int, help="SIGKILL after this step (restart 0)")
     p.add_argument("--fault-kill-rank", type=int, default=1)
     p.add_argument("--fault-kill-in-save", type=int, help="SIGKILL inside this step's save")
+    p.add_argument("--fault-flip-file", type=Path, help="if it exists: flip a weight's bit (tests)")
     args = p.parse_args(argv)
     if (args.root is None) == (args.plain_checkpoints is None):
         p.error("give one of --root and --plain-checkpoints")
     if args.plain_checkpoints is not None and (args.fsdp or args.async_save):
         p.error("--plain-checkpoints saves a DDP model, blocking")
     return args
+
+
+def flip_a_bit(model: nn.Module, rank: int, step: int) -> None:
+    """Silent data corruption (tests): bit 20 of one weight, as a bad GPU's arithmetic."""
+    with torch.no_grad():
+        next(model.parameters()).view(-1).view(torch.int32)[7] ^= 1 << 20
+    sys.stderr.write(f"fault: flipped a bit of rank {rank}'s weights after step {step}\n")
 
 
 def full_state(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
@@ -454,6 +462,9 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.write(f"fault: SIGKILL rank {rank} after step {step}\n")
             sys.stderr.flush()
             os.kill(os.getpid(), signal.SIGKILL)
+        if args.fault_flip_file is not None and args.fault_flip_file.exists():
+            flip_a_bit(model, rank, step)  # a bad GPU's silent error, once
+            args.fault_flip_file.unlink()
         # saves every --save-every steps, and makes a SIGTERM's emergency save; the time
         # the loop spends here is the checkpoint stall, logged with the next step (the
         # goodput soaks count it as lost time: bench.soak_accounting)

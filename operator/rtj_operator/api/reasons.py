@@ -36,8 +36,9 @@ class FailureClass(str, Enum):
     before the symptom. Its verdict may name the suspect ranks and their pods
     (`rtj_shim.wire.suspect_verdict`): the first failed is then the suspect pod
     (`firstFailed.suspect`), and the job's later attempts avoid its node. The trainer's
-    word taints no node for anyone else (category infrastructure, spends maxRestarts; the
-    whole world restarts from the newest published step)."""
+    word taints no node for anyone else (category infrastructure, spends a budget of its
+    own, failurePolicy.silentDataCorruptionRestarts; the whole world restarts from the
+    newest published step)."""
     PREFLIGHT_FAILED = "PreflightFailed"
     """A pod of a new world failed the platform's preflight before the job's state was
     loaded (`rtj-shim preflight` in the ``rtj-preflight`` init container, the platform's
@@ -189,6 +190,7 @@ class Reason(str, Enum):
     PREFLIGHT_NODE_REPLACED = "PreflightNodeReplaced"
     RESTART_BUDGET_EXHAUSTED = "RestartBudgetExhausted"
     USER_ERROR_BUDGET_EXHAUSTED = "UserErrorBudgetExhausted"
+    SDC_BUDGET_EXHAUSTED = "SilentDataCorruptionBudgetExhausted"
     UNKNOWN_FAILURE_FLAGGED = "UnknownFailureFlagged"
     TERMINAL = "Terminal"
     NO_FAILURE = "NoFailure"

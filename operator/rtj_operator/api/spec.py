@@ -156,6 +156,16 @@ class FailurePolicy(ApiModel):
     count_preemptions: bool = Field(
         default=False, description="Whether preemptions spend maxRestarts."
     )
+    silent_data_corruption_restarts: int = Field(
+        default=3,
+        ge=0,
+        le=100,
+        description="Restarts after the trainers refused a suspect state (SilentDataCorruption: "
+        "replicas that diverged, a loss or gradient norm far outside its recent values), each "
+        "from the newest published step and away from the suspect pod's node; a budget of "
+        "their own, not maxRestarts: a job whose trainers keep suspecting new machines is "
+        "more likely broken itself, and fails with SilentDataCorruptionBudgetExhausted.",
+    )
 
 
 class Recovery(ApiModel):

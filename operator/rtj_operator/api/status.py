@@ -388,6 +388,12 @@ class RestartCounts(StatusModel):
             "quarantined (free while each quarantines a new node)."
         ),
     )
+    silent_data_corruption: int = Field(
+        default=0,
+        ge=0,
+        description="Restarts after the trainers refused a suspect state "
+        "(spec.failurePolicy.silentDataCorruptionRestarts bounds them).",
+    )
 
 
 class ResilientTrainingJobStatus(StatusModel):

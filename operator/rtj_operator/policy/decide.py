@@ -17,6 +17,8 @@ and later `StartAttempt` once the backoff has elapsed. Budgets:
 - a pod that failed the platform's preflight quarantines its node and restarts at once,
   spending nothing while each failure quarantines a new node (the quarantine limit bounds
   it), then `maxRestarts`;
+- the trainers refusing a suspect state (SilentDataCorruption) spend
+  `silentDataCorruptionRestarts`, a budget of its own;
 - a corrupt checkpoint marks the pinned step bad and restarts at once from an older step;
   it spends nothing, since each one removes a step from the candidates (if it cannot, it
   spends `maxRestarts` so that the loop still ends).
@@ -223,6 +225,8 @@ def _on_failure(
             return replace(_preflight_failure(status, found, now), quarantine=first)
         return replace(_infrastructure_failure(spec.failure_policy, status, found, now),
                        quarantine=first)  # fmt: skip
+    if found.failure_class is FailureClass.SILENT_DATA_CORRUPTION:
+        return _suspect_state(spec.failure_policy, status, found, now)
     if category is FailureCategory.USER:
         return _user_failure(spec.failure_policy, status, found, now)
     if category is FailureCategory.PREEMPTION and not spec.failure_policy.count_preemptions:
@@ -276,6 +280,24 @@ def _user_failure(
     counts = status.restarts.model_copy(update={"user": used + 1})
     delay = backoff_seconds(policy, _failures(status))
     note = f"user-error restart {used + 1} of {budget}"
+    return _restart(status, found, now, delay, counts, Reason.RESTART_SCHEDULED, note)
+
+
+def _suspect_state(
+    policy: FailurePolicy,
+    status: ResilientTrainingJobStatus,
+    found: Classification,
+    now: datetime,
+) -> Action:
+    """The trainers refused a suspect state: a budget of its own (the next attempt keeps off
+    the suspect pod's node, `render.avoided_nodes`)."""
+    used, budget = status.restarts.silent_data_corruption, policy.silent_data_corruption_restarts
+    if used >= budget:
+        why = f"{_what(found)}; silent-data-corruption restarts spent ({used} of {budget})"
+        return Fail(found.failure_class, Reason.SDC_BUDGET_EXHAUSTED, why)
+    counts = status.restarts.model_copy(update={"silent_data_corruption": used + 1})
+    delay = backoff_seconds(policy, _failures(status))
+    note = f"silent-data-corruption restart {used + 1} of {budget}"
     return _restart(status, found, now, delay, counts, Reason.RESTART_SCHEDULED, note)
 
 

@@ -79,6 +79,12 @@ TABLE = [
      "CheckpointMarkedBad"),
     ("corrupt again spends budget", C.CHECKPOINT_CORRUPT, {"maxRestarts": 0},
      {"bad_steps": [12000]}, Fail, "RestartBudgetExhausted"),
+    ("suspect state spends its own budget", C.SILENT_DATA_CORRUPTION, {"maxRestarts": 0},
+     {"restarts": RestartCounts(silent_data_corruption=2)}, Restart, "RestartScheduled"),
+    ("suspect state budget spent", C.SILENT_DATA_CORRUPTION,
+     {"silentDataCorruptionRestarts": 1, "maxRestarts": 5},
+     {"restarts": RestartCounts(silent_data_corruption=1)}, Fail,
+     "SilentDataCorruptionBudgetExhausted"),
 ]  # fmt: skip
 
 

@@ -88,6 +88,7 @@ def test_suspending_a_running_job_stops_its_attempt_without_spending_budget() ->
         "preemption": 0,
         "checkpoint": 0,
         "preflight": 0,
+        "silentDataCorruption": 0,
     }
     suspended = condition(world, "Suspended")
     assert suspended is not None and suspended["status"] == "True"
