@@ -226,9 +226,9 @@ def _on_failure(
         return replace(_infrastructure_failure(spec.failure_policy, status, found, now),
                        quarantine=first)  # fmt: skip
     if found.failure_class is FailureClass.SILENT_DATA_CORRUPTION:
-        return _suspect_state(spec.failure_policy, status, found, now)
+        return _spend(_SUSPECT_STATE, spec.failure_policy, status, found, now)
     if category is FailureCategory.USER:
-        return _user_failure(spec.failure_policy, status, found, now)
+        return _spend(_USER, spec.failure_policy, status, found, now)
     if category is FailureCategory.PREEMPTION and not spec.failure_policy.count_preemptions:
         seen = status.restarts.preemption
         counts = status.restarts.model_copy(update={"preemption": seen + 1})
@@ -267,37 +267,41 @@ def _newly_bad(status: ResilientTrainingJobStatus) -> int | None:
     return step if step is not None and step not in status.bad_steps else None
 
 
-def _user_failure(
+@dataclass(frozen=True)
+class _Budget:
+    """A budget of its own: the RestartCounts field it counts in, the spec's limit, the
+    words for it, and the reason when it is spent."""
+
+    counter: str
+    limit: Callable[[FailurePolicy], int]
+    words: str
+    spent: Reason
+
+
+_USER = _Budget("user", lambda p: p.user_error_restarts, "user-error",
+                Reason.USER_ERROR_BUDGET_EXHAUSTED)  # fmt: skip
+_SUSPECT_STATE = _Budget(
+    "silent_data_corruption", lambda p: p.silent_data_corruption_restarts,
+    "silent-data-corruption", Reason.SDC_BUDGET_EXHAUSTED,
+)  # fmt: skip
+"""The trainers refused a suspect state (the next attempt keeps off the suspect pod's node,
+`render.avoided_nodes`)."""
+
+
+def _spend(
+    budget: _Budget,
     policy: FailurePolicy,
     status: ResilientTrainingJobStatus,
     found: Classification,
     now: datetime,
 ) -> Action:
-    used, budget = status.restarts.user, policy.user_error_restarts
-    if used >= budget:
-        why = f"{_what(found)}; user-error restarts spent ({used} of {budget})"
-        return Fail(found.failure_class, Reason.USER_ERROR_BUDGET_EXHAUSTED, why)
-    counts = status.restarts.model_copy(update={"user": used + 1})
+    used, limit = getattr(status.restarts, budget.counter), budget.limit(policy)
+    if used >= limit:
+        why = f"{_what(found)}; {budget.words} restarts spent ({used} of {limit})"
+        return Fail(found.failure_class, budget.spent, why)
+    counts = status.restarts.model_copy(update={budget.counter: used + 1})
     delay = backoff_seconds(policy, _failures(status))
-    note = f"user-error restart {used + 1} of {budget}"
-    return _restart(status, found, now, delay, counts, Reason.RESTART_SCHEDULED, note)
-
-
-def _suspect_state(
-    policy: FailurePolicy,
-    status: ResilientTrainingJobStatus,
-    found: Classification,
-    now: datetime,
-) -> Action:
-    """The trainers refused a suspect state: a budget of its own (the next attempt keeps off
-    the suspect pod's node, `render.avoided_nodes`)."""
-    used, budget = status.restarts.silent_data_corruption, policy.silent_data_corruption_restarts
-    if used >= budget:
-        why = f"{_what(found)}; silent-data-corruption restarts spent ({used} of {budget})"
-        return Fail(found.failure_class, Reason.SDC_BUDGET_EXHAUSTED, why)
-    counts = status.restarts.model_copy(update={"silent_data_corruption": used + 1})
-    delay = backoff_seconds(policy, _failures(status))
-    note = f"silent-data-corruption restart {used + 1} of {budget}"
+    note = f"{budget.words} restart {used + 1} of {limit}"
     return _restart(status, found, now, delay, counts, Reason.RESTART_SCHEDULED, note)
 
 
