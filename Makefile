@@ -62,6 +62,7 @@ bench: install ## benchmarks, reported as ratios against a side-by-side baseline
 	$(BIN)/python -m bench.boundary_cost --json bench/results/boundary-cost.json
 	$(BIN)/python -m bench.agent_cpu --json bench/results/agent-cpu.json
 	$(BIN)/python -m bench.write_limit --markdown bench/results/write-limit.md
+	$(BIN)/python -m bench.preflight_cost --markdown bench/results/preflight-cost.md
 	$(BIN)/python -m bench.hang_detection --markdown bench/results/hang-detection.md
 	$(BIN)/python -m bench.poll_round --markdown bench/results/poll-round.md
 	$(BIN)/python -m bench.node_loss --markdown bench/results/node-loss.md

@@ -219,16 +219,24 @@ class TestNamespace:
         }
 
     def set_gpu_quota(self, gpus: int) -> None:
-        """Change the ClusterQueue's nominal GPU quota (Kueue re-evaluates pending work)."""
-        cq = self.kube.kueue_get("clusterqueues", self.cluster_queue)
-        for rg in cq["spec"]["resourceGroups"]:
-            for fl in rg["flavors"]:
-                for r in fl["resources"]:
-                    if r["name"] == kwok.GPU_RESOURCE:
-                        r["nominalQuota"] = str(gpus)
-        self.kube.custom.replace_cluster_custom_object(
-            KUEUE_GROUP, KUEUE_VERSION, "clusterqueues", self.cluster_queue, cq
-        )
+        """Change the ClusterQueue's nominal GPU quota (Kueue re-evaluates pending work).
+        Read, change, replace; again on a conflict: Kueue writes the object too (a 409 from
+        the replace failed a drill once, stop 55's CI run)."""
+        for tries_left in range(9, -1, -1):
+            cq = self.kube.kueue_get("clusterqueues", self.cluster_queue)
+            for rg in cq["spec"]["resourceGroups"]:
+                for fl in rg["flavors"]:
+                    for r in fl["resources"]:
+                        if r["name"] == kwok.GPU_RESOURCE:
+                            r["nominalQuota"] = str(gpus)
+            try:
+                self.kube.custom.replace_cluster_custom_object(
+                    KUEUE_GROUP, KUEUE_VERSION, "clusterqueues", self.cluster_queue, cq
+                )
+                break
+            except ApiException as exc:
+                if exc.status != 409 or not tries_left:
+                    raise
         self.gpu_quota = gpus
 
     # --- JobSets --------------------------------------------------------------------------
