@@ -58,6 +58,7 @@ def test_a_python_traceback_fails_the_job_at_once_and_says_why(
     assert record["firstFailed"]["rank"] == 0 and record["firstFailed"]["exitCode"] == 1
     assert status["attempt"] == 1 and status["restarts"] == {
         "infrastructure": 0, "user": 0, "preemption": 0, "checkpoint": 0, "preflight": 0,
+        "silentDataCorruption": 0,
     }  # fmt: skip
     failed = condition_true(status, "Failed")
     assert failed is not None and failed["reason"] == "UserErrorBudgetExhausted"
