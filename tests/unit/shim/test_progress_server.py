@@ -40,11 +40,18 @@ def server(tmp_path: Path) -> Iterator[ProgressServer]:
     thread.join(timeout=10)
 
 
-def _status(srv: ProgressServer, path: str) -> int:
+def _answer(srv: ProgressServer, path: str) -> tuple[int, str | None, Any]:
+    """Status, Content-Type and the JSON body (None for a refusal's empty one)."""
     conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
     try:
         conn.request("GET", path)
-        return conn.getresponse().status
+        response = conn.getresponse()
+        raw = response.read()
+        return (
+            response.status,
+            response.getheader("Content-Type"),
+            json.loads(raw) if raw.strip().startswith(b"{") else None,
+        )
     finally:
         conn.close()
 
@@ -168,12 +175,14 @@ def test_whole_requests_beyond_the_serving_bound_are_answered_503(tmp_path: Path
         control.write_json(control_dir / control.STATE_FILE, {"generation": 1, "state": "stopped"})
         order.join(30)
         assert posted and posted[0][0] == 202
-        # the slot is released when the order's thread ends, just after its answer went out
-        # (a client quicker than that thread's return still gets 503: seen in a CI run)
-        deadline = time.monotonic() + 10
-        while _status(srv, "/healthz") == 503 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert get(srv, "/healthz") == (200, {"ok": True}), "its slot is free again"
+        # the slot is released when a request's thread ends, just after its answer went out:
+        # a client quicker than that still gets 503 (seen in CI), so ask until answered, and
+        # never by a second probe (each probe holds the one slot too)
+        deadline, answer = time.monotonic() + 10, _answer(srv, "/healthz")
+        while answer[0] == 503 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            answer = _answer(srv, "/healthz")
+        assert answer == (200, "application/json", {"ok": True}), "its slot is free again"
     finally:
         srv.shutdown()
         srv.server_close()
