@@ -21,6 +21,7 @@ from rtj_operator.api.status import FirstFailed
 from rtj_operator.policy import in_place
 from rtj_operator.policy.classify import Classification, Decision, classify_failure
 from rtj_operator.policy.findings import iso
+from rtj_operator.policy.spares import natural_rank
 from rtj_shim.wire.supervisor_report import SupervisorReport, SupervisorState
 from rtj_shim.wire.suspect_verdict import SuspectVerdict
 
@@ -133,8 +134,7 @@ def _suspect_state(
         report = reports.get(_pod_name(pod))
         if report is not None and report.rank is not None:
             return report.rank
-        index = _get(pod, "metadata", "annotations", keys.JOB_COMPLETION_INDEX)
-        return int(index) if isinstance(index, str) and index.isdigit() else None
+        return natural_rank(pod)
 
     by_rank = {rank: p for p in live if (rank := served(p)) is not None}
     pod = next((by_rank[n] for n in verdict.pods if n in by_rank), None)
