@@ -336,10 +336,13 @@ class Hang:
 
 
 def _furthest_behind(ranks: Sequence[RankProgress]) -> RankProgress:
-    """Of the ranks at the lowest step, the one not waiting for the others: one working
-    rather than in a waiting section; among those, a silent one while another pulses (its
-    process does not run: SIGSTOP, the kernel, a stuck interpreter); then the earliest
-    phase of the step, else (user sections) the one longest in its section. A waiting
+    """Of the ranks at the lowest step, the one not waiting for the others: a silent one
+    while another pulses (its process does not run: SIGSTOP, the kernel, a stuck
+    interpreter), whatever its section; then one working rather than in a waiting section;
+    then the earliest phase of the step, else (user sections) the one longest in its
+    section. Silence comes first: a rank stopped in ``barrier`` after the barrier was
+    released (its record still says so) while the rank it released waits in ``backward``
+    for it (the flake of CI stop 55: the working filter blamed rank 0). A waiting
     rank entered its wait before the frozen rank entered the section it froze in whenever
     it finished the previous step first (rank 0 in the next step's ``barrier``, rank 1
     stopped in the ``step`` between two steps); and in ``backward`` both sit in the same
@@ -348,11 +351,11 @@ def _furthest_behind(ranks: Sequence[RankProgress]) -> RankProgress:
     stuck in a section is as old as its entry) and is not used."""
     lowest = min(r.behind_key()[0] for r in ranks)
     at_lowest = [r for r in ranks if r.behind_key()[0] == lowest]
-    working = [r for r in at_lowest if r.section not in WAITING_SECTIONS]
-    at_lowest = working or at_lowest
     silent = [r for r in at_lowest if r.silent()]
     if silent and any(r.pulses() for r in at_lowest):
         at_lowest = silent
+    working = [r for r in at_lowest if r.section not in WAITING_SECTIONS]
+    at_lowest = working or at_lowest
     if all(r.section in PHASES for r in at_lowest):
         return min(at_lowest, key=lambda r: (PHASES[r.section], r.section_since, r.rank))
     return min(at_lowest, key=lambda r: (r.section_since, r.rank))

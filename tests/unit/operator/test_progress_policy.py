@@ -80,6 +80,19 @@ def test_in_one_section_the_silent_rank_is_behind_the_one_that_pulses(section: s
     assert "silent for 14s (its process does not run); 1 rank(s) ahead of it wait" in hang.message
 
 
+def test_a_silent_rank_in_a_released_barrier_is_behind_the_one_that_pulses_in_backward() -> None:
+    """CI stop 55: rank 1 was stopped in ``barrier`` just after the barrier released rank
+    0, which went on to step 180's backward and waits there (DDP's allreduce) for rank 1.
+    Rank 0 works and pulses; rank 1 waits and is silent: the silence names rank 1."""
+    reports = [
+        pod("w-0", rank(0, 179, "backward", 10.2, since_update=0.3)),
+        pod("w-1", rank(1, 179, "barrier", 10.4)),
+    ]
+    hang = hang_verdict(reports, 10.0, NOW)
+    assert hang is not None and (hang.rank, hang.pod, hang.section) == (1, "w-1", "barrier")
+    assert hang.ahead == (0,) and "its process does not run" in hang.message
+
+
 def test_without_pulses_a_silent_record_tells_nothing() -> None:
     """No rank pulses (an older shim, a shell reporter): both are silent, and the verdict
     is the phase and entry order's, without the word."""
