@@ -1,7 +1,8 @@
 """Silent data corruption with real PyTorch (DDP on gloo, 3 ranks by torchrun): a bit
-flipped in one rank's parameters, and a loss far outside its recent values on one rank,
-are each caught at the next save, which publishes nothing and names the rank on every rank;
-the clean run publishes both steps. Each run is compared with the clean one, side by side."""
+flipped in one rank's parameters, a loss far outside its recent values on one rank, and a
+gradient scaled on one rank before DDP's all-reduce, are each caught at the next save,
+which publishes nothing and names the rank on every rank; the clean run publishes both
+steps. Each run is compared with the clean one, side by side."""
 
 from __future__ import annotations
 
@@ -53,6 +54,8 @@ def clean_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     [
         ("flip", "'model' on rank 2", "diverged", 2),  # the exact checksum: one bit flipped
         ("spike", "rank 1: loss", "anomaly", 1),  # the anomaly guard on the rank that saw it
+        # every rank's norm after the all-reduce is off; rank 1's own, before it, first
+        ("scaled", "rank 1: local_grad_norm", "anomaly", 1),
         ("between", "'model' on rank 2", "diverged", 2),  # integrity_every_steps: no save
     ],
 )

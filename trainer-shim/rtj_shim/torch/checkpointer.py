@@ -351,6 +351,13 @@ class Checkpointer(CheckpointerState):
             log.info("saving step %d (%s)", step, decision.why)
         return self.save(step, objects, blocking=blocking, loss=loss, metric=best_metric)
 
+    def watch_gradients(self, model: Any) -> None:
+        """Judge this rank's gradient norm before DDP's all-reduce too (a DDP communication
+        hook, :mod:`rtj_shim.torch.local_gradients`; call before the first backward): a
+        gradient scaled on one rank is then named, where the norm after the all-reduce is
+        off on every rank alike. Needs an ``anomaly_guard``."""
+        self._integrity.watch_gradients(model)
+
     def _check_integrity(self, step: int, objects: Mapping[str, Any]) -> None:
         """Between saves: the same verdict a save takes, so training stops on a suspect
         state within `integrity_every_steps`, not at the next save."""

@@ -2,10 +2,18 @@
 collective verdict that refuses to publish a suspect state (`rtj_shim.integrity`).
 
 At every save each rank brings the exact checksums of its replicated modules and optimizers
-(`replica_check`) and, with an `AnomalyGuard`, the first anomaly its loss or gradient norm
-showed (sticky: a state once suspect stays suspect in this process). Losses and gradient
-norms given to `step_boundary` are kept as they come (tensors stay on their device: no
-per-step sync) and judged in one batch at the next save, or every `BATCH` steps.
+(`replica_check`) and, with an `AnomalyGuard`, the first step at which its loss or gradient
+norm showed an anomaly, and which signals did (sticky: a state once suspect stays suspect in
+this process). Losses and gradient norms given to `step_boundary`, and this rank's gradient
+norm before the all-reduce where `watch_gradients` hooked DDP (`local_gradients`), are kept
+as they come (tensors stay on their device: no per-step sync) and judged in one batch at the
+next save, or every `BATCH` steps.
+
+Whom a verdict names: for replicas that diverge, the ranks outside a strict majority; for
+an anomaly, the ranks whose *own* signal (`LOCAL_SIGNALS`: its loss, its gradient before
+the all-reduce) was off at the earliest step any rank saw one. The gradient norm after the
+all-reduce is the same on every rank: off there names no one; nor does a symptom every
+rank's own signal shows (a bad batch for all, a learning-rate spike).
 """
 
 from __future__ import annotations
@@ -17,13 +25,16 @@ from typing import Any
 
 import torch
 
-from rtj_shim.integrity import AnomalyGuard, SuspectState, odd_ranks
-from rtj_shim.torch import replica_check
+from rtj_shim.integrity import Anomaly, AnomalyGuard, SuspectState, odd_ranks
+from rtj_shim.torch import local_gradients, replica_check
 from rtj_shim.torch.state import Entry
 from rtj_shim.wire.suspect_verdict import MAX_RANKS, SuspectKind, SuspectVerdict
 
 BATCH = 64
 """Signals kept before they are judged without waiting for a save (bounds the memory)."""
+LOCAL_SIGNALS = frozenset({"loss", local_gradients.SIGNAL})
+"""Signals of one rank alone; ``grad_norm`` (after DDP's all-reduce, or a clip's total) is
+the same on every rank."""
 
 
 @dataclass(frozen=True)
@@ -34,6 +45,10 @@ class RankIntegrity:
     checksums: dict[str, int]
     pod: int | None = None
     """The node rank (pod index) this rank runs in: what a verdict names beside the rank."""
+    anomaly_step: int | None = None
+    """The first step at which one of this rank's signals was an anomaly."""
+    anomaly_signals: tuple[str, ...] = ()
+    """The signals that were, at that step."""
 
 
 class IntegrityWatch:
@@ -47,12 +62,26 @@ class IntegrityWatch:
         self.every_steps = every_steps
         self.pod = pod_index(os.environ)
         self.suspect: str | None = None
+        self._first: list[Anomaly] = []  # the anomalies of the first step that showed one
         self._pending: list[tuple[int, str, Any]] = []
+        self.local_grads: local_gradients.LocalGradientNorm | None = None
+
+    def watch_gradients(self, model: Any) -> None:
+        if self.guard is None:
+            raise ValueError(
+                "Checkpointer.watch_gradients(model): the Checkpointer has no anomaly guard "
+                "to judge the norms; construct it with "
+                "integrity=IntegrityOptions(anomaly_guard=AnomalyGuard())"
+            )
+        self.local_grads = local_gradients.watch(model)
 
     def note(self, step: int, **signals: float | torch.Tensor | None) -> None:
-        """Keep this step's signals (loss, grad_norm) for the guard; no device sync."""
+        """Keep this step's signals (loss, grad_norm, this rank's gradient norm before the
+        all-reduce where watched) for the guard; no device sync."""
         if self.guard is None:
             return
+        if self.local_grads is not None:
+            signals[local_gradients.SIGNAL] = self.local_grads.take()
         for name, value in signals.items():
             if value is not None:
                 kept = value.detach().reshape(()) if isinstance(value, torch.Tensor) else value
@@ -70,12 +99,19 @@ class IntegrityWatch:
         values = _floats([v for _, _, v in pending])
         for (step, name, _), value in zip(pending, values, strict=True):
             found = self.guard.observe(step, name, value)
-            if found is not None and self.suspect is None:
-                self.suspect = found.describe()
+            if found is not None and (not self._first or self._first[0].step == step):
+                self._first.append(found)
+        if self._first:  # this rank's own signal first: the one that can name it
+            own = sorted(self._first, key=lambda a: a.signal not in LOCAL_SIGNALS)
+            self.suspect = own[0].describe()
 
     def local(self, entries: Iterable[Entry]) -> RankIntegrity:
         self.judge_pending()
-        return RankIntegrity(self.suspect, replica_check.checksums(entries), self.pod)
+        first = self._first[0].step if self._first else None
+        signals = tuple(a.signal for a in self._first)
+        return RankIntegrity(
+            self.suspect, replica_check.checksums(entries), self.pod, first, signals
+        )
 
 
 def _floats(values: Sequence[Any]) -> list[float]:
@@ -112,7 +148,7 @@ def verdict(step: int, rows: Sequence[RankIntegrity], what: str = "not published
     if seen:
         detail = "; ".join(f"rank {rank}: {rows[rank].suspect}" for rank in seen)
         raise SuspectState(f"step {step} {what}: {detail}",
-                           _named(step, SuspectKind.ANOMALY, seen, rows))  # fmt: skip
+                           _named(step, SuspectKind.ANOMALY, _first_own(rows), rows))  # fmt: skip
     names = sorted({name for row in rows for name in row.checksums})
     differing, suspects = [], set()
     for name in names:
@@ -127,6 +163,21 @@ def verdict(step: int, rows: Sequence[RankIntegrity], what: str = "not published
             "differs from the other ranks' copy bit for bit): a rank computing wrong",
             _named(step, SuspectKind.DIVERGED, named, rows),
         )
+
+
+def _first_own(rows: Sequence[RankIntegrity]) -> list[int]:
+    """The ranks whose own signal was off at the earliest step any rank saw an anomaly;
+    none where every rank's was (with more than one rank: no one stands out)."""
+    steps = [row.anomaly_step for row in rows if row.anomaly_step is not None]
+    if not steps:
+        return []
+    first = min(steps)
+    named = [
+        rank
+        for rank, row in enumerate(rows)
+        if row.anomaly_step == first and LOCAL_SIGNALS & set(row.anomaly_signals)
+    ]
+    return named if len(rows) == 1 or len(named) < len(rows) else []
 
 
 def _named(
