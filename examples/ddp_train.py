@@ -33,6 +33,7 @@ present, nothing is verified, and the process group is torch's default
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -52,8 +53,14 @@ from torch.utils.data import DataLoader, Dataset
 
 from rtj_shim import progress
 from rtj_shim.checkpoint.storage import open_store
-from rtj_shim.torch import Checkpointer, ResumableSampler, SaveReport, init_process_group
-from rtj_shim.torch.options import EmergencyOptions, IoOptions, ResumeOptions
+from rtj_shim.torch import (
+    AnomalyGuard,
+    Checkpointer,
+    ResumableSampler,
+    SaveReport,
+    init_process_group,
+)
+from rtj_shim.torch.options import EmergencyOptions, IntegrityOptions, IoOptions, ResumeOptions
 
 DIM = 16
 
@@ -264,12 +271,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fault-kill-rank", type=int, default=1)
     p.add_argument("--fault-kill-in-save", type=int, help="SIGKILL inside this step's save")
     p.add_argument("--fault-flip-file", type=Path, help="if it exists: flip a weight's bit (tests)")
+    p.add_argument(
+        "--anomaly-guard",
+        action="store_true",
+        help="judge losses and each rank's gradient norm (AnomalyGuard, every 10 steps)",
+    )
+    p.add_argument(
+        "--fault-scale-file",
+        type=Path,
+        help="if it exists: scale this rank's gradient before the all-reduce (tests)",
+    )
     args = p.parse_args(argv)
     if (args.root is None) == (args.plain_checkpoints is None):
         p.error("give one of --root and --plain-checkpoints")
     if args.plain_checkpoints is not None and (args.fsdp or args.async_save):
         p.error("--plain-checkpoints saves a DDP model, blocking")
     return args
+
+
+def accumulating(wrapped: nn.Module, local: bool) -> contextlib.AbstractContextManager[Any]:
+    """DDP's ``no_sync()`` for a micro-batch whose gradient stays local; else nothing."""
+    if local and isinstance(wrapped, nn.parallel.DistributedDataParallel):
+        return wrapped.no_sync()
+    return contextlib.nullcontext()
+
+
+def scale_gradients(model: nn.Module) -> dict[str, bool]:
+    """Silent data corruption (tests): while ``now``, this rank's gradients are scaled ten
+    thousand times as backward computes them, before DDP's all-reduce averages them."""
+    scaling = {"now": False}
+    for p in model.parameters():
+        p.register_hook(lambda g: g * 1e4 if scaling["now"] else g)
+    return scaling
 
 
 def flip_a_bit(model: nn.Module, rank: int, step: int) -> None:
@@ -383,7 +416,12 @@ def main(argv: list[str] | None = None) -> int:
             io=IoOptions(shard_bytes=args.shard_kib << 10) if args.shard_kib else None,
             resume=ResumeOptions(probe=probe if args.probe else None),
             emergency=EmergencyOptions(deadline_s=args.emergency_deadline),
-        )
+            integrity=IntegrityOptions(anomaly_guard=AnomalyGuard(window=64, warmup=16),
+                                       every_steps=10) if args.anomaly_guard else None,
+        )  # fmt: skip
+        if args.anomaly_guard and isinstance(wrapped, nn.parallel.DistributedDataParallel):
+            ckpt.watch_gradients(wrapped)  # this rank's own norm, before the all-reduce
+    scaling = scale_gradients(model) if args.fault_scale_file is not None else None
     # Plain values go into the checkpoint as they are (replicated: equal on every rank).
     objects: dict[str, Any] = {
         "model": wrapped,
@@ -420,6 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     while step < args.steps:
         wrapped.train()
         total = 0.0
+        if scaling is not None:
+            scaling["now"] = args.fault_scale_file.exists()
         ids: list[int] = []
         if args.straggle_rank == rank and args.straggle_seconds:
             with progress.section("data"):  # a slow input pipeline on one rank
@@ -427,13 +467,16 @@ def main(argv: list[str] | None = None) -> int:
         if world > 1:  # the wait for the slowest rank, made explicit (a waiting section)
             with progress.section("barrier"):
                 dist.barrier()
-        for _ in range(args.accum):
+        for micro in range(args.accum):
             with progress.section("data"):
                 idx, x, y = next(batches)
-            with progress.section("forward"):
-                loss = nn.functional.mse_loss(wrapped(x), y) / args.accum
-            with progress.section("backward"):
-                loss.backward()
+            # DDP all-reduces at the last micro-batch only: the others add up locally, so
+            # the all-reduce (and watch_gradients' norm before it) sees this rank's own sum
+            with accumulating(wrapped, micro < args.accum - 1):
+                with progress.section("forward"):
+                    loss = nn.functional.mse_loss(wrapped(x), y) / args.accum
+                with progress.section("backward"):
+                    loss.backward()
             total += float(loss.detach())
             ids.extend(int(i) for i in idx)
         with progress.section("optimizer"):
@@ -465,6 +508,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.fault_flip_file is not None and args.fault_flip_file.exists():
             flip_a_bit(model, rank, step)  # a bad GPU's silent error, once
             args.fault_flip_file.unlink()
+        if scaling is not None and scaling["now"]:
+            scaling["now"] = False
+            args.fault_scale_file.unlink()
+            sys.stderr.write(f"fault: rank {rank}'s gradient scaled at step {step}\n")
         # saves every --save-every steps, and makes a SIGTERM's emergency save; the time
         # the loop spends here is the checkpoint stall, logged with the next step (the
         # goodput soaks count it as lost time: bench.soak_accounting)

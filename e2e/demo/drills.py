@@ -264,30 +264,30 @@ def losses(lines: list[str]) -> dict[int, float]:
     return out
 
 
-_NO_FAULT: dict[tuple[int, int, int], dict[int, dict[int, float]]] = {}
+_NO_FAULT: dict[tuple[int, int, int, tuple[str, ...]], dict[int, dict[int, float]]] = {}
 
 
 def no_fault_losses(
-    work: Path, steps: int, save_every: int, ranks: int = 2
+    work: Path, steps: int, save_every: int, ranks: int = 2, extra: tuple[str, ...] = ()
 ) -> dict[int, dict[int, float]]:
-    """The same training without faults (torchrun --standalone, `ranks` ranks): rank ->
-    losses. The training is deterministic, so one run per (steps, save interval, ranks)
-    serves every drill of the session."""
-    key = (steps, save_every, ranks)
+    """The same training without faults (torchrun --standalone, `ranks` ranks, the
+    example's `extra` arguments): rank -> losses. The training is deterministic, so one run
+    per (steps, save interval, ranks, extra) serves every drill of the session."""
+    key = (steps, save_every, ranks, extra)
     if key not in _NO_FAULT:
-        _NO_FAULT[key] = _run_no_fault(work, steps, save_every, ranks)
+        _NO_FAULT[key] = _run_no_fault(work, steps, save_every, ranks, extra)
     return {rank: dict(steps_) for rank, steps_ in _NO_FAULT[key].items()}
 
 
 def _run_no_fault(
-    work: Path, steps: int, save_every: int, ranks: int
+    work: Path, steps: int, save_every: int, ranks: int, extra: tuple[str, ...]
 ) -> dict[int, dict[int, float]]:
     logs = work / "clean-logs"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RTJ_", "AWS_"))}
     subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
          "examples/ddp_train.py", f"--root=file://{work / 'clean-ckpt'}", f"--log-dir={logs}",
-         f"--steps={steps}", f"--save-every={save_every}"],
+         f"--steps={steps}", f"--save-every={save_every}", *extra],
         cwd=REPO, env=env, check=True, timeout=900, capture_output=True,
     )  # fmt: skip
     return {r: losses((logs / f"rank-{r}.jsonl").read_text().splitlines()) for r in range(ranks)}

@@ -422,15 +422,21 @@ def progress_sidecar(rtj: ResilientTrainingJob, trainer: Obj, key: str | None = 
 
 
 def _affinity(current: object, avoid: list[str], js: str) -> Obj:
-    """Avoid quarantined nodes (in every OR-ed node term) and put one worker per node."""
+    """Avoid quarantined nodes (in every OR-ed node term) and put one worker per node.
+
+    One ``metadata.name NotIn`` requirement per node (ANDed within a term): the API server
+    takes exactly one value for a node field selector's ``In``/``NotIn`` ("must be only one
+    value when `operator` is 'In' or 'NotIn' for node field selector",
+    k8s.io/kubernetes pkg/apis/core/validation, validateNodeFieldSelectorRequirement), so a
+    list of two made every Job of the attempt invalid (the SDC drill's third attempt)."""
     affinity = copy.deepcopy(current) if isinstance(current, dict) else {}
     if avoid:
         node = affinity.setdefault("nodeAffinity", {})
         required = node.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
-        fields = {"key": "metadata.name", "operator": "NotIn", "values": avoid}
+        fields = [{"key": "metadata.name", "operator": "NotIn", "values": [n]} for n in avoid]
         terms = required.get("nodeSelectorTerms") or [{}]
         required["nodeSelectorTerms"] = [
-            {**t, "matchFields": [*t.get("matchFields", []), fields]} for t in terms
+            {**t, "matchFields": [*t.get("matchFields", []), *fields]} for t in terms
         ]
     spread = affinity.setdefault("podAntiAffinity", {})
     rules = spread.setdefault("requiredDuringSchedulingIgnoredDuringExecution", [])
