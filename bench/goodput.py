@@ -49,7 +49,7 @@ from bench.soak_faults import Injector as Injector
 from bench.soak_faults import inject as inject
 from bench.soak_faults import preemption_text as preemption_text
 from bench.soak_faults import prepare_preemption as prepare_preemption
-from bench.soak_schedule import schedule
+from bench.soak_schedule import DEFAULT_MIX, KINDS, schedule
 from bench.soak_training import CAPS as CAPS
 from bench.soak_training import CLUSTER_QUEUE as CLUSTER_QUEUE
 from bench.soak_training import JOB as JOB
@@ -237,6 +237,24 @@ def write_report(
     (out / f"{name}.json").write_text(json.dumps(facts, indent=2, default=str) + "\n")
 
 
+def parse_mix(text: str) -> dict[str, float]:
+    """``KIND=WEIGHT,...`` as a mix (argparse's type: a bad one is its error)."""
+    mix: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        kind, _, weight = part.partition("=")
+        if kind not in KINDS:
+            raise argparse.ArgumentTypeError(f"{kind!r}: expected one of {', '.join(KINDS)}")
+        try:
+            mix[kind] = float(weight or "1")
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part!r}: expected KIND=WEIGHT") from None
+        if mix[kind] < 0:
+            raise argparse.ArgumentTypeError(f"{part!r}: expected a weight of 0 or more")
+    if not any(mix.values()):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected at least one positive weight")
+    return mix
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mtbf", type=float, default=60.0)
@@ -263,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preemption-hold", type=float, default=PREEMPTION_HOLD,
                    help="seconds a preemption's urgent workload keeps the quota once "
                    "admitted (%(default)s)")  # fmt: skip
+    p.add_argument("--mix", type=parse_mix, default=None,
+                   help="the fault mix, KIND=WEIGHT,... (default: every kind but sdc, "
+                   "bench.soak_schedule.DEFAULT_MIX)")  # fmt: skip
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     p.add_argument("--name", default="goodput", help="the report's file names")
     p.add_argument("--work", type=Path, default=SoakOptions.work)
@@ -277,7 +298,8 @@ def main(argv: list[str] | None = None) -> int:
                        in_place=args.in_place, fast_every=args.fast_every,
                        preemption_hold=args.preemption_hold, spares=args.spares,
                        preload=args.preload, async_save=args.async_save,
-                       drain_every=args.drain_every)  # fmt: skip
+                       drain_every=args.drain_every,
+                       mix=args.mix or dict(DEFAULT_MIX))  # fmt: skip
     command = "python -m bench.goodput " + " ".join(
         sys.argv[1:] if argv is None else argv
     )  # fmt: skip

@@ -51,6 +51,7 @@ from bench import baseline_judge, goodput, soak_compare
 from bench import soak_accounting as acc
 from bench.cpu_account import CpuSampler
 from bench.soak_schedule import DEFAULT_MIX, KINDS, Fault, schedule
+from bench.soak_training import fault_args
 from e2e.cluster.cluster import LocalCluster
 from e2e.cluster.kueue_preemption import kueue_preemptor_leaks
 from e2e.demo import story
@@ -227,7 +228,7 @@ def run(opts: goodput.SoakOptions, cap: float) -> dict[str, Any]:
         wait_for("the checkpoint claim to bind", lambda: _bound(kube), 60, 0.5)
         goodput.prepare_preemption(kube, plan)
         trainer = [f"--steps={opts.steps}", f"--save-every={opts.save_every}",
-                   f"--step-sleep={opts.step_sleep}"]  # fmt: skip
+                   f"--step-sleep={opts.step_sleep}", *fault_args(opts)]  # fmt: skip
         created = time.time()
         kube.jobset_create(
             bj.jobset(story.NAMESPACE, story.QUEUE, goodput.RANKS, trainer), story.NAMESPACE

@@ -45,7 +45,11 @@ HOW = (
     "needing the whole quota arrives, Kueue suspends the JobSet, whose Jobs delete their "
     "pods (the plain trainer saves nothing on SIGTERM); once it leaves, Kueue admits the "
     "JobSet again, its pods start over and resume from the newest file (counted as an "
-    "attempt of their own)."
+    "attempt of their own). **sdc** flips one bit of one rank's weights (the trainer reads "
+    "a file its pod is given): nothing in the plain trainer compares the replicas, so it "
+    "trains on and saves the corrupted state; the run ends with a model that differs from "
+    "the no-fault run. With the operator every rank refuses the state at the next save "
+    "(the replicas differ bit for bit) and the world restarts from the step before."
 )
 
 

@@ -10,7 +10,13 @@ import time
 from typing import Any
 
 from bench.soak_schedule import Fault
-from bench.soak_training import CLUSTER_QUEUE, JOB, PREEMPTION_HOLD, PREEMPTION_PRIORITY
+from bench.soak_training import (
+    CLUSTER_QUEUE,
+    FLIP_NAME,
+    JOB,
+    PREEMPTION_HOLD,
+    PREEMPTION_PRIORITY,
+)
 from e2e.cluster import faults as cluster_faults
 from e2e.cluster import kueue_preemption
 from e2e.demo import drills, story
@@ -62,6 +68,10 @@ class Injector:
         if fault.kind == "preemption":
             return self._preempt()
         node, name = pod["spec"]["nodeName"], pod["metadata"]["name"]
+        if fault.kind == "sdc":
+            flip = story._pod_dir(self.opts, pod) / "volumes" / "train-logs" / FLIP_NAME
+            flip.write_text("")  # the trainer flips a bit of its weights at its next step
+            return f"flipped a bit of rank {fault.rank}'s weights ({name}, on {node})"
         if fault.kind == "hang":
             os.kill(pid, signal.SIGSTOP)
             return f"SIGSTOP rank {fault.rank} (pid {pid}, {name})"

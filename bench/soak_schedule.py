@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 KINDS = (
     "rank_killed", "gpu_xid", "hang", "eviction", "corrupt_newest", "node_lost", "preemption",
+    "sdc",
 )  # fmt: skip
 """What the harness knows how to inject on pod-runner nodes:
 
@@ -33,7 +34,11 @@ KINDS = (
   stops renewing its Lease; its pods stay Running in the API): found from the stale Lease;
 - preemption: a more urgent workload (a higher WorkloadPriorityClass) arrives in the job's
   ClusterQueue needing all its quota, and Kueue itself evicts the job's Workload; the
-  urgent one leaves after a short hold and the job is admitted again.
+  urgent one leaves after a short hold and the job is admitted again;
+- sdc: silent data corruption: one bit of the rank's weights flips (its "GPU" computes
+  wrong; the example trainer reads a file its pod is given, ``--fault-flip-file``) and the
+  rank goes on training. Not in the default mix (the published seeds draw as before): name
+  it in ``--mix``.
 """
 
 DEFAULT_MIX: Mapping[str, float] = {

@@ -28,6 +28,10 @@ PREEMPTION_HOLD = 5.0
 """Seconds a preemption's urgent workload keeps the quota once admitted (`--preemption-hold`)."""
 PREEMPTION_PRIORITY = 1000
 """Its WorkloadPriorityClass's value (the soak's job has none: 0)."""
+FLIP_NAME = "flip"
+FLIP_FILE = f"/var/log/train/{FLIP_NAME}"
+"""The file an `sdc` fault gives the rank's pod (its train-logs volume; the example trainer's
+``--fault-flip-file``), in the operator's pods and the JobSet baseline's alike."""
 CLUSTER_QUEUE = story.NAMESPACE
 """The platform's ClusterQueue (`story.start_platform` names it after the namespace)."""
 
@@ -114,7 +118,13 @@ def trainer_args(opts: SoakOptions) -> list[str]:
         f"--save-every={opts.trainer_save_every()}",
         f"--step-sleep={opts.step_sleep}",
         *(["--async-save"] if opts.async_save else []),
+        *fault_args(opts),
     ]
+
+
+def fault_args(opts: SoakOptions) -> list[str]:
+    """The trainer's side of the faults the schedule may hold (an `sdc`: the flip file)."""
+    return [f"--fault-flip-file={FLIP_FILE}"] if may_hold(opts, "sdc") else []
 
 
 def job_body(opts: SoakOptions) -> dict[str, Any]:
@@ -123,6 +133,7 @@ def job_body(opts: SoakOptions) -> dict[str, Any]:
     spec = body["spec"]
     spec["checkpoint"]["uri"] = f"s3://{story.BUCKET}/{JOB}"
     spec["failurePolicy"] = {"maxRestarts": MAX_RESTARTS,
+                             "silentDataCorruptionRestarts": MAX_RESTARTS,
                              "backoff": {"initialSeconds": 1, "maxSeconds": 5}}  # fmt: skip
     spec["progress"] = {"hangTimeoutSeconds": opts.hang_timeout}
     if opts.in_place:
@@ -176,6 +187,11 @@ def settings(opts: SoakOptions) -> dict[str, Any]:
 
 def may_preempt(opts: SoakOptions) -> bool:
     """Whether the run's schedule may hold a preemption."""
+    return may_hold(opts, "preemption")
+
+
+def may_hold(opts: SoakOptions, kind: str) -> bool:
+    """Whether the run's schedule may hold a fault of `kind`."""
     if opts.faults is not None:
-        return any(f.kind == "preemption" for f in opts.faults)
-    return opts.mix.get("preemption", 0) > 0
+        return any(f.kind == kind for f in opts.faults)
+    return opts.mix.get(kind, 0) > 0

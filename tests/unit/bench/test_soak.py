@@ -11,7 +11,7 @@ import pytest
 
 from bench import soak_accounting as acc
 from bench import soak_compare, soak_judge, soak_report
-from bench.soak_schedule import KINDS, schedule
+from bench.soak_schedule import DEFAULT_MIX, KINDS, Fault, schedule
 
 
 def test_the_schedule_is_seeded_spaced_and_capped() -> None:
@@ -22,7 +22,8 @@ def test_the_schedule_is_seeded_spaced_and_capped() -> None:
     assert all(later.at - earlier.at >= 30 for earlier, later in itertools.pairwise(a))
     assert all(f.at <= 3600 - 30 and f.kind in KINDS and 0 <= f.rank < 4 for f in a)
     assert sum(f.kind == "gpu_xid" for f in a) <= 2
-    assert {f.kind for f in a} == set(KINDS), "the default mix draws every kind"
+    assert {f.kind for f in a} == set(DEFAULT_MIX), "the default mix draws each of its kinds"
+    assert set(KINDS) - set(DEFAULT_MIX) == {"sdc"}, "named in --mix only"
     only = schedule(1, 600, 30, ranks=2, mix={"hang": 1.0})
     assert only and {f.kind for f in only} == {"hang"}
     with pytest.raises(ValueError, match="unknown fault kinds"):
@@ -323,3 +324,26 @@ def test_a_job_that_never_finished_is_missing_steps() -> None:
     assert killed["path"] == "in place"
     assert (lost["path"], lost["detection_seconds"]) == ("in place (1 restarts), never trained "
                                                          "again", pytest.approx(2.0))  # fmt: skip
+
+
+def test_a_mix_is_parsed_by_kind_and_a_bad_one_names_what_was_expected() -> None:
+    import argparse
+
+    from bench.goodput import parse_mix
+
+    assert parse_mix("sdc=1, rank_killed=0.5") == {"sdc": 1.0, "rank_killed": 0.5}
+    assert parse_mix("hang") == {"hang": 1.0}
+    for bad, said in (("meteor=1", "expected one of"), ("sdc=lots", "KIND=WEIGHT"),
+                      ("sdc=-1", "0 or more"), ("sdc=0", "at least one positive")):  # fmt: skip
+        with pytest.raises(argparse.ArgumentTypeError, match=said):
+            parse_mix(bad)
+
+
+def test_only_a_schedule_that_may_hold_an_sdc_gives_the_trainers_the_flip_file() -> None:
+    from bench.soak_training import FLIP_FILE, SoakOptions, trainer_args
+
+    flip = f"--fault-flip-file={FLIP_FILE}"
+    assert flip not in trainer_args(SoakOptions())
+    assert flip in trainer_args(SoakOptions(mix={"sdc": 1.0}))
+    assert flip in trainer_args(SoakOptions(faults=[Fault(30.0, "sdc", 1)]))
+    assert flip not in trainer_args(SoakOptions(faults=[Fault(30.0, "hang", 1)], mix={"sdc": 1}))
