@@ -91,8 +91,8 @@ def supervisor_failure(
     ]
     if others:
         evidence.append(f"also exited: {', '.join(others[:5])}")
-    if (rejected := report.rejected_step) is not None:
-        step, reason = rejected
+    if (rejected := report.rejected) is not None:
+        step, reason = rejected.step, rejected.reason
         evidence.insert(0, f"pod {name}: the restarted trainers refused pinned step {step}: "
                            f"{reason[:300]}")  # fmt: skip
         return Classification(

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from rtj_shim.checkpoint.lineage import LEGACY, Held
+from rtj_shim.wire.rejected_step import RejectedStep, RejectedStepError
 from rtj_shim.wire.supervisor_report import (
     STARTED_STATES,
     STOPPED_STATES,
@@ -25,14 +26,14 @@ def test_a_full_report_round_trips_through_json() -> None:
     report = SupervisorReport(
         3, SupervisorState.STOPPED, attempt=4, exit_code=None, fast_steps=(40, 50),
         fast_held=frozenset({Held(40, LINEAGE), Held(50, LINEAGE)}),
-        rejected={"step": 30, "reason": "sha256 mismatch"}, spare=True, rank=2, pid=None,
+        rejected=RejectedStep(30, "sha256 mismatch"), spare=True, rank=2, pid=None,
         suspect=SuspectVerdict(40, SuspectKind.DIVERGED, (5,), (2,)),
         preloaded=True, standby="fork-server", updated_wall_time=1733400000.5,
     )  # fmt: skip
     again = SupervisorReport.parse(json.loads(json.dumps(report.encode())))
     assert again == report
     assert again.encode()["state"] == "stopped" and f"{again.state}" == "stopped"
-    assert again.rejected_step == (30, "sha256 mismatch")
+    assert again.rejected == RejectedStep(30, "sha256 mismatch")
 
 
 def test_an_older_supervisors_minimal_report_parses() -> None:
@@ -63,6 +64,14 @@ def test_states_that_show_an_order_carried_out() -> None:
         ({"generation": 1, "state": "exited", "exit_code": "1"}, "supervisor.exit_code"),
         ({"generation": 1, "state": "running", "updated_wall_time": "now"}, "updated_wall_time"),
         ({"generation": 1, "state": "exited", "rejected": "step 3"}, "supervisor.rejected"),
+        (
+            {"generation": 1, "state": "exited", "rejected": {"step": "3"}},
+            "supervisor.rejected step: step '3'",
+        ),
+        (
+            {"generation": 1, "state": "exited", "rejected": {"step": 3, "reason": 7}},
+            "supervisor.rejected step: reason 7",
+        ),
         ({"generation": 1, "state": "exited", "suspect": "rank 3"}, "supervisor.suspect"),
         (
             {"generation": 1, "state": "exited", "suspect": {"step": 3, "kind": "odd"}},
@@ -81,3 +90,13 @@ def test_holdings_that_do_not_parse_are_ignored_as_before() -> None:
          "fast_held": [f"{LINEAGE}@5", "nonsense"]}
     )  # fmt: skip
     assert report.fast_steps == (5,) and report.holdings == {Held(5, LINEAGE)}
+
+
+def test_a_rejected_step_round_trips_and_its_reason_is_cut_not_refused() -> None:
+    long = RejectedStep(30, "x" * 900)
+    assert RejectedStep.parse(json.dumps(long.encode())) == RejectedStep(30, "x" * 500)
+    assert RejectedStep.parse({"step": 4}) == RejectedStep(4, "")
+    for bad, said in (("{", "not JSON"), ([1], "expected a JSON object"),
+                      ({"step": -1}, "step -1"), ({"step": True}, "step True")):  # fmt: skip
+        with pytest.raises(RejectedStepError, match=said):
+            RejectedStep.parse(bad)

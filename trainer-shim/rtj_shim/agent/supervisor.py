@@ -94,6 +94,8 @@ from rtj_shim.wire.control import (
 )
 from rtj_shim.wire.control import parse_order as _parse_order
 from rtj_shim.wire.progress_record import FILE_PREFIX, FILE_SUFFIX
+from rtj_shim.wire.rejected_step import SUFFIX as REJECTED_SUFFIX
+from rtj_shim.wire.rejected_step import RejectedStep, RejectedStepError
 from rtj_shim.wire.resume_file import ResumeFile
 from rtj_shim.wire.supervisor_report import SupervisorReport, SupervisorReportError
 from rtj_shim.wire.supervisor_report import SupervisorState as State
@@ -124,7 +126,7 @@ class Supervised:
         int, ...
     ] = ()  # reported with State.STOPPED (rtj_shim.fast.fast_tier.holdings)
     fast_held: tuple[Held, ...] = ()  # the same with their lineages (rtj_shim.fast.fast_tier.held)
-    rejected: dict[str, object] | None = None  # the pinned step the command's restore refused
+    rejected: RejectedStep | None = None  # the pinned step the command's restore refused
     suspect: SuspectVerdict | None = None  # the trainers' verdict on a suspect state
 
 
@@ -354,7 +356,7 @@ class Supervisor:
         state = State.FINISHED if code == 0 else State.EXITED
         generation = self.current.generation
         resume = self.dir / f"resume-{generation}.json"
-        rejected = read_json(resume.with_name(resume.name + ".rejected"))
+        rejected = _rejected(read_json(resume.with_name(resume.name + REJECTED_SUFFIX)))
         if generation == 0 and self.env.get("RTJ_RESUME_FILE"):  # the pod's own, as started
             resume = Path(self.env["RTJ_RESUME_FILE"])
         suspect = _suspect(read_json(resume.with_name(resume.name + SUSPECT_SUFFIX)))
@@ -470,6 +472,15 @@ def _become_subreaper() -> bool:
         return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
+
+
+def _rejected(body: dict[str, object] | None) -> RejectedStep | None:
+    """The trainers' refusal of the pinned step, parsed (None: none, or one that does not
+    parse: the restart then fails as any other, without naming the step)."""
+    try:
+        return None if body is None else RejectedStep.parse(body)
+    except RejectedStepError:
+        return None
 
 
 def _suspect(body: dict[str, object] | None) -> SuspectVerdict | None:

@@ -44,6 +44,8 @@ from rtj_shim.torch.validation import (
     optimizer_moments,
     run_probe,
 )
+from rtj_shim.wire import rejected_step
+from rtj_shim.wire.rejected_step import RejectedStep
 from rtj_shim.wire.resume_file import ResumeFile, ResumeFileError
 from rtj_shim.wire.suspect_verdict import SUFFIX as SUSPECT_SUFFIX
 from rtj_shim.wire.suspect_verdict import SuspectVerdict
@@ -97,12 +99,12 @@ def reject(resume_file: Path, step: int, why: str) -> None:
     operator marks the step bad instead of pinning it again. Best effort."""
     target = resume_file.with_name(resume_file.name + REJECTED_SUFFIX)
     try:
-        target.write_text(json.dumps({"step": step, "reason": why[:500]}))
+        target.write_text(json.dumps(RejectedStep(step, why).encode()))
     except OSError as exc:
         log.warning("restore: could not record the rejected step at %s: %s", target, exc)
 
 
-REJECTED_SUFFIX = ".rejected"
+REJECTED_SUFFIX = rejected_step.SUFFIX
 
 
 def record_suspect(resume_file: Path, verdict: SuspectVerdict) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 from rtj_shim.checkpoint import lineage
 from rtj_shim.checkpoint.lineage import Held
+from rtj_shim.wire.rejected_step import RejectedStep, RejectedStepError
 from rtj_shim.wire.suspect_verdict import SuspectVerdict, SuspectVerdictError
 
 
@@ -68,8 +69,8 @@ class SupervisorReport:
     when the report has no such list."""
     fast_held: frozenset[Held] | None = None
     """The same with their lineages; None from a supervisor that does not report them."""
-    rejected: Mapping[str, Any] | None = None
-    """The pinned step the restarted trainers refused: ``{"step": S, "reason": ...}``."""
+    rejected: RejectedStep | None = None
+    """The pinned step the restarted trainers refused (`rtj_shim.wire.rejected_step`)."""
     suspect: SuspectVerdict | None = None
     """The trainers' verdict on a suspect state (silent data corruption) when they exited
     with one (`rtj_shim.wire.suspect_verdict`)."""
@@ -96,14 +97,6 @@ class SupervisorReport:
         """Whether the report lists fast steps at all (a supervisor of a pod with a fast tier)."""
         return self.fast_held is not None or self.fast_steps is not None
 
-    @property
-    def rejected_step(self) -> tuple[int, str] | None:
-        step = None if self.rejected is None else self.rejected.get("step")
-        if not isinstance(step, int) or isinstance(step, bool):
-            return None
-        assert self.rejected is not None
-        return step, str(self.rejected.get("reason") or "")
-
     def encode(self) -> dict[str, Any]:
         return {
             "generation": self.generation, "state": self.state.value, "attempt": self.attempt,
@@ -112,7 +105,7 @@ class SupervisorReport:
             "fast_held": None if self.fast_held is None else sorted(
                 h.encode() for h in self.fast_held
             ),
-            "rejected": None if self.rejected is None else dict(self.rejected),
+            "rejected": None if self.rejected is None else self.rejected.encode(),
             "suspect": None if self.suspect is None else self.suspect.encode(),
             "spare": self.spare, "rank": self.rank, "pid": self.pid,
             "preloaded": self.preloaded, "standby": self.standby,
@@ -141,7 +134,7 @@ class SupervisorReport:
             fast_steps=_steps(body.get("fast_steps")),
             fast_held=lineage.parse_all(body["fast_held"])
             if isinstance(body.get("fast_held"), list) else None,
-            rejected=_mapping(body, "rejected"),
+            rejected=_rejected(body),
             suspect=_suspect(body),
             spare=body.get("spare") is True,
             rank=_count(body, "rank"),
@@ -189,11 +182,16 @@ def _seconds(body: Mapping[str, Any], key: str) -> float | None:
     return float(value)
 
 
-def _mapping(body: Mapping[str, Any], key: str) -> Mapping[str, Any] | None:
-    value = body.get(key)
-    if value is not None and not isinstance(value, Mapping):
-        raise SupervisorReportError(f"supervisor.{key}: expected an object or null")
-    return value
+def _rejected(body: Mapping[str, Any]) -> RejectedStep | None:
+    value = body.get("rejected")
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise SupervisorReportError("supervisor.rejected: expected an object or null")
+    try:
+        return RejectedStep.parse(value)
+    except RejectedStepError as exc:
+        raise SupervisorReportError(f"supervisor.{exc}") from None
 
 
 def _steps(value: object) -> tuple[int, ...] | None:
