@@ -9,6 +9,7 @@ from html import escape
 from typing import Any
 
 from bench import cpu_account
+from bench.soak_schedule import DEFAULT_MIX
 
 W, H, PAD = 900, 360, 50
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2")
@@ -193,11 +194,7 @@ def markdown(
             f"Injected: {injected or 'nothing'}.",
             "",
             *cpu_section({"this run": facts.get("cpu_seconds") or {}}),
-            "Every fault class the operator handles is in the mix (`bench.soak_schedule."
-            "KINDS`), a Kueue preemption included (an urgent workload of a higher "
-            "WorkloadPriorityClass needing the ClusterQueue's whole quota: Kueue evicts the "
-            "job's Workload). The same schedule against a plain JobSet: "
-            "goodput-comparison.md (`bench.goodput_baseline`).",
+            _mix_words(facts.get("mix")),
             "",
             f"![timeline]({svg})",
             "",
@@ -249,3 +246,18 @@ def cpu_section(runs: Mapping[str, Mapping[str, float]]) -> list[str]:
         *cpu_account.markdown_rows(runs),
         "",
     ]
+
+
+def _mix_words(mix: Mapping[str, float] | None) -> str:
+    """What the schedule was drawn from, in words (a fixed schedule records no mix)."""
+    same = ("The same schedule against a plain JobSet: goodput-comparison.md "
+            "(`bench.goodput_baseline`).")  # fmt: skip
+    if mix is None:
+        return f"A fixed schedule (no mix drawn from). {same}"
+    if dict(mix) == dict(DEFAULT_MIX):
+        return ("The default mix (`bench.soak_schedule.DEFAULT_MIX`): every fault class the "
+                "operator handles but silent data corruption, a Kueue preemption included (an "
+                "urgent workload of a higher WorkloadPriorityClass needing the ClusterQueue's "
+                f"whole quota: Kueue evicts the job's Workload). {same}")  # fmt: skip
+    weights = ", ".join(f"{kind} {weight:g}" for kind, weight in mix.items())
+    return f"The mix drawn from (`--mix`): {weights}. {same}"
