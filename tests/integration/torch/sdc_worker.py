@@ -11,7 +11,9 @@ save at step 4, then does what argv[2] says before the save of step 8:
 * ``scaled``: rank 1's gradient at step 7 is scaled ten thousand times before DDP's
   all-reduce (a tensor hook on its parameters, as a bad GPU's arithmetic in backward),
   with an AnomalyGuard and ``watch_gradients`` on every rank, each passing the norm after
-  the all-reduce as ``grad_norm`` (off on every rank alike: it names no one).
+  the all-reduce as ``grad_norm`` (off on every rank alike: it names no one);
+* ``scaled-fast``: the same with a fast tier every 2 steps (argv[3]: its directory): the
+  fast save of step 8 takes the anomaly verdict first and keeps nothing.
 
 Rank 0 prints JSON: the steps published and the error each rank raised.
 """
@@ -28,7 +30,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from rtj_shim.checkpoint.layout import step_key
-from rtj_shim.torch import AnomalyGuard, Checkpointer, SuspectState
+from rtj_shim.torch import AnomalyGuard, Checkpointer, FastTierConfig, SuspectState
 from rtj_shim.torch.options import IntegrityOptions
 
 
@@ -39,11 +41,13 @@ def main(root: str, mode: str) -> None:
     net = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 1))
     model = DistributedDataParallel(net)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    guard = AnomalyGuard(window=16, warmup=4) if mode in ("spike", "scaled") else None
+    guard = AnomalyGuard(window=16, warmup=4) if mode.startswith(("spike", "scaled")) else None
     every = 2 if mode == "between" else None
-    ckpt = Checkpointer(root, integrity=IntegrityOptions(anomaly_guard=guard, every_steps=every))
+    fast = FastTierConfig(sys.argv[3], 2) if mode == "scaled-fast" else None
+    ckpt = Checkpointer(root, integrity=IntegrityOptions(anomaly_guard=guard, every_steps=every),
+                        fast_tier=fast)  # fmt: skip
     scale = {"now": False}
-    if mode == "scaled":
+    if mode.startswith("scaled"):
         ckpt.watch_gradients(model)
         if rank == 1:
             for p in net.parameters():

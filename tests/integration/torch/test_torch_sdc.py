@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from rtj_shim.fast import fast_tier
 from rtj_shim.wire.suspect_verdict import SUFFIX, SuspectKind, SuspectVerdict
 
 WORKER = Path(__file__).with_name("sdc_worker.py")
@@ -31,13 +32,17 @@ def _run(root: Path, mode: str) -> dict[str, Any]:
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3",
         "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
-        str(WORKER), str(root), mode,
+        str(WORKER), str(root), mode, str(_fast_dir(root)),
     ]  # fmt: skip
     env = {**os.environ, "RTJ_RESUME_FILE": str(_resume_file(root)), "NODE_RANK": "5"}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False, env=env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
+
+
+def _fast_dir(root: Path) -> Path:
+    return root.with_name(f"{root.name}-fast")
 
 
 def _resume_file(root: Path) -> Path:
@@ -56,6 +61,8 @@ def clean_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         ("spike", "rank 1: loss", "anomaly", 1),  # the anomaly guard on the rank that saw it
         # every rank's norm after the all-reduce is off; rank 1's own, before it, first
         ("scaled", "rank 1: local_grad_norm", "anomaly", 1),
+        # the same with a fast tier every 2 steps: its save of step 8 is refused first
+        ("scaled-fast", "rank 1: local_grad_norm", "anomaly", 1),
         ("between", "'model' on rank 2", "diverged", 2),  # integrity_every_steps: no save
     ],
 )
@@ -67,7 +74,10 @@ def test_a_suspect_state_is_never_published_and_every_rank_names_the_culprit(
     assert faulty["published"] == [4], "the state before the symptom stays the newest"
     errors = faulty["errors"]
     assert len(set(errors)) == 1, "every rank raises the same verdict"
-    verdict = "step 6 failed its integrity check" if mode == "between" else "step 8 not published"
+    verdict = {
+        "between": "step 6 failed its integrity check",
+        "scaled-fast": "step 8 not kept in the fast tier",
+    }.get(mode, "step 8 not published")
     assert errors[0].startswith(f"SuspectState: {verdict}"), errors[0]
     assert named in errors[0], errors[0]
     # the verdict, typed, in the message (a termination message carries it) and beside the
@@ -78,6 +88,8 @@ def test_a_suspect_state_is_never_published_and_every_rank_names_the_culprit(
     assert SuspectVerdict.find(errors[0]) == want, errors[0]
     written = _resume_file(tmp_path / mode).with_name(f"{mode}-resume.json{SUFFIX}")
     assert SuspectVerdict.parse(written.read_text()) == want
+    if mode == "scaled-fast":  # every rank kept the fast steps before the symptom, not 8
+        assert fast_tier.holdings(_fast_dir(tmp_path / mode)) == [4, 6]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])

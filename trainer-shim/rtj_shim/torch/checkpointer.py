@@ -401,6 +401,11 @@ class Checkpointer(CheckpointerState):
     @progress.reports_section("checkpoint")
     def _fast_save(self, step: int, objects: Mapping[str, Any]) -> None:
         assert self._fast is not None
+        if self._integrity.guard is not None:  # collective: every rank passes the same step
+            # no fast copy of a state an anomaly made suspect: an in-place restart would pin
+            # it, a drain would publish it (replicas that differ the drain refuses itself)
+            rows = self._coordinator().all_gather(self._integrity.local_anomaly())
+            self._judge(step, rows, what="not kept in the fast tier")
         started = time.perf_counter()  # the stall counts reading the objects too
         entries = reclassify(objects, self._fast_entries, self.rank_local, self.replicated)
         self._fast_entries = entries

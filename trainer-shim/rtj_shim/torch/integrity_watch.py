@@ -106,12 +106,17 @@ class IntegrityWatch:
             self.suspect = own[0].describe()
 
     def local(self, entries: Iterable[Entry]) -> RankIntegrity:
+        return self._row(replica_check.checksums(entries))
+
+    def local_anomaly(self) -> RankIntegrity:
+        """The row without the checksums' pass: the anomaly part of the verdict only."""
+        return self._row({})
+
+    def _row(self, checksums: dict[str, int]) -> RankIntegrity:
         self.judge_pending()
         first = self._first[0].step if self._first else None
         signals = tuple(a.signal for a in self._first)
-        return RankIntegrity(
-            self.suspect, replica_check.checksums(entries), self.pod, first, signals
-        )
+        return RankIntegrity(self.suspect, checksums, self.pod, first, signals)
 
 
 def _floats(values: Sequence[Any]) -> list[float]:
