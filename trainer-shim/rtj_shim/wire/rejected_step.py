@@ -13,10 +13,10 @@ It is the tenant's word: it can only make the operator distrust the job's own st
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from rtj_shim.wire.json_body import json_object, step_field
 
 SUFFIX = ".rejected"
 """The file beside the resume file the trainers write the verdict to."""
@@ -38,16 +38,8 @@ class RejectedStep:
 
     @classmethod
     def parse(cls, body: Any) -> RejectedStep:
-        if isinstance(body, (bytes, str)):
-            try:
-                body = json.loads(body)
-            except ValueError as exc:
-                raise RejectedStepError(f"rejected step: not JSON ({exc})") from None
-        if not isinstance(body, Mapping):
-            raise RejectedStepError("rejected step: expected a JSON object")
-        step = body.get("step")
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise RejectedStepError(f"rejected step: step {step!r}: expected an int >= 0")
+        body = json_object(body, "rejected step", RejectedStepError)
+        step = step_field(body, "rejected step", RejectedStepError)
         reason = body.get("reason", "")
         if not isinstance(reason, str):
             raise RejectedStepError(f"rejected step: reason {reason!r:.40}: expected a string")

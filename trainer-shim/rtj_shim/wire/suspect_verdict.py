@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from rtj_shim.wire.json_body import json_object, step_field
+
 MARK = "rtj-suspect-verdict="
 SUFFIX = ".suspect"
 """The file beside the resume file the trainers write the verdict to."""
@@ -60,16 +62,8 @@ class SuspectVerdict:
 
     @classmethod
     def parse(cls, body: Any) -> SuspectVerdict:
-        if isinstance(body, (bytes, str)):
-            try:
-                body = json.loads(body)
-            except ValueError as exc:
-                raise SuspectVerdictError(f"suspect verdict: not JSON ({exc})") from None
-        if not isinstance(body, Mapping):
-            raise SuspectVerdictError("suspect verdict: expected a JSON object")
-        step = body.get("step")
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise SuspectVerdictError(f"suspect verdict: step {step!r}: expected an int >= 0")
+        body = json_object(body, "suspect verdict", SuspectVerdictError)
+        step = step_field(body, "suspect verdict", SuspectVerdictError)
         try:
             kind = SuspectKind(body.get("kind"))
         except ValueError:
