@@ -88,8 +88,10 @@ def test_a_suspect_state_is_never_published_and_every_rank_names_the_culprit(
     assert SuspectVerdict.find(errors[0]) == want, errors[0]
     written = _resume_file(tmp_path / mode).with_name(f"{mode}-resume.json{SUFFIX}")
     assert SuspectVerdict.parse(written.read_text()) == want
-    if mode == "scaled-fast":  # every rank kept the fast steps before the symptom, not 8
-        assert fast_tier.holdings(_fast_dir(tmp_path / mode)) == [4, 6]
+    if mode == "scaled-fast":  # fast steps before the symptom kept, 8 never (a fast save
+        # while the previous one still writes is skipped: which of 2, 4, 6 is load's choice)
+        held = fast_tier.holdings(_fast_dir(tmp_path / mode))
+        assert held and set(held) <= {2, 4, 6}, held
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
