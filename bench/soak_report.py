@@ -194,7 +194,7 @@ def markdown(
             f"Injected: {injected or 'nothing'}.",
             "",
             *cpu_section({"this run": facts.get("cpu_seconds") or {}}),
-            _mix_words(facts.get("mix")),
+            _mix_words(facts["mix"] if "mix" in facts else dict(DEFAULT_MIX)),
             "",
             f"![timeline]({svg})",
             "",
@@ -249,7 +249,8 @@ def cpu_section(runs: Mapping[str, Mapping[str, float]]) -> list[str]:
 
 
 def _mix_words(mix: Mapping[str, float] | None) -> str:
-    """What the schedule was drawn from, in words (a fixed schedule records no mix)."""
+    """What the schedule was drawn from, in words (a fixed schedule records None; facts
+    without the key are of a run that drew from the default mix)."""
     same = ("The same schedule against a plain JobSet: goodput-comparison.md "
             "(`bench.goodput_baseline`).")  # fmt: skip
     if mix is None:

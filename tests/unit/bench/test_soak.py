@@ -347,3 +347,12 @@ def test_only_a_schedule_that_may_hold_an_sdc_gives_the_trainers_the_flip_file()
     assert flip in trainer_args(SoakOptions(mix={"sdc": 1.0}))
     assert flip in trainer_args(SoakOptions(faults=[Fault(30.0, "sdc", 1)]))
     assert flip not in trainer_args(SoakOptions(faults=[Fault(30.0, "hang", 1)], mix={"sdc": 1}))
+
+
+def test_the_report_names_the_mix_its_schedule_was_drawn_from() -> None:
+    words = soak_report._mix_words
+    assert words(dict(DEFAULT_MIX)).startswith("The default mix")
+    assert words({"sdc": 1.0, "hang": 0.5}).startswith(
+        "The mix drawn from (`--mix`): sdc 1, hang 0.5."
+    )
+    assert words(None).startswith("A fixed schedule")
