@@ -62,6 +62,10 @@ from rtj_shim.torch import (
 )
 from rtj_shim.torch.options import EmergencyOptions, IntegrityOptions, IoOptions, ResumeOptions
 
+# the drills' faults live beside this script (run as a script, or loaded from its file)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_faults import KillInSaveStore, flip_a_bit, scale_gradients
+
 DIM = 16
 
 
@@ -102,47 +106,6 @@ def lr_lambda(total: int, warmup: int) -> Any:
         return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
     return f
-
-
-# ---------------------------------------------------------------- fault injection (drill)
-
-
-class _KillingWriter:
-    """Delegates to a real StepWriter; SIGKILLs this process inside a shard write."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def write_file(self, path: str, chunks: Any) -> Any:
-        def killing() -> Any:
-            for i, chunk in enumerate(chunks):
-                if i == 0 and "shard" in path:
-                    half = chunk[: max(1, len(chunk) // 2)]
-                    yield half  # part of the shard reaches the file, then the process dies
-                    sys.stderr.write(f"fault: SIGKILL inside the write of {path}\n")
-                    sys.stderr.flush()
-                    os.kill(os.getpid(), signal.SIGKILL)
-                yield chunk
-
-        return self._inner.write_file(path, killing())
-
-
-class KillInSaveStore:
-    """A store whose writers for ``step`` kill the process in the middle of a shard."""
-
-    def __init__(self, inner: Any, step: int) -> None:
-        self._inner = inner
-        self._step = step
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def begin_step(self, step: int, attempt: str, *, fresh: bool = True) -> Any:
-        writer = self._inner.begin_step(step, attempt, fresh=fresh)
-        return _KillingWriter(writer) if step == self._step else writer
 
 
 # ---------------------------------------------------------------- plain checkpoints (baseline)
@@ -294,22 +257,6 @@ def accumulating(wrapped: nn.Module, local: bool) -> contextlib.AbstractContextM
     if local and isinstance(wrapped, nn.parallel.DistributedDataParallel):
         return wrapped.no_sync()
     return contextlib.nullcontext()
-
-
-def scale_gradients(model: nn.Module) -> dict[str, bool]:
-    """Silent data corruption (tests): while ``now``, this rank's gradients are scaled ten
-    thousand times as backward computes them, before DDP's all-reduce averages them."""
-    scaling = {"now": False}
-    for p in model.parameters():
-        p.register_hook(lambda g: g * 1e4 if scaling["now"] else g)
-    return scaling
-
-
-def flip_a_bit(model: nn.Module, rank: int, step: int) -> None:
-    """Silent data corruption (tests): bit 20 of one weight, as a bad GPU's arithmetic."""
-    with torch.no_grad():
-        next(model.parameters()).view(-1).view(torch.int32)[7] ^= 1 << 20
-    sys.stderr.write(f"fault: flipped a bit of rank {rank}'s weights after step {step}\n")
 
 
 def full_state(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
