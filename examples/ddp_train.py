@@ -64,7 +64,7 @@ from rtj_shim.torch.options import EmergencyOptions, IntegrityOptions, IoOptions
 
 # the drills' faults live beside this script (run as a script, or loaded from its file)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_faults import KillInSaveStore, flip_a_bit, scale_gradients
+from train_faults import KillInSaveStore, flip_a_bit, scale_gradients, shift_labels
 
 DIM = 16
 
@@ -240,6 +240,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="judge losses and each rank's gradient norm (AnomalyGuard, every 10 steps)",
     )
     p.add_argument(
+        "--fault-misalign-rank",
+        type=int,
+        help="after a resume, this rank reads its labels one record off (tests)",
+    )
+    p.add_argument(
         "--fault-scale-file",
         type=Path,
         help="if it exists: scale this rank's gradient before the all-reduce (tests)",
@@ -391,6 +396,9 @@ def main(argv: list[str] | None = None) -> int:
             "notes": list(info.notes),
         }
     )
+
+    if step > 0 and args.fault_misalign_rank == rank:
+        shift_labels(data.y, rank, step)
 
     def micro_batches() -> Any:
         while True:

@@ -65,3 +65,10 @@ def flip_a_bit(model: nn.Module, rank: int, step: int) -> None:
     with torch.no_grad():
         next(model.parameters()).view(-1).view(torch.int32)[7] ^= 1 << 20
     sys.stderr.write(f"fault: flipped a bit of rank {rank}'s weights after step {step}\n")
+
+
+def shift_labels(y: torch.Tensor, rank: int, step: int) -> None:
+    """A resume that reads from the wrong position (tests): this rank's labels move one
+    record against its features, as a packed file read from the wrong offset."""
+    y.copy_(torch.roll(y, 1, 0))
+    sys.stderr.write(f"fault: rank {rank} reads its labels one record off after step {step}\n")

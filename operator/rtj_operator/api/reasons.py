@@ -216,6 +216,9 @@ class Reason(str, Enum):
     STRAGGLER_DETECTED = "StragglerDetected"
     """Straggling=True (and a Warning Event per change): ranks slower than the others."""
     NO_STRAGGLERS = "NoStragglers"
+    RESUME_MISALIGNED = "ResumeMisaligned"
+    """Warning Event: the trainers' data alignment check after a resume named ranks whose
+    losses left the ranks' spread before the fault (status.progress.misalignedResume)."""
     JOB_SUSPENDED = "JobSuspended"
     """Suspended=True: spec.suspend stopped the job (a batch Job's condition reason)."""
     JOB_RESUMED = "JobResumed"

@@ -309,6 +309,25 @@ class Straggler(StatusModel):
     since: datetime = Field(description="When it was first seen straggling.")
 
 
+class MisalignedResume(StatusModel):
+    """The trainers' data alignment check after a resume named ranks whose losses left the
+    ranks' spread before the fault (`rtj_shim.alignment`): they may have resumed reading
+    their data at the wrong position. The tenant's word about its own ranks."""
+
+    attempt: int = Field(ge=1, description="The attempt whose trainers resumed.")
+    generation: int = Field(ge=0, description="The trainers' generation in it.")
+    step: int = Field(ge=0, description="The step the check ran at.")
+    ranks: list[Annotated[int, Field(ge=0)]] = Field(
+        max_length=64, description="The global ranks named."
+    )
+    factors: list[Annotated[float, Field(ge=0)]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Per rank named, its mean loss over the check's window as a factor of "
+        "the other ranks'.",
+    )
+
+
 class JobProgress(StatusModel):
     """The job's progress from its ranks' reports (per job, not per rank; refreshed at most
     every 30 s while it changes, so the object stays small and writes stay rare)."""
@@ -345,6 +364,11 @@ class JobProgress(StatusModel):
         ge=0,
         description="The newest fast-tier step the drain made durable or left to the "
         "trainers' own save (spec.checkpoint.fastTier.drainEverySteps).",
+    )
+    misaligned_resume: MisalignedResume | None = Field(
+        default=None,
+        description="The ranks the data alignment check named after this attempt's newest "
+        "resume (with a Warning Event ResumeMisaligned); null: none named.",
     )
 
 

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 
 from rtj_operator.api import keys
 from rtj_operator.api.reasons import ConditionType, Phase, Reason
-from rtj_operator.api.status import JobProgress, Straggler
+from rtj_operator.api.status import JobProgress, MisalignedResume, Straggler
 from rtj_operator.metrics import ProgressFacts
 from rtj_operator.policy import fast_drain, fast_tier, peer_replica, spares
 from rtj_operator.policy import progress as rank_progress
@@ -198,7 +198,10 @@ def note_progress(b: PlanBuilder) -> None:
         fast_step=fast[0] if fast is not None else None,
         fast_committed_at=fast[1] if fast is not None else None,
         drained_step=fast_drain.drained_step(readings.drains),
+        misaligned_resume=_misaligned_resume(b, readings, was),
     )
+    found = fresh.misaligned_resume
+    new_finding = found is not None and (was is None or was.misaligned_resume != found)
     before = {
         (s.rank, s.pod)
         for s in (was.stragglers if was is not None else ())
@@ -206,7 +209,7 @@ def note_progress(b: PlanBuilder) -> None:
     }
     after = {(s.rank, s.pod) for s in stragglers}
     first_fast = (was is not None and was.fast_step is None) and fresh.fast_step is not None
-    if was is None or was.attempt != fresh.attempt or before != after or first_fast:
+    if was is None or was.attempt != fresh.attempt or before != after or first_fast or new_finding:
         b.update(progress=fresh)  # the attempt's first fast step shows at once, as its start
     elif (was.step, was.ranks, was.fast_step, was.drained_step) != (
         fresh.step, fresh.ranks, fresh.fast_step, fresh.drained_step,
@@ -216,6 +219,37 @@ def note_progress(b: PlanBuilder) -> None:
         else:
             b.requeue_in((was.observed_at + SUMMARY_EVERY - b.now).total_seconds())
     _straggling(b, stragglers, before != after)
+    if new_finding and found is not None:
+        _misaligned_event(b, found)
+
+
+def _misaligned_event(b: PlanBuilder, found: MisalignedResume) -> None:
+    named = ", ".join(
+        f"rank {r} ({f:.3g}x the others' loss)"
+        for r, f in zip(found.ranks, found.factors, strict=False)
+    )
+    b.event(True, Reason.RESUME_MISALIGNED,
+            f"attempt {found.attempt}, generation {found.generation}: the data alignment "
+            f"check at step {found.step} named {named}, outside the ranks' spread before "
+            "the fault: it may have resumed reading its data at the wrong position")  # fmt: skip
+
+
+def _misaligned_resume(
+    b: PlanBuilder, readings: RankReadings, was: JobProgress | None
+) -> MisalignedResume | None:
+    """The finding a pod's supervisor reports for the attempt's current generation, or the
+    one status already holds for it (a pod that stopped answering keeps it shown)."""
+    generation = b.status.attempt_generation
+    for report in readings.supervisors.values():
+        found = report.misaligned
+        if found is not None and report.generation == generation:
+            return MisalignedResume(attempt=readings.attempt, generation=generation,
+                                    step=found.step, ranks=list(found.ranks),
+                                    factors=[round(f, 3) for f in found.factors])  # fmt: skip
+    kept = was.misaligned_resume if was is not None else None
+    if kept is not None and (kept.attempt, kept.generation) == (readings.attempt, generation):
+        return kept
+    return None
 
 
 def _fast_tier(b: PlanBuilder, readings: RankReadings) -> tuple[int, datetime] | None:

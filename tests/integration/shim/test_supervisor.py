@@ -164,6 +164,24 @@ def test_a_trainer_that_refused_a_suspect_state_is_reported_with_its_verdict(pod
     assert report["suspect"] == verdict, "a restarted generation's, beside its own resume file"
 
 
+MISALIGNING = """
+import json, os, time
+found = {"step": 56, "ranks": [1], "factors": [9.5], "spread": 0.03}
+open(os.environ["RTJ_RESUME_FILE"] + ".misaligned", "w").write(json.dumps(found))
+time.sleep(300)
+"""
+
+
+def test_a_running_trainers_data_alignment_finding_is_reported(pod: Pod) -> None:
+    """The trainers leave the data alignment check's finding beside the resume file and
+    train on (`rtj_shim.torch.restore.record_misaligned`); the supervisor reports it while
+    the generation runs, so the operator shows it with a Warning Event."""
+    found = {"step": 56, "ranks": [1], "factors": [9.5], "spread": 0.03}
+    pod.supervise(sys.executable, "-c", MISALIGNING, env={"RTJ_RESUME_FILE": str(pod.out / "r")})
+    report = until("reported", lambda: (r := pod.supervisor() or {}).get("misaligned") and r)
+    assert report["state"] == "running" and report["misaligned"] == found
+
+
 def _read(path: Path) -> str | None:
     try:
         return path.read_text()

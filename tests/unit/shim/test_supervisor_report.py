@@ -9,6 +9,7 @@ import json
 import pytest
 
 from rtj_shim.checkpoint.lineage import LEGACY, Held
+from rtj_shim.wire.misaligned_resume import MisalignedRanks
 from rtj_shim.wire.rejected_step import RejectedStep, RejectedStepError
 from rtj_shim.wire.supervisor_report import (
     STARTED_STATES,
@@ -28,6 +29,7 @@ def test_a_full_report_round_trips_through_json() -> None:
         fast_held=frozenset({Held(40, LINEAGE), Held(50, LINEAGE)}),
         rejected=RejectedStep(30, "sha256 mismatch"), spare=True, rank=2, pid=None,
         suspect=SuspectVerdict(40, SuspectKind.DIVERGED, (5,), (2,)),
+        misaligned=MisalignedRanks(56, (1,), (9.5,), 0.03),
         preloaded=True, standby="fork-server", updated_wall_time=1733400000.5,
     )  # fmt: skip
     again = SupervisorReport.parse(json.loads(json.dumps(report.encode())))
@@ -73,6 +75,11 @@ def test_states_that_show_an_order_carried_out() -> None:
             "supervisor.rejected step: reason 7",
         ),
         ({"generation": 1, "state": "exited", "suspect": "rank 3"}, "supervisor.suspect"),
+        ({"generation": 1, "state": "running", "misaligned": [1]}, "supervisor.misaligned"),
+        (
+            {"generation": 1, "state": "running", "misaligned": {"step": 5, "ranks": []}},
+            "supervisor.misaligned resume: ranks",
+        ),
         (
             {"generation": 1, "state": "exited", "suspect": {"step": 3, "kind": "odd"}},
             "supervisor.suspect verdict: kind",

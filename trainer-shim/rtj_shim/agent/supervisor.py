@@ -73,9 +73,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, TypeVar
 
 from rtj_shim.agent.doorbell import Doorbell
 from rtj_shim.agent.standby import StandbyKeeper, Trainer
@@ -93,6 +94,8 @@ from rtj_shim.wire.control import (
     writer_attempt,
 )
 from rtj_shim.wire.control import parse_order as _parse_order
+from rtj_shim.wire.misaligned_resume import SUFFIX as MISALIGNED
+from rtj_shim.wire.misaligned_resume import MisalignedRanks, MisalignedResumeError
 from rtj_shim.wire.progress_record import FILE_PREFIX, FILE_SUFFIX
 from rtj_shim.wire.rejected_step import SUFFIX as REJECTED_SUFFIX
 from rtj_shim.wire.rejected_step import RejectedStep, RejectedStepError
@@ -128,6 +131,7 @@ class Supervised:
     fast_held: tuple[Held, ...] = ()  # the same with their lineages (rtj_shim.fast.fast_tier.held)
     rejected: RejectedStep | None = None  # the pinned step the command's restore refused
     suspect: SuspectVerdict | None = None  # the trainers' verdict on a suspect state
+    misaligned: MisalignedRanks | None = None  # the data alignment check's finding
 
 
 def next_action(current: Supervised, order: Order | None) -> str:
@@ -344,11 +348,29 @@ class Supervisor:
                 "RTJ_RESTART_GENERATION": str(order.generation),
                 "RTJ_RESUME_FILE": str(resume)}  # fmt: skip
 
+    def _resume_file(self, generation: int, suffix: str) -> Path:
+        """A file the trainers of `generation` leave beside their resume file."""
+        resume = self.dir / f"resume-{generation}.json"
+        if generation == 0 and self.env.get("RTJ_RESUME_FILE"):  # the pod's own, as started
+            resume = Path(self.env["RTJ_RESUME_FILE"])
+        return resume.with_name(resume.name + suffix)
+
+    def _note_misaligned(self) -> None:
+        """Report the data alignment check's finding once the running trainers made one."""
+        if self.current.state != State.RUNNING or self.current.misaligned is not None:
+            return
+        path = self._resume_file(self.current.generation, MISALIGNED)
+        found = _trainers_file(path, MisalignedRanks.parse, MisalignedResumeError)
+        if found is not None:
+            self._set(replace(self.current, misaligned=found))
+            self._say(f"generation {self.current.generation}: {found.describe()}")
+
     def _reap_child(self) -> None:
         if self.child is None or self.current.state != State.RUNNING:
             return
         code = self.child.poll()
         if code is None:
+            self._note_misaligned()
             return
         code = 128 - code if code < 0 else code  # killed by a signal: as a shell reports it
         self._reap_orphans()
@@ -356,10 +378,10 @@ class Supervisor:
         state = State.FINISHED if code == 0 else State.EXITED
         generation = self.current.generation
         resume = self.dir / f"resume-{generation}.json"
-        rejected = _rejected(read_json(resume.with_name(resume.name + REJECTED_SUFFIX)))
-        if generation == 0 and self.env.get("RTJ_RESUME_FILE"):  # the pod's own, as started
-            resume = Path(self.env["RTJ_RESUME_FILE"])
-        suspect = _suspect(read_json(resume.with_name(resume.name + SUSPECT_SUFFIX)))
+        rejected = _trainers_file(resume.with_name(resume.name + REJECTED_SUFFIX),
+                                  RejectedStep.parse, RejectedStepError)  # fmt: skip
+        suspect = _trainers_file(self._resume_file(generation, SUSPECT_SUFFIX),
+                                 SuspectVerdict.parse, SuspectVerdictError)  # fmt: skip
         self._set(replace(self.current, state=state, exit_code=code, rejected=rejected,
                           suspect=suspect))  # fmt: skip
         self._say(f"generation {self.current.generation}: the command exited with {code}")
@@ -444,7 +466,8 @@ class Supervisor:
         report = SupervisorReport(
             state.generation, state.state, state.attempt, state.exit_code,
             fast_steps=state.fast_steps, fast_held=frozenset(state.fast_held),
-            rejected=state.rejected, suspect=state.suspect, spare=self.spare,
+            rejected=state.rejected, suspect=state.suspect, misaligned=state.misaligned,
+            spare=self.spare,
             rank=int(self.assigned["RANK"]) if "RANK" in self.assigned else None,
             pid=self.child.pid if running and self.child is not None else None,
             preloaded=self.preloaded, standby=self.standbys.report(),
@@ -474,18 +497,15 @@ def _become_subreaper() -> bool:
         return False
 
 
-def _rejected(body: dict[str, object] | None) -> RejectedStep | None:
-    """The trainers' refusal of the pinned step, parsed (None: none, or one that does not
-    parse: the restart then fails as any other, without naming the step)."""
-    try:
-        return None if body is None else RejectedStep.parse(body)
-    except RejectedStepError:
-        return None
+R = TypeVar("R")
 
 
-def _suspect(body: dict[str, object] | None) -> SuspectVerdict | None:
-    """The trainers' verdict file, parsed (None: none, or one that does not parse)."""
+def _trainers_file(path: Path, parse: Callable[[Any], R], errors: type[ValueError]) -> R | None:
+    """A record the trainers left beside their resume file (a refused pinned step, a suspect
+    state's verdict, a data alignment finding), parsed; None when there is none or it does
+    not parse (a restart then fails as any other, without naming the step or the ranks)."""
+    body = read_json(path)
     try:
-        return None if body is None else SuspectVerdict.parse(body)
-    except SuspectVerdictError:
+        return None if body is None else parse(body)
+    except errors:
         return None

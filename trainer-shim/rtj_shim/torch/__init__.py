@@ -13,6 +13,7 @@ The Checkpointer's option groups (``IoOptions``, ``ResumeOptions``, ``EmergencyO
 
 from __future__ import annotations
 
+from rtj_shim.alignment import AlignmentCheck, MisalignedResume
 from rtj_shim.checkpoint.run_config import ConfigMismatch
 from rtj_shim.fast.fast_tier import FastTierConfig
 from rtj_shim.integrity import AnomalyGuard, SuspectState
@@ -33,6 +34,7 @@ from rtj_shim.torch.sampler import ResumableSampler
 from rtj_shim.torch.validation import RestoreValidationError
 
 __all__ = [
+    "AlignmentCheck",
     "AnomalyGuard",
     "CheckpointError",
     "CheckpointInfo",
@@ -44,6 +46,7 @@ __all__ = [
     "IntegrityOptions",
     "IoOptions",
     "MicroBatch",
+    "MisalignedResume",
     "NonFiniteStateError",
     "RestoreReport",
     "RestoreValidationError",

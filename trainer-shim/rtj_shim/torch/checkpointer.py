@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from rtj_shim import progress
+from rtj_shim.alignment import LOSS_ALIGNMENT, MisalignedResume
 from rtj_shim.checkpoint.layout import step_key
 from rtj_shim.checkpoint.verification import check_commit
 from rtj_shim.integrity import SuspectState
@@ -54,7 +55,12 @@ from rtj_shim.torch.outcomes import (
     raise_if_any,
 )
 from rtj_shim.torch.peek import CheckpointInfo, peek_step
-from rtj_shim.torch.restore import record_suspect, validate_restored
+from rtj_shim.torch.restore import (
+    record_misaligned,
+    record_suspect,
+    saved_reference,
+    validate_restored,
+)
 from rtj_shim.torch.schedule import (
     best_from,
     scores,
@@ -163,6 +169,8 @@ class Checkpointer(CheckpointerState):
                 raise failure
             raise CheckpointError(f"save of step {step} failed: " + "; ".join(errors))
         self._judge(step, [row[4] for row in rows if row[4] is not None])
+        if (reference := self._integrity.reference) is not None:
+            job.extra[LOSS_ALIGNMENT] = reference.encode()
         differing = replica_mismatches([digests for _, digests, *_ in rows])
         if differing:
             raise CheckpointError(
@@ -254,6 +262,7 @@ class Checkpointer(CheckpointerState):
         loader = self._sources.loader_for(decision)
         applied = loader.load_and_apply(step, manifest, entries, coord, strict=strict)
         fast_save.continue_history(self.protocol, self._fast, decision)  # lineage (issue 43)
+        self._integrity.resumed(step, saved_reference(manifest.extra, step))
         if applied.values:
             assert isinstance(objects, MutableMapping)
             objects.update(applied.values)
@@ -343,6 +352,8 @@ class Checkpointer(CheckpointerState):
         decision, best_metric = verdict.save, verdict.best_metric
         if self._integrity.due(step):  # collective: every rank passes the same step
             self._check_integrity(step, objects)
+        if self._integrity.alignment_due(step):  # collective: the same step on every rank
+            self._check_alignment(step)
         if self._fast is not None and self._fast.config.due(step):
             self._fast_save(step, objects)
         if not decision.save:
@@ -365,8 +376,24 @@ class Checkpointer(CheckpointerState):
         rows = self._coordinator().all_gather(self._integrity.local(entries))
         self._judge(step, rows, what="failed its integrity check")
 
+    def _check_alignment(self, step: int) -> None:
+        """The data alignment check after a resume (`rtj_shim.alignment`): warn, or fail
+        with `MisalignedResume` (``data_alignment.fail``), naming the ranks whose losses
+        left the ranks' spread before the fault; left beside the resume file too."""
+        levels = self._coordinator().all_gather(self._integrity.level())
+        found = self._integrity.judge_alignment(step, levels)
+        if found is None:
+            return
+        record_misaligned(self._sources.resume_file, found)
+        check = self.options.integrity.data_alignment
+        if check is not None and check.fail:
+            raise MisalignedResume(found.describe())
+        if self.rank == 0:
+            log.warning("%s", found.describe())
+
     def _judge(self, step: int, rows: Sequence[RankIntegrity], what: str = "not published") -> None:
         """The collective verdict; a suspect one is left beside the resume file too."""
+        self._integrity.observed(rows)
         try:
             integrity_watch.verdict(step, rows, what)
         except SuspectState as exc:
@@ -409,5 +436,7 @@ class Checkpointer(CheckpointerState):
         started = time.perf_counter()  # the stall counts reading the objects too
         entries = reclassify(objects, self._fast_entries, self.rank_local, self.replicated)
         self._fast_entries = entries
+        reference = self._integrity.reference
+        self._fast.loss_alignment = None if reference is None else reference.encode()
         self._record_run_config(entries)
         self._fast.save(step, entries, self._coordinator(), started)

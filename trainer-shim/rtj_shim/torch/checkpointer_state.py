@@ -138,7 +138,11 @@ class CheckpointerState:
         deadline = opts.emergency.deadline_s
         assert deadline is not None  # with_pod_defaults filled it in
         self._sigterm = SigtermGuard(self.rank, deadline, opts.emergency.exit_code)
-        self._integrity = IntegrityWatch(opts.integrity.anomaly_guard, opts.integrity.every_steps)
+        self._integrity = IntegrityWatch(
+            opts.integrity.anomaly_guard,
+            opts.integrity.every_steps,
+            opts.integrity.data_alignment,
+        )
         atexit.register(_drain_at_exit, weakref.ref(self))
 
     def _sigterm_requested(self) -> bool:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rtj_shim.alignment import LOSS_ALIGNMENT
 from rtj_shim.checkpoint import lineage as lineage_mod
 from rtj_shim.checkpoint.layout import COMMITTED_FILE, MANIFEST_FILE, step_key
 from rtj_shim.checkpoint.manifest import decode_manifest, sha256_hex
@@ -73,6 +74,7 @@ class Pending:
     coord: _dist.Coordinator  # its rank and world only (no collective off the training thread)
     stall: float = 0.0
     staged: threading.Event = field(default_factory=threading.Event)
+    loss_alignment: dict[str, Any] | None = None  # the reference at the boundary
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,9 @@ class FastTier:
         # the Checkpointer's durable schedule, recorded in every fast manifest: the drain
         # leaves the steps the trainers publish themselves to them (rtj_shim.fast.drain)
         self.durable_schedule: dict[str, Any] = {}
+        # the ranks' loss levels as of the boundary (rtj_shim.alignment), set by the
+        # Checkpointer before each save: a restore checks the ranks' data against it
+        self.loss_alignment: dict[str, Any] | None = None
         self._adopted = False  # whether this rank's directory was made one history (adopt)
 
     def save(
@@ -157,6 +162,7 @@ class FastTier:
             log.warning("rank %d: fast-tier save of step %d failed: %s", self.rank, step, exc)
             return
         pending = Pending(step, entries, reading, started, coord)
+        pending.loss_alignment = self.loss_alignment
         self._staging.install_fences(entries)
         self._staging.inflight = pending
         pending.stall = time.perf_counter() - started
@@ -210,6 +216,8 @@ class FastTier:
                 metadata = step_metadata(job, pending.coord.world)
                 metadata.extra["tier"] = "fast"
                 metadata.extra["durable_schedule"] = dict(self.durable_schedule)
+                if pending.loss_alignment is not None:
+                    metadata.extra["torch"][LOSS_ALIGNMENT] = pending.loss_alignment
                 published = self.protocol.publish(writer, files, metadata)
             except BaseException:
                 writer.abort()

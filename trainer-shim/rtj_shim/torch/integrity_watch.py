@@ -14,20 +14,29 @@ an anomaly, the ranks whose *own* signal (`LOCAL_SIGNALS`: its loss, its gradien
 the all-reduce) was off at the earliest step any rank saw one. The gradient norm after the
 all-reduce is the same on every rank: off there names no one; nor does a symptom every
 rank's own signal shows (a bad batch for all, a learning-rate spike).
+
+The data alignment check (`rtj_shim.alignment`) rides on the same rows: each brings the
+rank's level (the mean log of its last losses), the gathered levels update the reference a
+save records in its manifest, and after a resume `alignment_due` says when the ranks gather
+their new levels to compare with it.
 """
 
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from rtj_shim import alignment
+from rtj_shim.alignment import AlignmentCheck, Reference
 from rtj_shim.integrity import Anomaly, AnomalyGuard, SuspectState, odd_ranks
 from rtj_shim.torch import local_gradients, replica_check
 from rtj_shim.torch.state import Entry
+from rtj_shim.wire.misaligned_resume import MisalignedRanks
 from rtj_shim.wire.suspect_verdict import MAX_RANKS, SuspectKind, SuspectVerdict
 
 BATCH = 64
@@ -49,10 +58,17 @@ class RankIntegrity:
     """The first step at which one of this rank's signals was an anomaly."""
     anomaly_signals: tuple[str, ...] = ()
     """The signals that were, at that step."""
+    loss_level: float | None = None
+    """The mean log of this rank's last losses (`rtj_shim.alignment.level`)."""
 
 
 class IntegrityWatch:
-    def __init__(self, guard: AnomalyGuard | None, every_steps: int | None = None) -> None:
+    def __init__(
+        self,
+        guard: AnomalyGuard | None,
+        every_steps: int | None = None,
+        aligned: AlignmentCheck | None = None,
+    ) -> None:
         if every_steps is not None and (isinstance(every_steps, bool) or every_steps < 1):
             raise ValueError(
                 f"Checkpointer(integrity_every_steps={every_steps!r}): expected a positive "
@@ -65,6 +81,11 @@ class IntegrityWatch:
         self._first: list[Anomaly] = []  # the anomalies of the first step that showed one
         self._pending: list[tuple[int, str, Any]] = []
         self.local_grads: local_gradients.LocalGradientNorm | None = None
+        self.aligned = aligned
+        self._losses: deque[Any] = deque(maxlen=aligned.window if aligned else 1)
+        self.reference: Reference | None = None
+        """The ranks' losses as the gathers so far saw them (restored with a checkpoint)."""
+        self._resumed: tuple[int, Reference] | None = None  # the check due after a resume
 
     def watch_gradients(self, model: Any) -> None:
         if self.guard is None:
@@ -78,6 +99,9 @@ class IntegrityWatch:
     def note(self, step: int, **signals: float | torch.Tensor | None) -> None:
         """Keep this step's signals (loss, grad_norm, this rank's gradient norm before the
         all-reduce where watched) for the guard; no device sync."""
+        loss = signals.get("loss")
+        if self.aligned is not None and loss is not None:
+            self._losses.append(loss.detach() if isinstance(loss, torch.Tensor) else loss)
         if self.guard is None:
             return
         if self.local_grads is not None:
@@ -116,7 +140,40 @@ class IntegrityWatch:
         self.judge_pending()
         first = self._first[0].step if self._first else None
         signals = tuple(a.signal for a in self._first)
-        return RankIntegrity(self.suspect, checksums, self.pod, first, signals)
+        return RankIntegrity(self.suspect, checksums, self.pod, first, signals, self.level())
+
+    # ------------------------------------------------------------ data alignment
+
+    def level(self) -> float | None:
+        """This rank's level over its last losses (None: none, or no check)."""
+        return alignment.level(_floats(list(self._losses))) if self._losses else None
+
+    def observed(self, rows: Sequence[RankIntegrity]) -> None:
+        """Every rank's level from one gather: the reference a save records."""
+        levels = [row.loss_level for row in rows]
+        ref = self.reference
+        self.reference = alignment.reference(levels) if ref is None else ref.observed(levels)
+
+    def resumed(self, step: int, saved: Reference | None) -> None:
+        """Restored from ``step`` whose manifest recorded ``saved``: the check is due once
+        every rank has a window of new losses."""
+        self._losses.clear()
+        self.reference = saved
+        self._resumed = (step, saved) if saved is not None and self.aligned else None
+
+    def alignment_due(self, step: int) -> bool:
+        return (
+            self._resumed is not None
+            and self.aligned is not None
+            and (step >= self._resumed[0] + self.aligned.window)
+        )
+
+    def judge_alignment(self, step: int, levels: Sequence[float | None]) -> MisalignedRanks | None:
+        """The verdict on the gathered levels (once per resume)."""
+        assert self._resumed is not None and self.aligned is not None
+        _, saved = self._resumed
+        self._resumed = None
+        return alignment.misaligned(step, levels, saved, self.aligned)
 
 
 def _floats(values: Sequence[Any]) -> list[float]:

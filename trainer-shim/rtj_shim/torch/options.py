@@ -26,6 +26,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from rtj_shim.alignment import AlignmentCheck
 from rtj_shim.integrity import AnomalyGuard
 from rtj_shim.torch.validation import Probe
 from rtj_shim.wire import pod_env
@@ -76,15 +77,21 @@ class EmergencyOptions:
     exit_code: int = 143
 
 
+DEFAULT_ALIGNMENT = AlignmentCheck()
+
+
 @dataclass(frozen=True)
 class IntegrityOptions:
     """Silent-corruption checks (:mod:`rtj_shim.integrity`): ``check_finite`` refuses to
     publish NaN or inf; ``anomaly_guard`` judges the losses and gradient norms
-    ``step_boundary`` is given; ``every_steps`` takes the same verdict between saves."""
+    ``step_boundary`` is given; ``every_steps`` takes the same verdict between saves;
+    ``data_alignment`` compares the ranks' losses after every resume with their spread
+    before it (:mod:`rtj_shim.alignment`; None: no check)."""
 
     check_finite: bool = True
     anomaly_guard: AnomalyGuard | None = None
     every_steps: int | None = None
+    data_alignment: AlignmentCheck | None = DEFAULT_ALIGNMENT
 
 
 @dataclass(frozen=True)

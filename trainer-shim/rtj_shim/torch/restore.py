@@ -17,13 +17,14 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from rtj_shim.alignment import LOSS_ALIGNMENT, AlignmentError, Reference
 from rtj_shim.checkpoint.layout import COMMITTED_FILE, MANIFEST_FILE, step_key
 from rtj_shim.checkpoint.manifest import FileEntry, Manifest, sha256_hex
 from rtj_shim.checkpoint.resolver import resolve
@@ -44,7 +45,8 @@ from rtj_shim.torch.validation import (
     optimizer_moments,
     run_probe,
 )
-from rtj_shim.wire import rejected_step
+from rtj_shim.wire import misaligned_resume, rejected_step
+from rtj_shim.wire.misaligned_resume import MisalignedRanks
 from rtj_shim.wire.rejected_step import RejectedStep
 from rtj_shim.wire.resume_file import ResumeFile, ResumeFileError
 from rtj_shim.wire.suspect_verdict import SUFFIX as SUSPECT_SUFFIX
@@ -116,6 +118,31 @@ def record_suspect(resume_file: Path, verdict: SuspectVerdict) -> None:
         target.write_text(json.dumps(verdict.encode()))
     except OSError as exc:
         log.warning("could not record the suspect-state verdict at %s: %s", target, exc)
+
+
+def record_misaligned(resume_file: Path, found: MisalignedRanks) -> None:
+    """Leave the data alignment check's finding beside the resume file (``<resume
+    file>.misaligned``, `rtj_shim.wire.misaligned_resume`). Best effort."""
+    target = resume_file.with_name(resume_file.name + misaligned_resume.SUFFIX)
+    try:
+        target.write_text(json.dumps(found.encode()))
+    except OSError as exc:
+        log.warning("could not record the data alignment finding at %s: %s", target, exc)
+
+
+def saved_reference(extra: Mapping[str, Any], step: int) -> Reference | None:
+    """The loss alignment reference a manifest recorded (``extra.torch.loss_alignment``);
+    None when it has none (an older writer, no losses given). A bad one is no reason to
+    refuse the step: it is reported and the check skipped."""
+    torch_extra = extra.get("torch")
+    body = torch_extra.get(LOSS_ALIGNMENT) if isinstance(torch_extra, Mapping) else None
+    if body is None:
+        return None
+    try:
+        return Reference.parse(body)
+    except AlignmentError as exc:
+        log.warning("step %d: no data alignment check after this resume: %s", step, exc)
+        return None
 
 
 def pinned_step(

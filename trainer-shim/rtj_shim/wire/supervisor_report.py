@@ -4,8 +4,9 @@ pod's control directory (``supervisor.json``), served by the progress sidecar as
 arrives). Pure.
 
 ``{"generation": 3, "state": "stopped", "attempt": 4, "exit_code": null, "fast_steps": [40],
-"fast_held": ["<lineage>@40"], "rejected": null, "suspect": null, "spare": false, "rank": 2,
-"pid": null, "preloaded": false, "standby": "fork-server", "updated_wall_time": 1733400000.5}``
+"fast_held": ["<lineage>@40"], "rejected": null, "suspect": null, "misaligned": null,
+"spare": false, "rank": 2, "pid": null, "preloaded": false, "standby": "fork-server",
+"updated_wall_time": 1733400000.5}``
 
 Only ``generation`` and ``state`` are required (an older supervisor reports less); a known
 key of the wrong kind is an error naming it. The report is the tenant's pod speaking: it can
@@ -14,13 +15,14 @@ move its own job's in-place restart along, never name a node.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 from rtj_shim.checkpoint import lineage
 from rtj_shim.checkpoint.lineage import Held
+from rtj_shim.wire.misaligned_resume import MisalignedRanks, MisalignedResumeError
 from rtj_shim.wire.rejected_step import RejectedStep, RejectedStepError
 from rtj_shim.wire.suspect_verdict import SuspectVerdict, SuspectVerdictError
 
@@ -74,6 +76,9 @@ class SupervisorReport:
     suspect: SuspectVerdict | None = None
     """The trainers' verdict on a suspect state (silent data corruption) when they exited
     with one (`rtj_shim.wire.suspect_verdict`)."""
+    misaligned: MisalignedRanks | None = None
+    """The data alignment check's finding on this generation's resume, once the trainers
+    made one (`rtj_shim.wire.misaligned_resume`)."""
     spare: bool = False
     rank: int | None = None
     pid: int | None = None
@@ -107,6 +112,7 @@ class SupervisorReport:
             ),
             "rejected": None if self.rejected is None else self.rejected.encode(),
             "suspect": None if self.suspect is None else self.suspect.encode(),
+            "misaligned": None if self.misaligned is None else self.misaligned.encode(),
             "spare": self.spare, "rank": self.rank, "pid": self.pid,
             "preloaded": self.preloaded, "standby": self.standby,
             "updated_wall_time": self.updated_wall_time,
@@ -134,8 +140,9 @@ class SupervisorReport:
             fast_steps=_steps(body.get("fast_steps")),
             fast_held=lineage.parse_all(body["fast_held"])
             if isinstance(body.get("fast_held"), list) else None,
-            rejected=_rejected(body),
-            suspect=_suspect(body),
+            rejected=_part(body, "rejected", RejectedStep.parse, RejectedStepError),
+            suspect=_part(body, "suspect", SuspectVerdict.parse, SuspectVerdictError),
+            misaligned=_part(body, "misaligned", MisalignedRanks.parse, MisalignedResumeError),
             spare=body.get("spare") is True,
             rank=_count(body, "rank"),
             pid=_count(body, "pid"),
@@ -145,15 +152,22 @@ class SupervisorReport:
         )  # fmt: skip
 
 
-def _suspect(body: Mapping[str, Any]) -> SuspectVerdict | None:
-    value = body.get("suspect")
+T = TypeVar("T")
+
+
+def _part(
+    body: Mapping[str, Any], key: str, parse: Callable[[Any], T], errors: type[ValueError]
+) -> T | None:
+    """A record the report carries (`parse`d: a finding, a refusal, a verdict), or None; one
+    that does not parse is a bad report, its error prefixed with the key's place."""
+    value = body.get(key)
     if value is None:
         return None
     if not isinstance(value, Mapping):
-        raise SupervisorReportError("supervisor.suspect: expected an object or null")
+        raise SupervisorReportError(f"supervisor.{key}: expected an object or null")
     try:
-        return SuspectVerdict.parse(value)
-    except SuspectVerdictError as exc:
+        return parse(value)
+    except errors as exc:
         raise SupervisorReportError(f"supervisor.{exc}") from None
 
 
@@ -180,18 +194,6 @@ def _seconds(body: Mapping[str, Any], key: str) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise SupervisorReportError(f"supervisor.{key}: expected a number of seconds or null")
     return float(value)
-
-
-def _rejected(body: Mapping[str, Any]) -> RejectedStep | None:
-    value = body.get("rejected")
-    if value is None:
-        return None
-    if not isinstance(value, Mapping):
-        raise SupervisorReportError("supervisor.rejected: expected an object or null")
-    try:
-        return RejectedStep.parse(value)
-    except RejectedStepError as exc:
-        raise SupervisorReportError(f"supervisor.{exc}") from None
 
 
 def _steps(value: object) -> tuple[int, ...] | None:
