@@ -123,5 +123,5 @@ def test_a_frozen_rank_is_a_hang_and_a_slow_one_a_straggler(tmp_path: Path) -> N
         assert any("rank 1 " in e.get("message", "") for e in events)
         table = story.kubectl(platform.kubeconfig, "get", "rtj", "-n", story.NAMESPACE)
         header = table.splitlines()[0].split()
-        assert header[:5] == ["NAME", "PHASE", "ATTEMPT", "STEP", "STEPS/S"], table
+        assert header[:6] == ["NAME", "PHASE", "ATTEMPT", "WORKERS", "STEP", "STEPS/S"], table
         sys.stdout.write(f"\n{table}\n{json.dumps(stragglers)}\n")

@@ -218,7 +218,9 @@ def test_the_quickstart_installs_runs_breaks_and_recovers_a_job_as_written(
             and (s.get("lastVerifiedCheckpoint") or {}).get("step")
         ), 120)  # fmt: skip
         table = sh(f"kubectl get rtj {JOB} -n {NS}").splitlines()
-        assert table[0].split()[:5] == ["NAME", "PHASE", "ATTEMPT", "STEP", "STEPS/S"], table
+        assert table[0].split()[:6] == [
+            "NAME", "PHASE", "ATTEMPT", "WORKERS", "STEP", "STEPS/S"
+        ], table  # fmt: skip
         assert table[1].split()[:3] == [JOB, "Running", "1"], table
 
     api = client(rtj_cluster.kubeconfig)

@@ -47,6 +47,13 @@ PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {"name": "Attempt", "type": "integer", "jsonPath": ".status.attempt"},
     {
+        "name": "Workers",
+        "type": "string",
+        "jsonPath": ".status.workers",
+        "description": "The pods the trainers run as now / spec.replicas (fewer: shrunk, "
+        "spec.elastic)",
+    },
+    {
         "name": "Step",
         "type": "integer",
         "jsonPath": ".status.progress.step",

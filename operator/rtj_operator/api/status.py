@@ -432,6 +432,14 @@ class ResilientTrainingJobStatus(StatusModel):
         "Failed (derived from the rest of status on every status write; docs/DESIGN.md has "
         "the transition table).",
     )
+    workers: str | None = Field(
+        default=None,
+        max_length=16,
+        pattern=r"^[0-9]+/[0-9]+$",
+        description="The pods the trainers run as now / spec.replicas (`kubectl get`'s "
+        "Workers column): fewer while spec.elastic keeps the job training shrunk (derived "
+        "on every status write; null before the first attempt).",
+    )
     attempt: int = Field(default=0, ge=0, description="Current attempt (0: none started).")
     attempts: list[AttemptRecord] = Field(
         default_factory=list, description="Every attempt, oldest first."

@@ -145,10 +145,11 @@ class PlanBuilder:
         attempts[-1] = record
         self.update(attempts=attempts)
 
-    def _record_recovery_phase(self, original: ResilientTrainingJobStatus) -> None:
-        """Record where the plan leaves the job in the recovery state machine, with every
-        status write (a plan that changes nothing writes nothing), held to its table: a
-        move no row lists raises under `strict()` (tests), else is noted."""
+    def _record_derived(self, original: ResilientTrainingJobStatus) -> None:
+        """With every status write (a plan that changes nothing writes nothing), what is
+        derived from the rest: where the plan leaves the job in the recovery state machine,
+        held to its table (a move no row lists raises under `strict()`, in tests, else is
+        noted), and `workers`."""
         if self.status.to_json() == original.to_json():
             return
         source = recovery_phase(original, self.now)
@@ -159,6 +160,9 @@ class PlanBuilder:
             self.notes.append(f"recovery phase {source.value} -> {target.value}: no table row")
         if self.status.recovery_phase is not target:
             self.update(recovery_phase=target)
+        workers = worker_count(self.status, self.rtj.spec.replicas)
+        if self.status.workers != workers:
+            self.update(workers=workers)
 
     def build(self) -> Plan:
         if self.needs_store:  # incomplete: plan again with a fresh reading of the store
@@ -170,7 +174,7 @@ class PlanBuilder:
                 (), None, False, (), "looking up the LocalQueue", needs_queue=self.needs_queue
             )
         original = self.snap.rtj.status
-        self._record_recovery_phase(original)
+        self._record_derived(original)
         generation = self.rtj.metadata.generation or None
         if generation is not None and self.status.observed_generation != generation:
             self.update(observed_generation=generation)
@@ -191,3 +195,10 @@ class PlanBuilder:
             tuple(self.metrics),
             "; ".join(self.notes),
         )
+
+
+def worker_count(status: ResilientTrainingJobStatus, replicas: int) -> str | None:
+    """`status.workers`: the current world size / spec.replicas (None before an attempt)."""
+    if status.attempt == 0:
+        return None
+    return f"{status.world_size or replicas}/{replicas}"

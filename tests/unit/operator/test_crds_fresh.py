@@ -49,7 +49,7 @@ def test_crd_identity_and_columns() -> None:
     assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
     assert columns == [
-        "Phase", "Attempt", "Step", "Steps/s", "Checkpoint", "Checkpoint Age", "Age",
+        "Phase", "Attempt", "Workers", "Step", "Steps/s", "Checkpoint", "Checkpoint Age", "Age",
         "Fast", "Fast Age", "Queue",
     ]  # fmt: skip
     wide = [c["name"] for c in version["additionalPrinterColumns"] if c.get("priority") == 1]

@@ -64,6 +64,7 @@ def test_a_replacement_that_cannot_be_scheduled_shrinks_the_world_then_it_grows_
     nodes = tainted_by(nodes, first)
     plan(raw, pods, exited, nodes=nodes)
     assert raw["status"]["inPlace"]["replacedRanks"] == [1]
+    assert raw["status"]["workers"] == "3/3", "kubectl get's WORKERS: the whole world"
     budget = raw["status"]["restarts"]
 
     # its Job's pod for index 1 again, unschedulable (no free node); the others stopped
@@ -89,6 +90,7 @@ def test_a_replacement_that_cannot_be_scheduled_shrinks_the_world_then_it_grows_
     assert (record["worldSize"], record["spareRanks"]) == (2, {names[2]: 1})
     assert raw["status"]["inPlace"]["worldSize"] == 2 and "Shrunk" in events(shrunk)
     assert _condition(raw) == ("True", "Shrunk")
+    assert raw["status"]["workers"] == "2/3"
     assert raw["status"]["restarts"] == budget, "the shrink spends nothing more"
 
     # the barrier now holds for the world of 2: pinned (durable only: the ranks change)
@@ -130,6 +132,7 @@ def test_a_replacement_that_cannot_be_scheduled_shrinks_the_world_then_it_grows_
     state, record = raw["status"]["inPlace"], raw["status"]["attempts"][0]
     assert (state["phase"], state["generation"], state["worldSize"]) == ("Stopping", 2, 3)
     assert (record["worldSize"], record.get("spareRanks", {})) == (3, {})
+    assert raw["status"]["workers"] == "3/3"
     entry = record["inPlaceRestarts"][-1]
     assert entry.get("failureClass") is None and entry["worldSize"] == 3
     assert "GrowingBack" in events(growing) and raw["status"]["restarts"] == budget
