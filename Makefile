@@ -61,6 +61,7 @@ bench: install ## benchmarks, reported as ratios against a side-by-side baseline
 	$(BIN)/python -m bench.progress_overhead
 	$(BIN)/python -m bench.boundary_cost --json bench/results/boundary-cost.json
 	$(BIN)/python -m bench.agent_cpu --json bench/results/agent-cpu.json
+	$(BIN)/python -m bench.sdc_overhead --json bench/results/sdc-overhead.json
 	$(BIN)/python -m bench.write_limit --markdown bench/results/write-limit.md
 	$(BIN)/python -m bench.preflight_cost --markdown bench/results/preflight-cost.md
 	$(BIN)/python -m bench.hang_detection --markdown bench/results/hang-detection.md
