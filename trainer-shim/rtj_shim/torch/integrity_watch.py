@@ -80,7 +80,7 @@ class IntegrityWatch:
         self.suspect: str | None = None
         self._first: list[Anomaly] = []  # the anomalies of the first step that showed one
         self._pending: list[tuple[int, str, Any]] = []
-        self.local_grads: local_gradients.LocalGradientNorm | None = None
+        self._local_grads: local_gradients.LocalGradientNorm | None = None
         self.aligned = aligned
         self._losses: deque[Any] = deque(maxlen=aligned.window if aligned else 1)
         self.reference: Reference | None = None
@@ -94,7 +94,7 @@ class IntegrityWatch:
                 "to judge the norms; construct it with "
                 "integrity=IntegrityOptions(anomaly_guard=AnomalyGuard())"
             )
-        self.local_grads = local_gradients.watch(model)
+        self._local_grads = local_gradients.watch(model)
 
     def note(self, step: int, **signals: float | torch.Tensor | None) -> None:
         """Keep this step's signals (loss, grad_norm, this rank's gradient norm before the
@@ -104,8 +104,8 @@ class IntegrityWatch:
             self._losses.append(loss.detach() if isinstance(loss, torch.Tensor) else loss)
         if self.guard is None:
             return
-        if self.local_grads is not None:
-            signals[local_gradients.SIGNAL] = self.local_grads.take()
+        if self._local_grads is not None:
+            signals[local_gradients.SIGNAL] = self._local_grads.take()
         for name, value in signals.items():
             if value is not None:
                 kept = value.detach().reshape(()) if isinstance(value, torch.Tensor) else value
