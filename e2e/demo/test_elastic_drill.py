@@ -8,7 +8,8 @@ cordoned node is then freed: the replacement runs, held by its supervisor, and t
 grows back to 3, every pod at its own rank, and finishes. One attempt; every epoch's
 samples consumed exactly once; the losses within the distance a no-fault 2-rank run keeps
 from a no-fault 3-rank one; the last step and the optimizer's step count as the no-fault
-run's.
+run's. The grow-back's stop lets the healthy world save at its next step boundary (saves
+are every 8 steps otherwise): the grown world trains no step again.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ pytestmark = [pytest.mark.demo, pytest.mark.timeout(900)]
 
 JOB = "drill-elastic"
 STEPS, SAMPLES, GLOBAL_BATCH, MICRO = 96, 96, 12, 4  # 12 epochs (the world grew back by step 38)
+SAVE_EVERY = 8  # the grow-back's stop saves at the boundary: it trains no step again
 ARGS = [f"--steps={STEPS}", f"--samples={SAMPLES}", f"--global-batch={GLOBAL_BATCH}",
-        f"--micro-batch={MICRO}", "--save-every=1"]  # fmt: skip
+        f"--micro-batch={MICRO}", f"--save-every={SAVE_EVERY}"]  # fmt: skip
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -65,6 +67,21 @@ def _records(opts: story.Options, pods: list[dict[str, Any]]) -> dict[int, list[
         top = max(r["generation"] for r in recs)
         newest[step] = [r for r in recs if r["generation"] == top]
     return newest
+
+
+def _steps_by_generation(opts: story.Options, pods: list[dict[str, Any]]) -> dict[int, set[int]]:
+    """The steps each trainer generation trained (any rank)."""
+    out: dict[int, set[int]] = defaultdict(set)
+    for pod in {p["metadata"]["uid"]: p for p in pods}.values():
+        for log in (story._pod_dir(opts, pod) / "volumes" / "train-logs").glob("rank-*.jsonl"):
+            for line in log.read_text().splitlines():
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if "loss" in rec:
+                    out[int(rec["generation"])].add(int(rec["step"]))
+    return out
 
 
 def _no_fault(work: Path, ranks: int) -> dict[int, float]:
@@ -126,6 +143,11 @@ def test_a_node_lost_with_no_free_node_shrinks_the_world_then_it_grows_back(
         assert [e.get("worldSize") for e in entries] == [2, 3], entries
         assert entries[0]["failureClass"] == "NodeLost" and entries[1].get("failureClass") is None
         records = _records(opts, [*before, *drills.pods(api, JOB, 1)])
+        trained = _steps_by_generation(opts, [*before, *drills.pods(api, JOB, 1)])
+
+    # the grow-back's stop gave the healthy world a grace to save at its next boundary
+    # (Order.save_seconds): generation 2 starts where generation 1 stopped, none again
+    assert min(trained[2]) == max(trained[1]) + 1, (min(trained[2]), max(trained[1]))
 
     assert sorted(records) == list(range(1, STEPS + 1)), "every optimizer step, once"
     worlds = [records[s][0]["world"] for s in sorted(records)]

@@ -224,13 +224,29 @@ def order(
     if state is None:
         return None
     if state.phase == InPlaceStage.STOPPING:
-        return Order(rtj.metadata.uid, state.generation, "stop")
+        return Order(rtj.metadata.uid, state.generation, "stop",
+                     save_seconds=save_grace(rtj, state.generation))  # fmt: skip
     source = state.fast_sources.get(str(index)) if index is not None else None
     return Order(rtj.metadata.uid, state.generation, "run", rtj.status.attempt, state.step,
                  state.fast_step, source if state.fast_step is not None else None,
                  index if rank else None, master_addr,
                  state.fast_lineage if state.fast_step is not None else None,
                  world_size)  # fmt: skip
+
+
+def save_grace(rtj: ResilientTrainingJob, generation: int) -> int | None:
+    """The stop's grace for the trainers to save at their next boundary: for a generation no
+    failure began (a grow-back: the world is healthy), the emergency save's deadline, at
+    most half the in-place deadline; None for a failure's (a world that lost a rank or hung
+    cannot save consistently: the supervisor's short grace)."""
+    record = rtj.status.current
+    entry = next((e for e in reversed(record.in_place_restarts) if e.generation == generation),
+                 None) if record is not None else None  # fmt: skip
+    seconds = min(rtj.spec.checkpoint.emergency_save_seconds,
+                  rtj.spec.recovery.in_place_deadline_seconds // 2)  # fmt: skip
+    if entry is None or entry.failure_class is not None or seconds < 1:
+        return None
+    return seconds
 
 
 def reported(reports: Mapping[str, SupervisorReport], pods: Sequence[str],

@@ -164,6 +164,39 @@ def test_a_trainer_that_refused_a_suspect_state_is_reported_with_its_verdict(pod
     assert report["suspect"] == verdict, "a restarted generation's, beside its own resume file"
 
 
+SAVING_ON_SIGTERM = """
+import os, signal, sys, time
+out = sys.argv[1]
+def save(*_):  # the Checkpointer's emergency save: the next boundary, then the save
+    time.sleep(2.5)
+    open(out + "/saved-" + os.environ.get("RTJ_RESTART_GENERATION", "0"), "w").write("ok")
+    sys.exit(143)
+signal.signal(signal.SIGTERM, save)
+open(out + "/started", "w").write("ok")
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_a_stop_with_a_save_grace_lets_the_trainers_save_first(pod: Pod) -> None:
+    """A healthy world stopped to grow back (`Order.save_seconds`): the trainer's SIGTERM
+    save, longer than the supervisor's 1 s grace, completes before the stop is reported; a
+    failure's stop (no grace) kills it first."""
+    pod.supervise(sys.executable, "-c", SAVING_ON_SIGTERM, str(pod.out))
+    until("started", lambda: (pod.out / "started").exists())
+    pod.post(Order(UID, 1, "stop", save_seconds=10))
+    report = until("stopped", lambda: (r := pod.supervisor() or {}).get("state") == "stopped" and r)
+    assert (pod.out / "saved-0").exists(), "the save completed within the grace"
+    assert report["exit_code"] == 143
+    (pod.out / "started").unlink()
+    pod.post(Order(UID, 1, "run", attempt=1, step=None))
+    until("started again", lambda: (pod.out / "started").exists())
+    pod.post(Order(UID, 2, "stop"))
+    until("stopped again", lambda: (pod.supervisor() or {}).get("generation") == 2
+          and (pod.supervisor() or {}).get("state") == "stopped")  # fmt: skip
+    assert not (pod.out / "saved-1").exists(), "the short grace killed it mid-save"
+
+
 MISALIGNING = """
 import json, os, time
 found = {"step": 56, "ranks": [1], "factors": [9.5], "spread": 0.03}

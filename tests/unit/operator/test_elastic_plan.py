@@ -65,6 +65,8 @@ def test_a_replacement_that_cannot_be_scheduled_shrinks_the_world_then_it_grows_
     plan(raw, pods, exited, nodes=nodes)
     assert raw["status"]["inPlace"]["replacedRanks"] == [1]
     assert raw["status"]["workers"] == "3/3", "kubectl get's WORKERS: the whole world"
+    failed = rc.restart_order(snapshot(raw, pods=pods, nodes=nodes), target(pods[0], raw))
+    assert failed is not None and (failed.action, failed.save_seconds) == ("stop", None)
     budget = raw["status"]["restarts"]
 
     # its Job's pod for index 1 again, unschedulable (no free node); the others stopped
@@ -133,6 +135,10 @@ def test_a_replacement_that_cannot_be_scheduled_shrinks_the_world_then_it_grows_
     assert (state["phase"], state["generation"], state["worldSize"]) == ("Stopping", 2, 3)
     assert (record["worldSize"], record.get("spareRanks", {})) == (3, {})
     assert raw["status"]["workers"] == "3/3"
+    # a healthy world stopped to grow back: its trainers may save at their next boundary
+    snap = snapshot(raw, pods=world, nodes=nodes)
+    stop = rc.restart_order(snap, target(pods[0], raw))
+    assert stop is not None and (stop.action, stop.save_seconds) == ("stop", 30)
     entry = record["inPlaceRestarts"][-1]
     assert entry.get("failureClass") is None and entry["worldSize"] == 3
     assert "GrowingBack" in events(growing) and raw["status"]["restarts"] == budget

@@ -198,6 +198,20 @@ def test_a_run_order_may_name_the_world_size_of_an_elastic_generation() -> None:
             parse_order(body(generation=2, action="run", attempt=1, **fields))
 
 
+def test_a_stop_order_may_give_the_trainers_a_grace_to_save() -> None:
+    graceful = Order(UID, 4, "stop", save_seconds=30)
+    assert parse_order(graceful.encode()) == graceful and graceful.to_json()["save_seconds"] == 30
+    assert "save_seconds" not in Order(UID, 4, "stop").to_json()
+    assert "save_seconds" not in Order(UID, 4, "run", attempt=1, save_seconds=30).to_json()
+    assert (
+        parse_order(body(generation=4, action="run", attempt=1, save_seconds=30)).save_seconds
+        is None
+    )
+    for value in (0, -1, "30", True, 3601):
+        with pytest.raises(OrderError, match=re.escape("order.save_seconds")):
+            parse_order(body(generation=4, action="stop", save_seconds=value))
+
+
 def test_only_an_idle_pod_finishes_on_order() -> None:
     finish = Order(UID, 3, "finish")
     assert parse_order(finish.encode()) == finish

@@ -8,11 +8,12 @@ carried out as soon as it arrives, not up to a poll period later.
 - Generation 0 starts at once, with the pod's environment as it is.
 - ``stop`` (generation g): SIGTERM to the command's process group and every descendant,
   SIGKILL after ``stop_grace`` seconds (short: a world that lost a rank or hung cannot make
-  a consistent emergency save; the pod's own termination keeps the full ``grace``), then
-  wait until *no* descendant is left. The supervisor is the children's subreaper
-  (``PR_SET_CHILD_SUBREAPER``), so torchrun's workers, which run in sessions of their own,
-  are its descendants even after torchrun is gone: "stopped" is reported only once the old
-  world of this pod is provably gone.
+  a consistent emergency save; the pod's own termination keeps the full ``grace``), or
+  after the order's ``save_seconds`` (a healthy world stopped to grow back: its trainers
+  save at their next step boundary and exit), then wait until *no* descendant is left. The
+  supervisor is the children's subreaper (``PR_SET_CHILD_SUBREAPER``), so torchrun's
+  workers, which run in sessions of their own, are its descendants even after torchrun is
+  gone: "stopped" is reported only once the old world of this pod is provably gone.
 - ``run`` (generation g, attempt a, step s): only once stopped for g. The command starts
   again with ``RTJ_ATTEMPT=a`` (its checkpoints claim the run as attempt a, so a zombie of
   an older attempt can never publish), ``RTJ_RESTART_GENERATION=g`` and ``RTJ_RESUME_FILE``
@@ -265,7 +266,7 @@ class Supervisor:
                 self._say("finished on order: the world's trainers are done")
                 return 0
             if action == "stop" and order is not None:
-                self._stop(order.generation)
+                self._stop(order.generation, order.save_seconds)
                 continue  # a run order waits for no poll period to start what it stopped
             if action == "start" and order is not None:
                 self._start(self._env_for(order), order.attempt)
@@ -386,9 +387,9 @@ class Supervisor:
                           suspect=suspect))  # fmt: skip
         self._say(f"generation {self.current.generation}: the command exited with {code}")
 
-    def _stop(self, generation: int) -> None:
+    def _stop(self, generation: int, save_seconds: int | None = None) -> None:
         self._set(replace(self.current, state=State.STOPPING))
-        self._kill_all(self.stop_grace)
+        self._kill_all(self.stop_grace if save_seconds is None else save_seconds)
         code = self.child.returncode if self.child is not None else None
         self._forget_progress()
         fast_dir = self.env.get(fast_tier.ENV_DIR)
