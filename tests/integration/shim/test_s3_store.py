@@ -449,6 +449,24 @@ def test_publishing_a_step_twice_is_refused(
     assert verify_step(open_store(s3_root), 10, Depth.DEEP).valid
 
 
+def test_a_zombie_writers_abort_leaves_a_step_another_writer_published_alone(
+    s3_root: str,
+) -> None:
+    """The keys of a step are the same for every writer: a zombie (attempt 1) that wrote
+    rank-0.bin, was frozen, and aborts after attempt 2 started the step afresh, wrote the
+    same key and published, deletes nothing of it."""
+    store = open_store(s3_root)
+    zombie = store.begin_step(50, "1")
+    zombie.write_file("rank-0.bin", [b"old" * 100])
+    protocol = CommitProtocol(store, run_id=RUN, attempt="2")
+    fresh = protocol.begin(50)
+    entry = fresh.write_file("rank-0.bin", [b"new" * 100])
+    protocol.publish(fresh, [entry], StepMetadata())
+    zombie.abort()
+    verdict = verify_step(store, 50, Depth.DEEP)
+    assert verdict.valid, verdict.reason
+
+
 def test_racing_writers_one_commit_wins_and_the_loser_leaves_it_intact(
     s3_root: str, s3_admin: S3Client
 ) -> None:

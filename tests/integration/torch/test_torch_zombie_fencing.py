@@ -60,6 +60,33 @@ def test_the_old_world_is_refused_once_the_new_one_restored(root: str) -> None:
     assert resolve(open_store(root), Depth.DEEP).step == 20
 
 
+def test_a_zombie_woken_mid_save_is_refused_and_leaves_the_new_worlds_step_alone(
+    root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attempt 1 is frozen inside its save of step 20, after its files are written; attempt
+    2 restores, claims the root and publishes step 20 itself (its fresh start of the step
+    removed the zombie's files); the zombie wakes to a write error (its file gone: a 404 in
+    CI). It is refused as stale, naming the claim, and cleans up nothing: the keys of a
+    step are the same for every writer, so its cleanup would delete the new world's files
+    (on S3: before, the newest step then failed deep verification)."""
+    old = Checkpointer(root, run_id=RUN, attempt="1", resume=ResumeOptions(report=False))
+    old.save(10, _state(0))
+    writes = old._writer._write_files
+
+    def frozen_mid_save(*args: Any, **kwargs: Any) -> Any:
+        entries = writes(*args, **kwargs)
+        new = Checkpointer(root, run_id=RUN, attempt="2", resume=ResumeOptions(report=False))
+        assert new.restore(_state(1)) == 10
+        new.save(20, _state(1))
+        del entries  # written, then removed by the new world's fresh start of the step
+        raise StoreError("verifying rank-00000.pt: 404 (HTTP 404): Not Found")
+
+    monkeypatch.setattr(old._writer, "_write_files", frozen_mid_save)
+    with pytest.raises(CheckpointError, match=r"attempt 1 is stale; attempt 2.*404"):
+        old.save(20, _state(0))
+    assert resolve(open_store(root), Depth.DEEP).step == 20, "the new world's step intact"
+
+
 def test_a_world_older_than_the_roots_owner_does_not_train(root: str) -> None:
     Checkpointer(root, run_id=RUN, attempt="3", resume=ResumeOptions(report=False)).save(
         10, _state(0)

@@ -24,7 +24,7 @@ from rtj_shim.checkpoint.protocol import CommitProtocol
 from rtj_shim.checkpoint.storage import CheckpointStore, StepWriter
 from rtj_shim.checkpoint.verification import Depth
 from rtj_shim.checkpoint.verifier import verify_step
-from rtj_shim.errors import StepAlreadyPublished
+from rtj_shim.errors import Refused, RunOwnershipConflict, StepAlreadyPublished, StoreError
 from rtj_shim.torch import _dist
 from rtj_shim.torch import serialization as ser
 from rtj_shim.torch.capture import (
@@ -58,6 +58,20 @@ class CollectiveWriter:
         self.world_size = world_size
         self.io_workers = io_workers
         self.check_finite = check_finite
+
+    def _failed(self, writer: StepWriter, errors: list[str]) -> str:
+        """Why the ranks' write failed, and the step's area cleaned up unless a newer
+        attempt owns the root: then the failure is a zombie's (the new owner's fresh start
+        of the step removed its files), the area is the new owner's to keep, and the
+        refusal says so."""
+        try:
+            self.protocol.check_still_owner()
+        except RunOwnershipConflict as exc:
+            return f"{exc} (the ranks' writes failed: {'; '.join(errors)})"
+        except (StoreError, Refused):
+            pass  # ownership unknown: clean up what this writer wrote, as before
+        writer.abort()
+        return "; ".join(errors)
 
     def write(self, job: SaveJob, coord: _dist.Coordinator) -> SaveReport:
         """Collective: publish ``job`` or raise on every rank; the local DCP staging goes."""
@@ -104,8 +118,7 @@ class CollectiveWriter:
             assert gathered is not None and writer is not None
             errors = [err for _, err in gathered if err]
             if errors:
-                writer.abort()
-                result = {"error": "; ".join(errors)}
+                result = {"error": self._failed(writer, errors)}
             else:
                 try:
                     files = [FileEntry(**d) for rows, _ in gathered for d in rows]

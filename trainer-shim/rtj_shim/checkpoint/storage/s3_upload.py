@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, cast
 from botocore.exceptions import BotoCoreError, ClientError
 
 from rtj_shim.checkpoint.layout import COMMITTED_FILE, MANIFEST_FILE, step_key
-from rtj_shim.checkpoint.manifest import FileEntry, confine_path
+from rtj_shim.checkpoint.manifest import FileEntry, confine_path, decode_manifest
 from rtj_shim.checkpoint.storage.s3_client import CONDITION_FAILED, b64, error_code, s3_errors
 from rtj_shim.errors import Refused, StepAlreadyPublished, StoreError
 
@@ -131,12 +131,20 @@ class S3StepWriter:
         """Nothing to release: every upload has finished when write_file returns."""
 
     def abort(self) -> None:
-        """Delete what this writer uploaded (best effort); a published step is left alone."""
+        """Delete what this writer uploaded (best effort); of a step published meanwhile,
+        whoever published it, only the keys its manifest does not list: the keys of a step
+        are the same for every writer, so a zombie of an old attempt that aborts after a
+        newer one published the step would otherwise delete the newer one's files."""
         if self._committed or not self._uploaded:
             return
         keys = list(self._uploaded)
         self._uploaded.clear()
-        with contextlib.suppress(StoreError):
+        with contextlib.suppress(StoreError, ClientError, ValueError, Refused):
+            if self._store._exists(self._key(COMMITTED_FILE)):
+                raw = self._store.read(step_key(self._step, MANIFEST_FILE))
+                listed = decode_manifest(raw).files if raw is not None else ()
+                published = {self._key(f.path) for f in listed} | {self._key(MANIFEST_FILE)}
+                keys = [k for k in keys if k not in published] if raw is not None else []
             self._store._delete_keys(keys)
 
     # -- internals ---------------------------------------------------------------------
