@@ -20,7 +20,6 @@ import argparse
 import hashlib
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from bench.common import free_port
 
 TARGET_MS = 0.1
 BUF = os.urandom(64 << 10)
@@ -93,16 +94,10 @@ def rank_main(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _world(args: argparse.Namespace, *, every_boundary: bool) -> list[dict[str, Any]] | None:
     """One world of `args.ranks` processes; each rank's figures (None: a rank failed)."""
     with tempfile.TemporaryDirectory() as tmp:
-        port, procs = _free_port(), []
+        port, procs = free_port(), []
         for rank in range(args.ranks):
             env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                    "RANK": str(rank), "WORLD_SIZE": str(args.ranks),

@@ -11,6 +11,7 @@ import gc
 import hashlib
 import math
 import os
+import socket
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -117,3 +118,10 @@ def mount_of(path: Path) -> dict[str, str]:
                 longest = len(mount)
                 best = {"mount": mount, "device": device, "fstype": fstype, "options": options}
     return best
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (a gloo world's rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from bench.common import free_port
 
 TARGET = 0.01
 WARMUP = 30
@@ -98,17 +99,11 @@ def rank_main(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _world(
     args: argparse.Namespace, mode: str, every: int = 0, fault: str = "", steps: int = 0
 ) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory() as tmp:
-        port, procs = _free_port(), []
+        port, procs = free_port(), []
         for rank in range(args.ranks):
             env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                    "RANK": str(rank), "WORLD_SIZE": str(args.ranks), "OMP_NUM_THREADS": "1",
