@@ -3,9 +3,10 @@ real training through the operator with every feature on (restart in place, the 
 checkpoint tier every 10 steps, a warm standby interpreter per pod), a hang and a corrupted
 newest checkpoint with a rank killed (both restarted in place from the fast tier: the
 corrupted durable step is never read), then an eviction (the evicted pod replaced, the other
-restarted in place, in the same attempt, from the durable tier: the emergency save's step,
-or the periodic one before it when the stop cut that save short, as the one pod's fast-tier
-replica was on the evicted pod), and every invariant the soak checks: the final model
+restarted in place, in the same attempt: from the emergency save's durable step, newer than
+every fast step; or, when the stop cut that save short, from the newest fast step, the
+evicted rank's copy taken back from the peer replica the survivor keeps), and every
+invariant the soak checks: the final model
 equals a no-fault run bit for bit, never two worlds at once (per attempt and trainer
 generation), resumes only from the steps the operator pinned, budgets, nothing leaked, and
 a goodput figure computed from the trainer's own logs."""
@@ -41,10 +42,17 @@ def test_the_soak_restarts_in_place_and_whole_world_bit_for_bit(tmp_path: Path) 
     assert kinds == ["hang", "corrupt_newest", "eviction"], facts["injected"]
     assert all(not f["what"].startswith("skipped") for f in facts["injected"])
     paths = [(r["path"], r["tier"]) for r in facts["recoveries"]]
-    assert paths == [
-        ("in place", "fast"), ("in place", "fast"), ("in place, 1 pod(s) replaced", "durable"),
-    ], facts["recoveries"]  # fmt: skip
+    assert paths[:2] == [("in place", "fast")] * 2, facts["recoveries"]
+    assert paths[2][0] == "in place, 1 pod(s) replaced", facts["recoveries"]
     hang, corrupt, evicted = facts["recoveries"]
+    evicted_world = next(r for r in facts["resumes"] if r["world"] == "1 g3")
+    if evicted["tier"] == "fast":  # the emergency save was cut short (a loaded machine, CI)
+        # the evicted rank's copy came back from the survivor's peer replica
+        assert set(evicted_world["entry"].get("fastSources") or {}) == {"1"}, evicted_world
+        assert evicted_world["step"] > evicted_world["entry"]["resumedFromStep"], evicted_world
+    else:  # its emergency save: a durable step newer than every fast step
+        assert evicted["tier"] == "durable", facts["recoveries"]
+        assert evicted_world["entry"].get("resumedFromFastStep") is None, evicted_world
     assert hang["failure_class"] == "Hang" and evicted["failure_class"] == "Evicted"
     assert (hang["attempt"], hang["resumed_generation"]) == (1, 1)
     assert (corrupt["attempt"], corrupt["resumed_generation"]) == (1, 2)
@@ -53,7 +61,7 @@ def test_the_soak_restarts_in_place_and_whole_world_bit_for_bit(tmp_path: Path) 
     assert facts["in_place_restarts"] == 3 and facts["worlds"] == 4
     # each in-place world resumed from the fast step the operator pinned for it
     fast = [r for r in facts["resumes"] if r["source"] == "fast-tier"]
-    assert [r["world"] for r in fast] == ["1 g1", "1 g2"]
+    assert [r["world"] for r in fast][:2] == ["1 g1", "1 g2"]
     assert all(r["step"] == r["entry"]["resumedFromFastStep"] for r in fast)
     # each in-place generation began in its pod's warm standby (the trainers' import paid
     # ahead, beside the running generation); the evicted pod's replacement, new, started cold
