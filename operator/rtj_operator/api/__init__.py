@@ -1,5 +1,6 @@
 """The ResilientTrainingJob API: pydantic models (the CRD's single source), names, reasons."""
 
+from rtj_operator.api.attempts import AttemptRecord, FirstFailed
 from rtj_operator.api.checkpoint_spec import Checkpoint, Retention
 from rtj_operator.api.detection_spec import NodeHealth
 from rtj_operator.api.reasons import (
@@ -12,9 +13,7 @@ from rtj_operator.api.reasons import (
 from rtj_operator.api.resource import ObjectMeta, ResilientTrainingJob
 from rtj_operator.api.spec import Backoff, FailurePolicy, Provenance, ResilientTrainingJobSpec
 from rtj_operator.api.status import (
-    AttemptRecord,
     Condition,
-    FirstFailed,
     QuarantinedNode,
     ResilientTrainingJobStatus,
     RestartCounts,

@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from rtj_operator.api.attempts import FirstFailed
 from rtj_operator.api.detection_spec import NodeHealth
 from rtj_operator.api.reasons import FailureCategory, FailureClass
-from rtj_operator.api.status import FirstFailed
 from rtj_operator.policy import node_event_sources, node_signals, pod_signals
 from rtj_operator.policy.findings import (
     CLOCK_SKEW,

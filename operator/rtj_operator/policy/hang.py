@@ -10,8 +10,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from rtj_operator.api import keys
+from rtj_operator.api.attempts import FirstFailed
 from rtj_operator.api.reasons import FailureClass
-from rtj_operator.api.status import FirstFailed
 from rtj_operator.policy.classify import Classification, Decision
 from rtj_operator.policy.progress import Hang
 

@@ -15,9 +15,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 from rtj_operator.api import keys
+from rtj_operator.api.attempts import FirstFailed
 from rtj_operator.api.detection_spec import NodeHealth
 from rtj_operator.api.reasons import FailureClass
-from rtj_operator.api.status import FirstFailed
 from rtj_operator.policy import in_place
 from rtj_operator.policy.classify import Classification, Decision, classify_failure
 from rtj_operator.policy.findings import iso

@@ -6,10 +6,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from rtj_operator.api.attempts import AttemptRecord
 from rtj_operator.api.reasons import ConditionType, Phase, Reason
-from rtj_operator.api.status import (
-    AttemptRecord,
-)
 from rtj_operator.policy import control_key
 from rtj_operator.policy.decide import StartAttempt, Wait, decide
 from rtj_operator.policy.preflight import with_preflight

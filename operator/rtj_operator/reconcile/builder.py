@@ -8,13 +8,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+from rtj_operator.api.attempts import AttemptRecord
 from rtj_operator.api.reasons import ConditionType, Reason
 from rtj_operator.api.resource import ResilientTrainingJob
-from rtj_operator.api.status import (
-    AttemptRecord,
-    Condition,
-    ResilientTrainingJobStatus,
-)
+from rtj_operator.api.status import Condition, ResilientTrainingJobStatus
 from rtj_operator.reconcile.actions import (
     Action,
     KubeAction,

@@ -8,10 +8,7 @@ from datetime import datetime, timedelta
 
 from rtj_operator.api import keys
 from rtj_operator.api.reasons import ConditionType, Phase, Reason
-from rtj_operator.api.status import (
-    ResilientTrainingJobStatus,
-    VerifiedCheckpoint,
-)
+from rtj_operator.api.status import ResilientTrainingJobStatus, VerifiedCheckpoint
 from rtj_operator.policy.observed import parse_time
 from rtj_operator.reconcile.actions import MetricRecord
 from rtj_operator.reconcile.builder import PlanBuilder, condition_true

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from rtj_operator.api.attempts import InPlacePhase, InPlaceRestart
 from rtj_operator.api.reasons import ConditionType, InPlaceStage, Reason
-from rtj_operator.api.status import InPlacePhase, InPlaceRestart
 from rtj_operator.policy import spares
 from rtj_operator.policy.elastic import ElasticSpec, Verdict, on_missing, on_shrunk
 from rtj_operator.reconcile.builder import PlanBuilder

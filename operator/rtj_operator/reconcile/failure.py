@@ -6,9 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from rtj_operator.api.reasons import ConditionType, FailureCategory, FailureClass, Phase, Reason
-from rtj_operator.api.status import (
-    QuarantinedNode,
-)
+from rtj_operator.api.status import QuarantinedNode
 from rtj_operator.policy.classify import Classification
 from rtj_operator.policy.decide import Fail, Quarantine, Restart, decide
 from rtj_operator.policy.render import jobset_name, quarantine_taint

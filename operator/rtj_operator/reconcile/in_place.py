@@ -31,13 +31,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 
+from rtj_operator.api.attempts import MAX_FAST_SOURCES, InPlacePhase, InPlaceRestart
 from rtj_operator.api.reasons import ConditionType, FailureClass, InPlaceStage, Phase, Reason
-from rtj_operator.api.status import (
-    MAX_FAST_SOURCES,
-    InPlacePhase,
-    InPlaceRestart,
-    ResilientTrainingJobStatus,
-)
+from rtj_operator.api.status import ResilientTrainingJobStatus
 from rtj_operator.policy import fast_tier, in_place, peer_replica, spares
 from rtj_operator.policy.classify import (
     Classification,

@@ -3,7 +3,7 @@ entry a restart (or an elastic resize) appends, and the fields its later phases 
 
 from __future__ import annotations
 
-from rtj_operator.api.status import InPlaceRestart
+from rtj_operator.api.attempts import InPlaceRestart
 from rtj_operator.reconcile.builder import PlanBuilder
 
 MAX_IN_PLACE_RECORDS = 64

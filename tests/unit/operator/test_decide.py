@@ -21,7 +21,7 @@ from rtj_operator.api import (
     RestartCounts,
     VerifiedCheckpoint,
 )
-from rtj_operator.api.status import FirstFailed
+from rtj_operator.api.attempts import FirstFailed
 from rtj_operator.policy.classify import Classification
 from rtj_operator.policy.decide import (
     Fail,

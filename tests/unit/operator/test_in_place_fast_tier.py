@@ -12,9 +12,9 @@ from pydantic import ValidationError
 from rtj_test_support import NOW, job_body, make_job, supervisor_reports
 
 from rtj_operator.api import ResilientTrainingJob, keys
+from rtj_operator.api.attempts import InPlacePhase
 from rtj_operator.api.checkpoint_spec import FAST_TIER_MIN_KEEP, SIZE_PATTERN
 from rtj_operator.api.schemas.openapi import QUANTITY_PATTERN
-from rtj_operator.api.status import InPlacePhase
 from rtj_operator.policy import fast_tier as fast_tier_policy
 from rtj_operator.policy import in_place
 from rtj_operator.policy.render import render_jobset

@@ -14,8 +14,8 @@ import pytest
 from rtj_test_support import NOW
 
 from rtj_operator.api import Phase, ResilientTrainingJobStatus
+from rtj_operator.api.attempts import InPlacePhase
 from rtj_operator.api.reasons import InPlaceStage, RecoveryPhase
-from rtj_operator.api.status import InPlacePhase
 from rtj_operator.recovery import (
     TRANSITIONS,
     Fact,
