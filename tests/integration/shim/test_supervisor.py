@@ -164,6 +164,23 @@ def test_a_trainer_that_refused_a_suspect_state_is_reported_with_its_verdict(pod
     assert report["suspect"] == verdict, "a restarted generation's, beside its own resume file"
 
 
+REFUSING = """
+import json, os, sys
+open(os.environ["RTJ_RESUME_FILE"] + ".rejected", "w").write(json.dumps({"step": 30}))
+sys.exit(1)
+"""
+
+
+def test_a_pinned_step_the_first_generation_refused_is_reported(pod: Pod) -> None:
+    """Generation 0 restores from the pod's own resume file (``RTJ_RESUME_FILE``, written by
+    the resolve init container): the step it refused is found beside that file, as a later
+    generation's is beside the supervisor's resume file (it was looked for beside the
+    supervisor's ``resume-0.json``, which generation 0 never reads, and went unreported)."""
+    pod.supervise(sys.executable, "-c", REFUSING, env={"RTJ_RESUME_FILE": str(pod.out / "r")})
+    report = until("exited", lambda: (r := pod.supervisor() or {}).get("state") == "exited" and r)
+    assert report["exit_code"] == 1 and report["rejected"] == {"step": 30, "reason": ""}, report
+
+
 SAVING_ON_SIGTERM = """
 import os, signal, sys, time
 out = sys.argv[1]

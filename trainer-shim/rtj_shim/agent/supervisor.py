@@ -74,11 +74,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TypeVar
 
+from rtj_shim.agent import trainers_files
 from rtj_shim.agent.doorbell import Doorbell
 from rtj_shim.agent.standby import StandbyKeeper, Trainer
 from rtj_shim.agent.warm import exit_code
@@ -95,16 +95,13 @@ from rtj_shim.wire.control import (
     writer_attempt,
 )
 from rtj_shim.wire.control import parse_order as _parse_order
-from rtj_shim.wire.misaligned_resume import SUFFIX as MISALIGNED
-from rtj_shim.wire.misaligned_resume import MisalignedRanks, MisalignedResumeError
+from rtj_shim.wire.misaligned_resume import MisalignedRanks
 from rtj_shim.wire.progress_record import FILE_PREFIX, FILE_SUFFIX
-from rtj_shim.wire.rejected_step import SUFFIX as REJECTED_SUFFIX
-from rtj_shim.wire.rejected_step import RejectedStep, RejectedStepError
+from rtj_shim.wire.rejected_step import RejectedStep
 from rtj_shim.wire.resume_file import ResumeFile
 from rtj_shim.wire.supervisor_report import SupervisorReport, SupervisorReportError
 from rtj_shim.wire.supervisor_report import SupervisorState as State
-from rtj_shim.wire.suspect_verdict import SUFFIX as SUSPECT_SUFFIX
-from rtj_shim.wire.suspect_verdict import SuspectVerdict, SuspectVerdictError
+from rtj_shim.wire.suspect_verdict import SuspectVerdict
 
 PR_SET_CHILD_SUBREAPER = 36
 ENV_INDEX_FAILURES = "RTJ_INDEX_FAILURES"
@@ -349,19 +346,14 @@ class Supervisor:
                 "RTJ_RESTART_GENERATION": str(order.generation),
                 "RTJ_RESUME_FILE": str(resume)}  # fmt: skip
 
-    def _resume_file(self, generation: int, suffix: str) -> Path:
-        """A file the trainers of `generation` leave beside their resume file."""
-        resume = self.dir / f"resume-{generation}.json"
-        if generation == 0 and self.env.get("RTJ_RESUME_FILE"):  # the pod's own, as started
-            resume = Path(self.env["RTJ_RESUME_FILE"])
-        return resume.with_name(resume.name + suffix)
+    def _resume(self, generation: int) -> Path:
+        return trainers_files.resume_file(self.dir, self.env, generation)
 
     def _note_misaligned(self) -> None:
         """Report the data alignment check's finding once the running trainers made one."""
         if self.current.state != State.RUNNING or self.current.misaligned is not None:
             return
-        path = self._resume_file(self.current.generation, MISALIGNED)
-        found = _trainers_file(path, MisalignedRanks.parse, MisalignedResumeError)
+        found = trainers_files.misaligned(self._resume(self.current.generation))
         if found is not None:
             self._set(replace(self.current, misaligned=found))
             self._say(f"generation {self.current.generation}: {found.describe()}")
@@ -378,13 +370,10 @@ class Supervisor:
         self._exited_at = time.monotonic()
         state = State.FINISHED if code == 0 else State.EXITED
         generation = self.current.generation
-        resume = self.dir / f"resume-{generation}.json"
-        rejected = _trainers_file(resume.with_name(resume.name + REJECTED_SUFFIX),
-                                  RejectedStep.parse, RejectedStepError)  # fmt: skip
-        suspect = _trainers_file(self._resume_file(generation, SUSPECT_SUFFIX),
-                                 SuspectVerdict.parse, SuspectVerdictError)  # fmt: skip
-        self._set(replace(self.current, state=state, exit_code=code, rejected=rejected,
-                          suspect=suspect))  # fmt: skip
+        resume = self._resume(generation)
+        self._set(replace(self.current, state=state, exit_code=code,
+                          rejected=trainers_files.rejected(resume),
+                          suspect=trainers_files.suspect(resume)))  # fmt: skip
         self._say(f"generation {self.current.generation}: the command exited with {code}")
 
     def _stop(self, generation: int, save_seconds: int | None = None) -> None:
@@ -496,17 +485,3 @@ def _become_subreaper() -> bool:
         return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
-
-
-R = TypeVar("R")
-
-
-def _trainers_file(path: Path, parse: Callable[[Any], R], errors: type[ValueError]) -> R | None:
-    """A record the trainers left beside their resume file (a refused pinned step, a suspect
-    state's verdict, a data alignment finding), parsed; None when there is none or it does
-    not parse (a restart then fails as any other, without naming the step or the ranks)."""
-    body = read_json(path)
-    try:
-        return None if body is None else parse(body)
-    except errors:
-        return None
