@@ -1,12 +1,12 @@
 """The fast tier's drain on real training through the pod runner (issue 16).
 
 Two pods (the example trainer, restart in place, fast steps every 5, no peer replica), the
-trainers' own durable saves only every 300 steps, and ``drainEverySteps: 20``: the progress
+trainers' own durable saves only every 200 steps, and ``drainEverySteps: 20``: the progress
 sidecar of the pod holding rank 0 publishes every 20th fast step to the S3 store (rank 1's
-file read from the other pod's sidecar), leaving 300 and 600 to the trainers. Then rank 1's
+file read from the other pod's sidecar), leaving 200 and 400 to the trainers. Then rank 1's
 node goes silent with its processes frozen: its pod is replaced, and with no copy of its fast
 steps anywhere the restart falls back to the durable tier, whose newest step is a drained
-one, far newer than the trainers' own 300. The finished model equals the no-fault run bit
+one, far newer than the trainers' own 200. The finished model equals the no-fault run bit
 for bit.
 """
 
@@ -32,7 +32,7 @@ from rtj_shim.checkpoint.storage import open_store
 from rtj_shim.checkpoint.storage.base import CheckpointStore
 
 JOB = "drill-drain"
-STEPS, SAVE_EVERY, FAST_EVERY, DRAIN_EVERY = 600, 300, 5, 20
+STEPS, SAVE_EVERY, FAST_EVERY, DRAIN_EVERY = 400, 200, 5, 20
 
 pytestmark = pytest.mark.timeout(1200)
 
@@ -97,9 +97,9 @@ def test_a_drained_step_is_what_a_replaced_pod_without_a_fast_step_resumes_from(
             found = drills.status(api, JOB).get("lastVerifiedCheckpoint") or {}
             return int(found.get("step") or 0)
 
-        # the operator has read a drained step past the trainers' own save at 300, and
+        # the operator has read a drained step past the trainers' own first save, and
         # training is well before their next one
-        wait_for("a drained step the operator verified, past 300", lambda: (
+        wait_for(f"a drained step the operator verified, past {SAVE_EVERY}", lambda: (
             verified() > SAVE_EVERY + DRAIN_EVERY and trained() < 2 * SAVE_EVERY - 40
         ), 400, 0.2)  # fmt: skip
         drained_seen = verified()

@@ -38,12 +38,13 @@ pytestmark = [pytest.mark.demo, pytest.mark.timeout(900)]
 
 JOB = "drill-in-place"
 WAITING = "drill-waiting"
-STEPS, SAVE_EVERY, FAST_EVERY = 500, 40, 5
+STEPS, SAVE_EVERY, FAST_EVERY = 300, 40, 5
 """The killed-rank drill strikes by step ~130 (after the attempt's first fast step shows in
 status.progress, written at once, then a few fast steps past a durable one); the GPU-fault
 and lost-node drills by step ~90 (the first fast step past the durable one that the peer
-replica holds): 500 steps leave well over 300 to train after the resume, and one no-fault
-run serves all three."""
+replica holds): 300 steps leave over 150 to train after the resume (every one compared with
+the no-fault run: a state restored wrong differs at its first step), and one no-fault run
+serves all three and the fallback drill."""
 REPLACE_STEPS = STEPS
 
 
@@ -374,7 +375,7 @@ def _began_in_standbys(opts: story.Options, pods: list[dict[str, Any]], generati
         assert (report["generation"], report["preloaded"]) == (generation, True), report
 
 
-BUDDY, BUDDY_STEPS = "drill-buddy", 400  # three ranks on two cores: a shorter run
+BUDDY, BUDDY_STEPS = "drill-buddy", 240  # strikes by step ~90: 150 steps after the resume
 
 
 def test_a_lost_node_and_its_buddy_fall_back_to_the_durable_step_with_the_reason(

@@ -36,7 +36,7 @@ from rtj_operator.policy.render import jobset_name
 pytestmark = [pytest.mark.demo, pytest.mark.timeout(900)]
 
 JOB = "drill-fallback"
-STEPS, SAVE_EVERY = 500, 40
+STEPS, SAVE_EVERY = 300, 40
 """As the in-place drill's: one no-fault run serves both."""
 DEADLINE = 20
 """spec.recovery.inPlaceDeadlineSeconds (the smallest allowed is 10)."""

@@ -32,7 +32,7 @@ from rtj_shim.wire.control import ORDER_FILE
 pytestmark = [pytest.mark.demo, pytest.mark.timeout(900)]
 
 JOB = "drill-lineage"
-STEPS, SAVE_EVERY, FAST_EVERY = 300, 40, 5
+STEPS, SAVE_EVERY, FAST_EVERY = 200, 40, 5
 
 
 def _job() -> dict[str, Any]:
