@@ -6,6 +6,10 @@ files into the step's in-progress area with ``StepWriter.copy_file`` (hashed whi
 under ``dcp/`` and publishes them with everything else. Loading reads ``dcp/`` with DCP's
 ``FileSystemReader`` (from the root directly on a filesystem, from a verified local copy
 for object stores); DCP re-shards onto whatever world size and mesh the job has now.
+
+``torch.distributed.checkpoint`` is imported by the functions that use it, not with this
+module: it pulls in DTensor, FX and sympy, about 2 CPU-seconds that every trainer start paid
+(and a third of ``import rtj_shim.torch``) whether or not it has a sharded state.
 """
 
 from __future__ import annotations
@@ -14,15 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from torch import nn
-from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint.state_dict import (
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
-from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from rtj_shim.torch.state import SHARDED, Entry, module_for_optimizer, unwrap
 
@@ -31,6 +26,11 @@ DCP_DIR = "dcp"
 
 def sharded_state(entries: list[Entry]) -> dict[str, Any]:
     """The DCP state dict of every sharded entry (references to live shards, not copies)."""
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
     state: dict[str, Any] = {}
     for entry in entries:
         if entry.placement != SHARDED:
@@ -45,6 +45,9 @@ def sharded_state(entries: list[Entry]) -> dict[str, Any]:
 
 def save_local(state: dict[str, Any], directory: Path, group: Any) -> list[tuple[str, Path]]:
     """Collective: write this rank's DCP files into ``directory``; return (relpath, path)."""
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
     directory.mkdir(parents=True, exist_ok=True)
     dcp_save(state, storage_writer=FileSystemWriter(str(directory)), process_group=group)
     files = sorted(p for p in directory.rglob("*") if p.is_file())
@@ -53,6 +56,13 @@ def save_local(state: dict[str, Any], directory: Path, group: Any) -> list[tuple
 
 def load_into(entries: list[Entry], directory: Path, group: Any) -> None:
     """Collective: load the DCP checkpoint in ``directory`` into every sharded entry."""
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+    from torch.distributed.checkpoint.state_dict import (
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+
     state = sharded_state(entries)
     dcp_load(state, storage_reader=FileSystemReader(str(directory)), process_group=group)
     for entry in entries:
