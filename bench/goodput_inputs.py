@@ -255,3 +255,16 @@ def interruptions_per_hour(gpus: int) -> float:
     """Llama 3's rate, scaled linearly with the GPU count."""
     per_gpu_hour = LLAMA3_INTERRUPTIONS / (LLAMA3_DAYS * 24 * LLAMA3_GPUS)
     return per_gpu_hour * gpus
+
+
+META_MTTF_HOURS = 7.9
+META_MTTF_GPUS = 1_024
+"""Meta's research clusters: a mean time to failure of 7.9 h for 1,024-GPU jobs (Kokolis et
+al., "Revisiting Reliability in Large-Scale Machine Learning Research Clusters", HPCA 2025,
+arXiv:2410.21680; the figure as issue 48 quotes it). Published, not measured here."""
+
+
+def meta_interruptions_per_hour(gpus: int) -> float:
+    """Meta's 1,024-GPU rate, scaled linearly with the GPU count (about one every 48.5 min at
+    10,000 GPUs)."""
+    return gpus / (META_MTTF_HOURS * META_MTTF_GPUS)
