@@ -90,8 +90,17 @@ def pod_body(sim: Sim, pod: int, now_ns: int, freeze: Freeze | None = None) -> d
     ranks = range(pod * sim.ranks_per_pod, (pod + 1) * sim.ranks_per_pod)
     return {"schema": 1, "pod_wall_time": round((now_ns + sim.wall_offset_ns) / 1e9, 6),
             "hostname": pod_name(pod), "errors": [],
-            "ranks": [rank_json(rank_record(sim, r, now_ns, freeze), now_ns)
+            "ranks": [_with_milestones(sim, rank_json(rank_record(sim, r, now_ns, freeze), now_ns))
                       for r in ranks]}  # fmt: skip
+
+
+def _with_milestones(sim: Sim, entry: dict[str, Any]) -> dict[str, Any]:
+    """The rank's start-up milestones, as the product server adds them: its process
+    restored `base_step` and completed the next one, one step after the simulation's start."""
+    first = (sim.t0_ns - (sim.base_step - 1) * sim.step_ns + sim.wall_offset_ns) / 1e9
+    marks = {"restored": {"at": first - sim.step_ns / 1e9, "step": sim.base_step},
+             "first_step": {"at": first, "step": sim.base_step + 1}}  # fmt: skip
+    return {**entry, "milestones": marks}
 
 
 def freeze_point(sim: Sim, rank: int, after_ns: int) -> int:

@@ -21,6 +21,8 @@ Any invariant that fails is a *problem* and fails the run:
 - a Kueue preemption (the urgent workload admitted) is recorded `Preempted`, category
   `preemption`, and the status counts every such attempt under `restarts.preemption`, none
   under `maxRestarts`' infrastructure count;
+- every recovery after which a world trained has a complete record in the operator's
+  recovery ledger, whose first step agrees with the trainers' logs (`bench.soak_ledger`);
 - the job succeeded; nothing leaked (the caller's list: the urgent workloads and their
   priority classes included).
 """
@@ -33,6 +35,7 @@ from datetime import datetime
 from typing import Any
 
 from bench import soak_accounting as acc
+from bench import soak_ledger
 
 CORRUPTED = re.compile(r"step-0*(\d+)/")
 """The step a corrupt_newest fault flipped a byte of, from its description."""
@@ -95,6 +98,8 @@ def judge(
         for r, f in zip(recs, injected, strict=True)
     ]
     problems += _preemptions(injected, recoveries, status)
+    recoveries, disagreements = soak_ledger.with_ledger(recoveries, status, worlds)
+    problems += disagreements
     in_place = [e for r in records.values() for e in r.get("inPlaceRestarts") or []]
     return {
         "created": created,

@@ -10,6 +10,7 @@ from typing import Any
 
 from bench import cpu_account
 from bench.soak_schedule import DEFAULT_MIX
+from rtj_operator.api.ledger import LedgerPhase
 
 W, H, PAD = 900, 360, 50
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2")
@@ -187,6 +188,7 @@ def markdown(
             "",
             *([f"Fast-tier fallbacks: {'; '.join(fallbacks)}.", ""] if fallbacks else []),
             *([preemptions, ""] if preemptions else []),
+            *ledger_table(facts["recoveries"]),
             "Invariants (final model bit for bit against a no-fault run, never two worlds "
             "at once, resumes only from pinned unflagged steps, nothing leaked): "
             + "; ".join(problems),
@@ -200,6 +202,29 @@ def markdown(
             "",
         ]
     )
+
+
+def ledger_table(recoveries: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The operator's recovery ledger per fault (`status.recoveries`, `bench.soak_ledger`):
+    each phase's seconds, and how far its first step was from the trainers' logs."""
+    rows = [r for r in recoveries if r.get("ledger")]
+    if not rows:
+        return []
+    phases = [p.value for p in LedgerPhase]
+    out = [
+        "The operator's recovery ledger (`status.recoveries`) per fault: each phase's "
+        "seconds from the end of the one before it (blank: not part of that recovery), "
+        "their sum (onset to the last rank's first step) and the ledger's first step "
+        "minus the last rank's own log line of it.",
+        "",
+        f"| fault | {' | '.join(phases)} | sum | vs logs |",
+        f"|---|{'---|' * (len(phases) + 2)}",
+    ]
+    for r in rows:
+        cells = [_num(r["ledger"].get(p)) if p in r["ledger"] else "" for p in phases]
+        out.append(f"| {r['kind']} | {' | '.join(cells)} | {_num(r.get('ledger_seconds'))} | "
+                   f"{r.get('ledger_lag', 0.0):+.2f} |")  # fmt: skip
+    return [*out, ""]
 
 
 def _preemptions(recoveries: Sequence[Mapping[str, Any]]) -> str:

@@ -27,6 +27,8 @@ from e2e.operator_proc import REPO, SINGLE_REPLICA_LEASE, wait_for
 from e2e.podrunner.pod import kill_tree
 from e2e.podrunner.runner import descendants
 from rtj_operator.api import keys
+from rtj_operator.api.ledger import LedgerPhase, RecoveryRecord
+from rtj_operator.policy.ledger import PHASE_FIELDS, phase_seconds, wall_seconds
 from rtj_shim.wire.control import STATE_FILE
 
 RANK_LABEL = "batch.kubernetes.io/job-completion-index"
@@ -309,3 +311,28 @@ def first_restart_after(
     took = time.monotonic() - since
     sys.stdout.write(f"\nfreeze -> every pod runs generation 1: {took:.1f} s ({entry})\n")
     return entry
+
+
+def assert_ledger_sums(ledger: dict[str, Any]) -> list[tuple[LedgerPhase, float]]:
+    """A completed recovery record (status.recoveries): its phases end in order and sum to
+    its onset-to-first-step time (`policy.ledger`). Returns the phases."""
+    record = RecoveryRecord.model_validate(ledger)
+    assert record.complete, ledger
+    phases = phase_seconds(record)
+    ends = [getattr(record, PHASE_FIELDS[p]) for p, _ in phases]
+    assert ends == sorted(ends), ledger
+    wall = wall_seconds(record)
+    assert wall is not None and abs(sum(s for _, s in phases) - wall) < 1e-6, (phases, wall)
+    return phases
+
+
+def first_step_time(log: Path, generation: int) -> float | None:
+    """When a rank's trainer logged its first step in `generation` (its log's own clock)."""
+    for line in log.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if "loss" in record and "event" not in record and record.get("generation") == generation:
+            return float(record["time"])
+    return None

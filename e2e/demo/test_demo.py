@@ -21,7 +21,7 @@ import yaml
 
 from e2e.cluster.build import kubectl
 from e2e.cluster.cluster import LocalCluster
-from e2e.demo import report, story
+from e2e.demo import drills, report, story
 from e2e.operator_proc import REPO, client
 
 pytestmark = [pytest.mark.demo, pytest.mark.timeout(600)]
@@ -102,6 +102,18 @@ def test_the_demo_recovers_a_gpu_fault_and_continues_the_no_fault_run_bit_for_bi
         for step, loss in before[rank] + after[rank]:
             assert loss == expected[step], f"rank {rank} step {step}: {loss} != {expected[step]}"
         assert after[rank][-1][0] == baseline[rank][-1][0], "the resumed run finished the job"
+
+    # the recovery ledger (issue 48): the whole world's phases, completed from the new
+    # world's milestones; the step it restored is the trainers' own (their logs say it)
+    (ledger,) = status["recoveries"]
+    assert (ledger["path"], ledger["failureClass"], ledger["attempt"]) == (
+        "WholeWorld", "GPUFault", 2,
+    )  # fmt: skip
+    assert ledger["complete"] and ledger["replacement"] == "Pod", ledger
+    assert ledger["resumedStep"] == pinned == after[0][0][0] - 1
+    assert ledger["stepsRetrained"] == ledger["stepAtFailure"] - pinned >= 0
+    assert ledger["stepAtFailure"] <= (summary.last_step_before_fault or 0) + 1
+    drills.assert_ledger_sums(ledger)
 
     # the summary's numbers are the status's
     assert summary.failure_class == failed["failureClass"]

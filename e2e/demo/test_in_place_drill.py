@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +128,9 @@ def test_a_killed_rank_restarts_in_place_without_recreating_a_pod(tmp_path: Path
         for rank in (0, 1):
             diff = sorted(s for s in want[rank] if got[rank].get(s) != want[rank][s])
             assert not diff, f"rank {rank}: {len(diff)} steps differ (first {diff[:5]})"
+        _ledger_agrees_with_the_trainers(status, fast, trained_before_kill, [
+            drills.rank_log(opts, drills.rank_pod(list(pods.values()), 0), 0),
+            drills.rank_log(opts, victim, 1)])  # fmt: skip
         events = api.list_events(story.NAMESPACE, "reason=RestartedInPlace")
         assert events, "the restart is an Event"
         admitted = wait_for("the waiting job admitted once the first one finished", lambda: (
@@ -134,6 +138,35 @@ def test_a_killed_rank_restarts_in_place_without_recreating_a_pod(tmp_path: Path
         ), 120, 0.5)  # fmt: skip
         assert admitted
         api.delete_rtj(story.NAMESPACE, WAITING)
+
+
+LEDGER_EPSILON = 2.0
+"""Seconds the ledger's first step may follow the last rank's own log line of it: the
+trainer logs a step, then reports it at the step's boundary (the fast tier's save and the
+agreement's collective run between), and the milestone is placed on the operator's clock
+through one report's timestamp."""
+
+
+def _ledger_agrees_with_the_trainers(
+    status: dict[str, Any], fast: int, trained: int, logs: list[Path]
+) -> None:
+    """The recovery ledger (issue 48): one in-place record, complete, resumed where the
+    trainers' logs say they resumed, its phases summing to its wall time, and its first
+    step within LEDGER_EPSILON after the last rank logged its first step of generation 1."""
+    (ledger,) = status["recoveries"]
+    assert (ledger["path"], ledger["generation"], ledger["replacement"]) == ("InPlace", 1, "None")
+    assert ledger["resumedStep"] == fast, ledger
+    assert ledger["stepsRetrained"] == ledger["stepAtFailure"] - fast >= 0, ledger
+    assert ledger["stepAtFailure"] <= trained, (ledger, trained)
+    phases = dict(drills.assert_ledger_sums(ledger))
+    assert {"rendezvous", "restored", "firstStep"} <= {p.value for p in phases}, phases
+    firsts = [drills.first_step_time(log, 1) for log in logs]
+    assert None not in firsts, firsts
+    first = datetime.fromisoformat(ledger["firstStepAt"].replace("Z", "+00:00")).timestamp()
+    lag = first - max(t for t in firsts if t is not None)
+    assert -0.05 <= lag <= LEDGER_EPSILON, (lag, ledger)
+    sys.stdout.write(f"ledger: {', '.join(f'{p.value} {s:.2f}s' for p, s in phases.items())}; "
+                     f"its first step {lag:.3f} s after the trainers' log\n")  # fmt: skip
 
 
 REPLACED = "drill-replace"

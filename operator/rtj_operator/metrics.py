@@ -35,6 +35,7 @@ from rtj_operator.api.reasons import FailureClass, Phase, Reason
 from rtj_operator.api.resource import ResilientTrainingJob
 from rtj_operator.metric_labels import JOB_LABELS
 from rtj_operator.metrics_elastic import WorldFacts, world_facts, world_families
+from rtj_operator.metrics_ledger import LedgerMetrics
 
 RESTART_SCOPES = ("world", "in_place")
 """The `scope` label of rtj_restarts_total: a whole-world restart (a new attempt, every pod
@@ -329,6 +330,7 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.ledger = LedgerMetrics(r)
         self.reconciles = Counter(
             "rtj_reconciles",
             "Reconciles by result (ok, conflict, error).",

@@ -213,3 +213,7 @@ class PlanApplier:
                 m.record_recovery(cls, r.value)
             elif r.kind == "lost_steps":
                 m.record_lost_steps(*key, int(r.value))
+            elif r.kind == "ledger_phase" and r.phase is not None and r.path is not None:
+                m.ledger.record_phase(r.phase, r.path, r.value)
+            elif r.kind == "steps_retrained" and r.path is not None:
+                m.ledger.record_retrained(r.path, int(r.value))

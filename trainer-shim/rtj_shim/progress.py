@@ -62,6 +62,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import ParamSpec, TypeVar
 
+from rtj_shim.wire import milestones as ms
 from rtj_shim.wire.progress_record import (
     RING,
     STATE_EXITED,
@@ -79,6 +80,7 @@ ENV_WAITING = "RTJ_PROGRESS_WAIT_SECTIONS"  # comma-separated; replaces the defa
 ENV_PULSE = "RTJ_PROGRESS_PULSE_SECONDS"  # 0: no pulse
 DEFAULT_PULSE_SECONDS = 1.0
 START = "start"  # before the first completed step: imports, restore, compilation
+RESTORE = "restore"
 STEP = "step"  # inside a step, in no named section
 CHECKPOINT = "checkpoint"
 WAITING_SECTIONS = frozenset({"allreduce", "barrier", "collective", "wait", "sync"})
@@ -175,6 +177,11 @@ class Progress:
             self._ckpts = previous.checkpoints
         self._ring = ring_values(self._steps, self._waits)
         self._closed = False
+        # start-up milestones (a fresh record only: `reuse` continues another process's)
+        self._milestones = None if previous is not None or reuse else ms.Milestones(self._pid)
+        self._first_step_pending = self._milestones is not None
+        if self._milestones is not None:
+            ms.path_for(self.path).unlink(missing_ok=True)  # an older process's
         self._publish(now)
         _LIVE.add(self)
         self._pulse_stop = threading.Event()
@@ -233,6 +240,21 @@ class Progress:
             if step != self._step:
                 self._complete(step, now)
             self._publish(now)
+        if self._first_step_pending:
+            self._first_step_pending = False
+            self.mark(ms.Milestone.FIRST_STEP, step)
+
+    def mark(self, name: ms.Milestone, step: int | None = None) -> None:
+        """Record that this process reached ``name`` (once; `rtj_shim.wire.milestones`).
+        A file that cannot be written is logged: milestones never fail training."""
+        found = self._milestones
+        if found is None or name in found.marks or self._closed:
+            return
+        self._milestones = found = found.with_mark(name, _wall_ns() / 1e9, step)
+        try:
+            ms.write(ms.path_for(self.path), found)
+        except OSError as exc:
+            log.warning("progress: milestone %s not written: %s", name, exc)
 
     def section(self, name: str) -> _Section:
         """A context manager: the rank is in ``name`` inside it."""
@@ -254,6 +276,8 @@ class Progress:
             self._in_waiting = name in self._waiting
             self._section_started = now
             self._publish(now)
+        if name == RESTORE:
+            self.mark(ms.Milestone.RESTORE_BEGAN)
 
     def leave(self) -> None:
         """Leave the innermost section (nothing if none is open)."""
@@ -375,6 +399,9 @@ class NullProgress:
         return None
 
     def heartbeat(self, step: int | None = None, section: str | None = None) -> None:
+        return None
+
+    def mark(self, name: ms.Milestone, step: int | None = None) -> None:
         return None
 
     def close(self, *, exited: bool = True) -> None:

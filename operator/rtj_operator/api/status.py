@@ -13,6 +13,7 @@ from pydantic import Field
 
 from rtj_operator.api.attempts import AttemptRecord, InPlacePhase
 from rtj_operator.api.base_status import StatusModel
+from rtj_operator.api.ledger import MAX_RECOVERY_RECORDS, RecoveryRecord
 from rtj_operator.api.reasons import FailureClass, Phase, RecoveryPhase
 
 
@@ -218,6 +219,13 @@ class ResilientTrainingJobStatus(StatusModel):
     attempt: int = Field(default=0, ge=0, description="Current attempt (0: none started).")
     attempts: list[AttemptRecord] = Field(
         default_factory=list, description="Every attempt, oldest first."
+    )
+    recoveries: list[RecoveryRecord] = Field(
+        default_factory=list,
+        max_length=MAX_RECOVERY_RECORDS,
+        description="The recovery ledger: per recovery, newest first, when each phase ended "
+        "(detected, decided, stopped, replacementReady, preflight, started, rendezvous, "
+        "restored, firstStep) and the steps trained again (docs/operations.md#recovery-ledger).",
     )
     last_verified_checkpoint: VerifiedCheckpoint | None = None
     bad_steps: list[Annotated[int, Field(ge=0)]] = Field(

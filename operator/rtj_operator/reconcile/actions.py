@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rtj_operator.api.ledger import LedgerPhase, RecoveryPath
 from rtj_operator.api.reasons import FailureClass
 
 
@@ -128,11 +129,14 @@ Action = KubeAction | PostEvent
 @dataclass(frozen=True)
 class MetricRecord:
     """A metric to record once the plan has been applied: kind in failure, restart,
-    detection, recovery, lost_steps."""
+    detection, recovery, lost_steps, ledger_phase, steps_retrained."""
 
     kind: str
     failure_class: FailureClass | None = None
     value: float = 1.0
+    phase: LedgerPhase | None = None
+    path: RecoveryPath | None = None
+    """ledger_phase and steps_retrained only: the recovery ledger's phase and path."""
     in_place: bool = False
     """A restart only: the trainers restarted in their pods (rtj_restarts_total's
     scope="in_place") rather than a new attempt of every pod (scope="world")."""

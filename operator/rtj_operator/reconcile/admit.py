@@ -7,11 +7,13 @@ from datetime import datetime
 from typing import Any
 
 from rtj_operator.api.attempts import AttemptRecord
+from rtj_operator.api.ledger import RecoveryPath, Replacement
 from rtj_operator.api.reasons import ConditionType, Phase, Reason
 from rtj_operator.policy import control_key
 from rtj_operator.policy.decide import StartAttempt, Wait, decide
 from rtj_operator.policy.preflight import with_preflight
 from rtj_operator.policy.render import jobset_name, owner_reference, render_jobset
+from rtj_operator.reconcile import ledger as recovery_ledger
 from rtj_operator.reconcile.actions import CreateJobSet, CreateKeySecret, MetricRecord
 from rtj_operator.reconcile.builder import PlanBuilder
 from rtj_operator.reconcile.checkpoints import (
@@ -123,6 +125,11 @@ def record_started(
             seconds = max((started - onset).total_seconds(), 0.0)
             attempts[-1] = previous.model_copy(update={"recovery_seconds": round(seconds, 3)})
             b.metrics.append(MetricRecord("recovery", previous.failure_class, seconds))
+            recovery_ledger.open_record(
+                b, RecoveryPath.WHOLE_WORLD, previous.failure_class, onset,
+                detected_at=previous.ended_at, decided_at=previous.ended_at, attempt=n,
+                stopped_at=started, replacement=Replacement.POD,
+            )  # fmt: skip
     before = b.snap.rtj.status.last_verified_checkpoint  # as known before this plan
     known = before.step if before is not None else None
     # file:// roots: the step resumed is known once the init container reports it

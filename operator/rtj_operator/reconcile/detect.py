@@ -10,6 +10,7 @@ from rtj_operator.policy import spares
 from rtj_operator.policy.classify import Classification, classify_failure, jobset_failure
 from rtj_operator.policy.render import jobset_name
 from rtj_operator.reconcile import elastic, in_place
+from rtj_operator.reconcile import ledger as recovery_ledger
 from rtj_operator.reconcile.actions import DeleteJobSet
 from rtj_operator.reconcile.builder import PlanBuilder
 from rtj_operator.reconcile.checkpoints import read_init_results, refresh_checkpoint
@@ -129,6 +130,7 @@ def plan_current_attempt(b: PlanBuilder) -> None:
                 return  # a shrunk world's missing ranks have pods again (spec.elastic)
             if found is None:
                 note_progress(b)
+                recovery_ledger.settle(b)
                 return
     if _settling(b, found):
         return

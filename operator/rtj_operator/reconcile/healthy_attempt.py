@@ -6,7 +6,9 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from rtj_operator.api.reasons import ConditionType, Phase, Reason
+from rtj_operator.policy import ledger
 from rtj_operator.policy.observed import parse_time
+from rtj_operator.reconcile import ledger as recovery_ledger
 from rtj_operator.reconcile.actions import DeleteJobSet
 from rtj_operator.reconcile.builder import PlanBuilder, condition_true
 from rtj_operator.reconcile.world import JobSetView, Json, get_in, pod_name
@@ -49,6 +51,9 @@ def follow_admission(b: PlanBuilder, js: JobSetView, pods: Sequence[Json]) -> No
         message = f"attempt {n}: all {running} workers of JobSet {js.name} are running"
         b.condition(ConditionType.RUNNING, True, Reason.ATTEMPT_RUNNING, message)
         b.event(False, Reason.ATTEMPT_RUNNING, message)
+        passed = ledger.preflight_passed_at(pods)  # a new world's: what its ledger says
+        recovery_ledger.note(b, **({"preflight_at": passed} if passed else {}))
+        recovery_ledger.note(b, replacement_ready_at=b.now, started_at=b.now)
     if running >= expected:
         if condition_true(b.status, ConditionType.STALLED):
             b.condition(ConditionType.STALLED, False, Reason.PROGRESSING, "all workers running")

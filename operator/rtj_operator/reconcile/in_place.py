@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 
 from rtj_operator.api.attempts import MAX_FAST_SOURCES, InPlacePhase, InPlaceRestart
+from rtj_operator.api.ledger import RecoveryPath, Replacement
 from rtj_operator.api.reasons import ConditionType, FailureClass, InPlaceStage, Phase, Reason
 from rtj_operator.api.status import ResilientTrainingJobStatus
 from rtj_operator.policy import fast_tier, in_place, peer_replica, spares
@@ -42,6 +43,7 @@ from rtj_operator.policy.decide import Restart, decide
 from rtj_operator.policy.peer_replica import PeerView
 from rtj_operator.policy.render import jobset_name
 from rtj_operator.reconcile import elastic
+from rtj_operator.reconcile import ledger as recovery_ledger
 from rtj_operator.reconcile.actions import DeleteJobSet, MetricRecord
 from rtj_operator.reconcile.builder import PlanBuilder, trim_evidence
 from rtj_operator.reconcile.checkpoints import read_since
@@ -154,6 +156,11 @@ def begin(
         spares=took,
     )
     record_entry(b, entry)
+    replacement = Replacement.SPARE if took else Replacement.POD if victims else Replacement.NONE
+    recovery_ledger.open_record(
+        b, RecoveryPath.IN_PLACE, found.failure_class, found.failed_at,
+        detected_at=b.now, replacement=replacement, generation=generation,
+    )  # fmt: skip
     if picked:
         assigned = b.status.spare_ranks
         by_name = {pod_name(p): p for p in idle}
@@ -223,6 +230,8 @@ def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
         old = [p for p in old if not _ended(p)]
         _replace(b, old)
         waiting = in_place.reported(reports, names, state.generation, STOPPED_STATES)
+        if not waiting and not old:  # every trainer of the old world gone
+            recovery_ledger.note(b, stopped_at=b.now)
         world = world_size(b)
         if not old and (waiting or len(names) != world) and elastic.shrink(b, state, live):
             return True  # waiting for the replacement, or the survivors made the world
@@ -250,6 +259,8 @@ def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
             else fast_tier.pin(reports, names, step, b.status.bad_steps, _peers(b, live, state))
         )
         sources = {str(i): a for i, a in sorted(fast.sources.items())[:MAX_FAST_SOURCES]}
+        if state.replacing or state.replaced_ranks:
+            recovery_ledger.note(b, replacement_ready_at=b.now)
         update_entry(b, stopped_at=b.now, resumed_from_step=step, resumed_from_fast_step=fast.step,
                       fast_sources=sources, fast_tier_fallback=fast.note)  # fmt: skip
         if fast.note:
@@ -269,6 +280,7 @@ def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
     record = b.status.current
     entry = record.in_place_restarts[-1] if record and record.in_place_restarts else None
     update_entry(b, started_at=b.now, outcome="Running")
+    recovery_ledger.note(b, started_at=b.now)
     b.update(in_place=None)
     took = (b.now - state.since).total_seconds()
     if entry is not None and entry.failure_class is not None:

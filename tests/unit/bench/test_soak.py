@@ -158,7 +158,18 @@ def job_status(fast: int | None = 25, durable: int | None = 20) -> dict[str, Any
              "recoverySeconds": 4.0, "inPlaceRestarts": [entry]},
             {"attempt": 2, "resumedFromStep": 30},
         ],
+        "recoveries": [ledger(2, 0, "WholeWorld", NODE_LOST, 161.01),
+                       ledger(1, 1, "InPlace", KILL, 136.01)],
     }  # fmt: skip
+
+
+def ledger(attempt: int, generation: int, path: str, onset: float, first: float) -> dict[str, Any]:
+    """A complete recovery record (status.recoveries) whose first step is the last rank's
+    log line of its world's first step (rank 1's, 0.01 s after rank 0's), 0.2 s later."""
+    return {"attempt": attempt, "generation": generation, "path": path, "failedAt": iso(onset),
+            "detectedAt": iso(onset + 1.5), "decidedAt": iso(onset + 1.5),
+            "startedAt": iso(first - 1.0), "restoredAt": iso(first - 0.5),
+            "firstStepAt": iso(first + 0.2), "complete": True}  # fmt: skip
 
 
 def no_fault() -> dict[int, dict[int, float]]:
@@ -222,6 +233,27 @@ def test_the_soak_holds_its_invariants_across_generations() -> None:
         ("1", 0, None), ("1 g1", 25, 25), ("2", 30, 30),
     ]  # fmt: skip
     assert soak_report.markdown(facts, {}, "test").count("| in place | Unknown |") == 1
+    # the operator's ledger tells each recovery's phases, agreeing with the trainers' logs
+    assert killed["ledger_lag"] == lost["ledger_lag"] == pytest.approx(0.2)
+    assert sum(killed["ledger"].values()) == pytest.approx(killed["ledger_seconds"])
+    assert killed["ledger_seconds"] == pytest.approx(136.21 - KILL)
+    table = soak_report.ledger_table(facts["recoveries"])
+    assert table[2].startswith("| fault | detected | decided |") and len(table) == 7
+    assert table[4].startswith("| rank_killed | 1.5 | 0.0 |  |  |  | 6.0 |  | 0.5 | 0.7 |")
+    assert table[4].endswith("| +0.20 |")
+
+
+def test_a_ledger_missing_or_at_odds_with_the_trainers_logs_is_a_problem() -> None:
+    status = job_status()
+    whole, in_place = status["recoveries"]
+    status["recoveries"] = [{**whole, "firstStepAt": iso(170.0)}, {**in_place, "complete": False}]
+    problems = judged(status=status)["problems"]
+    assert problems == [
+        "rank_killed at +128: world 1 g1 trained but its ledger record is incomplete",
+        "world 2: the ledger's first step is +8.99 s from the trainers' logs (allowed -0.05..2.0)",
+    ]
+    status["recoveries"] = []
+    assert len(judged(status=status)["problems"]) == 2
 
 
 def test_generations_without_their_field_cannot_be_told_apart() -> None:

@@ -142,6 +142,8 @@ DASHBOARD_PANELS = {  # title (its start) -> a metric its expression must read
     "Detection latency": "rtj_detection_seconds_bucket",
     "Recovery latency": "rtj_recovery_seconds_bucket",
     "Quarantined nodes per job": "rtj_quarantined_nodes",
+    "Mean seconds per recovery phase": "rtj_recovery_phase_seconds_sum",
+    "Steps trained again per recovery": "rtj_recovery_steps_retrained_bucket",
 }
 GRAFANA_VARIABLES = {"$namespace": ".*", "$job": ".*", "$__rate_interval": "5m", "$__range": "1h"}
 

@@ -83,7 +83,9 @@ def test_progress_of_every_rank_with_ages_that_grow(server: ProgressServer, tmp_
     assert isinstance(body["pod_wall_time"], float) and body["hostname"]
     assert [r["rank"] for r in body["ranks"]] == [0, 1]
     one = body["ranks"][1]
-    assert set(one) == RANK_KEYS
+    assert set(one) == RANK_KEYS | {"milestones"}
+    assert one["milestones"]["first_step"]["step"] == 0  # its process's first step_done
+    assert set(one["milestones"]) == {"first_step"}
     assert (one["local_rank"], one["state"], one["step"], one["section"]) == (
         1, "running", 2, "forward",
     )  # fmt: skip

@@ -15,10 +15,13 @@ The JSON (``schema`` 1)::
                 "median_busy_seconds": 0.031, "recent_step_seconds": [...],
                 "recent_wait_seconds": [...], "last_checkpoint_seconds": 4.1,
                 "max_checkpoint_seconds": 4.3, "checkpoints": 2, "seq": 9131,
-                "updated_wall_time": 1717000000.0}],
+                "updated_wall_time": 1717000000.0,
+                "milestones": {"restored": {"at": 1717000001.9, "step": 400}, ...}}],
      "errors": [{"file": "rank-00007.progress", "error": "..."}]}
 
 ``step`` is null before the first completed step; durations are null until observed.
+``milestones`` (absent before the first, and from an older shim): when the rank's process
+formed the world, restored and completed its first step (`rtj_shim.wire.milestones`).
 ``median_busy_seconds``: the median of (step time minus time in waiting sections).
 """
 
@@ -33,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from rtj_shim.fast import fast_tier
-from rtj_shim.wire import control
+from rtj_shim.wire import control, milestones
 from rtj_shim.wire.progress_record import (
     FILE_PREFIX,
     FILE_SUFFIX,
@@ -122,7 +125,15 @@ def report(
         except (OSError, RecordError) as exc:
             errors.append({"file": path.name, "error": str(exc)[:200]})
             continue
-        ranks.append(rank_json(record, time.monotonic_ns()))
+        entry = rank_json(record, time.monotonic_ns())
+        try:
+            marks = milestones.read(milestones.path_for(path))
+        except (OSError, milestones.MilestonesError) as exc:
+            errors.append({"file": milestones.path_for(path).name, "error": str(exc)[:200]})
+            marks = None
+        if marks is not None and marks.pid == record.pid:  # else an older process's
+            entry["milestones"] = marks.encode()["marks"]
+        ranks.append(entry)
     ranks.sort(key=lambda r: int(r["rank"]))
     body = {
         "schema": SCHEMA,

@@ -67,6 +67,7 @@ from rtj_shim.torch.schedule import (
 )
 from rtj_shim.torch.state import COMMON, USER_KINDS, classify, reclassify
 from rtj_shim.torch.validation import loss_problem, optimizer_moments, run_probe
+from rtj_shim.wire.milestones import Milestone
 
 __all__ = [  # the names this module has always offered
     "DEFAULT_RESUME_FILE",
@@ -256,6 +257,7 @@ class Checkpointer(CheckpointerState):
             self._record_run_config(entries)
             seconds = time.perf_counter() - started
             self._announce(RestoreReport(0, "fresh", skipped, seconds, uri=self.store.uri))
+            progress.current().mark(Milestone.RESTORED, 0)
             return 0
         manifest = check_commit(step, decision["manifest"], decision["committed"])
         self._guard_config(manifest.extra, entries, step, coord)
@@ -293,6 +295,7 @@ class Checkpointer(CheckpointerState):
                 uri=loader.store.key_uri(step_key(step)),
             )
         )
+        progress.current().mark(Milestone.RESTORED, int(step))
         return int(step)
 
     def _announce(self, report: RestoreReport) -> None:

@@ -24,6 +24,9 @@ from typing import Any
 
 import torch.distributed as dist
 
+from rtj_shim import progress
+from rtj_shim.wire.milestones import Milestone
+
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=10)
 
 
@@ -57,3 +60,4 @@ def init_process_group(
     dist.init_process_group(
         backend, store=store, rank=rank, world_size=world, timeout=timeout, **kwargs
     )
+    progress.current().mark(Milestone.RENDEZVOUS)
