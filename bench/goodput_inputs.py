@@ -105,7 +105,10 @@ IN_PLACE_STARTUP = 20.0
 """Assumed, not measured at scale: the trainer's restart inside its pod. No scheduling, image
 or container start, but the process starts again (framework import, CUDA context, NCCL
 communicators): in the soak, 4-8 s from every pod running the new generation to the first
-step on 2 CPUs (gloo), which says nothing of NCCL initialisation at 10k ranks."""
+step on 2 CPUs (gloo), which says nothing of NCCL initialisation at 10k ranks. The recovery
+ledger's breakdown of the same span (bench/results/recovery-ledger.md, no warm interpreter,
+loaded machine): 11.5-20.7 s, of which the trainer's start to its process group 10.5-18.8 s,
+the restore 0.9-1.8 s, the first step 0.06-0.10 s."""
 
 PRELOAD_SAVING = 3.15 + 3.78
 """Measured (2026-12-01, this machine alone, medians of 3): what a warm standby interpreter

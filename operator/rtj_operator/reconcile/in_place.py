@@ -35,12 +35,11 @@ from rtj_operator.api.attempts import MAX_FAST_SOURCES, InPlacePhase, InPlaceRes
 from rtj_operator.api.ledger import RecoveryPath, Replacement
 from rtj_operator.api.reasons import ConditionType, FailureClass, InPlaceStage, Phase, Reason
 from rtj_operator.api.status import ResilientTrainingJobStatus
-from rtj_operator.policy import fast_tier, in_place, peer_replica, spares
+from rtj_operator.policy import fast_tier, in_place, spares
 from rtj_operator.policy.classify import (
     Classification,
 )
 from rtj_operator.policy.decide import Restart, decide
-from rtj_operator.policy.peer_replica import PeerView
 from rtj_operator.policy.render import jobset_name
 from rtj_operator.reconcile import elastic
 from rtj_operator.reconcile import ledger as recovery_ledger
@@ -49,9 +48,10 @@ from rtj_operator.reconcile.builder import PlanBuilder, trim_evidence
 from rtj_operator.reconcile.checkpoints import read_since
 from rtj_operator.reconcile.converge import HANG_TEARDOWN_GRACE, delete_pods
 from rtj_operator.reconcile.failure import MAX_BAD_STEPS, record_quarantine
+from rtj_operator.reconcile.in_place_peers import peer_view
 from rtj_operator.reconcile.in_place_records import record_entry, update_entry
 from rtj_operator.reconcile.quarantine import claimant, holds_claim, record_taint
-from rtj_operator.reconcile.ranks import completion_index, progress_port
+from rtj_operator.reconcile.ranks import completion_index
 from rtj_operator.reconcile.supervised_exits import supervisors
 from rtj_operator.reconcile.world import (
     Json,
@@ -230,8 +230,7 @@ def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
         old = [p for p in old if not _ended(p)]
         _replace(b, old)
         waiting = in_place.reported(reports, names, state.generation, STOPPED_STATES)
-        if not waiting and not old:  # every trainer of the old world gone
-            recovery_ledger.note(b, stopped_at=b.now)
+        recovery_ledger.note_old_world_stopped(b, state, live, reports, old)
         world = world_size(b)
         if not old and (waiting or len(names) != world) and elastic.shrink(b, state, live):
             return True  # waiting for the replacement, or the survivors made the world
@@ -256,7 +255,7 @@ def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
         fast = (
             fast_tier.FastPin(note=f"the world changes to {state.world_size} pods")
             if state.world_size is not None  # the ranks change: the fast tier's copies are per rank
-            else fast_tier.pin(reports, names, step, b.status.bad_steps, _peers(b, live, state))
+            else fast_tier.pin(reports, names, step, b.status.bad_steps, peer_view(b, live, state))
         )
         sources = {str(i): a for i, a in sorted(fast.sources.items())[:MAX_FAST_SOURCES]}
         if state.replacing or state.replaced_ranks:
@@ -382,38 +381,6 @@ def _untainted_quarantines(b: PlanBuilder) -> list[str]:
         if node is not None and not holds_claim(node, record_taint(b, q), who):
             waiting.append(q.node)
     return waiting
-
-
-def _peers(b: PlanBuilder, live: Sequence[Json], state: InPlacePhase) -> PeerView:
-    """What the barrier knows of the peer replicas: the live pods' indexes and sidecar
-    addresses, the holders' last reports, and the indexes this restart replaced."""
-    readings = b.snap.ranks
-    current = readings is not None and readings.attempt == b.status.attempt
-    indexes, addresses = {}, {}
-    for pod in live:
-        name, index = pod_name(pod), completion_index(pod)
-        ip, port = get_in(pod, "status", "podIP"), progress_port(pod)
-        if index is not None:
-            indexes[name] = index
-        if isinstance(ip, str) and ip and port is not None:
-            addresses[name] = peer_replica.address(ip, port)
-    old = {pod_name(p): completion_index(p) for p in (*b.snap.pods, *b.snap.gone_pods)}
-    replaced = set(state.replaced_ranks) or {
-        i for n in state.replacing if (i := old.get(n, _index_in_name(n))) is not None
-    }  # a status written before the ranks were recorded: the pods' own indexes
-    return PeerView(
-        indexes=indexes,
-        replicas=readings.replicas if readings is not None and current else {},
-        addresses=addresses,
-        replaced=frozenset(replaced),
-    )
-
-
-def _index_in_name(pod: str) -> int | None:
-    """The completion index in a worker pod's name (``<jobset>-worker-0-<index>-<suffix>``,
-    as the Job controller names it), for a replaced pod no longer seen."""
-    parts = pod.rsplit("-", 2)
-    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
 
 
 def _pin(b: PlanBuilder) -> int | None:

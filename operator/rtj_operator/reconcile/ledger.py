@@ -8,8 +8,10 @@ record open, so a phase ends at the first plan that saw it."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 
+from rtj_operator.api.attempts import InPlacePhase
 from rtj_operator.api.ledger import (
     MAX_RECOVERY_RECORDS,
     RecoveryPath,
@@ -17,10 +19,13 @@ from rtj_operator.api.ledger import (
     Replacement,
 )
 from rtj_operator.api.reasons import FailureClass
-from rtj_operator.policy import ledger
+from rtj_operator.policy import in_place, ledger
 from rtj_operator.policy import progress as rank_progress
+from rtj_operator.policy.observed import parse_time
 from rtj_operator.reconcile.actions import MetricRecord
 from rtj_operator.reconcile.builder import PlanBuilder
+from rtj_operator.reconcile.world import Json, get_in, pod_name
+from rtj_shim.wire.supervisor_report import STOPPED_STATES, SupervisorReport
 
 
 def open_record(
@@ -125,6 +130,20 @@ def settle(b: PlanBuilder) -> None:
         b.metrics.append(MetricRecord("ledger_phase", value=seconds, phase=phase, path=done.path))
     if retrained is not None:
         b.metrics.append(MetricRecord("steps_retrained", value=retrained, path=done.path))
+
+
+def note_old_world_stopped(
+    b: PlanBuilder, state: InPlacePhase, live: Sequence[Json],
+    reports: Mapping[str, SupervisorReport], old: Sequence[Json],
+) -> None:  # fmt: skip
+    """The ledger's `stoppedAt`: every pod that ran the old world (not a replacement, which
+    the Job created after the restart began) stopped it, and every replaced pod is gone."""
+    began = state.since.replace(microsecond=0)  # creation times are whole seconds
+    ran = [pod_name(p) for p in live
+           if (made := parse_time(get_in(p, "metadata", "creationTimestamp"))) is None
+           or made < began]  # fmt: skip
+    if not old and not in_place.reported(reports, ran, state.generation, STOPPED_STATES):
+        note(b, stopped_at=b.now)
 
 
 def _replace_newest(b: PlanBuilder, record: RecoveryRecord) -> None:

@@ -183,3 +183,27 @@ def test_an_in_place_restart_is_written_phase_by_phase_and_completed_from_milest
         or (again.status_patch.status["recoveries"] == raw["status"]["recoveries"])
     )
     assert not [m for m in again.metrics if m.kind == "ledger_phase"]
+
+
+def test_the_old_world_stopped_when_its_pods_did_not_when_the_replacement_came() -> None:
+    """A replacement pod (created after the restart began) is no pod of the old world: the
+    survivors' stop ends `stopped`, and the wait for the replacement is `replacementReady`'s."""
+    pods = supervised_pods()
+    raw = rtj_raw(RUNNING, **IN_PLACE)
+    failed = _plan(raw, pods, _readings(pods, [(0, "running", None), (0, "exited", 1)]))
+    raw = with_status(raw, failed)
+    snap = replace(snapshot(raw, jobsets=[jobset(1)], pods=pods, now=at(2)), control_key=KEY)
+    b = PlanBuilder(snap, snap.rtj.status)
+    state = b.status.in_place
+    assert state is not None
+    fresh = {**pods[1], "metadata": {**pods[1]["metadata"], "name": "llm-a1-worker-0-1-new",
+                                     "creationTimestamp": iso_at(1)}}  # fmt: skip
+    survivor = pods[0]["metadata"]["name"]
+    report = {"generation": 1, "state": "stopped", "exit_code": None, "updated_wall_time": T}
+    stopped = supervisor_reports({survivor: report})
+    recovery_ledger.note_old_world_stopped(b, state, [pods[0], fresh], stopped, [])
+    assert b.status.recoveries[0].stopped_at == at(2)
+    # the same with a pod of the old world not yet stopped: not yet
+    b = PlanBuilder(snap, snap.rtj.status)
+    recovery_ledger.note_old_world_stopped(b, state, [pods[0], pods[1]], stopped, [])
+    assert b.status.recoveries[0].stopped_at is None
