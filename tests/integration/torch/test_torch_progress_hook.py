@@ -11,6 +11,7 @@ from torch import nn
 from rtj_shim import progress
 from rtj_shim.progress import Progress
 from rtj_shim.torch import Checkpointer
+from rtj_shim.wire import milestones
 from rtj_shim.wire.progress_record import read_file
 
 
@@ -30,10 +31,18 @@ def test_step_boundary_and_saves_reach_the_progress_record(tmp_path: Path) -> No
             ckpt.step_boundary(step, objects)
         ckpt.save(3, objects)
         ckpt.close()
-        (path,) = record_dir.iterdir()
+        (path,) = record_dir.glob("*.progress")
         record = read_file(path)
         assert record.step == 3 and record.steps_completed == 3
         assert record.checkpoints == 1 and record.last_checkpoint_ns > 0
         assert record.section != "checkpoint", "the save's section was left again"
+        # beside it, the process's start-up milestones (the recovery ledger's last phases)
+        marks = milestones.read(milestones.path_for(path))
+        assert marks is not None and marks.pid == record.pid
+        assert [(m.value, marks.marks[m].step) for m in marks.marks] == [
+            ("restore_began", None), ("restored", 0), ("first_step", 1),
+        ]  # fmt: skip
+        at = [mark.at for mark in marks.marks.values()]
+        assert at == sorted(at)
     finally:
         progress.install(None)
