@@ -6,7 +6,7 @@
 * :func:`start_up`: the new world's last phases from its ranks' milestones, as the progress
   sidecars served them. A milestone is the tenant's word: it is placed on the operator's
   clock through the report's ``pod_wall_time`` and held inside the bracket the operator saw
-  itself (not before the trainers were started, not after the report arrived), so a wrong
+  itself (not before the old world stopped, not after the report arrived), so a wrong
   clock or a lie moves a phase's end only within what the operator's own polls allow.
 """
 
@@ -70,8 +70,9 @@ class StartUp:
 
 def start_up(reports: Sequence[PodReport], since: float, ranks: int) -> StartUp | None:
     """The new world's start-up once every one of its `ranks` ranks completed a first step
-    after `since` (when the trainers were started); None before that, or when a report
-    holds no milestones (an older shim). A milestone before `since` is an older process's."""
+    after `since` (when the old world had stopped, or the recovery was decided); None before
+    that, or when a report holds no milestones (an older shim). A milestone before `since`
+    is an older process's."""
     seen: list[Mapping[Milestone, float]] = []
     steps: list[int] = []
     for report in reports:
