@@ -384,6 +384,7 @@ class Controller(ControllerLoops):
             ranks=self.rank_polls.reading(key),
             resolver_image=self.settings.resolver_image,
             preflight=self.settings.preflight,
+            intervals=self.settings.intervals,
             control_key=self._control_key(rtj.metadata.uid),
             read_once=self._read_once,
             accepted_deletes=self.applier.accepted(key, (rc.pod_name(p) for p in pods)),

@@ -110,6 +110,9 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
     if not isinstance(node, dict):
         return node
     node = dict(node)
+    if node.get("x-kubernetes-int-or-string") is True:  # its anyOf is the one union allowed
+        node["anyOf"] = list(_INT_OR_STRING_ANY_OF)
+        return {k: _resolve(v, defs) for k, v in node.items() if k not in _DROPPED}
     while "$ref" in node or "anyOf" in node:
         if "anyOf" in node:
             branches = [b for b in node.pop("anyOf") if b != {"type": "null"}]

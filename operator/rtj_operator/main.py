@@ -208,6 +208,7 @@ async def run(args: argparse.Namespace) -> int:
             watch_node_leases=args.watch_node_leases,
             resolver_image=args.resolver_image,
             preflight=args.preflight,
+            intervals=args.intervals,
             control_secret=_control_secret(args.control_secret_file),
         ),
         namespaces=args.namespace or None,
@@ -264,21 +265,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["run"]:  # `python -m rtj_operator run ...` reads like `rtj run ...`
         argv = argv[1:]
     args = parser().parse_args(argv)
+    from rtj_operator.policy.intervals import IntervalPolicy
     from rtj_operator.policy.platform import (
         NodeHealthPolicy,
         PlatformConfigError,
+        load_interval_policy,
         load_platform_config,
         load_preflight_policy,
     )
     from rtj_operator.policy.preflight import PreflightPolicy
 
     args.node_health, args.preflight = NodeHealthPolicy(), PreflightPolicy()
+    args.intervals = IntervalPolicy()
     if args.platform_config:
         try:
             with open(args.platform_config, encoding="utf-8") as f:
                 text = f.read()
             args.node_health = load_platform_config(text)
             args.preflight = load_preflight_policy(text)
+            args.intervals = load_interval_policy(text)
         except (OSError, PlatformConfigError) as exc:
             print(f"rtj run: --platform-config {args.platform_config}: {exc}", file=sys.stderr)
             return EXIT_USAGE

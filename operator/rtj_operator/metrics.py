@@ -36,6 +36,7 @@ from rtj_operator.api.resource import ResilientTrainingJob
 from rtj_operator.metric_labels import JOB_LABELS
 from rtj_operator.metrics_elastic import WorldFacts, world_facts, world_families
 from rtj_operator.metrics_ledger import LedgerMetrics
+from rtj_operator.policy.intervals import IntervalPolicy, planned_seconds
 
 RESTART_SCOPES = ("world", "in_place")
 """The `scope` label of rtj_restarts_total: a whole-world restart (a new attempt, every pod
@@ -96,7 +97,13 @@ def job_facts(rtj: ResilientTrainingJob) -> JobFacts:
     ages = rtj.spec.checkpoint.uri.startswith("s3://")
     return JobFacts(
         phase=status.phase,
-        planned_interval_seconds=float(rtj.spec.checkpoint.planned_interval_seconds),
+        planned_interval_seconds=float(
+            planned_seconds(
+                rtj.spec.checkpoint.planned_interval_seconds,
+                status.checkpoint_intervals,
+                IntervalPolicy.max_seconds,  # `auto` before its first choice: no early alert
+            )
+        ),
         last_success_timestamp=ckpt.committed_at.timestamp() if ckpt is not None and ages else None,
         last_verified_step=ckpt.step if ckpt is not None else None,
         quarantined_nodes=len(status.quarantined_nodes),
@@ -129,7 +136,8 @@ class _JobsCollector(Collector):
         )
         planned = GaugeMetricFamily(
             "rtj_checkpoint_planned_interval_seconds",
-            "Planned seconds between checkpoints (spec.checkpoint.plannedIntervalSeconds).",
+            "Planned seconds between checkpoints (spec.checkpoint.plannedIntervalSeconds, or "
+            "what `auto` chose: status.checkpointIntervals.durableSeconds).",
             labels=JOB_LABELS,
         )
         step = GaugeMetricFamily(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rtj_operator.policy.intervals import IntervalPolicy
 from rtj_operator.policy.platform import NodeHealthPolicy
 from rtj_operator.policy.preflight import PreflightPolicy
 
@@ -36,6 +37,8 @@ class Settings:
     spec.checkpoint.resolverImage wins; None: the trainer's image)."""
     preflight: PreflightPolicy = field(default_factory=PreflightPolicy)
     """The platform's preflight: its image (None: resolver_image) and node-local command."""
+    intervals: IntervalPolicy = field(default_factory=IntervalPolicy)
+    """The platform's prior and bounds for `plannedIntervalSeconds: auto`."""
     control_secret: bytes | None = None
     """The operator's secret for restart orders (every replica the same): each job's key is
     derived from it and the job's uid (rtj_shim.wire.control.job_key). None: nothing restarts in

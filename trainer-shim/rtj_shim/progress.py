@@ -63,6 +63,7 @@ from types import TracebackType
 from typing import ParamSpec, TypeVar
 
 from rtj_shim.wire import milestones as ms
+from rtj_shim.wire import save_costs as sc
 from rtj_shim.wire.progress_record import (
     RING,
     STATE_EXITED,
@@ -182,6 +183,7 @@ class Progress:
         self._first_step_pending = self._milestones is not None
         if self._milestones is not None:
             ms.path_for(self.path).unlink(missing_ok=True)  # an older process's
+        self._save_costs = sc.Recorder(sc.path_for(self.path), self._pid)
         self._publish(now)
         _LIVE.add(self)
         self._pulse_stop = threading.Event()
@@ -255,6 +257,11 @@ class Progress:
             ms.write(ms.path_for(self.path), found)
         except OSError as exc:
             log.warning("progress: milestone %s not written: %s", name, exc)
+
+    def note_save(self, tier: sc.SaveTier, seconds: float) -> None:
+        """A save of `tier` held the training thread `seconds` (`rtj_shim.wire.save_costs`)."""
+        if not self._closed:
+            self._save_costs.note(tier, seconds)
 
     def section(self, name: str) -> _Section:
         """A context manager: the rank is in ``name`` inside it."""
@@ -402,6 +409,9 @@ class NullProgress:
         return None
 
     def mark(self, name: ms.Milestone, step: int | None = None) -> None:
+        return None
+
+    def note_save(self, tier: sc.SaveTier, seconds: float) -> None:
         return None
 
     def close(self, *, exited: bool = True) -> None:

@@ -6,9 +6,9 @@ API server, pydantic for objects built in Python).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, WithJsonSchema, field_validator, model_validator
 
 from rtj_operator.api.base import ApiModel, cel, validations
 
@@ -21,6 +21,18 @@ IMMUTABLE_RULE = "self == oldSelf"
 """A CEL transition rule: the API server evaluates it on updates only (`oldSelf` is the stored
 value), so it makes a field immutable once created. Kubeflow Trainer's TrainJob marks its
 immutable fields the same way (`pkg/apis/trainer/v1alpha1/trainjob_types.go`)."""
+
+
+AUTO = "auto"
+"""`plannedIntervalSeconds: auto`: the operator chooses the interval (`policy.intervals`)."""
+
+PlannedInterval = Annotated[
+    int | Literal["auto"],
+    WithJsonSchema(
+        {"anyOf": [{"type": "integer"}, {"type": "string"}], "x-kubernetes-int-or-string": True}
+    ),
+]
+"""Seconds >= 1 or "auto"; an int-or-string in the CRD (as a Deployment's maxSurge is)."""
 
 
 class Retention(ApiModel):
@@ -170,8 +182,18 @@ class Checkpoint(ApiModel):
             ),
         ),
     )
-    planned_interval_seconds: int = Field(
-        default=600, ge=1, description="Planned seconds between checkpoints (age alert)."
+    planned_interval_seconds: PlannedInterval = Field(
+        default=600,
+        description="Planned seconds between durable checkpoints (the age alert fires beyond "
+        "a multiple of it), or `auto`: the operator chooses it from the job's failure rate "
+        "and the trainers' measured save cost (Young/Daly, `status.checkpointIntervals`) and "
+        'hands it to trainers whose Checkpointer was built with `every_seconds="auto"`.',
+        json_schema_extra=validations(
+            cel(
+                "type(self) == int ? self >= 1 : self == 'auto'",
+                "checkpoint.plannedIntervalSeconds: expected seconds >= 1 or 'auto'",
+            )
+        ),
     )
     retention: Retention = Field(default_factory=Retention, json_schema_extra={"default": {}})
     credentials_secret_ref: SecretReference | None = Field(
@@ -225,6 +247,20 @@ class Checkpoint(ApiModel):
         if not uri.startswith(URI_SCHEMES):
             raise ValueError("checkpoint.uri must start with s3:// or file://")
         return uri
+
+    @field_validator("planned_interval_seconds", mode="before")
+    @classmethod
+    def _interval(cls, value: object) -> object:
+        if isinstance(value, bool) or (isinstance(value, int) and value < 1):
+            raise ValueError(
+                f"checkpoint.plannedIntervalSeconds: expected seconds >= 1 or 'auto', got {value!r}"
+            )
+        return value
+
+    @property
+    def auto_interval(self) -> bool:
+        """Whether the operator chooses the durable interval (`plannedIntervalSeconds: auto`)."""
+        return self.planned_interval_seconds == AUTO
 
     @model_validator(mode="after")
     def _one_credentials_secret(self) -> Checkpoint:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -35,6 +36,7 @@ class ObjectMeta(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
     finalizers: list[str] = Field(default_factory=list)
     deletion_timestamp: str | None = Field(default=None, alias="deletionTimestamp")
+    creation_timestamp: datetime | None = Field(default=None, alias="creationTimestamp")
 
     @field_validator("name")
     @classmethod

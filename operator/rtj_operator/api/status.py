@@ -13,6 +13,7 @@ from pydantic import Field
 
 from rtj_operator.api.attempts import AttemptRecord, InPlacePhase
 from rtj_operator.api.base_status import StatusModel
+from rtj_operator.api.intervals import CheckpointIntervals
 from rtj_operator.api.ledger import MAX_RECOVERY_RECORDS, RecoveryRecord
 from rtj_operator.api.reasons import FailureClass, Phase, RecoveryPhase
 
@@ -228,6 +229,11 @@ class ResilientTrainingJobStatus(StatusModel):
         "restored, firstStep) and the steps trained again (docs/operations.md#recovery-ledger).",
     )
     last_verified_checkpoint: VerifiedCheckpoint | None = None
+    checkpoint_intervals: CheckpointIntervals | None = Field(
+        default=None,
+        description="The durable interval the operator chose and why "
+        "(spec.checkpoint.plannedIntervalSeconds: auto).",
+    )
     bad_steps: list[Annotated[int, Field(ge=0)]] = Field(
         default_factory=list,
         description="Steps the resume init container rejected; never pinned again.",

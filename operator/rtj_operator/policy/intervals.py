@@ -14,15 +14,27 @@
   to recover from: the fast tier (pod memory, peer replica) against every failure it covers,
   the durable tier against those it does not (a lost pod without a replica, a whole world).
 
-What it is not yet: nothing calls it. `checkpoint.plannedIntervalSeconds: auto`, the trainers'
-measured save costs as input, the hand-off to the trainers and the status field are the
-rest of the deliverable.
+* :func:`choose`: `status.checkpointIntervals` for a job with `plannedIntervalSeconds: auto`,
+  from the platform's :class:`IntervalPolicy`, the job's size, its failures and hours, and the
+  slowest rank's measured durable save cost (:func:`durable_cost`, the trainers' word, bounded
+  by the platform's floor and ceiling); None while the interval in status stands.
+
+Not yet: the fast tier's `everySteps: auto` (its ranks must switch at one step), and the
+failure rate of the job's node pool as evidence beside the job's own.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from rtj_operator.api.intervals import CheckpointIntervals
+from rtj_operator.api.status import RestartCounts
+from rtj_operator.policy.progress import PodReport
+from rtj_shim.wire.save_costs import SaveCosts, SaveCostsError, SaveTier
 
 HOUR = 3600.0
 
@@ -95,3 +107,142 @@ def tier_intervals(
         return Intervals(daly_interval(durable_cost, mtbf), None, mtbf)
     durable = daly_interval(durable_cost, mtbf / (1.0 - fast_covers))
     return Intervals(durable, daly_interval(fast_cost, mtbf / fast_covers), mtbf)
+
+
+class IntervalConfigError(ValueError):
+    """The platform's `checkpointIntervals` block is malformed; the message names the field."""
+
+
+@dataclass(frozen=True)
+class IntervalPolicy:
+    """The platform's settings for `plannedIntervalSeconds: auto` (operator configuration,
+    the chart's `checkpointIntervals` values)."""
+
+    prior_failures_per_node_hour: float = 0.001
+    """Before a job's own evidence: about Meta's published 7.9 h mean time to failure of a
+    1,024-GPU job (128 nodes of 8 GPUs: 1 / (7.9 x 128) = 0.00099 per node-hour)."""
+    prior_weight_hours: float = 24.0
+    """How many hours of the job's own running the prior is worth."""
+    assumed_save_seconds: float = 10.0
+    """A durable save's cost before the trainers measured one."""
+    min_seconds: int = 30
+    max_seconds: int = 6 * 3600
+
+    def __post_init__(self) -> None:
+        for name in ("prior_failures_per_node_hour", "prior_weight_hours", "assumed_save_seconds"):
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not (math.isfinite(value) and value > 0)
+            ):
+                raise IntervalConfigError(
+                    f"checkpointIntervals.{_camel(name)}: expected a number > 0, got {value!r}"
+                )
+        for name in ("min_seconds", "max_seconds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise IntervalConfigError(
+                    f"checkpointIntervals.{_camel(name)}: expected seconds >= 1, got {value!r}"
+                )
+        if self.min_seconds > self.max_seconds:
+            raise IntervalConfigError(
+                f"checkpointIntervals.minSeconds ({self.min_seconds}) is above maxSeconds "
+                f"({self.max_seconds})"
+            )
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any]) -> IntervalPolicy:
+        """From the `checkpointIntervals` block of the platform configuration."""
+        names = {_camel(n): n for n in cls.__dataclass_fields__}
+        unknown = sorted(set(raw) - set(names))
+        if unknown:
+            raise IntervalConfigError(
+                f"checkpointIntervals: unknown field(s) {', '.join(unknown)}; expected "
+                f"{sorted(names)}"
+            )
+        return cls(**{names[k]: v for k, v in raw.items()})
+
+    def prior(self, pods: int) -> Prior:
+        """The prior for a job of `pods` nodes."""
+        return Prior(self.prior_failures_per_node_hour * max(pods, 1), self.prior_weight_hours)
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(w.capitalize() for w in rest)
+
+
+def work_losing_failures(restarts: RestartCounts) -> int:
+    """The failures that cost the job the work since its last save: restarts after
+    infrastructure (not preemptions: they save on SIGTERM), user and suspect-state faults."""
+    infrastructure = max(restarts.infrastructure - restarts.preemption, 0)
+    return infrastructure + restarts.user + restarts.silent_data_corruption
+
+
+def durable_cost(reports: Sequence[PodReport]) -> float | None:
+    """The slowest rank's average seconds held by a durable save (every rank waits for it);
+    None before any rank reported one. A malformed entry is skipped (the tenant's word)."""
+    costs: list[float] = []
+    for report in reports:
+        ranks = report.body.get("ranks")
+        for entry in ranks if isinstance(ranks, list) else ():
+            raw = entry.get("save_costs") if isinstance(entry, Mapping) else None
+            if raw is None:
+                continue
+            try:
+                parsed = SaveCosts.parse({"schema": 1, "pid": 0, "tiers": raw})
+            except SaveCostsError:
+                continue
+            if (tier := parsed.tiers.get(SaveTier.DURABLE)) is not None:
+                costs.append(tier.seconds)
+    return max(costs) if costs else None
+
+
+CHANGE = 0.1
+"""A new interval within this share of the one in status leaves it standing (the trainers
+are not sent a new one for noise)."""
+
+
+def choose(
+    policy: IntervalPolicy,
+    *,
+    pods: int,
+    failures: int,
+    exposure_hours: float,
+    measured_cost: float | None,
+    current: CheckpointIntervals | None,
+    now: datetime,
+) -> CheckpointIntervals | None:
+    """The intervals to put in status; None while `current` stands (the same failures seen,
+    the same kind of cost, and an interval within `CHANGE` of it)."""
+    rate = failure_rate(policy.prior(pods), failures, exposure_hours)
+    cost = policy.assumed_save_seconds if measured_cost is None else max(measured_cost, 1e-3)
+    seconds = daly_interval(cost, HOUR / rate)
+    durable = int(min(max(round(seconds), policy.min_seconds), policy.max_seconds))
+    if (
+        current is not None
+        and current.failures == failures
+        and current.save_cost_measured == (measured_cost is not None)
+        and abs(durable - current.durable_seconds) <= CHANGE * current.durable_seconds
+    ):
+        return None
+    return CheckpointIntervals(
+        durable_seconds=durable,
+        failures_per_hour=rate,
+        failures=failures,
+        exposure_hours=exposure_hours,
+        durable_save_seconds=cost,
+        save_cost_measured=measured_cost is not None,
+        chosen_at=now,
+    )
+
+
+def planned_seconds(
+    spec_value: int | str, chosen: CheckpointIntervals | None, policy_max: int
+) -> int:
+    """The durable interval a job plans: its own seconds, or what `auto` chose (before any
+    choice: the platform's ceiling, so the age alert does not fire on a job just created)."""
+    if isinstance(spec_value, int):
+        return spec_value
+    return chosen.durable_seconds if chosen is not None else policy_max

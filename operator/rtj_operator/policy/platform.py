@@ -30,6 +30,7 @@ from rtj_operator.api.detection_spec import (
     NodeHealth,
 )
 from rtj_operator.api.keys import DEFAULT_TAINT_KEY
+from rtj_operator.policy.intervals import IntervalConfigError, IntervalPolicy
 from rtj_operator.policy.preflight import PreflightConfigError, PreflightPolicy
 
 TaintEffect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
@@ -134,11 +135,11 @@ def load_platform_config(text: str) -> NodeHealthPolicy:
         raise PlatformConfigError(f"platform configuration: not YAML: {exc}") from exc
     if not isinstance(raw, Mapping):
         raise PlatformConfigError("platform configuration: expected a mapping at the top")
-    unknown = sorted(set(raw) - {"nodeHealth", "preflight"})
+    unknown = sorted(set(raw) - {"nodeHealth", "preflight", "checkpointIntervals"})
     if unknown:
         raise PlatformConfigError(
             f"platform configuration: unknown field(s) {', '.join(unknown)}; expected "
-            "nodeHealth, preflight"
+            "nodeHealth, preflight, checkpointIntervals"
         )
     block = raw.get("nodeHealth") or {}
     if not isinstance(block, Mapping):
@@ -163,4 +164,24 @@ def load_preflight_policy(text: str) -> PreflightPolicy:
     try:
         return PreflightPolicy.from_mapping(block)
     except PreflightConfigError as exc:
+        raise PlatformConfigError(str(exc)) from exc
+
+
+def load_interval_policy(text: str) -> IntervalPolicy:
+    """The ``checkpointIntervals`` block of the platform configuration (`policy.intervals`,
+    for `plannedIntervalSeconds: auto`); the default policy when the file has none."""
+    import yaml
+
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise PlatformConfigError(f"platform configuration: not YAML: {exc}") from exc
+    block = raw.get("checkpointIntervals") if isinstance(raw, Mapping) else None
+    if block is None:
+        return IntervalPolicy()
+    if not isinstance(block, Mapping):
+        raise PlatformConfigError("checkpointIntervals: expected a mapping")
+    try:
+        return IntervalPolicy.from_mapping(block)
+    except IntervalConfigError as exc:
         raise PlatformConfigError(str(exc)) from exc

@@ -414,7 +414,8 @@ def progress_sidecar(rtj: ResilientTrainingJob, trainer: Obj, key: str | None = 
             *signed,
         ],
         "ports": [{"name": keys.PROGRESS_PORT_NAME, "containerPort": port, "protocol": "TCP"}],
-        "volumeMounts": [progress_mount(read_only=True)],
+        # writable only where it takes the operator's interval (`plannedIntervalSeconds: auto`)
+        "volumeMounts": [progress_mount(read_only=not (key and rtj.spec.checkpoint.auto_interval))],
         "resources": copy.deepcopy(PROGRESS_RESOURCES),
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {**copy.deepcopy(_RESTRICTED_CONTAINER), "readOnlyRootFilesystem": True},

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from rtj_operator.api import keys
 from rtj_operator.api.reasons import ConditionType, Phase, Reason
 from rtj_operator.api.status import ResilientTrainingJobStatus, VerifiedCheckpoint
+from rtj_operator.policy.intervals import planned_seconds
 from rtj_operator.policy.observed import parse_time
 from rtj_operator.reconcile.actions import MetricRecord
 from rtj_operator.reconcile.builder import PlanBuilder, condition_true
@@ -173,7 +174,11 @@ def _checkpoint_age(b: PlanBuilder) -> None:
             "condition and alert need an s3:// root",
         )
         return
-    interval = b.rtj.spec.checkpoint.planned_interval_seconds
+    interval = planned_seconds(
+        b.rtj.spec.checkpoint.planned_interval_seconds,
+        b.status.checkpoint_intervals,
+        b.snap.intervals.max_seconds,
+    )
     limit = timedelta(seconds=STALE_FACTOR * interval)
     ckpt = b.status.last_verified_checkpoint
     running = next(

@@ -17,6 +17,7 @@ from rtj_operator.reconcile.checkpoints import read_init_results, refresh_checkp
 from rtj_operator.reconcile.converge import delete_orphans
 from rtj_operator.reconcile.failure import on_failure, within_quarantine_limit
 from rtj_operator.reconcile.healthy_attempt import finish_with_idle_pods, follow_admission, succeed
+from rtj_operator.reconcile.intervals import choose_intervals
 from rtj_operator.reconcile.liveness import hold_for_partition, judged_nodes
 from rtj_operator.reconcile.ranks import find_hang, note_progress
 from rtj_operator.reconcile.supervised_exits import supervisor_failure
@@ -85,6 +86,7 @@ def plan_current_attempt(b: PlanBuilder) -> None:
     gone = [spares.as_serving(p, assigned) for p in spares.serving(gone, assigned, world)]
     read_init_results(b, live)
     refresh_checkpoint(b)
+    choose_intervals(b)
 
     if hold_for_partition(b):
         return

@@ -1,8 +1,9 @@
 """What the progress poller posts to each pod's progress sidecar before reading it: the
 restart order of an in-place restart (``/control``, `reconcile.in_place`), the pod's
 peer-replica assignment (``/replica``, `policy.peer_replica`) and, to the pod holding rank 0,
-the fast tier's drain order (``/drain``, `policy.fast_drain`), each signed with the job's
-control key. Pure: decided from the snapshot, sent by `rtj_operator.rank_polls`.
+the fast tier's drain order (``/drain``, `policy.fast_drain`) and, to every pod of a job with
+`plannedIntervalSeconds: auto`, the checkpoint interval chosen (``/intervals``), each signed
+with the job's control key. Pure: decided from the snapshot, sent by `rtj_operator.rank_polls`.
 
 All are idempotent and bounded: a restart order goes out in the close rounds of a restart
 until the pod's report shows it carried out, then stands (sent whenever the pod is read, at
@@ -24,6 +25,7 @@ from rtj_operator.reconcile.in_place import restart_orders
 from rtj_operator.reconcile.world import (
     CONTROL_PATH,
     DRAIN_PATH,
+    INTERVALS_PATH,
     REPLICA_PATH,
     PollMessage,
     PollTarget,
@@ -34,6 +36,7 @@ from rtj_operator.reconcile.world import (
 from rtj_shim.fast.peer_replica import Assignment
 from rtj_shim.wire.control import Order, sign
 from rtj_shim.wire.drain_order import DrainOrder
+from rtj_shim.wire.interval_order import IntervalOrder
 from rtj_shim.wire.supervisor_report import (
     STARTED_STATES,
     STOPPED_STATES,
@@ -81,7 +84,31 @@ def pod_messages(snap: Snapshot, targets: Sequence[PollTarget]) -> PodMessages:
         raw = DrainOrder(snap.rtj.metadata.uid, drain.attempt, drain.every_steps,
                          drain.peers).encode()  # fmt: skip
         out.setdefault(drain.pod, []).append(PollMessage(DRAIN_PATH, raw, sign(key, raw)))
+    for pod, raw in interval_orders(snap, targets).items():
+        out.setdefault(pod, []).append(PollMessage(INTERVALS_PATH, raw, sign(key, raw)))
     return PodMessages({pod: tuple(ms) for pod, ms in out.items()}, ring.note)
+
+
+def interval_orders(snap: Snapshot, targets: Sequence[PollTarget]) -> dict[str, bytes]:
+    """Per pod of the current attempt whose last report does not show it, the interval
+    `plannedIntervalSeconds: auto` chose (`status.checkpointIntervals`); none before it
+    chose one. A pod not read yet gets it too (one small POST per round until it shows)."""
+    rtj = snap.rtj
+    chosen = rtj.status.checkpoint_intervals
+    if not rtj.spec.checkpoint.auto_interval or chosen is None:
+        return {}
+    readings = snap.ranks
+    shown: dict[str, object] = {}
+    if readings is not None and readings.attempt == rtj.status.attempt:
+        for report in readings.reports:
+            held = report.body.get("intervals")
+            shown[report.pod] = held.get("durable_seconds") if isinstance(held, Mapping) else None
+    raw = IntervalOrder(rtj.metadata.uid, chosen.durable_seconds).encode()
+    return {
+        t.pod: raw
+        for t in targets
+        if t.attempt == rtj.status.attempt and shown.get(t.pod) != chosen.durable_seconds
+    }
 
 
 def _unheeded(order: Order, report: SupervisorReport | None, *, idle: bool) -> bool:

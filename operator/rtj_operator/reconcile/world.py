@@ -11,6 +11,7 @@ from typing import Any
 from rtj_operator.api import keys
 from rtj_operator.api.resource import ResilientTrainingJob
 from rtj_operator.policy import progress as rank_progress
+from rtj_operator.policy.intervals import IntervalPolicy
 from rtj_operator.policy.liveness import NodeLease
 from rtj_operator.policy.observed import ReadOnce, parse_time
 from rtj_operator.policy.platform import NodeHealthPolicy
@@ -189,6 +190,8 @@ REPLICA_PATH = "/replica"
 """Where it takes its peer-replica assignment (rtj_shim.fast.peer_replica)."""
 DRAIN_PATH = "/drain"
 """Where the sidecar of the pod holding rank 0 takes its drain order (rtj_shim.wire.drain_order)."""
+INTERVALS_PATH = "/intervals"
+"""Where each sidecar takes the checkpoint interval `auto` chose (rtj_shim.wire.interval_order)."""
 
 
 @dataclass(frozen=True)
@@ -274,6 +277,8 @@ class Snapshot:
     """The platform's default image for the resume init container and progress sidecar."""
     preflight: PreflightPolicy = field(default_factory=PreflightPolicy)
     """The platform's preflight (its image, None: resolver_image; its node-local command)."""
+    intervals: IntervalPolicy = field(default_factory=IntervalPolicy)
+    """The platform's prior and bounds for `plannedIntervalSeconds: auto`."""
     control_key: str | None = None
     """This job's key for signing restart orders (from the operator's control secret and
     the job's uid); None: the operator has no control secret, nothing restarts in place."""

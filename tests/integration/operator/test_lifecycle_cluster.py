@@ -86,6 +86,25 @@ def test_lifecycle_bounds_are_validated(rtj_api: Kube, rtj_ns: Any) -> None:
     assert rtj_api.get_rtj(ns, "ok")["spec"]["suspend"] is False, "suspend defaults to false"
 
 
+def test_the_planned_interval_is_seconds_or_auto(rtj_api: Kube, rtj_ns: Any) -> None:
+    """`plannedIntervalSeconds` is an int-or-string: seconds >= 1 or `auto` (issue 48); the
+    CEL rule's message names the field, the default stays 600."""
+    ns = rtj_ns.name
+    for name, bad in (("zero", 0), ("word", "often"), ("text", "60")):
+        body = rtj_body(name, ns, FILE_URI, checkpoint={"uri": FILE_URI,
+                                                        "plannedIntervalSeconds": bad})  # fmt: skip
+        with pytest.raises(Invalid) as err:
+            rtj_api.create_rtj(ns, body)
+        assert "checkpoint.plannedIntervalSeconds: expected seconds >= 1 or 'auto'" in str(
+            err.value
+        )
+    auto = {"uri": FILE_URI, "plannedIntervalSeconds": "auto"}
+    rtj_api.create_rtj(ns, rtj_body("auto", ns, FILE_URI, checkpoint=auto))
+    assert rtj_api.get_rtj(ns, "auto")["spec"]["checkpoint"]["plannedIntervalSeconds"] == "auto"
+    rtj_api.create_rtj(ns, rtj_body("plain", ns, FILE_URI))
+    assert rtj_api.get_rtj(ns, "plain")["spec"]["checkpoint"]["plannedIntervalSeconds"] == 600
+
+
 def test_a_fast_tier_needs_a_restart_in_place(rtj_api: Kube, rtj_ns: Any) -> None:
     """spec.checkpoint.fastTier (issue 16): the spec-wide CEL rule names the field."""
     ns = rtj_ns.name

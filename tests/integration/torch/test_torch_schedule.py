@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,11 @@ import pytest
 import torch
 from torch import nn
 
+from rtj_shim import progress
 from rtj_shim.checkpoint.layout import step_key
+from rtj_shim.progress import Progress
 from rtj_shim.torch import Checkpointer
+from rtj_shim.wire import interval_order, save_costs
 
 WORKER = Path(__file__).with_name("schedule_worker.py")
 
@@ -122,3 +126,37 @@ def test_every_rank_takes_the_same_decision(tmp_path: Path) -> None:
     }  # fmt: skip
     assert published(tmp_path / "ckpt" / "time") == [2, 4]
     assert published(tmp_path / "ckpt" / "metric") == [1, 3]
+
+
+def test_every_seconds_auto_follows_the_operators_order_and_reports_the_save_cost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`plannedIntervalSeconds: auto`: the interval the sidecar wrote into the progress
+    directory (`rtj_shim.wire.interval_order`), followed without a restart; each durable
+    save's cost lands beside the rank's record for the operator (`rtj_shim.wire.save_costs`)."""
+    record_dir = tmp_path / "progress"
+    monkeypatch.setenv(progress.ENV_DIR, str(record_dir))
+    monkeypatch.setattr(interval_order, "RECHECK_S", 0.0)  # look at every boundary here
+    progress.install(Progress(record_dir, rank=0, local_rank=0))
+    try:
+        state = job()
+        ckpt = Checkpointer(tmp_path / "ckpt", every_seconds="auto")
+        assert ckpt.schedule.every_seconds == interval_order.START_SECONDS
+        for step in range(1, 4):  # before any order: 600 s, nothing due
+            assert ckpt.step_boundary(step, state, loss=train_step(state)) is None
+        interval_order.write(record_dir, interval_order.IntervalOrder("job-uid", 1))
+        time.sleep(1.05)  # the order's second has passed since the restore
+        saved = []
+        for step in range(4, 8):
+            if (report := ckpt.step_boundary(step, state, loss=train_step(state))) is not None:
+                saved.append(report.step)
+        assert ckpt.schedule.every_seconds == 1.0
+        assert saved and published(tmp_path / "ckpt") == saved
+        ckpt.close()
+        (record,) = record_dir.glob("*.progress")
+        costs = save_costs.read(save_costs.path_for(record))
+        assert costs is not None and costs.tiers[save_costs.SaveTier.DURABLE].saves == len(saved)
+        with pytest.raises(ValueError, match="every_seconds: expected seconds > 0 or 'auto'"):
+            Checkpointer(tmp_path / "other", every_seconds="often")  # type: ignore[arg-type]
+    finally:
+        progress.install(None)

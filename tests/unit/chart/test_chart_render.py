@@ -26,8 +26,10 @@ from rtj_chart import (
 )
 
 from rtj_operator.api import keys
+from rtj_operator.policy.intervals import IntervalPolicy
 from rtj_operator.policy.platform import (
     NodeHealthPolicy,
+    load_interval_policy,
     load_platform_config,
     load_preflight_policy,
 )
@@ -143,6 +145,18 @@ def test_the_platform_preflight_reaches_the_operator(tmp_path: Path) -> None:
     none = {"preflight": {"nodeCommand": []}}
     cm = one(render(none, tmp_path), "ConfigMap", "rtj-resilient-training-operator-platform")
     assert load_preflight_policy(cm["data"]["platform.yaml"]).node_command == ()
+
+
+def test_the_platform_checkpoint_intervals_reach_the_operator(tmp_path: Path) -> None:
+    """`plannedIntervalSeconds: auto`'s prior and bounds: the chart's defaults are the
+    operator's; the platform's own come through (the rest keep the defaults)."""
+    default_cm = one(render(), "ConfigMap", "rtj-resilient-training-operator-platform")
+    assert load_interval_policy(default_cm["data"]["platform.yaml"]) == IntervalPolicy()
+    own = {"checkpointIntervals": {"priorFailuresPerNodeHour": 0.02, "minSeconds": 60}}
+    cm = one(render(own, tmp_path), "ConfigMap", "rtj-resilient-training-operator-platform")
+    policy = load_interval_policy(cm["data"]["platform.yaml"])
+    assert (policy.prior_failures_per_node_hour, policy.min_seconds) == (0.02, 60)
+    assert policy.max_seconds == IntervalPolicy().max_seconds
 
 
 def test_every_object_has_the_standard_labels(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ from urllib.parse import parse_qs
 from rtj_shim.agent import http_gate
 from rtj_shim.agent.progress_report import report
 from rtj_shim.fast import peer_replica, peer_serve
-from rtj_shim.wire import answer_seal, control, drain_order
+from rtj_shim.wire import answer_seal, control, drain_order, interval_order
 
 if TYPE_CHECKING:
     from rtj_shim.agent.progress_server import ProgressServer
@@ -159,6 +159,9 @@ class Handler(BaseHTTPRequestHandler):
                 self._reply(202, {"accepted": {"attempt": drain.attempt,
                                                "peers": len(drain.peers)}})  # fmt: skip
             return
+        if path == "/intervals" and server.control_key:
+            self._interval_order()
+            return
         if path != "/control" or self.server.control_dir is None:
             self.close_connection = True  # its body is not read: the connection cannot go on
             self._reply(404, {"error": f"no such path {path!r} here"})
@@ -177,6 +180,20 @@ class Handler(BaseHTTPRequestHandler):
                       fast_tier_dir=server.fast_tier_dir)  # fmt: skip
         self._reply(202, {"accepted": order.to_json(), "report": {**body, **server.peer_report()}},
                     sealed=True)  # fmt: skip
+
+    def _interval_order(self) -> None:
+        """`plannedIntervalSeconds: auto`: the operator's interval, written where the
+        trainers read it (`rtj_shim.wire.interval_order`)."""
+        order = self._signed(interval_order.MAX_INTERVAL_ORDER_BYTES,
+                             interval_order.accept_interval_order)  # fmt: skip
+        if order is None:
+            return
+        try:
+            interval_order.write(self.server.directory, order)
+        except OSError as exc:  # a progress volume mounted read-only (an older operator's)
+            self._reply(409, {"error": f"not written: {type(exc).__name__}: {exc}"[:300]})
+            return
+        self._reply(202, {"accepted": order.to_json()})
 
     def _signed(self, limit: int, accept: Callable[..., _Message]) -> _Message | None:
         """The body of a signed message from the operator, checked by ``accept`` (this job's

@@ -22,6 +22,8 @@ The JSON (``schema`` 1)::
 ``step`` is null before the first completed step; durations are null until observed.
 ``milestones`` (absent before the first, and from an older shim): when the rank's process
 formed the world, restored and completed its first step (`rtj_shim.wire.milestones`).
+``save_costs`` (absent before its first save): per tier, the seconds a save held it and how
+many it made (`rtj_shim.wire.save_costs`).
 ``median_busy_seconds``: the median of (step time minus time in waiting sections).
 """
 
@@ -36,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from rtj_shim.fast import fast_tier
-from rtj_shim.wire import control, milestones
+from rtj_shim.wire import control, milestones, save_costs
 from rtj_shim.wire.progress_record import (
     FILE_PREFIX,
     FILE_SUFFIX,
@@ -126,13 +128,7 @@ def report(
             errors.append({"file": path.name, "error": str(exc)[:200]})
             continue
         entry = rank_json(record, time.monotonic_ns())
-        try:
-            marks = milestones.read(milestones.path_for(path))
-        except (OSError, milestones.MilestonesError) as exc:
-            errors.append({"file": milestones.path_for(path).name, "error": str(exc)[:200]})
-            marks = None
-        if marks is not None and marks.pid == record.pid:  # else an older process's
-            entry["milestones"] = marks.encode()["marks"]
+        entry.update(_beside(path, record.pid, errors))
         ranks.append(entry)
     ranks.sort(key=lambda r: int(r["rank"]))
     body = {
@@ -147,3 +143,24 @@ def report(
     if fast_tier_dir is not None:
         body["fast_tier"] = fast_tier.newest_held(fast_tier_dir)
     return body
+
+
+def _beside(path: Path, pid: int, errors: list[dict[str, str]]) -> dict[str, Any]:
+    """The rank's milestones and save costs (the files beside its record), while they are
+    its process's (`pid`); an unreadable one is an error of the body, not of the rank."""
+    out: dict[str, Any] = {}
+    try:
+        marks = milestones.read(milestones.path_for(path))
+    except (OSError, milestones.MilestonesError) as exc:
+        errors.append({"file": milestones.path_for(path).name, "error": str(exc)[:200]})
+        marks = None
+    if marks is not None and marks.pid == pid:  # else an older process's
+        out["milestones"] = marks.encode()["marks"]
+    try:
+        costs = save_costs.read(save_costs.path_for(path))
+    except (OSError, save_costs.SaveCostsError) as exc:
+        errors.append({"file": save_costs.path_for(path).name, "error": str(exc)[:200]})
+        costs = None
+    if costs is not None and costs.pid == pid and costs.tiers:
+        out["save_costs"] = costs.encode()["tiers"]
+    return out

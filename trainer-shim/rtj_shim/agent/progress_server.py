@@ -25,6 +25,9 @@ copy of, `peer_pull.ReplicaPuller.report`) and, after a copy back, ``"fast_fetch
 (``RTJ_CHECKPOINT_URI``, ``RTJ_RUN_ID``), ``POST /drain`` takes the operator's signed order
 to drain the fast tier into the durable store (`rtj_shim.fast.drain_sidecar`; the pod holding
 rank 0) and the body carries ``"drain"`` (the last step drained, the error if any).
+``POST /intervals`` takes the operator's signed checkpoint interval
+(`rtj_shim.wire.interval_order`, `plannedIntervalSeconds: auto`) and writes it into the
+progress directory for the trainers; the body carries ``"intervals"`` (the one held).
 
 Who may read: with ``reads=Reads.SIGNED`` (``rtj-shim progress-server`` with
 ``RTJ_SIGNED_READS=1``, which the operator renders beside the job's control key),
@@ -65,7 +68,7 @@ from rtj_shim.agent.supervisor import carried_out
 from rtj_shim.fast import fast_tier, peer_replica
 from rtj_shim.fast.drain_sidecar import Drainer
 from rtj_shim.fast.peer_pull import ReplicaPuller, fetch_back
-from rtj_shim.wire import answer_seal, control, drain_order
+from rtj_shim.wire import answer_seal, control, drain_order, interval_order
 
 REQUEST_DEADLINE_S = 5.0
 """A request must arrive whole (head and body) within this of its first byte (a new
@@ -273,6 +276,8 @@ class ProgressServer(HTTPServer):
                 out["fast_fetch"] = self._fetch_report
         if self.drainer is not None:
             out["drain"] = self.drainer.report()
+        if self.control_key and (held := interval_order.read(self.directory)) is not None:
+            out["intervals"] = {"durable_seconds": held.durable_seconds}
         return out
 
     def server_close(self) -> None:

@@ -92,7 +92,8 @@ class Checkpointer(CheckpointerState):
     operator's ``RTJ_CHECKPOINT_URI`` (``spec.checkpoint.uri``; ``rtj_shim.wire.pod_env``:
     the whole environment contract). Rank and world size come from ``torch.distributed``
     when it is initialized. ``every_steps``/``every_seconds``/``monitor``/``mode``: when
-    ``step_boundary`` saves; ``keep_last``/``keep_best``: what is kept.
+    ``step_boundary`` saves (``every_seconds="auto"``: as often as the operator orders, for a
+    job with ``plannedIntervalSeconds: auto``); ``keep_last``/``keep_best``: what is kept.
 
     ``rank_local`` / ``replicated``: names of objects whose placement differs from their
     kind's default (replicated: modules, optimizers, schedulers, scalers, samplers, plain
@@ -346,6 +347,7 @@ class Checkpointer(CheckpointerState):
                              "improves")  # fmt: skip
         if value is not None and self._fast is not None:
             self._fast.durable_schedule["by_metric"] = True
+        self._follow_interval()
         verdict = decide_at_boundary(
             self._step_agreement(), self.schedule, step, value,
             sigterm=self._sigterm.requested, last_save_at=self._last_save_at, best=self._best,

@@ -7,6 +7,7 @@ run's configuration record. `rtj_shim.torch.checkpointer.Checkpointer` builds it
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 import threading
@@ -14,8 +15,9 @@ import time
 import weakref
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from rtj_shim import progress
 from rtj_shim.checkpoint.protocol import CommitProtocol, retention_from_env
 from rtj_shim.checkpoint.run_config import RunConfig, allowed_changes, user_config
 from rtj_shim.checkpoint.storage import CheckpointStore, open_store
@@ -53,9 +55,14 @@ from rtj_shim.torch.schedule import (
 from rtj_shim.torch.staging import Staging, mark_staged
 from rtj_shim.torch.state import Entry
 from rtj_shim.torch.writer import CollectiveWriter
-from rtj_shim.wire import pod_env
+from rtj_shim.wire import interval_order, pod_env
+from rtj_shim.wire.save_costs import SaveTier
 
 log = logging.getLogger("rtj_shim.torch")
+
+AUTO = "auto"
+"""``every_seconds="auto"``: save as often as the operator orders (`plannedIntervalSeconds:
+auto`, `rtj_shim.wire.interval_order`)."""
 
 
 class CheckpointerState:
@@ -66,7 +73,7 @@ class CheckpointerState:
         root: str | os.PathLike[str] | CheckpointStore | None = None,
         *,
         every_steps: int | None = None,
-        every_seconds: float | None = None,
+        every_seconds: float | Literal["auto"] | None = None,
         monitor: str | None = None,
         mode: Mode = "min",
         keep_last: int | None = None,
@@ -95,7 +102,10 @@ class CheckpointerState:
         store = open_store(os.fspath(root)) if isinstance(root, str | os.PathLike) else root
         # durable saves paced (spec.checkpoint.maxWriteBytesPerSecond); never an emergency save
         self.store = throttled(store, opts.io.max_write_bytes_per_second, self._sigterm_requested)
-        self.schedule = Schedule(every_steps, every_seconds, monitor, mode)
+        self._followed = _followed(every_seconds)
+        seconds = self._followed.seconds() if self._followed is not None else every_seconds
+        assert not isinstance(seconds, str)
+        self.schedule = Schedule(every_steps, seconds, monitor, mode)
         self.config = user_config(config)  # ValueError naming `config` before anything runs
         self.allow_config_change = allowed_changes(allow_config_change)
         self.protocol = CommitProtocol(
@@ -168,6 +178,17 @@ class CheckpointerState:
         }
         return tier
 
+    def _follow_interval(self) -> None:
+        """``every_seconds="auto"``: the operator's interval, as it last ordered it (a clock
+        read at most boundaries; `rtj_shim.wire.interval_order`)."""
+        if self._followed is None:
+            return
+        seconds = self._followed.seconds()
+        if seconds != self.schedule.every_seconds:
+            self.schedule = dataclasses.replace(self.schedule, every_seconds=seconds)
+            if self._fast is not None:
+                self._fast.durable_schedule["every_seconds"] = seconds
+
     def _coordinator(self) -> _dist.Coordinator:
         if self._coord is None:
             self._coord = _dist.Coordinator(self.options.io.collective_timeout_s)
@@ -231,12 +252,30 @@ class CheckpointerState:
         self._published = job.step
         self._clean = job.snapshot
         self.last_save = report
+        if not report.already_published:  # what `auto` intervals weigh a save at
+            progress.current().note_save(SaveTier.DURABLE, report.stall_seconds)
 
     def _snapshot(self, step: int, entries: list[Entry], origin: str) -> resave.Snapshot:
         digests = fingerprint.entry_digests(entries, identity=True)
         return resave.Snapshot(
             step, digests, fingerprint.digest(rng.capture(), identity=False), origin
         )
+
+
+def _followed(every_seconds: float | str | None) -> interval_order.FollowedInterval | None:
+    """The operator's interval to follow (``every_seconds="auto"``), from the progress
+    directory; outside the operator's pods `interval_order.START_SECONDS`, logged."""
+    if every_seconds != AUTO:
+        if isinstance(every_seconds, str):
+            raise ValueError(
+                f"every_seconds: expected seconds > 0 or 'auto', got {every_seconds!r}"
+            )
+        return None
+    directory = os.environ.get(progress.ENV_DIR)
+    if not directory:
+        log.info("every_seconds='auto' without the operator (no %s): every %g s",
+                 progress.ENV_DIR, interval_order.START_SECONDS)  # fmt: skip
+    return interval_order.FollowedInterval(Path(directory) if directory else None)
 
 
 def _drain_at_exit(ref: weakref.ReferenceType[CheckpointerState]) -> None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rtj_shim import progress
 from rtj_shim.alignment import LOSS_ALIGNMENT
 from rtj_shim.checkpoint import lineage as lineage_mod
 from rtj_shim.checkpoint.layout import COMMITTED_FILE, MANIFEST_FILE, step_key
@@ -55,6 +56,7 @@ from rtj_shim.torch.staging import Staging, mark_staged
 from rtj_shim.torch.state import SHARDED, Entry
 from rtj_shim.torch.validation import nonfinite_problem
 from rtj_shim.wire.resume_file import ResumeFile, ResumeFileError
+from rtj_shim.wire.save_costs import SaveTier
 
 log = logging.getLogger("rtj_shim.torch")
 
@@ -232,6 +234,7 @@ class FastTier:
         # optimizer.step() came before the writer had copied the optimizer-owned tensors
         stall = pending.stall
         self.last = FastSaveReport(pending.step, stall, seconds, published.bytes, published.uri)
+        progress.current().note_save(SaveTier.FAST, stall)
         log.debug("rank %d: fast-tier step %d: %.4fs stall, %.4fs in all",
                   self.rank, pending.step, stall, seconds)  # fmt: skip
 
