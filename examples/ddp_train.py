@@ -210,7 +210,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--plain-checkpoints", type=Path, help="plain torch.save files here instead")
     p.add_argument("--log-dir", required=True, type=Path)
     p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--save-every", type=int, default=50)
+    p.add_argument("--save-every", type=int, default=50, help="0: no step-count saves")
+    p.add_argument(
+        "--save-seconds",
+        default=None,
+        help="also save every this many seconds; auto: as the operator orders",
+    )
     p.add_argument("--samples", type=int, default=512)
     p.add_argument("--batch", type=int, default=8, help="micro-batch per rank")
     p.add_argument("--accum", type=int, default=2, help="micro-batches per optimizer step")
@@ -255,6 +260,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.plain_checkpoints is not None and (args.fsdp or args.async_save):
         p.error("--plain-checkpoints saves a DDP model, blocking")
     return args
+
+
+def _seconds(value: str | None) -> float | str | None:
+    """``--save-seconds``: seconds, or ``auto`` (the operator's interval)."""
+    return value if value in (None, "auto") else float(value)
 
 
 def accumulating(wrapped: nn.Module, local: bool) -> contextlib.AbstractContextManager[Any]:
@@ -364,7 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         ckpt = Checkpointer(
             root,
-            every_steps=args.save_every,
+            every_steps=args.save_every or None,
+            every_seconds=_seconds(args.save_seconds),
             io=IoOptions(shard_bytes=args.shard_kib << 10) if args.shard_kib else None,
             resume=ResumeOptions(probe=probe if args.probe else None),
             emergency=EmergencyOptions(deadline_s=args.emergency_deadline),
@@ -472,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
         # goodput soaks count it as lost time: bench.soak_accounting)
         boundary = time.perf_counter()
         ckpt.step_boundary(step, objects, loss=total, blocking=not args.async_save)
-        if step == args.steps and step % args.save_every:  # the last step, off schedule
+        if step == args.steps and (not args.save_every or step % args.save_every):  # last
             ckpt.save(step, objects, blocking=not args.async_save, loss=total)
         ckpt_s = round(time.perf_counter() - boundary, 6)
         logged = log_save(ckpt.last_save, logged)

@@ -1,0 +1,123 @@
+"""Drill on real training through the pod runner (issue 48): `plannedIntervalSeconds: auto`.
+
+The example trainer (2 worker pods, one rank each, restart in place) saves only by time,
+``Checkpointer(every_seconds="auto")``. The operator starts from the platform's prior (set
+here so that one failure in a two-minute job weighs: half a failure's worth of evidence),
+measures the trainers' durable save cost from their reports, and hands its interval to every
+pod's sidecar; the trainers save at it. Then one rank is SIGKILLed: the in-place restart is
+a failure the job has seen, the rate it plans for rises, the interval shortens, and the
+restarted trainers save at the new one. Checked against the trainers' own logs: the gaps
+between their saves are the interval in status, before and after.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import statistics
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.demo import drills, story
+from e2e.operator_proc import wait_for
+
+pytestmark = [pytest.mark.demo, pytest.mark.timeout(900)]
+
+JOB = "drill-intervals"
+PLATFORM = """\
+checkpointIntervals:
+  priorFailuresPerNodeHour: 5      # a 2-pod job: 10 an hour before its own evidence
+  priorWeightHours: 0.05           # worth 3 minutes of running: half a failure
+  assumedSaveSeconds: 0.2
+  minSeconds: 2
+  maxSeconds: 120
+"""
+SLACK_S = 4.0
+"""A save comes after its interval by up to the agreement's period, a step and a save, on a
+loaded 2-core machine: a gap may exceed the interval by this."""
+
+
+def _intervals(api: Any) -> dict[str, Any]:
+    return drills.status(api, JOB).get("checkpointIntervals") or {}
+
+
+def _save_gaps(log: Path, generation: int, after: float) -> list[float]:
+    """Seconds between the rank's consecutive durable saves in `generation` that began after
+    `after` (its log's clock: the example trainer logs each save once published)."""
+    times = []
+    for line in log.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        saved = record.get("event") == "save" and record.get("generation") == generation
+        if saved and float(record["time"]) > after:
+            times.append(float(record["time"]))
+    return [b - a for a, b in itertools.pairwise(times)]
+
+
+def _followed(gaps: list[float], interval: float) -> bool:
+    """The trainers saved at `interval`: the median gap within [0.75 x, x + SLACK_S]."""
+    return len(gaps) >= 2 and 0.75 * interval <= statistics.median(gaps) <= interval + SLACK_S
+
+
+def test_the_interval_follows_the_failure_rate_and_the_trainers_follow_it(tmp_path: Path) -> None:
+    platform_file = tmp_path / "platform.yaml"
+    platform_file.write_text(PLATFORM)
+    with drills.controlling_platform(
+        tmp_path, "rtj-intervals", 2, "--platform-config", str(platform_file)
+    ) as platform:
+        opts, api = platform.opts, platform.api
+        body = drills.in_place_job(JOB, 0, 100_000)
+        body["spec"]["checkpoint"]["plannedIntervalSeconds"] = "auto"
+        container = body["spec"]["template"]["spec"]["containers"][0]
+        container["command"] = [*container["command"], "--save-seconds=auto"]
+        api.create_rtj(story.NAMESPACE, body)
+        pods = drills.scheduled(api, JOB, 2)
+        log = drills.rank_log(opts, drills.rank_pod(pods, 0), 0)
+
+        measured = wait_for("an interval from a measured save cost", lambda: (
+            (c := _intervals(api)).get("saveCostMeasured") and c), 240, 0.5)  # fmt: skip
+        assert measured["failures"] == 0, measured
+        before = float(measured["durableSeconds"])
+        assert 2 <= before <= 120, measured
+        measured_at = measured["chosenAt"]
+        wait_for("three saves at it", lambda: len(_save_gaps(log, 0, _t(measured_at))) >= 3,
+                 240, 1.0)  # fmt: skip
+        gaps0 = _save_gaps(log, 0, _t(measured_at))
+        stable = _intervals(api)
+        assert _followed(gaps0, float(stable["durableSeconds"])), (gaps0, stable, measured)
+
+        victim = drills.rank_pod(pods, 1)
+        os.kill(drills.trainer_pid(opts, victim), signal.SIGKILL)
+        after_failure = wait_for("the failure counted", lambda: (
+            (c := _intervals(api)).get("failures") == 1 and c), 180, 0.5)  # fmt: skip
+        after = float(after_failure["durableSeconds"])
+        assert after_failure["failuresPerHour"] > stable["failuresPerHour"], (
+            stable, after_failure)  # fmt: skip
+        assert after < float(stable["durableSeconds"]), (stable, after_failure)
+        entry = wait_for("the in-place restart", lambda: drills.first_restart(api, JOB), 180, 0.2)
+        assert entry["outcome"] == "Running", entry
+        restarted_at = _t(after_failure["chosenAt"])
+        wait_for("three saves after the restart", lambda: len(
+            _save_gaps(log, 1, restarted_at)) >= 3, 240, 1.0)  # fmt: skip
+        gaps1 = _save_gaps(log, 1, restarted_at)
+        now = _intervals(api)
+        assert _followed(gaps1, float(now["durableSeconds"])), (gaps1, now, after_failure)
+        sys.stdout.write(
+            f"\ninterval {stable['durableSeconds']} s at {stable['failuresPerHour']:.1f}/h "
+            f"(saves every {statistics.median(gaps0):.1f} s) -> {now['durableSeconds']} s at "
+            f"{now['failuresPerHour']:.1f}/h after one failure (every "
+            f"{statistics.median(gaps1):.1f} s); save cost {now['durableSaveSeconds']:.3f} s\n"
+        )
+        api.delete_rtj(story.NAMESPACE, JOB)
+
+
+def _t(stamp: str) -> float:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
