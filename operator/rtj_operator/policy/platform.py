@@ -147,20 +147,26 @@ def load_platform_config(text: str) -> NodeHealthPolicy:
     return NodeHealthPolicy.from_mapping(block)
 
 
-def load_preflight_policy(text: str) -> PreflightPolicy:
-    """The ``preflight`` block of the platform configuration (`policy.preflight`); the
-    default policy when the file has none."""
+def _block(text: str, name: str) -> Mapping[str, Any] | None:
+    """The platform configuration's block `name` (None: the file has none)."""
     import yaml
 
     try:
         raw = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
         raise PlatformConfigError(f"platform configuration: not YAML: {exc}") from exc
-    block = raw.get("preflight") if isinstance(raw, Mapping) else None
+    block = raw.get(name) if isinstance(raw, Mapping) else None
+    if block is not None and not isinstance(block, Mapping):
+        raise PlatformConfigError(f"{name}: expected a mapping")
+    return block
+
+
+def load_preflight_policy(text: str) -> PreflightPolicy:
+    """The ``preflight`` block of the platform configuration (`policy.preflight`); the
+    default policy when the file has none."""
+    block = _block(text, "preflight")
     if block is None:
         return PreflightPolicy()
-    if not isinstance(block, Mapping):
-        raise PlatformConfigError("preflight: expected a mapping")
     try:
         return PreflightPolicy.from_mapping(block)
     except PreflightConfigError as exc:
@@ -170,17 +176,9 @@ def load_preflight_policy(text: str) -> PreflightPolicy:
 def load_interval_policy(text: str) -> IntervalPolicy:
     """The ``checkpointIntervals`` block of the platform configuration (`policy.intervals`,
     for `plannedIntervalSeconds: auto`); the default policy when the file has none."""
-    import yaml
-
-    try:
-        raw = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        raise PlatformConfigError(f"platform configuration: not YAML: {exc}") from exc
-    block = raw.get("checkpointIntervals") if isinstance(raw, Mapping) else None
+    block = _block(text, "checkpointIntervals")
     if block is None:
         return IntervalPolicy()
-    if not isinstance(block, Mapping):
-        raise PlatformConfigError("checkpointIntervals: expected a mapping")
     try:
         return IntervalPolicy.from_mapping(block)
     except IntervalConfigError as exc:

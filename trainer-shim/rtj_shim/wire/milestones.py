@@ -19,14 +19,14 @@ the report's ``pod_wall_time`` and trusts it no further than the bracket its own
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any
+
+from rtj_shim.wire import rank_files
 
 SCHEMA = 1
 SUFFIX = ".milestones"
@@ -76,15 +76,8 @@ class Milestones:
 
     @classmethod
     def parse(cls, body: object) -> Milestones:
-        if not isinstance(body, Mapping):
-            raise MilestonesError(f"milestones: expected an object, got {type(body).__name__}")
-        if body.get("schema") != SCHEMA:
-            raise MilestonesError(
-                f"milestones.schema: expected {SCHEMA}, got {body.get('schema')!r}"
-            )
-        pid = body.get("pid")
-        if not isinstance(pid, int) or isinstance(pid, bool) or pid < 0:
-            raise MilestonesError(f"milestones.pid: expected a process id, got {pid!r}")
+        body = rank_files.header(body, "milestones", SCHEMA, MilestonesError)
+        pid = body["pid"]
         raw = body.get("marks")
         if not isinstance(raw, Mapping):
             raise MilestonesError("milestones.marks: expected an object")
@@ -118,23 +111,11 @@ def path_for(record: Path) -> Path:
 
 def write(path: Path, milestones: Milestones) -> None:
     """Replace ``path`` with ``milestones`` whole (a reader sees the old file or the new)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(milestones.encode(), separators=(",", ":")))
-    os.replace(tmp, path)
+    rank_files.write_whole(path, milestones.encode())
 
 
 def read(path: Path) -> Milestones | None:
     """The file's milestones; None when there is none (an older shim writes no file).
     Raises MilestonesError for a file that is not one (the message names the field)."""
-    try:
-        with path.open("rb") as fh:
-            raw = fh.read(MAX_BYTES + 1)
-    except FileNotFoundError:
-        return None
-    if len(raw) > MAX_BYTES:
-        raise MilestonesError(f"milestones: over {MAX_BYTES} bytes")
-    try:
-        body = json.loads(raw)
-    except ValueError as exc:
-        raise MilestonesError(f"milestones: not JSON ({exc})") from exc
-    return Milestones.parse(body)
+    body = rank_files.read_bounded(path, MAX_BYTES, "milestones", MilestonesError)
+    return None if body is None else Milestones.parse(body)

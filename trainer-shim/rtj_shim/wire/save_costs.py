@@ -18,10 +18,8 @@ chooses from it (the platform's floor and ceiling), and it only sets this job's 
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Mapping
@@ -29,6 +27,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any
+
+from rtj_shim.wire import rank_files
 
 log = logging.getLogger("rtj_shim.progress")
 
@@ -88,15 +88,8 @@ class SaveCosts:
 
     @classmethod
     def parse(cls, body: object) -> SaveCosts:
-        if not isinstance(body, Mapping):
-            raise SaveCostsError(f"save_costs: expected an object, got {type(body).__name__}")
-        if body.get("schema") != SCHEMA:
-            raise SaveCostsError(
-                f"save_costs.schema: expected {SCHEMA}, got {body.get('schema')!r}"
-            )
-        pid = body.get("pid")
-        if not isinstance(pid, int) or isinstance(pid, bool) or pid < 0:
-            raise SaveCostsError(f"save_costs.pid: expected a process id, got {pid!r}")
+        body = rank_files.header(body, "save_costs", SCHEMA, SaveCostsError)
+        pid = body["pid"]
         raw = body.get("tiers")
         if not isinstance(raw, Mapping):
             raise SaveCostsError("save_costs.tiers: expected an object")
@@ -133,26 +126,14 @@ def path_for(record: Path) -> Path:
 
 def write(path: Path, costs: SaveCosts) -> None:
     """Replace ``path`` with ``costs`` whole (a reader sees the old file or the new)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(json.dumps(costs.encode(), separators=(",", ":")))
-    os.replace(tmp, path)
+    rank_files.write_whole(path, costs.encode())
 
 
 def read(path: Path) -> SaveCosts | None:
     """The file's costs; None when there is none (no save yet, or an older shim). Raises
     SaveCostsError for a file that is not one (the message names the field)."""
-    try:
-        with path.open("rb") as fh:
-            raw = fh.read(MAX_BYTES + 1)
-    except FileNotFoundError:
-        return None
-    if len(raw) > MAX_BYTES:
-        raise SaveCostsError(f"save_costs: over {MAX_BYTES} bytes")
-    try:
-        body = json.loads(raw)
-    except ValueError as exc:
-        raise SaveCostsError(f"save_costs: not JSON ({exc})") from exc
-    return SaveCosts.parse(body)
+    body = rank_files.read_bounded(path, MAX_BYTES, "save_costs", SaveCostsError)
+    return None if body is None else SaveCosts.parse(body)
 
 
 class Recorder:
