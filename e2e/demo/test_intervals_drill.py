@@ -1,13 +1,17 @@
-"""Drill on real training through the pod runner (issue 48): `plannedIntervalSeconds: auto`.
+"""Drill on real training through the pod runner (issue 48): `plannedIntervalSeconds: auto` and
+`fastTier.everySteps: auto`.
 
-The example trainer (2 worker pods, one rank each, restart in place) saves only by time,
-``Checkpointer(every_seconds="auto")``. The operator starts from the platform's prior (set
-here so that one failure in a two-minute job weighs: half a failure's worth of evidence),
-measures the trainers' durable save cost from their reports, and hands its interval to every
-pod's sidecar; the trainers save at it. Then one rank is SIGKILLed: the in-place restart is
-a failure the job has seen, the rate it plans for rises, the interval shortens, and the
-restarted trainers save at the new one. Checked against the trainers' own logs: the gaps
-between their saves are the interval in status, before and after.
+The example trainer (2 worker pods, one rank each, restart in place, a fast tier) saves
+durably only by time, ``Checkpointer(every_seconds="auto")``. The operator starts from the
+platform's prior (set here so that one failure in a two-minute job weighs: half a failure's
+worth of evidence), measures the trainers' durable save cost from their reports, and hands
+its interval to every pod's sidecar; the trainers save at it. Then one rank is SIGKILLed:
+the in-place restart is a failure the job has seen, the rate it plans for rises, the
+interval shortens, and the restarted trainers save at the new one. Checked against the
+trainers' own logs: the gaps between their saves are the interval in status, before and
+after. The fast tier starts at `AUTO_FAST_EVERY_START` steps (no step time measured when the
+pods were made) and the in-place restart's run order carries the interval chosen from the
+measured step time and fast-save cost: the restarted trainers' fast steps are its multiples.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import pytest
 
 from e2e.demo import drills, story
 from e2e.operator_proc import wait_for
+from rtj_operator.policy.intervals import AUTO_FAST_EVERY_START
 
 pytestmark = [pytest.mark.demo, pytest.mark.timeout(900)]
 
@@ -37,6 +42,7 @@ checkpointIntervals:
   assumedSaveSeconds: 0.2
   minSeconds: 2
   maxSeconds: 120
+  fastTierCovers: 0.3              # the durable interval against 70% of the failures
 """
 SLACK_S = 4.0
 """A save comes after its interval by up to the agreement's period, a step and a save, on a
@@ -62,6 +68,19 @@ def _save_gaps(log: Path, generation: int, after: float) -> list[float]:
     return [b - a for a, b in itertools.pairwise(times)]
 
 
+def _fast_steps(log: Path, generation: int) -> list[int]:
+    """The fast-tier steps the rank wrote in `generation` (the example logs each once)."""
+    steps = []
+    for line in log.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("event") == "fast_save" and record.get("generation") == generation:
+            steps.append(int(record["step"]))
+    return steps
+
+
 def _followed(gaps: list[float], interval: float) -> bool:
     """The trainers saved at `interval`: the median gap within [0.75 x, x + SLACK_S]."""
     return len(gaps) >= 2 and 0.75 * interval <= statistics.median(gaps) <= interval + SLACK_S
@@ -76,6 +95,7 @@ def test_the_interval_follows_the_failure_rate_and_the_trainers_follow_it(tmp_pa
         opts, api = platform.opts, platform.api
         body = drills.in_place_job(JOB, 0, 100_000)
         body["spec"]["checkpoint"]["plannedIntervalSeconds"] = "auto"
+        body["spec"]["checkpoint"]["fastTier"] = {"everySteps": "auto"}
         container = body["spec"]["template"]["spec"]["containers"][0]
         container["command"] = [*container["command"], "--save-seconds=auto"]
         api.create_rtj(story.NAMESPACE, body)
@@ -110,11 +130,20 @@ def test_the_interval_follows_the_failure_rate_and_the_trainers_follow_it(tmp_pa
         gaps1 = _save_gaps(log, 1, restarted_at)
         now = _intervals(api)
         assert _followed(gaps1, float(now["durableSeconds"])), (gaps1, now, after_failure)
+        # the fast tier: the first world at the start value, the restarted one at the choice
+        every = entry.get("fastEverySteps")
+        assert every is not None and every >= 1, entry
+        fast0, fast1 = _fast_steps(log, 0), _fast_steps(log, 1)
+        assert fast0 and all(s % AUTO_FAST_EVERY_START == 0 for s in fast0), fast0
+        assert fast1 and all(s % every == 0 for s in fast1), (every, fast1)
         sys.stdout.write(
             f"\ninterval {stable['durableSeconds']} s at {stable['failuresPerHour']:.1f}/h "
             f"(saves every {statistics.median(gaps0):.1f} s) -> {now['durableSeconds']} s at "
             f"{now['failuresPerHour']:.1f}/h after one failure (every "
-            f"{statistics.median(gaps1):.1f} s); save cost {now['durableSaveSeconds']:.3f} s\n"
+            f"{statistics.median(gaps1):.1f} s); save cost {now['durableSaveSeconds']:.3f} s; "
+            f"fast tier every {AUTO_FAST_EVERY_START} -> {every} steps (step "
+            f"{drills.status(api, JOB)['progress']['stepSeconds']:.3f} s, fast save "
+            f"{now['fastSaveSeconds']:.3f} s)\n"
         )
         api.delete_rtj(story.NAMESPACE, JOB)
 

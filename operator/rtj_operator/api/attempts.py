@@ -84,6 +84,12 @@ class InPlaceRestart(StatusModel):
         description="Why no fast-tier step was pinned though the pods keep a fast tier (e.g. "
         "a replaced pod holds none and no pod holds its replica): the durable step was.",
     )
+    fast_every_steps: int | None = Field(
+        default=None,
+        ge=1,
+        description="The fast tier's interval the restarted trainers save at "
+        "(fastTier.everySteps: auto); null: the pods' own.",
+    )
     replaced: list[str] = Field(
         default_factory=list,
         max_length=64,
@@ -161,6 +167,12 @@ class InPlacePhase(StatusModel):
         le=MAX_REPLICAS,
         description="The world the new generation forms when it changes (spec.elastic: a "
         "shrink or a grow-back; its run orders name each pod's rank in it); null: unchanged.",
+    )
+    fast_every_steps: int | None = Field(
+        default=None,
+        ge=1,
+        description="The fast tier's interval the new generation saves at "
+        "(`fastTier.everySteps: auto`, pinned when the restart starts it); null: the pods' own.",
     )
 
 

@@ -35,6 +35,13 @@ PlannedInterval = Annotated[
 """Seconds >= 1 or "auto"; an int-or-string in the CRD (as a Deployment's maxSurge is)."""
 
 
+def _not_count_or_auto(value: object) -> bool:
+    """Neither a count >= 1 nor "auto" (a string of digits too: the CRD refuses it)."""
+    if isinstance(value, str):
+        return value != AUTO
+    return isinstance(value, bool) or not isinstance(value, int) or value < 1
+
+
 class Retention(ApiModel):
     """Which verified steps the trainer-side GC keeps (the operator never deletes data)."""
 
@@ -56,7 +63,7 @@ exponent and no fraction-of-a-unit suffix (m, u, n)."""
 
 DRAIN_MULTIPLE = (
     "fastTier.drainEverySteps must be a multiple of fastTier.everySteps: only fast steps "
-    "can be drained"
+    "can be drained (a fixed everySteps: a drain cannot follow `auto`)"
 )
 
 
@@ -70,16 +77,25 @@ class FastTier(ApiModel):
     model_config = ApiModel.model_config | {
         "json_schema_extra": validations(
             cel(
-                "!has(self.drainEverySteps) || self.drainEverySteps % self.everySteps == 0",
+                "!has(self.drainEverySteps) || (type(self.everySteps) == int && "
+                "self.drainEverySteps % self.everySteps == 0)",
                 DRAIN_MULTIPLE,
                 ".drainEverySteps",
             )
         )
     }
 
-    every_steps: int = Field(
-        ge=1,
-        description="Steps between fast-tier saves (each rank's copy in its own pod).",
+    every_steps: PlannedInterval = Field(
+        description="Steps between fast-tier saves (each rank's copy in its own pod), or "
+        "`auto`: the operator chooses them from the job's failure rate, the trainers' "
+        "measured fast-save cost and step time (`status.checkpointIntervals.fastEverySteps`), "
+        "taking effect at each restart (in place: the run order; a new world: its pods).",
+        json_schema_extra=validations(
+            cel(
+                "type(self) == int ? self >= 1 : self == 'auto'",
+                "checkpoint.fastTier.everySteps: expected steps >= 1 or 'auto'",
+            )
+        ),
     )
     keep: int = Field(
         default=FAST_TIER_MIN_KEEP,
@@ -124,11 +140,28 @@ class FastTier(ApiModel):
         "get the store's credentials (checkpoint.credentialsSecretRef). Unset: no drain.",
     )
 
+    @field_validator("every_steps", mode="before")
+    @classmethod
+    def _every(cls, value: object) -> object:
+        if _not_count_or_auto(value):
+            raise ValueError(
+                f"checkpoint.fastTier.everySteps: expected steps >= 1 or 'auto', got {value!r}"
+            )
+        return value
+
     @model_validator(mode="after")
     def _drain_multiple(self) -> FastTier:
-        if self.drain_every_steps is not None and self.drain_every_steps % self.every_steps:
+        if self.drain_every_steps is None:
+            return self
+        every = self.every_steps
+        if not isinstance(every, int) or self.drain_every_steps % every:
             raise ValueError(DRAIN_MULTIPLE)
         return self
+
+    @property
+    def auto_every(self) -> bool:
+        """Whether the operator chooses the fast interval (`everySteps: auto`)."""
+        return self.every_steps == AUTO
 
 
 class SecretReference(ApiModel):
@@ -251,7 +284,7 @@ class Checkpoint(ApiModel):
     @field_validator("planned_interval_seconds", mode="before")
     @classmethod
     def _interval(cls, value: object) -> object:
-        if isinstance(value, bool) or (isinstance(value, int) and value < 1):
+        if _not_count_or_auto(value):
             raise ValueError(
                 f"checkpoint.plannedIntervalSeconds: expected seconds >= 1 or 'auto', got {value!r}"
             )

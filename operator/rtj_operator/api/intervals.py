@@ -1,6 +1,7 @@
-"""`status.checkpointIntervals` (issue 48): the durable checkpoint interval the operator
-chose for a job with `spec.checkpoint.plannedIntervalSeconds: auto`, and what it was chosen
-from, so a user sees why the trainers save as often as they do (`policy.intervals`)."""
+"""`status.checkpointIntervals` (issue 48): the checkpoint intervals the operator chose for a
+job with `spec.checkpoint.plannedIntervalSeconds: auto` or `fastTier.everySteps: auto`, and
+what they were chosen from, so a user sees why the trainers save as often as they do
+(`policy.intervals`)."""
 
 from __future__ import annotations
 
@@ -36,5 +37,27 @@ class CheckpointIntervals(StatusModel):
     )
     save_cost_measured: bool = Field(
         description="Whether durableSaveSeconds is the trainers' measurement."
+    )
+    fast_every_steps: int | None = Field(
+        default=None,
+        ge=1,
+        description="Steps between fast-tier saves (`fastTier.everySteps: auto`), taking "
+        "effect at each restart; null: no such tier, or no step time measured yet.",
+    )
+    fast_seconds: float | None = Field(
+        default=None, ge=0, description="The fast interval in seconds of training."
+    )
+    fast_save_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        description="What a fast-tier save costs the training (the slowest rank's average, or "
+        "the platform's assumption before a measurement).",
+    )
+    fast_covers: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="The share of failures the fast tier recovers from (the platform's "
+        "assumption); the durable interval is chosen against the rest.",
     )
     chosen_at: datetime = Field(description="When this interval was chosen.")

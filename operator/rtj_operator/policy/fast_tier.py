@@ -20,12 +20,23 @@ from typing import Any
 from rtj_operator.api import keys
 from rtj_operator.api.resource import ResilientTrainingJob
 from rtj_operator.policy import peer_replica
+from rtj_operator.policy.intervals import AUTO_FAST_EVERY_START, auto_fast_every
 from rtj_operator.policy.peer_replica import PeerView
 from rtj_shim.checkpoint import lineage
 from rtj_shim.checkpoint.lineage import Held
 from rtj_shim.wire.supervisor_report import SupervisorReport
 
 Obj = dict[str, Any]
+
+
+def fast_every(rtj: ResilientTrainingJob) -> int:
+    """The steps between fast saves a new world's pods start with: the job's, or for
+    `everySteps: auto` what the operator chose last (`AUTO_FAST_EVERY_START` before a choice)."""
+    tier = rtj.spec.checkpoint.fast_tier
+    assert tier is not None
+    if isinstance(tier.every_steps, int):
+        return tier.every_steps
+    return auto_fast_every(rtj, rtj.status) or AUTO_FAST_EVERY_START
 
 
 def replicated(rtj: ResilientTrainingJob) -> bool:
@@ -50,7 +61,7 @@ def render(spec: Obj, rtj: ResilientTrainingJob, trainer_name: str) -> bool:
         return False
     ours = [
         {"name": keys.ENV_FAST_TIER_DIR, "value": keys.FAST_TIER_DIR},
-        {"name": keys.ENV_FAST_EVERY_STEPS, "value": str(tier.every_steps)},
+        {"name": keys.ENV_FAST_EVERY_STEPS, "value": str(fast_every(rtj))},
         {"name": keys.ENV_FAST_KEEP, "value": str(tier.keep)},
     ]
     owned = {e["name"] for e in ours}  # the operator's values win over stale user ones

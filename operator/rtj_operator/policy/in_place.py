@@ -231,7 +231,7 @@ def order(
                  state.fast_step, source if state.fast_step is not None else None,
                  index if rank else None, master_addr,
                  state.fast_lineage if state.fast_step is not None else None,
-                 world_size)  # fmt: skip
+                 world_size, fast_every_steps=state.fast_every_steps)  # fmt: skip
 
 
 def save_grace(rtj: ResilientTrainingJob, generation: int) -> int | None:

@@ -14,13 +14,14 @@
   to recover from: the fast tier (pod memory, peer replica) against every failure it covers,
   the durable tier against those it does not (a lost pod without a replica, a whole world).
 
-* :func:`choose`: `status.checkpointIntervals` for a job with `plannedIntervalSeconds: auto`,
-  from the platform's :class:`IntervalPolicy`, the job's size, its failures and hours, and the
-  slowest rank's measured durable save cost (:func:`durable_cost`, the trainers' word, bounded
-  by the platform's floor and ceiling); None while the interval in status stands.
+* :func:`choose`: `status.checkpointIntervals` for a job with `plannedIntervalSeconds: auto`
+  or `fastTier.everySteps: auto`, from the platform's :class:`IntervalPolicy`, the job's size,
+  its failures and hours, the slowest rank's measured save costs (:func:`save_cost`, the
+  trainers' word, bounded by the platform's floor and ceiling) and its step time; None while
+  the intervals in status stand. The fast interval is in steps and takes effect at restarts
+  (:func:`auto_fast_every`: every rank must hold the same fast steps).
 
-Not yet: the fast tier's `everySteps: auto` (its ranks must switch at one step), and the
-failure rate of the job's node pool as evidence beside the job's own.
+Not yet: the failure rate of the job's node pool as evidence beside the job's own.
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from rtj_operator.api.intervals import CheckpointIntervals
-from rtj_operator.api.status import RestartCounts
+from rtj_operator.api.resource import ResilientTrainingJob
+from rtj_operator.api.status import ResilientTrainingJobStatus, RestartCounts
 from rtj_operator.policy.progress import PodReport
 from rtj_shim.wire.save_costs import SaveCosts, SaveCostsError, SaveTier
 
@@ -127,9 +129,25 @@ class IntervalPolicy:
     """A durable save's cost before the trainers measured one."""
     min_seconds: int = 30
     max_seconds: int = 6 * 3600
+    assumed_fast_save_seconds: float = 0.5
+    """A fast-tier save's cost before the trainers measured one."""
+    fast_tier_covers: float = 0.8
+    """The share of failures a job's fast tier recovers from (a rank's process or a pod lost,
+    the state in the pod's memory or its peer replica) against those only the durable tier
+    does (a whole world, two pods at once): an assumption, stated in status."""
 
     def __post_init__(self) -> None:
-        for name in ("prior_failures_per_node_hour", "prior_weight_hours", "assumed_save_seconds"):
+        if (
+            isinstance(self.fast_tier_covers, bool)
+            or not isinstance(self.fast_tier_covers, int | float)
+            or not 0 <= self.fast_tier_covers < 1
+        ):
+            raise IntervalConfigError(
+                "checkpointIntervals.fastTierCovers: expected a share in [0, 1), got "
+                f"{self.fast_tier_covers!r}"
+            )
+        for name in ("prior_failures_per_node_hour", "prior_weight_hours",
+                     "assumed_save_seconds", "assumed_fast_save_seconds"):  # fmt: skip
             value = getattr(self, name)
             if (
                 isinstance(value, bool)
@@ -180,9 +198,9 @@ def work_losing_failures(restarts: RestartCounts) -> int:
     return infrastructure + restarts.user + restarts.silent_data_corruption
 
 
-def durable_cost(reports: Sequence[PodReport]) -> float | None:
-    """The slowest rank's average seconds held by a durable save (every rank waits for it);
-    None before any rank reported one. A malformed entry is skipped (the tenant's word)."""
+def save_cost(reports: Sequence[PodReport], tier: SaveTier) -> float | None:
+    """The slowest rank's average seconds held by a save of `tier` (every rank waits for
+    it); None before any rank reported one. A malformed entry is skipped (the tenant's word)."""
     costs: list[float] = []
     for report in reports:
         ranks = report.body.get("ranks")
@@ -194,14 +212,34 @@ def durable_cost(reports: Sequence[PodReport]) -> float | None:
                 parsed = SaveCosts.parse({"schema": 1, "pid": 0, "tiers": raw})
             except SaveCostsError:
                 continue
-            if (tier := parsed.tiers.get(SaveTier.DURABLE)) is not None:
-                costs.append(tier.seconds)
+            if (cost := parsed.tiers.get(tier)) is not None:
+                costs.append(cost.seconds)
     return max(costs) if costs else None
 
+
+def durable_cost(reports: Sequence[PodReport]) -> float | None:
+    """`save_cost` of the durable tier."""
+    return save_cost(reports, SaveTier.DURABLE)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What the job's trainers measured (None: not yet)."""
+
+    durable_cost: float | None = None
+    fast_cost: float | None = None
+    step_seconds: float | None = None
+
+
+FastTierUse = Literal["none", "fixed", "auto"]
+"""The job's fast tier: none, its own `everySteps`, or `everySteps: auto`."""
 
 CHANGE = 0.1
 """A new interval within this share of the one in status leaves it standing (the trainers
 are not sent a new one for noise)."""
+MAX_FAST_EVERY = 1_000_000
+AUTO_FAST_EVERY_START = 50
+"""`everySteps: auto`'s steps before the operator measured a step (a new world's first)."""
 
 
 def choose(
@@ -210,32 +248,73 @@ def choose(
     pods: int,
     failures: int,
     exposure_hours: float,
-    measured_cost: float | None,
+    measured: Measured,
     current: CheckpointIntervals | None,
     now: datetime,
+    fast_tier: FastTierUse = "none",
 ) -> CheckpointIntervals | None:
     """The intervals to put in status; None while `current` stands (the same failures seen,
-    the same kind of cost, and an interval within `CHANGE` of it)."""
+    the same costs measured, and intervals within `CHANGE` of it). With a fast tier the
+    durable interval is chosen against the failures it does not cover (`tier_intervals`)."""
     rate = failure_rate(policy.prior(pods), failures, exposure_hours)
-    cost = policy.assumed_save_seconds if measured_cost is None else max(measured_cost, 1e-3)
-    seconds = daly_interval(cost, HOUR / rate)
+    durable_cost = _cost(measured.durable_cost, policy.assumed_save_seconds)
+    fast_cost = covers = fast_seconds = fast_every = None
+    if fast_tier == "none":
+        seconds = daly_interval(durable_cost, HOUR / rate)
+    else:
+        covers = policy.fast_tier_covers
+        fast_cost = _cost(measured.fast_cost, policy.assumed_fast_save_seconds)
+        tiers = tier_intervals(rate, durable_cost, fast_cost, covers)
+        seconds, fast_seconds = tiers.durable, tiers.fast
+        step = measured.step_seconds
+        if fast_tier == "auto" and fast_seconds is not None and step is not None and step > 0:
+            fast_every = int(min(max(round(fast_seconds / step), 1), MAX_FAST_EVERY))
     durable = int(min(max(round(seconds), policy.min_seconds), policy.max_seconds))
-    if (
-        current is not None
-        and current.failures == failures
-        and current.save_cost_measured == (measured_cost is not None)
-        and abs(durable - current.durable_seconds) <= CHANGE * current.durable_seconds
-    ):
+    if current is not None and _stands(current, failures, measured, durable, fast_every):
         return None
     return CheckpointIntervals(
-        durable_seconds=durable,
-        failures_per_hour=rate,
-        failures=failures,
-        exposure_hours=exposure_hours,
-        durable_save_seconds=cost,
-        save_cost_measured=measured_cost is not None,
+        durable_seconds=durable, failures_per_hour=rate, failures=failures,
+        exposure_hours=exposure_hours, durable_save_seconds=durable_cost,
+        save_cost_measured=measured.durable_cost is not None, fast_every_steps=fast_every,
+        fast_seconds=fast_seconds, fast_save_seconds=fast_cost, fast_covers=covers,
         chosen_at=now,
+    )  # fmt: skip
+
+
+def _cost(measured: float | None, assumed: float) -> float:
+    return assumed if measured is None else max(measured, 1e-3)
+
+
+def _near(new: int | None, old: int | None) -> bool:
+    if new is None or old is None:
+        return new == old
+    return abs(new - old) <= CHANGE * old
+
+
+def _stands(
+    current: CheckpointIntervals,
+    failures: int,
+    measured: Measured,
+    durable: int,
+    fast_every: int | None,
+) -> bool:
+    same_evidence = current.failures == failures and current.save_cost_measured == (
+        measured.durable_cost is not None
     )
+    return (
+        same_evidence
+        and _near(durable, current.durable_seconds)
+        and _near(fast_every, current.fast_every_steps)
+    )
+
+
+def auto_fast_every(rtj: ResilientTrainingJob, status: ResilientTrainingJobStatus) -> int | None:
+    """The fast interval `everySteps: auto` chose (None: not auto, or none chosen yet)."""
+    tier = rtj.spec.checkpoint.fast_tier
+    chosen = status.checkpoint_intervals
+    if tier is None or not tier.auto_every or chosen is None:
+        return None
+    return chosen.fast_every_steps
 
 
 def planned_seconds(

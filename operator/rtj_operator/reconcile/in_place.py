@@ -40,6 +40,7 @@ from rtj_operator.policy.classify import (
     Classification,
 )
 from rtj_operator.policy.decide import Restart, decide
+from rtj_operator.policy.intervals import auto_fast_every
 from rtj_operator.policy.render import jobset_name
 from rtj_operator.reconcile import elastic
 from rtj_operator.reconcile import ledger as recovery_ledger
@@ -260,14 +261,16 @@ def follow(b: PlanBuilder, live: Sequence[Json]) -> bool:
         sources = {str(i): a for i, a in sorted(fast.sources.items())[:MAX_FAST_SOURCES]}
         if state.replacing or state.replaced_ranks:
             recovery_ledger.note(b, replacement_ready_at=b.now)
+        every = auto_fast_every(b.rtj, b.status)  # everySteps: auto, pinned for the generation
         update_entry(b, stopped_at=b.now, resumed_from_step=step, resumed_from_fast_step=fast.step,
-                      fast_sources=sources, fast_tier_fallback=fast.note)  # fmt: skip
+                      fast_sources=sources, fast_tier_fallback=fast.note,
+                      fast_every_steps=every)  # fmt: skip
         if fast.note:
             b.notes.append(f"in place: no fast-tier step: {fast.note}")
         b.update(in_place=state.model_copy(update={
             "phase": InPlaceStage.STARTING, "step": step, "fast_step": fast.step,
             "fast_lineage": fast.lineage if fast.step is not None else None,
-            "fast_sources": sources,
+            "fast_sources": sources, "fast_every_steps": every,
         }))  # fmt: skip
         b.requeue_in(0.5)
         return True

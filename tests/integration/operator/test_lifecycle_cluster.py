@@ -103,6 +103,17 @@ def test_the_planned_interval_is_seconds_or_auto(rtj_api: Kube, rtj_ns: Any) -> 
     assert rtj_api.get_rtj(ns, "auto")["spec"]["checkpoint"]["plannedIntervalSeconds"] == "auto"
     rtj_api.create_rtj(ns, rtj_body("plain", ns, FILE_URI))
     assert rtj_api.get_rtj(ns, "plain")["spec"]["checkpoint"]["plannedIntervalSeconds"] == 600
+    # the fast tier's interval too; a drain needs a fixed one (its steps are multiples)
+    fast = {"uri": FILE_URI, "fastTier": {"everySteps": "auto"}}
+    rtj_api.create_rtj(ns, rtj_body("fast-auto", ns, FILE_URI, checkpoint=fast,
+                                    recovery={"inPlace": True}))  # fmt: skip
+    stored = rtj_api.get_rtj(ns, "fast-auto")["spec"]["checkpoint"]["fastTier"]
+    assert stored["everySteps"] == "auto"
+    drained = {"uri": FILE_URI, "fastTier": {"everySteps": "auto", "drainEverySteps": 100}}
+    with pytest.raises(Invalid) as err:
+        rtj_api.create_rtj(ns, rtj_body("drained", ns, FILE_URI, checkpoint=drained,
+                                        recovery={"inPlace": True}))  # fmt: skip
+    assert "a drain cannot follow `auto`" in str(err.value)
 
 
 def test_a_fast_tier_needs_a_restart_in_place(rtj_api: Kube, rtj_ns: Any) -> None:

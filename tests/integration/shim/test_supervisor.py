@@ -242,7 +242,7 @@ def _read(path: Path) -> str | None:
 RANKED = """
 import json, os, sys, time
 keys = ("RANK", "NODE_RANK", "PET_NODE_RANK", "MASTER_ADDR", "PET_MASTER_ADDR",
-        "RTJ_RESTART_GENERATION", "WORLD_SIZE", "NNODES", "PET_NNODES")
+        "RTJ_RESTART_GENERATION", "WORLD_SIZE", "NNODES", "PET_NNODES", "RTJ_FAST_EVERY_STEPS")
 out = {k: os.environ.get(k) for k in keys}
 path = sys.argv[1] + "/gen-" + (out["RTJ_RESTART_GENERATION"] or "0") + ".json"
 open(path + ".tmp", "w").write(json.dumps(out)); os.replace(path + ".tmp", path)
@@ -306,9 +306,12 @@ def test_an_elastic_order_gives_the_trainers_a_smaller_world_then_the_whole_one(
     assert pod.post(Order(UID, 2, "stop"))[0] == 202
     until("stopped for 2", lambda: (s := pod.supervisor() or {}).get("generation") == 2
           and s.get("state") == "stopped")  # fmt: skip
-    assert pod.post(Order(UID, 2, "run", attempt=1, step=90, rank=2, world_size=4))[0] == 202
+    assert shrunk["RTJ_FAST_EVERY_STEPS"] is None  # the pod's own (none here)
+    grow = Order(UID, 2, "run", attempt=1, step=90, rank=2, world_size=4, fast_every_steps=35)
+    assert pod.post(grow)[0] == 202
     grown = json.loads(until("generation 2", lambda: _read(pod.out / "gen-2.json")))
     assert [grown[k] for k in ("RANK", "WORLD_SIZE", "PET_NNODES")] == ["2", "4", "4"]
+    assert grown["RTJ_FAST_EVERY_STEPS"] == "35"  # fastTier.everySteps: auto, at the restart
 
 
 def test_a_held_pod_the_operator_addressed_waits_and_finishes_on_order(pod: Pod) -> None:

@@ -25,6 +25,7 @@ from rtj_operator.policy import intervals
 from rtj_operator.policy.intervals import (
     IntervalConfigError,
     IntervalPolicy,
+    Measured,
     choose,
     durable_cost,
     planned_seconds,
@@ -97,8 +98,8 @@ def _choose(
     current: CheckpointIntervals | None = None,
     policy: IntervalPolicy = DEFAULT,
 ) -> CheckpointIntervals | None:
-    return choose(policy, pods=4, failures=failures, exposure_hours=hours, measured_cost=cost,
-                  current=current, now=NOW)  # fmt: skip
+    return choose(policy, pods=4, failures=failures, exposure_hours=hours,
+                  measured=Measured(durable_cost=cost), current=current, now=NOW)  # fmt: skip
 
 
 def test_more_failures_and_cheaper_saves_mean_shorter_intervals() -> None:
@@ -210,3 +211,57 @@ def test_the_sidecar_may_write_the_progress_volume_only_to_take_the_interval() -
     fixed = copy.deepcopy(AUTO)
     fixed["checkpoint"]["plannedIntervalSeconds"] = 600
     assert mount(fixed, KEY) is True
+
+
+# --- fastTier.everySteps: auto ------------------------------------------------------------
+
+
+def test_a_fast_tier_takes_the_failures_it_covers_from_the_durable_interval() -> None:
+    measured = Measured(durable_cost=2.0, fast_cost=0.05, step_seconds=0.06)
+    kwargs: dict[str, Any] = {"pods": 4, "failures": 3, "exposure_hours": 20.0, "current": None,
+                              "now": NOW, "measured": measured}  # fmt: skip
+    alone = choose(DEFAULT, **kwargs)
+    fixed = choose(DEFAULT, fast_tier="fixed", **kwargs)
+    auto = choose(DEFAULT, fast_tier="auto", **kwargs)
+    assert alone is not None and fixed is not None and auto is not None
+    assert fixed.durable_seconds > alone.durable_seconds  # the fast tier takes most failures
+    assert fixed.fast_every_steps is None and fixed.fast_covers == DEFAULT.fast_tier_covers
+    tiers = intervals.tier_intervals(
+        auto.failures_per_hour, 2.0, 0.05, DEFAULT.fast_tier_covers)  # fmt: skip
+    assert tiers.fast is not None and auto.fast_seconds == pytest.approx(tiers.fast)
+    assert auto.fast_every_steps == round(tiers.fast / 0.06)
+    assert auto.fast_save_seconds == 0.05
+    # no step time measured yet: no steps chosen (the pods keep what they started with)
+    early = choose(DEFAULT, fast_tier="auto", **{**kwargs, "measured": Measured()})
+    assert early is not None and early.fast_every_steps is None
+    assert early.fast_save_seconds == DEFAULT.assumed_fast_save_seconds
+    # a new failure moves the fast interval too, and a move beyond a tenth is a new choice
+    again = choose(DEFAULT, fast_tier="auto", **{**kwargs, "failures": 9, "current": auto})
+    assert again is not None and again.fast_every_steps is not None
+    assert again.fast_every_steps < auto.fast_every_steps
+    with pytest.raises(IntervalConfigError, match="fastTierCovers"):
+        IntervalPolicy(fast_tier_covers=1.0)
+
+
+def _fast_auto(chosen: dict[str, Any] | None = None, **fast: Any) -> ResilientTrainingJob:
+    spec = copy.deepcopy(AUTO)
+    spec["checkpoint"]["fastTier"] = {"everySteps": "auto", **fast}
+    extra = {"checkpointIntervals": chosen} if chosen else {}
+    return ResilientTrainingJob.model_validate(rtj_raw({**RUNNING, **extra}, **spec))
+
+
+def test_a_new_world_starts_at_the_fast_interval_chosen_last() -> None:
+    chosen = {
+        "durableSeconds": 420, "failuresPerHour": 0.1, "failures": 1, "exposureHours": 2,
+        "durableSaveSeconds": 3.0, "saveCostMeasured": True, "fastEverySteps": 35,
+        "chosenAt": NOW.isoformat(),
+    }  # fmt: skip
+
+    def every(rtj: ResilientTrainingJob) -> str:
+        (trainer,) = pod_template(rtj, 1, 0, "llm-a1", KEY)["spec"]["containers"]
+        return next(e["value"] for e in trainer["env"] if e["name"] == keys.ENV_FAST_EVERY_STEPS)
+
+    assert every(_fast_auto(chosen)) == "35"
+    assert every(_fast_auto()) == str(intervals.AUTO_FAST_EVERY_START)  # none chosen yet
+    with pytest.raises(ValidationError, match="drainEverySteps must be a multiple"):
+        _fast_auto(drainEverySteps=100)  # a drain cannot follow auto

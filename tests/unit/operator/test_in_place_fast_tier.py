@@ -69,7 +69,8 @@ def test_fast_tier_without_in_place_is_refused_naming_both_fields() -> None:
     ("fast", "field", "message"),
     [
         ({}, "everySteps", "Field required"),
-        ({"everySteps": 0}, "everySteps", "greater than or equal to 1"),
+        ({"everySteps": 0}, "everySteps", "expected steps >= 1 or 'auto'"),
+        ({"everySteps": "often"}, "everySteps", "everySteps"),
         ({"everySteps": 10, "keep": 1}, "keep", "greater than or equal to 2"),
         ({"everySteps": 10, "medium": "Tmpfs"}, "medium", "'Memory' or 'Disk'"),
         ({"everySteps": 10, "sizeLimit": "lots"}, "sizeLimit", "should match pattern"),
@@ -110,7 +111,12 @@ def test_the_crd_refuses_what_the_model_refuses() -> None:
     fast = spec["properties"]["checkpoint"]["properties"]["fastTier"]
     assert fast["required"] == ["everySteps"]
     props = fast["properties"]
-    assert props["everySteps"]["minimum"] == 1 and props["keep"]["minimum"] == 2
+    every = props["everySteps"]  # steps or auto (fastTier.everySteps: auto, issue 48)
+    assert every["x-kubernetes-int-or-string"] is True
+    assert every["x-kubernetes-validations"][0]["rule"] == (
+        "type(self) == int ? self >= 1 : self == 'auto'"
+    )
+    assert props["keep"]["minimum"] == 2
     assert props["medium"]["enum"] == ["Memory", "Disk"] and props["medium"]["default"] == "Memory"
     assert props["sizeLimit"]["pattern"] == SIZE_PATTERN
     replicas = props["peerReplicas"]
@@ -340,6 +346,12 @@ def test_the_run_order_carries_the_fast_step_and_the_supervisor_reads_it_back() 
     named = in_place.order(running)
     assert named is not None and named.fast_lineage == LINEAGE_B
     assert parse_order(named.encode()) == named
+    # everySteps: auto: the interval pinned for the generation goes with it
+    paced = state.model_copy(update={"fast_every_steps": 35})
+    running = job.model_copy(update={"status": status.model_copy(update={"in_place": paced})})
+    timed = in_place.order(running, 1)
+    assert timed is not None and timed.fast_every_steps == 35
+    assert parse_order(timed.encode()) == timed
     # without a fast step the order is as before (no fast_step key on the wire)
     plain = state.model_copy(update={"fast_step": None})
     running = job.model_copy(update={"status": job.status.model_copy(update={"in_place": plain})})

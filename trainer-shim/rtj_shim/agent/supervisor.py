@@ -341,6 +341,8 @@ class Supervisor:
             self.assigned.update(dict.fromkeys(MASTER_ENV, order.master_addr))
         if order.world_size is not None:
             self.assigned.update(dict.fromkeys(WORLD_ENV, str(order.world_size)))
+        if order.fast_every_steps is not None:  # fastTier.everySteps: auto
+            self.assigned[fast_tier.ENV_EVERY_STEPS] = str(order.fast_every_steps)
         return {**self.env, **self.assigned,
                 "RTJ_ATTEMPT": writer_attempt(order.attempt, order.generation),
                 "RTJ_RESTART_GENERATION": str(order.generation),

@@ -72,6 +72,7 @@ SIGNATURE_HEADER = "X-RTJ-Signature"
 MAX_ORDER_BYTES = 4096
 ACTIONS = ("stop", "run", "finish")
 MAX_SAVE = 3600
+MAX_FAST_EVERY = 1_000_000
 """The longest save grace a stop order may give (spec.checkpoint.emergencySaveSeconds' bound)."""
 
 
@@ -106,6 +107,9 @@ class Order:
     """A stop's grace for the trainers to save at their next step boundary (SIGTERM, then
     SIGKILL only after this long: a healthy world stopped to resize, a grow-back); None:
     the supervisor's short grace (a world that lost a rank or hung cannot save)."""
+    fast_every_steps: int | None = None
+    """The fast tier's interval this generation saves at (`fastTier.everySteps: auto`: the
+    supervisor sets ``RTJ_FAST_EVERY_STEPS`` for it); None: the pod's own."""
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -128,6 +132,8 @@ class Order:
                 body["master_addr"] = self.master_addr
             if self.world_size is not None:
                 body["world_size"] = self.world_size
+            if self.fast_every_steps is not None:
+                body["fast_every_steps"] = self.fast_every_steps
         if self.action == "stop" and self.save_seconds is not None:
             body["save_seconds"] = self.save_seconds
         return body
@@ -182,13 +188,18 @@ def parse_order(raw: bytes) -> Order:
         raise OrderError(f"order.world_size: expected null or an integer >= 1, got {world!r}")
     if run and world is not None and rank is not None and rank >= world:
         raise OrderError(f"order.rank: {rank} is outside a world of {world} (order.world_size)")
+    every = data.get("fast_every_steps")
+    if run and every is not None and (not count(every) or not 1 <= every <= MAX_FAST_EVERY):
+        raise OrderError(
+            f"order.fast_every_steps: expected null or 1 to {MAX_FAST_EVERY}, got {every!r}"
+        )
     save = data.get("save_seconds")
     if action == "stop" and save is not None and not (count(save) and 1 <= save <= MAX_SAVE):
         raise OrderError(f"order.save_seconds: expected null or 1 to {MAX_SAVE}, got {save!r}")
     return Order(uid, generation, action, attempt if run else None, step if run else None,
                  fast if run else None, source, rank if run else None,
                  master if run else None, pinned, world if run else None,
-                 save if action == "stop" else None)  # fmt: skip
+                 save if action == "stop" else None, every if run else None)  # fmt: skip
 
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
