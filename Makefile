@@ -60,6 +60,7 @@ bench: install ## benchmarks, reported as ratios against a side-by-side baseline
 	$(BIN)/python -m bench.operator_scale
 	$(BIN)/python -m bench.progress_overhead
 	$(BIN)/python -m bench.boundary_cost --json bench/results/boundary-cost.json
+	$(BIN)/python -m bench.trainer_cpu --markdown bench/results/trainer-cpu.md --json bench/results/trainer-cpu.json
 	$(BIN)/python -m bench.agent_cpu --json bench/results/agent-cpu.json
 	$(BIN)/python -m bench.sdc_overhead --json bench/results/sdc-overhead.json
 	$(BIN)/python -m bench.write_limit --markdown bench/results/write-limit.md
