@@ -30,5 +30,8 @@ def test_the_report_gives_each_configuration_against_plain() -> None:
               "configs": {c: {**row, "cpu_ratio_to_plain": 1.0 + i / 10}
                           for i, c in enumerate(CONFIGS)}}  # fmt: skip
     text = trainer_cpu.markdown(result)
-    assert "| +fast | 20.0 | 10.00 | 1.300 | 60.0 |" in text
+    assert "| +fast | 20.0 |  | 10.00 | 1.300 | 60.0 |" in text
     assert text.count("\n| ") == len(CONFIGS) + 1
+    runs = {**result["configs"]["plain"], "runs": [{"cpu_s": 19.5}, {"cpu_s": 22.3}]}
+    with_runs = {**result, "configs": {**result["configs"], "plain": runs}}
+    assert "| plain | 20.0 | 19.5 / 22.3 |" in trainer_cpu.markdown(with_runs)
