@@ -61,6 +61,7 @@ from bench.soak_training import RANKS as RANKS
 from bench.soak_training import SoakOptions as SoakOptions
 from bench.soak_training import job_body as job_body
 from bench.soak_training import no_fault_run as no_fault_run
+from bench.soak_training import platform_config as platform_config
 from bench.soak_training import settings as settings
 from e2e.cluster import kueue_preemption
 from e2e.cluster.cluster import LocalCluster
@@ -90,6 +91,10 @@ def run(opts: SoakOptions) -> dict[str, Any]:
         secret = opts.work / "control-secret"
         secret.write_text(secrets.token_hex(32))
         operator_args += ("--control-secret-file", str(secret))
+    if opts.auto_interval:  # the platform's prior for plannedIntervalSeconds: auto
+        platform_file = opts.work / "platform.yaml"
+        platform_file.write_text(platform_config(opts))
+        operator_args += ("--platform-config", str(platform_file))
     cpu = CpuSampler()
     cpu.start()
     try:
@@ -278,6 +283,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="spec.checkpoint.fastTier.drainEverySteps: the durable tier fed by "
                    "the sidecar from the fast tier, the trainers saving only their last "
                    "step (a multiple of --fast-every; 0: off)")  # fmt: skip
+    p.add_argument(
+        "--save-every",
+        type=int,
+        default=SoakOptions.save_every,
+        help="the trainers' durable interval in steps (%(default)s)",
+    )
+    p.add_argument("--auto-interval", action="store_true",
+                   help="plannedIntervalSeconds: auto, the trainers saving by the operator's "
+                   "interval (--save-seconds=auto); no drain")  # fmt: skip
     p.add_argument("--preemption-hold", type=float, default=PREEMPTION_HOLD,
                    help="seconds a preemption's urgent workload keeps the quota once "
                    "admitted (%(default)s)")  # fmt: skip
@@ -298,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
                        in_place=args.in_place, fast_every=args.fast_every,
                        preemption_hold=args.preemption_hold, spares=args.spares,
                        preload=args.preload, async_save=args.async_save,
-                       drain_every=args.drain_every,
+                       drain_every=args.drain_every, save_every=args.save_every,
+                       auto_interval=args.auto_interval,
                        mix=args.mix or dict(DEFAULT_MIX))  # fmt: skip
     command = "python -m bench.goodput " + " ".join(
         sys.argv[1:] if argv is None else argv

@@ -75,7 +75,15 @@ class SoakOptions:
     is fed by pod 0's progress sidecar publishing every `drain_every`-th fast step, off the
     training processes; the trainers' own durable save is then only their last step."""
 
+    auto_interval: bool = False
+    """spec.checkpoint.plannedIntervalSeconds: auto, the trainers saving by the operator's
+    interval (`--save-seconds=auto`, no step-count saves): `save_every` is unused. The
+    operator's prior is the schedule's own rate (`platform_config`)."""
+
     def __post_init__(self) -> None:
+        if self.auto_interval and self.drain_every:
+            raise ValueError("auto intervals (auto_interval) leave the durable saves to the "
+                             "trainers: no drain")  # fmt: skip
         if self.fast_every < 0 or (self.fast_every and not self.in_place):
             raise ValueError("the fast tier (fast_every > 0) needs in-place restarts")
         if self.spares < 0 or (self.spares and not self.in_place):
@@ -91,7 +99,7 @@ class SoakOptions:
     def features(self) -> dict[str, Any]:
         return {"in_place": self.in_place, "fast_every": self.fast_every, "spares": self.spares,
                 "preload": self.preload, "async_save": self.async_save,
-                "drain_every": self.drain_every}  # fmt: skip
+                "drain_every": self.drain_every, "auto_interval": self.auto_interval}  # fmt: skip
 
     def nodes(self) -> int:
         return NODES + (self.spares + sum(CAPS.values()) if self.spares else 0)
@@ -105,7 +113,8 @@ class SoakOptions:
         preload = ", warm interpreters (a fork server per pod)" if self.preload else ""
         background = ", background durable saves" if self.async_save else ""
         drain = f", drained to S3 every {self.drain_every} steps" if self.drain_every else ""
-        return f"in place, {tier}{drain}{spares}{preload}{background}"
+        auto = ", durable interval auto" if self.auto_interval else ""
+        return f"in place, {tier}{drain}{spares}{preload}{background}{auto}"
 
     def trainer_save_every(self) -> int:
         """The trainers' own durable interval: with a drain, only their last step."""
@@ -113,9 +122,14 @@ class SoakOptions:
 
 
 def trainer_args(opts: SoakOptions) -> list[str]:
+    saves = (
+        ["--save-every=0", "--save-seconds=auto"]
+        if opts.auto_interval
+        else [f"--save-every={opts.trainer_save_every()}"]
+    )
     return [
         f"--steps={opts.steps}",
-        f"--save-every={opts.trainer_save_every()}",
+        *saves,
         f"--step-sleep={opts.step_sleep}",
         *(["--async-save"] if opts.async_save else []),
         *fault_args(opts),
@@ -144,6 +158,8 @@ def job_body(opts: SoakOptions) -> dict[str, Any]:
         spec["checkpoint"]["fastTier"]["drainEverySteps"] = opts.drain_every
     if opts.spares:
         spec["spares"] = opts.spares
+    if opts.auto_interval:
+        spec["checkpoint"]["plannedIntervalSeconds"] = "auto"
     container = spec["template"]["spec"]["containers"][0]
     keep = [a for a in container["command"] if not a.startswith(("--steps", "--save-every",
                                                                  "--step-sleep"))]  # fmt: skip
@@ -151,6 +167,19 @@ def job_body(opts: SoakOptions) -> dict[str, Any]:
     if opts.preload:
         drills.preloaded(body)
     return dict(body)
+
+
+def platform_config(opts: SoakOptions) -> str:
+    """The operator's platform configuration for `auto_interval`: a prior at the schedule's
+    own rate per node (a platform that knows its fleet), worth a quarter of an hour."""
+    per_node_hour = 3600.0 / opts.mtbf / RANKS
+    return (
+        "checkpointIntervals:\n"
+        f"  priorFailuresPerNodeHour: {per_node_hour:.6g}\n"
+        "  priorWeightHours: 0.25\n"
+        "  minSeconds: 5\n"
+        "  maxSeconds: 3600\n"
+    )
 
 
 def no_fault_run(opts: SoakOptions) -> dict[int, dict[int, float]]:

@@ -381,6 +381,29 @@ def test_only_a_schedule_that_may_hold_an_sdc_gives_the_trainers_the_flip_file()
     assert flip not in trainer_args(SoakOptions(faults=[Fault(30.0, "hang", 1)], mix={"sdc": 1}))
 
 
+def test_an_auto_interval_soak_saves_by_the_operators_interval_with_the_fleets_prior() -> None:
+    import yaml
+
+    from bench.soak_training import SoakOptions, job_body, platform_config, trainer_args
+    from rtj_operator.policy.platform import load_interval_policy
+
+    opts = SoakOptions(mtbf=300.0, auto_interval=True, fast_every=50)
+    args = trainer_args(opts)
+    assert "--save-seconds=auto" in args and "--save-every=0" in args
+    assert not [a for a in args if a.startswith("--save-every=") and a != "--save-every=0"]
+    checkpoint = job_body(opts)["spec"]["checkpoint"]
+    assert checkpoint["plannedIntervalSeconds"] == "auto"
+    policy = load_interval_policy(platform_config(opts))
+    # 12 faults an hour over the job's 2 pods: the operator's prior is the schedule's rate
+    assert policy.prior(2).per_hour == pytest.approx(3600 / 300)
+    assert yaml.safe_load(platform_config(opts))["checkpointIntervals"]["minSeconds"] == 5
+    assert opts.features()["auto_interval"] is True and "interval auto" in opts.variant()
+    with pytest.raises(ValueError, match="no drain"):
+        SoakOptions(auto_interval=True, fast_every=50, drain_every=100)
+    fixed = trainer_args(SoakOptions(save_every=200))
+    assert "--save-every=200" in fixed and not [a for a in fixed if "save-seconds" in a]
+
+
 def test_the_report_names_the_mix_its_schedule_was_drawn_from() -> None:
     words = soak_report._mix_words
     assert words(dict(DEFAULT_MIX)).startswith("The default mix")
