@@ -111,7 +111,9 @@ def test_the_demo_recovers_a_gpu_fault_and_continues_the_no_fault_run_bit_for_bi
     )  # fmt: skip
     assert ledger["complete"] and ledger["replacement"] == "Pod", ledger
     assert ledger["resumedStep"] == pinned == after[0][0][0] - 1
-    assert ledger["stepsRetrained"] == ledger["stepAtFailure"] - pinned >= 0
+    # stepAtFailure is a lower bound (the operator's last poll before the fault): on a loaded
+    # machine that poll may predate the pinned step, and nothing counts as trained again
+    assert ledger["stepsRetrained"] == max(ledger["stepAtFailure"] - pinned, 0)
     assert ledger["stepAtFailure"] <= (summary.last_step_before_fault or 0) + 1
     drills.assert_ledger_sums(ledger)
 
