@@ -131,10 +131,12 @@ class Injector(goodput.Injector):
 
 
 def newest_plain_step_function() -> Callable[[list[str]], int | None]:
-    """The trainer's own choice of the file to resume from (examples/ddp_train.py)."""
+    """The trainer's own choice of the file to resume from (examples/plain_checkpoints.py)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("ddp_train", REPO / "examples" / "ddp_train.py")
+    spec = importlib.util.spec_from_file_location(
+        "plain_checkpoints", REPO / "examples" / "plain_checkpoints.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules.setdefault(spec.name, module)  # its dataclasses look themselves up

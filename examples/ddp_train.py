@@ -23,7 +23,7 @@ options exist for the drill (``drills/torch_drill.py``): they kill a rank at a s
 inside the shard writes of a save.
 
 ``--plain-checkpoints DIR`` replaces the shim with what a careful user writes without it
-(the goodput soak's JobSet baseline, ``bench/goodput_baseline.py``): rank 0 saves the whole
+(``plain_checkpoints.py``, the goodput soak's JobSet baseline): rank 0 saves the whole
 training state with plain ``torch.save`` to ``DIR/step-N.pt`` every ``--save-every`` steps
 (a temporary name, then a rename), every rank resumes from the highest-numbered file
 present, nothing is verified, and the process group is torch's default
@@ -37,12 +37,9 @@ import contextlib
 import json
 import math
 import os
-import random
-import re
 import signal
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +61,7 @@ from rtj_shim.torch.options import EmergencyOptions, IntegrityOptions, IoOptions
 
 # the drills' faults live beside this script (run as a script, or loaded from its file)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from plain_checkpoints import PlainCheckpoints
 from train_faults import KillInSaveStore, flip_a_bit, scale_gradients, shift_labels
 
 DIM = 16
@@ -106,99 +104,6 @@ def lr_lambda(total: int, warmup: int) -> Any:
         return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
     return f
-
-
-# ---------------------------------------------------------------- plain checkpoints (baseline)
-
-PLAIN_FILE = re.compile(r"^step-(\d+)\.pt$")
-
-
-def newest_plain_step(names: list[str]) -> int | None:
-    """The highest step among ``step-N.pt`` names (temporary and other files ignored)."""
-    steps = [int(m.group(1)) for n in names if (m := PLAIN_FILE.match(n))]
-    return max(steps, default=None)
-
-
-@dataclass(frozen=True)
-class PlainRestore:
-    source: str
-    skipped: tuple[tuple[int, str], ...] = ()
-    notes: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class PlainSave:
-    step: int
-    seconds: float
-
-
-class PlainCheckpoints:
-    """The checkpointing a careful user writes without the shim; the Checkpointer's methods
-    that ``main`` calls. Every object with ``state_dict`` is saved through it, anything else
-    as it is; each rank's RNGs are gathered to rank 0 (dropout differs per rank) and put
-    back on the same rank. The file is trusted as it is: no checksum, no fallback."""
-
-    def __init__(self, directory: Path, every: int, rank: int, world: int) -> None:
-        self.dir, self.every, self.rank, self.world = directory, every, rank, world
-        self.last_restore: PlainRestore | None = None
-        self.last_save: PlainSave | None = None
-        self.dir.mkdir(parents=True, exist_ok=True)
-
-    def _rng(self) -> list[Any]:
-        # the trainer draws from torch's and Python's generators (NumPy's: never)
-        mine = {"torch": torch.get_rng_state(), "python": random.getstate()}
-        if self.world == 1:
-            return [mine]
-        every: list[Any] = [None] * self.world
-        dist.all_gather_object(every, mine)
-        return every
-
-    def restore(self, objects: dict[str, Any]) -> int:
-        step = newest_plain_step([p.name for p in self.dir.iterdir()])
-        if step is None:
-            self.last_restore = PlainRestore("fresh")
-            return 0
-        path = self.dir / f"step-{step}.pt"
-        # weights_only=True: the state is tensors, numbers, strings and containers of them
-        # (Python's RNG state is a tuple of ints), all of which the safe unpickler allows
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        for name, obj in objects.items():
-            saved = state["objects"][name]
-            if hasattr(obj, "load_state_dict"):
-                obj.load_state_dict(saved)
-            else:
-                objects[name] = saved
-        rng = state["rng"][self.rank]
-        torch.set_rng_state(rng["torch"])
-        random.setstate((rng["python"][0], tuple(rng["python"][1]), rng["python"][2]))
-        self.last_restore = PlainRestore(str(path))
-        return int(state["step"])
-
-    def save(self, step: int, objects: dict[str, Any], **_: Any) -> None:
-        started = time.perf_counter()
-        rng = self._rng()  # collective: every rank, before rank 0 writes
-        if self.rank == 0:
-            state = {
-                "step": step,
-                "objects": {
-                    n: o.state_dict() if hasattr(o, "state_dict") else o for n, o in objects.items()
-                },
-                "rng": rng,
-            }
-            tmp = self.dir / f".step-{step}.pt.tmp"
-            torch.save(state, tmp)
-            os.replace(tmp, self.dir / f"step-{step}.pt")
-        self.last_save = PlainSave(step, time.perf_counter() - started)
-
-    def step_boundary(self, step: int, objects: dict[str, Any], **kw: Any) -> None:
-        if step % self.every == 0:
-            self.save(step, objects, **kw)
-
-    def wait(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 # ---------------------------------------------------------------- training

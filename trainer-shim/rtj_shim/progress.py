@@ -62,6 +62,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import ParamSpec, TypeVar
 
+from rtj_shim.rank_notes import RankNotes
 from rtj_shim.wire import milestones as ms
 from rtj_shim.wire import save_costs as sc
 from rtj_shim.wire.progress_record import (
@@ -179,11 +180,8 @@ class Progress:
         self._ring = ring_values(self._steps, self._waits)
         self._closed = False
         # start-up milestones (a fresh record only: `reuse` continues another process's)
-        self._milestones = None if previous is not None or reuse else ms.Milestones(self._pid)
-        self._first_step_pending = self._milestones is not None
-        if self._milestones is not None:
-            ms.path_for(self.path).unlink(missing_ok=True)  # an older process's
-        self._save_costs = sc.Recorder(sc.path_for(self.path), self._pid)
+        fresh = previous is None and not reuse
+        self._notes = RankNotes(self.path, self._pid, fresh=fresh)
         self._publish(now)
         _LIVE.add(self)
         self._pulse_stop = threading.Event()
@@ -242,26 +240,18 @@ class Progress:
             if step != self._step:
                 self._complete(step, now)
             self._publish(now)
-        if self._first_step_pending:
-            self._first_step_pending = False
-            self.mark(ms.Milestone.FIRST_STEP, step)
+        if not self._closed:
+            self._notes.step_done(step)
 
     def mark(self, name: ms.Milestone, step: int | None = None) -> None:
-        """Record that this process reached ``name`` (once; `rtj_shim.wire.milestones`).
-        A file that cannot be written is logged: milestones never fail training."""
-        found = self._milestones
-        if found is None or name in found.marks or self._closed:
-            return
-        self._milestones = found = found.with_mark(name, _wall_ns() / 1e9, step)
-        try:
-            ms.write(ms.path_for(self.path), found)
-        except OSError as exc:
-            log.warning("progress: milestone %s not written: %s", name, exc)
+        """Record that this process reached ``name`` (once; `rtj_shim.rank_notes`)."""
+        if not self._closed:
+            self._notes.mark(name, step)
 
     def note_save(self, tier: sc.SaveTier, seconds: float) -> None:
-        """A save of `tier` held the training thread `seconds` (`rtj_shim.wire.save_costs`)."""
+        """A save of `tier` held the training thread `seconds` (`rtj_shim.rank_notes`)."""
         if not self._closed:
-            self._save_costs.note(tier, seconds)
+            self._notes.note_save(tier, seconds)
 
     def section(self, name: str) -> _Section:
         """A context manager: the rank is in ``name`` inside it."""

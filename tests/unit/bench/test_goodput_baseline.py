@@ -17,7 +17,9 @@ from e2e.operator_proc import REPO
 
 
 def trainer() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("ddp_train", REPO / "examples" / "ddp_train.py")
+    spec = importlib.util.spec_from_file_location(
+        "plain_checkpoints", REPO / "examples" / "plain_checkpoints.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules.setdefault(spec.name, module)  # its dataclasses look themselves up
