@@ -3,15 +3,16 @@
 
 The example trainer (2 worker pods, one rank each, restart in place, a fast tier) saves
 durably only by time, ``Checkpointer(every_seconds="auto")``. The operator starts from the
-platform's prior (set here so that one failure in a two-minute job weighs: half a failure's
-worth of evidence), measures the trainers' durable save cost from their reports, and hands
-its interval to every pod's sidecar; the trainers save at it. Then one rank is SIGKILLed:
-the in-place restart is a failure the job has seen, the rate it plans for rises, the
-interval shortens, and the restarted trainers save at the new one. Checked against the
-trainers' own logs: the gaps between their saves are the interval in status, before and
-after. The fast tier starts at `AUTO_FAST_EVERY_START` steps (no step time measured when the
-pods were made) and the in-place restart's run order carries the interval chosen from the
-measured step time and fast-save cost: the restarted trainers' fast steps are its multiples.
+platform's prior (set here so that one failure in a two-minute job weighs: the prior is
+worth one and a half failures), measures the trainers' durable save cost from their
+reports, and hands its interval to every pod's sidecar; the trainers save at it. Then one
+rank is SIGKILLed: the in-place restart is a failure the job has seen, the rate it plans
+for rises, the interval shortens, and the restarted trainers save at the new one. Checked
+against the trainers' own logs: the gaps between their saves are the interval in status,
+before and after. The fast tier starts at `AUTO_FAST_EVERY_START` steps (no step time
+measured when the pods were made) and the in-place restart's run order carries the interval
+chosen from the measured step time and fast-save cost: the restarted trainers' fast steps
+are its multiples.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ pytestmark = [pytest.mark.demo, pytest.mark.timeout(900)]
 JOB = "drill-intervals"
 PLATFORM = """\
 checkpointIntervals:
-  priorFailuresPerNodeHour: 5      # a 2-pod job: 10 an hour before its own evidence
-  priorWeightHours: 0.05           # worth 3 minutes of running: half a failure
+  priorFailuresPerNodeHour: 15     # a 2-pod job: 30 an hour before its own evidence
+  priorWeightHours: 0.05           # worth 3 minutes of running: one and a half failures
   assumedSaveSeconds: 0.2
   minSeconds: 2
   maxSeconds: 120
@@ -114,10 +115,10 @@ class Choices:
     def followed(self, log: Path, generation: int, since: float) -> list[float] | None:
         """Every gap between the rank's saves in `generation` after `since` within what was in
         force while it ran (at least 0.75 of the least, at most the most plus `SLACK_S`), once
-        there are three; None before."""
+        there are two; None before."""
         self.poll()
         times = _save_times(log, generation, since)
-        if len(times) < 4:
+        if len(times) < 3:
             return None
         gaps = []
         for a, b in itertools.pairwise(times):
@@ -149,7 +150,7 @@ def test_the_interval_follows_the_failure_rate_and_the_trainers_follow_it(tmp_pa
         assert measured["failures"] == 0, measured
         assert 2 <= float(measured["durableSeconds"]) <= 120, measured
         since = _t(measured["chosenAt"]) + HANDOFF_S
-        gaps0 = wait_for("three saves at the intervals in force",
+        gaps0 = wait_for("two gaps between saves at the intervals in force",
                          lambda: choices.followed(log, 0, since), 300, 1.0)  # fmt: skip
         stable = choices.poll()
 
@@ -164,7 +165,7 @@ def test_the_interval_follows_the_failure_rate_and_the_trainers_follow_it(tmp_pa
         assert after_failure["chosenAt"] != stable["chosenAt"], (stable, after_failure)
         entry = wait_for("the in-place restart", lambda: drills.first_restart(api, JOB), 180, 0.2)
         assert entry["outcome"] == "Running", entry
-        gaps1 = wait_for("three saves of the restarted world at the intervals in force",
+        gaps1 = wait_for("two gaps between the restarted world's saves at the intervals in force",
                          lambda: choices.followed(log, 1, 0.0), 300, 1.0)  # fmt: skip
         now = choices.poll()
         assert now["failures"] == 1, now
