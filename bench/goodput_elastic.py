@@ -90,7 +90,7 @@ def section(path: ElasticPath, rate: float) -> list[str]:
             )
     return [
         f"A replaced pod short of a node: {served:.1%} of interruptions replace a pod (GPU "
-        f"faults, lost nodes); the share of those that find no free node within "
+        f"faults, lost nodes, evictions); the share of those that find no free node within "
         f"waitForReplacementSeconds ({path.wait_for_replacement:.0f} s) is the cluster's, "
         f"assumed below. Waiting, the world idles for the whole wait W. Elastic, it loses "
         f"{path.wait_for_replacement:.0f} s + the shrink ({s.in_place_recovery:.4g} + "

@@ -50,13 +50,16 @@ maintenance take the node away."""
 REPLACE_SHARE: Mapping[str, float] = {
     "crash": round(1 - IN_PLACE_SHARE["crash"], 3),
     "silent_node_loss": 1.0,
+    "planned": 1.0,
 }
-"""Per symptom, the share whose faulty or lost node's pod is replaced while the others
-restart in place (the operator's `REPLACE_CLASSES`: a GPU fault, a lost node): the crashes
-that are GPU faults (0.587 / 0.75), every silent node loss. The replaced pod's memory is
+"""Per symptom, the share whose pod is replaced while the others restart in place (the
+operator's `REPLACE_CLASSES`: a GPU fault, a lost node; and an eviction, which replaces only
+the evicted pods: DESIGN.md, "Replace only what is broken"): the crashes that are GPU faults
+(0.587 / 0.75), every silent node loss, every host maintenance. The replaced pod's memory is
 gone: without a peer replica it resumes from the durable tier (costed as the whole-world
-path); with one, from the fast step its holder copied. An eviction (host maintenance)
-re-creates the world."""
+path); with one, from the fast step its holder copied. An eviction's emergency save is cut
+short with the other pods' stop (`STOP_GRACE_SECONDS`, 1 s: `EVICTION_SAVE_PUBLISHED`), so
+the world resumes from the step it resumes from after a lost node."""
 
 SOAK_SAVE_EVERY, SOAK_FAST_EVERY = 100, 10
 """The goodput soak's durable and fast-tier intervals (bench.goodput: `save_every`,
@@ -245,6 +248,37 @@ step boundary (`spec.checkpoint.emergencySaveSeconds`, 30 s by default; its whol
 assumed, as the baseline's blocking save of the same state). The world resumes from that
 step: the soak's evictions trained 0 steps again (bench/results/goodput-comparison.md)."""
 
+
+STOP_GRACE = 1.0
+"""`policy.in_place.STOP_GRACE_SECONDS`: SIGTERM to SIGKILL when the operator stops a pod's
+trainers for an in-place restart, the other pods of an eviction's world included."""
+EVICTION_SAVE_PUBLISHED = EMERGENCY_SAVE <= STOP_GRACE
+"""Whether an eviction's emergency save is published before the stop cuts it short: not at
+4 GB a rank (it was in the soak's 2 CPU pods, whose evictions trained nothing again). Where
+it is not, a stack that replaces only the evicted pod resumes from the newest step it would
+after a lost node; a stack that re-creates the world waits for the save."""
+
+PREFLIGHT_RING = 0.16
+"""Measured (bench/results/preflight-cost.md, `bench.preflight_cost --worlds 2,4,8
+--payload-mib 16`, medians of 5 on 2 CPUs): what the preflight's ring transfer adds to a new
+world's start, the most of the three worlds (4 pods)."""
+PREFLIGHT_NODE_CHECK = 10.0
+"""Assumed: the platform's node check, `dcgmi diag -r 1` by default ("quick deployment
+checks, normally lasting seconds": NVIDIA's dcgmi-diag reference). Not run here (no GPU)."""
+PREFLIGHT = PREFLIGHT_RING + PREFLIGHT_NODE_CHECK
+"""Seconds the preflight (`spec.detection.preflight`, on by default) adds to a new pod's
+start: the whole world's and a replaced pod's, not a warm spare's (it ran when the spare
+started) nor an in-place restart's (its init containers do not run again)."""
+
+BOUNDARY_COST = 0.048e-3
+"""Measured (bench/results/boundary-cost.md, 2 gloo ranks on 2 CPUs): the worst rank's
+median cost of a step boundary that saves nothing (the progress record, the guard's note of
+the loss, the lagged agreement's share)."""
+STEP_SECONDS = 5.0
+"""Assumed: the projected job's step (a Llama 3 405B-sized step of 16M tokens at 10k GPUs is
+several seconds; shorter steps pay the boundary more often, so a short one is assumed)."""
+STEP_TAX = BOUNDARY_COST / STEP_SECONDS
+"""The fraction of training time the step boundary costs while nothing fails."""
 
 COMMON_STARTUP = 90.0
 """Assumed for both stacks at 1,250 nodes (image cached; CUDA + NCCL init at 10k ranks)."""

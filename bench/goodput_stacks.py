@@ -23,6 +23,7 @@ from bench.goodput_inputs import (
     IN_PLACE_STARTUP,
     JOBSET_RECOVERY,
     NCCL_TIMEOUT,
+    PREFLIGHT,
     PRELOAD_SAVING,
     REPLACE_SHARE,
     REPLICA_COPY,
@@ -30,6 +31,7 @@ from bench.goodput_inputs import (
     SOAK_FAST_EVERY,
     SOAK_SAVE_EVERY,
     SPARE_RECOVERY,
+    STEP_TAX,
     WHOLE_WORLD_RECOVERY,
     WORLD_PODS,
 )
@@ -95,6 +97,15 @@ class Stack:
     emergency_save: float | None = None
     """Seconds of the emergency save on notice (host maintenance), which then loses no work
     (None: no emergency save: half the durable interval, as any other interruption)."""
+    evicted_pod_replaced: bool = False
+    """An eviction replaces only the evicted pod, the others restart in place, and its
+    emergency save is cut short (`STOP_GRACE`): host maintenance takes the replaced pod's
+    path (`REPLACE_SHARE`), not the emergency save's. False: the world is re-created after
+    the save."""
+    preflight: float = 0.0
+    """Seconds the preflight adds to a new pod's start (not a spare's, not in place)."""
+    step_tax: float = 0.0
+    """The fraction of training time the step boundary costs while nothing fails."""
 
     def detect(self) -> float:
         return sum(FAULT_MIX[k] * self.detection[k] for k in FAULT_MIX)
@@ -110,14 +121,19 @@ class Stack:
 
     def noticed(self) -> float:
         """The share that comes with notice and an emergency save."""
-        return FAULT_MIX["planned"] if self.emergency_save is not None else 0.0
+        noticed = self.emergency_save is not None and not self.evicted_pod_replaced
+        return FAULT_MIX["planned"] if noticed else 0.0
 
     def whole_world(self) -> float:
-        return self.recovery + self.startup + self.restore + self.checkpoint_interval / 2
+        return self.recovery + self.new_pod_start() + self.restore + self.checkpoint_interval / 2
+
+    def new_pod_start(self) -> float:
+        """A new pod's start-up: its preflight, then its trainer's start."""
+        return self.preflight + self.startup
 
     def planned(self) -> float:
         """The whole world re-created after the emergency save, resuming from its step."""
-        return self.recovery + self.startup + self.restore + (self.emergency_save or 0.0)
+        return self.recovery + self.new_pod_start() + self.restore + (self.emergency_save or 0.0)
 
     def in_place(self) -> float:
         interval = self.fast_interval if self.fast_interval is not None else (
@@ -152,7 +168,7 @@ class Stack:
 
     def replaced_terms(self) -> tuple[float, float, float, float]:
         """`replaced`'s four terms: control plane, start-up, restore, lost work."""
-        control, start = self.recovery, self.startup
+        control, start = self.recovery, self.new_pod_start()
         if self.spare_recovery is not None:
             control, start = self.spare_recovery, self.in_place_startup
         return control, start, self.replica_restore, self.replica_window()[1]
@@ -178,7 +194,8 @@ class Stack:
 
     def goodput(self, interruptions_per_hour: float) -> float:
         lost = interruptions_per_hour * self.lost_per_interruption() / 3600
-        return max(0.0, 1.0 - lost - self.stall_fraction) * (1.0 - self.spare_share)
+        stalls = self.stall_fraction + self.step_tax
+        return max(0.0, 1.0 - lost - stalls) * (1.0 - self.spare_share)
 
 
 BASELINE = Stack(
@@ -219,6 +236,8 @@ OURS_NOW = Stack(
     # save, 0.73% of training time every 10 min, fits under it
     stall_fraction=0.01,
     emergency_save=EMERGENCY_SAVE,
+    preflight=PREFLIGHT,
+    step_tax=STEP_TAX,
 )
 
 
@@ -232,6 +251,7 @@ def stages() -> list[Stack]:
         in_place_recovery=IN_PLACE_RECOVERY,
         in_place_startup=IN_PLACE_STARTUP,
         in_place_restore=COMMON_RESTORE,
+        evicted_pod_replaced=True,
     )
     interval = OURS_NOW.checkpoint_interval * SOAK_FAST_EVERY / SOAK_SAVE_EVERY
     own = with_fast_tier(in_place, interval, "+ fast tier (own memory only; issue 16)")

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from bench.goodput_inputs import (
+    BOUNDARY_COST,
     BUDDY_COPY_BACK_MEASURED,
     BUDDY_REPLICATION_MEASURED,
     COPY_STREAMS,
@@ -29,6 +30,9 @@ from bench.goodput_inputs import (
     LLAMA3_GPUS,
     LLAMA3_INTERRUPTIONS,
     MEASURED_STATE,
+    PREFLIGHT,
+    PREFLIGHT_NODE_CHECK,
+    PREFLIGHT_RING,
     PRELOAD_SAVING,
     RANK_STATE_BYTES,
     RANKS_PER_POD,
@@ -36,6 +40,8 @@ from bench.goodput_inputs import (
     REPLICA_COPY,
     REPLICA_RESTORE,
     SPARE_RECOVERY,
+    STEP_SECONDS,
+    STOP_GRACE,
     copy_rounds,
     interruptions_per_hour,
     per_byte,
@@ -87,22 +93,75 @@ def test_only_the_interruptions_that_implicate_no_node_restart_in_place() -> Non
     # the crashes that are not GPU faults, and every hang; a lost node or maintenance: none
     assert IN_PLACE_SHARE["crash"] == pytest.approx(1 - GPU_SHARE / FAULT_MIX["crash"], abs=1e-3)
     assert (IN_PLACE_SHARE["hang"], IN_PLACE_SHARE["silent_node_loss"]) == (1.0, 0.0)
-    # the GPU faults and every lost node replace a pod; maintenance re-creates the world
+    # the GPU faults, every lost node and every eviction replace a pod
     assert REPLACE_SHARE["crash"] == pytest.approx(GPU_SHARE / FAULT_MIX["crash"], abs=1e-3)
     assert IN_PLACE_SHARE["crash"] + REPLACE_SHARE["crash"] == pytest.approx(1.0)
-    assert REPLACE_SHARE["silent_node_loss"] == 1.0 and "planned" not in REPLACE_SHARE
+    assert REPLACE_SHARE["silent_node_loss"] == REPLACE_SHARE["planned"] == 1.0
 
 
 def test_host_maintenance_loses_the_emergency_save_not_half_an_interval() -> None:
     planned = FAULT_MIX["planned"]
     assert OURS_NOW.noticed() == planned and BASELINE.noticed() == 0.0
-    path = OURS_NOW.recovery + OURS_NOW.startup + OURS_NOW.restore + EMERGENCY_SAVE
+    start = PREFLIGHT + OURS_NOW.startup
+    path = OURS_NOW.recovery + start + OURS_NOW.restore + EMERGENCY_SAVE
     assert OURS_NOW.lost_per_interruption() == pytest.approx(
         OURS_NOW.detect() + (1 - planned) * OURS_NOW.whole_world() + planned * path
     )
     assert BASELINE.lost_per_interruption() == pytest.approx(
         BASELINE.detect() + BASELINE.whole_world()
     )
+
+
+def test_an_eviction_replaces_only_its_pod_once_the_world_restarts_in_place() -> None:
+    """From restart in place on, host maintenance replaces the evicted pod while the others
+    restart in place, and their stop cuts its emergency save short (not published at 4 GB a
+    rank): without a peer replica the world resumes from the durable tier, with one from the
+    fast step its holder copied, the path of a lost node."""
+    rate = interruptions_per_hour(10_000)
+    _, in_place, own, peer = stages()
+    assert EMERGENCY_SAVE > STOP_GRACE
+    for stack in (in_place, own, peer):
+        assert stack.evicted_pod_replaced and stack.noticed() == 0.0
+    assert "planned, from the emergency save" not in [t[0] for t in own.terms()]
+    durable = dict((name, share) for name, share, _ in own.terms())
+    assert durable["whole world / pod replaced, durable"] == pytest.approx(1 - own.share())
+    held = peer.replica_window()[0]
+    lost_node = FAULT_MIX["silent_node_loss"]
+    assert peer.replicated() == pytest.approx(
+        FAULT_MIX["crash"] * REPLACE_SHARE["crash"] + lost_node + FAULT_MIX["planned"]
+    )
+    shares = dict((name, share) for name, share, _ in peer.terms())
+    assert shares["pod replaced, from the peer replica"] == pytest.approx(peer.replicated() * held)
+    # without a fast step to resume from the cut-short save costs goodput; with a peer
+    # replica and a warm spare the replaced pod's path is the shorter one
+    assert in_place.goodput(rate) < replace(in_place, evicted_pod_replaced=False).goodput(rate)
+    spares = with_spares(peer, "spares")
+    world_after_save = replace(spares, evicted_pod_replaced=False, replica_share={
+        k: v for k, v in REPLACE_SHARE.items() if k != "planned"})  # fmt: skip
+    assert spares.replaced() < world_after_save.planned()
+    assert spares.goodput(rate) > world_after_save.goodput(rate)
+
+
+def test_a_new_pods_preflight_and_the_step_boundary_are_charged() -> None:
+    """The preflight adds to every new pod's start (not a spare's, not in place); the step
+    boundary's measured cost over the assumed step is taken off every stage's goodput."""
+    rate = interruptions_per_hour(10_000)
+    assert pytest.approx(PREFLIGHT_RING + PREFLIGHT_NODE_CHECK) == PREFLIGHT
+    assert OURS_NOW.whole_world() == pytest.approx(
+        OURS_NOW.recovery + PREFLIGHT + OURS_NOW.startup + OURS_NOW.restore
+        + OURS_NOW.checkpoint_interval / 2
+    )  # fmt: skip
+    peer = stages()[3]
+    assert peer.replaced_terms()[1] == pytest.approx(PREFLIGHT + peer.startup)
+    spares = with_spares(peer, "spares")
+    assert spares.replaced_terms()[1] == peer.in_place_startup
+    assert BASELINE.preflight == 0.0 and BASELINE.step_tax == 0.0
+    assert OURS_NOW.step_tax == pytest.approx(BOUNDARY_COST / STEP_SECONDS)
+    untaxed = replace(OURS_NOW, step_tax=0.0)
+    assert untaxed.goodput(rate) - OURS_NOW.goodput(rate) == pytest.approx(OURS_NOW.step_tax)
+    text = report(10_000)
+    assert "## What the operator charges while nothing fails" in text
+    assert f"{OURS_NOW.step_tax:.4%} of training time" in text
 
 
 def test_the_fast_tier_terms_are_the_measured_medians_per_byte() -> None:
@@ -207,14 +266,11 @@ def test_each_stage_against_the_one_before_and_the_fast_tiers_break_even() -> No
     # in its own memory the fast tier only helps the restarts in place
     assert own.replicated() == 0.0 and peer.replicated() == pytest.approx(
         FAULT_MIX["crash"] * REPLACE_SHARE["crash"] + FAULT_MIX["silent_node_loss"]
-    )
-    # with an instant replica, everything but maintenance resumes from the fast step
+        + FAULT_MIX["planned"]
+    )  # fmt: skip
+    # with an instant replica, everything resumes from a fast step
     instant = replace(peer, replica_copy=0.0, replica_restore=FAST_RESTORE)
-    assert [t[0] for t in instant.terms()] == [
-        "planned, from the emergency save",
-        "in place",
-        "pod replaced, from the peer replica",
-    ]
+    assert [t[0] for t in instant.terms()] == ["in place", "pod replaced, from the peer replica"]
     assert instant.goodput(rate) > peer.goodput(rate)
 
 
@@ -251,7 +307,7 @@ def test_warm_spares_spare_a_replaced_pod_the_new_pods_start() -> None:
     control, start, restore, lag = spares.replaced_terms()
     assert (control, start) == (SPARE_RECOVERY, peer.in_place_startup)
     assert (restore, lag) == peer.replaced_terms()[2:]
-    assert peer.replaced_terms()[:2] == (peer.recovery, peer.startup)
+    assert peer.replaced_terms()[:2] == (peer.recovery, PREFLIGHT + peer.startup)
     assert spares.replaced() < peer.replaced()
     assert spares.goodput(rate) > peer.goodput(rate)
     assert f"| {spares.name} |" in report(10_000)
