@@ -50,16 +50,14 @@ maintenance take the node away."""
 REPLACE_SHARE: Mapping[str, float] = {
     "crash": round(1 - IN_PLACE_SHARE["crash"], 3),
     "silent_node_loss": 1.0,
-    "planned": 1.0,
 }
-"""Per symptom, the share whose pod is replaced while the others restart in place (the
-operator's `REPLACE_CLASSES`: a GPU fault, a lost node; and an eviction, which replaces only
-the evicted pods: DESIGN.md, "Replace only what is broken"): the crashes that are GPU faults
-(0.587 / 0.75), every silent node loss, every host maintenance. The replaced pod's memory is
+"""Per symptom, the share whose faulty or lost node's pod is replaced while the others
+restart in place (the operator's `REPLACE_CLASSES`: a GPU fault, a lost node): the crashes
+that are GPU faults (0.587 / 0.75), every silent node loss. The replaced pod's memory is
 gone: without a peer replica it resumes from the durable tier (costed as the whole-world
-path); with one, from the fast step its holder copied. An eviction's emergency save is cut
-short with the other pods' stop (`STOP_GRACE_SECONDS`, 1 s: `EVICTION_SAVE_PUBLISHED`), so
-the world resumes from the step it resumes from after a lost node."""
+path); with one, from the fast step its holder copied. An eviction (host maintenance) also
+replaces only the evicted pod from restart in place on, but after the world's emergency save:
+`Stack.planned`."""
 
 SOAK_SAVE_EVERY, SOAK_FAST_EVERY = 100, 10
 """The goodput soak's durable and fast-tier intervals (bench.goodput: `save_every`,
@@ -246,17 +244,10 @@ EMERGENCY_SAVE = 30.0
 """Host maintenance comes with notice: SIGTERM, and the trainer's emergency save at the next
 step boundary (`spec.checkpoint.emergencySaveSeconds`, 30 s by default; its whole deadline
 assumed, as the baseline's blocking save of the same state). The world resumes from that
-step: the soak's evictions trained 0 steps again (bench/results/goodput-comparison.md)."""
+step: the soak's evictions trained 0 steps again (bench/results/goodput-comparison.md). With
+restart in place the other pods' stop gives the save this deadline too
+(`policy.in_place.save_grace`: every rank is alive to join it)."""
 
-
-STOP_GRACE = 1.0
-"""`policy.in_place.STOP_GRACE_SECONDS`: SIGTERM to SIGKILL when the operator stops a pod's
-trainers for an in-place restart, the other pods of an eviction's world included."""
-EVICTION_SAVE_PUBLISHED = EMERGENCY_SAVE <= STOP_GRACE
-"""Whether an eviction's emergency save is published before the stop cuts it short: not at
-4 GB a rank (it was in the soak's 2 CPU pods, whose evictions trained nothing again). Where
-it is not, a stack that replaces only the evicted pod resumes from the newest step it would
-after a lost node; a stack that re-creates the world waits for the save."""
 
 PREFLIGHT_RING = 0.16
 """Measured (bench/results/preflight-cost.md, `bench.preflight_cost --worlds 2,4,8

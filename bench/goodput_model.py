@@ -75,7 +75,6 @@ from bench.goodput_inputs import (
     SOAK_SAVE_EVERY,
     SPARE_RECOVERY,
     STEP_SECONDS,
-    STOP_GRACE,
     WORLD_PODS,
     copy_rounds,
     interruptions_per_hour,
@@ -107,7 +106,7 @@ def _paths(stack: Stack) -> list[str]:
     interval = stack.fast_interval or stack.checkpoint_interval
     return [
         _sum(stack.recovery, stack.new_pod_start(), stack.restore, stack.checkpoint_interval / 2),
-        _sum(stack.recovery, stack.new_pod_start(), stack.restore, stack.emergency_save or 0.0)
+        _sum(*stack.planned_terms())
         if stack.noticed() else "-",
         _sum(stack.in_place_recovery, stack.in_place_startup, stack.in_place_restore,
              interval / 2) if stack.share() else "-",
@@ -364,13 +363,12 @@ def report(gpus: int) -> str:
         f"{FAULT_MIX['crash']}; every hang), so {in_place.share():.1%} of interruptions. "
         "The pod of a faulty or lost node replaced, the others restarted in place: "
         + ", ".join(f"{k} {v:.1%}" for k, v in REPLACE_SHARE.items())
-        + f" (GPU faults: {GPU_SHARE} / {FAULT_MIX['crash']}; every lost node; every "
-        f"eviction), so {peer.replicated():.1%}. Host maintenance ({FAULT_MIX['planned']:.1%}) "
-        "re-creates the world after the emergency save in this stage; from restart in place on, "
-        "an eviction replaces only the evicted pod and the others' stop cuts its emergency save "
-        f"short ({STOP_GRACE:.0f} s; not published at {RANK_STATE_BYTES / 1e9:.0f} GB a rank), "
-        "so it takes a replaced pod's path (the previous version kept the emergency save's path "
-        "for every stage: the operator had changed under it).",
+        + f" (GPU faults: {GPU_SHARE} / {FAULT_MIX['crash']}; every lost node), so "
+        f"{peer.replicated():.1%}. Host maintenance ({FAULT_MIX['planned']:.1%}) makes the "
+        "emergency save, then re-creates the world in this stage; from restart in place on it "
+        "replaces only the evicted pod, as a faulty node's (a warm spare takes its rank, with "
+        "spares), the others' stop giving the save its deadline (the previous version "
+        "re-created the world in every stage).",
         "",
         "Each path: control-plane recovery + start-up + restore + lost work (half the "
         "interval of the checkpoint it resumes from; the emergency save's time for host "

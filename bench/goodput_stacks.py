@@ -98,10 +98,8 @@ class Stack:
     """Seconds of the emergency save on notice (host maintenance), which then loses no work
     (None: no emergency save: half the durable interval, as any other interruption)."""
     evicted_pod_replaced: bool = False
-    """An eviction replaces only the evicted pod, the others restart in place, and its
-    emergency save is cut short (`STOP_GRACE`): host maintenance takes the replaced pod's
-    path (`REPLACE_SHARE`), not the emergency save's. False: the world is re-created after
-    the save."""
+    """An eviction replaces only the evicted pod and the others restart in place, after the
+    world's emergency save (`planned`). False: the world is re-created after the save."""
     preflight: float = 0.0
     """Seconds the preflight adds to a new pod's start (not a spare's, not in place)."""
     step_tax: float = 0.0
@@ -121,8 +119,7 @@ class Stack:
 
     def noticed(self) -> float:
         """The share that comes with notice and an emergency save."""
-        noticed = self.emergency_save is not None and not self.evicted_pod_replaced
-        return FAULT_MIX["planned"] if noticed else 0.0
+        return FAULT_MIX["planned"] if self.emergency_save is not None else 0.0
 
     def whole_world(self) -> float:
         return self.recovery + self.new_pod_start() + self.restore + self.checkpoint_interval / 2
@@ -132,8 +129,17 @@ class Stack:
         return self.preflight + self.startup
 
     def planned(self) -> float:
-        """The whole world re-created after the emergency save, resuming from its step."""
-        return self.recovery + self.new_pod_start() + self.restore + (self.emergency_save or 0.0)
+        """Host maintenance: the emergency save, then the whole world re-created, or (with
+        restart in place) only the evicted pod replaced as a faulty node's is (a warm spare's
+        takeover, with spares); every rank resumes from the save's step (durable)."""
+        return sum(self.planned_terms())
+
+    def planned_terms(self) -> tuple[float, float, float, float]:
+        """`planned`'s four terms: control plane, start-up, restore, the emergency save."""
+        control, start = self.recovery, self.new_pod_start()
+        if self.evicted_pod_replaced:
+            control, start = self.replaced_terms()[:2]
+        return control, start, self.restore, self.emergency_save or 0.0
 
     def in_place(self) -> float:
         interval = self.fast_interval if self.fast_interval is not None else (

@@ -41,7 +41,6 @@ from bench.goodput_inputs import (
     REPLICA_RESTORE,
     SPARE_RECOVERY,
     STEP_SECONDS,
-    STOP_GRACE,
     copy_rounds,
     interruptions_per_hour,
     per_byte,
@@ -96,7 +95,7 @@ def test_only_the_interruptions_that_implicate_no_node_restart_in_place() -> Non
     # the GPU faults, every lost node and every eviction replace a pod
     assert REPLACE_SHARE["crash"] == pytest.approx(GPU_SHARE / FAULT_MIX["crash"], abs=1e-3)
     assert IN_PLACE_SHARE["crash"] + REPLACE_SHARE["crash"] == pytest.approx(1.0)
-    assert REPLACE_SHARE["silent_node_loss"] == REPLACE_SHARE["planned"] == 1.0
+    assert REPLACE_SHARE["silent_node_loss"] == 1.0 and "planned" not in REPLACE_SHARE
 
 
 def test_host_maintenance_loses_the_emergency_save_not_half_an_interval() -> None:
@@ -114,32 +113,22 @@ def test_host_maintenance_loses_the_emergency_save_not_half_an_interval() -> Non
 
 def test_an_eviction_replaces_only_its_pod_once_the_world_restarts_in_place() -> None:
     """From restart in place on, host maintenance replaces the evicted pod while the others
-    restart in place, and their stop cuts its emergency save short (not published at 4 GB a
-    rank): without a peer replica the world resumes from the durable tier, with one from the
-    fast step its holder copied, the path of a lost node."""
+    restart in place, after the world's emergency save (the others' stop gives it its
+    deadline): the replaced pod's control plane and start, the durable restore, the save."""
     rate = interruptions_per_hour(10_000)
     _, in_place, own, peer = stages()
-    assert EMERGENCY_SAVE > STOP_GRACE
-    for stack in (in_place, own, peer):
-        assert stack.evicted_pod_replaced and stack.noticed() == 0.0
-    assert "planned, from the emergency save" not in [t[0] for t in own.terms()]
-    durable = dict((name, share) for name, share, _ in own.terms())
-    assert durable["whole world / pod replaced, durable"] == pytest.approx(1 - own.share())
-    held = peer.replica_window()[0]
-    lost_node = FAULT_MIX["silent_node_loss"]
-    assert peer.replicated() == pytest.approx(
-        FAULT_MIX["crash"] * REPLACE_SHARE["crash"] + lost_node + FAULT_MIX["planned"]
-    )
-    shares = dict((name, share) for name, share, _ in peer.terms())
-    assert shares["pod replaced, from the peer replica"] == pytest.approx(peer.replicated() * held)
-    # without a fast step to resume from the cut-short save costs goodput; with a peer
-    # replica and a warm spare the replaced pod's path is the shorter one
-    assert in_place.goodput(rate) < replace(in_place, evicted_pod_replaced=False).goodput(rate)
     spares = with_spares(peer, "spares")
-    world_after_save = replace(spares, evicted_pod_replaced=False, replica_share={
-        k: v for k, v in REPLACE_SHARE.items() if k != "planned"})  # fmt: skip
-    assert spares.replaced() < world_after_save.planned()
-    assert spares.goodput(rate) > world_after_save.goodput(rate)
+    for stack in (in_place, own, peer, spares):
+        assert stack.evicted_pod_replaced and stack.noticed() == FAULT_MIX["planned"]
+        control, start = stack.replaced_terms()[:2]
+        assert stack.planned() == pytest.approx(control + start + stack.restore + EMERGENCY_SAVE)
+    assert not OURS_NOW.evicted_pod_replaced
+    assert spares.planned() == pytest.approx(
+        SPARE_RECOVERY + peer.in_place_startup + peer.restore + EMERGENCY_SAVE
+    )
+    world = replace(spares, evicted_pod_replaced=False)
+    assert spares.planned() < world.planned() and spares.goodput(rate) > world.goodput(rate)
+    assert "planned" not in REPLACE_SHARE
 
 
 def test_a_new_pods_preflight_and_the_step_boundary_are_charged() -> None:
@@ -266,11 +255,14 @@ def test_each_stage_against_the_one_before_and_the_fast_tiers_break_even() -> No
     # in its own memory the fast tier only helps the restarts in place
     assert own.replicated() == 0.0 and peer.replicated() == pytest.approx(
         FAULT_MIX["crash"] * REPLACE_SHARE["crash"] + FAULT_MIX["silent_node_loss"]
-        + FAULT_MIX["planned"]
-    )  # fmt: skip
-    # with an instant replica, everything resumes from a fast step
+    )
+    # with an instant replica, everything but maintenance resumes from the fast step
     instant = replace(peer, replica_copy=0.0, replica_restore=FAST_RESTORE)
-    assert [t[0] for t in instant.terms()] == ["in place", "pod replaced, from the peer replica"]
+    assert [t[0] for t in instant.terms()] == [
+        "planned, from the emergency save",
+        "in place",
+        "pod replaced, from the peer replica",
+    ]
     assert instant.goodput(rate) > peer.goodput(rate)
 
 
