@@ -8,8 +8,13 @@ newest durable step, so the durable interval is what decides the steps trained a
 fast tier it decides little). A platform prior at the schedule's own rate for `auto`
 (`bench.soak_training.platform_config`).
 
-    python -m bench.interval_sweep --mtbf 300 --mtbf 120 --every 50 --every 100 \
-        --every 200 --every 400 [--steps 4000] [--seed 5] [--markdown FILE]
+    python -m bench.interval_sweep --mtbf 120 --mtbf 60 --every 50 --every 100 \
+        --every 200 --every 400 --seed 7 --mix rank_killed=1,hang=1,node_lost=0.5 \
+        [--steps 4000] [--markdown FILE]
+
+`--mix` (the soak's `KIND=WEIGHT,...`): the faults that lose the work since the newest
+durable step are what an interval trades against (an eviction or a preemption saves on
+SIGTERM, a corrupted step is a storage fault), so the sweep's default mix is those.
 
 The plan and the table are pure (`plan`, `table`); the runs are `bench.goodput`'s.
 """
@@ -28,6 +33,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 AUTO = 0
 """The `every` of the run with the operator's interval."""
+WORK_LOSING_MIX = "rank_killed=1,hang=1,node_lost=0.5"
+"""The faults whose recovery resumes from the newest durable step and trains the steps since
+it again (with the fast tier off): what a durable interval is chosen against."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +44,8 @@ class Run:
     every: int  # AUTO: the operator's interval
     steps: int
     seed: int
+    mix: str = ""
+    """`bench.goodput --mix` ("": the soak's default mix)."""
 
     @property
     def name(self) -> str:
@@ -48,16 +58,19 @@ class Run:
             sys.executable, "-m", "bench.goodput", f"--steps={self.steps}",
             f"--mtbf={self.mtbf:g}", f"--seed={self.seed}", "--fast-every=0", "--spares=1",
             "--preload", *interval, f"--out={out}", f"--name={self.name}", f"--work={work}",
+            *([f"--mix={self.mix}"] if self.mix else []),
         ]  # fmt: skip
 
 
-def plan(mtbfs: Sequence[float], everies: Sequence[int], steps: int, seed: int) -> list[Run]:
+def plan(
+    mtbfs: Sequence[float], everies: Sequence[int], steps: int, seed: int, mix: str = ""
+) -> list[Run]:
     """Per fault rate, each fixed interval, then `auto`: the same seed, so the same faults."""
     if not mtbfs or not everies:
         raise ValueError("a sweep needs at least one --mtbf and one --every")
     if any(e < 1 for e in everies):
         raise ValueError(f"--every: expected step counts >= 1, got {list(everies)}")
-    return [Run(m, e, steps, seed) for m in mtbfs for e in (*sorted(set(everies)), AUTO)]
+    return [Run(m, e, steps, seed, mix) for m in mtbfs for e in (*sorted(set(everies)), AUTO)]
 
 
 def table(results: Mapping[Run, Mapping[str, Any]]) -> str:
@@ -92,13 +105,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mtbf", type=float, action="append", required=True)
     p.add_argument("--every", type=int, action="append", required=True)
     p.add_argument("--steps", type=int, default=4000)
-    p.add_argument("--seed", type=int, default=5)
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--mix", default=WORK_LOSING_MIX, help="bench.goodput's --mix")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "goodput-runs")
     p.add_argument("--work", type=Path, default=Path("/tmp/rtj-sweep"))
     p.add_argument("--markdown", type=Path)
     args = p.parse_args(argv)
     try:
-        runs = plan(args.mtbf, args.every, args.steps, args.seed)
+        runs = plan(args.mtbf, args.every, args.steps, args.seed, args.mix)
     except ValueError as exc:
         p.error(str(exc))
     results: dict[Run, Mapping[str, Any]] = {}

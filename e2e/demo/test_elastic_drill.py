@@ -10,6 +10,11 @@ samples consumed exactly once; the losses within the distance a no-fault 2-rank 
 from a no-fault 3-rank one; the last step and the optimizer's step count as the no-fault
 run's. The grow-back's stop lets the healthy world save at its next step boundary (saves
 are every 8 steps otherwise): the grown world trains no step again.
+
+The job keeps a fast tier every 2 steps, so the survivors hold fast steps newer than the
+durable one when they shrink; the fast tier's copies are per rank and the ranks change, so
+the shrink resumes every survivor from the newest durable step, never a mix of fast steps
+from two worlds (issue 45 with issue 43's lineage), and says why on its entry.
 """
 
 from __future__ import annotations
@@ -26,12 +31,15 @@ import pytest
 
 from e2e.demo import drills, story
 from e2e.operator_proc import wait_for
+from rtj_operator.api import keys
+from rtj_shim.fast import fast_tier
 
 pytestmark = [pytest.mark.demo, pytest.mark.timeout(900)]
 
 JOB = "drill-elastic"
 STEPS, SAMPLES, GLOBAL_BATCH, MICRO = 96, 96, 12, 4  # 12 epochs (the world grew back by step 38)
 SAVE_EVERY = 8  # the grow-back's stop saves at the boundary: it trains no step again
+FAST_EVERY = 2  # the survivors hold fast steps newer than the durable one when they shrink
 ARGS = [f"--steps={STEPS}", f"--samples={SAMPLES}", f"--global-batch={GLOBAL_BATCH}",
         f"--micro-batch={MICRO}", f"--save-every={SAVE_EVERY}"]  # fmt: skip
 REPO = Path(__file__).resolve().parents[2]
@@ -41,6 +49,7 @@ def _job() -> dict[str, Any]:
     body = drills.job(JOB, recovery={"inPlace": True, "inPlaceDeadlineSeconds": 90},
                       elastic={"minReplicas": 2, "waitForReplacementSeconds": 10},
                       replicas=3)  # fmt: skip
+    body["spec"]["checkpoint"]["fastTier"] = {"everySteps": FAST_EVERY, "keep": 4}
     container = body["spec"]["template"]["spec"]["containers"][0]
     container["command"] = ["python", "examples/elastic_train.py",
                             "--root=$(RTJ_CHECKPOINT_URI)", "--log-dir=/var/log/train",
@@ -98,6 +107,11 @@ def _no_fault(work: Path, ranks: int) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in map(json.loads, lines) if "loss" in r}
 
 
+def _fast_holdings(opts: story.Options, pod: dict[str, Any]) -> list[int]:
+    """The fast steps every rank directory of `pod`'s fast tier holds in one lineage."""
+    return fast_tier.holdings(story._pod_dir(opts, pod) / "volumes" / keys.FAST_TIER_VOLUME)
+
+
 def _world_size(api: Any) -> int | None:
     record = (drills.status(api, JOB).get("attempts") or [{}])[-1]
     size = record.get("worldSize")
@@ -116,9 +130,15 @@ def test_a_node_lost_with_no_free_node_shrinks_the_world_then_it_grows_back(
         before = drills.scheduled(api, JOB, 3)
         victim, last = drills.rank_pod(before, 1), drills.rank_pod(before, 2)
         log0 = drills.rank_log(opts, drills.rank_pod(before, 0), 0)
-        wait_for("20 steps trained", lambda: drills.trained(log0) >= 20, 300, 0.2)
+        # cut between durable saves, past a fast step: the survivors then hold a fast step
+        # newer than the durable one (fast every 2 steps, durable every 8)
+        wait_for("20 steps trained, between durable saves", lambda: (
+            (t := drills.trained(log0)) >= 20 and 3 <= t % SAVE_EVERY <= 6), 300, 0.05)  # fmt: skip
         (cut,) = drills.cut_off(opts, [victim])
         try:
+            # the survivors wait on the frozen rank: their fast tiers hold what they saved
+            wait_for("the failure seen", lambda: drills.status(api, JOB).get("inPlace"), 120, 0.2)
+            fast_held = {p["metadata"]["name"]: _fast_holdings(opts, p) for p in (before[0], last)}
             wait_for("the world shrunk to 2", lambda: _world_size(api) == 2, 240, 0.5)
             status = drills.status(api, JOB)
             assert status["attempts"][-1]["spareRanks"] == {last["metadata"]["name"]: 1}
@@ -142,6 +162,14 @@ def test_a_node_lost_with_no_free_node_shrinks_the_world_then_it_grows_back(
         entries = status["attempts"][0]["inPlaceRestarts"]
         assert [e.get("worldSize") for e in entries] == [2, 3], entries
         assert entries[0]["failureClass"] == "NodeLost" and entries[1].get("failureClass") is None
+        shrink = entries[0]
+        durable = shrink["resumedFromStep"]
+        # newer fast steps were held by every survivor, yet the shrink pinned the durable step
+        assert durable is not None and durable % SAVE_EVERY == 0, shrink
+        assert shrink.get("resumedFromFastStep") is None, shrink
+        assert shrink["fastTierFallback"] == "the world changes to 2 pods", shrink
+        assert all(max(held, default=0) > durable for held in fast_held.values()), (
+            durable, fast_held)  # fmt: skip
         records = _records(opts, [*before, *drills.pods(api, JOB, 1)])
         trained = _steps_by_generation(opts, [*before, *drills.pods(api, JOB, 1)])
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.interval_sweep import AUTO, Run, plan, table
+from bench.interval_sweep import AUTO, WORK_LOSING_MIX, Run, plan, table
 
 
 def test_each_fault_rate_gets_every_fixed_interval_then_auto_on_one_seed() -> None:
@@ -22,6 +22,9 @@ def test_each_fault_rate_gets_every_fixed_interval_then_auto_on_one_seed() -> No
     assert "--save-every=50" in runs[0].argv(Path("/o"), Path("/w"))
     assert "--fast-every=0" in auto  # every recovery resumes from the durable tier
     assert runs[2].name == "sweep-mtbf300-auto-4000-seed5"
+    assert not [a for a in auto if a.startswith("--mix")], "no mix: the soak's default"
+    mixed = plan([60.0], [100], 4000, 7, WORK_LOSING_MIX)
+    assert {f"--mix={WORK_LOSING_MIX}"} <= set(mixed[0].argv(Path("/o"), Path("/w")))
     with pytest.raises(ValueError, match="--every"):
         plan([300.0], [0], 100, 1)
     with pytest.raises(ValueError, match="at least one"):
