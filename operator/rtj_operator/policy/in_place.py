@@ -236,15 +236,17 @@ def order(
 
 def save_grace(rtj: ResilientTrainingJob, generation: int) -> int | None:
     """The stop's grace for the trainers to save at their next boundary: for a generation no
-    failure began (a grow-back: the world is healthy), the emergency save's deadline, at
-    most half the in-place deadline; None for a failure's (a world that lost a rank or hung
-    cannot save consistently: the supervisor's short grace)."""
+    failure began (a grow-back) or an eviction began (the evicted trainer's SIGTERM started
+    the world's emergency save, which every rank is alive to join), the emergency save's
+    deadline, at most half the in-place deadline; None for a failure's (a world that lost a
+    rank or hung cannot save consistently: the supervisor's short grace)."""
     record = rtj.status.current
     entry = next((e for e in reversed(record.in_place_restarts) if e.generation == generation),
                  None) if record is not None else None  # fmt: skip
     seconds = min(rtj.spec.checkpoint.emergency_save_seconds,
                   rtj.spec.recovery.in_place_deadline_seconds // 2)  # fmt: skip
-    if entry is None or entry.failure_class is not None or seconds < 1:
+    healthy = entry is not None and entry.failure_class in (None, *EVICTION_CLASSES)
+    if not healthy or seconds < 1:
         return None
     return seconds
 

@@ -12,6 +12,8 @@ from rtj_test_support import NOW, job_body
 
 from rtj_operator import reconcile as rc
 from rtj_operator.api import ResilientTrainingJob, keys
+from rtj_operator.policy import spares
+from rtj_operator.reconcile.world import PollTarget
 from rtj_operator.selection import Selection
 
 Obj = dict[str, Any]
@@ -393,3 +395,12 @@ def tainted_by(nodes: dict[str, Obj], plan: rc.Plan) -> dict[str, Obj]:
             spec["taints"] = list(edit.taints)
             annotations[keys.QUARANTINE_OWNERS_ANNOTATION] = edit.annotation or ""
     return out
+
+
+def target(pod: Obj, raw: Obj) -> PollTarget:
+    """The poll target of `pod` in the job's current attempt (its rank, a spare's too)."""
+    record = raw["status"]["attempts"][-1]
+    assigned, world = dict(record.get("spareRanks") or {}), record.get("worldSize")
+    return PollTarget(pod["metadata"]["name"], pod["status"].get("podIP") or "10.0.9.9", 9478,
+                      1, spares.rank_of(pod, assigned, world), pod["spec"].get("nodeName"),
+                      spares.is_idle(pod, assigned, world))  # fmt: skip

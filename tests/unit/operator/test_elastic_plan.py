@@ -12,7 +12,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 from rtj_test_support import NOW, supervisor_reports
-from rtj_world import node, reading, rtj_raw, snapshot, tainted_by, with_status
+from rtj_world import node, reading, rtj_raw, snapshot, tainted_by, target, with_status
 from test_in_place import RUNNING, T, plan
 from test_in_place_replace import XID, replaceable_pods
 
@@ -20,8 +20,6 @@ from rtj_operator import reconcile as rc
 from rtj_operator.api import keys
 from rtj_operator.api.resource import ResilientTrainingJob
 from rtj_operator.metrics import Metrics, sample
-from rtj_operator.policy import spares
-from rtj_operator.reconcile.world import PollTarget
 
 ELASTIC = {
     "replicas": 3,
@@ -35,14 +33,6 @@ def reports(at: dict[str, tuple[int, str]]) -> rc.RankReadings:
                   "updated_wall_time": T - 5} for pod, (g, s) in at.items()}  # fmt: skip
     return rc.RankReadings(attempt=1, reports=(), polled_at=T,
                            supervisors=supervisor_reports(body))  # fmt: skip
-
-
-def target(pod: dict[str, Any], raw: dict[str, Any]) -> PollTarget:
-    record = raw["status"]["attempts"][-1]
-    assigned, world = dict(record.get("spareRanks") or {}), record.get("worldSize")
-    return PollTarget(pod["metadata"]["name"], pod["status"].get("podIP") or "10.0.9.9", 9478,
-                      1, spares.rank_of(pod, assigned, world), pod["spec"].get("nodeName"),
-                      spares.is_idle(pod, assigned, world))  # fmt: skip
 
 
 def events(p: rc.Plan) -> list[str]:

@@ -19,6 +19,7 @@ from rtj_world import (
     rtj_raw,
     snapshot,
     tainted_by,
+    target,
     with_status,
 )
 from test_in_place import IN_PLACE, KEY, RUNNING, T, plan, supervised_pods
@@ -365,6 +366,10 @@ def test_an_evicted_pod_is_replaced_and_the_others_restart_in_place() -> None:
         # already being deleted: not deleted again (its trainer ends with the world's stop)
         assert not [a for a in first.actions if isinstance(a, rc.DeletePod)]
         assert raw["status"]["attempt"] == 1
+        # every rank is alive to join the emergency save the evicted trainer's SIGTERM began:
+        # the survivor's stop gives it the save's deadline (half the in-place one at most)
+        stop = rc.restart_order(snapshot(raw, pods=world), target(pods[0], raw))
+        assert stop is not None and (stop.action, stop.save_seconds) == ("stop", 30), stop
         # the evicted pod, still terminating or gone, is no second failure: the barrier holds
         stopped = supervisors({names[0]: (1, "stopped", None)})
         held = plan(raw, world, stopped, gone=gone)
