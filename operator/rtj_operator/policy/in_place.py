@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from rtj_operator.api import keys
@@ -94,6 +95,12 @@ def supervised(pod: Mapping[str, Any]) -> bool:
 
 REPLACE_CLASSES = frozenset({FailureClass.GPU_FAULT, FailureClass.NODE_LOST})
 """What replacing the pods of the implicated nodes cures (the others restart in place)."""
+REPEAT_CLASSES = frozenset({FailureClass.UNKNOWN, FailureClass.NETWORK_FAULT, FailureClass.HANG})
+"""A process that died or hung, a collective that broke: the failures that a restart in the
+same pods cures, unless the pod's node is what breaks them (`repeat_offender`)."""
+REPEAT_WINDOW = timedelta(minutes=5)
+"""A pod whose trainer fails first again this soon after its last in-place restart began
+is re-created instead of restarted in its pod."""
 EVICTION_CLASSES = frozenset({FailureClass.EVICTED})
 """What replacing the evicted pods cures (the others restart in place): the platform took
 those pods, not the world's health. No node is quarantined: a drain cordons its node itself,
@@ -107,6 +114,35 @@ class InPlaceChoice:
     refused: str | None
     replace: tuple[str, ...] = ()
     quiet: tuple[str, ...] = ()  # pods whose supervisor has not reported (a lost node's?)
+    repeated: str | None = None  # re-created: it failed first again (`repeat_offender`)
+
+
+def repeat_offender(rtj: ResilientTrainingJob, found: Classification) -> str | None:
+    """The pod to re-create rather than restart in place: its trainer failed first in the
+    attempt's last in-place restart and fails first again, of a class a restart in the same
+    pod should cure, less than `REPEAT_WINDOW` after that restart began and before the
+    restarted world completed a step (the recovery ledger's `firstStepAt`). A node that breaks
+    every trainer put on it (a GPU that fails without an XID, a flapping NIC) looks so; a
+    new pod runs the platform's preflight, which judges the node (a failed check quarantines
+    it). No node is quarantined on this rule: it rests on the tenant's exits, and only
+    re-creates the tenant's own pod, paid from its own restart budget."""
+    record = rtj.status.current
+    last = record.in_place_restarts[-1] if record and record.in_place_restarts else None
+    first = found.first_failed
+    if last is None or first is None or found.failure_class not in REPEAT_CLASSES:
+        return None
+    before = last.first_failed
+    if before is None or before.pod != first.pod or last.failure_class not in REPEAT_CLASSES:
+        return None
+    began = last.started_at or last.detected_at
+    failed = found.failed_at
+    if failed is None or failed - began > REPEAT_WINDOW:
+        return None
+    ledger = next((r for r in rtj.status.recoveries if r.attempt == rtj.status.attempt
+                   and r.generation == last.generation), None)  # fmt: skip
+    if ledger is not None and ledger.first_step_at is not None and ledger.first_step_at < failed:
+        return None  # the restarted world trained: a new fault, not the same one again
+    return first.pod
 
 
 def choose(
@@ -132,16 +168,22 @@ def choose(
             f"{found.failure_class.value} needs more than a restart in the same pods"
         )
     world = {**{_name(p): p for p in gone}, **{_name(p): p for p in pods}}
-    if evicted:
+    repeated = repeat_offender(rtj, found) if not nodes and not evicted else None
+    if repeated is not None and repeated in world:
+        replace: tuple[str, ...] = (repeated,)
+        what = f"pod {repeated} failed first again"
+    elif evicted:
         taken = sorted(n for n, p in world.items() if n not in _names(pods) or disrupted(p))
         if not taken:
             return InPlaceChoice("no evicted pod of the world is known yet")
         replace = tuple(taken)
         what = f"it evicts {len(replace)} pods"
+        repeated = None
     else:
         replace = tuple(sorted(_name(p) for p in pods if node_of(p) in nodes))
         what = f"it implicates nodes {', '.join(sorted(nodes))} with {len(replace)} pods on them"
-    if nodes or evicted:
+        repeated = None
+    if nodes or evicted or repeated:
         limit = recovery.in_place_max_replaced_pods
         if len(replace) > limit:
             return InPlaceChoice(f"{what}; spec.recovery.inPlaceMaxReplacedPods is {limit}")
@@ -169,7 +211,7 @@ def choose(
             quiet.append(name)
     if quiet:
         return InPlaceChoice(f"pod {quiet[0]}'s supervisor has not reported", quiet=tuple(quiet))
-    return InPlaceChoice(None, replace)
+    return InPlaceChoice(None, replace, repeated=repeated)
 
 
 def disrupted(pod: Mapping[str, Any]) -> bool:

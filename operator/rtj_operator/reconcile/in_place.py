@@ -103,6 +103,15 @@ def _quiet_settling(b: PlanBuilder, found: Classification, choice: in_place.InPl
     return True
 
 
+def _repeated(choice: in_place.InPlaceChoice) -> list[str]:
+    """The evidence line of a pod re-created because it failed first again."""
+    if choice.repeated is None:
+        return []
+    return [f"{choice.repeated} failed first again within "
+            f"{in_place.REPEAT_WINDOW.total_seconds():.0f} s of its last restart in place: "
+            "re-created, so the platform's preflight judges its node"]  # fmt: skip
+
+
 def begin(
     b: PlanBuilder,
     found: Classification,
@@ -151,7 +160,7 @@ def begin(
         failure_class=found.failure_class,
         failure_category=found.category,
         first_failed=first,
-        evidence=trim_evidence(found.evidence),
+        evidence=trim_evidence([*_repeated(choice), *found.evidence]),
         detected_at=b.now,
         replaced=[f"{pod_name(p)} on {in_place.node_of(p)}" for p in victims],
         spares=took,

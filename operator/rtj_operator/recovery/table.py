@@ -86,7 +86,9 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition((P.RUNNING,), Fact.FAILURE, (P.STOPPING_IN_PLACE,),
                "rtj_operator.policy.in_place.choose", f"{_RECONCILE}.in_place.begin",
                "no node to blame, or a spare to take a replaced pod's rank: restart the "
-               "trainers in the same pods (the restart is paid for here)"),
+               "trainers in the same pods (the restart is paid for here); a pod that failed "
+               "first again soon after its restart is re-created, its node judged by the "
+               "preflight"),
     Transition((P.RUNNING, *_IN_PLACE), Fact.FAILURE, (P.BACKING_OFF, P.STARTING, P.FAILED),
                f"{_DECIDE}.on_failure", f"{_RECONCILE}.failure.on_failure",
                "quarantine the nodes it blames, then restart the whole world after the "
