@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
 
@@ -256,6 +256,7 @@ def choose(
     """The intervals to put in status; None while `current` stands (the same failures seen,
     the same costs measured, and intervals within `CHANGE` of it). With a fast tier the
     durable interval is chosen against the failures it does not cover (`tier_intervals`)."""
+    measured = carried_over(measured, current)
     rate = failure_rate(policy.prior(pods), failures, exposure_hours)
     durable_cost = _cost(measured.durable_cost, policy.assumed_save_seconds)
     fast_cost = covers = fast_seconds = fast_every = None
@@ -279,6 +280,17 @@ def choose(
         fast_seconds=fast_seconds, fast_save_seconds=fast_cost, fast_covers=covers,
         chosen_at=now,
     )  # fmt: skip
+
+
+def carried_over(measured: Measured, current: CheckpointIntervals | None) -> Measured:
+    """A measured durable save cost outlives the processes that measured it: restarted
+    trainers (in place, or a new attempt) report none until their first save, and that save
+    comes at the interval chosen from the cost, so the platform's assumption (10 s by
+    default) would set it again, ten times too long for a cheap save. The cost in status
+    stands until the new trainers measure theirs."""
+    if measured.durable_cost is not None or current is None or not current.save_cost_measured:
+        return measured
+    return replace(measured, durable_cost=current.durable_save_seconds)
 
 
 def _cost(measured: float | None, assumed: float) -> float:

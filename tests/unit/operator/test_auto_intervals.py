@@ -131,7 +131,14 @@ def test_an_interval_within_a_tenth_stands_until_a_failure_or_a_measurement() ->
     assert first is not None
     assert _choose(1, 10.5, 2.1, current=first) is None  # noise: the trainers are not re-sent
     assert _choose(2, 10.5, 2.0, current=first) is not None  # a new failure
-    assert _choose(1, 10.0, None, current=first) is not None  # measured -> assumed
+    # restarted trainers report no cost until their first save: the measured one stands,
+    # never the platform's assumption again (10 s: an interval ten times too long)
+    assert _choose(1, 10.0, None, current=first) is None
+    after_restart = _choose(2, 10.0, None, current=first)
+    assert after_restart is not None and after_restart.save_cost_measured
+    assert after_restart.durable_save_seconds == first.durable_save_seconds == 2.0
+    assumed = _choose(2, 10.0, None)
+    assert assumed is not None and assumed.durable_seconds > after_restart.durable_seconds
     assert planned_seconds(600, first, 21600) == 600
     assert planned_seconds("auto", first, 21600) == first.durable_seconds
     assert planned_seconds("auto", None, 21600) == 21600
