@@ -3,6 +3,7 @@ operator tests, end-to-end scenarios and benchmarks share."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import signal
@@ -194,6 +195,12 @@ lease buys nothing, and in CI a renewal that took over 3 s made the only replica
 mid-drill (the GPU-fault drill hung). Passed after the harness's, it wins."""
 
 
+_SERIALS = itertools.count(1)
+"""Each OperatorProcess's number: its identity and log file differ from every other's (a
+replica started beside another of the same lease shared its log file and, with
+`id(self) % 100000`, once its identity, and led at once)."""
+
+
 class OperatorProcess:
     """`python -m rtj_operator run` on the harness's kubeconfig, logging to a file."""
 
@@ -217,12 +224,14 @@ class OperatorProcess:
         self.health_port = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        self.serial = next(_SERIALS)  # one per process object: two replicas of a lease differ
         self.log_path = log_dir / "operator-0.log"
 
     def start(self, wait_leading: bool = True) -> OperatorProcess:
         self.port, self.health_port = free_port(), free_port()
         self.starts += 1
-        self.log_path = self.log_dir / f"operator-{self.lease_name}-{self.starts}.log"
+        name = f"{self.lease_name}-{self.serial}-{self.starts}"
+        self.log_path = self.log_dir / f"operator-{name}.log"
         args = [
             sys.executable, "-m", "rtj_operator", "run",
             "--kubeconfig", self.kubeconfig,
@@ -232,7 +241,7 @@ class OperatorProcess:
             "--log-format", "text",  # the tests read and print these logs
             "--lease-namespace", self.namespace, "--lease-name", self.lease_name,
             *FAIL_OVER_LEASE,
-            "--identity", f"{self.lease_name}-{id(self) % 100000}-{self.starts}",
+            "--identity", name,
             "--checkpoint-refresh-seconds", "2",
             # the harness's loopback S3 buckets are the platform's: jobs without a
             # credentialsSecret are read with the operator's own (test) identity
