@@ -286,7 +286,7 @@ def carried_over(measured: Measured, current: CheckpointIntervals | None) -> Mea
     """A measured durable save cost outlives the processes that measured it: restarted
     trainers (in place, or a new attempt) report none until their first save, and that save
     comes at the interval chosen from the cost, so the platform's assumption (10 s by
-    default) would set it again, ten times too long for a cheap save. The cost in status
+    default) would set it again, several times too long for a cheap save. The cost in status
     stands until the new trainers measure theirs."""
     if measured.durable_cost is not None or current is None or not current.save_cost_measured:
         return measured
