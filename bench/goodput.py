@@ -43,6 +43,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from bench import soak_judge, soak_report
 from bench.cpu_account import CpuSampler
 from bench.soak_faults import Injector as Injector
@@ -50,6 +52,7 @@ from bench.soak_faults import inject as inject
 from bench.soak_faults import preemption_text as preemption_text
 from bench.soak_faults import prepare_preemption as prepare_preemption
 from bench.soak_schedule import DEFAULT_MIX, KINDS, schedule
+from bench.soak_training import BAD_NODES
 from bench.soak_training import CAPS as CAPS
 from bench.soak_training import CLUSTER_QUEUE as CLUSTER_QUEUE
 from bench.soak_training import JOB as JOB
@@ -91,9 +94,10 @@ def run(opts: SoakOptions) -> dict[str, Any]:
         secret = opts.work / "control-secret"
         secret.write_text(secrets.token_hex(32))
         operator_args += ("--control-secret-file", str(secret))
-    if opts.auto_interval:  # the platform's prior for plannedIntervalSeconds: auto
+    platform_yaml = platform_config(opts)  # the interval prior, the preflight: if needed
+    if platform_yaml is not None:
         platform_file = opts.work / "platform.yaml"
-        platform_file.write_text(platform_config(opts))
+        platform_file.write_text(yaml.safe_dump(platform_yaml))
         operator_args += ("--platform-config", str(platform_file))
     cpu = CpuSampler()
     cpu.start()
@@ -104,16 +108,18 @@ def run(opts: SoakOptions) -> dict[str, Any]:
         api.create_rtj(story.NAMESPACE, job_body(opts))
         wait_for("the first step", lambda: _attempt_logs(platform), 600, 0.5)
         start = time.time()
-        injector = Injector(platform, kube, api, opts.preemption_hold)
-        for fault in plan:
-            while time.time() < start + fault.at and not _finished(api):
-                time.sleep(0.2)
-            if _finished(api):
-                break
-            injected.append(inject(injector, fault))
-        wait_for("the job to finish", lambda: _finished(api), 1800, 1.0)
+        injector = Injector(platform, kube, api, opts.preemption_hold, opts.work / BAD_NODES)
+        with injector.bad_nodes:
+            for fault in plan:
+                while time.time() < start + fault.at and not _finished(api):
+                    time.sleep(0.2)
+                if _finished(api):
+                    break
+                injected.append(inject(injector, fault))
+            wait_for("the job to finish", lambda: _finished(api), 1800, 1.0)
         status = dict(api.get_rtj(story.NAMESPACE, JOB).get("status") or {})
         leaks = _leaks(api, kube, status)
+        facts_extra = {"bad_node_kills": injector.bad_nodes.kills}
     finally:
         cpu_seconds = cpu.stop()
         left = story.down(platform, display)
@@ -126,6 +132,7 @@ def run(opts: SoakOptions) -> dict[str, Any]:
     facts["mix"] = dict(opts.mix) if opts.faults is None else None  # the baseline re-seeds
     facts["generation_starts"] = generation_starts(platform)
     facts["cpu_seconds"] = cpu_seconds
+    facts.update(facts_extra)
     return facts
 
 
@@ -296,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds a preemption's urgent workload keeps the quota once "
                    "admitted (%(default)s)")  # fmt: skip
     p.add_argument("--mix", type=parse_mix, default=None,
-                   help="the fault mix, KIND=WEIGHT,... (default: every kind but sdc, "
+                   help="the fault mix, KIND=WEIGHT,... (default: every kind but sdc and bad_node, "
                    "bench.soak_schedule.DEFAULT_MIX)")  # fmt: skip
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     p.add_argument("--name", default="goodput", help="the report's file names")

@@ -51,7 +51,7 @@ from bench import baseline_judge, goodput, soak_compare
 from bench import soak_accounting as acc
 from bench.cpu_account import CpuSampler
 from bench.soak_schedule import DEFAULT_MIX, KINDS, Fault, schedule
-from bench.soak_training import fault_args
+from bench.soak_training import BAD_NODES, fault_args
 from e2e.cluster.cluster import LocalCluster
 from e2e.cluster.kueue_preemption import kueue_preemptor_leaks
 from e2e.demo import story
@@ -72,8 +72,9 @@ class Injector(goodput.Injector):
         api: Any,
         claim_dir: Path,
         preemption_hold: float = goodput.PREEMPTION_HOLD,
+        bad_nodes: Path | None = None,
     ) -> None:
-        super().__init__(opts, kube, api, preemption_hold)
+        super().__init__(opts, kube, api, preemption_hold, bad_nodes)
         self.claim_dir = claim_dir
         self._newest = newest_plain_step_function()  # imports torch: not while a fault waits
 
@@ -238,22 +239,26 @@ def run(opts: goodput.SoakOptions, cap: float) -> dict[str, Any]:
         deadline = created + cap
         # built first: it imports torch, which took 20 s on a loaded machine, and the
         # schedule's times count from `start` (both faults then came at once, in one world)
-        injector = Injector(platform, kube, api, claim_dir, opts.preemption_hold)
+        injector = Injector(
+            platform, kube, api, claim_dir, opts.preemption_hold, opts.work / BAD_NODES
+        )
         wait_for("the first step", lambda: _attempt_logs(platform), 600, 0.5)
         start = time.time()
 
         def done() -> bool:
             return time.time() >= deadline or _finished(kube) is not None
 
-        for fault in plan:
-            while time.time() < start + fault.at and not done():
-                time.sleep(0.2)
-            if done():
-                break
-            injected.append(goodput.inject(injector, fault))
-        while not done():
-            time.sleep(1.0)
+        with injector.bad_nodes:  # a bad node kills what trains on it to the end
+            for fault in plan:
+                while time.time() < start + fault.at and not done():
+                    time.sleep(0.2)
+                if done():
+                    break
+                injected.append(goodput.inject(injector, fault))
+            while not done():
+                time.sleep(1.0)
         stopped = time.time()
+        bad_node_kills = injector.bad_nodes.kills
         completed = _finished(kube)
         if completed != "Completed":
             stall = _stall(platform, kube, api, stopped)
@@ -271,6 +276,7 @@ def run(opts: goodput.SoakOptions, cap: float) -> dict[str, Any]:
     facts["problems"] += [f"leaked: {what}" for what in leaks]
     facts["cap_seconds"] = cap
     facts["cpu_seconds"] = cpu_seconds
+    facts["bad_node_kills"] = bad_node_kills
     return facts
 
 

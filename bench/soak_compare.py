@@ -49,7 +49,13 @@ HOW = (
     "a file its pod is given): nothing in the plain trainer compares the replicas, so it "
     "trains on and saves the corrupted state; the run ends with a model that differs from "
     "the no-fault run. With the operator every rank refuses the state at the next save "
-    "(the replicas differ bit for bit) and the world restarts from the step before."
+    "(the replicas differ bit for bit) and the world restarts from the step before. "
+    "**bad_node** breaks the rank's node for good (its trainer and every trainer started "
+    "there later killed within half a second; no XID, no condition): nothing in the JobSet "
+    "knows the node, so every restart whose pod the scheduler puts there crashes again, until "
+    "a draw leaves it out. The operator restarts in place, replaces the pod that failed first "
+    "again, and the preflight node check (the platform's, failing there as `dcgmi diag` "
+    "would) quarantines the node the moment a pod lands on it."
 )
 
 

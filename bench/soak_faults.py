@@ -7,8 +7,10 @@ import contextlib
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
+from bench.soak_bad_nodes import BadNodes
 from bench.soak_schedule import Fault
 from bench.soak_training import (
     CLUSTER_QUEUE,
@@ -28,11 +30,20 @@ class Injector:
     preemption, Kueue)."""
 
     def __init__(
-        self, opts: story.Options, kube: Any, api: Any, preemption_hold: float = PREEMPTION_HOLD
+        self,
+        opts: story.Options,
+        kube: Any,
+        api: Any,
+        preemption_hold: float = PREEMPTION_HOLD,
+        bad_nodes: Path | None = None,
     ) -> None:
+        """`bad_nodes`: the folder the platform's preflight check reads (`BadNodes`)."""
         self.opts, self.kube, self.api = opts, kube, api
         self.preemption_hold = preemption_hold
         self.preemptions: list[kueue_preemption.Preemption] = []
+        self.bad_nodes = BadNodes(
+            bad_nodes, lambda: self.api.list_pods(story.NAMESPACE), self._trainer
+        )
 
     def _current(self, rank: int) -> dict[str, Any] | None:
         status = self.api.get_rtj(story.NAMESPACE, JOB).get("status") or {}
@@ -72,6 +83,11 @@ class Injector:
             flip = story._pod_dir(self.opts, pod) / "volumes" / "train-logs" / FLIP_NAME
             flip.write_text("")  # the trainer flips a bit of its weights at its next step
             return f"flipped a bit of rank {fault.rank}'s weights ({name}, on {node})"
+        if fault.kind == "bad_node":
+            self.bad_nodes.add(node)
+            os.kill(pid, signal.SIGKILL)
+            return f"{node} went bad (rank {fault.rank}, {name}): SIGKILL pid {pid}, and " \
+                "every trainer on it from now on; its preflight check fails"  # fmt: skip
         if fault.kind == "hang":
             os.kill(pid, signal.SIGSTOP)
             return f"SIGSTOP rank {fault.rank} (pid {pid}, {name})"

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 KINDS = (
     "rank_killed", "gpu_xid", "hang", "eviction", "corrupt_newest", "node_lost", "preemption",
-    "sdc",
+    "sdc", "bad_node",
 )  # fmt: skip
 """What the harness knows how to inject on pod-runner nodes:
 
@@ -39,6 +39,10 @@ KINDS = (
   wrong; the example trainer reads a file its pod is given, ``--fault-flip-file``) and the
   rank goes on training. Not in the default mix (the published seeds draw as before): name
   it in ``--mix``.
+- bad_node: the rank's node goes bad for good (a GPU that fails every process touching it,
+  unseen by its agent: no XID, no condition): its trainer dies at once, and so does every
+  trainer started on that node afterwards, within half a second; the platform's preflight
+  node check fails there (as ``dcgmi diag -r 1`` would). Not in the default mix: name it.
 """
 
 DEFAULT_MIX: Mapping[str, float] = {

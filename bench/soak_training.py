@@ -22,7 +22,7 @@ JOB = "soak"
 NODES = 6
 RANKS = 2
 # each takes a node out for good (quarantined, or powered off); one spare node stays
-CAPS = {"gpu_xid": NODES - RANKS - 2, "node_lost": 1}
+CAPS = {"gpu_xid": NODES - RANKS - 2, "node_lost": 1, "bad_node": 1}
 MAX_RESTARTS = 50
 PREEMPTION_HOLD = 5.0
 """Seconds a preemption's urgent workload keeps the quota once admitted (`--preemption-hold`)."""
@@ -32,6 +32,12 @@ FLIP_NAME = "flip"
 FLIP_FILE = f"/var/log/train/{FLIP_NAME}"
 """The file an `sdc` fault gives the rank's pod (its train-logs volume; the example trainer's
 ``--fault-flip-file``), in the operator's pods and the JobSet baseline's alike."""
+BAD_NODES = "bad-nodes"
+"""The folder under the soak's work directory holding a file per node a `bad_node` fault
+broke: the platform's preflight node check fails where one exists (`preflight_config`)."""
+PREFLIGHT_IMAGE = "registry.example/rtj-preflight:soak"
+"""The platform's preflight image (the pod runner runs its command on the host)."""
+DCGM_FAILURE = "dcgmi diag: GPU 0 failed the memory test (errors detected)"
 CLUSTER_QUEUE = story.NAMESPACE
 """The platform's ClusterQueue (`story.start_platform` names it after the namespace)."""
 
@@ -102,7 +108,9 @@ class SoakOptions:
                 "drain_every": self.drain_every, "auto_interval": self.auto_interval}  # fmt: skip
 
     def nodes(self) -> int:
-        return NODES + (self.spares + sum(CAPS.values()) if self.spares else 0)
+        """With spares, one more node per fault that may take one out for good."""
+        taken = sum(n for kind, n in CAPS.items() if may_hold(self, kind))
+        return NODES + (self.spares + taken if self.spares else 0)
 
     def variant(self) -> str:
         """In words, for reports."""
@@ -169,17 +177,30 @@ def job_body(opts: SoakOptions) -> dict[str, Any]:
     return dict(body)
 
 
-def platform_config(opts: SoakOptions) -> str:
-    """The operator's platform configuration for `auto_interval`: a prior at the schedule's
-    own rate per node (a platform that knows its fleet), worth a quarter of an hour."""
-    per_node_hour = 3600.0 / opts.mtbf / RANKS
-    return (
-        "checkpointIntervals:\n"
-        f"  priorFailuresPerNodeHour: {per_node_hour:.6g}\n"
-        "  priorWeightHours: 0.25\n"
-        "  minSeconds: 5\n"
-        "  maxSeconds: 3600\n"
-    )
+def platform_config(opts: SoakOptions) -> dict[str, Any] | None:
+    """The operator's platform configuration, None when the run needs none: for
+    `auto_interval`, a prior at the schedule's own rate per node (a platform that knows its
+    fleet) worth a quarter of an hour; for a `bad_node` fault, a preflight whose node check
+    fails on a node the fault broke (`preflight_config`)."""
+    out: dict[str, Any] = {}
+    if opts.auto_interval:
+        out["checkpointIntervals"] = {
+            "priorFailuresPerNodeHour": float(f"{3600.0 / opts.mtbf / RANKS:.6g}"),
+            "priorWeightHours": 0.25, "minSeconds": 5, "maxSeconds": 3600,
+        }  # fmt: skip
+    if may_hold(opts, "bad_node"):
+        out["preflight"] = preflight_config(opts.work / BAD_NODES)
+    return out or None
+
+
+def preflight_config(bad_nodes: Path) -> dict[str, Any]:
+    """The platform's preflight: its node check fails, as `dcgmi diag -r 1` does on a GPU
+    with memory errors (exit 226, its report), on a node with a file in `bad_nodes`. Only a
+    run that may hold a `bad_node` gets a preflight: the published runs' pods stay as they
+    were (the demo platform names no preflight image)."""
+    script = (f'if [ -e "{bad_nodes}/$RTJ_NODE_NAME" ]; then echo "{DCGM_FAILURE}" >&2; '
+              "exit 226; fi")  # fmt: skip
+    return {"image": PREFLIGHT_IMAGE, "nodeCommand": ["sh", "-c", script]}
 
 
 def no_fault_run(opts: SoakOptions) -> dict[int, dict[int, float]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,7 +24,7 @@ def test_the_schedule_is_seeded_spaced_and_capped() -> None:
     assert all(f.at <= 3600 - 30 and f.kind in KINDS and 0 <= f.rank < 4 for f in a)
     assert sum(f.kind == "gpu_xid" for f in a) <= 2
     assert {f.kind for f in a} == set(DEFAULT_MIX), "the default mix draws each of its kinds"
-    assert set(KINDS) - set(DEFAULT_MIX) == {"sdc"}, "named in --mix only"
+    assert set(KINDS) - set(DEFAULT_MIX) == {"sdc", "bad_node"}, "named in --mix only"
     only = schedule(1, 600, 30, ranks=2, mix={"hang": 1.0})
     assert only and {f.kind for f in only} == {"hang"}
     with pytest.raises(ValueError, match="unknown fault kinds"):
@@ -393,15 +394,77 @@ def test_an_auto_interval_soak_saves_by_the_operators_interval_with_the_fleets_p
     assert not [a for a in args if a.startswith("--save-every=") and a != "--save-every=0"]
     checkpoint = job_body(opts)["spec"]["checkpoint"]
     assert checkpoint["plannedIntervalSeconds"] == "auto"
-    policy = load_interval_policy(platform_config(opts))
+    text = yaml.safe_dump(platform_config(opts))
+    policy = load_interval_policy(text)
     # 12 faults an hour over the job's 2 pods: the operator's prior is the schedule's rate
     assert policy.prior(2).per_hour == pytest.approx(3600 / 300)
-    assert yaml.safe_load(platform_config(opts))["checkpointIntervals"]["minSeconds"] == 5
+    assert yaml.safe_load(text)["checkpointIntervals"]["minSeconds"] == 5
+    assert "preflight" not in yaml.safe_load(text)  # the published runs' pods: unchanged
     assert opts.features()["auto_interval"] is True and "interval auto" in opts.variant()
     with pytest.raises(ValueError, match="no drain"):
         SoakOptions(auto_interval=True, fast_every=50, drain_every=100)
     fixed = trainer_args(SoakOptions(save_every=200))
     assert "--save-every=200" in fixed and not [a for a in fixed if "save-seconds" in a]
+
+
+def test_only_a_schedule_that_may_hold_a_bad_node_gets_a_preflight_that_fails_there(
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    import subprocess
+
+    import yaml
+
+    from bench.soak_training import BAD_NODES, CAPS, NODES, SoakOptions, platform_config
+    from rtj_operator.policy.platform import load_preflight_policy
+
+    assert platform_config(SoakOptions()) is None
+    fixed = SoakOptions(faults=[Fault(30.0, "hang", 1)], mix={"bad_node": 1})
+    assert platform_config(fixed) is None
+    opts = SoakOptions(mix={"bad_node": 1.0, "hang": 1.0}, work=tmp_path)
+    policy = load_preflight_policy(yaml.safe_dump(platform_config(opts)))
+    assert policy.image is not None and policy.node_command[:2] == ("sh", "-c")
+    (tmp_path / BAD_NODES).mkdir()
+    (tmp_path / BAD_NODES / "node-b").write_text("")
+
+    def check(node: str) -> subprocess.CompletedProcess[str]:
+        env = {"RTJ_NODE_NAME": node, "PATH": "/usr/bin:/bin"}
+        return subprocess.run(list(policy.node_command), env=env, capture_output=True,
+                              text=True, check=False)  # fmt: skip
+
+    bad, good = check("node-b"), check("node-a")
+    assert bad.returncode == 226 and "failed the memory test" in bad.stderr, bad
+    assert good.returncode == 0, good
+    # with spares, a node more per kind of fault that takes one for good and may occur
+    assert SoakOptions(spares=1, mix={"hang": 1.0}).nodes() == NODES + 1
+    assert SoakOptions(spares=1, mix={"bad_node": 1.0}).nodes() == NODES + 1 + CAPS["bad_node"]
+    assert SoakOptions(spares=1).nodes() == NODES + 1 + CAPS["gpu_xid"] + CAPS["node_lost"]
+
+
+def test_the_bad_node_watcher_kills_only_what_trains_on_a_broken_node(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from bench.soak_bad_nodes import BadNodes
+
+    procs = {n: subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+             for n in ("a", "b", "c")}  # fmt: skip
+    pods = [{"metadata": {"name": f"pod-{n}"}, "spec": {"nodeName": f"node-{n}"},
+             "status": {"phase": "Running" if n != "c" else "Pending"}} for n in procs]  # fmt: skip
+    watcher = BadNodes(tmp_path / "bad", lambda: pods,
+                       lambda pod: procs[pod["metadata"]["name"][-1]].pid)  # fmt: skip
+    try:
+        watcher.add("node-b")
+        watcher.add("node-c")
+        watcher.sweep(watcher.nodes)
+        assert procs["b"].wait(10) == -9 and (tmp_path / "bad" / "node-b").exists()
+        assert procs["a"].poll() is None and procs["c"].poll() is None  # c: not running yet
+        assert [k["pod"] for k in watcher.kills] == ["pod-b"]
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()
+    with pytest.raises(ValueError, match="folder"):
+        BadNodes(None, lambda: [], lambda pod: None).add("node-a")
 
 
 def test_the_report_names_the_mix_its_schedule_was_drawn_from() -> None:
