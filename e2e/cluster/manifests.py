@@ -19,9 +19,18 @@ import yaml
 
 Obj = dict[str, Any]
 
+FAST_SAFE_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+"""PyYAML's safe loader in C (libyaml, in PyYAML's wheels), the pure-Python one without it:
+the same documents, parsed 6-10x faster. JobSet's and Kueue's CRDs (2.7 MB) took 3.7 s of
+every cluster's start and our own CRD (0.7 MB) 1.4 s of every operator install."""
+
+
+def load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=FAST_SAFE_LOADER)
+
 
 def load_all(path: Path) -> list[Obj]:
-    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+    return [d for d in yaml.load_all(path.read_text(), Loader=FAST_SAFE_LOADER) if d]
 
 
 def crds(module_dir: Path, only: tuple[str, ...] | None = None) -> list[Obj]:
