@@ -47,7 +47,7 @@ from kubernetes.client.exceptions import ApiException
 from rtj_shim.agent.supervisor import descendants
 
 from .podip import NoPodIP
-from .spec import LocalProcess, PodNotRunnable, plan_pod
+from .spec import LocalProcess, PodNotRunnable, plan_pod, slowed
 from .status import ContainerRun, PodRun, render_status, signal_name, termination
 
 if TYPE_CHECKING:
@@ -128,7 +128,8 @@ class PodWorker(threading.Thread):
         for path, data in plan_.files.items():
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data)
-        self.plans = {p.container: p for p in plan_.processes}
+        rate = self.runner.slow_link(str((self.pod.get("spec") or {}).get("nodeName")))
+        self.plans = {p.container: p if rate is None else slowed(p, rate) for p in plan_.processes}
         self.runner.say(f"{self._who()}: pod IP {self.run_state.pod_ips[0]}")
         self._report()
         while self._step():

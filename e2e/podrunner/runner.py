@@ -197,6 +197,20 @@ class PodRunner:
         as with a dead kubelet); the Node object stays. Only its Lease going stale tells."""
         self._machine_gone(name, "powered off: its pods' processes killed, nothing reported")
 
+    def slow_link_file(self, node: str) -> Path:
+        """While this file exists (holding bytes per second) `node`'s link is slow: a pod
+        planned on it then runs its `rtj-shim preflight` ring transfer at that rate (the
+        preflight's hidden ``--throttle-bytes-per-second``; the runner shares loopback, so
+        only that transfer is slowed, the trainer's traffic is not). See `slowed`."""
+        return self.root / "slow-link" / node
+
+    def slow_link(self, node: str) -> float | None:
+        """The bytes per second of `node`'s slow link; None: a healthy one."""
+        try:
+            return float(self.slow_link_file(node).read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+
     def cut_off_file(self, node: str) -> Path:
         """While this file exists `node` is out of contact with the API server (a partition,
         a hung kubelet): no Lease renewal, no status, no pod event seen, its processes run

@@ -17,6 +17,7 @@ container with ``restartPolicy: Always`` is a native sidecar (``LocalProcess.sid
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -295,3 +296,16 @@ def _plan_container(c: Obj, init: bool, ctx: _Context) -> LocalProcess:
         message_policy=c.get("terminationMessagePolicy") or "File",
         sidecar=init and c.get("restartPolicy") == "Always",
     )
+
+
+def slowed(process: LocalProcess, bytes_per_second: float) -> LocalProcess:
+    """`process` on a node whose link is slow (`PodRunner.slow_link_file`): an `rtj-shim
+    preflight` runs its ring transfer at `bytes_per_second`; any other is unchanged."""
+    argv = process.argv
+    at = next((i for i, a in enumerate(argv[:-1]) if a.endswith("rtj-shim")
+               and argv[i + 1] == "preflight"), None)  # fmt: skip
+    if at is None:
+        return process
+    throttled = [*argv[: at + 2], f"--throttle-bytes-per-second={bytes_per_second:g}",
+                 *argv[at + 2 :]]  # fmt: skip
+    return dataclasses.replace(process, argv=throttled)

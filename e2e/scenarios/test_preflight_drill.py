@@ -8,6 +8,9 @@ rendezvous and run the platform's node command. The platform (`--platform-config
 the preflight's image and a node command that fails on one node, as `dcgmi diag` would on a
 GPU that fails its memory test. One of the five nodes is cordoned for attempt 1, so its four
 pods are certain to include the bad node; it is uncordoned once that node is quarantined.
+Separately, a node whose link is slow (the runner runs its pod's ring transfer throttled,
+`PodRunner.slow_link_file`) fails its pod's collective check: the job's next attempt keeps
+off it, and nothing is quarantined (the tenant runs the pods that ring is measured with).
 """
 
 from __future__ import annotations
@@ -50,18 +53,18 @@ def _cordon(rtj_cluster: Any, node: str, on: bool) -> None:
     rtj_cluster.kube.core.patch_node(node, {"spec": {"unschedulable": on}})
 
 
-def _platform(tmp: Path, bad: str) -> Path:
+def _platform(tmp: Path, bad: str | None) -> Path:
     """The platform's configuration: its preflight image, and a node command that fails on
     `bad` as `dcgmi diag -r 1` does on a GPU with memory errors (exit 226, its report)."""
     script = (f'if [ "$RTJ_NODE_NAME" = "{bad}" ]; then echo "{DCGM_FAILURE}" >&2; exit 226; '
-              "fi")  # fmt: skip
+              "fi") if bad else "true"  # fmt: skip
     path = tmp / "platform.yaml"
     preflight = {"image": IMAGE, "nodeCommand": ["sh", "-c", script]}
     path.write_text(yaml.safe_dump({"preflight": preflight}))
     return path
 
 
-def _job(ns: str, root: Path) -> dict[str, Any]:
+def _job(ns: str, root: Path, bandwidth_factor: float = 1000) -> dict[str, Any]:
     return {
         "apiVersion": f"{keys.GROUP}/{keys.VERSION}", "kind": keys.KIND,
         "metadata": {"name": JOB, "namespace": ns},
@@ -69,8 +72,8 @@ def _job(ns: str, root: Path) -> dict[str, Any]:
             "replicas": 4,
             "checkpoint": {"uri": f"file://{root}"},
             "failurePolicy": {"maxRestarts": 1, "backoff": {"initialSeconds": 1, "maxSeconds": 2}},
-            # a factor no loopback hiccup reaches: this drill is about the node check
-            "preflight": {"timeoutSeconds": 60, "bandwidthFactor": 1000},
+            # by default a factor no loopback hiccup reaches: the node check's drill
+            "preflight": {"timeoutSeconds": 60, "bandwidthFactor": bandwidth_factor},
             "template": {"spec": {
                 "nodeSelector": {NODE_LABEL: NODE_LABEL_VALUE},
                 "tolerations": [{**TAINT, "operator": "Equal"}],
@@ -119,3 +122,46 @@ def test_a_node_that_fails_the_preflight_is_quarantined_and_the_job_trains_elsew
     ]
     assert second and all(p["spec"]["nodeName"] != bad for p in second), second
     assert all(p["spec"]["initContainers"][0]["name"] == "rtj-preflight" for p in second)
+
+
+def test_a_pod_whose_link_is_slow_fails_the_ring_and_the_next_attempt_keeps_off_its_node(
+    rtj_cluster: Any, rtj_api: Kube, rtj_ns: Any, runner: PodRunner, run_operator: Any,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    ns = rtj_ns.name
+    slow, spare = runner.node_names[1], runner.node_names[4]
+    # 4 MB/s each way: a 16 MiB ring takes seconds, against well over 100 MB/s on loopback
+    runner.slow_link_file(slow).parent.mkdir(parents=True, exist_ok=True)
+    runner.slow_link_file(slow).write_text("4000000")
+    run_operator("--platform-config", str(_platform(tmp_path, None)))
+    _cordon(rtj_cluster, spare, True)  # attempt 1's four pods take the other four nodes
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    rtj_api.create_rtj(ns, _job(ns, root, bandwidth_factor=4))
+
+    def failed() -> dict[str, Any] | None:
+        attempts = rtj_status(rtj_api, ns, JOB).get("attempts") or []
+        return attempts[0] if attempts and attempts[0].get("failureClass") else None
+
+    record = wait_for("attempt 1's failure record", failed, WAIT)
+    assert record["failureClass"] == "PreflightFailed", record
+    assert record["firstFailed"]["node"] == slow, record
+    assert any("collective check" in line and "avoids the node" in line
+               for line in record["evidence"]), record  # fmt: skip
+    status = rtj_status(rtj_api, ns, JOB)
+    assert not status.get("quarantinedNodes"), status  # the tenant's ring taints nothing
+    # a slow link is no proof against the node: the restart is the job's own (maxRestarts)
+    assert status["restarts"]["preflight"] == 0, status
+    assert status["restarts"]["infrastructure"] == 1, status
+
+    _cordon(rtj_cluster, spare, False)
+    done = wait_for("the job to complete off the slow node", lambda: (
+        (s := rtj_status(rtj_api, ns, JOB)).get("phase") == "Succeeded" and s
+    ), WAIT)  # fmt: skip
+    assert condition_true(done, "Complete") and done["attempt"] == 2, done
+    second = [
+        p
+        for p in pods_of(rtj_api, ns, JOB)
+        if p["metadata"]["labels"].get(keys.ATTEMPT_LABEL) == "2"
+    ]
+    assert len(second) == 4 and all(p["spec"]["nodeName"] != slow for p in second), second

@@ -9,6 +9,7 @@ import pytest
 
 from e2e.podrunner.spec import (
     LOOPBACK,
+    LocalProcess,
     PathMap,
     PodDirs,
     PodNotRunnable,
@@ -16,6 +17,7 @@ from e2e.podrunner.spec import (
     expand,
     field_ref,
     plan_pod,
+    slowed,
 )
 
 DIRS = PodDirs(pod=Path("/r/pods/ns/p-1"), node=Path("/r/nodes/n1"), claims=Path("/r/claims"))
@@ -169,3 +171,18 @@ def test_secret_volumes_become_files() -> None:
     out = plan(p)
     assert out.files[DIRS.volume("s") / "AWS_ACCESS_KEY_ID"] == b"AKIA"
     assert out.processes[0].argv == ["cat", f"{DIRS.volume('s')}/AWS_ACCESS_KEY_ID"]
+
+
+def test_a_slow_link_throttles_the_preflight_ring_and_nothing_else() -> None:
+    def process(argv: list[str]) -> LocalProcess:
+        return LocalProcess(container="c", init=True, argv=argv, env={}, cwd=Path("/"),
+                            log=Path("/log"), termination_log=Path("/t"),
+                            message_policy="File", sidecar=False)  # fmt: skip
+
+    ring = process(["/venv/bin/rtj-shim", "preflight", "--timeout", "60", "--", "dcgmi", "diag"])
+    assert slowed(ring, 4e6).argv == [
+        "/venv/bin/rtj-shim", "preflight", "--throttle-bytes-per-second=4e+06", "--timeout",
+        "60", "--", "dcgmi", "diag",
+    ]  # fmt: skip
+    for other in (["rtj-shim", "resolve"], ["python3", "train.py", "preflight"], ["rtj-shim"]):
+        assert slowed(process(other), 4e6).argv == other
