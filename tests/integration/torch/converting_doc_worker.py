@@ -226,8 +226,33 @@ def accelerate(total: int) -> dict[str, Any]:
     return {"restored": 0 if resumed is None else resumed.step, "final": ns["step"]}
 
 
+def deepspeed(total: int) -> dict[str, Any]:
+    import os
+
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed as ds
+
+    ds.init_distributed(dist_backend="gloo")  # the doc's initialize finds it initialized
+
+    def train_step(engine: Any, step: int) -> None:
+        g = torch.Generator().manual_seed(step)
+        x = torch.randn(8, 4, generator=g)
+        engine.backward(nn.functional.mse_loss(engine(x), x.sum(dim=1, keepdim=True).sin()))
+        engine.step()
+
+    adamw = {"type": "AdamW", "params": {"lr": 0.01, "torch_adam": True}}
+    config = {"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 1},
+              "optimizer": adamw}  # fmt: skip
+    ns = run("deepspeed", {"deepspeed": ds, "model": small_net(), "ds_config": config,
+                           "train_step": train_step, "total_steps": total})  # fmt: skip
+    resumed = ns["state"].resumed
+    torch.distributed.destroy_process_group()
+    return {"restored": 0 if resumed is None else resumed.step, "final": ns["step"]}
+
+
 EXAMPLES = {
     "plain": plain, "dcp": dcp, "lightning": lightning, "hf": hf, "accelerate": accelerate,
+    "deepspeed": deepspeed,
 }  # fmt: skip
 
 

@@ -1,5 +1,5 @@
 """docs/converting.md runs as written: each marked "after" block (plain PyTorch, DCP,
-Lightning with the RNG mixin, the Hugging Face Trainer, Accelerate) runs in a fresh
+Lightning with the RNG mixin, the Hugging Face Trainer, Accelerate, DeepSpeed) runs in a fresh
 process on a tiny CPU model with the checkpoint root in ``RTJ_CHECKPOINT_URI`` (as the
 operator sets it), then runs again, longer, and resumes from the step the first run
 published, saying so in one line on stderr. The "before" blocks are checked to be Python
@@ -25,7 +25,7 @@ from rtj_shim.checkpoint.storage import open_store
 from rtj_shim.checkpoint.verification import Depth
 
 WORKER = Path(__file__).with_name("converting_doc_worker.py")
-NAMES = {"plain", "dcp", "lightning", "lightning-rng", "hf", "accelerate"}
+NAMES = {"plain", "dcp", "lightning", "lightning-rng", "hf", "accelerate", "deepspeed"}
 
 
 def load_worker() -> ModuleType:
@@ -73,6 +73,7 @@ EXAMPLES = {
     "lightning": Example((2, 3), [2, 4], [2, 4, 6], "", INTEGRATION_RESUME),  # 2 steps/epoch
     "hf": Example((8, 12), [8], [8, 12], "", INTEGRATION_RESUME),  # a final save at the end
     "accelerate": Example((8, 12), [8], [8, 12], "", INTEGRATION_RESUME),  # a final save too
+    "deepspeed": Example((8, 12), [8], [8, 12], "", INTEGRATION_RESUME),  # a final save too
 }
 
 
@@ -92,7 +93,7 @@ def environment(name: str, root: str, tmp: Path) -> dict[str, str]:
         TRANSFORMERS_OFFLINE="1",
         PYTHONWARNINGS="ignore",
     )
-    if name == "plain":  # torchrun's variables, one process
+    if name in ("plain", "deepspeed"):  # torchrun's variables, one process
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0",
                    WORLD_SIZE="1", LOCAL_RANK="0")  # fmt: skip
     return env
