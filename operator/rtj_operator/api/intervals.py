@@ -53,6 +53,11 @@ class CheckpointIntervals(StatusModel):
         description="What a fast-tier save costs the training (the slowest rank's average, or "
         "the platform's assumption before a measurement).",
     )
+    fast_save_cost_measured: bool | None = Field(
+        default=None,
+        description="Whether fastSaveSeconds is the trainers' measurement (null: no fast "
+        "tier).",
+    )
     fast_covers: float | None = Field(
         default=None,
         ge=0,

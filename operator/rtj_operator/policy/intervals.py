@@ -278,19 +278,25 @@ def choose(
         exposure_hours=exposure_hours, durable_save_seconds=durable_cost,
         save_cost_measured=measured.durable_cost is not None, fast_every_steps=fast_every,
         fast_seconds=fast_seconds, fast_save_seconds=fast_cost, fast_covers=covers,
+        fast_save_cost_measured=None if fast_tier == "none" else measured.fast_cost is not None,
         chosen_at=now,
     )  # fmt: skip
 
 
 def carried_over(measured: Measured, current: CheckpointIntervals | None) -> Measured:
-    """A measured durable save cost outlives the processes that measured it: restarted
-    trainers (in place, or a new attempt) report none until their first save, and that save
-    comes at the interval chosen from the cost, so the platform's assumption (10 s by
-    default) would set it again, several times too long for a cheap save. The cost in status
-    stands until the new trainers measure theirs."""
-    if measured.durable_cost is not None or current is None or not current.save_cost_measured:
+    """A measured save cost outlives the processes that measured it: restarted trainers (in
+    place, or a new attempt) report none until their first save, and that save comes at the
+    interval chosen from the cost, so the platform's assumption (10 s for a durable save,
+    0.5 s for a fast one, by default) would set it again, several times too long for a cheap
+    save (and a restart's fast interval is sent with its run order). Each tier's cost in
+    status stands until the new trainers measure theirs."""
+    if current is None:
         return measured
-    return replace(measured, durable_cost=current.durable_save_seconds)
+    if measured.durable_cost is None and current.save_cost_measured:
+        measured = replace(measured, durable_cost=current.durable_save_seconds)
+    if measured.fast_cost is None and current.fast_save_cost_measured:
+        measured = replace(measured, fast_cost=current.fast_save_seconds)
+    return measured
 
 
 def _cost(measured: float | None, assumed: float) -> float:
@@ -310,8 +316,10 @@ def _stands(
     durable: int,
     fast_every: int | None,
 ) -> bool:
-    same_evidence = current.failures == failures and current.save_cost_measured == (
-        measured.durable_cost is not None
+    same_evidence = (
+        current.failures == failures
+        and current.save_cost_measured == (measured.durable_cost is not None)
+        and bool(current.fast_save_cost_measured) == (measured.fast_cost is not None)
     )
     return (
         same_evidence

@@ -250,6 +250,28 @@ def test_a_fast_tier_takes_the_failures_it_covers_from_the_durable_interval() ->
         IntervalPolicy(fast_tier_covers=1.0)
 
 
+def test_a_measured_fast_save_cost_outlives_the_trainers_that_measured_it() -> None:
+    kwargs: dict[str, Any] = {"pods": 4, "exposure_hours": 20.0, "now": NOW, "fast_tier": "auto"}
+    measured = Measured(durable_cost=2.0, fast_cost=0.05, step_seconds=0.06)
+    first = choose(DEFAULT, failures=3, current=None, measured=measured, **kwargs)
+    assert first is not None and first.fast_save_cost_measured is True
+    # restarted trainers report no cost until their first saves: the measured ones stand
+    # (the assumed 0.5 s fast save would set an interval three times too long)
+    restarted = Measured(step_seconds=0.06)
+    assert choose(DEFAULT, failures=3, current=first, measured=restarted, **kwargs) is None
+    after = choose(DEFAULT, failures=4, current=first, measured=restarted, **kwargs)
+    assert after is not None and after.fast_save_cost_measured and after.save_cost_measured
+    assert after.fast_save_seconds == 0.05 and after.durable_save_seconds == 2.0
+    assumed = choose(DEFAULT, failures=4, current=None, measured=restarted, **kwargs)
+    assert assumed is not None and assumed.fast_save_cost_measured is False
+    assert assumed.fast_every_steps is not None and after.fast_every_steps is not None
+    assert assumed.fast_every_steps > after.fast_every_steps
+    # a job without a fast tier says nothing of one
+    alone = choose(DEFAULT, **{**kwargs, "fast_tier": "none"}, failures=3, current=None,
+                   measured=Measured(durable_cost=2.0))  # fmt: skip
+    assert alone is not None and alone.fast_save_cost_measured is None
+
+
 def _fast_auto(chosen: dict[str, Any] | None = None, **fast: Any) -> ResilientTrainingJob:
     spec = copy.deepcopy(AUTO)
     spec["checkpoint"]["fastTier"] = {"everySteps": "auto", **fast}
