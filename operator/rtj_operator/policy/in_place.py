@@ -168,8 +168,9 @@ def choose(
             f"{found.failure_class.value} needs more than a restart in the same pods"
         )
     world = {**{_name(p): p for p in gone}, **{_name(p): p for p in pods}}
-    repeated = repeat_offender(rtj, found) if not nodes and not evicted else None
-    if repeated is not None and repeated in world:
+    offender = repeat_offender(rtj, found) if not nodes and not evicted else None
+    repeated = offender if offender in world else None  # a pod of this world, or no one
+    if repeated is not None:
         replace: tuple[str, ...] = (repeated,)
         what = f"pod {repeated} failed first again"
     elif evicted:
@@ -178,11 +179,9 @@ def choose(
             return InPlaceChoice("no evicted pod of the world is known yet")
         replace = tuple(taken)
         what = f"it evicts {len(replace)} pods"
-        repeated = None
     else:
         replace = tuple(sorted(_name(p) for p in pods if node_of(p) in nodes))
         what = f"it implicates nodes {', '.join(sorted(nodes))} with {len(replace)} pods on them"
-        repeated = None
     if nodes or evicted or repeated:
         limit = recovery.in_place_max_replaced_pods
         if len(replace) > limit:
