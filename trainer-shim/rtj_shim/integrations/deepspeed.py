@@ -133,8 +133,7 @@ class PublishingEngine:
             error = self._broadcast(error)
             if error is not None:
                 raise CheckpointError(f"step {step} was not published: {error}")
-        finally:
-            self._barrier()  # no rank deletes the staging directory another still reads
+        finally:  # every rank wrote before the barrier and reads nothing after it
             if self.rank == 0:
                 shutil.rmtree(staging, ignore_errors=True)
         if result is not None:
