@@ -55,8 +55,7 @@ class CheckpointIntervals(StatusModel):
     )
     fast_save_cost_measured: bool | None = Field(
         default=None,
-        description="Whether fastSaveSeconds is the trainers' measurement (null: no fast "
-        "tier).",
+        description="Whether fastSaveSeconds is the trainers' measurement (null: no fast tier).",
     )
     fast_covers: float | None = Field(
         default=None,
