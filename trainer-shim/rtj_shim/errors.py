@@ -11,6 +11,11 @@ class ShimError(Exception):
     """Base of every error rtj_shim raises on purpose."""
 
 
+class CheckpointError(ShimError):
+    """A save or restore failed on this rank or on another one (``rtj_shim.torch`` and every
+    framework integration raise it)."""
+
+
 class StoreError(ShimError):
     """The store cannot be read or written (permissions, wrong type, network, S3 errors)."""
 

@@ -15,6 +15,7 @@ The operator passes the job's policy to the trainer as environment (:func:`polic
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -195,3 +196,17 @@ def plan_retention(states: Iterable[StepState], policy: RetentionPolicy) -> Rete
             what = "in progress" if state.name.in_progress else f"not verified ({state.reason})"
             delete.append(Decision(state.name, f"{what}, older than newest verified step {newest}"))
     return RetentionPlan(tuple(keep), tuple(delete))
+
+
+def merged_retention(
+    env: RetentionPolicy | None, keep_last: int | None, keep_best: int, monitor: str | None
+) -> RetentionPolicy | None:
+    """The operator's policy (environment) first; ``keep_last`` in code applies when the
+    environment sets none (a local run); ``keep_best`` protects the best steps in either."""
+    policy = env if env is not None else (None if keep_last is None else RetentionPolicy(keep_last))
+    if policy is None or keep_best <= 0:
+        return policy
+    if monitor is None:
+        raise ValueError(f"keep_best={keep_best} needs monitor=NAME: the metric the best are "
+                         "kept by")  # fmt: skip
+    return dataclasses.replace(policy, keep_best=keep_best, best_metric=monitor)

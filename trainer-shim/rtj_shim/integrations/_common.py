@@ -1,6 +1,6 @@
-"""What both framework integrations share: publish a directory as a step (tolerating a
-re-save of a step that is already published and verifies), and find the step to resume
-from as a local directory.
+"""What every framework integration shares, torch-free (a framework without torch can use
+it): publish a directory as a step (tolerating a re-save of a step that is already
+published and verifies), and find the step to resume from as a local directory.
 
 The resume decision is the Checkpointer's: the init container's ``resume.json`` in the
 pod's first incarnation (``RTJ_RESUME_FILE``, default ``/var/run/rtj/resume.json``),
@@ -39,17 +39,15 @@ from rtj_shim.checkpoint.protocol import (
     retention_from_env,
 )
 from rtj_shim.checkpoint.resolver import resolve
-from rtj_shim.checkpoint.retention import RetentionPolicy
+from rtj_shim.checkpoint.retention import RetentionPolicy, merged_retention
 from rtj_shim.checkpoint.storage import CheckpointStore, open_store
 from rtj_shim.checkpoint.storage.filesystem import FilesystemStore
 from rtj_shim.checkpoint.verification import Depth, check_commit
 from rtj_shim.checkpoint.verifier import verify_step
-from rtj_shim.errors import StepAlreadyPublished
-from rtj_shim.torch.checkpointer import DEFAULT_RESUME_FILE
-from rtj_shim.torch.outcomes import CheckpointError
-from rtj_shim.torch.restore import pinned_step
-from rtj_shim.torch.schedule import merged_retention
+from rtj_shim.errors import CheckpointError, StepAlreadyPublished
 from rtj_shim.wire import pod_env
+from rtj_shim.wire.resume_file import DEFAULT_PATH as DEFAULT_RESUME_FILE
+from rtj_shim.wire.resume_pin import pinned_step
 
 log = logging.getLogger("rtj_shim.integrations")
 

@@ -43,6 +43,7 @@ from rtj_shim.checkpoint.manifest import Framework
 from rtj_shim.checkpoint.protocol import PublishResult, StepMetadata
 from rtj_shim.checkpoint.storage import CheckpointStore
 from rtj_shim.checkpoint.storage.filesystem import FilesystemStore
+from rtj_shim.errors import CheckpointError
 from rtj_shim.integrations._common import (
     UNSET,
     LocalStep,
@@ -55,7 +56,6 @@ from rtj_shim.integrations._common import (
     resolve_local,
     retention_policy,
 )
-from rtj_shim.torch.outcomes import CheckpointError
 
 __all__ = ["PublishingState"]
 

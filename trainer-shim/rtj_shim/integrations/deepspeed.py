@@ -45,6 +45,7 @@ from rtj_shim.checkpoint.manifest import Framework, Manifest
 from rtj_shim.checkpoint.protocol import PublishResult, StepMetadata
 from rtj_shim.checkpoint.storage import CheckpointStore
 from rtj_shim.checkpoint.storage.filesystem import FilesystemStore
+from rtj_shim.errors import CheckpointError
 from rtj_shim.integrations._common import (
     LocalStep,
     local_step,
@@ -54,7 +55,6 @@ from rtj_shim.integrations._common import (
     resolve_local,
     retention_policy,
 )
-from rtj_shim.torch.outcomes import CheckpointError
 
 __all__ = ["PublishingEngine", "check_every_rank_wrote", "refuse_another_world"]
 

@@ -30,9 +30,10 @@ from rtj_shim.alignment import AlignmentCheck
 from rtj_shim.integrity import AnomalyGuard
 from rtj_shim.torch.validation import Probe
 from rtj_shim.wire import pod_env
+from rtj_shim.wire.resume_file import DEFAULT_PATH
 
 MiB = 1 << 20
-DEFAULT_RESUME_FILE = "/var/run/rtj/resume.json"
+DEFAULT_RESUME_FILE = DEFAULT_PATH
 
 
 @dataclass(frozen=True)

@@ -11,14 +11,10 @@ import logging
 import sys
 from dataclasses import dataclass
 
-from rtj_shim.errors import ShimError
+from rtj_shim.errors import CheckpointError as CheckpointError
 from rtj_shim.torch import _dist
 
 log = logging.getLogger("rtj_shim.torch")
-
-
-class CheckpointError(ShimError):
-    """A save or restore failed on this rank or on another one."""
 
 
 class NonFiniteStateError(CheckpointError):

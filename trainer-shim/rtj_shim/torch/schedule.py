@@ -12,12 +12,11 @@ reads ``extra.metric`` of each step).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rtj_shim.checkpoint.retention import RetentionPolicy
+from rtj_shim.checkpoint.retention import merged_retention as merged_retention
 
 Mode = Literal["min", "max"]
 
@@ -106,20 +105,6 @@ def save_decision(
     if metric is not None and improved(best, metric, schedule.mode):
         reasons.append(f"{schedule.monitor} improved to {metric:g}")
     return Decision(bool(reasons), ", ".join(reasons))
-
-
-def merged_retention(
-    env: RetentionPolicy | None, keep_last: int | None, keep_best: int, monitor: str | None
-) -> RetentionPolicy | None:
-    """The operator's policy (environment) first; ``keep_last`` in code applies when the
-    environment sets none (a local run); ``keep_best`` protects the best steps in either."""
-    policy = env if env is not None else (None if keep_last is None else RetentionPolicy(keep_last))
-    if policy is None or keep_best <= 0:
-        return policy
-    if monitor is None:
-        raise ValueError(f"keep_best={keep_best} needs monitor=NAME: the metric the best are "
-                         "kept by")  # fmt: skip
-    return dataclasses.replace(policy, keep_best=keep_best, best_metric=monitor)
 
 
 def metric_flag(value: float | None) -> float:

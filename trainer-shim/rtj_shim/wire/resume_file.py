@@ -8,7 +8,7 @@ The same JSON object travels three ways:
 - the supervisor writes an in-place restart's pin (``resume-<generation>.json``): the durable
   step and/or the fast step the operator's order names;
 - the trainers read it at their first restore: the durable pin
-  (``torch.restore.pinned_step``) and the fast pin (``torch.fast_save.pinned_fast_step``).
+  (``wire.resume_pin.pinned_step``) and the fast pin (``torch.fast_save.pinned_fast_step``).
 
 ``{"step": N | null, "uri": ..., "verification": "deep" | "shallow" | null, "skipped":
 [{"step": S, "reason": R}, ...], "source": ..., "fast_step": F, "fast_lineage": L}``, or
@@ -30,6 +30,8 @@ from rtj_shim.checkpoint.selection import Resolution
 
 DEEP = "deep"
 VERIFICATIONS = ("deep", "shallow")
+DEFAULT_PATH = "/var/run/rtj/resume.json"
+"""Where the resume init container writes it (``RTJ_RESUME_FILE`` says so in the pod)."""
 
 
 class ResumeFileError(ValueError):
