@@ -250,9 +250,27 @@ def deepspeed(total: int) -> dict[str, Any]:
     return {"restored": 0 if resumed is None else resumed.step, "final": ns["step"]}
 
 
+def orbax(total: int) -> dict[str, Any]:
+    import os
+
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    import jax
+    import jax.numpy as jnp
+
+    def train_step(state: dict[str, Any], step: int) -> dict[str, Any]:
+        x = jax.random.normal(jax.random.fold_in(jax.random.key(0), step), (8, 4))
+        grad = jax.grad(lambda w: jnp.mean((x @ w - jnp.sin(x.sum(axis=1))) ** 2))(state["w"])
+        return {"w": state["w"] - 0.05 * grad}
+
+    ns = run("orbax", {"jax": jax, "state": {"w": jnp.zeros((4,))}, "train_step": train_step,
+                       "total_steps": total})  # fmt: skip
+    resumed = ns["ckpt"].resumed
+    return {"restored": 0 if resumed is None else resumed.step, "final": ns["step"]}
+
+
 EXAMPLES = {
     "plain": plain, "dcp": dcp, "lightning": lightning, "hf": hf, "accelerate": accelerate,
-    "deepspeed": deepspeed,
+    "deepspeed": deepspeed, "orbax": orbax,
 }  # fmt: skip
 
 

@@ -1,6 +1,6 @@
 """docs/converting.md runs as written: each marked "after" block (plain PyTorch, DCP,
-Lightning with the RNG mixin, the Hugging Face Trainer, Accelerate, DeepSpeed) runs in a fresh
-process on a tiny CPU model with the checkpoint root in ``RTJ_CHECKPOINT_URI`` (as the
+Lightning with the RNG mixin, the Hugging Face Trainer, Accelerate, DeepSpeed, Orbax) runs
+in a fresh process on a tiny CPU model with the checkpoint root in ``RTJ_CHECKPOINT_URI`` (as the
 operator sets it), then runs again, longer, and resumes from the step the first run
 published, saying so in one line on stderr. The "before" blocks are checked to be Python
 too.
@@ -25,7 +25,7 @@ from rtj_shim.checkpoint.storage import open_store
 from rtj_shim.checkpoint.verification import Depth
 
 WORKER = Path(__file__).with_name("converting_doc_worker.py")
-NAMES = {"plain", "dcp", "lightning", "lightning-rng", "hf", "accelerate", "deepspeed"}
+NAMES = {"plain", "dcp", "lightning", "lightning-rng", "hf", "accelerate", "deepspeed", "orbax"}
 
 
 def load_worker() -> ModuleType:
@@ -74,6 +74,7 @@ EXAMPLES = {
     "hf": Example((8, 12), [8], [8, 12], "", INTEGRATION_RESUME),  # a final save at the end
     "accelerate": Example((8, 12), [8], [8, 12], "", INTEGRATION_RESUME),  # a final save too
     "deepspeed": Example((8, 12), [8], [8, 12], "", INTEGRATION_RESUME),  # a final save too
+    "orbax": Example((8, 12), [8], [8, 12], "", INTEGRATION_RESUME),  # a final save too
 }
 
 
