@@ -13,123 +13,28 @@ per-iterator base seed would otherwise come from the restored global RNG).
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
+from worker_runs import Worker, assert_same_model, final_model, killed_copy, published
 
 from rtj_shim.checkpoint.layout import step_key
-from rtj_shim.checkpoint.resolver import describe_steps
-from rtj_shim.checkpoint.storage import open_store
-from rtj_shim.checkpoint.verification import Depth
 
-WORKER = Path(__file__).with_name("accelerate_worker.py")
+WORKER = Worker(Path(__file__).with_name("accelerate_worker.py"))
 TOTAL, KILL_AT = 16, 10
 
-# one xdist worker runs the module: the runs fixture (4 torchrun jobs) is computed once
+# one xdist worker runs the module: the runs fixture is computed once
 pytestmark = pytest.mark.xdist_group("accelerate-integration")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def launch(root: str, out: Path, kill_at: int = 0) -> subprocess.Popen[str]:
-    out.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-        "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-        str(WORKER), root, str(out),
-    ]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RTJ_", "TORCHELASTIC_"))}
-    env.update(
-        OMP_NUM_THREADS="1",
-        CUDA_VISIBLE_DEVICES="",
-        PYTHONWARNINGS="ignore",
-        RTJ_RESUME_FILE=str(out / "absent-resume.json"),
-        KILL_AT=str(kill_at),
-    )
-    return subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,  # torchrun's process group, killed with it
-    )  # fmt: skip
-
-
-def run(root: str, out: Path) -> tuple[dict[str, Any], str]:
-    """Train to the end (resuming what ``root`` holds); rank 0's report and stderr."""
-    proc = launch(root, out)
-    stdout, stderr = proc.communicate(timeout=180)
-    assert proc.returncode == 0, stdout[-2000:] + stderr[-4000:]
-    reports = [json.loads((out / f"rank-{r}.json").read_text()) for r in (0, 1)]
-    assert reports[0]["restored"] == reports[1]["restored"]  # every rank loaded one step
-    return {"restored": reports[0]["restored"], "skipped": reports[0]["skipped"],
-            "losses": [r["losses"] for r in reports]}, stderr  # fmt: skip
-
-
-def run_killed(root: str, out: Path) -> None:
-    """Train until step KILL_AT, then SIGKILL every rank (torchrun starts each in a session
-    of its own) and torchrun."""
-    proc = launch(root, out, kill_at=KILL_AT)
-    marks = [out / f"at-kill-{rank}" for rank in (0, 1)]
-    deadline = time.monotonic() + 180
-    try:
-        while not all(m.exists() and m.read_text() for m in marks):
-            assert proc.poll() is None, proc.communicate()[1][-4000:]
-            assert time.monotonic() < deadline, "the workers never reached the kill step"
-            time.sleep(0.1)
-    finally:
-        for mark in marks:
-            if mark.exists() and mark.read_text():
-                os.kill(int(mark.read_text()), signal.SIGKILL)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGKILL
-
-
-def published(root: str) -> list[tuple[int, bool]]:
-    listing = describe_steps(open_store(root), Depth.DEEP)
-    return sorted(
-        (s.entry.name.step, s.state.verified) for s in listing if not s.entry.name.in_progress
-    )
-
-
-def final_model(out: Path) -> dict[str, torch.Tensor]:
-    loaded = torch.load(out / "final.pt", weights_only=True)
-    assert isinstance(loaded, dict)
-    return loaded
-
-
-def assert_same_model(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
-    assert a.keys() == b.keys()
-    for name in a:  # bit for bit: equal tensors, not close ones
-        assert torch.equal(a[name], b[name]), name
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """An uninterrupted run, and a store left by a run killed after step KILL_AT."""
     tmp = tmp_path_factory.mktemp("accelerate")
-    full, _ = run(f"file://{tmp}/full", tmp / "out-full")
-    run_killed(f"file://{tmp}/killed", tmp / "out-killed")
+    full, _ = WORKER.run(f"file://{tmp}/full", tmp / "out-full")
+    WORKER.run_killed(f"file://{tmp}/killed", tmp / "out-killed", KILL_AT)
     return {"tmp": tmp, "full": full, "model": final_model(tmp / "out-full")}
-
-
-def killed_copy(runs: dict[str, Any], name: str) -> tuple[str, Path]:
-    """A copy of the killed run's store (each test resumes its own)."""
-    tmp: Path = runs["tmp"]
-    shutil.copytree(tmp / "killed", tmp / name)
-    return f"file://{tmp}/{name}", tmp / f"out-{name}"
 
 
 def test_uninterrupted_run_publishes_and_retention_bounds_the_store(runs: dict[str, Any]) -> None:
@@ -144,9 +49,9 @@ def test_uninterrupted_run_publishes_and_retention_bounds_the_store(runs: dict[s
 def test_sigkilled_run_resumes_to_the_uninterrupted_model_bit_for_bit(
     runs: dict[str, Any],
 ) -> None:
-    root, out = killed_copy(runs, "resume")
+    root, out = killed_copy(runs["tmp"], "resume")
     assert published(root) == [(4, True), (8, True)]  # killed after 10: 12 never written
-    resumed, err = run(root, out)
+    resumed, err = WORKER.run(root, out)
     line = f"rtj_shim: resuming step 8 from {root}/steps/step-000000000008 (newest verified)"
     assert line in err, err[-4000:]
     assert (resumed["restored"], resumed["skipped"]) == (8, [])
@@ -159,13 +64,13 @@ def test_sigkilled_run_resumes_to_the_uninterrupted_model_bit_for_bit(
 
 
 def test_a_corrupt_newest_step_is_skipped_with_the_reason(runs: dict[str, Any]) -> None:
-    root, out = killed_copy(runs, "corrupt")
+    root, out = killed_copy(runs["tmp"], "corrupt")
     weights = runs["tmp"] / "corrupt" / step_key(8) / "model.safetensors"
     raw = bytearray(weights.read_bytes())
     raw[-3] ^= 0xFF  # same size: only deep verification notices
     weights.write_bytes(bytes(raw))
 
-    resumed, err = run(root, out)
+    resumed, err = WORKER.run(root, out)
     assert resumed["restored"] == 4
     assert [step for step, _ in resumed["skipped"]] == [8]
     reason = resumed["skipped"][0][1]
