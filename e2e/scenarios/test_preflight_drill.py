@@ -86,6 +86,30 @@ def _job(ns: str, root: Path, bandwidth_factor: float = 1000) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def _first_failure(rtj_api: Kube, ns: str) -> dict[str, Any]:
+    """Attempt 1's record once it names its failure."""
+
+    def failed() -> dict[str, Any] | None:
+        attempts = rtj_status(rtj_api, ns, JOB).get("attempts") or []
+        return attempts[0] if attempts and attempts[0].get("failureClass") else None
+
+    found: dict[str, Any] = wait_for("attempt 1's failure record", failed, WAIT)
+    return found
+
+
+def _second_attempt_pods(rtj_api: Kube, ns: str) -> list[dict[str, Any]]:
+    """Attempt 2's pods, once the job completed with it."""
+    done = wait_for("the job to complete in attempt 2", lambda: (
+        (s := rtj_status(rtj_api, ns, JOB)).get("phase") == "Succeeded" and s
+    ), WAIT)  # fmt: skip
+    assert condition_true(done, "Complete") and done["attempt"] == 2, done
+    return [
+        p
+        for p in pods_of(rtj_api, ns, JOB)
+        if p["metadata"]["labels"].get(keys.ATTEMPT_LABEL) == "2"
+    ]
+
+
 def test_a_node_that_fails_the_preflight_is_quarantined_and_the_job_trains_elsewhere(
     rtj_cluster: Any, rtj_api: Kube, rtj_ns: Any, runner: PodRunner, run_operator: Any,
     tmp_path: Path,
@@ -98,11 +122,7 @@ def test_a_node_that_fails_the_preflight_is_quarantined_and_the_job_trains_elsew
     root.mkdir()
     rtj_api.create_rtj(ns, _job(ns, root))
 
-    def failed() -> dict[str, Any] | None:
-        attempts = rtj_status(rtj_api, ns, JOB).get("attempts") or []
-        return attempts[0] if attempts and attempts[0].get("failureClass") else None
-
-    record = wait_for("attempt 1's failure record", failed, WAIT)
+    record = _first_failure(rtj_api, ns)
     assert record["failureClass"] == "PreflightFailed", record
     assert record["firstFailed"]["node"] == bad, record
     assert any(DCGM_FAILURE in line and "node check" in line for line in record["evidence"]), record
@@ -111,15 +131,7 @@ def test_a_node_that_fails_the_preflight_is_quarantined_and_the_job_trains_elsew
     assert status["restarts"]["preflight"] == 1 and status["restarts"]["infrastructure"] == 0
 
     _cordon(rtj_cluster, spare, False)
-    done = wait_for("the job to complete on healthy nodes", lambda: (
-        (s := rtj_status(rtj_api, ns, JOB)).get("phase") == "Succeeded" and s
-    ), WAIT)  # fmt: skip
-    assert condition_true(done, "Complete") and done["attempt"] == 2, done
-    second = [
-        p
-        for p in pods_of(rtj_api, ns, JOB)
-        if p["metadata"]["labels"].get(keys.ATTEMPT_LABEL) == "2"
-    ]
+    second = _second_attempt_pods(rtj_api, ns)
     assert second and all(p["spec"]["nodeName"] != bad for p in second), second
     assert all(p["spec"]["initContainers"][0]["name"] == "rtj-preflight" for p in second)
 
@@ -139,11 +151,7 @@ def test_a_pod_whose_link_is_slow_fails_the_ring_and_the_next_attempt_keeps_off_
     root.mkdir()
     rtj_api.create_rtj(ns, _job(ns, root, bandwidth_factor=4))
 
-    def failed() -> dict[str, Any] | None:
-        attempts = rtj_status(rtj_api, ns, JOB).get("attempts") or []
-        return attempts[0] if attempts and attempts[0].get("failureClass") else None
-
-    record = wait_for("attempt 1's failure record", failed, WAIT)
+    record = _first_failure(rtj_api, ns)
     assert record["failureClass"] == "PreflightFailed", record
     assert record["firstFailed"]["node"] == slow, record
     assert any("collective check" in line and "avoids the node" in line
@@ -155,13 +163,5 @@ def test_a_pod_whose_link_is_slow_fails_the_ring_and_the_next_attempt_keeps_off_
     assert status["restarts"]["infrastructure"] == 1, status
 
     _cordon(rtj_cluster, spare, False)
-    done = wait_for("the job to complete off the slow node", lambda: (
-        (s := rtj_status(rtj_api, ns, JOB)).get("phase") == "Succeeded" and s
-    ), WAIT)  # fmt: skip
-    assert condition_true(done, "Complete") and done["attempt"] == 2, done
-    second = [
-        p
-        for p in pods_of(rtj_api, ns, JOB)
-        if p["metadata"]["labels"].get(keys.ATTEMPT_LABEL) == "2"
-    ]
+    second = _second_attempt_pods(rtj_api, ns)
     assert len(second) == 4 and all(p["spec"]["nodeName"] != slow for p in second), second
