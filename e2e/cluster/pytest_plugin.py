@@ -18,7 +18,7 @@ import itertools
 import os
 import shutil
 import warnings
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +26,7 @@ import pytest
 
 from .cluster import LocalCluster
 from .cluster_state import state_root
+from .diagnosis import failure_report
 from .kube import Kube
 from .node_health import NodeProblem
 from .processes import pid_alive
@@ -34,6 +35,18 @@ from .testenv import ClusterHandle, TestNamespace, create_test_namespace, delete
 
 PYTEST_CLUSTER_NAME = "rtj-pytest"
 _SEQ = itertools.count()
+_CALL_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Remember whether a test's own body failed, for its fixtures' teardown to read."""
+    report: pytest.TestReport = yield
+    if report.when == "call":
+        item.stash[_CALL_FAILED] = report.failed
+    return report
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -164,6 +177,8 @@ def rtj_ns(rtj_cluster: ClusterHandle, request: pytest.FixtureRequest) -> Iterat
     try:
         yield tn
     finally:
+        if request.node.stash.get(_CALL_FAILED, False):
+            print(f"--- the shared cluster after the failure:\n{failure_report(rtj_cluster)}")
         delete_test_namespace(tn)
         for node in rtj_cluster.reset_nodes():
             _LEDGER.reset_after[node] = request.node.nodeid
