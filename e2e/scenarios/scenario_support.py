@@ -1,7 +1,7 @@
 """Helpers the fault drills share: what a user can see, recorded precisely, and the few
 things the harness's fault helpers do not say yet. Beside it: the kubelet's report of an
 init container's exit (``scenario_kubelet``), Kueue's Workloads and priorities
-(``scenario_kueue``), an endpoint that goes down (``scenario_tcp_proxy``).
+(``scenario_kueue``); an endpoint that goes down is ``e2e.tcp_proxy``.
 
 Imported by the scenario tests as ``scenario_support`` (pytest puts this folder on
 ``sys.path``; like the unit tests' support modules, it has a name no other module uses).

@@ -35,11 +35,11 @@ from scenario_support import (
     wait_events,
     wait_running,
 )
-from scenario_tcp_proxy import TcpProxy
 
 from e2e.cluster import faults
 from e2e.cluster.build import kubectl
 from e2e.operator_proc import jobsets_of, publish_steps, rtj_body, rtj_status, wait_for
+from e2e.tcp_proxy import TcpProxy
 from rtj_operator.api import keys
 from rtj_operator.kube import Kube
 

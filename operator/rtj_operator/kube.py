@@ -420,11 +420,15 @@ class Kube:
         return list(answer.get("items") or []), rv
 
     def watch_node_leases(
-        self, resource_version: str | None, timeout_seconds: int = 300
+        self,
+        resource_version: str | None,
+        timeout_seconds: int = 300,
+        idle_seconds: float | None = None,
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         """Watch node Leases from `resource_version` until the server closes the watch
-        (`timeout_seconds`); yields (event type, plain Lease). Raises KubeError on errors
-        (410 Gone included: list again)."""
+        (`timeout_seconds`) or nothing arrives for `idle_seconds` (the client's own limit:
+        the server's does not end a dead connection); yields (event type, plain Lease).
+        Raises KubeError on errors (410 Gone and the idle limit included: list again)."""
         from kubernetes import client, watch
 
         if self.on_request is not None:
@@ -436,6 +440,7 @@ class Kube:
             NODE_LEASE_NAMESPACE,
             resource_version=resource_version,
             timeout_seconds=timeout_seconds,
+            _request_timeout=None if idle_seconds is None else (self.timeout, idle_seconds),
         )
         try:
             for event in stream:

@@ -354,6 +354,38 @@ def test_a_partition_shows_before_the_first_node_turns_silent() -> None:
     assert first_silent_seen_with and all(first_silent_seen_with), first_silent_seen_with
 
 
+def test_a_partition_the_watch_shows_is_declared_only_once_a_fresh_list_agrees() -> None:
+    """A watch that stopped delivering looks exactly like a partition: a fresh LIST says
+    which it is. Renewals in the LIST: the watch is behind, no partition (and a late event
+    from it moves no renewal back). The LIST as stale as the watch: a partition."""
+    from rtj_operator.node_leases import NodeLeases
+
+    clock = [NOW]
+    leases = NodeLeases(lambda name: None, lambda: None, lambda: clock[0])
+
+    def bodies(at: Any) -> list[dict[str, Any]]:
+        spec = {"leaseDurationSeconds": 40, "renewTime": iso(at)}
+        return [{"metadata": {"name": f"n{i}"}, "spec": spec} for i in range(4)]
+
+    leases.refresh(bodies(NOW))
+    assert not leases.confirm_due()
+    clock[0] = NOW + timedelta(seconds=12)  # one interval (10 s) and the slack past: overdue
+    assert leases.looks_partitioned() and leases.confirm_due()
+    leases.confirmed(bodies(clock[0]))  # the kubelets renewed: the watch is behind
+    leases.scan()
+    assert not leases.partition and leases.confirmations == 1 and not leases.confirm_due()
+    leases.apply("MODIFIED", bodies(NOW)[0])  # the stale watch delivers at last
+    assert leases.of(["n0"])["n0"].renewed_at == clock[0]
+
+    clock[0] = NOW + timedelta(seconds=30)  # now contact is lost for real
+    assert leases.confirm_due()
+    leases.confirmed(bodies(NOW + timedelta(seconds=12)))  # the LIST agrees
+    leases.scan()
+    assert leases.partition and leases.confirmations == 1
+    clock[0] = NOW + timedelta(seconds=32)
+    assert not leases.confirm_due(), "one confirming LIST per 5 s while it holds"
+
+
 def test_leases_of_nodes_that_no_longer_exist_never_make_a_partition() -> None:
     """A Lease its Node outlived (the node deleted, a Lease nobody owns) is no kubelet the
     control plane lost: three such Leases beside two live nodes are not "most nodes"."""

@@ -1,8 +1,5 @@
-"""An endpoint that goes down and comes back: a loopback TCP forwarder in front of a server.
-
-Imported by the scenario tests by this name (pytest puts this folder on ``sys.path``; like the
-unit tests' support modules, it has a name no other module uses).
-"""
+"""An endpoint that goes down and comes back, or whose open connections go dead: a
+loopback TCP forwarder in front of a server (an S3 store, an API server)."""
 
 from __future__ import annotations
 
@@ -14,13 +11,17 @@ import threading
 class TcpProxy:
     """A loopback TCP forwarder in front of a server: ``down()`` closes the listening port
     and every open connection (the endpoint is unreachable: connection refused), ``up()``
-    listens on the same port again. The server behind it keeps its data."""
+    listens on the same port again. ``stall()`` leaves the open connections open but
+    carrying nothing more, either way (a peer or a path gone dead without a FIN, as behind
+    a load balancer that dropped its state); new connections work. The server behind it
+    keeps its data."""
 
     def __init__(self, upstream_port: int) -> None:
         self.upstream = ("127.0.0.1", upstream_port)
         self.port = 0
         self._listener: socket.socket | None = None
         self._conns: set[socket.socket] = set()
+        self._stalled: set[socket.socket] = set()
         self._lock = threading.Lock()
 
     @property
@@ -50,6 +51,12 @@ class TcpProxy:
                 c.shutdown(socket.SHUT_RDWR)
             c.close()
 
+    def stall(self) -> int:
+        """The connections open now carry no more data; returns how many there were."""
+        with self._lock:
+            self._stalled |= self._conns
+            return len(self._conns) // 2
+
     def _accept(self, sock: socket.socket) -> None:
         while True:
             try:
@@ -73,7 +80,8 @@ class TcpProxy:
     def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         try:
             while data := src.recv(65536):
-                dst.sendall(data)
+                if src not in self._stalled:  # a stalled connection swallows what it gets
+                    dst.sendall(data)
         except OSError:
             pass
         finally:
@@ -82,3 +90,4 @@ class TcpProxy:
                     s.shutdown(socket.SHUT_RDWR)
             with self._lock:
                 self._conns -= {src, dst}
+                self._stalled -= {src, dst}

@@ -1,0 +1,122 @@
+"""The operator's node Lease watch against the real API server, reached through a loopback
+TCP forwarder whose open connections can go dead (no FIN, no error: as behind a load
+balancer that dropped its state). KWOK renews every shared node's Lease all along.
+
+A watch that stopped delivering looks exactly like a partition; the operator holds every
+job during a partition, so believing it would stall them all (stop 62's CI: two tests held
+for 90 s under "most nodes stopped renewing their Leases at once")."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from kubernetes import client, config
+
+from e2e.tcp_proxy import TcpProxy
+from rtj_operator import node_leases
+from rtj_operator.kube import Kube
+from rtj_operator.node_leases import NodeLeases
+
+pytestmark = [pytest.mark.cluster, pytest.mark.operator]
+
+
+@pytest.fixture
+def proxied(rtj_cluster: Any) -> Iterator[tuple[Kube, TcpProxy, list[str]]]:
+    """The operator's API adapter reaching the API server through the forwarder, and the
+    kinds of the requests it made."""
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=rtj_cluster.kubeconfig, client_configuration=configuration)
+    upstream = urlsplit(configuration.host)
+    proxy = TcpProxy(upstream.port or 443).up()
+    configuration.host = f"https://127.0.0.1:{proxy.port}"
+    requests: list[str] = []
+    kube = Kube(client.ApiClient(configuration), on_request=lambda verb, *_: requests.append(verb))
+    yield kube, proxy, requests
+    proxy.down()
+
+
+class Watching:
+    """`NodeLeases.run` on an event loop of its own (a thread), as the operator runs it."""
+
+    def __init__(self, kube: Kube, nodes: set[str]) -> None:
+        self.leases = NodeLeases(
+            lambda name: None,
+            lambda: None,
+            lambda: datetime.now(timezone.utc),
+            node_exists=nodes.__contains__,
+        )
+        self.partition_seen = False
+        self._loop = asyncio.new_event_loop()
+        self._task: asyncio.Task[None] | None = None
+        self._thread = threading.Thread(target=self._run, args=(kube,), daemon=True)
+        self._thread.start()
+
+    def _run(self, kube: Kube) -> None:
+        async def main() -> None:
+            self._task = asyncio.ensure_future(self.leases.run(kube))
+            while not self._task.done():
+                self.partition_seen |= self.leases.partition
+                await asyncio.sleep(0.2)
+
+        with contextlib.suppress(asyncio.CancelledError):
+            self._loop.run_until_complete(main())
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._loop.call_soon_threadsafe(self._task.cancel)
+        self._thread.join(10)
+
+
+def _until(what: str, check: Any, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_a_lease_watch_gone_dead_is_no_partition_a_fresh_list_says_so(
+    rtj_cluster: Any, proxied: tuple[Kube, TcpProxy, list[str]]
+) -> None:
+    """The watch's connection goes dead: every Lease looks overdue within ~6 s (KWOK's 20 s
+    Lease, renewed every 5 s). A fresh LIST over a new connection shows the renewals: no
+    partition is ever declared, and the operator says the watch is behind."""
+    kube, proxy, _ = proxied
+    nodes = set(rtj_cluster.node_names)
+    watching = Watching(kube, nodes)
+    try:
+        _until("every shared node's Lease known", lambda: nodes <= set(watching.leases.leases))
+        assert proxy.stall() >= 1, "the watch's connection was open"
+        time.sleep(15)  # past the overdue point twice over
+        assert watching.leases.confirmations >= 1, "the watch's view looked like a partition"
+        assert not watching.partition_seen, "a dead watch stream was taken for a partition"
+        assert not watching.leases.silent
+    finally:
+        watching.stop()
+
+
+def test_a_lease_watch_idle_past_its_limit_is_listed_and_watched_again(
+    rtj_cluster: Any, proxied: tuple[Kube, TcpProxy, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a 2 s idle limit, a dead watch connection is dropped, the Leases listed and
+    watched again; never a partition meanwhile."""
+    monkeypatch.setattr(node_leases, "WATCH_IDLE_SECONDS", 2.0)
+    kube, proxy, requests = proxied
+    nodes = set(rtj_cluster.node_names)
+    watching = Watching(kube, nodes)
+    try:
+        _until("every shared node's Lease known", lambda: nodes <= set(watching.leases.leases))
+        watches = requests.count("watch")
+        proxy.stall()
+        _until("a new watch", lambda: requests.count("watch") > watches, timeout=15)
+        time.sleep(8)
+        assert not watching.partition_seen and not watching.leases.silent
+    finally:
+        watching.stop()
