@@ -6,9 +6,10 @@
 A linear model trained by SGD with momentum on a global batch every process contributes
 rows to (drawn from the step and the process), 16 steps, saved every 4 (and at the end)
 with ``keep_last=2``. ``KILL_AT=N``: after step N every process writes its pid into
-``OUT_DIR/at-kill-<p>`` and sleeps, for the test to SIGKILL it. At the end every process
-writes ``OUT_DIR/process-<p>.json`` (the step restored, the skipped steps, each step's loss,
-the final parameters as lists).
+``OUT_DIR/at-kill-<p>`` and sleeps, for the test to SIGKILL it. ``STOP_AFTER_RESTORE=1``:
+report right after the restore (its parameters as the final ones) and train nothing. At
+the end every process writes ``OUT_DIR/process-<p>.json`` (the step restored, the skipped
+steps, each step's loss, the parameters at every save and at the end, as lists).
 """
 
 from __future__ import annotations
@@ -70,8 +71,13 @@ def main(process: int, processes: int, port: int, root: str, out: Path) -> int:
     step, restored = ckpt.restore(abstract)
     if restored is not None:
         state = restored
+
+    def params() -> dict[str, Any]:
+        return {k: np.asarray(v.addressable_data(0)).tolist() for k, v in state.items()}
+
     losses: dict[int, float] = {}
-    while step < TOTAL:
+    saved: dict[int, dict[str, Any]] = {}
+    while step < TOTAL and not os.environ.get("STOP_AFTER_RESTORE"):
         step += 1
         g = np.random.default_rng(1000 * step + process)  # this step's rows from this process
         local_x = g.normal(size=(ROWS, 4)).astype(np.float32)
@@ -82,6 +88,7 @@ def main(process: int, processes: int, port: int, root: str, out: Path) -> int:
         losses[step] = float(np.asarray(loss.addressable_data(0)))
         if step % SAVE_EVERY == 0 or step == TOTAL:
             ckpt.save(step, state)
+            saved[step] = params()
         if step == kill_at:
             (out / f"at-kill-{process}").write_text(str(os.getpid()))
             time.sleep(600)
@@ -90,7 +97,8 @@ def main(process: int, processes: int, port: int, root: str, out: Path) -> int:
         "restored": 0 if resumed is None else resumed.step,
         "skipped": [] if resumed is None else [list(s) for s in resumed.skipped],
         "losses": losses,
-        "params": {k: np.asarray(v.addressable_data(0)).tolist() for k, v in state.items()},
+        "params": params(),
+        "saved": saved,
         "torch_imported": "torch" in sys.modules,
     }
     (out / f"process-{process}.json").write_text(json.dumps(report))

@@ -4,7 +4,8 @@ publishing Orbax's save every 4 steps; both are SIGKILLed after step 10 (step 8 
 12 not yet), the same command resumes (Orbax's restore of the newest step that verifies,
 into the same shardings) and ends with parameters equal bit for bit to an uninterrupted
 run's, every step's loss on both processes too; a corrupted newest step is skipped with the
-reason; retention bounds the store. No torch is imported by the processes.
+reason; retention bounds the store; one process restores what two saved (Orbax's restore
+into another sharding). No torch is imported by the processes.
 
 Exact because the checkpoint holds the whole state (parameters and momentum) and each
 step's rows are drawn from the step and the process.
@@ -43,22 +44,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def launch(root: str, out: Path, kill_at: int = 0) -> list[subprocess.Popen[str]]:
+def launch(
+    root: str, out: Path, kill_at: int = 0, processes: int = PROCESSES, **extra: str
+) -> list[subprocess.Popen[str]]:
     out.mkdir(parents=True, exist_ok=True)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RTJ_", "TORCHELASTIC_"))}
     env.update(PYTHONWARNINGS="ignore", RTJ_RESUME_FILE=str(out / "absent-resume.json"),
-               KILL_AT=str(kill_at), JAX_PLATFORMS="cpu")  # fmt: skip
+               KILL_AT=str(kill_at), JAX_PLATFORMS="cpu", **extra)  # fmt: skip
     return [
         subprocess.Popen(
-            [sys.executable, str(WORKER), str(p), str(PROCESSES), str(port), root, str(out)],
+            [sys.executable, str(WORKER), str(p), str(processes), str(port), root, str(out)],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             start_new_session=True,
         )
-        for p in range(PROCESSES)
+        for p in range(processes)
     ]
 
 
@@ -76,7 +79,8 @@ def run(root: str, out: Path) -> tuple[dict[str, Any], str]:
     assert reports[0]["params"] == reports[1]["params"]  # replicated
     assert not any(r["torch_imported"] for r in reports)  # the integration needs no torch
     facts = {"restored": reports[0]["restored"], "skipped": reports[0]["skipped"],
-             "losses": [r["losses"] for r in reports], "params": reports[0]["params"]}  # fmt: skip
+             "losses": [r["losses"] for r in reports], "params": reports[0]["params"],
+             "saved": reports[0]["saved"]}  # fmt: skip
     return facts, errs[0]
 
 
@@ -164,3 +168,19 @@ def test_a_corrupt_newest_step_is_skipped_with_the_reason(runs: dict[str, Any]) 
         for step, loss in resumed["losses"][p].items():
             assert loss == runs["full"]["losses"][p][step], (p, step)
     assert resumed["params"] == runs["full"]["params"]
+
+
+def test_one_process_restores_what_two_saved(runs: dict[str, Any]) -> None:
+    """A world of another size (the operator's elastic shrink, or a resume on fewer hosts):
+    Orbax restores the step into the new world's shardings, the values those two processes
+    saved, bit for bit; the shim refuses nothing. (What the training does next on fewer
+    processes, its global batch, is the script's: this worker's is made of every process's
+    rows, so it would differ.)"""
+    root, out = killed_copy(runs, "resized")
+    [proc] = launch(root, out, processes=1, STOP_AFTER_RESTORE="1")
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err[-4000:]
+    report = json.loads((out / "process-0.json").read_text())
+    assert (report["restored"], report["skipped"]) == (8, [])
+    assert report["params"] == runs["full"]["saved"]["8"]
+    assert published(root) == [(4, True), (8, True)]  # nothing written by the restore
