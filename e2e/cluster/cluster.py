@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -107,14 +108,17 @@ class LocalCluster:
         self.state.save()
         return self.kubeconfig
 
-    def restart(self, component: str) -> None:
+    def restart(self, component: str, while_stopped: Callable[[], None] | None = None) -> None:
         """Stop one component and start it again with the same command line, log and ports
-        (a fresh KWOK mends lease handling that its caches broke; see node_health)."""
+        (a fresh KWOK mends lease handling that its caches broke; see node_health);
+        ``while_stopped`` runs between the two."""
         state = ClusterState.load(self.name) or self.state
         old = next((p for p in state.procs if p.name == component), None)
         if old is None:
             raise KeyError(f"cluster {self.name!r} runs no {component!r}")
         processes.stop([old])
+        if while_stopped is not None:
+            while_stopped()
         new = processes.start(component, old.argv, Path(old.log).parent, old.ports, cwd=state.dir)
         state.procs = [new if p is old else p for p in state.procs]
         state.save()

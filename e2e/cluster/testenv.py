@@ -154,7 +154,14 @@ class ClusterHandle:
         for name in lease_trouble:
             self._delete_lease(name, timeout)
         if lease_trouble and self.local is not None:
-            self.local.restart("kwok")  # a fresh KWOK has no stale Lease in its cache
+            # a fresh KWOK has no stale Lease in its cache; but it renews under a holder
+            # identity of its own (hostname and a new UUID), so it would take over every
+            # other Lease only once the old holder's expired, each node silent ~20 s
+            # meanwhile: a partition to an operator. Its Leases go while it is stopped.
+            self.local.restart(
+                "kwok",
+                while_stopped=lambda: [self._delete_lease(n, timeout) for n in self.node_names],
+            )
         self.reset_nodes(timeout)
         try:
             eventually("the shared nodes fit again", lambda: not self.node_problems(), timeout)

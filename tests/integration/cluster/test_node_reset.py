@@ -106,15 +106,33 @@ def test_the_guard_repairs_a_lease_nobody_renews(
     operator_kube = client(rtj_cluster.kubeconfig)
     assert f"{node}: Lease not renewed" in (harness_broken(operator_kube) or "")
     kwok_before = rtj_cluster.local.proc("kwok").pid if rtj_cluster.local else None
+    holders_before = _holders(rtj_cluster)
     with pytest.warns(SharedNodesRepaired, match=f"repaired {node}: Lease not renewed"):
         guard_shared_nodes(rtj_cluster, request.node.nodeid)
     assert rtj_cluster.node_problems() == []
     assert rtj_cluster.local is not None and rtj_cluster.local.proc("kwok").pid != kwok_before
     lease = rtj_cluster.kube.coord.read_namespaced_lease(node, NODE_LEASE_NAMESPACE)
     assert lease.spec.holder_identity != "someone-else"
+    # every Lease is the new KWOK's at once (its holder identity is new): none left to the
+    # old one, unrenewed until it expires (~20 s in which an operator sees a partition)
+    holders = _holders(rtj_cluster)
+    assert len(set(holders.values())) == 1 and not set(holders.values()) & set(
+        holders_before.values()
+    ), (holders_before, holders)
     assert harness_broken(operator_kube) is None
     eventually(
         f"node {node} Ready",
         lambda: faults.node_ready_status(rtj_cluster.kube, node) == "True",
         30,
     )
+
+
+def _holders(cluster: ClusterHandle) -> dict[str, str]:
+    """Each shared node's Lease holder."""
+    leases = cluster.kube.coord.list_namespaced_lease(NODE_LEASE_NAMESPACE).items
+    names = set(cluster.node_names)
+    return {
+        lease.metadata.name: lease.spec.holder_identity
+        for lease in leases
+        if lease.metadata.name in names
+    }
