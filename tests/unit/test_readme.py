@@ -270,4 +270,6 @@ def test_links_into_the_readme_find_their_headings() -> None:
 
 
 def test_the_readme_stays_short() -> None:
-    assert len(_text().splitlines()) <= 200
+    """200 lines, and 10 more for the table of frameworks with what a resume gives in each
+    (issue 47 asks for it in the README)."""
+    assert len(_text().splitlines()) <= 210

@@ -1,5 +1,6 @@
 """docs/converting.md runs as written: each marked "after" block (plain PyTorch, DCP,
-Lightning with the RNG mixin, the Hugging Face Trainer, Accelerate, DeepSpeed, Orbax) runs
+Lightning with the RNG mixin, the Hugging Face Trainer, Accelerate, DeepSpeed, Orbax; Ray's
+is compiled only) runs
 in a fresh process on a tiny CPU model with the checkpoint root in ``RTJ_CHECKPOINT_URI`` (as the
 operator sets it), then runs again, longer, and resumes from the step the first run
 published, saying so in one line on stderr. The "before" blocks are checked to be Python
@@ -25,7 +26,10 @@ from rtj_shim.checkpoint.storage import open_store
 from rtj_shim.checkpoint.verification import Depth
 
 WORKER = Path(__file__).with_name("converting_doc_worker.py")
-NAMES = {"plain", "dcp", "lightning", "lightning-rng", "hf", "accelerate", "deepspeed", "orbax"}
+NAMES = {"plain", "dcp", "lightning", "lightning-rng", "hf", "accelerate", "deepspeed", "orbax",
+         "ray"}  # fmt: skip
+"""Every marked block; all but Ray's also run (EXAMPLES): a Ray cluster starts in tens of
+seconds, and tests/integration/ray makes the same calls."""
 
 
 def load_worker() -> ModuleType:

@@ -18,6 +18,7 @@ import shutil
 import sys
 import tempfile
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -246,3 +247,44 @@ def download(
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
     return target
+
+
+def resolve_everywhere(
+    store: CheckpointStore,
+    *,
+    rank: int,
+    world: int,
+    broadcast: Callable[[object], object],
+    download_dir: Path | None = None,
+    restored_once: bool = False,
+    check: Callable[[Manifest], None] | None = None,
+) -> LocalStep | None:
+    """The resume decision taken once, by the first rank, and handed to every rank: each
+    gets the step as a local directory (None: start fresh). ``broadcast(value)`` returns
+    the first rank's value on every rank (the framework's collective); ``check`` refuses a
+    step this world cannot load, before anything is loaded. A decision that fails on the
+    first rank raises on every rank (none waits for the others forever)."""
+    decided: object = None
+    found: LocalStep | None = None
+    if rank == 0:
+        try:
+            found = resolve_local(store, download_dir=download_dir, restored_once=restored_once)
+            if found is not None and check is not None:
+                check(found.manifest)
+            decided = None if found is None else (found.step, found.source, found.skipped)
+        except Exception as exc:
+            if world == 1:
+                raise
+            decided = f"{type(exc).__name__}: {exc}"
+    decided = broadcast(decided)
+    if isinstance(decided, str):
+        raise CheckpointError(f"resume failed on the first rank: {decided}")
+    if decided is None:
+        return None
+    if found is None:  # verified by the first rank; a copy is checked file by file
+        if not isinstance(decided, tuple) or len(decided) != 3:
+            raise CheckpointError(f"resume: the first rank's decision is unreadable: {decided!r}")
+        step, source, skipped = int(decided[0]), str(decided[1]), tuple(decided[2])
+        local = local_step(store, step, download_dir=download_dir, verified=True)
+        found = LocalStep(step, local.directory, local.uri, source, skipped, local.manifest)
+    return found

@@ -48,11 +48,10 @@ from rtj_shim.checkpoint.storage.filesystem import FilesystemStore
 from rtj_shim.errors import CheckpointError
 from rtj_shim.integrations._common import (
     LocalStep,
-    local_step,
     make_protocol,
     open_root,
     publish_step,
-    resolve_local,
+    resolve_everywhere,
     retention_policy,
 )
 
@@ -149,30 +148,19 @@ class PublishingEngine:
         first rank decides (the operator's pin in the first incarnation unless
         ``restored_once``, else the newest step that passes deep verification; newer ones
         skipped with the reason, in ``self.resumed.skipped`` and a warning)."""
-        decided: tuple[int, str, tuple[tuple[int, str], ...]] | str | None = None
-        found: LocalStep | None = None
-        if self.rank == 0:
-            try:
-                found = resolve_local(
-                    self.store, download_dir=self._downloads(), restored_once=restored_once
-                )
-                if found is not None:
-                    refuse_another_world(found.manifest, *self._layout())
-                decided = None if found is None else (found.step, found.source, found.skipped)
-            except Exception as exc:
-                if self.world == 1:
-                    raise
-                decided = f"{type(exc).__name__}: {exc}"
-        decided = self._broadcast(decided)
-        if isinstance(decided, str):
-            raise CheckpointError(f"resume failed on the first rank: {decided}")
-        if decided is None:
+        found = resolve_everywhere(
+            self.store,
+            rank=self.rank,
+            world=self.world,
+            broadcast=self._broadcast,
+            download_dir=self._downloads(),
+            restored_once=restored_once,
+            check=lambda manifest: refuse_another_world(manifest, *self._layout()),
+        )
+        if found is None:
             self.resumed = None
             return 0, None
-        step, source, skipped = decided
-        if found is None:  # verified by the first rank; a copy is checked file by file
-            local = local_step(self.store, step, download_dir=self._downloads(), verified=True)
-            found = LocalStep(step, local.directory, local.uri, source, skipped, local.manifest)
+        step = found.step
         try:
             path, client_state = self.engine.load_checkpoint(
                 str(found.directory.parent), tag=found.directory.name
