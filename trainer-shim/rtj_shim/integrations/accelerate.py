@@ -49,11 +49,10 @@ from rtj_shim.integrations._common import (
     LocalStep,
     Retention,
     _Unset,
-    local_step,
     make_protocol,
     open_root,
     publish_step,
-    resolve_local,
+    resolve_everywhere,
     retention_policy,
 )
 
@@ -147,35 +146,24 @@ class PublishingState:
         newest step that passes deep verification; newer ones skipped with the reason, in
         ``self.resumed.skipped`` and a warning) and every rank loads that step."""
         acc = self.accelerator
-        decided: tuple[int, str, tuple[tuple[int, str], ...]] | str | None = None
-        found: LocalStep | None = None
-        if acc.is_main_process:
-            try:
-                found = resolve_local(
-                    self.store, download_dir=self._downloads(), restored_once=restored_once
-                )
-                decided = None if found is None else (found.step, found.source, found.skipped)
-            except Exception as exc:
-                if acc.num_processes == 1:
-                    raise
-                decided = f"{type(exc).__name__}: {exc}"
-        decided = self._broadcast(decided)
-        if isinstance(decided, str):
-            raise CheckpointError(f"resume failed on the main process: {decided}")
-        if decided is None:
+        found = resolve_everywhere(
+            self.store,
+            rank=acc.process_index,
+            world=acc.num_processes,
+            broadcast=self._broadcast,
+            download_dir=self._downloads(),
+            restored_once=restored_once,
+        )
+        if found is None:
             self.resumed = None
             return 0
-        step, source, skipped = decided
-        if found is None:  # verified by the main process; a copy is checked file by file
-            local = local_step(self.store, step, download_dir=self._downloads(), verified=True)
-            found = LocalStep(step, local.directory, local.uri, source, skipped, local.manifest)
         try:
             acc.load_state(str(found.directory))
         finally:
             if not isinstance(self.store, FilesystemStore) and self.download_dir is None:
                 shutil.rmtree(found.directory, ignore_errors=True)  # a temporary copy
         self.resumed = found
-        return step
+        return found.step
 
     # ------------------------------------------------------------------ helpers
 
