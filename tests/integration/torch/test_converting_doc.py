@@ -1,6 +1,6 @@
 """docs/converting.md runs as written: each marked "after" block (plain PyTorch, DCP,
-Lightning with the RNG mixin, the Hugging Face Trainer, Accelerate, DeepSpeed, Orbax; Ray's
-is compiled only) runs
+Lightning with the RNG mixin, the Hugging Face Trainer, Accelerate, DeepSpeed, Orbax;
+Megatron's and Ray's are compiled only) runs
 in a fresh process on a tiny CPU model with the checkpoint root in ``RTJ_CHECKPOINT_URI`` (as the
 operator sets it), then runs again, longer, and resumes from the step the first run
 published, saying so in one line on stderr. The "before" blocks are checked to be Python
@@ -27,9 +27,10 @@ from rtj_shim.checkpoint.verification import Depth
 
 WORKER = Path(__file__).with_name("converting_doc_worker.py")
 NAMES = {"plain", "dcp", "lightning", "lightning-rng", "hf", "accelerate", "deepspeed", "orbax",
-         "ray"}  # fmt: skip
-"""Every marked block; all but Ray's also run (EXAMPLES): a Ray cluster starts in tens of
-seconds, and tests/integration/ray makes the same calls."""
+         "megatron", "ray"}  # fmt: skip
+"""Every marked block; all but Megatron's and Ray's also run (EXAMPLES): Megatron's save needs
+two torch.cuda calls replaced on CPU, a Ray cluster starts in tens of seconds, and their
+integration tests make the same calls."""
 
 
 def load_worker() -> ModuleType:

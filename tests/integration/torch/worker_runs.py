@@ -4,6 +4,7 @@ compared bit for bit, and a copy of a killed run's store for each test to resume
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -40,7 +41,7 @@ class Worker:
     env: Mapping[str, str] = field(default_factory=dict)
 
     def launch(
-        self, root: str, out: Path, kill_at: int = 0, ranks: int = 2
+        self, root: str, out: Path, kill_at: int = 0, ranks: int = 2, **extra: str
     ) -> subprocess.Popen[str]:
         out.mkdir(parents=True, exist_ok=True)
         cmd = [
@@ -51,7 +52,8 @@ class Worker:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RTJ_", "TORCHELASTIC_"))}
         env.update(
             OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONWARNINGS="ignore",
-            RTJ_RESUME_FILE=str(out / "absent-resume.json"), KILL_AT=str(kill_at), **self.env,
+            RTJ_RESUME_FILE=str(out / "absent-resume.json"), KILL_AT=str(kill_at),
+            **{**self.env, **extra},
         )  # fmt: skip
         return subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -80,9 +82,10 @@ class Worker:
                 assert time.monotonic() < deadline, "the workers never reached the kill step"
                 time.sleep(0.1)
         finally:
-            for mark in marks:
-                if mark.exists() and mark.read_text():
-                    os.kill(int(mark.read_text()), signal.SIGKILL)
+            for mark in marks:  # each rank leads a session: its children (a Manager
+                if mark.exists() and mark.read_text():  # Megatron spawns) die with it
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(int(mark.read_text()), signal.SIGKILL)
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate(timeout=60)
         assert proc.returncode == -signal.SIGKILL
