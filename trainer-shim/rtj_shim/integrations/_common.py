@@ -288,3 +288,54 @@ def resolve_everywhere(
         local = local_step(store, step, download_dir=download_dir, verified=True)
         found = LocalStep(step, local.directory, local.uri, source, skipped, local.manifest)
     return found
+
+
+class StepPublisher:
+    """What every integration's publisher holds: the store, the commit protocol with the
+    retention applied after each publish, where it stages and copies steps, the newest
+    publish and the step it resumed. ``retention`` is the deprecated spelling of
+    ``keep_last`` (see `retention_policy`)."""
+
+    def __init__(
+        self,
+        root: str | CheckpointStore | None,
+        *,
+        attempt: str | None,
+        keep_last: int | None,
+        staging_dir: str | os.PathLike[str] | None,
+        download_dir: str | os.PathLike[str] | None,
+        retention: Retention | _Unset = UNSET,
+    ) -> None:
+        self.store = open_root(root)
+        policy = retention_policy(type(self).__name__, keep_last, retention)
+        self.protocol = make_protocol(self.store, attempt, policy)
+        self.staging_dir = staging_dir
+        self.download_dir = download_dir
+        self.last_publish: PublishResult | None = None
+        self.resumed: LocalStep | None = None
+
+    def published(self, step: int, result: PublishResult | None) -> PublishResult | None:
+        """Record a publish (None: not this rank's, or the step was already there)."""
+        if result is not None:
+            self.last_publish = result
+            log.info("published step %d: %s", step, result.uri)
+        return result
+
+    def copy_dir(self, rank: int) -> Path | None:
+        """This rank's own directory for a copy of a step: ranks on one node never share a
+        copy (None: a temporary one, made by the copy)."""
+        if self.download_dir is None:
+            return None
+        return Path(self.download_dir) / f"rank-{rank}"
+
+    def new_staging(self, prefix: str) -> str:
+        """A new staging directory (made by the first rank), under ``staging_dir``."""
+        if self.staging_dir is not None:
+            Path(self.staging_dir).mkdir(parents=True, exist_ok=True)
+        return tempfile.mkdtemp(prefix=prefix, dir=self.staging_dir)
+
+    def drop_copy(self, directory: Path) -> None:
+        """Delete a temporary copy of a step once loaded (a filesystem root is read in
+        place; a ``download_dir`` copy is the caller's)."""
+        if not isinstance(self.store, FilesystemStore) and self.download_dir is None:
+            shutil.rmtree(directory, ignore_errors=True)

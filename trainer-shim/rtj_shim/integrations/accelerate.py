@@ -30,7 +30,6 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -42,18 +41,14 @@ from accelerate.utils import broadcast_object_list
 from rtj_shim.checkpoint.manifest import Framework
 from rtj_shim.checkpoint.protocol import PublishResult, StepMetadata
 from rtj_shim.checkpoint.storage import CheckpointStore
-from rtj_shim.checkpoint.storage.filesystem import FilesystemStore
 from rtj_shim.errors import CheckpointError
 from rtj_shim.integrations._common import (
     UNSET,
-    LocalStep,
     Retention,
+    StepPublisher,
     _Unset,
-    make_protocol,
-    open_root,
     publish_step,
     resolve_everywhere,
-    retention_policy,
 )
 
 __all__ = ["PublishingState"]
@@ -63,7 +58,7 @@ log = logging.getLogger("rtj_shim.integrations")
 RNG_FILE = re.compile(r"^random_states_(\d+)\.pkl$")
 
 
-class PublishingState:
+class PublishingState(StepPublisher):
     """``accelerator``: the ``Accelerator`` whose state is saved and loaded (after
     ``prepare``); ``root``: the checkpoint root (default: the operator's
     ``RTJ_CHECKPOINT_URI``); ``attempt``: the writer attempt (default ``RTJ_ATTEMPT`` or 0);
@@ -94,14 +89,9 @@ class PublishingState:
                 "it is given; turn it off (the published steps are the checkpoints, and "
                 "keep_last= or RTJ_KEEP_LAST bounds them)"
             )
+        super().__init__(root, attempt=attempt, keep_last=keep_last, staging_dir=staging_dir,
+                         download_dir=download_dir, retention=retention)  # fmt: skip
         self.accelerator = accelerator
-        self.store = open_root(root)
-        policy = retention_policy(type(self).__name__, keep_last, retention)
-        self.protocol = make_protocol(self.store, attempt, policy)
-        self.staging_dir = staging_dir
-        self.download_dir = download_dir
-        self.last_publish: PublishResult | None = None
-        self.resumed: LocalStep | None = None
 
     # ------------------------------------------------------------------ saving
 
@@ -110,7 +100,9 @@ class PublishingState:
         the main process as ``step``. Returns the publish on the main process (None on the
         others, and for a step already published that verifies, which is kept)."""
         acc = self.accelerator
-        staging = self._broadcast(self._new_staging() if acc.is_main_process else None)
+        staging = self._broadcast(
+            self.new_staging("rtj-accelerate-") if acc.is_main_process else None
+        )
         if not isinstance(staging, str):
             raise CheckpointError(f"step {step}: no staging directory ({staging!r})")
         try:
@@ -132,10 +124,7 @@ class PublishingState:
                 raise CheckpointError(f"step {step} was not published: {error}")
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        if result is not None:
-            self.last_publish = result
-            log.info("published step %d: %s", step, result.uri)
-        return result
+        return self.published(step, result)
 
     # ------------------------------------------------------------------ resuming
 
@@ -151,7 +140,7 @@ class PublishingState:
             rank=acc.process_index,
             world=acc.num_processes,
             broadcast=self._broadcast,
-            download_dir=self._downloads(),
+            download_dir=self.copy_dir(acc.process_index),
             restored_once=restored_once,
         )
         if found is None:
@@ -160,8 +149,7 @@ class PublishingState:
         try:
             acc.load_state(str(found.directory))
         finally:
-            if not isinstance(self.store, FilesystemStore) and self.download_dir is None:
-                shutil.rmtree(found.directory, ignore_errors=True)  # a temporary copy
+            self.drop_copy(found.directory)
         self.resumed = found
         return found.step
 
@@ -171,17 +159,6 @@ class PublishingState:
         if self.accelerator.num_processes == 1:
             return value
         return broadcast_object_list([value], from_process=0)[0]
-
-    def _new_staging(self) -> str:
-        if self.staging_dir is not None:
-            Path(self.staging_dir).mkdir(parents=True, exist_ok=True)
-        return tempfile.mkdtemp(prefix="rtj-accelerate-", dir=self.staging_dir)
-
-    def _downloads(self) -> Path | None:
-        """This rank's own copy directory: ranks on one node never share a copy."""
-        if self.download_dir is None:
-            return None
-        return Path(self.download_dir) / f"rank-{self.accelerator.process_index}"
 
     def _metadata(self) -> StepMetadata:
         acc = self.accelerator

@@ -33,27 +33,18 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import deepspeed
 import torch
-import torch.distributed as dist
 
 from rtj_shim.checkpoint.manifest import Framework, Manifest
 from rtj_shim.checkpoint.protocol import PublishResult, StepMetadata
 from rtj_shim.checkpoint.storage import CheckpointStore
-from rtj_shim.checkpoint.storage.filesystem import FilesystemStore
 from rtj_shim.errors import CheckpointError
-from rtj_shim.integrations._common import (
-    LocalStep,
-    make_protocol,
-    open_root,
-    publish_step,
-    resolve_everywhere,
-    retention_policy,
-)
+from rtj_shim.integrations import _torch_ranks as ranks
+from rtj_shim.integrations._common import StepPublisher, publish_step, resolve_everywhere
 
 __all__ = ["PublishingEngine", "check_every_rank_wrote", "refuse_another_world"]
 
@@ -65,7 +56,7 @@ ZERO_FILE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_state
 MODEL_FILE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
 
 
-class PublishingEngine:
+class PublishingEngine(StepPublisher):
     """``engine``: the ``DeepSpeedEngine`` whose state is saved and loaded; ``root``: the
     checkpoint root (default: the operator's ``RTJ_CHECKPOINT_URI``); ``attempt``: the
     writer attempt (default ``RTJ_ATTEMPT`` or 0); ``keep_last``: the steps kept after
@@ -86,30 +77,25 @@ class PublishingEngine:
         staging_dir: str | os.PathLike[str] | None = None,
         download_dir: str | os.PathLike[str] | None = None,
     ) -> None:
+        super().__init__(root, attempt=attempt, keep_last=keep_last, staging_dir=staging_dir,
+                         download_dir=download_dir)  # fmt: skip
         self.engine = engine
-        self.store = open_root(root)
-        self.protocol = make_protocol(
-            self.store, attempt, retention_policy(type(self).__name__, keep_last)
-        )
-        self.staging_dir = staging_dir
-        self.download_dir = download_dir
-        self.last_publish: PublishResult | None = None
-        self.resumed: LocalStep | None = None
 
     @property
     def rank(self) -> int:
-        return dist.get_rank() if dist.is_initialized() else 0
+        return ranks.rank()
 
     @property
     def world(self) -> int:
-        return dist.get_world_size() if dist.is_initialized() else 1
+        return ranks.world()
 
     # ------------------------------------------------------------------ saving
 
     def save(self, step: int, client_state: dict[str, Any] | None = None) -> PublishResult | None:
         """Every rank: ``engine.save_checkpoint`` into a staging directory, published by the
         first rank as ``step``. Returns the publish on the first rank (None on the others)."""
-        staging = self._broadcast(self._new_staging() if self.rank == 0 else None)
+        first = self.new_staging("rtj-deepspeed-") if self.rank == 0 else None
+        staging = ranks.broadcast(first, self.world)
         if not isinstance(staging, str):
             raise CheckpointError(f"step {step}: no staging directory ({staging!r})")
         result: PublishResult | None = None
@@ -118,7 +104,7 @@ class PublishingEngine:
             self.engine.save_checkpoint(
                 staging, tag=TAG, client_state=dict(client_state or {}), save_latest=False
             )
-            self._barrier()  # every rank's partition is written
+            ranks.barrier(self.world)  # every rank's partition is written
             error: str | None = None
             if self.rank == 0:
                 try:
@@ -129,16 +115,13 @@ class PublishingEngine:
                     error = f"{type(exc).__name__}: {exc}"
                     if self.world == 1:
                         raise
-            error = self._broadcast(error)
+            error = ranks.broadcast(error, self.world)
             if error is not None:
                 raise CheckpointError(f"step {step} was not published: {error}")
         finally:  # every rank wrote before the barrier and reads nothing after it
             if self.rank == 0:
                 shutil.rmtree(staging, ignore_errors=True)
-        if result is not None:
-            self.last_publish = result
-            log.info("published step %d: %s", step, result.uri)
-        return result
+        return self.published(step, result)
 
     # ------------------------------------------------------------------ resuming
 
@@ -152,8 +135,8 @@ class PublishingEngine:
             self.store,
             rank=self.rank,
             world=self.world,
-            broadcast=self._broadcast,
-            download_dir=self._downloads(),
+            broadcast=lambda value: ranks.broadcast(value, self.world),
+            download_dir=self.copy_dir(self.rank),
             restored_once=restored_once,
             check=lambda manifest: refuse_another_world(manifest, *self._layout()),
         )
@@ -166,8 +149,7 @@ class PublishingEngine:
                 str(found.directory.parent), tag=found.directory.name
             )
         finally:
-            if not isinstance(self.store, FilesystemStore) and self.download_dir is None:
-                shutil.rmtree(found.directory, ignore_errors=True)  # a temporary copy
+            self.drop_copy(found.directory)
         if path is None:
             raise CheckpointError(f"DeepSpeed loaded nothing from step {step} ({found.uri})")
         self.resumed = found
@@ -180,28 +162,6 @@ class PublishingEngine:
         stage = int(self.engine.zero_optimization_stage())
         return (stage, int(getattr(self.engine, "dp_world_size", self.world)),
                 int(getattr(self.engine, "mp_world_size", 1)))  # fmt: skip
-
-    def _broadcast(self, value: Any) -> Any:
-        if self.world == 1:
-            return value
-        box = [value]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
-
-    def _barrier(self) -> None:
-        if self.world > 1:
-            dist.barrier()
-
-    def _new_staging(self) -> str:
-        if self.staging_dir is not None:
-            Path(self.staging_dir).mkdir(parents=True, exist_ok=True)
-        return tempfile.mkdtemp(prefix="rtj-deepspeed-", dir=self.staging_dir)
-
-    def _downloads(self) -> Path | None:
-        """This rank's own copy directory: ranks on one node never share a copy."""
-        if self.download_dir is None:
-            return None
-        return Path(self.download_dir) / f"rank-{self.rank}"
 
     def _metadata(self) -> StepMetadata:
         stage, dp, mp = self._layout()

@@ -33,29 +33,20 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import megatron.core
 import torch
-import torch.distributed as dist
 from megatron.core import dist_checkpointing, parallel_state
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 
 from rtj_shim.checkpoint.manifest import Framework
 from rtj_shim.checkpoint.protocol import PublishResult, StepMetadata
 from rtj_shim.checkpoint.storage import CheckpointStore
-from rtj_shim.checkpoint.storage.filesystem import FilesystemStore
 from rtj_shim.errors import CheckpointError
-from rtj_shim.integrations._common import (
-    LocalStep,
-    make_protocol,
-    open_root,
-    publish_step,
-    resolve_everywhere,
-    retention_policy,
-)
+from rtj_shim.integrations import _torch_ranks as ranks
+from rtj_shim.integrations._common import StepPublisher, publish_step, resolve_everywhere
 
 __all__ = ["PublishingDistCheckpoint", "check_complete"]
 
@@ -67,7 +58,7 @@ COMPLETE_MARK = "metadata.json"
 """Megatron's last file of a save (after a barrier): without it, load refuses the directory."""
 
 
-class PublishingDistCheckpoint:
+class PublishingDistCheckpoint(StepPublisher):
     """``root``: the checkpoint root (default: the operator's ``RTJ_CHECKPOINT_URI``);
     ``attempt``: the writer attempt (default ``RTJ_ATTEMPT`` or 0); ``keep_last``: the steps
     kept after every publish when the job's environment sets no retention (``RTJ_KEEP_LAST``
@@ -88,23 +79,17 @@ class PublishingDistCheckpoint:
         download_dir: str | os.PathLike[str] | None = None,
         **save_kwargs: Any,
     ) -> None:
-        self.store = open_root(root)
-        self.protocol = make_protocol(
-            self.store, attempt, retention_policy(type(self).__name__, keep_last)
-        )
-        self.staging_dir = staging_dir
-        self.download_dir = download_dir
+        super().__init__(root, attempt=attempt, keep_last=keep_last, staging_dir=staging_dir,
+                         download_dir=download_dir)  # fmt: skip
         self.save_kwargs = save_kwargs
-        self.last_publish: PublishResult | None = None
-        self.resumed: LocalStep | None = None
 
     @property
     def rank(self) -> int:
-        return dist.get_rank() if dist.is_initialized() else 0
+        return ranks.rank()
 
     @property
     def world(self) -> int:
-        return dist.get_world_size() if dist.is_initialized() else 1
+        return ranks.world()
 
     # ------------------------------------------------------------------ saving
 
@@ -112,16 +97,17 @@ class PublishingDistCheckpoint:
         """Every rank: Megatron saves ``sharded_state_dict`` into a staging directory, the
         first rank publishes it as ``step``. The publish on the first rank (None on the
         others)."""
-        staging = self._broadcast(self._new_staging() if self.rank == 0 else None)
+        first = self.new_staging("rtj-megatron-") if self.rank == 0 else None
+        staging = ranks.broadcast(first, self.world)
         if not isinstance(staging, str):
             raise CheckpointError(f"step {step}: no staging directory ({staging!r})")
         target = Path(staging) / ITEM
         result: PublishResult | None = None
         try:
             target.mkdir(parents=True, exist_ok=True)  # every node's ranks: it must exist
-            self._barrier()
+            ranks.barrier(self.world)
             dist_checkpointing.save(sharded_state_dict, str(target), **self.save_kwargs)
-            self._barrier()  # every rank's shards and the first's metadata are written
+            ranks.barrier(self.world)  # every rank's shards and the first's metadata are written
             error: str | None = None
             if self.rank == 0:
                 try:
@@ -131,16 +117,13 @@ class PublishingDistCheckpoint:
                     error = f"{type(exc).__name__}: {exc}"
                     if self.world == 1:
                         raise
-            error = self._broadcast(error)
+            error = ranks.broadcast(error, self.world)
             if error is not None:
                 raise CheckpointError(f"step {step} was not published: {error}")
         finally:
             if self.rank == 0:
                 shutil.rmtree(staging, ignore_errors=True)
-        if result is not None:
-            self.last_publish = result
-            log.info("published step %d: %s", step, result.uri)
-        return result
+        return self.published(step, result)
 
     # ------------------------------------------------------------------ resuming
 
@@ -156,8 +139,8 @@ class PublishingDistCheckpoint:
             self.store,
             rank=self.rank,
             world=self.world,
-            broadcast=self._broadcast,
-            download_dir=self._downloads(),
+            broadcast=lambda value: ranks.broadcast(value, self.world),
+            download_dir=self.copy_dir(self.rank),
             restored_once=restored_once,
         )
         if found is None:
@@ -166,34 +149,11 @@ class PublishingDistCheckpoint:
         try:
             loaded = dist_checkpointing.load(sharded_state_dict, str(found.directory / ITEM))
         finally:
-            if not isinstance(self.store, FilesystemStore) and self.download_dir is None:
-                shutil.rmtree(found.directory, ignore_errors=True)  # a temporary copy
+            self.drop_copy(found.directory)
         self.resumed = found
         return found.step, dict(loaded)
 
     # ------------------------------------------------------------------ helpers
-
-    def _broadcast(self, value: Any) -> Any:
-        if self.world == 1:
-            return value
-        box = [value]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
-
-    def _barrier(self) -> None:
-        if self.world > 1:
-            dist.barrier()
-
-    def _new_staging(self) -> str:
-        if self.staging_dir is not None:
-            Path(self.staging_dir).mkdir(parents=True, exist_ok=True)
-        return tempfile.mkdtemp(prefix="rtj-megatron-", dir=self.staging_dir)
-
-    def _downloads(self) -> Path | None:
-        """This rank's own copy directory: ranks on one node never share a copy."""
-        if self.download_dir is None:
-            return None
-        return Path(self.download_dir) / f"rank-{self.rank}"
 
     def _metadata(self) -> StepMetadata:
         parallelism = {"dp": self.world}

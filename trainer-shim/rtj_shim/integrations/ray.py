@@ -37,7 +37,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -45,28 +44,20 @@ from typing import Any
 import ray
 import ray.train
 import torch
-import torch.distributed as dist
 
 from rtj_shim.checkpoint.manifest import Framework
 from rtj_shim.checkpoint.protocol import PublishResult, StepMetadata
 from rtj_shim.checkpoint.storage import CheckpointStore
-from rtj_shim.checkpoint.storage.filesystem import FilesystemStore
 from rtj_shim.errors import CheckpointError
-from rtj_shim.integrations._common import (
-    LocalStep,
-    make_protocol,
-    open_root,
-    publish_step,
-    resolve_everywhere,
-    retention_policy,
-)
+from rtj_shim.integrations import _torch_ranks as ranks
+from rtj_shim.integrations._common import StepPublisher, publish_step, resolve_everywhere
 
 __all__ = ["PublishingReporter"]
 
 log = logging.getLogger("rtj_shim.integrations")
 
 
-class PublishingReporter:
+class PublishingReporter(StepPublisher):
     """``root``: the checkpoint root (default: the operator's ``RTJ_CHECKPOINT_URI``);
     ``attempt``: the writer attempt (default ``RTJ_ATTEMPT`` or 0); ``keep_last``: the steps
     kept after every publish when the job's environment sets no retention (``RTJ_KEEP_LAST``
@@ -85,15 +76,9 @@ class PublishingReporter:
         download_dir: str | os.PathLike[str] | None = None,
         checkpoint_to_ray: bool = False,
     ) -> None:
-        self.store = open_root(root)
-        self.protocol = make_protocol(
-            self.store, attempt, retention_policy(type(self).__name__, keep_last)
-        )
-        self.staging_dir = staging_dir
-        self.download_dir = download_dir
+        super().__init__(root, attempt=attempt, keep_last=keep_last, staging_dir=staging_dir,
+                         download_dir=download_dir)  # fmt: skip
         self.checkpoint_to_ray = checkpoint_to_ray
-        self.last_publish: PublishResult | None = None
-        self.resumed: LocalStep | None = None
 
     @property
     def rank(self) -> int:
@@ -114,14 +99,15 @@ class PublishingReporter:
         """Every worker: its ``directory``'s files (None: it wrote none) merged with the
         others', published by the first worker as ``step``, then ``metrics`` reported to
         Ray. Returns the publish on the first worker (None on the others)."""
-        staging = self._broadcast(self._new_staging() if self.rank == 0 else None)
+        first = self.new_staging("rtj-ray-") if self.rank == 0 else None
+        staging = self._broadcast(first)
         if not isinstance(staging, str):
             raise CheckpointError(f"step {step}: no staging directory ({staging!r})")
         result: PublishResult | None = None
         try:
             if directory is not None:
                 shutil.copytree(directory, staging, dirs_exist_ok=True)
-            self._barrier()  # every worker's files are in
+            ranks.barrier(self.world)  # every worker's files are in
             error: str | None = None
             if self.rank == 0:
                 try:
@@ -137,10 +123,7 @@ class PublishingReporter:
         finally:
             if self.rank == 0:
                 shutil.rmtree(staging, ignore_errors=True)
-        if result is not None:
-            self.last_publish = result
-            log.info("published step %d: %s", step, result.uri)
-        return result
+        return self.published(step, result)
 
     def _publish(self, step: int, staging: Path) -> PublishResult | None:
         if not any(staging.iterdir()):
@@ -171,7 +154,7 @@ class PublishingReporter:
             rank=self.rank,
             world=self.world,
             broadcast=self._broadcast,
-            download_dir=self._downloads(),
+            download_dir=self.copy_dir(self.rank),
             restored_once=restored_once,
         )
         self.resumed = found
@@ -182,31 +165,8 @@ class PublishingReporter:
     # ------------------------------------------------------------------ helpers
 
     def _broadcast(self, value: Any) -> Any:
-        if self.world == 1:
-            return value
-        if not dist.is_initialized():
-            raise CheckpointError(
-                f"PublishingReporter with {self.world} workers needs torch.distributed "
-                "initialized (TorchTrainer does it before your training function runs)"
-            )
-        box = [value]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
-
-    def _barrier(self) -> None:
-        if self.world > 1 and dist.is_initialized():
-            dist.barrier()
-
-    def _new_staging(self) -> str:
-        if self.staging_dir is not None:
-            Path(self.staging_dir).mkdir(parents=True, exist_ok=True)
-        return tempfile.mkdtemp(prefix="rtj-ray-", dir=self.staging_dir)
-
-    def _downloads(self) -> Path | None:
-        """This worker's own copy directory (a temporary one per call when unset)."""
-        if self.download_dir is None:
-            return None if isinstance(self.store, FilesystemStore) else _temporary(self.rank)
-        return Path(self.download_dir) / f"worker-{self.rank}"
+        return ranks.broadcast(value, self.world, " (TorchTrainer initializes it before your "
+                               "training function runs)")  # fmt: skip
 
     def _metadata(self) -> StepMetadata:
         return StepMetadata.from_env(
@@ -219,7 +179,3 @@ class PublishingReporter:
             ),
             extra={"format": "ray-train-report"},
         )
-
-
-def _temporary(rank: int) -> Path:
-    return Path(tempfile.mkdtemp(prefix=f"rtj-ray-restore-{rank}-"))
