@@ -25,6 +25,11 @@ from rtj_shim.checkpoint.storage import open_store
 from rtj_shim.checkpoint.verification import Depth
 
 
+RUN_SECONDS = 300
+"""A run's limit: ~30 s alone, several times that beside a loaded suite on 2 cores (a
+DeepSpeed resume ran past 180 s once, beside other torchruns)."""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -64,7 +69,7 @@ class Worker:
         """Train to the end (resuming what ``root`` holds): rank 0's report with every
         rank's ``losses``, and stderr."""
         proc = self.launch(root, out)
-        stdout, stderr = proc.communicate(timeout=180)
+        stdout, stderr = proc.communicate(timeout=RUN_SECONDS)
         assert proc.returncode == 0, stdout[-2000:] + stderr[-4000:]
         reports = [json.loads((out / f"rank-{r}.json").read_text()) for r in (0, 1)]
         assert reports[0]["restored"] == reports[1]["restored"]  # every rank loaded one step
@@ -75,7 +80,7 @@ class Worker:
         session of its own) and torchrun."""
         proc = self.launch(root, out, kill_at=kill_at)
         marks = [out / f"at-kill-{rank}" for rank in (0, 1)]
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + RUN_SECONDS
         try:
             while not all(m.exists() and m.read_text() for m in marks):
                 assert proc.poll() is None, proc.communicate()[1][-4000:]
