@@ -24,7 +24,6 @@ from rtj_shim.checkpoint.resolver import describe_steps
 from rtj_shim.checkpoint.storage import open_store
 from rtj_shim.checkpoint.verification import Depth
 
-
 RUN_SECONDS = 300
 """A run's limit: ~30 s alone, several times that beside a loaded suite on 2 cores (a
 DeepSpeed resume ran past 180 s once, beside other torchruns)."""
