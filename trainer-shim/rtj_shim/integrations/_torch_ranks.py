@@ -9,6 +9,7 @@ from typing import Any
 import torch.distributed as dist
 
 from rtj_shim.errors import CheckpointError
+from rtj_shim.integrations._common import StepPublisher
 
 
 def broadcast(value: Any, world: int, needs: str = "") -> Any:
@@ -35,3 +36,15 @@ def rank() -> int:
 
 def world() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
+
+
+class TorchRanksPublisher(StepPublisher):
+    """A publisher whose ranks are torch.distributed's (DeepSpeed, Megatron Core)."""
+
+    @property
+    def rank(self) -> int:
+        return rank()
+
+    @property
+    def world(self) -> int:
+        return world()

@@ -44,7 +44,7 @@ from rtj_shim.checkpoint.protocol import PublishResult, StepMetadata
 from rtj_shim.checkpoint.storage import CheckpointStore
 from rtj_shim.errors import CheckpointError
 from rtj_shim.integrations import _torch_ranks as ranks
-from rtj_shim.integrations._common import StepPublisher, publish_step, resolve_everywhere
+from rtj_shim.integrations._common import publish_step, resolve_everywhere
 
 __all__ = ["PublishingEngine", "check_every_rank_wrote", "refuse_another_world"]
 
@@ -56,7 +56,7 @@ ZERO_FILE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_state
 MODEL_FILE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
 
 
-class PublishingEngine(StepPublisher):
+class PublishingEngine(ranks.TorchRanksPublisher):
     """``engine``: the ``DeepSpeedEngine`` whose state is saved and loaded; ``root``: the
     checkpoint root (default: the operator's ``RTJ_CHECKPOINT_URI``); ``attempt``: the
     writer attempt (default ``RTJ_ATTEMPT`` or 0); ``keep_last``: the steps kept after
@@ -80,14 +80,6 @@ class PublishingEngine(StepPublisher):
         super().__init__(root, attempt=attempt, keep_last=keep_last, staging_dir=staging_dir,
                          download_dir=download_dir)  # fmt: skip
         self.engine = engine
-
-    @property
-    def rank(self) -> int:
-        return ranks.rank()
-
-    @property
-    def world(self) -> int:
-        return ranks.world()
 
     # ------------------------------------------------------------------ saving
 

@@ -46,7 +46,7 @@ from rtj_shim.checkpoint.protocol import PublishResult, StepMetadata
 from rtj_shim.checkpoint.storage import CheckpointStore
 from rtj_shim.errors import CheckpointError
 from rtj_shim.integrations import _torch_ranks as ranks
-from rtj_shim.integrations._common import StepPublisher, publish_step, resolve_everywhere
+from rtj_shim.integrations._common import publish_step, resolve_everywhere
 
 __all__ = ["PublishingDistCheckpoint", "check_complete"]
 
@@ -58,7 +58,7 @@ COMPLETE_MARK = "metadata.json"
 """Megatron's last file of a save (after a barrier): without it, load refuses the directory."""
 
 
-class PublishingDistCheckpoint(StepPublisher):
+class PublishingDistCheckpoint(ranks.TorchRanksPublisher):
     """``root``: the checkpoint root (default: the operator's ``RTJ_CHECKPOINT_URI``);
     ``attempt``: the writer attempt (default ``RTJ_ATTEMPT`` or 0); ``keep_last``: the steps
     kept after every publish when the job's environment sets no retention (``RTJ_KEEP_LAST``
@@ -82,14 +82,6 @@ class PublishingDistCheckpoint(StepPublisher):
         super().__init__(root, attempt=attempt, keep_last=keep_last, staging_dir=staging_dir,
                          download_dir=download_dir)  # fmt: skip
         self.save_kwargs = save_kwargs
-
-    @property
-    def rank(self) -> int:
-        return ranks.rank()
-
-    @property
-    def world(self) -> int:
-        return ranks.world()
 
     # ------------------------------------------------------------------ saving
 
