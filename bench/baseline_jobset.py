@@ -33,12 +33,41 @@ LOG_DIR = "/var/log/train"
 MAX_RESTARTS = 1000
 RESTARTS_LABEL = "jobset.sigs.k8s.io/restart-attempt"
 JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
+JOBSET_UID_LABEL = "jobset.sigs.k8s.io/jobset-uid"
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 
+LAUNCHERS = ("torchrun", "nvrx")
+NVRX_HEARTBEAT_TIMEOUTS = (60, 15)
+"""NVRx's ``--ft-initial-rank-heartbeat-timeout`` (the first heartbeat: the trainer's import,
+rendezvous and resume) and ``--ft-rank-heartbeat-timeout`` (between two steps), in seconds:
+the operator's soak detects a hang after ``hangTimeoutSeconds`` 15 too."""
+
+
 def master_addr(name: str = NAME) -> str:
     return f"{name}-{RJOB}-0-0.{name}"
+
+
+def launcher_command(launcher: str, replicas: int) -> list[str]:
+    """How each pod starts its trainer: ``torchrun`` with the static rendezvous JobSet's own
+    examples use (a failed rank fails the pod: its JobSet restarts), or NVRx's ``ft_launcher``
+    (nvidia-resiliency-ext) as its fault-tolerance guide sets it up: torchrun's elastic agent
+    with the c10d rendezvous on rank 0's host, its rank monitor's heartbeat timeouts, and
+    in-job restarts: a failed or hung rank restarts every pod's worker group in place (the
+    agents rendezvous again), up to ``--max-restarts`` times, before the pod fails."""
+    if launcher == "torchrun":
+        return ["torchrun", f"--nnodes={replicas}", "--nproc-per-node=1",
+                "--node-rank=$(NODE_RANK)", "--master-addr=$(MASTER_ADDR)",
+                "--master-port=$(MASTER_PORT)"]  # fmt: skip
+    if launcher == "nvrx":
+        initial, every = NVRX_HEARTBEAT_TIMEOUTS
+        return ["ft_launcher", f"--nnodes={replicas}", "--nproc-per-node=1",
+                "--rdzv-backend=c10d", "--rdzv-endpoint=$(MASTER_ADDR):$(MASTER_PORT)",
+                "--rdzv-id=$(JOBSET_UID)-$(RESTART_ATTEMPT)", f"--max-restarts={MAX_RESTARTS}",
+                f"--ft-initial-rank-heartbeat-timeout={initial}",
+                f"--ft-rank-heartbeat-timeout={every}"]  # fmt: skip
+    raise ValueError(f"launcher: expected one of {', '.join(LAUNCHERS)}, got {launcher!r}")
 
 
 def jobset(
@@ -49,14 +78,15 @@ def jobset(
     *,
     name: str = NAME,
     claim: str = CLAIM,
+    launcher: str = "torchrun",
 ) -> Obj:
-    """The JobSet a careful user writes for `replicas` torchrun workers of ddp_train."""
+    """The JobSet a careful user writes for `replicas` workers of ddp_train under
+    `launcher` (`launcher_command`)."""
     command = [
-        "torchrun", f"--nnodes={replicas}", "--nproc-per-node=1",
-        "--node-rank=$(NODE_RANK)", "--master-addr=$(MASTER_ADDR)",
-        "--master-port=$(MASTER_PORT)",
+        *launcher_command(launcher, replicas),
         "examples/ddp_train.py", f"--plain-checkpoints={CKPT_DIR}",
         f"--log-dir={LOG_DIR}/restart-$(RESTART_ATTEMPT)", *trainer_args,
+        *(["--nvrx-heartbeats"] if launcher == "nvrx" else []),
     ]  # fmt: skip
     container = {
         "name": "trainer",
@@ -67,6 +97,7 @@ def jobset(
             {"name": "MASTER_PORT", "value": "29500"},
             _field("NODE_RANK", f"metadata.annotations['{INDEX_ANNOTATION}']"),
             _field("RESTART_ATTEMPT", f"metadata.labels['{RESTARTS_LABEL}']"),
+            _field("JOBSET_UID", f"metadata.labels['{JOBSET_UID_LABEL}']"),
         ],
         "resources": {
             "requests": {"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": "1"},

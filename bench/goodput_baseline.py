@@ -57,6 +57,8 @@ from e2e.cluster.kueue_preemption import kueue_preemptor_leaks
 from e2e.demo import story
 from e2e.operator_proc import REPO, wait_for
 
+NVRX_VERSION = "0.4.1"
+"""nvidia-resiliency-ext as pyproject.toml pins it (the newest pip installs on glibc 2.36)."""
 CAP_FACTOR = 1.5
 STARTUP_WAIT = 60.0
 """How long a fault due during a world's start waits for that world's first step."""
@@ -111,12 +113,12 @@ class Injector(goodput.Injector):
         return bj.current_pod(pods, int(restarts), rank)
 
     def _trains(self, pod: dict[str, Any], rank: int) -> bool:
-        """The pod's trainer has logged a step of its world."""
+        """The pod's trainer has logged a step of its world (under NVRx's elastic
+        rendezvous a pod's rank need not be its index: any rank's log of the pod)."""
         restarts = pod["metadata"]["labels"][bj.RESTARTS_LABEL]
-        log = (story._pod_dir(self.opts, pod) / "volumes" / "train-logs"
-               / f"restart-{restarts}" / f"rank-{rank}.jsonl")  # fmt: skip
+        logs = story._pod_dir(self.opts, pod) / "volumes" / "train-logs" / f"restart-{restarts}"
         with contextlib.suppress(OSError):
-            return '"loss"' in log.read_text()
+            return any('"loss"' in log.read_text() for log in logs.glob("rank-*.jsonl"))
         return False
 
     def _corrupt_newest(self) -> str:
@@ -152,9 +154,22 @@ def _attempt_logs(platform: story.Options) -> dict[int, dict[int, list[str]]]:
     root = platform.state / "runner" / "pods" / story.NAMESPACE
     pattern = f"{bj.NAME}-{bj.RJOB}-0-*/volumes/train-logs/restart-*/rank-*.jsonl"
     return split_restarts(
-        (int(f.parent.name.split("-")[1]), int(f.stem.split("-")[1]), f.read_text().splitlines())
+        (int(f.parent.name.split("-")[1]), int(f.stem.split("-")[1]), world)
         for f in sorted(root.glob(pattern))
+        for world in by_restore(f.read_text().splitlines())
     )
+
+
+def by_restore(lines: list[str]) -> list[list[str]]:
+    """A rank log's lines cut before each restore record: one piece per trainer process
+    that wrote to it (NVRx's in-job restarts start the rank again in the same pod, with the
+    same log; a torchrun pod's log has one)."""
+    pieces: list[list[str]] = []
+    for line in lines:
+        if not pieces or '"event": "restore"' in line:
+            pieces.append([])
+        pieces[-1].append(line)
+    return pieces
 
 
 def split_restarts(
@@ -205,8 +220,9 @@ def _last_errors(platform: story.Options, pods: list[dict[str, Any]]) -> dict[st
     return out
 
 
-def run(opts: goodput.SoakOptions, cap: float) -> dict[str, Any]:
-    """One baseline soak, `cap` seconds at most from the JobSet's creation."""
+def run(opts: goodput.SoakOptions, cap: float, launcher: str = "torchrun") -> dict[str, Any]:
+    """One baseline soak, `cap` seconds at most from the JobSet's creation; each pod's
+    trainer under `launcher` (`bench.baseline_jobset.launcher_command`)."""
     shutil.rmtree(opts.work, ignore_errors=True)
     platform = story.Options(
         out=opts.work / "out", state=opts.work / "state",
@@ -234,7 +250,8 @@ def run(opts: goodput.SoakOptions, cap: float) -> dict[str, Any]:
                    f"--step-sleep={opts.step_sleep}", *fault_args(opts)]  # fmt: skip
         created = time.time()
         kube.jobset_create(
-            bj.jobset(story.NAMESPACE, story.QUEUE, goodput.RANKS, trainer), story.NAMESPACE
+            bj.jobset(story.NAMESPACE, story.QUEUE, goodput.RANKS, trainer, launcher=launcher),
+            story.NAMESPACE,
         )
         deadline = created + cap
         # built first: it imports torch, which took 20 s on a loaded machine, and the
@@ -327,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preemption-hold", type=float, default=goodput.PREEMPTION_HOLD,
                    help="seconds a preemption's urgent workload keeps the quota once "
                    "admitted (%(default)s)")  # fmt: skip
+    p.add_argument("--launcher", choices=bj.LAUNCHERS, default="torchrun",
+                   help="torchrun (b), or NVRx's ft_launcher, its in-job restarts (c)")  # fmt: skip
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = p.parse_args(argv)
     opts = goodput.SoakOptions(
@@ -342,18 +361,22 @@ def main(argv: list[str] | None = None) -> int:
         CAP_FACTOR * ours["wall_seconds"] if ours else opts.steps * opts.expected_step_seconds * 2
     )
     before = goodput.machine()
-    facts = run(opts, cap)
+    facts = run(opts, cap, args.launcher)
     facts["settings"] = soak_compare.settings(opts, cap)
     if opts.mix != dict(DEFAULT_MIX):
         facts["settings"]["fault mix"] = ", ".join(f"{k} {w:g}" for k, w in opts.mix.items())
     facts["machine"] = f"{before} at the start"
     name = "goodput-baseline"
+    if args.launcher == "nvrx":
+        facts["label"] = f"(c) NVRx {NVRX_VERSION} ft_launcher in-job restart + plain torch.save"
+        facts["settings"]["launcher"] = " ".join(bj.launcher_command("nvrx", goodput.RANKS))
+        name += "-nvrx"
     if args.drop:
         facts["label"] = f"(b') the same, without {', '.join(args.drop)}"
         name += "-without-" + "-".join(args.drop)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{name}.json").write_text(json.dumps(facts, indent=2, default=str) + "\n")
-    if ours is not None and not args.drop:
+    if ours is not None and not args.drop and args.launcher == "torchrun":
         soak_compare.write(args.out, ours, facts)
     sys.stdout.write(f"baseline goodput {facts['goodput'] * 100:.1f}%; findings: "
                      f"{facts['findings']}; problems: {facts['problems']}\n")  # fmt: skip

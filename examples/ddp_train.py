@@ -113,6 +113,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--root", help="checkpoint root (path, file:// or s3://)")
     p.add_argument("--plain-checkpoints", type=Path, help="plain torch.save files here instead")
+    p.add_argument("--nvrx-heartbeats", action="store_true",
+                   help="with --plain-checkpoints: NVRx's rank heartbeat every step (under "
+                   "its ft_launcher)")  # fmt: skip
     p.add_argument("--log-dir", required=True, type=Path)
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--save-every", type=int, default=50, help="0: no step-count saves")
@@ -164,6 +167,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("give one of --root and --plain-checkpoints")
     if args.plain_checkpoints is not None and (args.fsdp or args.async_save):
         p.error("--plain-checkpoints saves a DDP model, blocking")
+    if args.nvrx_heartbeats and args.plain_checkpoints is None:
+        p.error("--nvrx-heartbeats: expected --plain-checkpoints too (the NVRx baseline)")
     return args
 
 
@@ -275,7 +280,9 @@ def main(argv: list[str] | None = None) -> int:
         root = KillInSaveStore(open_store(args.root), args.fault_kill_in_save)
     ckpt: Any
     if args.plain_checkpoints is not None:
-        ckpt = PlainCheckpoints(args.plain_checkpoints, args.save_every, rank, world)
+        ckpt = PlainCheckpoints(
+            args.plain_checkpoints, args.save_every, rank, world, args.nvrx_heartbeats
+        )
     else:
         ckpt = Checkpointer(
             root,

@@ -63,6 +63,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--save-every", type=int, default=1)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds per step (drills)")
+    p.add_argument("--sample-sleep", type=float, default=0.0,
+                   help="seconds per sample this rank trains (benchmarks: compute that grows "
+                   "with a rank's share of the global batch, as on a GPU)")  # fmt: skip
     p.add_argument("--dump-params", type=Path, help="rank 0 writes the parameters here at exit")
     return p.parse_args(argv)
 
@@ -124,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
                   "generation": generation, "lr": lr, "loss": float(total),
                   "samples": list(batch.indices), "time": time.time()}  # fmt: skip
         log.write(json.dumps(record) + "\n")
-        if args.step_sleep:
-            time.sleep(args.step_sleep)
+        if args.step_sleep or args.sample_sleep:
+            time.sleep(args.step_sleep + args.sample_sleep * len(batch.indices))
         ckpt.step_boundary(step, objects, loss=float(total))
     ckpt.wait()
     if args.dump_params is not None and rank == 0:

@@ -45,10 +45,15 @@ class PlainCheckpoints:
     as it is; each rank's RNGs are gathered to rank 0 (dropout differs per rank) and put
     back on the same rank. The file is trusted as it is: no checksum, no fallback."""
 
-    def __init__(self, directory: Path, every: int, rank: int, world: int) -> None:
+    def __init__(
+        self, directory: Path, every: int, rank: int, world: int, heartbeats: bool = False
+    ) -> None:
+        """`heartbeats`: send NVRx's rank heartbeat at every step boundary (`NvrxHeartbeats`:
+        the trainer runs under its ``ft_launcher``)."""
         self.dir, self.every, self.rank, self.world = directory, every, rank, world
         self.last_restore: PlainRestore | None = None
         self.last_save: PlainSave | None = None
+        self.heartbeats = NvrxHeartbeats() if heartbeats else None
         self.dir.mkdir(parents=True, exist_ok=True)
 
     def _rng(self) -> list[Any]:
@@ -100,9 +105,32 @@ class PlainCheckpoints:
     def step_boundary(self, step: int, objects: dict[str, Any], **kw: Any) -> None:
         if step % self.every == 0:
             self.save(step, objects, **kw)
+        if self.heartbeats is not None:
+            self.heartbeats.beat()
 
     def wait(self) -> None:
         pass
 
     def close(self) -> None:
-        pass
+        if self.heartbeats is not None:
+            self.heartbeats.close()
+
+
+class NvrxHeartbeats:
+    """NVIDIA Resiliency Extension's rank monitor client, as its fault-tolerance guide has a
+    training loop use it (``nvidia_resiliency_ext.fault_tolerance.RankMonitorClient``): a
+    heartbeat every iteration; ``ft_launcher``'s rank monitor judges a rank that sends none
+    within ``--ft-rank-heartbeat-timeout`` (the first within the initial timeout) hung, and
+    restarts the worker group in the job (the goodput soak's NVRx baseline)."""
+
+    def __init__(self) -> None:
+        from nvidia_resiliency_ext import fault_tolerance as ft
+
+        self.client = ft.RankMonitorClient()
+        self.client.init_workload_monitoring()
+
+    def beat(self) -> None:
+        self.client.send_heartbeat()
+
+    def close(self) -> None:
+        self.client.shutdown_workload_monitoring()

@@ -176,3 +176,27 @@ def test_the_side_by_side_report_has_both_systems_and_two_lanes() -> None:
     assert soak_compare.timeline(ours, base, [variant]).count("<polyline") == 3
     single = soak_report.timeline_svg(0.0, {1: {1: 1.0}}, [], "one")
     assert single.count("<polyline") == 1 and 'height="360"' in single
+
+
+def test_the_nvrx_jobset_runs_ft_launcher_with_its_heartbeats() -> None:
+    body = bj.jobset("ns", "q", 2, ["--steps=10"], launcher="nvrx")
+    [rjob] = body["spec"]["replicatedJobs"]
+    [c] = rjob["template"]["spec"]["template"]["spec"]["containers"]
+    command = c["command"]
+    assert command[:2] == ["ft_launcher", "--nnodes=2"]
+    assert "--rdzv-backend=c10d" in command and f"--max-restarts={bj.MAX_RESTARTS}" in command
+    assert "--rdzv-endpoint=$(MASTER_ADDR):$(MASTER_PORT)" in command
+    assert command[-1] == "--nvrx-heartbeats" and "--steps=10" in command
+    assert {e["name"] for e in c["env"]} >= {"MASTER_ADDR", "JOBSET_UID", "RESTART_ATTEMPT"}
+    with pytest.raises(ValueError, match="launcher: expected one of torchrun, nvrx"):
+        bj.launcher_command("mpirun", 2)
+
+
+def test_a_rank_log_is_cut_at_each_restart_in_the_job() -> None:
+    from bench.goodput_baseline import by_restore
+
+    restore = json.dumps({"event": "restore", "step": 0})
+    lines = [restore, '{"step": 1}', '{"step": 2}', restore, '{"step": 2}']
+    assert by_restore(lines) == [lines[:3], lines[3:]]
+    assert by_restore(['{"step": 1}']) == [['{"step": 1}']]  # a log cut before its restore
+    assert by_restore([]) == []
