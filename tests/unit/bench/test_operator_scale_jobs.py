@@ -1,0 +1,51 @@
+"""The many-jobs scale report (`bench.operator_scale_jobs`): its figures from
+`bench.operator_scale --json`'s phase, and the ratios to the smallest size."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from bench.operator_scale_jobs import markdown, nodes_for, summarize
+
+
+def _fault(detected: float | None, recovered: float | None) -> dict[str, Any]:
+    return {"detected": detected, "recovered": recovered}
+
+
+def _report(faults: list[dict[str, Any]], cpu: float, requests: int) -> dict[str, Any]:
+    phase = {
+        "faults": faults, "window_seconds": 10.0, "cluster_requests": requests,
+        "quiet_rate": 2.0, "operator_requests": 50, "operator_lease_requests": 10,
+        "cpu_window": {"operator": cpu, "kueue": 9.0}, "rss_steady": 80.0, "rss_peak": 95.0,
+        "startup_seconds": 12.0, "problems": [],
+    }  # fmt: skip
+    return {"phases": [phase]}
+
+
+def test_the_figures_come_from_the_phase_per_recovery() -> None:
+    faults = [_fault(0.2, 3.0), _fault(0.4, 5.0), _fault(None, None), _fault(0.3, 4.0)]
+    size = summarize(_report(faults, cpu=8.0, requests=132), jobs=10, workers=2, nodes=4)
+    assert size.faults == 4 and size.pods == 20
+    assert math.isclose(size.decision_p50, 0.3) and size.decision_p99 <= 0.4
+    assert math.isclose(size.recovery_p50, 4.0)
+    assert size.cpu_per_recovery == 2.0  # the operator's CPU over the faults, not kueue's
+    assert size.operator_requests_per_recovery == 10.0  # its lease calls apart
+    # all clients, less the injector's 3 a fault and the quiet rate over the window
+    assert size.cluster_requests_per_recovery == (132 - 12 - 20) / 4
+    assert size.problems == ["1 faults never decided"]
+
+
+def test_the_report_gives_each_size_as_a_ratio_to_the_smallest() -> None:
+    small = summarize(_report([_fault(0.2, 3.0)], cpu=1.0, requests=40), 10, 2, 4)
+    large = summarize(_report([_fault(0.4, 3.0)], cpu=1.0, requests=40), 1000, 2, 313)
+    text = markdown([small, large], 2, (1.0, 2.0))
+    row = next(line for line in text.splitlines() if line.startswith("| decision p50"))
+    assert "(2.00x)" in row
+    assert "| decision p99 s (goal < 2) |" in text
+
+
+def test_every_job_and_its_next_world_fit() -> None:
+    assert nodes_for(10, 2) == 4  # 25 GPUs: 4 nodes; never fewer than workers + 1
+    assert nodes_for(1000, 2) * 8 >= 1000 * 2 * 1.25
+    assert nodes_for(1, 4) == 5
