@@ -120,6 +120,8 @@ class Bench:
         self.kube: Kube = client(kubeconfig)
         self.pids = pids  # cluster components (when this run started the cluster)
         self.logs = Path(tempfile.mkdtemp(prefix="rtj-bench-scale-"))
+        self.operator_exit: str | None = None
+        """Why the operator's metrics stopped answering (it exited), once they did."""
 
     def _cpu(self, op: OperatorProcess | None) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -127,7 +129,8 @@ class Bench:
             with contextlib.suppress(OSError):  # a component that exited
                 out[name] = cpu_seconds(pid)
         if op is not None and op.proc is not None:
-            out["operator"] = cpu_seconds(op.proc.pid)
+            with contextlib.suppress(OSError):  # an operator that exited (see `_snapshot`)
+                out["operator"] = cpu_seconds(op.proc.pid)
         return out
 
     def _victims(self, obs: Observed, prefix: str) -> list[FaultRecord]:
@@ -358,6 +361,8 @@ class Bench:
         time.sleep(SETTLE_SECONDS)
         a1, o1, c1, t1 = self._snapshot(op)
         phase.window_seconds = t1 - t0
+        if self.operator_exit is not None:  # e.g. it lost its leader Lease under the load
+            phase.problems.append(self.operator_exit)
         if profiler is not None:
             profiler.stop()
             print(f"   operator profile of the fault window: {profiler.path}")
@@ -372,7 +377,7 @@ class Bench:
         phase.operator_requests = sum(mine.values()) - phase.operator_lease_requests
         phase.operator_top = [(f"{v} {r}", n) for (v, r), n in mine.most_common(10)]
         phase.cpu_window = {k: c1[k] - c0[k] for k in c1 if k in c0}
-        if op is not None and op.proc is not None:
+        if op is not None and op.proc is not None and self.operator_exit is None:
             phase.operator_cpu_total = cpu_seconds(op.proc.pid)
             phase.rss_peak = max(sampler.peak if sampler else 0.0, rss_mib(op.proc.pid))
         if rtj:
@@ -389,7 +394,12 @@ class Bench:
     ) -> tuple[Counter[tuple[str, str]], Counter[tuple[str, str]], dict[str, float], float]:
         """Cluster request counts, the operator's own, CPU seconds by process, and when."""
         cluster = apiserver_requests(self.harness.api)
-        mine = operator_requests(op.metrics()) if op is not None else Counter()
+        mine: Counter[tuple[str, str]] = Counter()
+        if op is not None:
+            try:
+                mine = operator_requests(op.metrics())
+            except OSError as exc:  # it exited: the run goes on to say so (`operator_exit`)
+                self.operator_exit = f"the operator's metrics did not answer ({exc}): {op.log_path}"
         return cluster, mine, self._cpu(op), time.time()
 
 

@@ -11,9 +11,11 @@ from rtj_operator.kube import Kube
 from rtj_operator.policy.classify import reads_event
 from rtj_operator.policy.node_event_sources import NODE_EVENT_NAMESPACE
 
-NODE_EVENT_QUERIES = 16
-"""Up to this many nodes, their Events are read by name (one small answer each); beyond,
-one paged read of every node Event in NODE_EVENT_NAMESPACE."""
+QUERIES_BY_NAME = 16
+"""Up to this many pods (nodes, JobSets) of a failed attempt, their Events are read by name
+(one small answer each); beyond, one paged read of every such Event in the namespace. A
+namespace of many jobs holds Events about every job's pods: read whole for each failure,
+a recovery's cost grew with the number of jobs (`bench.operator_scale_jobs`)."""
 
 
 def workload_jobset(name: str) -> str | None:
@@ -22,6 +24,15 @@ def workload_jobset(name: str) -> str | None:
         return None
     body, _, suffix = name[len("jobset-") :].rpartition("-")
     return body if body and len(suffix) == 5 else None
+
+
+def queries_by_name(scope: str, kind: str, names: set[str]) -> list[tuple[str, str, str]]:
+    """The Event queries for `names` of `kind` in `scope`: one by name each, or, for more
+    than QUERIES_BY_NAME of them, one for the kind (filtered by name after)."""
+    if len(names) > QUERIES_BY_NAME:
+        return [(scope, kind, f"involvedObject.kind={kind}")]
+    return [(scope, kind, f"involvedObject.kind={kind},involvedObject.name={n}")
+            for n in sorted(names)]  # fmt: skip
 
 
 def event_key(body: Mapping[str, Any]) -> tuple[str, str, str] | None:
@@ -59,18 +70,14 @@ def read_events(kube: Kube, snap: rc.Snapshot) -> list[dict[str, Any]]:
     jobsets = {js["metadata"]["name"] for js in snap.jobsets}
     wanted: list[dict[str, Any]] = []
     queries: list[tuple[str, str, str]] = [
-        (namespace, "Pod", "involvedObject.kind=Pod"),
+        *queries_by_name(namespace, "Pod", pods),
+        # a Workload is named for its JobSet plus a hash of its uid: read by kind, matched
+        # to its JobSet by `workload_jobset`
         (namespace, "Workload", "involvedObject.kind=Workload"),
         # Kueue before v0.7 (and the JobSet controller) write about the JobSet itself
-        (namespace, "JobSet", "involvedObject.kind=JobSet"),
+        *queries_by_name(namespace, "JobSet", jobsets),
+        *queries_by_name(NODE_EVENT_NAMESPACE, "Node", nodes),
     ]
-    if len(nodes) <= NODE_EVENT_QUERIES:  # a few nodes: ask for theirs by name
-        queries += [
-            (NODE_EVENT_NAMESPACE, "Node", f"involvedObject.kind=Node,involvedObject.name={n}")
-            for n in sorted(nodes)
-        ]
-    else:
-        queries.append((NODE_EVENT_NAMESPACE, "Node", "involvedObject.kind=Node"))
     for scope, kind, selector in queries:
         # a failed read raises: a classification is never final on partial evidence
         found = kube.list_events(scope, selector)

@@ -250,7 +250,9 @@ class FakeKube:
 
     def list_events(self, namespace: str | None, selector: str) -> list[dict[str, Any]]:
         self.calls.append(("list_events", selector))
-        if selector.endswith("=Pod"):
+        if selector.startswith("involvedObject.kind=Pod") and selector.endswith(
+            ("=Pod", "=llm-a1-worker-0-0-abcde")
+        ):
             return [{"involvedObject": {"kind": "Pod", "name": "llm-a1-worker-0-0-abcde",
                                         "namespace": "team-a"}, "reason": "Evicted",
                      "message": "The node was low on resource: memory."}]  # fmt: skip
