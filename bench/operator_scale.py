@@ -8,10 +8,9 @@ in its termination message, written as the kubelet reports it (faults.terminate_
 the operator classifies that as NetworkFault (infrastructure) and restarts the group. The
 faults are staggered `--stagger` seconds apart (0: all at once, from parallel threads).
 
-Phase 1, the operator: RTJs (backoff initialSeconds 1), the operator as its own process.
-Phase 2, the baseline: the same groups as plain JobSets (the JobSet the operator renders for
-attempt 1, renamed, without owner) with Kueue's queue label and `failurePolicy: {maxRestarts:
-3, restartStrategy: --baseline-strategy, rules: [{action: RestartJobSet}]}`; no operator.
+Phase 1: RTJs (backoff initialSeconds 1), the operator as its own process. Phase 2: the
+same groups as plain JobSets (attempt 1's, renamed, no owner, Kueue's queue label, `failurePolicy:
+{maxRestarts: 3, restartStrategy: --baseline-strategy, rules: [{action: RestartJobSet}]}`).
 
 Measured from raw watches that timestamp every change on receipt (no polling):
 - detection: the victim's Failed status written (the status PATCH returned) -> the RTJ's
@@ -22,27 +21,24 @@ Measured from raw watches that timestamp every change on receipt (no polling):
   restart-attempt 1) seen Running. For RTJ also minus the 1 s backoff. The stages in between
   are printed per fault: old pods all deleted, (RTJ) old JobSet gone, next JobSet created,
   next JobSet unsuspended by Kueue (admitted), first new pod, all new pods Running.
-- API requests per recovery: `apiserver_request_total` (all clients; watches and connects
-  not counted) from just before the first fault until 5 s after the last recovery, less the
-  injector's own 3 requests per fault, less the background rate measured in a quiet window
-  just before (KWOK node leases, controllers' leader leases); and the operator's own
-  `rtj_api_requests_total` (its leader-election lease calls shown apart).
-- CPU (user+sys from /proc/<pid>/stat) of the operator and of the cluster's controllers in
-  the same window; operator RSS (steady: the quiet window; peak: sampled every 0.25 s).
+- API requests per recovery: `apiserver_request_total` (all clients, no watches) from just
+  before the first fault to 5 s after the last recovery, less the injector's 3 a fault and
+  the quiet window's background rate; the operator's `rtj_api_requests_total` (leases apart).
+- CPU (user+sys, /proc/<pid>/stat) of the operator and the controllers in the same window;
+  operator RSS (steady: the quiet window; peak: sampled every 0.25 s).
 - correctness: every faulted RTJ on attempt 2 with exactly 2 records and one JobSet
   (<job>-a2), every other one untouched; the operator's restart counter equals the faults.
 
-Each figure prints with its target and PASS/MISS; a miss never fails the run. The cluster
-is started here (name rtj-bench-scale-<pid>, torn down at the end) unless
-RTJ_E2E_KUBECONFIG points at a running one.
+Each figure prints with its target and PASS/MISS; a miss never fails the run. The cluster is
+started here (rtj-bench-scale-<pid>, torn down at the end) unless RTJ_E2E_KUBECONFIG names one.
 
     python -m bench.operator_scale [--jobs 50] [--workers 8] [--nodes 100] [--faults 10]
         [--stagger 0.5] [--baseline-strategy BlockingRecreate] [--json F]
         [--lease 20] [--no-lease-signal] [--leader-lease 15] [--pods-ready-timeout 120s]
 
-The last four are for 1,000+ nodes on a small machine (`bench.large_cluster`).
-The groups and their faults: `bench.operator_scale_workload`; the records and the report:
-`bench.operator_scale_report`; the correctness checks: `bench.operator_scale_checks`.
+The last four are for 1,000+ nodes on a small machine (`bench.large_cluster`). The groups
+and faults: `bench.operator_scale_workload`; records and report: `bench.operator_scale_report`;
+correctness checks: `bench.operator_scale_checks`; many jobs: `bench.operator_scale_jobs`.
 """
 
 from __future__ import annotations
@@ -120,8 +116,7 @@ class Bench:
         self.kube: Kube = client(kubeconfig)
         self.pids = pids  # cluster components (when this run started the cluster)
         self.logs = Path(tempfile.mkdtemp(prefix="rtj-bench-scale-"))
-        self.operator_exit: str | None = None
-        """Why the operator's metrics stopped answering (it exited), once they did."""
+        self.operator_exit: str | None = None  # why its metrics stopped answering (it exited)
 
     def _cpu(self, op: OperatorProcess | None) -> dict[str, float]:
         out: dict[str, float] = {}
