@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds a preemption's urgent workload keeps the quota once "
                    "admitted (%(default)s)")  # fmt: skip
     p.add_argument("--launcher", choices=bj.LAUNCHERS, default="torchrun",
-                   help="torchrun (b), or NVRx's ft_launcher, its in-job restarts (c)")  # fmt: skip
+                   help="torchrun (b), or NVRx's ft_launcher, its in-job restarts (d)")  # fmt: skip
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = p.parse_args(argv)
     opts = goodput.SoakOptions(
@@ -368,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     facts["machine"] = f"{before} at the start"
     name = "goodput-baseline"
     if args.launcher == "nvrx":
-        facts["label"] = f"(c) NVRx {NVRX_VERSION} ft_launcher in-job restart + plain torch.save"
+        facts["label"] = f"(d) NVRx {NVRX_VERSION} ft_launcher in-job restart + plain torch.save"
         facts["settings"]["launcher"] = " ".join(bj.launcher_command("nvrx", goodput.RANKS))
         name += "-nvrx"
     if args.drop:
