@@ -166,7 +166,8 @@ def by_restore(lines: list[str]) -> list[list[str]]:
     same log; a torchrun pod's log has one)."""
     pieces: list[list[str]] = []
     for line in lines:
-        if not pieces or '"event": "restore"' in line:
+        record = acc.parse_record(line)
+        if not pieces or (record is not None and record.get("event") == "restore"):
             pieces.append([])
         pieces[-1].append(line)
     return pieces

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import large_cluster, operator_scale
+from bench.operator_scale_report import INJECTOR_REQUESTS_PER_FAULT
 from bench.scale_probes import percentile
 from e2e.operator_proc import REPO
 
@@ -88,7 +89,8 @@ def summarize(report: dict[str, Any], jobs: int, workers: int, nodes: int) -> Si
     recovered = [f["recovered"] for f in faults if f["recovered"] is not None]
     n = max(len(faults), 1)
     window = float(phase["window_seconds"])
-    cluster = float(phase["cluster_requests"]) - 3 * len(faults) - phase["quiet_rate"] * window
+    cluster = (float(phase["cluster_requests"]) - INJECTOR_REQUESTS_PER_FAULT * len(faults)
+               - phase["quiet_rate"] * window)  # as `Phase.requests_per_recovery`  # fmt: skip
     own = phase["operator_requests"] - phase["operator_lease_requests"]
     missing = len(faults) - len(decided)
     problems = list(phase["problems"]) + ([f"{missing} faults never decided"] if missing else [])
