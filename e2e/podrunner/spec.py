@@ -4,9 +4,9 @@ The image's filesystem is this checkout (``workdir``): commands run there with t
 Python environment on PATH. What a container would see at a mount path is a per-pod (or
 per-node, per-claim) directory, so mount paths are rewritten wherever a path can appear: in
 environment values, in the command and its arguments, and as ``file://`` roots. The pod's
-rendezvous host (``<host>.<subdomain>``, JobSet's headless Service) is loopback, and its
-master port is a local port of the runner's choosing per subdomain, so two attempts (or two
-jobs) never share a listener.
+rendezvous host (``<host>.<subdomain>[.<namespace>.svc...]``, JobSet's headless Service) is
+loopback wherever an environment value names it, and its master port is a local port of the
+runner's choosing per subdomain, so two attempts (or two jobs) never share a listener.
 
 The downward API resolves ``status.podIP``/``status.podIPs`` to the pod's own address (the
 runner gives each pod one, see ``podip``) and ``status.hostIP``/``status.hostIPs`` to the
@@ -216,11 +216,14 @@ def _env(
 
 
 def _rendezvous(env: dict[str, str], subdomain: str, sources: Sources) -> dict[str, str]:
-    """The headless-Service host is loopback; the master port is the runner's choice."""
+    """The headless-Service host is loopback wherever a value names it (alone, or in a URL
+    such as ``http://<host>.<subdomain>:29510``); the master port is the runner's choice."""
     if not subdomain:
         return env
-    host = re.compile(rf"^[a-z0-9.-]+\.{re.escape(subdomain)}(\.[a-z0-9.-]+)?$")
-    out = {k: (LOOPBACK if host.match(v) else v) for k, v in env.items()}
+    host = re.compile(
+        rf"(?<![\w.-])[a-z0-9-]+\.{re.escape(subdomain)}(\.[a-z0-9-]+\.svc(\.[a-z0-9-]+)*)?(?![\w.-])"
+    )
+    out = {k: host.sub(LOOPBACK, v) for k, v in env.items()}
     for name in MASTER_PORT_VARS & out.keys():
         out[name] = str(sources.master_port(subdomain))
     return out

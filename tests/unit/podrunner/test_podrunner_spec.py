@@ -63,6 +63,9 @@ def pod(**spec: Any) -> dict[str, Any]:
                     {"name": "MASTER_ADDR", "value": "js-a2-worker-0-0.js-a2"},
                     {"name": "MASTER_PORT", "value": "29500"},
                     {"name": "OTHER_HOST", "value": "db.example.com"},
+                    {"name": "LIGHTHOUSE", "value": "http://js-a2-lighthouse-0-0.js-a2:29510"},
+                    {"name": "FQDN", "value": "js-a2-worker-0-0.js-a2.ns.svc.cluster.local"},
+                    {"name": "NOT_A_HOST", "value": "/data/x.js-a2b/y.js-a2.txt"},
                     {"name": "MODE",
                      "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "mode"}}},
                 ],
@@ -104,6 +107,9 @@ def test_env_expansion_downward_api_and_rendezvous_on_loopback() -> None:
     assert trainer.env["MASTER_ADDR"] == LOOPBACK
     assert trainer.env["MASTER_PORT"] == "40123", "the runner's port for this subdomain"
     assert trainer.env["OTHER_HOST"] == "db.example.com", "only the pod's own subdomain maps"
+    assert trainer.env["LIGHTHOUSE"] == f"http://{LOOPBACK}:29510", "a host inside a URL too"
+    assert trainer.env["FQDN"] == LOOPBACK
+    assert trainer.env["NOT_A_HOST"] == "/data/x.js-a2b/y.js-a2.txt"
     assert trainer.env["HOSTNAME"] == "p"
 
 
