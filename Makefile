@@ -74,6 +74,7 @@ bench: install ## benchmarks, reported as ratios against a side-by-side baseline
 	$(BIN)/python -m bench.goodput --steps 6000 --mtbf 60 $(GOODPUT_ARGS)
 	$(BIN)/python -m bench.goodput_baseline --steps 6000 --mtbf 60 --against bench/results/goodput.json
 	$(BIN)/python -m bench.goodput_baseline --steps 6000 --mtbf 60 --launcher nvrx --against bench/results/goodput.json
+	$(BIN)/python -m bench.goodput_baseline --steps 6000 --mtbf 60 --launcher torchft --against bench/results/goodput.json
 	$(BIN)/python -m bench.operator_scale_jobs --markdown bench/results/operator-scale-jobs.md
 	$(BIN)/python -m bench.elastic_scarce --markdown bench/results/elastic-scarce.md
 

@@ -60,6 +60,8 @@ from e2e.operator_proc import REPO, wait_for
 NVRX_VERSION = "0.4.1"
 """nvidia-resiliency-ext as pyproject.toml pins it (the newest pip installs on glibc 2.36)."""
 CAP_FACTOR = 1.5
+FINISH_WAIT = 30.0
+"""How long a baseline whose model is trained waits for its JobSet's completion."""
 STARTUP_WAIT = 60.0
 """How long a fault due during a world's start waits for that world's first step."""
 
@@ -221,9 +223,54 @@ def _last_errors(platform: story.Options, pods: list[dict[str, Any]]) -> dict[st
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class Flavour:
+    """What differs between the baselines' runs: the JobSet, how the injector finds a
+    rank's pod, the trainers' logs, and the judge."""
+
+    body: Callable[[list[str]], dict[str, Any]]  # the trainer's arguments -> the JobSet
+    injector: type[Injector]
+    logs: Callable[[story.Options], Any]  # truthy once a step was logged
+    last_step: Callable[[Any], tuple[float, int] | None]  # (time, step) of the newest
+    judge: Callable[..., dict[str, Any]]  # (created, stopped, completed, logs, injected,
+    # stall, opts)
+    trained_out: Callable[[Any], bool] = lambda logs: False  # the last step is in the logs
+
+
+def flavour(launcher: str) -> Flavour:
+    """The JobSet baselines (b, d: `bench.baseline_jobset`), or TorchFT's (c)."""
+    if launcher == "torchft":
+        from bench import goodput_torchft
+
+        return goodput_torchft.FLAVOUR
+    bj.launcher_command(launcher, goodput.RANKS)  # an unknown launcher fails here
+    return Flavour(
+        lambda args: bj.jobset(story.NAMESPACE, story.QUEUE, goodput.RANKS, args,
+                               launcher=launcher),
+        Injector, _attempt_logs, _last_step, _judge,
+    )  # fmt: skip
+
+
+def _last_step(logs: dict[int, dict[int, list[str]]]) -> tuple[float, int] | None:
+    times = [(t, s) for ranks in logs.values()
+             for s, t in acc.parse_attempt(0, ranks.get(0, [])).steps.items()]  # fmt: skip
+    return max(times, default=None)
+
+
+def _judge(
+    created: float, stopped: float, completed: str | None, logs: dict[int, dict[int, list[str]]],
+    injected: list[dict[str, Any]], stall: str | None, opts: goodput.SoakOptions,
+) -> dict[str, Any]:  # fmt: skip
+    reference = goodput.no_fault_run(opts)
+    return baseline_judge.judge(
+        created, stopped, completed, logs, injected, reference, stall, opts.steps
+    )
+
+
 def run(opts: goodput.SoakOptions, cap: float, launcher: str = "torchrun") -> dict[str, Any]:
     """One baseline soak, `cap` seconds at most from the JobSet's creation; each pod's
-    trainer under `launcher` (`bench.baseline_jobset.launcher_command`)."""
+    trainer under `launcher` (`bench.baseline_jobset.launcher_command`, or `torchft`)."""
+    kind = flavour(launcher)
     shutil.rmtree(opts.work, ignore_errors=True)
     platform = story.Options(
         out=opts.work / "out", state=opts.work / "state",
@@ -250,21 +297,20 @@ def run(opts: goodput.SoakOptions, cap: float, launcher: str = "torchrun") -> di
         trainer = [f"--steps={opts.steps}", f"--save-every={opts.save_every}",
                    f"--step-sleep={opts.step_sleep}", *fault_args(opts)]  # fmt: skip
         created = time.time()
-        kube.jobset_create(
-            bj.jobset(story.NAMESPACE, story.QUEUE, goodput.RANKS, trainer, launcher=launcher),
-            story.NAMESPACE,
-        )
+        kube.jobset_create(kind.body(trainer), story.NAMESPACE)
         deadline = created + cap
         # built first: it imports torch, which took 20 s on a loaded machine, and the
         # schedule's times count from `start` (both faults then came at once, in one world)
-        injector = Injector(
+        injector = kind.injector(
             platform, kube, api, claim_dir, opts.preemption_hold, opts.work / BAD_NODES
         )
-        wait_for("the first step", lambda: _attempt_logs(platform), 600, 0.5)
+        wait_for("the first step", lambda: kind.logs(platform), 600, 0.5)
         start = time.time()
 
         def done() -> bool:
-            return time.time() >= deadline or _finished(kube) is not None
+            if time.time() >= deadline or _finished(kube) is not None:
+                return True
+            return kind.trained_out(kind.logs(platform))
 
         with injector.bad_nodes:  # a bad node kills what trains on it to the end
             for fault in plan:
@@ -276,20 +322,21 @@ def run(opts: goodput.SoakOptions, cap: float, launcher: str = "torchrun") -> di
             while not done():
                 time.sleep(1.0)
         stopped = time.time()
+        # trained out: the other groups' ends and the JobSet's completion follow within
+        # seconds, unless a group never ends (hung)
+        if kind.trained_out(kind.logs(platform)):
+            with contextlib.suppress(TimeoutError):
+                wait_for("the JobSet to complete", lambda: _finished(kube), FINISH_WAIT, 1.0)
         bad_node_kills = injector.bad_nodes.kills
         completed = _finished(kube)
         if completed != "Completed":
-            stall = _stall(platform, kube, api, stopped)
+            stall = _stall(platform, kube, api, stopped, kind)
         leaks = kueue_preemptor_leaks(kube, story.NAMESPACE)
     finally:
         cpu_seconds = cpu.stop()
         left = story.down(platform, display)
         shutil.rmtree(LocalCluster(platform.cluster_name).dir, ignore_errors=True)
-    logs = _attempt_logs(platform)
-    reference = goodput.no_fault_run(opts)
-    facts = baseline_judge.judge(
-        created, stopped, completed, logs, injected, reference, stall, opts.steps
-    )
+    facts = kind.judge(created, stopped, completed, kind.logs(platform), injected, stall, opts)
     facts["problems"] += [f"left running: {what}" for what in left]
     facts["problems"] += [f"leaked: {what}" for what in leaks]
     facts["cap_seconds"] = cap
@@ -312,15 +359,9 @@ def _finished(kube: Any) -> str | None:
         raise
 
 
-def _stall(platform: story.Options, kube: Any, api: Any, stopped: float) -> str:
+def _stall(platform: story.Options, kube: Any, api: Any, stopped: float, kind: Flavour) -> str:
     pods = api.list_pods(story.NAMESPACE, f"{bj.JOBSET_LABEL}={bj.NAME}")
-    logs = _attempt_logs(platform)
-    times = [
-        (t, s)
-        for ranks in logs.values()
-        for s, t in acc.parse_attempt(0, ranks.get(0, [])).steps.items()
-    ]
-    last = max(times, default=None)
+    last = kind.last_step(kind.logs(platform))
     return bj.stall_summary(
         kube.jobset_get(bj.NAME, story.NAMESPACE), pods,
         last[1] if last else None, stopped - last[0] if last else None,
@@ -345,8 +386,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preemption-hold", type=float, default=goodput.PREEMPTION_HOLD,
                    help="seconds a preemption's urgent workload keeps the quota once "
                    "admitted (%(default)s)")  # fmt: skip
-    p.add_argument("--launcher", choices=bj.LAUNCHERS, default="torchrun",
-                   help="torchrun (b), or NVRx's ft_launcher, its in-job restarts (d)")  # fmt: skip
+    p.add_argument("--launcher", choices=(*bj.LAUNCHERS, "torchft"), default="torchrun",
+                   help="torchrun (b), NVRx's ft_launcher, its in-job restarts (d), or "
+                   "TorchFT's replica groups and lighthouse (c)")  # fmt: skip
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = p.parse_args(argv)
     opts = goodput.SoakOptions(
@@ -372,6 +414,12 @@ def main(argv: list[str] | None = None) -> int:
         facts["label"] = f"(d) NVRx {NVRX_VERSION} ft_launcher in-job restart + plain torch.save"
         facts["settings"]["launcher"] = " ".join(bj.launcher_command("nvrx", goodput.RANKS))
         name += "-nvrx"
+    if args.launcher == "torchft":
+        from bench import baseline_torchft as btf
+
+        facts["label"] = f"(c) TorchFT {btf.TORCHFT_VERSION}: replica groups of one, lighthouse"
+        facts["settings"]["lighthouse"] = " ".join(btf.LIGHTHOUSE_COMMAND)
+        name += "-torchft"
     if args.drop:
         facts["label"] = f"(b') the same, without {', '.join(args.drop)}"
         name += "-without-" + "-".join(args.drop)

@@ -115,16 +115,17 @@ def cut_off(opts: story.Options, victims: list[dict[str, Any]]) -> list[Path]:
 
 
 def is_trainer(pid: int) -> bool:
-    """A rank of the example trainer (not torchrun, nor NVRx's ft_launcher or the rank
-    monitor it forks, nor a supervisor, nor a warm standby still waiting for its
-    generation, naming the script)."""
+    """A rank of the example trainer or its TorchFT twin (not torchrun, nor NVRx's
+    ft_launcher or the rank monitor it forks, nor a supervisor, nor a warm standby still
+    waiting for its generation, naming the script)."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
     launchers = (b"torchrun", b"torch.distributed.run", b"ft_launcher", b"supervise")
     launcher = any(word in cmdline for word in launchers)
-    return b"ddp_train.py" in cmdline and not launcher and not waiting_standby(pid, cmdline)
+    script = b"ddp_train.py" in cmdline or b"torchft_train.py" in cmdline
+    return script and not launcher and not waiting_standby(pid, cmdline)
 
 
 def waiting_standby(pid: int, cmdline: bytes) -> bool:
