@@ -18,7 +18,9 @@ port. Native sidecars (init containers with ``restartPolicy: Always``, Kubernete
 follow the kubelet's rules (Kubernetes v1.35): started in their turn of the init sequence,
 which moves on once they run; kept running beside the main containers and restarted (with a
 back-off) if they exit; stopped once every main container has ended, without a say in the
-pod's phase; stopped after the main containers when the pod is deleted.
+pod's phase; stopped after the main containers when the pod is deleted. Under
+``restartPolicy: OnFailure`` a main container that fails is restarted in its pod the same
+way (``Never`` runs each once).
 
 ``spec`` turns a pod into the processes to run (pure); ``status`` renders the pod status a
 kubelet would write (pure); ``podip`` hands out the pod addresses; ``pod`` runs one pod's

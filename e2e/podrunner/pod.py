@@ -18,6 +18,10 @@ v1.35, kubernetes/kubernetes ``pkg/kubelet/kuberuntime/kuberuntime_manager.go``
   first time, then after a back-off that doubles from ``BACKOFF_FIRST`` to ``BACKOFF_MAX``
   (the kubelet's is 10 s doubling to 5 min; shortened here, tests and demos wait on it),
   waiting meanwhile with reason ``CrashLoopBackOff`` and the exit in ``lastState``;
+- under ``restartPolicy: OnFailure`` a main container that exits non-zero is restarted in
+  the pod the same way (what is left of its process group killed first, as a runtime ends
+  a container's cgroup); one that exits 0 is done. ``Never`` (and any other policy) never
+  restarts a main container;
 - once every main container has terminated, the sidecars are stopped (SIGTERM, SIGKILL
   after the pod's grace period), in reverse spec order, and never restarted again: a
   sidecar never keeps a finished pod Running, and its exit code does not decide the phase
@@ -159,6 +163,12 @@ class PodWorker(threading.Thread):
             self._mains_started = True
             for p in mains:
                 self._start(p)
+        elif self._mains_started:
+            for p in mains:  # OnFailure: the failed ones, once their back-off is over
+                c = self._state(p)
+                waiting = not c.running and c.terminated is None and c.last_state
+                if waiting and time.monotonic() >= self._restart_at.get(p.container, 0):
+                    self._start(p)
         return True
 
     def _init_actions(self, inits: list[LocalProcess]) -> None:
@@ -262,7 +272,15 @@ class PodWorker(threading.Thread):
         )
         self.run_state.finish(plan.container, term)
         self._changed = True
-        if plan.sidecar and not self.stopping.is_set() and not self._pod_ending():
+        if self.stopping.is_set():
+            return
+        if plan.sidecar and not self._pod_ending():
+            self._schedule_restart(plan)
+        elif not plan.init and rc != 0 and self.run_state.restart_policy == "OnFailure":
+            proc = self.procs.get(plan.container)
+            if proc is not None:  # the container's leftovers, as its cgroup would be
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
             self._schedule_restart(plan)
 
     def _pod_ending(self) -> bool:
@@ -308,6 +326,7 @@ class PodWorker(threading.Thread):
         sidecars in reverse order; SIGKILL what is left after ``grace`` seconds."""
         with self.lock:
             self.stopping.set()
+            self.run_state.terminal = True
             live = dict(self.live)
         order = [p.container for p in self.plans.values() if p.sidecar]
         sidecars = [live.pop(name) for name in reversed(order) if name in live]

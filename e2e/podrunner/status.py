@@ -1,15 +1,18 @@
 """The pod status a kubelet writes, from what the runner's processes did. Pure.
 
 ``PodRun`` records each container's state; ``render_status`` turns it into the status
-object (phase, conditions, pod IPs, init and container statuses) with ``restartPolicy:
-Never`` semantics for the pod. The rules are the kubelet's (Kubernetes v1.35, read in
-kubernetes/kubernetes):
+object (phase, conditions, pod IPs, init and container statuses) for a pod whose
+``restartPolicy`` is ``Never`` or ``OnFailure`` (any other is run as ``Never``). The rules
+are the kubelet's (Kubernetes v1.35, read in kubernetes/kubernetes):
 
 - the phase is ``getPhase`` of ``pkg/kubelet/kubelet_pods.go``: a failed regular init
   container fails the pod; a native sidecar (an init container with ``restartPolicy:
   Always``) counts as running while it runs, and once it has terminated (or waits in
   back-off after a run) it is ignored, so the phase of a pod whose containers all ended is
-  decided by the main containers alone: Succeeded when every one exited 0, else Failed;
+  decided by the main containers alone: Succeeded when every one exited 0, else Failed
+  under ``Never`` and Running under ``OnFailure`` (the failed ones are restarted in the
+  pod). A main container waiting to be restarted after a run counts as stopped, not
+  waiting, so the pod stays Running through its back-off;
 - ``started``/``ready`` are ``UpdatePodStatus`` of ``pkg/kubelet/prober/prober_manager.go``:
   a regular init container is ready once it exited 0; a sidecar is started while it runs
   (the runner runs no startupProbe, as if it passed at once) and ready while started (no
@@ -31,7 +34,8 @@ kubernetes/kubernetes):
 ``termination`` builds a terminated state the way the kubelet does: reason
 ``Completed``/``Error``/``OOMKilled``, ``128+signal`` for a signal, and the message from the
 termination-log file or, with ``FallbackToLogsOnError``, from the log's tail. A restarted
-sidecar keeps its previous termination in ``lastState`` and counts it in ``restartCount``.
+container (a sidecar, or under ``OnFailure`` a main one) keeps its previous termination in
+``lastState`` and counts it in ``restartCount``.
 """
 
 from __future__ import annotations
@@ -89,6 +93,8 @@ class PodRun:
     containers: list[ContainerRun]
     config_error: str | None = None
     pod_ips: list[str] = field(default_factory=list)
+    restart_policy: str = "Never"  # "OnFailure": failed main containers restart in the pod
+    terminal: bool = False  # the pod is being deleted: nothing restarts (podIsTerminal)
 
     @classmethod
     def of(cls, pod: Obj, now: str, pod_ips: Sequence[str] = ()) -> PodRun:
@@ -98,7 +104,9 @@ class PodRun:
             for c in spec.get("initContainers") or []
         ]
         runs += [ContainerRun(c["name"], False) for c in spec.get("containers") or []]
-        return cls(pod["metadata"]["name"], pod["metadata"]["uid"], now, runs, None, [*pod_ips])
+        policy = "OnFailure" if spec.get("restartPolicy") == "OnFailure" else "Never"
+        meta = pod["metadata"]
+        return cls(meta["name"], meta["uid"], now, runs, None, [*pod_ips], policy)
 
     def get(self, name: str) -> ContainerRun:
         return next(c for c in self.containers if c.name == name)
@@ -117,8 +125,9 @@ class PodRun:
         self.get(name).state = {"terminated": terminated}
 
     def back_off(self, name: str, message: str) -> None:
-        """A sidecar that exited waits to be restarted: its termination becomes
-        ``lastState`` and it waits with reason ``CrashLoopBackOff``."""
+        """A sidecar (or an ``OnFailure`` main container that failed) waits to be
+        restarted: its termination becomes ``lastState`` and it waits with reason
+        ``CrashLoopBackOff``."""
         c = self.get(name)
         if c.terminated is not None:
             c.last_state = c.state
@@ -219,7 +228,7 @@ def any_main_started(run: PodRun) -> bool:
 
 def phase(run: PodRun) -> str:
     """The kubelet's ``getPhase`` (pkg/kubelet/kubelet_pods.go) for a ``restartPolicy:
-    Never`` pod whose containers all have a status."""
+    Never`` or ``OnFailure`` pod whose containers all have a status."""
     pending_init = failed_init = running = waiting = stopped = succeeded = 0
     for c in run.inits:
         if c.sidecar:
@@ -238,6 +247,8 @@ def phase(run: PodRun) -> str:
         elif c.terminated is not None:
             stopped += 1
             succeeded += c.succeeded
+        elif c.last_state:  # waiting to be restarted after a run
+            stopped += 1
         else:
             waiting += 1
     if failed_init:
@@ -247,7 +258,10 @@ def phase(run: PodRun) -> str:
     if running:
         return "Running"
     if stopped:
-        return "Succeeded" if stopped == succeeded else "Failed"
+        if stopped == succeeded:
+            return "Succeeded"
+        restarts = run.restart_policy == "OnFailure" and not run.terminal
+        return "Running" if restarts else "Failed"
     return "Pending"
 
 

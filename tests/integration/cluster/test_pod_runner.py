@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import socket
+import subprocess
 import threading
 import time
 import urllib.error
@@ -414,6 +415,27 @@ def test_a_sidecar_that_crashes_is_restarted_while_the_main_container_runs(
     status = _until("the pod to end", lambda: _terminal(kube, ns, "p"), 30)
     assert status["phase"] == "Succeeded", "the sidecar's exits do not fail the pod"
     assert status["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
+
+
+def test_on_failure_a_failed_container_restarts_in_its_pod_until_it_succeeds(
+    rtj_cluster: Any, rtj_ns: Any, runner: PodRunner, tmp_path: Path
+) -> None:
+    kube, ns = rtj_cluster.kube, rtj_ns.name
+    runs = tmp_path / "runs"
+    # the first two runs fail (leaving a child in the container's group), the third succeeds
+    script = (f"echo run >> {runs}; sleep 31.7 & "
+              f"if [ $(wc -l < {runs}) -lt 3 ]; then exit 5; fi; kill $!; exit 0")  # fmt: skip
+    body = _pod("p", runner.node_names[0], [_sh("main", script)])
+    body["spec"]["restartPolicy"] = "OnFailure"
+    kube.core.create_namespaced_pod(ns, body)
+    status = _until("the pod to end", lambda: _terminal(kube, ns, "p"), 60)
+    assert status["phase"] == "Succeeded"
+    (main,) = status["containerStatuses"]
+    assert main["restartCount"] == 2 and main["state"]["terminated"]["exitCode"] == 0
+    assert main["lastState"]["terminated"]["exitCode"] == 5
+    assert runs.read_text().split() == ["run"] * 3, "each restart ran in the same pod"
+    leftovers = subprocess.run(["pgrep", "-f", "^sleep 31.7$"], capture_output=True, text=True)
+    assert leftovers.stdout.strip() == "", "a failed run's children ended with it"
 
 
 @pytest.mark.parametrize(

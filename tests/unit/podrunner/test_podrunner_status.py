@@ -108,3 +108,44 @@ def test_termination_reasons_signals_and_messages() -> None:
 
 def test_tail_is_bounded() -> None:
     assert len(tail(b"x" * 10_000)) == 2048
+
+
+def test_on_failure_a_failed_main_container_restarts_and_the_pod_stays_running() -> None:
+    body = pod()
+    body["spec"]["restartPolicy"] = "OnFailure"
+    run = PodRun.of(body, T0)
+    assert run.restart_policy == "OnFailure"
+    run.finish("init", term(0))
+    run.start("a", T0)
+    run.start("b", T0)
+    run.finish("a", term(0))
+    run.finish("b", term(3))
+    assert phase(run) == "Running", "b is restarted in the pod"
+    run.back_off("b", "back-off 1s restarting failed container=b")
+    status = render_status(run, body, T1)
+    assert status["phase"] == "Running"
+    b = status["containerStatuses"][1]
+    assert b["state"]["waiting"]["reason"] == "CrashLoopBackOff"
+    assert b["lastState"]["terminated"]["exitCode"] == 3
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "False", "a container in back-off is not ready"
+    run.start("b", T1)
+    assert run.get("b").restart_count == 1 and phase(run) == "Running"
+    run.finish("b", term(0))
+    assert phase(run) == "Succeeded"
+
+
+def test_on_failure_a_deleted_pod_whose_container_failed_is_failed() -> None:
+    body = pod()
+    body["spec"]["restartPolicy"] = "OnFailure"
+    run = PodRun.of(body, T0)
+    run.finish("init", term(0))
+    run.start("a", T0)
+    run.start("b", T0)
+    run.finish("a", term(0))
+    run.finish("b", term(137))
+    run.back_off("b", "back-off")
+    run.terminal = True  # deleted: nothing restarts
+    assert phase(run) == "Failed"
+    never = PodRun.of(pod(), T0)
+    assert never.restart_policy == "Never", "absent: run as Never"
