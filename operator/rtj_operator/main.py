@@ -18,6 +18,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -133,6 +134,7 @@ async def run(args: argparse.Namespace) -> int:
     from rtj_operator.kube import Kube
     from rtj_operator.kube_config import load_config
     from rtj_operator.leader import LeaderElector
+    from rtj_operator.loop_watch import LoopWatch, log_stall
     from rtj_operator.metrics import Metrics
     from rtj_operator.settings import Settings
 
@@ -176,6 +178,13 @@ async def run(args: argparse.Namespace) -> int:
             await asyncio.sleep(HEARTBEAT_SECONDS)
 
     beating = asyncio.create_task(heartbeat(), name="rtj-heartbeat")
+
+    def stalled(seconds: float, line: str) -> None:
+        metrics.loop_stall.observe(seconds)
+        log_stall(seconds, line)
+
+    watch = LoopWatch(threading.get_ident(), lambda: facts.beat_at, stalled)
+    watch.start()
     if args.leader_elect:
         elector = LeaderElector(
             kube, args.lease_namespace, args.lease_name, args.identity,
@@ -186,6 +195,7 @@ async def run(args: argparse.Namespace) -> int:
                  args.identity)  # fmt: skip
         if not await elector.acquire(stop):
             beating.cancel()
+            watch.stop()
             if health is not None:
                 health.close()
             return EXIT_OK
@@ -249,6 +259,7 @@ async def run(args: argparse.Namespace) -> int:
     finally:
         stop.set()
         beating.cancel()
+        watch.stop()
         if health is not None:
             health.close()
         await controller.stop()

@@ -378,6 +378,13 @@ class Metrics:
             buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=r,
         )
+        self.loop_stall = Histogram(
+            "rtj_event_loop_stall_seconds",
+            "Each stall of the operator's event loop (its heartbeat 2 s late or more): how "
+            "long it ran no heartbeat; the log names where the loop was (loop_watch).",
+            buckets=(2, 5, 10, 30, 60, 120),
+            registry=r,
+        )
         r.register(_JobsCollector(self._facts, self._lock))
         r.register(_ProgressCollector(self._progress, self._lock))
 
