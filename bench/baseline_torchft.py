@@ -187,6 +187,7 @@ def judge(
     productive = sum(typical * p / groups for _, p in final.values())
     reached = max(final, default=0)
     last = max((t for t, _ in final.values()), default=created)
+    first = min((t for t, _ in final.values()), default=created)
     trained_out = reached >= steps
     end = last if trained_out else max(stopped, last)
     short = {s: p for s, (_, p) in final.items() if p < groups}
@@ -204,6 +205,8 @@ def judge(
         "wall_seconds": end - created,
         "productive_seconds": productive,
         "typical_step_seconds": typical,
+        "mean_step_seconds": (last - first) / (len(final) - 1) if len(final) > 1 else None,
+        "first_step_seconds": first - created if final else None,
         "attempts": len(runs),
         "injected": list(injected),
         "recoveries": [recovery(f, every, run_starts(runs), groups) for f in injected],

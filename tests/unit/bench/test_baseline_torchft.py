@@ -68,7 +68,8 @@ def test_a_survivor_trains_on_and_the_killed_group_heals_to_the_quorums_step() -
     assert facts["problems"] == [] and facts["reached_step"] == 8
     assert facts["steps_short_of_groups"] == 2 and facts["samples_never_trained"] == 2
     assert facts["steps_trained_again"] == 0 and facts["attempts"] == 3
-    assert facts["typical_step_seconds"] == 1.0
+    assert facts["typical_step_seconds"] == 1.0 and facts["mean_step_seconds"] == 1.0
+    assert facts["first_step_seconds"] == 1.0
     # 6 full steps and 2 half steps at 1 s, over 8 s of wall time
     assert facts["goodput"] == 7.0 / 8.0 and facts["goodput_by_steps"] == 1.0
     (rec,) = facts["recoveries"]
