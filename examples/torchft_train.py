@@ -94,14 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)  # every group starts from the same weights
     model = make_model(args.hidden)
     inner = torch.optim.AdamW(model.parameters(), lr=args.lr)
-
-    def state_dict() -> dict[str, Any]:
-        return {"model": model.state_dict(), "optim": inner.state_dict()}
-
-    def load_state_dict(state: dict[str, Any]) -> None:
-        model.load_state_dict(state["model"])
-        inner.load_state_dict(state["optim"])
-
+    state_dict, load_state_dict = state_functions(model, inner)
     manager = Manager(
         pg=ProcessGroupGloo(timeout=timedelta(seconds=5)),
         min_replica_size=1,
@@ -149,6 +142,20 @@ def main(argv: list[str] | None = None) -> int:
     emit({"event": "done", "step": manager.current_step(), "fingerprint": fingerprint(model)})
     manager.shutdown(wait=False)
     return 0
+
+
+def state_functions(model: nn.Module, optim: torch.optim.Optimizer) -> tuple[Any, Any]:
+    """The Manager's `state_dict` and `load_state_dict`: what a healing group gets from a
+    peer, and what the durable files hold (besides the manager's own step)."""
+
+    def state_dict() -> dict[str, Any]:
+        return {"model": model.state_dict(), "optim": optim.state_dict()}
+
+    def load_state_dict(state: dict[str, Any]) -> None:
+        model.load_state_dict(state["model"])
+        optim.load_state_dict(state["optim"])
+
+    return state_dict, load_state_dict
 
 
 def resume(directory: Path, load: Any, manager: Any) -> str | None:
