@@ -86,9 +86,16 @@ def ddp_hook_crashes(state: Path) -> list[str]:
     return out
 
 
-def _trained_out(runs: list[tuple[int, list[str]]]) -> bool:
-    """A group logged the end: the model is trained (a hung group never ends its Job)."""
-    return any('"done"' in line for _, lines in runs for line in lines[-2:])
+def _trained_out(platform: story.Options) -> bool:
+    """A group logged the end (its log's last bytes): the model is trained (a hung group
+    never ends its Job)."""
+    root = platform.state / "runner" / "pods" / story.NAMESPACE
+    for log in root.glob(f"{bj.NAME}-{btf.GROUP}-*/volumes/train-logs/group-*.jsonl"):
+        with contextlib.suppress(OSError), log.open("rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 256))
+            if b'"done"' in f.read():
+                return True
+    return False
 
 
 FLAVOUR = Flavour(

@@ -108,3 +108,19 @@ def test_a_run_short_of_its_steps_counts_to_the_cap() -> None:
     assert any(f.startswith("did not finish: step 3 of 10") for f in facts["findings"])
     empty = btf.judge(0.0, 100.0, None, [], [], None, steps=10, groups=2)
     assert empty["problems"] == ["no training step was logged"] and empty["goodput"] == 0.0
+
+
+def test_trained_out_is_a_groups_end_in_its_logs_last_bytes(tmp_path: Any) -> None:
+    from bench import goodput_torchft
+    from e2e.demo import story
+
+    platform = story.Options(out=tmp_path / "out", state=tmp_path / "state",
+                             cluster_name="c", nodes=1, timeout=1)  # fmt: skip
+    logs = platform.state / "runner" / "pods" / story.NAMESPACE
+    log = logs / "baseline-group-1-0-abcde-1234" / "volumes" / "train-logs" / "group-1.jsonl"
+    log.parent.mkdir(parents=True)
+    log.write_text("".join(line(s, float(s), 2) + "\n" for s in range(1, 200)))
+    assert not goodput_torchft._trained_out(platform)
+    with log.open("a") as f:
+        f.write(done(300.0, "abc") + "\n")
+    assert goodput_torchft._trained_out(platform)
