@@ -40,8 +40,9 @@ class Stall:
 
 
 def frames(frame: FrameType | None, depth: int = FRAMES) -> tuple[str, ...]:
-    """`file:line function` of the innermost frames, starting from the innermost frame of
-    the operator's own code when there is one (what it called is in the next frames)."""
+    """`file:line function` of `depth` frames, innermost first, ending at the innermost
+    frame of the operator's own code when there is one: the library calls it made, then
+    its own line that made them (from the innermost frame when there is none)."""
     stack: list[FrameType] = []
     while frame is not None:
         stack.append(frame)
