@@ -95,9 +95,9 @@ def jobset(
         "env": [
             {"name": "MASTER_ADDR", "value": master_addr(name)},
             {"name": "MASTER_PORT", "value": "29500"},
-            _field("NODE_RANK", f"metadata.annotations['{INDEX_ANNOTATION}']"),
-            _field("RESTART_ATTEMPT", f"metadata.labels['{RESTARTS_LABEL}']"),
-            _field("JOBSET_UID", f"metadata.labels['{JOBSET_UID_LABEL}']"),
+            field_env("NODE_RANK", f"metadata.annotations['{INDEX_ANNOTATION}']"),
+            field_env("RESTART_ATTEMPT", f"metadata.labels['{RESTARTS_LABEL}']"),
+            field_env("JOBSET_UID", f"metadata.labels['{JOBSET_UID_LABEL}']"),
         ],
         "resources": {
             "requests": {"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": "1"},
@@ -143,7 +143,8 @@ def jobset(
     }
 
 
-def _field(name: str, path: str) -> Obj:
+def field_env(name: str, path: str) -> Obj:
+    """An environment variable from the downward API (`fieldRef`)."""
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 

@@ -67,7 +67,7 @@ def jobset(
             *trainer_args,
         ],
         "env": [
-            bj._field("REPLICA_GROUP_ID", f"metadata.labels['{JOB_INDEX_LABEL}']"),
+            bj.field_env("REPLICA_GROUP_ID", f"metadata.labels['{JOB_INDEX_LABEL}']"),
             {"name": "NUM_REPLICA_GROUPS", "value": str(groups)},
             {"name": "LIGHTHOUSE_HOST", "value": lighthouse_host(name)},
             {"name": "TORCHFT_LIGHTHOUSE", "value": f"http://$(LIGHTHOUSE_HOST):{LIGHTHOUSE_PORT}"},
