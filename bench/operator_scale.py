@@ -84,6 +84,7 @@ from bench.scale_probes import (
     apiserver_requests,
     cpu_seconds,
     delta,
+    operator_reconciles,
     operator_requests,
     profile_summary,
     rss_mib,
@@ -307,9 +308,9 @@ class Bench:
         rtj = phase.kind == "rtj"
         time.sleep(3.0)  # let the last status patches and Events land
         # quiet window: the background request rate (node leases, controllers' leases)
-        q0, qo0, qc0, tq0 = self._snapshot(op)
+        q0, qo0, qc0, tq0, _ = self._snapshot(op)
         time.sleep(QUIET_SECONDS)
-        q1, qo1, qc1, tq1 = self._snapshot(op)
+        q1, qo1, qc1, tq1, r0 = self._snapshot(op)
         phase.quiet_rate = sum(delta(q1, q0).values()) / (tq1 - tq0)
         phase.operator_quiet_requests = sum(delta(qo1, qo0).values())
         phase.cpu_quiet = {k: qc1[k] - qc0[k] for k in qc1 if k in qc0}
@@ -354,7 +355,7 @@ class Bench:
                 break
             time.sleep(0.05)
         time.sleep(SETTLE_SECONDS)
-        a1, o1, c1, t1 = self._snapshot(op)
+        a1, o1, c1, t1, r1 = self._snapshot(op)
         phase.window_seconds = t1 - t0
         if self.operator_exit is not None:  # e.g. it lost its leader Lease under the load
             phase.problems.append(self.operator_exit)
@@ -371,6 +372,7 @@ class Bench:
         phase.operator_lease_requests = sum(n for (_, r), n in mine.items() if r == "leases")
         phase.operator_requests = sum(mine.values()) - phase.operator_lease_requests
         phase.operator_top = [(f"{v} {r}", n) for (v, r), n in mine.most_common(10)]
+        phase.operator_reconciles = r1 - r0
         phase.cpu_window = {k: c1[k] - c0[k] for k in c1 if k in c0}
         if op is not None and op.proc is not None and self.operator_exit is None:
             phase.operator_cpu_total = cpu_seconds(op.proc.pid)
@@ -386,16 +388,20 @@ class Bench:
 
     def _snapshot(
         self, op: OperatorProcess | None
-    ) -> tuple[Counter[tuple[str, str]], Counter[tuple[str, str]], dict[str, float], float]:
-        """Cluster request counts, the operator's own, CPU seconds by process, and when."""
+    ) -> tuple[Counter[tuple[str, str]], Counter[tuple[str, str]], dict[str, float], float, int]:
+        """Cluster request counts, the operator's own, CPU seconds by process, when, and the
+        operator's reconciles so far."""
         cluster = apiserver_requests(self.harness.api)
         mine: Counter[tuple[str, str]] = Counter()
+        reconciles = 0
         if op is not None:
             try:
-                mine = operator_requests(op.metrics())
+                text = op.metrics()
             except OSError as exc:  # it exited: the run goes on to say so (`operator_exit`)
                 self.operator_exit = f"the operator's metrics did not answer ({exc}): {op.log_path}"
-        return cluster, mine, self._cpu(op), time.time()
+            else:
+                mine, reconciles = operator_requests(text), operator_reconciles(text)
+        return cluster, mine, self._cpu(op), time.time(), reconciles
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,7 @@ per size, from `bench.operator_scale`'s own measurements:
 - each as a ratio to the smallest size: flat in the number of jobs is the goal.
 
     python -m bench.operator_scale_jobs [--sizes 10,100,1000] [--workers 2] [--faults 60]
-        [--markdown bench/results/operator-scale-jobs.md]
+        [--markdown bench/results/operator-scale-jobs.md] [--profile DIR]
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ class Size:
     rss_steady_mib: float
     rss_peak_mib: float
     operator_requests_per_recovery: float
+    reconciles_per_recovery: float
     cluster_requests_per_recovery: float
     startup_seconds: float
     problems: list[str]
@@ -67,7 +69,7 @@ def nodes_for(jobs: int, workers: int) -> int:
     return max(workers + 1, math.ceil(jobs * workers * 1.25 / GPUS_PER_NODE))
 
 
-def measure(jobs: int, workers: int, faults: int, work: Path) -> Size:
+def measure(jobs: int, workers: int, faults: int, work: Path, profile: Path | None = None) -> Size:
     out = work / f"scale-{jobs}.json"
     nodes = nodes_for(jobs, workers)
     n_faults = min(faults, jobs)
@@ -76,8 +78,12 @@ def measure(jobs: int, workers: int, faults: int, work: Path) -> Size:
             "--json", str(out)]  # fmt: skip
     if jobs * workers > 500:  # many pods on a small machine (bench.large_cluster)
         args += ["--lease", "40", "--pods-ready-timeout", large_cluster.LARGE_PODS_READY_TIMEOUT]
+    if profile is not None:
+        args += ["--profile", str(profile)]
     if operator_scale.main(args) != 0:
         raise RuntimeError(f"operator_scale {' '.join(args)} failed")
+    if profile is not None:  # the run's own report beside its profile, every fault in it
+        shutil.copy(out, profile / out.name)
     return summarize(json.loads(out.read_text()), jobs, workers, nodes)
 
 
@@ -101,6 +107,8 @@ def summarize(report: dict[str, Any], jobs: int, workers: int, nodes: int) -> Si
         cpu_per_recovery=phase["cpu_window"].get("operator", float("nan")) / n,
         rss_steady_mib=phase["rss_steady"], rss_peak_mib=phase["rss_peak"],
         operator_requests_per_recovery=own / n, cluster_requests_per_recovery=cluster / n,
+        # absent from runs before it was counted (the 300- and 600-job JSON of 2026-12-07)
+        reconciles_per_recovery=phase.get("operator_reconciles", math.nan) / n,
         startup_seconds=phase["startup_seconds"], problems=problems,
     )  # fmt: skip
 
@@ -111,6 +119,7 @@ COLUMNS = (
     ("operator CPU-s / recovery", "cpu_per_recovery"),
     ("steady RSS MiB", "rss_steady_mib"), ("peak RSS MiB", "rss_peak_mib"),
     ("operator requests / recovery", "operator_requests_per_recovery"),
+    ("operator reconciles / recovery", "reconciles_per_recovery"),
     ("cluster requests / recovery", "cluster_requests_per_recovery"),
     ("jobs up s", "startup_seconds"),
 )  # fmt: skip
@@ -152,6 +161,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="10,100,1000")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--faults", type=int, default=60, help="one a second: a minute of faults")
+    p.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="sample the operator with py-spy over each size's fault window into DIR",
+    )
     p.add_argument("--markdown", type=Path,
                    default=REPO / "bench" / "results" / "operator-scale-jobs.md")  # fmt: skip
     a = p.parse_args(argv)
@@ -161,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--sizes: expected numbers of jobs separated by commas, got {a.sizes!r}")
     load0 = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="rtj-scale-jobs-") as tmp:
-        found = [measure(n, a.workers, a.faults, Path(tmp)) for n in sizes]
+        found = [measure(n, a.workers, a.faults, Path(tmp), a.profile) for n in sizes]
     text = markdown(found, a.workers, (load0, os.getloadavg()[0]))
     a.markdown.parent.mkdir(parents=True, exist_ok=True)
     a.markdown.write_text(text)

@@ -67,6 +67,7 @@ class Phase:
     operator_lease_requests: int = 0
     operator_top: list[tuple[str, int]] = field(default_factory=list)
     operator_quiet_requests: int = 0
+    operator_reconciles: int = 0
     cpu_window: dict[str, float] = field(default_factory=dict)
     cpu_quiet: dict[str, float] = field(default_factory=dict)
     operator_cpu_total: float = 0.0

@@ -311,6 +311,11 @@ def operator_requests(metrics_text: str) -> Counter[tuple[str, str]]:
     return counts
 
 
+def operator_reconciles(metrics_text: str) -> int:
+    """Reconciles the operator ran so far, whatever their result (`rtj_reconciles_total`)."""
+    return int(sum(v for _, v in parse_counter(metrics_text, "rtj_reconciles_total")))
+
+
 def delta(after: Counter[tuple[str, str]], before: Counter[tuple[str, str]]) -> Counter[Any]:
     out: Counter[tuple[str, str]] = Counter()
     for key in set(after) | set(before):

@@ -30,6 +30,7 @@ from rtj_operator.cache import WatchCache, job_key_of, newer_or_same, rv_of
 from rtj_operator.claim_sweep import ClaimSweep
 from rtj_operator.controller_loops import ControllerLoops
 from rtj_operator.event_reads import read_events
+from rtj_operator.job_models import JobModels
 from rtj_operator.job_reads import JobReads
 from rtj_operator.kube import Kube
 from rtj_operator.kube_errors import AlreadyExists, Conflict
@@ -53,6 +54,8 @@ MAX_RTJ_TOMBSTONES = 10_000
 log = logging.getLogger("rtj_operator.controller")
 
 Key = tuple[str, str]
+EVENT_READERS = 8
+"""Threads reading Events for the failures being classified (a few reads each)."""
 T = TypeVar("T")
 CONFLICT_RETRY_SECONDS = 0.2
 EXISTS_RETRY_SECONDS = 0.5
@@ -107,6 +110,7 @@ class Controller(ControllerLoops):
         self.store_reader = store_reader
         self.namespaces = list(namespaces) if namespaces else None
         self.rtjs: dict[Key, dict[str, Any]] = {}
+        self.job_models = JobModels()
         self.pods = WatchCache(_pod_keys, rc.trim_pod)
         self.jobsets = WatchCache(
             lambda b: [job_key_of(b)] if job_key_of(b) else [], rc.trim_jobset
@@ -136,6 +140,9 @@ class Controller(ControllerLoops):
         self.listed_at: float | None = None
         """When the last LIST of every watched kind succeeded (monotonic; /readyz)."""
         self.executor = ThreadPoolExecutor(self.settings.api_threads, thread_name_prefix="rtj-api")
+        self.event_readers = ThreadPoolExecutor(EVENT_READERS, thread_name_prefix="rtj-events")
+        """A failure's Event reads, at once (`event_reads.read_events`), from its own pool:
+        the reading thread is one of `executor`'s, so the reads never wait behind it."""
         self.store_reads = StoreReads(
             store_reader,
             timeout=self.settings.store_read_timeout,
@@ -203,6 +210,7 @@ class Controller(ControllerLoops):
     def _forget_job(self, key: Key) -> None:
         """Drop everything remembered about a job (deleted, or replaced by a new uid)."""
         self.rtjs.pop(key, None)
+        self.job_models.forget(key)
         self.gone.pop(key, None)
         self.gone_jobsets.pop(key, None)
         self.applier.forget(key)
@@ -333,7 +341,7 @@ class Controller(ControllerLoops):
         if raw is None:
             return None
         try:
-            rtj = ResilientTrainingJob.from_object(raw)
+            rtj, parsed_now = self.job_models.parse(key, raw)
         except ValidationError as exc:
             log.warning("%s/%s: cannot read the job: %s", *key, exc)
             return None
@@ -343,7 +351,8 @@ class Controller(ControllerLoops):
                 log.info("%s/%s: spec.managedBy is %s: left to that controller",
                          *key, rtj.spec.managed_by)  # fmt: skip
             return None
-        self.metrics.observe_job(rtj)
+        if parsed_now:
+            self.metrics.observe_job(rtj)
         pods = tuple(self.pods.get(("job", key)))
         gone = self.gone.get(key, {})
         current = rtj.status.attempt
@@ -485,10 +494,10 @@ class Controller(ControllerLoops):
 
     def _remember(self, key: Key, body: Mapping[str, Any]) -> None:
         if body and newer_or_same(body, self.rtjs.get(key)):
-            self.rtjs[key] = dict(body)
+            self.rtjs[key] = raw = dict(body)
             with contextlib.suppress(ValidationError):
-                self.metrics.observe_job(ResilientTrainingJob.from_object(dict(body)))
+                self.metrics.observe_job(self.job_models.parse(key, raw)[0])
 
     def read_events(self, snap: rc.Snapshot) -> list[dict[str, Any]]:
         """Events about the failed attempt (blocking; see `event_reads.read_events`)."""
-        return read_events(self.kube, snap)
+        return read_events(self.kube, snap, self.event_readers.map)

@@ -21,6 +21,7 @@ from rtj_operator.api.reasons import Phase
 from rtj_operator.api.resource import ResilientTrainingJob
 from rtj_operator.cache import WatchCache, job_key_of, rv_of, uid_of
 from rtj_operator.claim_sweep import ClaimSweep
+from rtj_operator.job_models import JobModels
 from rtj_operator.kube import Kube
 from rtj_operator.kube_errors import KubeError
 from rtj_operator.node_leases import NodeLeases
@@ -45,6 +46,7 @@ class ControllerLoops:
     settings: Settings
     namespaces: list[str] | None
     rtjs: dict[Key, dict[str, Any]]
+    job_models: JobModels
     pods: WatchCache
     jobsets: WatchCache
     nodes: WatchCache
@@ -58,6 +60,7 @@ class ControllerLoops:
     applier: PlanApplier
     claim_sweep: ClaimSweep
     executor: ThreadPoolExecutor
+    event_readers: ThreadPoolExecutor
     _tasks: list[asyncio.Task[None]]
 
     def on_rtj(self, event_type: str | None, body: Mapping[str, Any]) -> None:
@@ -171,7 +174,7 @@ class ControllerLoops:
             jobs = []
             for key, raw in list(self.rtjs.items()):
                 try:
-                    rtj = ResilientTrainingJob.from_object(raw)
+                    rtj, _ = self.job_models.parse(key, raw)
                 except ValidationError:
                     continue
                 active = rtj.status.phase in (Phase.RUNNING, Phase.ADMITTED)
@@ -250,5 +253,6 @@ class ControllerLoops:
         self._tasks.clear()
         await self.applier.drain_events(timeout=5)
         self.executor.shutdown(wait=False, cancel_futures=True)
+        self.event_readers.shutdown(wait=False, cancel_futures=True)
         self.store_reads.shutdown()
         self.rank_polls.close()

@@ -3,7 +3,7 @@ Event in the cluster), only the reasons the classifier reads."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from rtj_operator import reconcile as rc
@@ -56,31 +56,59 @@ def relevant_event(body: Mapping[str, Any]) -> bool:
     return reads_event(body)
 
 
-def read_events(kube: Kube, snap: rc.Snapshot) -> list[dict[str, Any]]:
+KUEUE_STOPPED = "Stopped"
+"""The reason of the Event Kueue writes on a job it stops (suspends) after evicting its
+Workload, with the eviction's message, in every version (v0.17.0:
+pkg/controller/jobframework/reconciler.go, `stopJob`; fixtures in tests/fixtures/classify)."""
+
+
+Query = tuple[str, str, str]
+"""(namespace, kind, field selector) of one Event read."""
+Answers = list[dict[str, Any]]
+RunAll = Callable[[Callable[[Query], Answers], list[Query]], Iterable[Answers]]
+"""How a batch of reads runs: `map` (one after another), or an executor's `map` (at once;
+the controller's). Answers come back in the order asked; the first failed read raises."""
+
+
+def read_events(kube: Kube, snap: rc.Snapshot, run_all: RunAll = map) -> list[dict[str, Any]]:
     """Events about the failed attempt (blocking): read once a failure is seen, so the
     operator never watches every Event in the cluster. Pods and Kueue Workloads in the
     job's namespace, nodes where their own reporters write them (`node_event_sources`: an
     Event naming a node in a tenant's namespace is that tenant speaking); only the Events
-    the classifier reads."""
+    the classifier reads.
+
+    The reads by name go out together (`run_all`): one after another, a failure's reads were
+    most of its decision time on a busy API server (`bench.operator_scale_jobs`). A
+    Workload's name is its JobSet's plus a hash, so its Events are read by kind for the whole
+    namespace, the largest read with many jobs there: it is made only when Kueue stopped one
+    of the attempt's JobSets (its `Stopped` Event, written with every eviction and the same
+    message, is read by name first): a Workload's Events only ever add to an eviction Kueue
+    says it made."""
     namespace = snap.rtj.metadata.namespace
     pods = {p["metadata"]["name"] for p in (*snap.pods, *snap.gone_pods)}
     nodes = set(snap.nodes) | {
         n for p in (*snap.pods, *snap.gone_pods) if (n := (p.get("spec") or {}).get("nodeName"))
     }
     jobsets = {js["metadata"]["name"] for js in snap.jobsets}
-    wanted: list[dict[str, Any]] = []
-    queries: list[tuple[str, str, str]] = [
-        *queries_by_name(namespace, "Pod", pods),
-        # a Workload is named for its JobSet plus a hash of its uid: read by kind, matched
-        # to its JobSet by `workload_jobset`
-        (namespace, "Workload", "involvedObject.kind=Workload"),
+    queries: list[Query] = [
         # Kueue before v0.7 (and the JobSet controller) write about the JobSet itself
         *queries_by_name(namespace, "JobSet", jobsets),
+        *queries_by_name(namespace, "Pod", pods),
         *queries_by_name(NODE_EVENT_NAMESPACE, "Node", nodes),
     ]
-    for scope, kind, selector in queries:
+
+    def read(query: Query) -> Answers:
         # a failed read raises: a classification is never final on partial evidence
-        found = kube.list_events(scope, selector)
+        return kube.list_events(query[0], query[2])
+
+    answers = list(zip(queries, run_all(read, queries), strict=True))
+    if any(kueue_stopped(event, jobsets) for (_, kind, _), found in answers
+           if kind == "JobSet" for event in found):  # fmt: skip
+        # read by kind, matched to its JobSet by `workload_jobset`
+        workloads = (namespace, "Workload", "involvedObject.kind=Workload")
+        answers.append((workloads, read(workloads)))
+    wanted: list[dict[str, Any]] = []
+    for (_, kind, _), found in answers:
         for event in found:
             ek = event_key(event)
             if ek is None or not relevant_event(event):
@@ -93,3 +121,9 @@ def read_events(kube: Kube, snap: rc.Snapshot) -> list[dict[str, Any]]:
             ):
                 wanted.append(rc.trim_event(event))
     return wanted
+
+
+def kueue_stopped(event: Mapping[str, Any], jobsets: set[str]) -> bool:
+    """Whether `event` is Kueue's `Stopped` on one of `jobsets`."""
+    key = event_key(event)
+    return key is not None and key[2] in jobsets and event.get("reason") == KUEUE_STOPPED

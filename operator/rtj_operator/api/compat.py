@@ -11,11 +11,11 @@ built in Python (tests, the CLI) stay strict (`extra="forbid"`).
 
 from __future__ import annotations
 
+import functools
 import types
 from typing import Any, Union, get_args, get_origin
 
 from pydantic import BaseModel
-from pydantic.fields import FieldInfo
 
 
 def _models_in(annotation: Any) -> list[type[BaseModel]]:
@@ -27,6 +27,20 @@ def _models_in(annotation: Any) -> list[type[BaseModel]]:
     return []
 
 
+@functools.cache
+def _nested_by_key(model: type[BaseModel]) -> dict[str, type[BaseModel] | None]:
+    """Each key `model` declares (alias and field name) and the one model its value holds,
+    if it holds exactly one (None: a plain value, or a choice of models); worked out once per
+    model (the operator reads every job on each reconcile, and this pass was most of it)."""
+    out: dict[str, type[BaseModel] | None] = {}
+    for name, field in model.model_fields.items():
+        nested = _models_in(field.annotation)
+        one = nested[0] if len(nested) == 1 else None
+        out[field.alias or name] = one
+        out[name] = one
+    return out
+
+
 def without_unknown(
     model: type[BaseModel], data: Any, path: str = ""
 ) -> tuple[Any, tuple[str, ...]]:
@@ -36,28 +50,24 @@ def without_unknown(
     if not isinstance(data, dict):
         return data, ()
     strict = model.model_config.get("extra") == "forbid"
-    fields: dict[str, FieldInfo] = {}
-    for name, field in model.model_fields.items():
-        fields[field.alias or name] = field
-        fields[name] = field
+    fields = _nested_by_key(model)
     kept: dict[str, Any] = {}
     unknown: list[str] = []
     for key, value in data.items():
-        info = fields.get(key)
-        if info is None:
+        if key not in fields:
             if strict:  # a model that ignores extras (metadata, status) reads them as is
                 unknown.append(f"{path}{key}")
             else:
                 kept[key] = value
             continue
-        nested = _models_in(info.annotation)
-        if len(nested) == 1 and isinstance(value, dict):
-            value, inner = without_unknown(nested[0], value, f"{path}{key}.")
+        nested = fields[key]
+        if nested is not None and isinstance(value, dict):
+            value, inner = without_unknown(nested, value, f"{path}{key}.")
             unknown += inner
-        elif len(nested) == 1 and isinstance(value, list):
+        elif nested is not None and isinstance(value, list):
             items = []
             for i, item in enumerate(value):
-                item, inner = without_unknown(nested[0], item, f"{path}{key}[{i}].")
+                item, inner = without_unknown(nested, item, f"{path}{key}[{i}].")
                 items.append(item)
                 unknown += inner
             value = items

@@ -6,7 +6,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from prometheus_client import CollectorRegistry, generate_latest
+
 from bench.operator_scale_jobs import markdown, nodes_for, summarize
+from bench.scale_probes import operator_reconciles
+from rtj_operator.metrics import Metrics
 
 
 def _fault(detected: float | None, recovered: float | None) -> dict[str, Any]:
@@ -18,7 +22,7 @@ def _report(faults: list[dict[str, Any]], cpu: float, requests: int) -> dict[str
         "faults": faults, "window_seconds": 10.0, "cluster_requests": requests,
         "quiet_rate": 2.0, "operator_requests": 50, "operator_lease_requests": 10,
         "cpu_window": {"operator": cpu, "kueue": 9.0}, "rss_steady": 80.0, "rss_peak": 95.0,
-        "startup_seconds": 12.0, "problems": [],
+        "startup_seconds": 12.0, "problems": [], "operator_reconciles": 36,
     }  # fmt: skip
     return {"phases": [phase]}
 
@@ -31,6 +35,7 @@ def test_the_figures_come_from_the_phase_per_recovery() -> None:
     assert math.isclose(size.recovery_p50, 4.0)
     assert size.cpu_per_recovery == 2.0  # the operator's CPU over the faults, not kueue's
     assert size.operator_requests_per_recovery == 10.0  # its lease calls apart
+    assert size.reconciles_per_recovery == 9.0
     # all clients, less the injector's 3 a fault and the quiet rate over the window
     assert size.cluster_requests_per_recovery == (132 - 12 - 20) / 4
     assert size.problems == ["1 faults never decided"]
@@ -45,7 +50,23 @@ def test_the_report_gives_each_size_as_a_ratio_to_the_smallest() -> None:
     assert "| decision p99 s (goal < 2) |" in text
 
 
+def test_a_run_from_before_reconciles_were_counted_still_reads() -> None:
+    report = _report([_fault(0.2, 3.0)], cpu=1.0, requests=40)
+    del report["phases"][0]["operator_reconciles"]
+    assert math.isnan(summarize(report, 300, 2, 94).reconciles_per_recovery)
+
+
 def test_every_job_and_its_next_world_fit() -> None:
     assert nodes_for(10, 2) == 4  # 25 GPUs: 4 nodes; never fewer than workers + 1
     assert nodes_for(1000, 2) * 8 >= 1000 * 2 * 1.25
     assert nodes_for(1, 4) == 5
+
+
+def test_reconciles_are_read_from_the_operators_own_metrics() -> None:
+    """`rtj_reconciles_total` as the operator's registry prints it (prometheus_client)."""
+    metrics = Metrics(CollectorRegistry())
+    for result, seconds in (("ok", 0.1), ("ok", 0.2), ("error", 0.3)):
+        metrics.record_reconcile(result, seconds)
+    text = generate_latest(metrics.registry).decode()
+    assert operator_reconciles(text) == 3
+    assert operator_reconciles("") == 0
