@@ -35,8 +35,6 @@ node Lease at ``--lease`` seconds (120 by default: 1,250 nodes renewing every 5 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import multiprocessing
 import os
 import platform
 import secrets
@@ -91,36 +89,6 @@ def _stamp(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-class Sim:
-    """The stand-in sidecars' process and its command pipe."""
-
-    def __init__(self, kubeconfig: str, ns: str) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=sidecar_sim.serve, args=(kubeconfig, ns, PORT, child),
-                                daemon=True)  # fmt: skip
-        self.proc.start()
-        if not self.conn.poll(90):
-            raise RuntimeError("the stand-in sidecars did not start")
-        answer = self.conn.recv()
-        if answer[0] != "ok":
-            raise RuntimeError(f"the stand-in sidecars: {answer}")
-
-    def ask(self, *command: Any) -> Any:
-        self.conn.send(command)
-        if not self.conn.poll(30):
-            raise RuntimeError(f"the stand-in sidecars did not answer {command}")
-        return self.conn.recv()[1]
-
-    def close(self) -> None:
-        if self.proc.is_alive():
-            with contextlib.suppress(OSError, RuntimeError, EOFError):
-                self.ask("stop")
-            self.proc.join(5)
-        if self.proc.is_alive():
-            self.proc.kill()
-
-
 def trial(
     workers: int,
     lease: int,
@@ -143,7 +111,7 @@ def trial(
                            "spare_count": spares, "load_start": os.getloadavg()[0],
                            "lease_signal": lease_signal, "leader_lease": leader_lease}  # fmt: skip
     started = time.monotonic()
-    sim: Sim | None = None
+    sim: sidecar_sim.SimProcess | None = None
     op: OperatorProcess | None = None
     try:
         kubeconfig = str(cluster.up())
@@ -155,7 +123,7 @@ def trial(
         ns = tn.name
         secret = logs / f"control-secret-{workers}"
         secret.write_text(secrets.token_hex(32))
-        sim = Sim(kubeconfig, ns)
+        sim = sidecar_sim.SimProcess(kubeconfig, ns, PORT)
         flags = large_cluster.operator_flags(lease_signal, leader_lease)
         op = OperatorProcess(kubeconfig, ns, logs, lease_name=f"inplace-{uuid.uuid4().hex[:6]}",
                              extra=("--control-secret-file", str(secret),

@@ -34,9 +34,13 @@ started here (rtj-bench-scale-<pid>, torn down at the end) unless RTJ_E2E_KUBECO
 
     python -m bench.operator_scale [--jobs 50] [--workers 8] [--nodes 100] [--faults 10]
         [--stagger 0.5] [--baseline-strategy BlockingRecreate] [--json F]
+        [--progress unanswered|off|answered] [--profile DIR]
         [--lease 20] [--no-lease-signal] [--leader-lease 15] [--pods-ready-timeout 120s]
 
-The last four are for 1,000+ nodes on a small machine (`bench.large_cluster`). The groups
+`--progress`: the jobs' progress monitoring, on with nothing answering (the default: KWOK
+starts no sidecar, so every poll finds nothing), off, or answered by `bench.sidecar_sim`'s
+stand-in sidecars (pods on loopback addresses), as a real sidecar answers a poll. The
+`--lease` line's four are for 1,000+ nodes on a small machine (`bench.large_cluster`). The groups
 and faults: `bench.operator_scale_workload`; records and report: `bench.operator_scale_report`;
 correctness checks: `bench.operator_scale_checks`; many jobs: `bench.operator_scale_jobs`.
 """
@@ -71,7 +75,10 @@ from bench.operator_scale_report import (
 )
 from bench.operator_scale_workload import (
     FAULT_MESSAGE,
+    PROGRESS_MODES,
+    SIM_PORT,
     baseline_jobset,
+    clean_up,
     jobset_generation,
     rtj_generation,
     worker_body,
@@ -89,6 +96,7 @@ from bench.scale_probes import (
     profile_summary,
     rss_mib,
 )
+from bench.sidecar_sim import SimProcess
 from e2e.cluster import faults, testenv
 from e2e.cluster.cluster import NODE_LEASE_SECONDS, LocalCluster
 from e2e.cluster.kube import JOBSET_GROUP, JOBSET_VERSION
@@ -96,7 +104,6 @@ from e2e.cluster.kube import Kube as HarnessKube
 from e2e.operator_proc import OperatorProcess, client, install_crd
 from rtj_operator.api import keys
 from rtj_operator.kube import Kube
-from rtj_operator.kube_errors import NotFound
 from rtj_operator.policy.render import jobset_name
 
 GPUS_PER_NODE = 8
@@ -190,7 +197,10 @@ class Bench:
             w.synced.wait(30)
         op: OperatorProcess | None = None
         sampler: RssSampler | None = None
+        sim: SimProcess | None = None
         try:
+            if rtj and a.progress == "answered":
+                sim = SimProcess(self.kubeconfig, ns, SIM_PORT)
             if rtj:
                 flags = large_cluster.operator_flags(self.args.lease_signal, self.args.leader_lease)
                 op = OperatorProcess(
@@ -219,38 +229,10 @@ class Bench:
                 w.stop()
             if op is not None:
                 op.stop()
-            self._clean_up(tn)
+            if sim is not None:
+                sim.close()
+            clean_up(self.kube, tn)
         return phase
-
-    def _clean_up(self, tn: testenv.TestNamespace) -> None:
-        """Delete the groups and wait for their pods to go, then the namespace: the
-        harness's teardown would otherwise race hundreds of pods being deleted."""
-        t = time.monotonic()
-        ns = tn.name
-        try:
-            for obj in self.kube.list_rtjs(ns):
-                with contextlib.suppress(NotFound):
-                    self.kube.delete_rtj(ns, obj["metadata"]["name"])
-            for js in self.kube.list_jobsets(ns):
-                with contextlib.suppress(NotFound):
-                    self.kube.request(
-                        "delete jobset", "DELETE",
-                        f"/apis/{JOBSET_GROUP}/{JOBSET_VERSION}/namespaces/{ns}/jobsets/"
-                        f"{js['metadata']['name']}",
-                        {"propagationPolicy": "Background"},
-                    )  # fmt: skip
-            deadline = time.monotonic() + 240
-            while self.kube.list_pods(ns) and time.monotonic() < deadline:
-                time.sleep(1.0)
-        except Exception as exc:
-            print(f"note: deleting the groups of {ns}: {type(exc).__name__}: {exc}")
-        for attempt in (1, 2):
-            try:
-                testenv.delete_test_namespace(tn, timeout=300)
-                print(f"   cleaned up {ns} in {time.monotonic() - t:.1f}s", flush=True)
-                return
-            except Exception as exc:  # cleanup must not hide the figures
-                print(f"note: cleaning up {ns} (try {attempt}): {type(exc).__name__}: {exc}")
 
     def _create_and_run(
         self, phase: Phase, ns: str, obs: Observed, op: OperatorProcess | None
@@ -262,7 +244,8 @@ class Bench:
         def create(i: int) -> None:
             name = f"{prefix}{i:03d}"
             if rtj:
-                self.kube.create_rtj(ns, worker_body(name, ns, a.workers, a.gpus_per_worker))
+                body = worker_body(name, ns, a.workers, a.gpus_per_worker, a.progress)
+                self.kube.create_rtj(ns, body)
             else:
                 body = baseline_jobset(name, ns, a.workers, a.gpus_per_worker,
                                        a.baseline_strategy)  # fmt: skip
@@ -418,6 +401,9 @@ def main(argv: list[str] | None = None) -> int:
                     choices=("Recreate", "BlockingRecreate"))  # fmt: skip
     ap.add_argument("--skip-baseline", action="store_true")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--progress", choices=PROGRESS_MODES, default="unanswered",
+                    help="the jobs' progress monitoring: on with nothing answering (KWOK runs "
+                    "no sidecar), off, or answered by bench.sidecar_sim")  # fmt: skip
     large_cluster.add_arguments(ap, lease=NODE_LEASE_SECONDS)
     ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
                     help="sample the operator with py-spy over the fault window into DIR "
@@ -447,7 +433,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             cluster = LocalCluster(f"rtj-bench-scale-{os.getpid()}", nodes=args.nodes,
                                    node_lease_seconds=args.lease,
-                                   pods_ready_timeout=args.pods_ready_timeout)  # fmt: skip
+                                   pods_ready_timeout=args.pods_ready_timeout,
+                                   loopback_pods=args.progress == "answered")  # fmt: skip
             t = time.monotonic()
             kubeconfig = str(cluster.up())
             pids = {p.name: p.pid for p in cluster.state.procs if p.name in COMPONENTS}

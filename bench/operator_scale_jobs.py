@@ -17,7 +17,8 @@ per size, from `bench.operator_scale`'s own measurements:
 - each as a ratio to the smallest size: flat in the number of jobs is the goal.
 
     python -m bench.operator_scale_jobs [--sizes 10,100,1000] [--workers 2] [--faults 60]
-        [--markdown bench/results/operator-scale-jobs.md] [--profile DIR]
+        [--progress unanswered|off|answered] [--markdown bench/results/operator-scale-jobs.md]
+        [--profile DIR]
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Any
 
 from bench import large_cluster, operator_scale
 from bench.operator_scale_report import INJECTOR_REQUESTS_PER_FAULT
+from bench.operator_scale_workload import PROGRESS_MODES
 from bench.scale_probes import percentile
 from e2e.operator_proc import REPO
 
@@ -69,13 +71,20 @@ def nodes_for(jobs: int, workers: int) -> int:
     return max(workers + 1, math.ceil(jobs * workers * 1.25 / GPUS_PER_NODE))
 
 
-def measure(jobs: int, workers: int, faults: int, work: Path, profile: Path | None = None) -> Size:
+def measure(
+    jobs: int,
+    workers: int,
+    faults: int,
+    work: Path,
+    profile: Path | None = None,
+    progress: str = "unanswered",
+) -> Size:
     out = work / f"scale-{jobs}.json"
     nodes = nodes_for(jobs, workers)
     n_faults = min(faults, jobs)
     args = ["--jobs", str(jobs), "--workers", str(workers), "--nodes", str(nodes),
             "--faults", str(n_faults), "--stagger", "1", "--skip-baseline",
-            "--json", str(out)]  # fmt: skip
+            "--json", str(out), "--progress", progress]  # fmt: skip
     if jobs * workers > 500:  # many pods on a small machine (bench.large_cluster)
         args += ["--lease", "40", "--pods-ready-timeout", large_cluster.LARGE_PODS_READY_TIMEOUT]
     if profile is not None:
@@ -125,17 +134,28 @@ COLUMNS = (
 )  # fmt: skip
 
 
-def markdown(sizes: list[Size], workers: int, load: tuple[float, float]) -> str:
+PROGRESS_WORDS = {
+    "unanswered": "progress monitoring on as rendered, nothing answering (KWOK starts no "
+    "sidecar: the operator's poll of every pod every 5 s finds nothing)",
+    "off": "progress monitoring off (`spec.progress.enabled: false`: nothing polled)",
+    "answered": "progress monitoring on, every pod's sidecar answered by `bench.sidecar_sim` "
+    "(pods on loopback addresses), polled every 5 s",
+}
+
+
+def markdown(
+    sizes: list[Size], workers: int, load: tuple[float, float], progress: str = "unanswered"
+) -> str:
     first = sizes[0]
     lines = [
         "# The operator with many jobs at once (issue 49)",
         "",
         f"`python -m bench.operator_scale_jobs --sizes {','.join(str(s.jobs) for s in sizes)} "
-        f"--workers {workers}` on {os.cpu_count()} CPUs (load average {load[0]:.1f} before, "
+        f"--workers {workers} --progress {progress}` on {os.cpu_count()} CPUs (load average "
+        f"{load[0]:.1f} before, "
         f"{load[1]:.1f} after), every size on a fresh KWOK cluster; one GPU fault a second "
         "(an NCCL error in a rank's termination message), at most one a job. The operator "
-        "as its own process; Kueue and JobSet as pinned; no progress poll (KWOK runs no "
-        "sidecar).",
+        f"as its own process; Kueue and JobSet as pinned; {PROGRESS_WORDS[progress]}.",
         "",
         "| figure | " + " | ".join(f"{s.jobs} jobs ({s.pods} pods, {s.nodes} nodes, "
                                     f"{s.faults} faults)" for s in sizes) + " |",
@@ -168,6 +188,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="DIR",
         help="sample the operator with py-spy over each size's fault window into DIR",
     )
+    p.add_argument(
+        "--progress",
+        choices=PROGRESS_MODES,
+        default="unanswered",
+        help="the jobs' progress monitoring (bench.operator_scale --progress)",
+    )
     p.add_argument("--markdown", type=Path,
                    default=REPO / "bench" / "results" / "operator-scale-jobs.md")  # fmt: skip
     a = p.parse_args(argv)
@@ -177,8 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--sizes: expected numbers of jobs separated by commas, got {a.sizes!r}")
     load0 = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="rtj-scale-jobs-") as tmp:
-        found = [measure(n, a.workers, a.faults, Path(tmp), a.profile) for n in sizes]
-    text = markdown(found, a.workers, (load0, os.getloadavg()[0]))
+        found = [measure(n, a.workers, a.faults, Path(tmp), a.profile, a.progress) for n in sizes]
+    text = markdown(found, a.workers, (load0, os.getloadavg()[0]), a.progress)
     a.markdown.parent.mkdir(parents=True, exist_ok=True)
     a.markdown.write_text(text)
     a.markdown.with_suffix(".json").write_text(

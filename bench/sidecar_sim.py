@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
+import multiprocessing
 import resource
 import threading
 import time
@@ -337,3 +339,34 @@ def serve(kubeconfig: str, namespace: str, port: int, conn: Any) -> None:
     finally:
         watch.stop()
         harness.close()
+
+
+class SimProcess:
+    """The stand-in sidecars of namespace `ns` on `port` (`serve`, in a process of their own)
+    and its command pipe."""
+
+    def __init__(self, kubeconfig: str, ns: str, port: int) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=serve, args=(kubeconfig, ns, port, child),
+                                daemon=True)  # fmt: skip
+        self.proc.start()
+        if not self.conn.poll(90):
+            raise RuntimeError("the stand-in sidecars did not start")
+        answer = self.conn.recv()
+        if answer[0] != "ok":
+            raise RuntimeError(f"the stand-in sidecars: {answer}")
+
+    def ask(self, *command: Any) -> Any:
+        self.conn.send(command)
+        if not self.conn.poll(30):
+            raise RuntimeError(f"the stand-in sidecars did not answer {command}")
+        return self.conn.recv()[1]
+
+    def close(self) -> None:
+        if self.proc.is_alive():
+            with contextlib.suppress(OSError, RuntimeError, EOFError):
+                self.ask("stop")
+            self.proc.join(5)
+        if self.proc.is_alive():
+            self.proc.kill()

@@ -9,7 +9,10 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 
 from bench.operator_scale_jobs import markdown, nodes_for, summarize
+from bench.operator_scale_workload import PROGRESS_MODES, SIM_PORT, worker_body
 from bench.scale_probes import operator_reconciles
+from rtj_operator.api import ResilientTrainingJob
+from rtj_operator.api.detection_spec import DEFAULT_PROGRESS_PORT
 from rtj_operator.metrics import Metrics
 
 
@@ -70,3 +73,15 @@ def test_reconciles_are_read_from_the_operators_own_metrics() -> None:
     text = generate_latest(metrics.registry).decode()
     assert operator_reconciles(text) == 3
     assert operator_reconciles("") == 0
+
+
+def test_each_progress_mode_is_a_job_the_operator_reads_as_meant() -> None:
+    def progress(mode: str) -> tuple[bool, int]:
+        body = worker_body("s000", "t-bench", 2, 1, mode)
+        spec = ResilientTrainingJob.from_object(body).spec.progress
+        return spec.enabled, spec.port
+
+    assert progress("unanswered") == (True, DEFAULT_PROGRESS_PORT)
+    assert progress("off")[0] is False
+    assert progress("answered") == (True, SIM_PORT)
+    assert set(PROGRESS_MODES) == {"unanswered", "off", "answered"}
