@@ -4,8 +4,9 @@ LocalQueue. Thin I/O; what the answers mean is decided in `reconcile`."""
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import quote
 
@@ -21,6 +22,11 @@ KUEUE_GROUP = "kueue.x-k8s.io"
 KUEUE_VERSIONS = ("v1beta2", "v1beta1")
 """Kueue's served versions, newest first: v1beta2 is preferred from v0.15 (the pinned
 v0.17 stores it), v1beta1 is what older installations serve."""
+QUEUE_SHARED = timedelta(seconds=10)
+"""How long one LocalQueue lookup answers every job on that queue. Each job waiting for
+admission asks again every `QUEUE_RECHECK`: with 1,000 jobs waiting on one queue that was
+5,000 GETs of it in six minutes, most of the operator's requests, and reconciles held up
+behind them on an API server already the bottleneck (`bench.operator_scale_jobs`)."""
 
 
 class JobReads:
@@ -38,6 +44,9 @@ class JobReads:
     ) -> None:
         self.kube, self.store_reads, self._io, self.clock = kube, store_reads, io, clock
         self.operator_identity_stores = operator_identity_stores
+        self._queues: dict[tuple[str, str], rc.QueueReading] = {}
+        self._queue_locks: dict[tuple[str, str], threading.Lock] = {}
+        self._queue_guard = threading.Lock()
 
     async def store(self, rtj: ResilientTrainingJob, lane: Lane = Lane.RESTART) -> rc.StoreReading:
         """Read the job's store, excluding the bad steps `rtj` records. The reading carries
@@ -65,10 +74,23 @@ class JobReads:
         return rc.StoreReading(started, selection=picked, excluded=excluded)
 
     def queue(self, namespace: str, name: str) -> rc.QueueReading:
-        """Look the job's Kueue LocalQueue up by name (blocking), at the newest API version
-        first (v1beta2, Kueue's preferred one since v0.15), then the one before. A missing
-        LocalQueue is an answer; any other failure (not permitted, Kueue's API not served)
-        is "unknown"."""
+        """The job's Kueue LocalQueue (blocking): one lookup per queue answers every job on
+        it for QUEUE_SHARED_SECONDS, and jobs asking at once wait for the one lookup."""
+        key = (namespace, name)
+        with self._queue_guard:
+            lock = self._queue_locks.setdefault(key, threading.Lock())
+        with lock:
+            held = self._queues.get(key)
+            if held is not None and (self.clock() - held.read_at) < QUEUE_SHARED:
+                return held
+            reading = self._look_up_queue(namespace, name)
+            self._queues[key] = reading
+            return reading
+
+    def _look_up_queue(self, namespace: str, name: str) -> rc.QueueReading:
+        """Look a LocalQueue up by name, at the newest API version first (v1beta2, Kueue's
+        preferred one since v0.15), then the one before. A missing LocalQueue is an answer;
+        any other failure (not permitted, Kueue's API not served) is "unknown"."""
         detail = ""
         for version in KUEUE_VERSIONS:
             path = "/" + "/".join(

@@ -801,7 +801,7 @@ def test_the_local_queue_is_read_at_kueues_preferred_version_first() -> None:
         version = path.split("/")[3]
         if not served[version]:
             raise NotFound("the server could not find the requested resource", 404)
-        raise NotFound('localqueues.kueue.x-k8s.io "team-a" not found', 404)
+        raise NotFound(f'localqueues.kueue.x-k8s.io "{path.split("/")[-1]}" not found', 404)
 
     kube.request = request  # type: ignore[attr-defined]
     c = _controller(kube, reg)
@@ -809,5 +809,6 @@ def test_the_local_queue_is_read_at_kueues_preferred_version_first() -> None:
     assert (reading.exists, asked) == (False, ["v1beta2", "v1beta1"])
     served["v1beta2"] = True  # the pinned Kueue: answered at v1beta2, nothing more asked
     asked.clear()
-    assert c.read_queue("team-a", "team-a").exists is False and asked == ["v1beta2"]
+    # another queue (the lookup of team-a answers for a few seconds, job_reads.QUEUE_SHARED)
+    assert c.read_queue("team-a", "team-b").exists is False and asked == ["v1beta2"]
     c.executor.shutdown()
