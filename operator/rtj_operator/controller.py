@@ -300,7 +300,7 @@ class Controller(ControllerLoops):
         reading = self.rank_polls.reading(key)
         facts = rc.progress_facts(reading, self.clock()) if reading is not None else None
         self.metrics.observe_progress(*key, facts)
-        self.queue.add(key)
+        self.queue.add_routine(key)  # judged after every change in any job's world
 
     def progress_targets(self) -> list[JobTargets]:
         """What the progress poller reads this round: per job, its running worker pods."""

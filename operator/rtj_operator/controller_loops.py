@@ -165,7 +165,7 @@ class ControllerLoops:
             except KubeError as exc:
                 log.warning("resync listing failed: %s", exc)
             for key in list(self.rtjs):
-                self.queue.add(key)
+                self.queue.add_routine(key)
 
     async def _refresh_checkpoints(self) -> None:
         """Periodically read s3:// stores of running jobs: checkpoint age and metrics."""
@@ -190,7 +190,7 @@ class ControllerLoops:
                 if self.store_reads.resting(store_key(ckpt.uri, secret or None)):
                     return  # failed recently: the restart lane still reads it when needed
                 self._keep_reading(key, await self.read_store(rtj, Lane.REFRESH))
-                self.queue.add(key)
+                self.queue.add_routine(key)
 
             await asyncio.gather(*(refresh(k, r) for k, r in jobs), return_exceptions=True)
 

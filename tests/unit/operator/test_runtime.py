@@ -163,6 +163,50 @@ def test_work_queue_delays_keep_the_earliest_deadline() -> None:
     asyncio.run(scenario())
 
 
+def test_a_change_is_planned_before_every_routine_look() -> None:
+    """1,000 jobs' progress rounds queued ahead of a failed pod's plan held decisions 6-11 s
+    (`bench.operator_scale_jobs`): a change goes first, a routine look moves ahead when its
+    key changes, and no key is handed out twice."""
+
+    async def scenario() -> None:
+        q = work_queue.WorkQueue()
+        for job in ("r1", "r2", "r3"):
+            q.add_routine(("a", job))
+        q.add(("a", "failed"))
+        q.add(("a", "r3"))  # queued for a look, then its pod failed: ahead now
+        q.add_routine(("a", "failed"))  # a change queued already: a routine add changes nothing
+        assert len(q) == 4
+        taken = [await asyncio.wait_for(q.get(), 1) for _ in range(4)]
+        assert taken == [("a", "failed"), ("a", "r3"), ("a", "r1"), ("a", "r2")]
+        q.add_routine(("a", "r1"))  # while processing: after done(), in its own lane
+        q.add(("a", "z"))
+        for key in taken:
+            q.done(key)
+        assert await asyncio.wait_for(q.get(), 1) == ("a", "z")
+        assert await asyncio.wait_for(q.get(), 1) == ("a", "r1")
+        assert len(q) == 0
+        with pytest.raises(asyncio.TimeoutError):  # nothing left, no stale entry handed out
+            await asyncio.wait_for(q.get(), 0.1)
+
+    asyncio.run(scenario())
+
+
+def test_a_worker_waiting_on_an_empty_queue_takes_the_next_key_of_either_lane() -> None:
+    async def scenario() -> None:
+        q = work_queue.WorkQueue()
+        waiting = asyncio.ensure_future(q.get())
+        await asyncio.sleep(0.01)
+        q.add_routine(("a", "r"))
+        assert await asyncio.wait_for(waiting, 1) == ("a", "r")
+        waiting = asyncio.ensure_future(q.get())
+        await asyncio.sleep(0.01)
+        q.done(("a", "r"))
+        q.add(("a", "r"))
+        assert await asyncio.wait_for(waiting, 1) == ("a", "r")
+
+    asyncio.run(scenario())
+
+
 # --- leases ------------------------------------------------------------------------------------
 
 
