@@ -4,8 +4,8 @@ kopf handlers (handlers.py) feed this object: every RTJ event stores the newest 
 enqueues its key; pod, JobSet, node and event changes enqueue the jobs they concern, found
 through kopf indexes (no API call per event). Workers take keys from a `WorkQueue` (one
 reconcile per key at a time, coalesced, delayed requeues for backoffs and TTLs, rate-limited
-retries on errors), build a `Snapshot` from the caches, call `reconcile.plan` and apply the
-plan through `kube.Kube` in a thread pool.
+retries on errors; a change ahead of routine looks), build a `Snapshot` from the caches, call
+`reconcile.plan` and apply the plan through `kube.Kube` in a thread pool.
 """
 
 from __future__ import annotations
