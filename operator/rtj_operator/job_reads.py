@@ -27,6 +27,8 @@ QUEUE_SHARED = timedelta(seconds=10)
 admission asks again every `QUEUE_RECHECK`: with 1,000 jobs waiting on one queue that was
 5,000 GETs of it in six minutes, most of the operator's requests, and reconciles held up
 behind them on an API server already the bottleneck (`bench.operator_scale_jobs`)."""
+QUEUES_KEPT = 256
+"""Past this many queues looked up, the old lookups are dropped (`_forget_old_queues`)."""
 
 
 class JobReads:
@@ -75,9 +77,11 @@ class JobReads:
 
     def queue(self, namespace: str, name: str) -> rc.QueueReading:
         """The job's Kueue LocalQueue (blocking): one lookup per queue answers every job on
-        it for QUEUE_SHARED_SECONDS, and jobs asking at once wait for the one lookup."""
+        it for QUEUE_SHARED, and jobs asking at once wait for the one lookup."""
         key = (namespace, name)
         with self._queue_guard:
+            if len(self._queue_locks) > QUEUES_KEPT:
+                self._forget_old_queues()
             lock = self._queue_locks.setdefault(key, threading.Lock())
         with lock:
             held = self._queues.get(key)
@@ -86,6 +90,17 @@ class JobReads:
             reading = self._look_up_queue(namespace, name)
             self._queues[key] = reading
             return reading
+
+    def _forget_old_queues(self) -> None:
+        """Drop the lookups no job may use again (older than QUEUE_SHARED) and their locks:
+        a queue name is the tenant's word (spec.queueName), so the names are not a bounded
+        set (called with `_queue_guard` held)."""
+        now = self.clock()
+        for key, reading in list(self._queues.items()):
+            lock = self._queue_locks.get(key)
+            if now - reading.read_at >= QUEUE_SHARED and (lock is None or not lock.locked()):
+                del self._queues[key]
+                self._queue_locks.pop(key, None)
 
     def _look_up_queue(self, namespace: str, name: str) -> rc.QueueReading:
         """Look a LocalQueue up by name, at the newest API version first (v1beta2, Kueue's

@@ -12,7 +12,7 @@ from typing import Any, cast
 
 from rtj_test_support import NOW
 
-from rtj_operator.job_reads import QUEUE_SHARED, JobReads
+from rtj_operator.job_reads import QUEUE_SHARED, QUEUES_KEPT, JobReads
 from rtj_operator.kube_errors import NotFound
 
 
@@ -83,3 +83,15 @@ def test_jobs_asking_at_once_wait_for_the_one_lookup() -> None:
         answers = [f.result(timeout=10) for f in asked]
     assert len(kueue.paths) == 1
     assert all(a is answers[0] and a.exists for a in answers)
+
+
+def test_old_lookups_of_many_queue_names_are_dropped() -> None:
+    """spec.queueName is the tenant's word: lookups of ever new names must not pile up."""
+    kueue, clock = Kueue(set()), Clock()
+    r = reads(kueue, clock)
+    for i in range(QUEUES_KEPT + 1):
+        r.queue("team-a", f"q{i}")
+    clock.now += QUEUE_SHARED
+    r.queue("team-a", "fresh")
+    assert len(r._queues) == 1 and len(r._queue_locks) == 1
+    assert r.queue("team-a", "fresh").exists is False and kueue.paths[-1].endswith("/fresh")
