@@ -55,7 +55,8 @@ log = logging.getLogger("rtj_operator.controller")
 
 Key = tuple[str, str]
 EVENT_READERS = 8
-"""Threads reading Events for the failures being classified (a few reads each)."""
+"""Threads reading a failure's Events at once (`event_reads.read_events`): a pool of their
+own, as the reading thread is one of `executor`'s and the reads must not wait behind it."""
 T = TypeVar("T")
 CONFLICT_RETRY_SECONDS = 0.2
 EXISTS_RETRY_SECONDS = 0.5
@@ -141,8 +142,6 @@ class Controller(ControllerLoops):
         """When the last LIST of every watched kind succeeded (monotonic; /readyz)."""
         self.executor = ThreadPoolExecutor(self.settings.api_threads, thread_name_prefix="rtj-api")
         self.event_readers = ThreadPoolExecutor(EVENT_READERS, thread_name_prefix="rtj-events")
-        """A failure's Event reads, at once (`event_reads.read_events`), from its own pool:
-        the reading thread is one of `executor`'s, so the reads never wait behind it."""
         self.store_reads = StoreReads(
             store_reader,
             timeout=self.settings.store_read_timeout,
