@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import large_cluster, operator_scale
-from bench.operator_scale_report import INJECTOR_REQUESTS_PER_FAULT
+from bench.operator_scale_report import INJECTOR_REQUESTS_PER_FAULT, QUIET_SECONDS
 from bench.operator_scale_workload import PROGRESS_MODES
 from bench.scale_probes import percentile
 from e2e.operator_proc import REPO
@@ -63,6 +63,12 @@ class Size:
     cluster_requests_per_recovery: float
     startup_seconds: float
     problems: list[str]
+    idle_cpu_share: float = math.nan
+    """The operator's CPU in the quiet window before the faults, as a share of one core:
+    what its watches, progress rounds and checkpoint refresh cost with nothing failing."""
+    recovery_cpu: float = math.nan
+    """CPU-s per recovery less the quiet window's rate over the fault window: what the
+    recoveries themselves cost (`cpu_per_recovery` holds every routine look in between)."""
 
 
 def nodes_for(jobs: int, workers: int) -> int:
@@ -107,13 +113,15 @@ def summarize(report: dict[str, Any], jobs: int, workers: int, nodes: int) -> Si
     cluster = (float(phase["cluster_requests"]) - INJECTOR_REQUESTS_PER_FAULT * len(faults)
                - phase["quiet_rate"] * window)  # as `Phase.requests_per_recovery`  # fmt: skip
     own = phase["operator_requests"] - phase["operator_lease_requests"]
+    cpu = phase["cpu_window"].get("operator", math.nan)
+    idle = phase.get("cpu_quiet", {}).get("operator", math.nan) / QUIET_SECONDS
     missing = len(faults) - len(decided)
     problems = list(phase["problems"]) + ([f"{missing} faults never decided"] if missing else [])
     return Size(
         jobs=jobs, pods=jobs * workers, nodes=nodes, faults=len(faults),
         decision_p50=percentile(decided, 0.5), decision_p99=percentile(decided, 0.99),
         recovery_p50=percentile(recovered, 0.5), recovery_p99=percentile(recovered, 0.99),
-        cpu_per_recovery=phase["cpu_window"].get("operator", float("nan")) / n,
+        cpu_per_recovery=cpu / n, idle_cpu_share=idle, recovery_cpu=(cpu - idle * window) / n,
         rss_steady_mib=phase["rss_steady"], rss_peak_mib=phase["rss_peak"],
         operator_requests_per_recovery=own / n, cluster_requests_per_recovery=cluster / n,
         # absent from runs before it was counted (the 300- and 600-job JSON of 2026-12-07)
@@ -126,6 +134,8 @@ COLUMNS = (
     ("decision p50 s", "decision_p50"), ("decision p99 s", "decision_p99"),
     ("recovery p50 s", "recovery_p50"), ("recovery p99 s", "recovery_p99"),
     ("operator CPU-s / recovery", "cpu_per_recovery"),
+    ("  less the quiet rate", "recovery_cpu"),
+    ("operator CPU share, quiet", "idle_cpu_share"),
     ("steady RSS MiB", "rss_steady_mib"), ("peak RSS MiB", "rss_peak_mib"),
     ("operator requests / recovery", "operator_requests_per_recovery"),
     ("operator reconciles / recovery", "reconciles_per_recovery"),

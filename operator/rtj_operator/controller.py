@@ -38,8 +38,7 @@ from rtj_operator.metrics import Metrics
 from rtj_operator.node_leases import NodeLeases
 from rtj_operator.plan_apply import PlanApplier
 from rtj_operator.policy.observed import ReadOnce
-from rtj_operator.rank_polls import JobTargets, RankPolls
-from rtj_operator.reconcile.world import REPLICA_PATH
+from rtj_operator.rank_polls import RankPolls
 from rtj_operator.settings import Settings
 from rtj_operator.store_reads import (
     Lane,
@@ -176,6 +175,9 @@ class Controller(ControllerLoops):
         """Per job: when its next change may be planned (a rate limit with a burst, GCRA),
         and when a batched plan is already due (monotonic)."""
         self._managed_elsewhere: set[Key] = set()
+        self.planned_ranks: dict[Key, tuple[rc.RankReadings | None, datetime]] = {}
+        """Per job: the progress reading its last plan was made from, and when (a poll round
+        that tells nothing new costs no plan, `ControllerLoops._progress_round`)."""
         """Jobs whose spec.managedBy names another controller (said once in the log)."""
 
     # --- inputs from the watches -----------------------------------------------------------
@@ -210,6 +212,7 @@ class Controller(ControllerLoops):
         """Drop everything remembered about a job (deleted, or replaced by a new uid)."""
         self.rtjs.pop(key, None)
         self.job_models.forget(key)
+        self.planned_ranks.pop(key, None)
         self.gone.pop(key, None)
         self.gone_jobsets.pop(key, None)
         self.applier.forget(key)
@@ -293,32 +296,6 @@ class Controller(ControllerLoops):
             else:
                 self.deleted_nodes.discard(name)
         self._touch_node(name)
-
-    def _progress_round(self, key: Key) -> None:
-        """A poll round read this job's ranks: export what they said, and judge it."""
-        reading = self.rank_polls.reading(key)
-        facts = rc.progress_facts(reading, self.clock()) if reading is not None else None
-        self.metrics.observe_progress(*key, facts)
-        self.queue.add_routine(key)  # judged after every change in any job's world
-
-    def progress_targets(self) -> list[JobTargets]:
-        """What the progress poller reads this round: per job, its running worker pods."""
-        out = []
-        for key in list(self.rtjs):
-            snap = self.snapshot(key)
-            if snap is None:
-                continue
-            targets = rc.poll_targets(snap)
-            if targets:
-                stragglers = snap.rtj.spec.progress.stragglers
-                sent = rc.pod_messages(snap, targets)
-                if sent.ring_note and any(
-                    m.path == REPLICA_PATH for ms in sent.messages.values() for m in ms
-                ):  # said when assignments go out, not every round
-                    log.info("%s/%s: peer replica: %s", *key, sent.ring_note)
-                out.append(JobTargets(key, targets, stragglers.ratio, stragglers.windows,
-                                      sent.messages, snap.control_key))  # fmt: skip
-        return out
 
     def _node_exists(self, name: str) -> bool:
         return bool(self.nodes.get(name)) and name not in self.deleted_nodes
@@ -462,6 +439,7 @@ class Controller(ControllerLoops):
                 return self._conflict_delay(key, first)
             if plan.status_patch is not None:
                 self._conflicts.pop(key, None)  # a decision committed: progress
+            self.planned_ranks[key] = (snap.ranks, snap.now)
             return plan.requeue_after
         except Exception:
             result = "error"

@@ -11,6 +11,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
@@ -24,9 +25,11 @@ from rtj_operator.claim_sweep import ClaimSweep
 from rtj_operator.job_models import JobModels
 from rtj_operator.kube import Kube
 from rtj_operator.kube_errors import KubeError
+from rtj_operator.metrics import Metrics
 from rtj_operator.node_leases import NodeLeases
 from rtj_operator.plan_apply import PlanApplier
 from rtj_operator.rank_polls import JobTargets, RankPolls
+from rtj_operator.reconcile.world import REPLICA_PATH
 from rtj_operator.settings import Settings
 from rtj_operator.store_reads import Lane, StoreReads, store_key
 from rtj_operator.work_queue import WorkQueue
@@ -59,6 +62,9 @@ class ControllerLoops:
     store_reads: StoreReads
     applier: PlanApplier
     claim_sweep: ClaimSweep
+    metrics: Metrics
+    clock: Callable[[], datetime]
+    planned_ranks: dict[Key, tuple[rc.RankReadings | None, datetime]]
     executor: ThreadPoolExecutor
     event_readers: ThreadPoolExecutor
     _tasks: list[asyncio.Task[None]]
@@ -69,7 +75,7 @@ class ControllerLoops:
     async def reconcile(self, key: Key) -> float | None:
         raise NotImplementedError
 
-    def progress_targets(self) -> list[JobTargets]:
+    def snapshot(self, key: Key) -> rc.Snapshot | None:
         raise NotImplementedError
 
     async def _io(self, fn: Callable[..., T], *args: Any) -> T:
@@ -232,6 +238,38 @@ class ControllerLoops:
     async def _poll_progress(self) -> None:
         await self.synced.wait()
         await self.rank_polls.run(self.progress_targets)
+
+    def progress_targets(self) -> list[JobTargets]:
+        """What the progress poller reads this round: per job, its running worker pods."""
+        out = []
+        for key in list(self.rtjs):
+            snap = self.snapshot(key)
+            if snap is None:
+                continue
+            targets = rc.poll_targets(snap)
+            if targets:
+                stragglers = snap.rtj.spec.progress.stragglers
+                sent = rc.pod_messages(snap, targets)
+                if sent.ring_note and any(
+                    m.path == REPLICA_PATH for ms in sent.messages.values() for m in ms
+                ):  # said when assignments go out, not every round
+                    log.info("%s/%s: peer replica: %s", *key, sent.ring_note)
+                out.append(JobTargets(key, targets, stragglers.ratio, stragglers.windows,
+                                      sent.messages, snap.control_key))  # fmt: skip
+        return out
+
+    def _progress_round(self, key: Key) -> None:
+        """A poll round read this job's ranks: export what they said, and judge it, unless
+        the round tells its last plan nothing new (`reconcile.round_has_news`: no pod
+        answered since, and nothing read moves with time). A job whose pods never answer
+        then costs one plan, not one a round."""
+        reading = self.rank_polls.reading(key)
+        facts = rc.progress_facts(reading, self.clock()) if reading is not None else None
+        self.metrics.observe_progress(*key, facts)
+        planned = self.planned_ranks.get(key)
+        if reading is not None and planned is not None and not rc.round_has_news(*planned, reading):
+            return
+        self.queue.add_routine(key)  # judged after every change in any job's world
 
     def dead_loops(self) -> tuple[str, ...]:
         """The workers and loops that ended with an error (a cancelled one is stopping)."""

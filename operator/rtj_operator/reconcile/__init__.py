@@ -89,7 +89,12 @@ from rtj_operator.reconcile.quarantine import (
     lift_expired_quarantines,
     release,
 )
-from rtj_operator.reconcile.ranks import answers_sealed, poll_targets, progress_facts
+from rtj_operator.reconcile.ranks import (
+    answers_sealed,
+    poll_targets,
+    progress_facts,
+    round_has_news,
+)
 from rtj_operator.reconcile.trim import plain, trim_event, trim_jobset, trim_node, trim_pod
 from rtj_operator.reconcile.world import (
     AcceptedDelete,
@@ -157,6 +162,7 @@ __all__ = [
     "read_jobset",
     "release",
     "restart_order",
+    "round_has_news",
     "set_condition",
     "trim_event",
     "trim_jobset",

@@ -12,6 +12,7 @@ last made progress, so `detectionSeconds` is the time from the freeze to the rec
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 from rtj_operator.api import keys
@@ -301,3 +302,28 @@ def progress_facts(readings: RankReadings, now: datetime) -> ProgressFacts:
         ),
         drained_step=fast_drain.drained_step(readings.drains),
     )
+
+
+def round_has_news(
+    planned: RankReadings | None, planned_at: datetime, reading: RankReadings
+) -> bool:
+    """Whether a poll round's `reading` can change the plan the job last had, made at
+    `planned_at` from `planned`. False only when the reading is the planned one but for when
+    the round ran and why its pods did not answer, and every report in it was already older
+    than `DEFAULT_MAX_REPORT_AGE` when that plan ran: no pod answered since, and nothing
+    it reads moves with time (a fresh report can still turn into a Hang as time passes; a
+    silent node's deadline is a timer of its own, `liveness`). A round that tells nothing
+    new then costs no plan, however many jobs' pods stay silent."""
+    if planned is None or _unanswered_pods(planned) != _unanswered_pods(reading):
+        return True
+    if replace(reading, polled_at=0.0, unanswered=()) != replace(
+        planned, polled_at=0.0, unanswered=()
+    ):
+        return True
+    fresh_until = _epoch(planned_at) - rank_progress.DEFAULT_MAX_REPORT_AGE
+    return any(r.received_at >= fresh_until for r in reading.reports)
+
+
+def _unanswered_pods(reading: RankReadings) -> frozenset[str]:
+    """The pods a round did not hear from (`RankReadings.unanswered` is "pod: why")."""
+    return frozenset(line.partition(":")[0] for line in reading.unanswered)

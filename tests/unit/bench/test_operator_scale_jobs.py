@@ -9,6 +9,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 
 from bench.operator_scale_jobs import markdown, nodes_for, summarize
+from bench.operator_scale_report import QUIET_SECONDS
 from bench.operator_scale_workload import PROGRESS_MODES, SIM_PORT, worker_body
 from bench.scale_probes import operator_reconciles
 from rtj_operator.api import ResilientTrainingJob
@@ -25,6 +26,7 @@ def _report(faults: list[dict[str, Any]], cpu: float, requests: int) -> dict[str
         "faults": faults, "window_seconds": 10.0, "cluster_requests": requests,
         "quiet_rate": 2.0, "operator_requests": 50, "operator_lease_requests": 10,
         "cpu_window": {"operator": cpu, "kueue": 9.0}, "rss_steady": 80.0, "rss_peak": 95.0,
+        "cpu_quiet": {"operator": 0.8 * QUIET_SECONDS / 10.0, "kueue": 1.0},
         "startup_seconds": 12.0, "problems": [], "operator_reconciles": 36,
     }  # fmt: skip
     return {"phases": [phase]}
@@ -37,6 +39,9 @@ def test_the_figures_come_from_the_phase_per_recovery() -> None:
     assert math.isclose(size.decision_p50, 0.3) and size.decision_p99 <= 0.4
     assert math.isclose(size.recovery_p50, 4.0)
     assert size.cpu_per_recovery == 2.0  # the operator's CPU over the faults, not kueue's
+    # the quiet window ran at 0.08 of a core: 0.8 CPU-s of the 10 s window are routine
+    assert math.isclose(size.idle_cpu_share, 0.08)
+    assert math.isclose(size.recovery_cpu, (8.0 - 0.8) / 4)
     assert size.operator_requests_per_recovery == 10.0  # its lease calls apart
     assert size.reconciles_per_recovery == 9.0
     # all clients, less the injector's 3 a fault and the quiet rate over the window
@@ -56,7 +61,9 @@ def test_the_report_gives_each_size_as_a_ratio_to_the_smallest() -> None:
 def test_a_run_from_before_reconciles_were_counted_still_reads() -> None:
     report = _report([_fault(0.2, 3.0)], cpu=1.0, requests=40)
     del report["phases"][0]["operator_reconciles"]
-    assert math.isnan(summarize(report, 300, 2, 94).reconciles_per_recovery)
+    del report["phases"][0]["cpu_quiet"]
+    size = summarize(report, 300, 2, 94)
+    assert math.isnan(size.reconciles_per_recovery) and math.isnan(size.recovery_cpu)
 
 
 def test_every_job_and_its_next_world_fit() -> None:
