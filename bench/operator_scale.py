@@ -215,7 +215,7 @@ class Bench:
                 sampler = RssSampler(op.proc.pid)
                 sampler.start()
             self._create_and_run(phase, ns, obs, op)
-            self._fault_and_recover(phase, ns, obs, op, sampler)
+            self._fault_and_recover(phase, ns, obs, op, sampler, sim)
             phase.problems = (
                 verify_rtjs(self.kube, a, ns, op) if rtj else verify_jobsets(self.harness, a, ns)
             )
@@ -286,9 +286,11 @@ class Bench:
         obs: Observed,
         op: OperatorProcess | None,
         sampler: RssSampler | None,
+        sim: SimProcess | None = None,
     ) -> None:
         a = self.args
         rtj = phase.kind == "rtj"
+        answered0 = _answered(sim)
         time.sleep(3.0)  # let the last status patches and Events land
         # quiet window: the background request rate (node leases, controllers' leases)
         q0, qo0, qc0, tq0, _ = self._snapshot(op)
@@ -356,6 +358,7 @@ class Bench:
         phase.operator_requests = sum(mine.values()) - phase.operator_lease_requests
         phase.operator_top = [(f"{v} {r}", n) for (v, r), n in mine.most_common(10)]
         phase.operator_reconciles = r1 - r0
+        phase.progress_answered = _answered(sim) - answered0
         phase.cpu_window = {k: c1[k] - c0[k] for k in c1 if k in c0}
         if op is not None and op.proc is not None and self.operator_exit is None:
             phase.operator_cpu_total = cpu_seconds(op.proc.pid)
@@ -385,6 +388,13 @@ class Bench:
             else:
                 mine, reconciles = operator_requests(text), operator_reconciles(text)
         return cluster, mine, self._cpu(op), time.time(), reconciles
+
+
+def _answered(sim: SimProcess | None) -> int:
+    """Progress reads the sidecar simulator has answered so far (0: none runs)."""
+    if sim is None:
+        return 0
+    return int(sim.ask("stats")["served"].get("progress", 0))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -66,6 +66,9 @@ class Size:
     idle_cpu_share: float = math.nan
     """The operator's CPU in the quiet window before the faults, as a share of one core:
     what its watches, progress rounds and checkpoint refresh cost with nothing failing."""
+    progress_reads_per_second: float = math.nan
+    """Progress reads the pods' sidecars answered a second in the fault window (0: none
+    answers; NaN: a run from before they were counted)."""
     recovery_cpu: float = math.nan
     """CPU-s per recovery less the quiet window's rate over the fault window: what the
     recoveries themselves cost (`cpu_per_recovery` holds every routine look in between)."""
@@ -122,6 +125,7 @@ def summarize(report: dict[str, Any], jobs: int, workers: int, nodes: int) -> Si
         decision_p50=percentile(decided, 0.5), decision_p99=percentile(decided, 0.99),
         recovery_p50=percentile(recovered, 0.5), recovery_p99=percentile(recovered, 0.99),
         cpu_per_recovery=cpu / n, idle_cpu_share=idle, recovery_cpu=(cpu - idle * window) / n,
+        progress_reads_per_second=phase.get("progress_answered", math.nan) / window,
         rss_steady_mib=phase["rss_steady"], rss_peak_mib=phase["rss_peak"],
         operator_requests_per_recovery=own / n, cluster_requests_per_recovery=cluster / n,
         # absent from runs before it was counted (the 300- and 600-job JSON of 2026-12-07)
@@ -136,6 +140,7 @@ COLUMNS = (
     ("operator CPU-s / recovery", "cpu_per_recovery"),
     ("  less the quiet rate", "recovery_cpu"),
     ("operator CPU share, quiet", "idle_cpu_share"),
+    ("progress reads answered / s", "progress_reads_per_second"),
     ("steady RSS MiB", "rss_steady_mib"), ("peak RSS MiB", "rss_peak_mib"),
     ("operator requests / recovery", "operator_requests_per_recovery"),
     ("operator reconciles / recovery", "reconciles_per_recovery"),

@@ -68,6 +68,8 @@ class Phase:
     operator_top: list[tuple[str, int]] = field(default_factory=list)
     operator_quiet_requests: int = 0
     operator_reconciles: int = 0
+    progress_answered: int = 0
+    """Progress reads `bench.sidecar_sim` answered in the fault window (--progress answered)."""
     cpu_window: dict[str, float] = field(default_factory=dict)
     cpu_quiet: dict[str, float] = field(default_factory=dict)
     operator_cpu_total: float = 0.0

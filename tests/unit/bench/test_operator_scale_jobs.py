@@ -28,6 +28,7 @@ def _report(faults: list[dict[str, Any]], cpu: float, requests: int) -> dict[str
         "cpu_window": {"operator": cpu, "kueue": 9.0}, "rss_steady": 80.0, "rss_peak": 95.0,
         "cpu_quiet": {"operator": 0.8 * QUIET_SECONDS / 10.0, "kueue": 1.0},
         "startup_seconds": 12.0, "problems": [], "operator_reconciles": 36,
+        "progress_answered": 250,
     }  # fmt: skip
     return {"phases": [phase]}
 
@@ -42,6 +43,7 @@ def test_the_figures_come_from_the_phase_per_recovery() -> None:
     # the quiet window ran at 0.08 of a core: 0.8 CPU-s of the 10 s window are routine
     assert math.isclose(size.idle_cpu_share, 0.08)
     assert math.isclose(size.recovery_cpu, (8.0 - 0.8) / 4)
+    assert size.progress_reads_per_second == 25.0  # the sidecars' answers over the window
     assert size.operator_requests_per_recovery == 10.0  # its lease calls apart
     assert size.reconciles_per_recovery == 9.0
     # all clients, less the injector's 3 a fault and the quiet rate over the window
