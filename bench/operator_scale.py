@@ -88,9 +88,12 @@ from bench.scale_probes import (
     Profiler,
     RawWatch,
     RssSampler,
+    apiserver_metrics,
     apiserver_requests,
     cpu_seconds,
     delta,
+    list_seconds,
+    namespace_events,
     operator_reconciles,
     operator_requests,
     profile_summary,
@@ -290,7 +293,7 @@ class Bench:
     ) -> None:
         a = self.args
         rtj = phase.kind == "rtj"
-        answered0 = _answered(sim)
+        answered0 = sim.progress_answered() if sim else 0
         time.sleep(3.0)  # let the last status patches and Events land
         # quiet window: the background request rate (node leases, controllers' leases)
         q0, qo0, qc0, tq0, _ = self._snapshot(op)
@@ -304,6 +307,8 @@ class Bench:
             phase.rss_steady = sum(quiet) / len(quiet) if quiet else 0.0
         victims = self._victims(obs, "s" if rtj else "b")
         phase.faults = victims
+        phase.namespace_events = namespace_events(self.harness.api, ns)
+        lists0 = list_seconds(apiserver_metrics(self.harness.api), "events")
         a0, o0, c0, t0 = q1, qo1, qc1, time.time()
         profiler: Profiler | None = None
         if a.profile is not None and op is not None and op.proc is not None:
@@ -358,7 +363,10 @@ class Bench:
         phase.operator_requests = sum(mine.values()) - phase.operator_lease_requests
         phase.operator_top = [(f"{v} {r}", n) for (v, r), n in mine.most_common(10)]
         phase.operator_reconciles = r1 - r0
-        phase.progress_answered = _answered(sim) - answered0
+        phase.progress_answered = (sim.progress_answered() if sim else 0) - answered0
+        lists1 = list_seconds(apiserver_metrics(self.harness.api), "events")
+        phase.event_lists = lists1[1] - lists0[1]
+        phase.event_list_seconds = lists1[0] - lists0[0]
         phase.cpu_window = {k: c1[k] - c0[k] for k in c1 if k in c0}
         if op is not None and op.proc is not None and self.operator_exit is None:
             phase.operator_cpu_total = cpu_seconds(op.proc.pid)
@@ -388,13 +396,6 @@ class Bench:
             else:
                 mine, reconciles = operator_requests(text), operator_reconciles(text)
         return cluster, mine, self._cpu(op), time.time(), reconciles
-
-
-def _answered(sim: SimProcess | None) -> int:
-    """Progress reads the sidecar simulator has answered so far (0: none runs)."""
-    if sim is None:
-        return 0
-    return int(sim.ask("stats")["served"].get("progress", 0))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -70,6 +70,10 @@ class Size:
     """Progress reads the pods' sidecars answered a second in the fault window (0: none
     answers; NaN: a run from before they were counted)."""
     recovery_cpu: float = math.nan
+    namespace_events: float = math.nan
+    """Events in the jobs' namespace when the faults began."""
+    event_list_ms: float = math.nan
+    """The API server's mean time answering a LIST of Events in the fault window."""
     """CPU-s per recovery less the quiet window's rate over the fault window: what the
     recoveries themselves cost (`cpu_per_recovery` holds every routine look in between)."""
 
@@ -126,6 +130,9 @@ def summarize(report: dict[str, Any], jobs: int, workers: int, nodes: int) -> Si
         recovery_p50=percentile(recovered, 0.5), recovery_p99=percentile(recovered, 0.99),
         cpu_per_recovery=cpu / n, idle_cpu_share=idle, recovery_cpu=(cpu - idle * window) / n,
         progress_reads_per_second=phase.get("progress_answered", math.nan) / window,
+        namespace_events=phase.get("namespace_events", math.nan),
+        event_list_ms=1000 * phase.get("event_list_seconds", math.nan)
+        / max(phase.get("event_lists", 0), 1),
         rss_steady_mib=phase["rss_steady"], rss_peak_mib=phase["rss_peak"],
         operator_requests_per_recovery=own / n, cluster_requests_per_recovery=cluster / n,
         # absent from runs before it was counted (the 300- and 600-job JSON of 2026-12-07)
@@ -145,6 +152,8 @@ COLUMNS = (
     ("operator requests / recovery", "operator_requests_per_recovery"),
     ("operator reconciles / recovery", "reconciles_per_recovery"),
     ("cluster requests / recovery", "cluster_requests_per_recovery"),
+    ("Events in the namespace", "namespace_events"),
+    ("API server ms / Event LIST", "event_list_ms"),
     ("jobs up s", "startup_seconds"),
 )  # fmt: skip
 

@@ -70,6 +70,13 @@ class Phase:
     operator_reconciles: int = 0
     progress_answered: int = 0
     """Progress reads `bench.sidecar_sim` answered in the fault window (--progress answered)."""
+    namespace_events: int = 0
+    """Events in the jobs' namespace when the faults began (each failure's Event reads by
+    name scan them all on the API server)."""
+    event_lists: int = 0
+    event_list_seconds: float = 0.0
+    """LISTs of Events the API server answered in the fault window, every client, and the
+    seconds it spent on them (`apiserver_request_duration_seconds`)."""
     cpu_window: dict[str, float] = field(default_factory=dict)
     cpu_quiet: dict[str, float] = field(default_factory=dict)
     operator_cpu_total: float = 0.0

@@ -24,6 +24,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import urllib3
+from kubernetes import client
 from kubernetes.watch.watch import iter_resp_lines
 
 Obj = dict[str, Any]
@@ -281,9 +282,8 @@ def parse_counter(text: str, metric: str) -> list[tuple[dict[str, str], float]]:
     return out
 
 
-def apiserver_requests(api_client: Any) -> Counter[tuple[str, str]]:
-    """`apiserver_request_total` by (verb, resource[/subresource]), resource requests only,
-    watches and connects left out (see NOT_COUNTED_VERBS)."""
+def apiserver_metrics(api_client: Any) -> str:
+    """The API server's own /metrics (Prometheus text)."""
     cfg = api_client.configuration
     headers = {"Accept": "text/plain"}
     auth = cfg.auth_settings().get("BearerToken") or {}
@@ -294,14 +294,41 @@ def apiserver_requests(api_client: Any) -> Counter[tuple[str, str]]:
     )
     if answer.status != 200:
         raise RuntimeError(f"GET /metrics: HTTP {answer.status}")
+    return str(answer.data.decode())
+
+
+def apiserver_requests(api_client: Any) -> Counter[tuple[str, str]]:
+    """`apiserver_request_total` by (verb, resource[/subresource]), resource requests only,
+    watches and connects left out (see NOT_COUNTED_VERBS)."""
     counts: Counter[tuple[str, str]] = Counter()
-    for labels, value in parse_counter(answer.data.decode(), "apiserver_request_total"):
+    for labels, value in parse_counter(apiserver_metrics(api_client), "apiserver_request_total"):
         verb, resource = labels.get("verb", ""), labels.get("resource", "")
         if not resource or verb in NOT_COUNTED_VERBS:
             continue
         sub = labels.get("subresource")
         counts[(verb.lower(), f"{resource}/{sub}" if sub else resource)] += int(value)
     return counts
+
+
+def namespace_events(api_client: Any, namespace: str) -> int:
+    """How many Events the namespace holds now (a LIST of one: the rest is counted)."""
+    answer = client.CoreV1Api(api_client).list_namespaced_event(namespace, limit=1)
+    return len(answer.items) + int(answer.metadata.remaining_item_count or 0)
+
+
+def list_seconds(metrics_text: str, resource: str) -> tuple[float, int]:
+    """Seconds the API server spent answering LISTs of `resource` so far, and how many:
+    `apiserver_request_duration_seconds`' sum and count, every scope and code."""
+    seconds = count = 0.0
+    for name in ("_sum", "_count"):
+        metric = "apiserver_request_duration_seconds" + name
+        for labels, value in parse_counter(metrics_text, metric):
+            if labels.get("verb") == "LIST" and labels.get("resource") == resource:
+                if name == "_sum":
+                    seconds += value
+                else:
+                    count += value
+    return seconds, int(count)
 
 
 def operator_requests(metrics_text: str) -> Counter[tuple[str, str]]:

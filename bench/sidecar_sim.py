@@ -363,6 +363,10 @@ class SimProcess:
             raise RuntimeError(f"the stand-in sidecars did not answer {command}")
         return self.conn.recv()[1]
 
+    def progress_answered(self) -> int:
+        """Progress reads answered so far."""
+        return int(self.ask("stats")["served"].get("progress", 0))
+
     def close(self) -> None:
         if self.proc.is_alive():
             with contextlib.suppress(OSError, RuntimeError, EOFError):

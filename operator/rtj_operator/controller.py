@@ -424,6 +424,9 @@ class Controller(ControllerLoops):
                     snap = rc.with_queue(snap, looked_up)
                 else:
                     break
+                # decided now, not when the first look began: a read on a busy API server
+                # can take seconds, and the record's detectionSeconds must show them
+                snap = replace(snap, now=self.clock())
                 plan = rc.plan(snap)
             if plan.summary:
                 log.info("%s/%s: %s", *key, plan.summary)

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from bench.operator_scale_jobs import markdown, nodes_for, summarize
 from bench.operator_scale_report import QUIET_SECONDS
 from bench.operator_scale_workload import PROGRESS_MODES, SIM_PORT, worker_body
-from bench.scale_probes import operator_reconciles
+from bench.scale_probes import list_seconds, operator_reconciles
 from rtj_operator.api import ResilientTrainingJob
 from rtj_operator.api.detection_spec import DEFAULT_PROGRESS_PORT
 from rtj_operator.metrics import Metrics
@@ -28,7 +28,8 @@ def _report(faults: list[dict[str, Any]], cpu: float, requests: int) -> dict[str
         "cpu_window": {"operator": cpu, "kueue": 9.0}, "rss_steady": 80.0, "rss_peak": 95.0,
         "cpu_quiet": {"operator": 0.8 * QUIET_SECONDS / 10.0, "kueue": 1.0},
         "startup_seconds": 12.0, "problems": [], "operator_reconciles": 36,
-        "progress_answered": 250,
+        "progress_answered": 250, "namespace_events": 9000, "event_lists": 20,
+        "event_list_seconds": 3.0,
     }  # fmt: skip
     return {"phases": [phase]}
 
@@ -44,6 +45,7 @@ def test_the_figures_come_from_the_phase_per_recovery() -> None:
     assert math.isclose(size.idle_cpu_share, 0.08)
     assert math.isclose(size.recovery_cpu, (8.0 - 0.8) / 4)
     assert size.progress_reads_per_second == 25.0  # the sidecars' answers over the window
+    assert size.namespace_events == 9000 and size.event_list_ms == 150.0
     assert size.operator_requests_per_recovery == 10.0  # its lease calls apart
     assert size.reconciles_per_recovery == 9.0
     # all clients, less the injector's 3 a fault and the quiet rate over the window
@@ -94,3 +96,24 @@ def test_each_progress_mode_is_a_job_the_operator_reads_as_meant() -> None:
     assert progress("off")[0] is False
     assert progress("answered") == (True, SIM_PORT)
     assert set(PROGRESS_MODES) == {"unanswered", "off", "answered"}
+
+
+def test_event_list_seconds_are_read_from_the_api_servers_histogram() -> None:
+    """`apiserver_request_duration_seconds` as kube-apiserver v1.35 prints it (its labels:
+    component, dry_run, group, resource, scope, subresource, verb, version)."""
+    head = 'apiserver_request_duration_seconds{component="apiserver",dry_run="",group="",'
+    text = "\n".join([
+        head.replace("seconds{", "seconds_sum{") + 'resource="events",scope="namespace",'
+        'subresource="",verb="LIST",version="v1"} 2.5',
+        head.replace("seconds{", "seconds_count{") + 'resource="events",scope="namespace",'
+        'subresource="",verb="LIST",version="v1"} 10',
+        head.replace("seconds{", "seconds_sum{") + 'resource="events",scope="cluster",'
+        'subresource="",verb="LIST",version="v1"} 0.5',
+        head.replace("seconds{", "seconds_count{") + 'resource="events",scope="cluster",'
+        'subresource="",verb="LIST",version="v1"} 2',
+        head.replace("seconds{", "seconds_sum{") + 'resource="pods",scope="namespace",'
+        'subresource="",verb="LIST",version="v1"} 9',
+        head.replace("seconds{", "seconds_sum{") + 'resource="events",scope="namespace",'
+        'subresource="",verb="POST",version="v1"} 7',
+    ])  # fmt: skip
+    assert list_seconds(text, "events") == (3.0, 12)
