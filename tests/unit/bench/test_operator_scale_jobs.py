@@ -101,19 +101,18 @@ def test_each_progress_mode_is_a_job_the_operator_reads_as_meant() -> None:
 def test_event_list_seconds_are_read_from_the_api_servers_histogram() -> None:
     """`apiserver_request_duration_seconds` as kube-apiserver v1.35 prints it (its labels:
     component, dry_run, group, resource, scope, subresource, verb, version)."""
-    head = 'apiserver_request_duration_seconds{component="apiserver",dry_run="",group="",'
+
+    def line(part: str, resource: str, scope: str, verb: str, value: float) -> str:
+        return (f'apiserver_request_duration_seconds_{part}{{component="apiserver",dry_run="",'
+                f'group="",resource="{resource}",scope="{scope}",subresource="",verb="{verb}",'
+                f'version="v1"}} {value}')  # fmt: skip
+
     text = "\n".join([
-        head.replace("seconds{", "seconds_sum{") + 'resource="events",scope="namespace",'
-        'subresource="",verb="LIST",version="v1"} 2.5',
-        head.replace("seconds{", "seconds_count{") + 'resource="events",scope="namespace",'
-        'subresource="",verb="LIST",version="v1"} 10',
-        head.replace("seconds{", "seconds_sum{") + 'resource="events",scope="cluster",'
-        'subresource="",verb="LIST",version="v1"} 0.5',
-        head.replace("seconds{", "seconds_count{") + 'resource="events",scope="cluster",'
-        'subresource="",verb="LIST",version="v1"} 2',
-        head.replace("seconds{", "seconds_sum{") + 'resource="pods",scope="namespace",'
-        'subresource="",verb="LIST",version="v1"} 9',
-        head.replace("seconds{", "seconds_sum{") + 'resource="events",scope="namespace",'
-        'subresource="",verb="POST",version="v1"} 7',
+        line("sum", "events", "namespace", "LIST", 2.5),
+        line("count", "events", "namespace", "LIST", 10),
+        line("sum", "events", "cluster", "LIST", 0.5),
+        line("count", "events", "cluster", "LIST", 2),
+        line("sum", "pods", "namespace", "LIST", 9),
+        line("sum", "events", "namespace", "POST", 7),
     ])  # fmt: skip
     assert list_seconds(text, "events") == (3.0, 12)
