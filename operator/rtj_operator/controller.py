@@ -411,7 +411,12 @@ class Controller(ControllerLoops):
             self._plan_seconds[key] = time.monotonic() - started
             for _ in range(3):  # at most one store reading, one events read, one queue lookup
                 if plan.needs_events:
-                    snap = replace(snap, events=tuple(await self._io(self.read_events, snap)))
+                    events = tuple(await self._io(self.read_events, snap))
+                    # the failure is decided now, not when the first look began: the reads
+                    # can take seconds on a busy API server, and detectionSeconds shows them
+                    # (a store or queue reading keeps the look's time: its age is judged
+                    # from it, and a slow read is not stale on arrival)
+                    snap = replace(snap, events=events, now=self.clock())
                 elif plan.needs_store:
                     reading = await self.read_store(snap.rtj)
                     self._keep_reading(key, reading)
@@ -424,9 +429,6 @@ class Controller(ControllerLoops):
                     snap = rc.with_queue(snap, looked_up)
                 else:
                     break
-                # decided now, not when the first look began: a read on a busy API server
-                # can take seconds, and the record's detectionSeconds must show them
-                snap = replace(snap, now=self.clock())
                 plan = rc.plan(snap)
             if plan.summary:
                 log.info("%s/%s: %s", *key, plan.summary)

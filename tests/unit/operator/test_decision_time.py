@@ -15,6 +15,7 @@ from test_runtime import SHARED_BUCKET, FakeKube
 
 from rtj_operator import controller as ctl
 from rtj_operator.metrics import Metrics
+from rtj_operator.reconcile.checkpoints import STORE_FRESH
 from rtj_operator.selection import Selection
 from rtj_operator.settings import Settings
 
@@ -59,6 +60,32 @@ def test_detection_seconds_count_the_event_reads() -> None:
         assert record["failureClass"]
         # the pod ended at NOW; every read of this failure's Events is in its detection time
         assert record["detectionSeconds"] == READ_SECONDS * len(reads) > 0
+        c.executor.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_a_slow_store_read_is_not_stale_on_arrival() -> None:
+    """A store reading's age is judged from the look that asked for it: a read slower than
+    STORE_FRESH (a store that hardly answers) still starts the attempt, read once."""
+
+    async def scenario() -> None:
+        kube = SlowEvents()
+        reads: list[str] = []
+
+        def reader(uri: str, bad: Any, credentials: Any) -> Selection:
+            reads.append(uri)
+            kube.now += STORE_FRESH * 2
+            return Selection(1200, f"{uri}/steps/step-000000001200", NOW)
+
+        settings = Settings(workers=1, operator_identity_stores=SHARED_BUCKET)
+        c = ctl.Controller(kube, Metrics(CollectorRegistry()), settings,  # type: ignore[arg-type]
+                           clock=kube.clock, store_reader=reader)  # fmt: skip
+        c.on_rtj(None, rtj_raw())
+        await c.reconcile(("team-a", "llm"))
+        await asyncio.gather(*c._posting)
+        assert len(reads) == 1
+        assert [x[0] for x in kube.calls][:2] == ["create_jobset", "patch_status"]
         c.executor.shutdown()
 
     asyncio.run(scenario())
