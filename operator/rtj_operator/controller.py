@@ -175,10 +175,10 @@ class Controller(ControllerLoops):
         """Per job: when its next change may be planned (a rate limit with a burst, GCRA),
         and when a batched plan is already due (monotonic)."""
         self._managed_elsewhere: set[Key] = set()
+        """Jobs whose spec.managedBy names another controller (said once in the log)."""
         self.planned_ranks: dict[Key, tuple[rc.RankReadings | None, datetime]] = {}
         """Per job: the progress reading its last plan was made from, and when (a poll round
         that tells nothing new costs no plan, `ControllerLoops._progress_round`)."""
-        """Jobs whose spec.managedBy names another controller (said once in the log)."""
 
     # --- inputs from the watches -----------------------------------------------------------
 
