@@ -80,6 +80,9 @@ class WatchCache:
         """How many cached objects `key` indexes (O(1): no copy)."""
         return len(self._by_key.get(key, ()))
 
+    def by_uid(self, uid: str) -> dict[str, Any] | None:
+        return self._objects.get(uid)
+
     def holds(self, body: Json) -> bool:
         """Whether this object (by uid) is cached."""
         return uid_of(body) in self._objects

@@ -30,6 +30,7 @@ from rtj_operator.cache import WatchCache, job_key_of, newer_or_same, rv_of
 from rtj_operator.claim_sweep import ClaimSweep
 from rtj_operator.controller_loops import ControllerLoops
 from rtj_operator.event_reads import read_events
+from rtj_operator.event_watch import EventWatch, scopes_of
 from rtj_operator.job_models import JobModels
 from rtj_operator.job_reads import JobReads
 from rtj_operator.kube import Kube
@@ -121,6 +122,7 @@ class Controller(ControllerLoops):
         self.gone_jobsets: dict[Key, dict[str, dict[str, Any]]] = {}
         self._conflicts: dict[Key, int] = {}
         self.rejections: dict[Key, rc.Rejection] = {}
+        self.event_watch = EventWatch(scopes_of(self.namespaces), self._touch_event)
         self.node_leases = NodeLeases(
             self._touch_node, self._touch_all, self.clock, node_exists=self._node_exists
         )
@@ -411,7 +413,7 @@ class Controller(ControllerLoops):
             self._plan_seconds[key] = time.monotonic() - started
             for _ in range(3):  # at most one store reading, one events read, one queue lookup
                 if plan.needs_events:
-                    events = tuple(await self._io(self.read_events, snap))
+                    events = await self.failure_events(snap)
                     # the failure is decided now, not when the first look began: the reads
                     # can take seconds on a busy API server, and detectionSeconds shows them
                     # (a store or queue reading keeps the look's time: its age is judged

@@ -22,6 +22,8 @@ from rtj_operator.api.reasons import Phase
 from rtj_operator.api.resource import ResilientTrainingJob
 from rtj_operator.cache import WatchCache, job_key_of, rv_of, uid_of
 from rtj_operator.claim_sweep import ClaimSweep
+from rtj_operator.event_reads import EventKey, cached_events
+from rtj_operator.event_watch import EventWatch
 from rtj_operator.job_models import JobModels
 from rtj_operator.kube import Kube
 from rtj_operator.kube_errors import KubeError
@@ -58,6 +60,7 @@ class ControllerLoops:
     synced: asyncio.Event
     listed_at: float | None
     node_leases: NodeLeases
+    event_watch: EventWatch
     rank_polls: RankPolls
     store_reads: StoreReads
     applier: PlanApplier
@@ -88,6 +91,37 @@ class ControllerLoops:
 
     def _keep_reading(self, key: Key, reading: rc.StoreReading) -> None:
         raise NotImplementedError
+
+    def read_events(self, snap: rc.Snapshot) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def _world_changed(self, key: Key) -> None:
+        raise NotImplementedError
+
+    def _touch_node(self, name: str) -> None:
+        raise NotImplementedError
+
+    # --- the Events a failure reads ----------------------------------------------------------
+
+    async def failure_events(self, snap: rc.Snapshot) -> tuple[dict[str, Any], ...]:
+        """The Events about a failed attempt: from the watch's cache when it is synced (no
+        API call), else by LISTs in a thread."""
+        if self.settings.watch_events and self.event_watch.synced:
+            return tuple(cached_events(self.event_watch.about, snap))
+        return tuple(await self._io(self.read_events, snap))
+
+    def _touch_event(self, about: EventKey, uid: str) -> None:
+        """A kept Event arrived: plan the job whose pod or JobSet (by uid), or whose pods'
+        node, it is about; it may have landed after the change that began a classification."""
+        namespace, kind, name = about
+        if kind == "Node":
+            self._touch_node(name)
+            return
+        cache = {"Pod": self.pods, "JobSet": self.jobsets}.get(kind)
+        cached = cache.by_uid(uid) if cache is not None and uid else None
+        key = job_key_of(cached) if cached is not None else None
+        if key is not None and key[0] == namespace:
+            self._world_changed(key)
 
     # --- list, then watch --------------------------------------------------------------------
 
@@ -220,6 +254,10 @@ class ControllerLoops:
         for i in range(self.settings.workers):
             self._tasks.append(asyncio.create_task(self._worker(), name=f"rtj-worker-{i}"))
         self._tasks.append(asyncio.create_task(self._resync(), name="rtj-resync"))
+        if self.settings.watch_events:
+            self._tasks.append(
+                asyncio.create_task(self.event_watch.run(self.kube), name="rtj-event-watch")
+            )
         if self.settings.watch_node_leases:
             self._tasks.append(
                 asyncio.create_task(self.node_leases.run(self.kube), name="rtj-node-leases")

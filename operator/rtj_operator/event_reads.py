@@ -1,5 +1,6 @@
-"""Reading the Events about a failed attempt: once a failure is seen (never a watch on every
-Event in the cluster), only the reasons the classifier reads."""
+"""Reading the Events about a failed attempt once a failure is seen: only the reasons the
+classifier reads, from the watch's cache (`event_cache`, `cached_events`), or, while that
+cache is not synced, by LISTs (`read_events`). Both pick the same Events."""
 
 from __future__ import annotations
 
@@ -35,7 +36,12 @@ def queries_by_name(scope: str, kind: str, names: set[str]) -> list[tuple[str, s
             for n in sorted(names)]  # fmt: skip
 
 
-def event_key(body: Mapping[str, Any]) -> tuple[str, str, str] | None:
+EventKey = tuple[str, str, str]
+"""(namespace, kind, name) of what an Event is about; Node: ("", "Node", node); a Kueue
+Workload: its JobSet's name."""
+
+
+def event_key(body: Mapping[str, Any]) -> EventKey | None:
     """Index key of an event: (namespace, kind, name); Node events have namespace ''."""
     obj = body.get("involvedObject") or body.get("regarding") or {}
     kind, name = obj.get("kind"), obj.get("name")
@@ -71,25 +77,21 @@ the controller's). Answers come back in the order asked; the first failed read r
 
 
 def read_events(kube: Kube, snap: rc.Snapshot, run_all: RunAll = map) -> list[dict[str, Any]]:
-    """Events about the failed attempt (blocking): read once a failure is seen, so the
-    operator never watches every Event in the cluster. Pods and Kueue Workloads in the
-    job's namespace, nodes where their own reporters write them (`node_event_sources`: an
-    Event naming a node in a tenant's namespace is that tenant speaking); only the Events
-    the classifier reads.
+    """Events about the failed attempt, by LISTs (blocking): while the watch's cache is not
+    synced (`cached_events` otherwise). Pods and Kueue Workloads in the job's namespace,
+    nodes where their own reporters write them (`node_event_sources`: an Event naming a node
+    in a tenant's namespace is that tenant speaking); only the Events the classifier reads.
 
     The reads by name go out together (`run_all`): one after another, a failure's reads were
-    most of its decision time on a busy API server (`bench.operator_scale_jobs`). A
+    most of its decision time on a busy API server (`bench.operator_scale_jobs`); at once, the
+    API server still scans every Event of the namespace for each, which is why the watch's
+    cache is read first. A
     Workload's name is its JobSet's plus a hash, so its Events are read by kind for the whole
     namespace, the largest read with many jobs there: it is made only when Kueue stopped one
     of the attempt's JobSets (its `Stopped` Event, written with every eviction and the same
     message, is read by name first): a Workload's Events only ever add to an eviction Kueue
     says it made."""
-    namespace = snap.rtj.metadata.namespace
-    pods = {p["metadata"]["name"] for p in (*snap.pods, *snap.gone_pods)}
-    nodes = set(snap.nodes) | {
-        n for p in (*snap.pods, *snap.gone_pods) if (n := (p.get("spec") or {}).get("nodeName"))
-    }
-    jobsets = {js["metadata"]["name"] for js in snap.jobsets}
+    namespace, pods, nodes, jobsets = attempt_objects(snap)
     queries: list[Query] = [
         # Kueue before v0.7 (and the JobSet controller) write about the JobSet itself
         *queries_by_name(namespace, "JobSet", jobsets),
@@ -121,6 +123,37 @@ def read_events(kube: Kube, snap: rc.Snapshot, run_all: RunAll = map) -> list[di
             ):
                 wanted.append(rc.trim_event(event))
     return wanted
+
+
+AttemptObjects = tuple[str, set[str], set[str], set[str]]
+"""The namespace, pods, nodes and JobSets of an attempt whose Events a failure reads."""
+
+
+def attempt_objects(snap: rc.Snapshot) -> AttemptObjects:
+    pods = {p["metadata"]["name"] for p in (*snap.pods, *snap.gone_pods)}
+    nodes = set(snap.nodes) | {
+        n for p in (*snap.pods, *snap.gone_pods) if (n := (p.get("spec") or {}).get("nodeName"))
+    }
+    jobsets = {js["metadata"]["name"] for js in snap.jobsets}
+    return snap.rtj.metadata.namespace, pods, nodes, jobsets
+
+
+def cached_events(
+    about: Callable[[EventKey], list[dict[str, Any]]], snap: rc.Snapshot
+) -> list[dict[str, Any]]:
+    """What `read_events` would find, from the Events kept by the watch (`about` one object:
+    `event_cache`; every one already passed `relevant_event` and is trimmed): no API call,
+    and no cost that grows with the Events of other jobs."""
+    namespace, pods, nodes, jobsets = attempt_objects(snap)
+    on_jobsets = [e for n in sorted(jobsets) for e in about((namespace, "JobSet", n))]
+    found = [
+        *on_jobsets,
+        *(e for n in sorted(pods) for e in about((namespace, "Pod", n))),
+        *(e for n in sorted(nodes) for e in about(("", "Node", n))),
+    ]
+    if any(kueue_stopped(event, jobsets) for event in on_jobsets):
+        found += [e for n in sorted(jobsets) for e in about((namespace, "Workload", n))]
+    return found
 
 
 def kueue_stopped(event: Mapping[str, Any], jobsets: set[str]) -> bool:

@@ -17,17 +17,18 @@ import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
+from rtj_operator import kube_watch
 from rtj_operator.api import keys
 from rtj_operator.api_paths import JOBSET_PLURAL, JOBSETS, LEASES, RTJ, api_path, request_kind
 from rtj_operator.event_body import event_body
 from rtj_operator.kube_errors import (
     Conflict,
-    KubeError,
     NotFound,
     Unavailable,
     from_answer,
     from_exception,
 )
+from rtj_operator.kube_watch import WatchEvent
 
 FIELD_MANAGER = "rtj-operator"
 MERGE_PATCH = "application/merge-patch+json"
@@ -49,6 +50,24 @@ class NodeChange(Protocol):
 
 RequestHook = Callable[[str, str], None]
 """Told of every request: (verb, resource), e.g. ("patch", "resilienttrainingjobs/status")."""
+
+
+def _collection(kind: str, namespace: str | None) -> tuple[str, str | None]:
+    """The path and label selector of a kind the operator lists and watches."""
+    scope = ("namespaces", namespace) if namespace else ()
+    if kind == "pods":
+        return api_path("api", "v1", *scope, "pods"), keys.JOB_LABEL
+    if kind == "jobsets":
+        return api_path(*JOBSETS, *scope, JOBSET_PLURAL), keys.JOB_LABEL
+    if kind == "nodes":
+        return api_path("api", "v1", "nodes"), None
+    if kind == "rtjs":
+        return api_path(*RTJ, *scope, keys.PLURAL), None
+    if kind == "events":
+        return api_path("api", "v1", *scope, "events"), None
+    if kind == "leases":
+        return api_path(*LEASES, *scope, "leases"), None
+    raise ValueError(f"unknown kind {kind!r}")
 
 
 def _json(response: Any) -> dict[str, Any]:
@@ -137,22 +156,12 @@ class Kube:
         namespace: str | None,
         trim: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
         page: int = 250,
+        keep: Callable[[dict[str, Any]], bool] | None = None,
     ) -> tuple[list[dict[str, Any]], int | None]:
         """One paged LIST of what the operator caches: `pods` and `jobsets` labelled for a
-        job, all `nodes`, all `rtjs`. Items are trimmed page by page (bounded memory);
-        returns them and the list's resourceVersion."""
-        scope = ("namespaces", namespace) if namespace else ()
-        selector: str | None = keys.JOB_LABEL
-        if kind == "pods":
-            path = api_path("api", "v1", *scope, "pods")
-        elif kind == "jobsets":
-            path = api_path(*JOBSETS, *scope, JOBSET_PLURAL)
-        elif kind == "nodes":
-            path, selector = api_path("api", "v1", "nodes"), None
-        elif kind == "rtjs":
-            path, selector = api_path(*RTJ, *scope, keys.PLURAL), None
-        else:
-            raise ValueError(f"unknown kind {kind!r}")
+        job, all `nodes`, all `rtjs`, `events` (those `keep` accepts). Items are filtered and
+        trimmed page by page (bounded memory); returns them and the list's resourceVersion."""
+        path, selector = _collection(kind, namespace)
         items: list[dict[str, Any]] = []
         token: str | None = None
         rv: str | None = None
@@ -161,12 +170,32 @@ class Kube:
             answer = self.request(f"list {kind}", "GET", path, query=query)
             meta = answer.get("metadata") or {}
             rv = rv or meta.get("resourceVersion")
-            found = answer.get("items") or []
+            found = [i for i in answer.get("items") or [] if keep is None or keep(i)]
             items += [trim(item) for item in found] if trim is not None else found
             token = meta.get("continue")
             if not token:
                 break
         return items, int(rv) if isinstance(rv, str) and rv.isdigit() else None
+
+    def watch_kind(
+        self,
+        kind: str,
+        namespace: str | None,
+        resource_version: str | None,
+        timeout_seconds: int = 300,
+        idle_seconds: float | None = None,
+    ) -> Iterator[WatchEvent]:
+        """WATCH a kind `list_kind` reads from `resource_version` (bookmarks asked for),
+        until the server ends it (`timeout_seconds`) or nothing arrives for `idle_seconds`;
+        yields (type, plain object). Raises KubeError (410 Gone: list again)."""
+        path, selector = _collection(kind, namespace)
+        query = {
+            "labelSelector": selector,
+            "resourceVersion": resource_version,
+            "timeoutSeconds": timeout_seconds,
+            "allowWatchBookmarks": "true",
+        }
+        return kube_watch.stream(self, f"watch {kind}", path, query, idle_seconds)
 
     # --- ResilientTrainingJobs -------------------------------------------------------------
 
@@ -414,49 +443,19 @@ class Kube:
 
     def list_node_leases(self) -> tuple[list[dict[str, Any]], str | None]:
         """Every node Lease and the list's resourceVersion."""
-        path = api_path(*LEASES, "namespaces", NODE_LEASE_NAMESPACE, "leases")
-        answer = self.request("list node leases", "GET", path)
-        rv = (answer.get("metadata") or {}).get("resourceVersion")
-        return list(answer.get("items") or []), rv
+        items, rv = self.list_kind("leases", NODE_LEASE_NAMESPACE)
+        return items, None if rv is None else str(rv)
 
     def watch_node_leases(
         self,
         resource_version: str | None,
         timeout_seconds: int = 300,
         idle_seconds: float | None = None,
-    ) -> Iterator[tuple[str, dict[str, Any]]]:
-        """Watch node Leases from `resource_version` until the server closes the watch
-        (`timeout_seconds`) or nothing arrives for `idle_seconds` (the client's own limit:
-        the server's does not end a dead connection); yields (event type, plain Lease).
-        Raises KubeError on errors (410 Gone and the idle limit included: list again)."""
-        from kubernetes import client, watch
-
-        if self.on_request is not None:
-            self.on_request("watch", "leases")
-        api = client.CoordinationV1Api(self.api_client)
-        watcher = watch.Watch()  # type: ignore[no-untyped-call]
-        stream = watcher.stream(  # type: ignore[no-untyped-call]
-            api.list_namespaced_lease,
-            NODE_LEASE_NAMESPACE,
-            resource_version=resource_version,
-            timeout_seconds=timeout_seconds,
-            _request_timeout=None if idle_seconds is None else (self.timeout, idle_seconds),
+    ) -> Iterator[WatchEvent]:
+        """Watch node Leases from `resource_version` (see `watch_kind`)."""
+        return self.watch_kind(
+            "leases", NODE_LEASE_NAMESPACE, resource_version, timeout_seconds, idle_seconds
         )
-        try:
-            for event in stream:
-                kind = str(event.get("type") or "")
-                if kind == "ERROR":
-                    raw = event.get("raw_object") or {}
-                    code = int(raw.get("code") or 500)
-                    raise from_answer("watch node leases", code, json.dumps(raw), f"HTTP {code}")
-                body = self.api_client.sanitize_for_serialization(event["object"])
-                yield kind, body
-        except KubeError:
-            raise
-        except Exception as exc:
-            if getattr(exc, "status", None) is not None:
-                raise from_exception(exc, "watch node leases") from exc
-            raise Unavailable(f"watch node leases: {type(exc).__name__}: {exc}") from exc
 
     # --- leases (leader election) ----------------------------------------------------------
 

@@ -106,6 +106,13 @@ def parser() -> argparse.ArgumentParser:
         "node lifecycle controller's NotReady verdict counts, after its grace period)",
     )
     p.add_argument(
+        "--watch-events",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep the Events the classifier reads from a watch (off: a failure LISTs them, "
+        "a read that grows with every Event in its namespace)",
+    )
+    p.add_argument(
         "--platform-config",
         default=None,
         metavar="PATH",
@@ -216,6 +223,7 @@ async def run(args: argparse.Namespace) -> int:
             claim_sweep_seconds=args.claim_sweep_seconds,
             claim_sweep_grace_seconds=args.claim_sweep_grace_seconds,
             watch_node_leases=args.watch_node_leases,
+            watch_events=args.watch_events,
             resolver_image=args.resolver_image,
             preflight=args.preflight,
             intervals=args.intervals,

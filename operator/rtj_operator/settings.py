@@ -28,6 +28,9 @@ class Settings:
     watch_node_leases: bool = True
     """Watch kube-node-lease: silent nodes are judged lost from their Lease within seconds
     (off, or not permitted: only the node lifecycle controller's verdict counts)."""
+    watch_events: bool = True
+    """Keep the Events the classifier reads from a watch (`event_watch`); off, or not
+    permitted: a failure reads them by LIST."""
     identity: str = "rtj-operator"
     progress_poll_seconds: float = 5.0
     """How often each running worker pod's progress sidecar is read (0: never; no hang or

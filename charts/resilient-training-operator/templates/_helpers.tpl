@@ -97,10 +97,11 @@ in each of operator.watchNamespaces otherwise. Exactly what the code calls there
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch", "delete"]
-# decision Events on the job; pod, JobSet and Kueue Workload Events read at classification
+# decision Events on the job; the pod, JobSet and Kueue Workload Events the classifier reads,
+# kept from a watch (rtj_operator/event_watch.py)
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["list", "create"]
+  verbs: ["list", "watch", "create"]
 # the job's Kueue LocalQueue, looked up by name while an attempt waits for admission
 # (a missing queue becomes the Admitted=False reason LocalQueueNotFound)
 - apiGroups: ["kueue.x-k8s.io"]

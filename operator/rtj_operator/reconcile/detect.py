@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from rtj_operator.api.reasons import FailureCategory
+from rtj_operator.api.reasons import FailureCategory, FailureClass
 from rtj_operator.policy import spares
 from rtj_operator.policy.classify import Classification, classify_failure, jobset_failure
 from rtj_operator.policy.render import jobset_name
@@ -44,6 +44,15 @@ recorded only this long after the first failed rank's termination (its `finished
 GPU node agent may report the XID that explains a CUDA traceback a moment after the
 traceback reaches the operator, and a user-category record fails the job for good.
 Infrastructure, preemption and checkpoint classes are recorded at once."""
+
+UNEXPLAINED_SETTLE = timedelta(seconds=2)
+"""An Unknown failure (nothing its pods and nodes show says why: a bare SIGKILL, pods
+deleted by another controller) is recorded only this long after its onset: the Events that
+would explain it are written after the change the operator saw (Kueue records `Stopped` after
+it suspends the JobSet whose pods then go; node-problem-detector posts `OOMKilling` as the
+kubelet reports the kill), and reach the operator's Event watch a moment later. Caught by
+`test_a_kueue_preemption_is_free_and_the_job_is_readmitted_when_quota_frees`: read from the
+watch at once, one preemption in four was recorded Unknown."""
 
 
 def plan_current_attempt(b: PlanBuilder) -> None:
@@ -103,6 +112,8 @@ def plan_current_attempt(b: PlanBuilder) -> None:
     if found is not None and snap.events is None:
         b.needs_events = True  # classify again with the events (eviction, preemption, node)
         return
+    if found is not None and _settling(b, found, UNEXPLAINED_SETTLE):
+        return
     if found is None and in_place.follow(b, live):
         return
     if found is None:
@@ -142,20 +153,27 @@ def plan_current_attempt(b: PlanBuilder) -> None:
     on_failure(b, found, current)
 
 
-def _settling(b: PlanBuilder, found: Classification) -> bool:
+def _settling(b: PlanBuilder, found: Classification, unexplained: timedelta | None = None) -> bool:
     """A user-category failure is final only USER_FAILURE_SETTLE after the first failed
-    rank's termination: until then nothing is recorded and the job is classified again at
-    the window's end (or on any change before it: a node label or condition, a pod), with
-    the events read afresh. Other categories are recorded at once."""
+    rank's termination, and, given `unexplained` (classified from pods, nodes and Events), an
+    Unknown one that long after: until then nothing is recorded and the job is classified
+    again at the window's end (or on any change before it: a node label or condition, a pod,
+    a kept Event), with the events read afresh. Other categories are recorded at once."""
     failed_at = found.failed_at
-    if found.category is not FailureCategory.USER or failed_at is None:
+    if found.category is FailureCategory.USER:
+        window, why = USER_FAILURE_SETTLE, "node agents may report late"
+    elif unexplained is not None and found.failure_class is FailureClass.UNKNOWN:
+        window, why = unexplained, "the Events that explain it may land late"
+    else:
         return False
-    settled = failed_at + USER_FAILURE_SETTLE
-    if b.now >= settled or failed_at - b.now > USER_FAILURE_SETTLE:
+    if failed_at is None:
+        return False
+    settled = failed_at + window
+    if b.now >= settled or failed_at - b.now > window:
         return False  # settled, or a kubelet clock so far ahead that waiting means nothing
     b.requeue_in((settled - b.now).total_seconds())
     b.notes.append(
         f"attempt {b.status.attempt}: {found.failure_class.value} on the first failed rank; "
-        f"classifying again at {settled.isoformat()} (settle window, node agents may report late)"
+        f"classifying again at {settled.isoformat()} (settle window, {why})"
     )
     return True

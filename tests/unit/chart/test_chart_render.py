@@ -272,7 +272,7 @@ EXPECTED_CLUSTER_RULES = {
     ("jobset.x-k8s.io", "jobsets"): {"list", "watch", "create", "delete"},
     ("", "pods"): {"list", "watch", "delete"},
     ("", "nodes"): {"get", "list", "watch", "patch"},
-    ("", "events"): {"list", "create"},
+    ("", "events"): {"list", "watch", "create"},
     ("kueue.x-k8s.io", "localqueues"): {"get"},
     ("", "secrets"): {"get", "create"},  # credentials by name; each job's key Secret
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},

@@ -7,11 +7,12 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from rtj_test_support import job_body
+from rtj_test_support import NOW, job_body
 from rtj_world import jobset, pod, rtj_raw, snapshot
 
 from rtj_operator import reconcile as rc
 from rtj_operator.api import ResilientTrainingJob
+from rtj_operator.reconcile.detect import UNEXPLAINED_SETTLE as SETTLED
 
 
 def newer_body() -> dict[str, Any]:
@@ -42,7 +43,8 @@ def test_status_fields_a_newer_operator_wrote_survive_this_ones_patches() -> Non
               "attempts": [{"attempt": 1, "jobSet": "llm-a1"}],
               "warmSpares": {"ready": 2}}  # fmt: skip
     raw = rtj_raw(status, replicas=2)
-    failed = pod(1, 0, exit_code=1, message="NCCL watchdog timeout")
+    # ended past the settle window of an unexplained failure (reconcile.detect)
+    failed = pod(1, 0, exit_code=1, message="NCCL watchdog timeout", finished=NOW - SETTLED)
     plan = rc.plan(snapshot(raw, jobsets=[jobset(1)], pods=[failed, pod(1, 1)]))
     patch = plan.status_patch
     assert patch is not None and patch.status["phase"] == "Restarting"

@@ -24,6 +24,7 @@ from rtj_world import (
 
 from rtj_operator import reconcile as rc
 from rtj_operator.api import keys
+from rtj_operator.reconcile.detect import UNEXPLAINED_SETTLE as SETTLED
 
 FILE_URI = {"checkpoint": {"uri": "file:///mnt/ckpt/llm"}}
 
@@ -931,7 +932,8 @@ def test_status_lists_stay_bounded_in_a_cluster_wide_incident() -> None:
     record = {**running()["attempts"][0], "resumedFromStep": 99_999}
     bad = rtj_raw({**running(), "attempts": [record], "badSteps": many})
     corrupt = {"exitCode": 1, "reason": "Error", "message": "", "finishedAt": iso(NOW)}
-    failing = pod(1, 0, exit_code=1, message="boom", init=corrupt)
+    # ended past the settle window of an unexplained failure (reconcile.detect)
+    failing = pod(1, 0, exit_code=1, message="boom", init=corrupt, finished=NOW - SETTLED)
     after = status_of(rc.plan(snapshot(bad, jobsets=[jobset(1)], pods=[failing])), bad)
     assert len(after["badSteps"]) <= MAX_BAD_STEPS
     assert max(after["badSteps"]) >= max(many)
