@@ -148,3 +148,26 @@ def test_a_dead_event_watch_is_listed_again_and_misses_nothing(
         _until("synced again", lambda: watching.watch.synced)
     finally:
         watching.stop()
+
+
+def test_a_watch_the_server_ends_resumes_where_it_was_without_a_list(
+    events: tuple[client.CoreV1Api, str, list[tuple[str, str]]],
+    proxied: tuple[Kube, TcpProxy, list[str]],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A quiet namespace: each watch ends on the server's `timeoutSeconds` (2 s here), and
+    the next resumes from the last version seen, still synced; nothing is listed again."""
+    monkeypatch.setattr(event_watch, "WATCH_SECONDS", 2)
+    api, ns, written = events
+    kube, _, requests = proxied
+    watching = Watching(kube, ns)
+    try:
+        _until("the cache synced", lambda: watching.watch.synced)
+        lists = requests.count("list")
+        _until("three watches more", lambda: requests.count("watch") >= 2 + 3 * 2, timeout=30)
+        _write(api, written, _event(ns, "Pod", "w-3", "Evicted", "kubelet"))
+        _until("the Event kept", lambda: watching.about((ns, "Pod", "w-3")))
+        assert watching.watch.synced
+        assert requests.count("list") == lists, "resumed, not listed again"
+    finally:
+        watching.stop()
