@@ -5,15 +5,21 @@ while it is not, and a kept Event that arrives wakes the job it is about."""
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry
 from rtj_test_support import NOW
 from rtj_world import iso, jobset, node, pod, rtj_raw
 from test_runtime import SHARED_BUCKET, FakeKube
 
 from rtj_operator import controller as ctl
+from rtj_operator import event_watch
 from rtj_operator.event_watch import kept
+from rtj_operator.kube_errors import KubeError
+from rtj_operator.kube_watch import WatchEvent
 from rtj_operator.metrics import Metrics
 from rtj_operator.selection import Selection
 from rtj_operator.settings import Settings
@@ -115,3 +121,44 @@ def test_a_kept_event_wakes_the_job_of_the_pod_it_names_by_uid() -> None:
     c.event_watch.apply(None, "ADDED", kept(evicted(uid="pod-uid-0")) or {})
     assert len(c.queue) == 1 and KEY in c.queue._dirty
     c.executor.shutdown()
+
+
+class CompactedOnce:
+    """A Kube whose first Event watch answers 410 (the version it resumes from is
+    compacted: kube-apiserver serves Event watches from etcd) and whose second delivers one
+    eviction; it counts LISTs."""
+
+    def __init__(self) -> None:
+        self.lists = 0
+        self.watches = 0
+
+    def list_kind(self, kind: str, namespace: str | None, **_: Any) -> tuple[list[Any], int]:
+        assert kind == "events"
+        self.lists += 1
+        return [], 100 * self.lists
+
+    def watch_kind(self, kind: str, namespace: str | None, *_: Any) -> Iterator[WatchEvent]:
+        self.watches += 1
+        if self.watches == 1:
+            raise KubeError("watch events: too old resource version", 410)
+        yield "ADDED", evicted()
+        threading.Event().wait(30)  # the server holds the stream open
+
+
+def test_a_compacted_version_is_listed_again_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(event_watch, "RETRY_SECONDS", 60.0)  # would outlast the test
+
+    async def scenario() -> tuple[int, list[dict[str, Any]]]:
+        kube = CompactedOnce()
+        watch = event_watch.EventWatch([None], lambda key, uid: None)
+        task = asyncio.create_task(watch.run(kube))  # type: ignore[arg-type]
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if watch.synced and watch.about(("team-a", "Pod", POD)):
+                break
+        task.cancel()
+        return kube.lists, watch.about(("team-a", "Pod", POD))
+
+    lists, held = asyncio.run(scenario())
+    assert lists == 2, "listed, the watch answered 410, listed again without the retry wait"
+    assert [e["reason"] for e in held] == ["Evicted"]
