@@ -24,9 +24,8 @@ from rtj_operator.event_body import event_body
 from rtj_operator.kube_errors import (
     Conflict,
     NotFound,
-    Unavailable,
     from_answer,
-    from_exception,
+    translated,
 )
 from rtj_operator.kube_watch import WatchEvent
 
@@ -114,13 +113,11 @@ class Kube:
         content_type: str = "application/json",
     ) -> dict[str, Any]:
         """One API call; the answer as a dict. Raises a KubeError subclass on failure."""
-        from urllib3.exceptions import HTTPError
-
         params = [(k, v) for k, v in (query or {}).items() if v is not None]
         if self.on_request is not None:
             self.on_request(*request_kind(method, path, query))
         headers = {"Accept": "application/json", "Content-Type": content_type}
-        try:
+        with translated(what):
             method_, url, headers_, body_, post = self.api_client.param_serialize(
                 method=method,
                 resource_path=path,
@@ -138,12 +135,6 @@ class Kube:
                 _request_timeout=self.timeout,
             )
             data = response.read()
-        except (HTTPError, OSError) as exc:
-            raise Unavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
-        except Exception as exc:
-            if getattr(exc, "status", None) is not None:
-                raise from_exception(exc, what) from exc
-            raise
         if not 200 <= response.status <= 299:
             raise from_answer(what, response.status, data, f"HTTP {response.status}")
         return _json(data)

@@ -8,6 +8,8 @@ and `Status` body) to one; `from_exception` does the same for the official clien
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 class KubeError(Exception):
@@ -75,3 +77,21 @@ def from_exception(exc: object, what: str) -> KubeError:
     return from_answer(
         what, status if isinstance(status, int) else None, getattr(exc, "body", None), str(exc)
     )
+
+
+@contextmanager
+def translated(what: str) -> Iterator[None]:
+    """Raise what goes wrong inside as a KubeError: the transport's errors (no answer, a
+    timeout, a broken stream) as Unavailable, the client's ApiException by its status."""
+    from urllib3.exceptions import HTTPError
+
+    try:
+        yield
+    except KubeError:
+        raise
+    except (HTTPError, OSError) as exc:
+        raise Unavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:
+        if getattr(exc, "status", None) is not None:
+            raise from_exception(exc, what) from exc
+        raise

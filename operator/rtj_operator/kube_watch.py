@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from rtj_operator.api_paths import request_kind
-from rtj_operator.kube_errors import KubeError, Unavailable, from_answer, from_exception
+from rtj_operator.kube_errors import Unavailable, from_answer, translated
 
 if TYPE_CHECKING:
     from rtj_operator.kube import Kube
@@ -35,37 +35,30 @@ def stream(
     for `idle_seconds`. Raises KubeError: an ERROR event (410 Gone: list again) as its code
     says, a broken or idle connection as Unavailable."""
     from kubernetes.watch.watch import iter_resp_lines
-    from urllib3.exceptions import HTTPError
 
     params = [(k, v) for k, v in {**query, "watch": "1"}.items() if v is not None]
     if kube.on_request is not None:
         kube.on_request(*request_kind("GET", path, dict(params)))
     response: Any = None
     try:
-        method, url, headers, body, post = kube.api_client.param_serialize(
-            method="GET",
-            resource_path=path,
-            query_params=params,
-            header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"],
-        )
-        response = kube.api_client.call_api(
-            method, url, header_params=headers, body=body, post_params=post,
-            _request_timeout=(kube.timeout, idle_seconds),
-        )  # fmt: skip
-        if not 200 <= response.status <= 299:
-            raise from_answer(what, response.status, response.read(), f"HTTP {response.status}")
-        for line in iter_resp_lines(response.response):  # type: ignore[no-untyped-call]
-            if line:
-                yield _event(what, line)
-    except KubeError:
-        raise
-    except (HTTPError, OSError) as exc:
-        raise Unavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
-    except Exception as exc:
-        if getattr(exc, "status", None) is not None:
-            raise from_exception(exc, what) from exc
-        raise
+        with translated(what):
+            method, url, headers, body, post = kube.api_client.param_serialize(
+                method="GET",
+                resource_path=path,
+                query_params=params,
+                header_params={"Accept": "application/json"},
+                auth_settings=["BearerToken"],
+            )
+            response = kube.api_client.call_api(
+                method, url, header_params=headers, body=body, post_params=post,
+                _request_timeout=(kube.timeout, idle_seconds),
+            )  # fmt: skip
+            if not 200 <= response.status <= 299:
+                code = response.status
+                raise from_answer(what, code, response.read(), f"HTTP {code}")
+            for line in iter_resp_lines(response.response):  # type: ignore[no-untyped-call]
+                if line:
+                    yield _event(what, line)
     finally:
         if response is not None:
             response.response.release_conn()

@@ -6,15 +6,14 @@ test)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from kubernetes import client
+from loop_thread import LoopThread
 from test_node_lease_watch_cluster import _until, proxied  # noqa: F401 (a fixture)
 
 from e2e.tcp_proxy import TcpProxy
@@ -27,37 +26,16 @@ from rtj_operator.policy.node_event_sources import NODE_EVENT_NAMESPACE
 pytestmark = [pytest.mark.cluster, pytest.mark.operator]
 
 
-class Watching:
+class Watching(LoopThread):
     """`EventWatch.run` on an event loop of its own (a thread), as the operator runs it."""
 
     def __init__(self, kube: Kube, namespace: str) -> None:
         self.touched: list[tuple[EventKey, str]] = []
         self.watch = EventWatch(scopes_of([namespace]), lambda k, u: self.touched.append((k, u)))
-        self._loop = asyncio.new_event_loop()
-        self._task: asyncio.Task[None] | None = None
-        self._thread = threading.Thread(target=self._run, args=(kube,), daemon=True)
-        self._thread.start()
-
-    def _run(self, kube: Kube) -> None:
-        async def main() -> None:
-            self._task = asyncio.ensure_future(self.watch.run(kube))
-            while not self._task.done():
-                await asyncio.sleep(0.2)
-
-        with contextlib.suppress(asyncio.CancelledError):
-            self._loop.run_until_complete(main())
+        super().__init__(lambda: self.watch.run(kube))
 
     def about(self, key: EventKey) -> list[dict[str, Any]]:
-        future = asyncio.run_coroutine_threadsafe(self._about(key), self._loop)
-        return future.result(10)
-
-    async def _about(self, key: EventKey) -> list[dict[str, Any]]:
-        return self.watch.about(key)
-
-    def stop(self) -> None:
-        if self._task is not None:
-            self._loop.call_soon_threadsafe(self._task.cancel)
-        self._thread.join(10)
+        return self.call(lambda: self.watch.about(key))
 
 
 def _event(namespace: str, kind: str, name: str, reason: str, component: str) -> dict[str, Any]:

@@ -8,9 +8,6 @@ for 90 s under "most nodes stopped renewing their Leases at once")."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
@@ -19,6 +16,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from kubernetes import client, config
+from loop_thread import LoopThread
 
 from e2e.tcp_proxy import TcpProxy
 from rtj_operator import node_leases
@@ -43,7 +41,7 @@ def proxied(rtj_cluster: Any) -> Iterator[tuple[Kube, TcpProxy, list[str]]]:
     proxy.down()
 
 
-class Watching:
+class Watching(LoopThread):
     """`NodeLeases.run` on an event loop of its own (a thread), as the operator runs it."""
 
     def __init__(self, kube: Kube, nodes: set[str]) -> None:
@@ -53,24 +51,7 @@ class Watching:
             lambda: datetime.now(timezone.utc),
             node_exists=nodes.__contains__,
         )
-        self._loop = asyncio.new_event_loop()
-        self._task: asyncio.Task[None] | None = None
-        self._thread = threading.Thread(target=self._run, args=(kube,), daemon=True)
-        self._thread.start()
-
-    def _run(self, kube: Kube) -> None:
-        async def main() -> None:
-            self._task = asyncio.ensure_future(self.leases.run(kube))
-            while not self._task.done():
-                await asyncio.sleep(0.2)
-
-        with contextlib.suppress(asyncio.CancelledError):
-            self._loop.run_until_complete(main())
-
-    def stop(self) -> None:
-        if self._task is not None:
-            self._loop.call_soon_threadsafe(self._task.cancel)
-        self._thread.join(10)
+        super().__init__(lambda: self.leases.run(kube))
 
 
 def _until(what: str, check: Any, timeout: float = 30.0) -> None:
