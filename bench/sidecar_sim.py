@@ -17,12 +17,14 @@ own order checks and supervisor decisions.
   the pod's report after it, as the sidecar answers once its supervisor took the order. A
   real stop answers ``stopping`` (the trainer's processes take their time to end) and is
   read back in a later round; here it answers ``stopped``.
-- ``GET /progress``: the sidecar's body with no ranks and the supervisor's report, the
-  fields `rtj_shim.agent.supervisor` writes; for a pod rendered with ``RTJ_SIGNED_READS=1`` only
-  when signed with its job's key (`rtj_shim.fast.peer_replica.check_request`, as the sidecar
-  checks it), else 403. A pod rendered with ``RTJ_SEALED_ANSWERS=1`` seals its answers to
-  a read or an order carrying a nonce with its name and attempt (`rtj_shim.wire.answer_seal`),
-  as the sidecar does.
+- ``GET /progress``: the sidecar's body and the supervisor's report, the fields
+  `rtj_shim.agent.supervisor` writes; while the pod's command runs, one rank (its
+  completion index, or the rank its last order gave) training a step every
+  `STEP_SECONDS`, its entry written by the sidecar's own `progress_report.rank_json`. For
+  a pod rendered with ``RTJ_SIGNED_READS=1`` only when signed with its job's key
+  (`rtj_shim.fast.peer_replica.check_request`, as the sidecar checks it), else 403. A pod
+  rendered with ``RTJ_SEALED_ANSWERS=1`` seals its answers to a read or an order carrying
+  a nonce with its name and attempt (`rtj_shim.wire.answer_seal`), as the sidecar does.
 - Commands from the bench over a pipe: ``("exit", pod, code)`` (the pod's command exits),
   ``("stats",)`` (requests served, orders taken, and when the last pod started each
   generation).
@@ -49,10 +51,12 @@ from typing import Any
 from bench.scale_probes import RawWatch
 from e2e.cluster.kube import Kube as HarnessKube
 from rtj_operator.api import keys
+from rtj_shim.agent.progress_report import rank_json
 from rtj_shim.agent.progress_server import KEEP_ALIVE_IDLE_S
 from rtj_shim.agent.supervisor import Supervised, next_action
 from rtj_shim.fast import peer_replica
 from rtj_shim.wire import answer_seal, control
+from rtj_shim.wire.progress_record import STATE_RUNNING, Record
 from rtj_shim.wire.supervisor_report import SupervisorReport, SupervisorState
 
 HEAD = (
@@ -61,6 +65,10 @@ HEAD = (
 )
 REASONS = {200: b"OK", 202: b"Accepted", 403: b"Forbidden", 404: b"Not Found", 413: b"Too Large"}
 MAX_ORDER = 4096
+STEP_SECONDS = 2.0
+"""A simulated trainer's step time (a large model's is seconds): what its rank reports."""
+RING = 8
+NS = 1_000_000_000
 
 
 @dataclass
@@ -78,6 +86,28 @@ class SimPod:
     last: control.Order | None = None
     answerer: answer_seal.Answerer | None = None
     updated: float = field(default_factory=time.time)
+    index: int | None = None
+    """The pod's completion index: its rank until an order gives it another."""
+
+    def rank_entry(self, now: float) -> dict[str, Any] | None:
+        """Its rank's entry while its command runs: started when it last went running,
+        a step done every STEP_SECONDS, in ``forward`` since the last."""
+        rank = self.rank if self.rank is not None else self.index
+        if self.current.state != SupervisorState.RUNNING or rank is None:
+            return None
+        steps = int(max(0.0, now - self.updated) / STEP_SECONDS)
+        step_ns, started = int(STEP_SECONDS * NS), int(self.updated * NS)
+        done = started + steps * step_ns
+        record = Record(
+            seq=2 * steps + 1, rank=rank, local_rank=0, pid=1, restart=0, state=STATE_RUNNING,
+            step=steps - 1 if steps else None, steps_completed=steps, started_ns=started,
+            section_started_ns=done, updated_ns=done, updated_wall_ns=done,
+            step_done_ns=done if steps else 0, last_step_ns=step_ns if steps else 0,
+            last_wait_ns=0, last_checkpoint_ns=0, max_checkpoint_ns=0, checkpoints=0,
+            section="forward" if steps else "start", step_ns=(step_ns,) * min(steps, RING),
+            wait_ns=(0,) * min(steps, RING),
+        )  # fmt: skip
+        return rank_json(record, int(now * NS))
 
     def report(self) -> dict[str, Any]:
         self.settle()
@@ -90,8 +120,11 @@ class SimPod:
         ).encode()  # fmt: skip
 
     def progress(self) -> dict[str, Any]:
-        return {"schema": 1, "pod_wall_time": time.time(), "hostname": self.name, "ranks": [],
-                "errors": [], "supervisor": self.report()}  # fmt: skip
+        now = time.time()
+        entry = self.rank_entry(now)
+        return {"schema": 1, "pod_wall_time": now, "hostname": self.name,
+                "ranks": [entry] if entry is not None else [], "errors": [],
+                "supervisor": self.report()}  # fmt: skip
 
     def take(self, raw: bytes, signature: str | None) -> control.Order:
         """The sidecar's check (raises control.OrderError), then the supervisor's step on
@@ -172,9 +205,11 @@ def sim_pod(body: dict[str, Any], secret: SecretValue | None = None
                        int(attempt) if attempt.isdigit() else None)  # fmt: skip
     sealed = env.get(keys.ENV_SEALED_ANSWERS) == "1"
     answerer = answer_seal.Answerer(meta["name"], attempt) if sealed else None
+    index = (meta.get("annotations") or {}).get(keys.JOB_COMPLETION_INDEX, "")
     return ip, SimPod(meta["name"], meta["uid"], env.get(keys.ENV_CONTROL_KEY, ""),
                       env.get(keys.ENV_JOB_UID, ""), state, spare,
-                      env.get(keys.ENV_SIGNED_READS) == "1", answerer=answerer)  # fmt: skip
+                      env.get(keys.ENV_SIGNED_READS) == "1", answerer=answerer,
+                      index=None if spare or not index.isdigit() else int(index))  # fmt: skip
 
 
 class Sidecars:

@@ -178,7 +178,7 @@ class Controller(ControllerLoops):
         and when a batched plan is already due (monotonic)."""
         self._managed_elsewhere: set[Key] = set()
         """Jobs whose spec.managedBy names another controller (said once in the log)."""
-        self.planned_ranks: dict[Key, tuple[rc.RankReadings | None, datetime]] = {}
+        self.planned_rounds: dict[Key, rc.PlannedRound] = {}
         """Per job: the progress reading its last plan was made from, and when (a poll round
         that tells nothing new costs no plan, `ControllerLoops._progress_round`)."""
 
@@ -214,7 +214,7 @@ class Controller(ControllerLoops):
         """Drop everything remembered about a job (deleted, or replaced by a new uid)."""
         self.rtjs.pop(key, None)
         self.job_models.forget(key)
-        self.planned_ranks.pop(key, None)
+        self.planned_rounds.pop(key, None)
         self.gone.pop(key, None)
         self.gone_jobsets.pop(key, None)
         self.applier.forget(key)
@@ -446,7 +446,7 @@ class Controller(ControllerLoops):
                 return self._conflict_delay(key, first)
             if plan.status_patch is not None:
                 self._conflicts.pop(key, None)  # a decision committed: progress
-            self.planned_ranks[key] = (snap.ranks, snap.now)
+            self.planned_rounds[key] = rc.planned_round(snap)
             return plan.requeue_after
         except Exception:
             result = "error"

@@ -67,7 +67,7 @@ class ControllerLoops:
     claim_sweep: ClaimSweep
     metrics: Metrics
     clock: Callable[[], datetime]
-    planned_ranks: dict[Key, tuple[rc.RankReadings | None, datetime]]
+    planned_rounds: dict[Key, rc.PlannedRound]
     executor: ThreadPoolExecutor
     event_readers: ThreadPoolExecutor
     _tasks: list[asyncio.Task[None]]
@@ -298,14 +298,19 @@ class ControllerLoops:
 
     def _progress_round(self, key: Key) -> None:
         """A poll round read this job's ranks: export what they said, and judge it, unless
-        the round tells its last plan nothing new (`reconcile.round_has_news`: no pod
-        answered since, and nothing read moves with time). A job whose pods never answer
-        then costs one plan, not one a round."""
+        the round tells its last plan nothing new (`reconcile.round_has_news`: steps that
+        only advanced, no rank near its allowance, no pod newly silent or answering). A job
+        whose pods never answer costs one plan, one whose ranks train one per 30 s."""
         reading = self.rank_polls.reading(key)
-        facts = rc.progress_facts(reading, self.clock()) if reading is not None else None
+        now = self.clock()
+        facts = rc.progress_facts(reading, now) if reading is not None else None
         self.metrics.observe_progress(*key, facts)
-        planned = self.planned_ranks.get(key)
-        if reading is not None and planned is not None and not rc.round_has_news(*planned, reading):
+        planned = self.planned_rounds.get(key)
+        if (
+            reading is not None
+            and planned is not None
+            and not rc.round_has_news(planned, reading, now)
+        ):
             return
         self.queue.add_routine(key)  # judged after every change in any job's world
 

@@ -93,8 +93,8 @@ from rtj_operator.reconcile.ranks import (
     answers_sealed,
     poll_targets,
     progress_facts,
-    round_has_news,
 )
+from rtj_operator.reconcile.round_news import PlannedRound, planned_round, round_has_news
 from rtj_operator.reconcile.trim import plain, trim_event, trim_jobset, trim_node, trim_pod
 from rtj_operator.reconcile.world import (
     AcceptedDelete,
@@ -136,6 +136,7 @@ __all__ = [
     "NodeEdit",
     "PatchStatus",
     "Plan",
+    "PlannedRound",
     "PodMessages",
     "PollMessage",
     "PollTarget",
@@ -155,6 +156,7 @@ __all__ = [
     "merge_patch",
     "plain",
     "plan",
+    "planned_round",
     "pod_messages",
     "pod_name",
     "poll_targets",

@@ -12,10 +12,10 @@ last made progress, so `detectionSeconds` is the time from the freeze to the rec
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from datetime import datetime, timedelta
 
 from rtj_operator.api import keys
+from rtj_operator.api.detection_spec import ProgressMonitoring
 from rtj_operator.api.reasons import ConditionType, Phase, Reason
 from rtj_operator.api.status import JobProgress, MisalignedResume, Straggler
 from rtj_operator.metrics import ProgressFacts
@@ -121,7 +121,14 @@ def _readings(b: PlanBuilder) -> RankReadings | None:
 
 
 def _timeouts(b: PlanBuilder, reports: Sequence[rank_progress.PodReport]) -> rank_progress.Timeouts:
-    spec = b.rtj.spec.progress
+    return step_allowances(b.rtj.spec.progress, reports, _epoch(b.now))
+
+
+def step_allowances(
+    spec: ProgressMonitoring, reports: Sequence[rank_progress.PodReport], now: float
+) -> rank_progress.Timeouts:
+    """How long a rank of this job may stay in one section: `spec.hangTimeoutSeconds`, or
+    the automatic allowances from what the ranks observed (`policy.progress.auto_timeout`)."""
     grace = float(spec.startup_grace_seconds)
     if spec.hang_timeout_seconds is not None:
         fixed = float(spec.hang_timeout_seconds)
@@ -131,7 +138,7 @@ def _timeouts(b: PlanBuilder, reports: Sequence[rank_progress.PodReport]) -> ran
         factor=spec.timeout_factor,
         floor=AUTO_TIMEOUT_FLOOR,
         startup_grace=grace,
-        now=_epoch(b.now),
+        now=now,
     )
 
 
@@ -302,28 +309,3 @@ def progress_facts(readings: RankReadings, now: datetime) -> ProgressFacts:
         ),
         drained_step=fast_drain.drained_step(readings.drains),
     )
-
-
-def round_has_news(
-    planned: RankReadings | None, planned_at: datetime, reading: RankReadings
-) -> bool:
-    """Whether a poll round's `reading` can change the plan the job last had, made at
-    `planned_at` from `planned`. False only when the reading is the planned one but for when
-    the round ran and why its pods did not answer, and every report in it was already older
-    than `DEFAULT_MAX_REPORT_AGE` when that plan ran: no pod answered since, and nothing
-    it reads moves with time (a fresh report can still turn into a Hang as time passes; a
-    silent node's deadline is a timer of its own, `liveness`). A round that tells nothing
-    new then costs no plan, however many jobs' pods stay silent."""
-    if planned is None or _unanswered_pods(planned) != _unanswered_pods(reading):
-        return True
-    if replace(reading, polled_at=0.0, unanswered=()) != replace(
-        planned, polled_at=0.0, unanswered=()
-    ):
-        return True
-    fresh_until = _epoch(planned_at) - rank_progress.DEFAULT_MAX_REPORT_AGE
-    return any(r.received_at >= fresh_until for r in reading.reports)
-
-
-def _unanswered_pods(reading: RankReadings) -> frozenset[str]:
-    """The pods a round did not hear from (`RankReadings.unanswered` is "pod: why")."""
-    return frozenset(line.partition(":")[0] for line in reading.unanswered)

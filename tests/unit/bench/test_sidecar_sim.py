@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from bench.sidecar_sim import Sidecars, sim_pod
+from bench.sidecar_sim import STEP_SECONDS, Sidecars, sim_pod
 from rtj_operator.api import keys
 from rtj_operator.pod_http import progress_headers
+from rtj_operator.policy import progress as rank_progress
 from rtj_shim.fast import peer_replica
 from rtj_shim.wire import answer_seal, control
 
@@ -161,3 +162,28 @@ def test_the_key_comes_from_the_jobs_key_secret_as_the_kubelet_resolves_it() -> 
     sidecars.on_pod("ADDED", body, 0.0)
     assert asked == [("team-a", "rtj-control-u", "key")]
     assert _post(sidecars, "127.4.0.2", control.Order("job-uid", 1, "stop")) == 202
+
+
+def test_a_running_pod_reports_its_rank_stepping_as_the_operator_reads_it() -> None:
+    """Its rank entry is the sidecar's own (`rank_json`), so the operator's parse, hang
+    allowance and summary read it as a real trainer's: its completion index, a step per
+    STEP_SECONDS, warm after three steps; none while held (a spare)."""
+    body = _pod("w3", "127.4.0.5")
+    body["metadata"]["annotations"][keys.JOB_COMPLETION_INDEX] = "3"
+    found = sim_pod(body)
+    assert found is not None
+    pod = found[1]
+    started = pod.updated
+    reads = []
+    for steps in (0, 1, 4):
+        at = started + steps * STEP_SECONDS + 0.5
+        entry = pod.rank_entry(at)
+        assert entry is not None
+        report = rank_progress.PodReport("w3", at, {"schema": 1, "ranks": [entry]})
+        (rank,) = rank_progress.parse_reports((report,), at).ranks
+        reads.append((rank.rank, rank.step, rank.section, round(rank.in_section(at), 3)))
+        timeouts = rank_progress.auto_timeout((report,), now=at, startup_grace=600.0)
+    assert reads == [(3, None, "start", 0.5), (3, 0, "forward", 0.5), (3, 3, "forward", 0.5)]
+    assert timeouts.step == 30.0, "warm: the floor, not the start-up grace"
+    spare = sim_pod(_pod("w4", "127.4.0.6", spare=True))
+    assert spare is not None and spare[1].rank_entry(time.time()) is None
