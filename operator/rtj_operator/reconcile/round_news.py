@@ -7,9 +7,9 @@ round is three kinds of thing:
 * what changes a decision at once (`RoundDigest.shape`): the attempt, which pods did not
   answer, which reports are no report (stale or malformed), the ranks, whether each
   exited and whether each has stepped yet (a recovery's record completes on the new
-  world's first steps, `ledger.settle`), the stragglers by rank and pod, and everything
-  else the sidecars carry (supervisors, fast tier, peer replicas, drains, indexes,
-  silences), compared whole;
+  world's first steps, `ledger.settle`), the milestones and save tiers each pod's ranks
+  have reported, the stragglers by rank and pod, and everything else the sidecars carry
+  (supervisors, fast tier, peer replicas, drains, indexes, silences), compared whole;
 * what turns into a decision as time passes (`RoundDigest.due`): a Hang, when a rank stays
   in its section past its allowance, and a report aging out of the evidence;
 * what the plan only shows (`RoundDigest.summary`): the step every rank completed, written
@@ -24,6 +24,7 @@ a Hang: the round after it is due is planned, and the plan judges it exactly.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -77,9 +78,28 @@ def round_digest(reading: RankReadings, spec: ProgressMonitoring, now: float) ->
         frozenset((s.rank, s.pod) for s in reading.stragglers),
         frozenset(parsed.bad_pods),
         tuple((r.rank, r.pod, r.exited, r.step is None) for r in parsed.ranks),
+        reported_marks(reading),
     )
     summary = rank_progress.job_progress(reading.reports, now)
     return RoundDigest(shape, (summary.step, summary.ranks), min(hang_at, stale_at))
+
+
+def reported_marks(reading: RankReadings) -> frozenset[tuple[str, str, str]]:
+    """(pod, part, name) for each milestone a rank of the pod has reached and each save tier
+    it has measured. The last start-up milestone completes a recovery's record
+    (`ledger.settle`); a tier's first save cost lets `plannedIntervalSeconds: auto` choose
+    (`reconcile.intervals`), later ones move its choice within the 30 s of the summary."""
+    out: set[tuple[str, str, str]] = set()
+    for report in reading.reports:
+        ranks = report.body.get("ranks")
+        for entry in ranks if isinstance(ranks, list) else ():
+            if not isinstance(entry, Mapping):
+                continue
+            for part in ("milestones", "save_costs"):
+                held = entry.get(part)
+                if isinstance(held, Mapping):
+                    out.update((report.pod, part, str(name)) for name in held)
+    return frozenset(out)
 
 
 def planned_round(snap: Snapshot) -> PlannedRound:

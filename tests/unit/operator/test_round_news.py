@@ -122,7 +122,7 @@ def test_a_round_is_news_whenever_a_plan_from_it_could_find_a_hang() -> None:
     assert early == [30, 40], rows  # the step shown at 30 s; the allowance due at 40 s
 
 
-def test_a_straggler_a_silent_pod_a_bad_report_or_a_supervisor_report_is_news() -> None:
+def test_a_straggler_a_silent_pod_a_bad_report_a_mark_or_a_supervisor_report_is_news() -> None:
     pods = running_pods()
     names = [p["metadata"]["name"] for p in pods]
     last = planned(training(pods, 0), NOW)
@@ -137,6 +137,17 @@ def test_a_straggler_a_silent_pod_a_bad_report_or_a_supervisor_report_is_news() 
     bad = replace(bad, reports=(bad.reports[0], replace(bad.reports[1], body=body)))
     assert rank_progress.parse_reports(bad.reports, T + 5).bad_pods == (names[1],)
     assert rc.round_has_news(last, bad, at(5)), "a report that is no report"
+    costs = {"durable": {"seconds": 1.9, "saves": 1}}
+    measured = training(pods, 5)
+    body = {**measured.reports[0].body, "ranks": [{**measured.reports[0].body["ranks"][0],
+                                                   "save_costs": costs}]}  # fmt: skip
+    measured = replace(measured, reports=(replace(measured.reports[0], body=body),
+                                          measured.reports[1]))  # fmt: skip
+    assert rc.round_has_news(last, measured, at(5)), "a tier's first save cost"
+    body = {**body, "ranks": [{**body["ranks"][0], "milestones": {"first_step": {"at": T}}}]}
+    marked = replace(measured, reports=(replace(measured.reports[0], body=body),
+                                        measured.reports[1]))  # fmt: skip
+    assert rc.round_has_news(planned(measured, at(5)), marked, at(6)), "a milestone"
     state = SupervisorReport.parse({"generation": 1, "state": "running"})
     assert rc.round_has_news(last, training(pods, 5, supervisors={names[0]: state}), at(5))
 
