@@ -112,6 +112,7 @@ from rtj_operator.policy.render import jobset_name
 GPUS_PER_NODE = 8
 INDEX_LABEL = keys.JOB_COMPLETION_INDEX
 SETTLE_SECONDS = 5.0
+SIM_NAME = "stand-in sidecars"
 COMPONENTS = ("jobset", "kueue", "kube-controller-manager", "kube-scheduler", "kwok",
               "kube-apiserver", "etcd")  # fmt: skip
 
@@ -204,6 +205,7 @@ class Bench:
         try:
             if rtj and a.progress == "answered":
                 sim = SimProcess(self.kubeconfig, ns, SIM_PORT)
+                self.pids[SIM_NAME] = sim.pid  # its CPU shares the machine: counted
             if rtj:
                 flags = large_cluster.operator_flags(self.args.lease_signal, self.args.leader_lease)
                 op = OperatorProcess(
@@ -234,6 +236,7 @@ class Bench:
                 op.stop()
             if sim is not None:
                 sim.close()
+                self.pids.pop(SIM_NAME, None)
             clean_up(self.kube, tn)
         return phase
 

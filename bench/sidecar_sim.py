@@ -392,6 +392,12 @@ class SimProcess:
         if answer[0] != "ok":
             raise RuntimeError(f"the stand-in sidecars: {answer}")
 
+    @property
+    def pid(self) -> int:
+        """The process's id (its CPU is the bench's to count)."""
+        assert self.proc.pid is not None, "started in __init__"
+        return self.proc.pid
+
     def ask(self, *command: Any) -> Any:
         self.conn.send(command)
         if not self.conn.poll(30):
