@@ -172,7 +172,10 @@ class LeaderElector:
         The deadline counts from the start of the last renewal that succeeded (the
         renewTime it wrote is no earlier), and bounds every renewal call too: one hung
         request cannot keep a deposed leader acting past it. It is shorter than the lease
-        duration, so the leader stops before any standby may take the lease over."""
+        duration, so the leader stops before any standby may take the lease over. A loop
+        that wakes past the deadline (a stalled event loop) still tries once, bounded to
+        end a retry period before the lease could lapse: no standby can hold it before
+        that, and a leader that renews in time need not step down."""
         last = self.monotonic()
         while not stop.is_set():
             try:
@@ -182,6 +185,8 @@ class LeaderElector:
                 pass
             started = self.monotonic()
             remaining = self.renew_deadline - (started - last)
+            if remaining <= 0:  # the loop woke late: the Lease is ours until `duration`
+                remaining = self.duration - self.retry - (started - last)  # one try, in time
             try:
                 renewed = await asyncio.wait_for(asyncio.to_thread(self.try_once), remaining)
                 if renewed:
