@@ -27,6 +27,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 from rtj_operator.api.detection_spec import ProgressMonitoring
@@ -49,11 +50,18 @@ class RoundDigest:
 @dataclass(frozen=True)
 class PlannedRound:
     """The reading a job's last plan was made from (None: it had none), when, and the
-    progress spec its allowances came from."""
+    progress spec its allowances came from. Its digest is taken when a round first asks
+    for it: once per round, not once per plan (a recovery plans a job many times)."""
 
-    digest: RoundDigest | None
+    reading: RankReadings | None
     at: datetime
     spec: ProgressMonitoring
+
+    @cached_property
+    def digest(self) -> RoundDigest | None:
+        if self.reading is None:
+            return None
+        return round_digest(self.reading, self.spec, self.at.timestamp())
 
 
 def unanswered_pods(reading: RankReadings) -> frozenset[str]:
@@ -104,19 +112,17 @@ def reported_marks(reading: RankReadings) -> frozenset[tuple[str, str, str]]:
 
 def planned_round(snap: Snapshot) -> PlannedRound:
     """What the controller keeps of the plan it just made from `snap`."""
-    spec = snap.rtj.spec.progress
-    reading = snap.ranks
-    digest = round_digest(reading, spec, snap.now.timestamp()) if reading is not None else None
-    return PlannedRound(digest, snap.now, spec)
+    return PlannedRound(snap.ranks, snap.now, snap.rtj.spec.progress)
 
 
 def round_has_news(planned: PlannedRound, reading: RankReadings, now: datetime) -> bool:
     """Whether a plan at `now` from `reading` can decide or show anything the job's last
     plan did not (module docstring)."""
-    if planned.digest is None:
+    was = planned.digest
+    if was is None:
         return True
     at = now.timestamp()
     digest = round_digest(reading, planned.spec, at)
-    if digest.shape != planned.digest.shape or at >= digest.due:
+    if digest.shape != was.shape or at >= digest.due:
         return True
-    return digest.summary != planned.digest.summary and now - planned.at >= SUMMARY_EVERY
+    return digest.summary != was.summary and now - planned.at >= SUMMARY_EVERY

@@ -22,7 +22,7 @@ from rtj_operator.api.detection_spec import ProgressMonitoring
 from rtj_operator.policy import progress as rank_progress
 from rtj_operator.policy.stragglers import Straggler
 from rtj_operator.reconcile.ranks import SUMMARY_EVERY
-from rtj_operator.reconcile.round_news import PlannedRound, round_digest
+from rtj_operator.reconcile.round_news import PlannedRound
 from rtj_shim.wire.supervisor_report import SupervisorReport
 
 KEY = ("team-a", "llm")
@@ -38,8 +38,7 @@ def planned(
     reading: rc.RankReadings | None, when: datetime, spec: ProgressMonitoring = AUTO
 ) -> PlannedRound:
     """What the controller keeps of a plan made at `when` from `reading`."""
-    digest = round_digest(reading, spec, when.timestamp()) if reading is not None else None
-    return PlannedRound(digest, when, spec)
+    return PlannedRound(reading, when, spec)
 
 
 def silent(
