@@ -63,6 +63,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from bench import large_cluster
+from bench.operator_scale_args import GPUS_PER_NODE, parse_args
 from bench.operator_scale_checks import verify_jobsets, verify_rtjs
 from bench.operator_scale_report import (
     QUIET_SECONDS,
@@ -75,7 +76,6 @@ from bench.operator_scale_report import (
 )
 from bench.operator_scale_workload import (
     FAULT_MESSAGE,
-    PROGRESS_MODES,
     SIM_PORT,
     baseline_jobset,
     clean_up,
@@ -101,7 +101,7 @@ from bench.scale_probes import (
 )
 from bench.sidecar_sim import SimProcess
 from e2e.cluster import faults, testenv
-from e2e.cluster.cluster import NODE_LEASE_SECONDS, LocalCluster
+from e2e.cluster.cluster import LocalCluster
 from e2e.cluster.kube import JOBSET_GROUP, JOBSET_VERSION
 from e2e.cluster.kube import Kube as HarnessKube
 from e2e.operator_proc import OperatorProcess, client, install_crd
@@ -109,7 +109,6 @@ from rtj_operator.api import keys
 from rtj_operator.kube import Kube
 from rtj_operator.policy.render import jobset_name
 
-GPUS_PER_NODE = 8
 INDEX_LABEL = keys.JOB_COMPLETION_INDEX
 SETTLE_SECONDS = 5.0
 SIM_NAME = "stand-in sidecars"
@@ -402,35 +401,8 @@ class Bench:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.operator_scale", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    ap.add_argument("--jobs", type=int, default=50)
-    ap.add_argument("--workers", type=int, default=8)
-    ap.add_argument("--nodes", type=int, default=100)
-    ap.add_argument("--faults", type=int, default=10)
-    ap.add_argument("--gpus-per-worker", type=int, default=1)
-    ap.add_argument("--stagger", type=float, default=0.5,
-                    help="seconds between faults (0: all at once)")  # fmt: skip
-    ap.add_argument("--baseline-strategy", default="BlockingRecreate",
-                    choices=("Recreate", "BlockingRecreate"))  # fmt: skip
-    ap.add_argument("--skip-baseline", action="store_true")
-    ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--progress", choices=PROGRESS_MODES, default="unanswered",
-                    help="the jobs' progress monitoring: on with nothing answering (KWOK runs "
-                    "no sidecar), off, or answered by bench.sidecar_sim")  # fmt: skip
-    large_cluster.add_arguments(ap, lease=NODE_LEASE_SECONDS)
-    ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
-                    help="sample the operator with py-spy over the fault window into DIR "
-                    "(raw collapsed stacks) and print its top frames")  # fmt: skip
-    args = ap.parse_args(argv)
-    if not 0 < args.faults <= args.jobs:
-        ap.error("--faults must be between 1 and --jobs")
-    if args.workers > args.nodes:
-        ap.error("one worker of a group per node: --workers must not exceed --nodes")
+    args = parse_args(argv, __doc__ or "")
     gpus = args.jobs * args.workers * args.gpus_per_worker
-    if gpus > args.nodes * GPUS_PER_NODE or args.gpus_per_worker > GPUS_PER_NODE:
-        ap.error(f"{gpus} GPUs requested, the cluster has {args.nodes * GPUS_PER_NODE}")
-
     print(f"operator scale bench: {args.jobs} groups x {args.workers} workers "
           f"({args.gpus_per_worker} GPU each, {gpus}/{args.nodes * GPUS_PER_NODE} GPUs), "
           f"{args.nodes} KWOK nodes, {args.faults} faults {args.stagger:g}s apart; "
